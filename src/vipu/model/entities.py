@@ -1,0 +1,204 @@
+"""The entities vipu manages: agents, clusters, allocations and partitions.
+
+Plain data, no I/O. The store persists them, the services change them, the API edge converts
+them to and from protobuf messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from vipu.model.errors import InvalidArgument
+
+IPUS_PER_MACHINE = 4
+
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return `value` if it is a usable id for an entity of `kind`, else raise InvalidArgument."""
+    if not _ID_PATTERN.match(value or ""):
+        raise InvalidArgument(
+            f"invalid {kind} id {value!r}: use 1 to 63 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def natural_key(value: str) -> tuple:
+    """Sorts ag2 before ag10, as people count."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value))
+
+
+class AgentStatus(str, Enum):
+    UP = "Up"
+    DOWN = "Down"
+
+
+class IldTopology(str, Enum):
+    """How the IPU-Machines of one IPU-Link domain are cabled."""
+
+    MESH = "mesh"
+    TORUS = "torus"
+
+
+class GwTopology(str, Enum):
+    """How IPU-Link domains are joined by GW-Links."""
+
+    LOOPED = "looped"
+
+
+class ReadyState(str, Enum):
+    PENDING = "PENDING"
+    ACTIVE = "ACTIVE"
+    REMOVED = "REMOVED"
+    ERROR = "ERROR"
+
+
+class OperationState(str, Enum):
+    IDLE = "IDLE"
+    CREATING = "CREATING"
+    REMOVING = "REMOVING"
+    RESETTING = "RESETTING"
+    FAILED = "FAILED"
+
+
+class IpuLinkRouting(str, Enum):
+    DNC = "DNC"
+    SWNC = "SWNC"
+    BTNC = "BTNC"
+    RINGSWNC = "RINGSWNC"
+
+
+class GwRouting(str, Enum):
+    DEFAULT = "DEFAULT"  # a single IPU-Link segment: no GW routing
+    RING = "RING"
+    SWRING = "SWRING"
+
+
+class SyncType(str, Enum):
+    GS2_DEFAULT = "GS2_DEFAULT"  # "c2-compatible"
+    GS2_INDEPENDENT_RAILS = "GS2_INDEPENDENT_RAILS"
+    POD_NATIVE_DEFAULT = "POD_NATIVE_DEFAULT"
+    POD_NATIVE_REPLICATED_PIPELINE = "POD_NATIVE_REPLICATED_PIPELINE"
+
+
+@dataclass
+class IpuInfo:
+    index: int
+    chip_id: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class MachineInventory:
+    """What an agent reports about its IPU-Machine."""
+
+    serial: str
+    platform: str = ""
+    manufacturer: str = ""
+    board_part_number: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+    backend_version: str = ""
+    ipuof_host: str = ""
+    ipuof_port: int = 0
+    rdma_port: int = 0
+    ipus: list[IpuInfo] = field(default_factory=list)
+    exporter_port: int = 0
+    ipu_arch_id: int = 0
+
+
+@dataclass
+class Agent:
+    id: str
+    host: str
+    port: int
+    inventory: MachineInventory
+    status: AgentStatus = AgentStatus.UP
+    discovery_mode: str = "Manual"
+    last_error: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass
+class Cluster:
+    id: str
+    agent_ids: tuple[str, ...]
+    topology: IldTopology = IldTopology.MESH
+    num_ilds: int = 1
+    gw_topology: GwTopology | None = None
+
+
+@dataclass
+class Allocation:
+    id: str
+    cluster_id: str
+    agent_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlacedIpu:
+    """One IPU of a partition: where it is in the cluster and what it is in the partition."""
+
+    agent_id: str
+    index: int  # on its machine
+    ild: int  # IPU-Link domain in the cluster
+    topology_id: int  # IPU within its IPU-Link domain
+    segment: int  # IPU-Link segment in the partition
+    routing_id: int  # IPU within the partition
+    gcd: int
+
+
+@dataclass
+class PartitionRequest:
+    """What a caller asks for; None means "the controller chooses"."""
+
+    id: str
+    size: int
+    allocation_id: str = ""
+    cluster_id: str = ""
+    num_gcds: int = 1
+    num_replicas: int = 0
+    reconfigurable: bool = False
+    sync_type: SyncType | None = None
+    ipulink_routing: IpuLinkRouting | None = None
+    gw_routing: GwRouting | None = None
+    num_segments: int = 0
+    explicit_ipus: tuple[tuple[int, int], ...] = ()  # (ild, topology_id) pairs
+    disable_auto_reset: bool = False
+    relocatable: bool = False
+
+
+@dataclass
+class Partition:
+    id: str
+    cluster_id: str
+    allocation_id: str
+    size: int
+    num_gcds: int
+    num_replicas: int
+    reconfigurable: bool
+    sync_type: SyncType
+    ipulink_routing: IpuLinkRouting
+    gw_routing: GwRouting
+    num_segments: int
+    ipus: list[PlacedIpu]
+    ready_state: ReadyState = ReadyState.PENDING
+    operation_state: OperationState = OperationState.CREATING
+    errors: list[str] = field(default_factory=list)
+    disable_auto_reset: bool = False
+    auto_reset_count: int = 0
+
+    @property
+    def agent_ids(self) -> list[str]:
+        """The agents holding the partition's IPUs, in routing order, each once."""
+        return list(dict.fromkeys(ipu.agent_id for ipu in sorted(self.ipus, key=lambda i: i.routing_id)))
+
+    def ipus_on(self, agent_id: str) -> list[PlacedIpu]:
+        return [ipu for ipu in self.ipus if ipu.agent_id == agent_id]

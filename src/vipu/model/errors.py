@@ -1,0 +1,58 @@
+"""The one exception root of vipu and its few families.
+
+Each family maps to exactly one gRPC status code (in `vipu.api.status`) and so to one kind of
+CLI message. Services raise the most specific family; servicers translate in one place. A
+message is a single sentence without a trailing full stop: the CLI adds its own framing.
+"""
+
+from __future__ import annotations
+
+
+class VipuError(Exception):
+    """Anything vipu refuses or fails to do, with a message fit for the user."""
+
+    temporary = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(VipuError):
+    """The request itself is wrong: a bad id, size or combination of options."""
+
+
+class NotFound(VipuError):
+    """The request names an entity that does not exist."""
+
+
+class AlreadyExists(VipuError):
+    """The request would create an entity whose id is taken."""
+
+
+class Conflict(VipuError):
+    """The request is valid but the current state forbids it: in use, no room, under test."""
+
+
+class ConcurrentUpdate(Conflict):
+    """Another request changed the same entities between this one's read and its write."""
+
+    temporary = True
+
+
+class Unavailable(VipuError):
+    """A machine or service needed for the request cannot be reached; trying later may work."""
+
+    temporary = True
+
+
+class HardwareFailure(VipuError):
+    """An agent was reached but its hardware refused or failed the operation."""
+
+
+class PermissionDenied(VipuError):
+    """The caller may not do this."""
+
+
+class Unauthenticated(VipuError):
+    """The caller could not be identified."""

@@ -1,0 +1,318 @@
+"""Which machines an allocation takes, and which IPUs a partition takes.
+
+Pure functions over a `ClusterLayout` and the IPUs already in use, so they can be tested on a
+thousand machines in milliseconds and replayed against traces by the benchmarks.
+
+Partition shapes the hardware can link:
+
+- 1 IPU: any free IPU. 2 IPUs: a rung of one machine (IPUs 0,1 or 2,3).
+- 4 IPUs or more: whole machines, a run of consecutive machines of one IPU-Link domain; in a
+  torus the run may wrap from the top machine to the bottom one over the loop-back cables.
+- A partition too big for one domain, or finding no room in any single one, may take one
+  segment in every domain of a looped cluster, at the same machine positions, joined by the
+  GW-Links between those positions.
+
+Among the shapes that fit, the choice is best-fit: a small partition goes to the machine with
+the fewest free IPUs left, a large one into the smallest run of free machines that holds it, at
+an end of that run. That keeps large runs whole for large partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+from vipu.model.entities import IPUS_PER_MACHINE, GwRouting, IpuLinkRouting, PlacedIpu
+from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.topology import ClusterLayout
+
+SUB_MACHINE_GROUPS = {1: ((0,), (1,), (2,), (3,)), 2: ((0, 1), (2, 3))}
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    ipus: tuple[PlacedIpu, ...]
+    num_segments: int
+    ipulink_routing: IpuLinkRouting
+    gw_routing: GwRouting
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    score: tuple
+    segments: tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...))
+    machines_per_segment: int
+
+
+class _FreeRuns:
+    """For each ILD position whose machine is wholly free, the run of free machines holding it."""
+
+    def __init__(self, layout: ClusterLayout, is_free):
+        self.layout = layout
+        self.run_of: dict[tuple[int, int], tuple[int, int]] = {}  # (ild, pos) -> (start, length)
+        size = layout.machines_per_ild
+        for d, ild in enumerate(layout.ilds):
+            free = [is_free(agent) for agent in ild]
+            if all(free):
+                self.run_of.update({(d, p): (0, size) for p in range(size)})
+                continue
+            # In a torus, scan from just after a busy machine so that runs may wrap past the top.
+            offset = free.index(False) + 1 if layout.is_torus else 0
+            order = [(offset + i) % size for i in range(size)]
+            i = 0
+            while i < size:
+                if not free[order[i]]:
+                    i += 1
+                    continue
+                j = i
+                while j < size and free[order[j]]:
+                    j += 1
+                self.run_of.update({(d, order[k]): (order[i], j - i) for k in range(i, j)})
+                i = j
+
+    def fit(self, ild: int, start: int, length: int) -> tuple[int, int] | None:
+        """(run length, 0 if the window touches an end of its run else 1), or None if not free."""
+        size = self.layout.machines_per_ild
+        run = self.run_of.get((ild, start))
+        if run is None:
+            return None
+        if any((ild, (start + i) % size) not in self.run_of for i in range(length)):
+            return None
+        run_start, run_length = run
+        offset = (start - run_start) % size
+        if offset + length > run_length:
+            return None
+        at_end = offset == 0 or offset + length == run_length
+        return run_length, 0 if at_end else 1
+
+
+def _machine_windows(layout: ClusterLayout, machines: int) -> list[int]:
+    """Start positions of runs of `machines` consecutive machines in one ILD."""
+    size = layout.machines_per_ild
+    if machines > size:
+        return []
+    if machines == size:
+        return [0]
+    if layout.is_torus:
+        return list(range(size))
+    return list(range(size - machines + 1))
+
+
+def _default_ipulink_routing(layout: ClusterLayout, machines_per_segment: int) -> IpuLinkRouting:
+    if layout.is_torus and machines_per_segment == layout.machines_per_ild:
+        return IpuLinkRouting.RINGSWNC
+    if machines_per_segment >= 2:
+        return IpuLinkRouting.SWNC
+    return IpuLinkRouting.DNC
+
+
+def _routing_allows(layout: ClusterLayout, routing: IpuLinkRouting, machines_per_segment: int) -> bool:
+    if routing is IpuLinkRouting.RINGSWNC:
+        return layout.is_torus and machines_per_segment == layout.machines_per_ild
+    if routing in (IpuLinkRouting.SWNC, IpuLinkRouting.BTNC):
+        return machines_per_segment >= 2
+    return True
+
+
+def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[int]:
+    if requested:
+        if not is_power_of_two(requested):
+            raise InvalidArgument(f"the number of IPU-Link segments must be a power of two, not {requested}")
+        if requested > 1 and requested != layout.num_ilds:
+            raise InvalidArgument(
+                f"a partition of {requested} IPU-Link segments needs a cluster of {requested} "
+                f"IPU-Link domains; this one has {layout.num_ilds}"
+            )
+        if requested > 1 and size // requested < IPUS_PER_MACHINE:
+            raise InvalidArgument(
+                f"each of {requested} IPU-Link segments needs at least one whole machine "
+                f"({IPUS_PER_MACHINE} IPUs), so the size must be at least {requested * IPUS_PER_MACHINE}"
+            )
+        return [requested]
+    counts = [1]
+    if layout.num_ilds > 1 and size >= layout.num_ilds * IPUS_PER_MACHINE:
+        counts.append(layout.num_ilds)
+    return counts
+
+
+def _sub_machine_candidates(layout, allowed, used, size, runs) -> list[_Candidate]:
+    candidates = []
+    for order, agent in enumerate(layout.agent_ids):
+        if agent not in allowed:
+            continue
+        busy = used.get(agent, set())
+        free_here = IPUS_PER_MACHINE - len(busy)
+        d, p = layout.locate(agent)
+        # Prefer machines already in use; among wholly free ones, the end of the smallest run.
+        fit = runs.fit(d, p, 1) if not busy else (0, 0)
+        for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
+            if busy.isdisjoint(group):
+                score = (free_here, fit[0], fit[1], order, group_order)
+                candidates.append(_Candidate(score, ((d, tuple((agent, i) for i in group)),), 0))
+    return candidates
+
+
+def _machine_candidates(layout, allowed, used, size, segment_counts, routing, runs) -> list[_Candidate]:
+    machines = size // IPUS_PER_MACHINE
+    candidates = []
+    for count in segment_counts:
+        per_segment = machines // count
+        if per_segment == 0 or per_segment * count != machines:
+            continue
+        if routing is not None and not _routing_allows(layout, routing, per_segment):
+            continue
+        ild_sets = [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]
+        for ilds in ild_sets:
+            for start in _machine_windows(layout, per_segment):
+                fits = [runs.fit(d, start, per_segment) for d in ilds]
+                if any(fit is None for fit in fits):
+                    continue
+                segments = tuple(
+                    (d, tuple((layout.agent_at(d, start + i), ipu) for i in range(per_segment) for ipu in range(IPUS_PER_MACHINE)))
+                    for d in ilds
+                )
+                score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], start)
+                candidates.append(_Candidate(score, segments, per_segment))
+    return candidates
+
+
+def _free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
+    return sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in layout.agent_ids if agent in allowed)
+
+
+def place_partition(
+    layout: ClusterLayout,
+    allowed: Set[str],
+    used: Mapping[str, Set[int]],
+    size: int,
+    *,
+    num_gcds: int = 1,
+    num_segments: int = 0,
+    ipulink_routing: IpuLinkRouting | None = None,
+    gw_routing: GwRouting | None = None,
+    explicit: tuple[tuple[int, int], ...] = (),
+    where: str = "the allocation",
+) -> Placement:
+    """Choose the IPUs of a partition of `size` among the `allowed` machines of `layout`.
+
+    `used` maps agents to the IPU indices already taken. `explicit` names the IPUs wanted as
+    (ILD, topology id) pairs; they must form a shape the hardware can link and be free.
+    Raises InvalidArgument for a request no cluster could satisfy, Conflict when this one has
+    no room.
+    """
+    if not is_power_of_two(size):
+        raise InvalidArgument(f"partition size must be a power of two, not {size}")
+    if not is_power_of_two(num_gcds) or num_gcds > size:
+        raise InvalidArgument(f"the number of GCDs must be a power of two no larger than the size, not {num_gcds}")
+    if gw_routing is GwRouting.SWRING:
+        raise InvalidArgument("SWRING needs switched GW-Links; vipu clusters have looped GW-Links")
+    if explicit and len(set(explicit)) != size:
+        raise InvalidArgument(f"{len(set(explicit))} distinct IPUs were named for a partition of size {size}")
+    capacity = layout.ipus_per_ild * layout.num_ilds
+    if size > capacity:
+        raise InvalidArgument(f"partition size {size} is larger than the cluster's {capacity} IPUs")
+
+    free = _free_ipu_count(layout, allowed, used)
+    if size > free:
+        raise Conflict(f"not enough free IPUs in {where}: {size} requested, {free} free")
+
+    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
+    if size < IPUS_PER_MACHINE:
+        if num_segments > 1:
+            raise InvalidArgument("a partition smaller than one machine has a single IPU-Link segment")
+        if ipulink_routing not in (None, IpuLinkRouting.DNC):
+            raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
+        candidates = _sub_machine_candidates(layout, allowed, used, size, runs)
+    else:
+        counts = _segment_counts(layout, size, num_segments)
+        candidates = _machine_candidates(layout, allowed, used, size, counts, ipulink_routing, runs)
+
+    if explicit:
+        wanted = set(explicit)
+        candidates = [
+            c for c in candidates
+            if {(d, layout.topology_id(agent, ipu)) for d, ipus in c.segments for agent, ipu in ipus} == wanted
+        ]
+        if not candidates:
+            raise Conflict(f"the named IPUs are not a free, linkable set of {size} in {where}")
+    if not candidates:
+        raise Conflict(
+            f"no room for a partition of {size} IPUs in {where}: {free} IPUs are free "
+            "but not as one linkable block"
+        )
+
+    best = min(candidates, key=lambda c: c.score)
+    return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
+
+
+def _placement(layout, best: _Candidate, size, num_gcds, ipulink_routing, gw_routing) -> Placement:
+    per_gcd = size // num_gcds
+    placed = []
+    routing_id = 0
+    for segment, (d, ipus) in enumerate(best.segments):
+        for agent, index in ipus:
+            placed.append(
+                PlacedIpu(
+                    agent_id=agent,
+                    index=index,
+                    ild=d,
+                    topology_id=layout.topology_id(agent, index),
+                    segment=segment,
+                    routing_id=routing_id,
+                    gcd=routing_id // per_gcd,
+                )
+            )
+            routing_id += 1
+    segments = len(best.segments)
+    routing = ipulink_routing or _default_ipulink_routing(layout, best.machines_per_segment)
+    gw = GwRouting.DEFAULT if segments == 1 else GwRouting.RING
+    if gw_routing not in (None, GwRouting.DEFAULT, gw):
+        raise InvalidArgument(f"GW routing {gw_routing.value} does not apply to a partition of {segments} segment(s)")
+    return Placement(tuple(placed), segments, routing, gw)
+
+
+def choose_allocation_machines(cluster_agents: tuple[str, ...], taken: Set[str], ipus: int) -> tuple[str, ...]:
+    """Consecutive free machines for an allocation of `ipus` IPUs: best-fit among free runs."""
+    if ipus <= 0 or ipus % IPUS_PER_MACHINE:
+        raise InvalidArgument(f"an allocation takes whole machines: its size must be a positive multiple of {IPUS_PER_MACHINE}, not {ipus}")
+    count = ipus // IPUS_PER_MACHINE
+    if count > len(cluster_agents):
+        raise InvalidArgument(f"the cluster has {len(cluster_agents)} machines; {count} were asked for")
+    runs: list[tuple[int, int]] = []  # (length, start)
+    start = None
+    for position, agent in enumerate((*cluster_agents, None)):
+        free = agent is not None and agent not in taken
+        if free and start is None:
+            start = position
+        elif not free and start is not None:
+            runs.append((position - start, start))
+            start = None
+    fitting = [run for run in runs if run[0] >= count]
+    if not fitting:
+        free_count = len(cluster_agents) - len(set(cluster_agents) & set(taken))
+        raise Conflict(f"no {count} consecutive free machines in the cluster ({free_count} machines are free)")
+    _, first = min(fitting)
+    return tuple(cluster_agents[first : first + count])
+
+
+def check_allocation_machines(cluster_id: str, cluster_agents: tuple[str, ...], taken: Mapping[str, str], agents: tuple[str, ...]) -> None:
+    """Refuse a list of machines that is not a consecutive, free run of the cluster, in order."""
+    if not agents:
+        raise InvalidArgument("an allocation needs at least one agent")
+    for agent in agents:
+        if agent not in cluster_agents:
+            raise InvalidArgument(f"agent {agent} is not in cluster {cluster_id}")
+        if agent in taken:
+            raise Conflict(f"agent {agent} is already in allocation {taken[agent]}")
+    if len(set(agents)) != len(agents):
+        raise InvalidArgument("an agent is listed more than once")
+    first = cluster_agents.index(agents[0])
+    if tuple(cluster_agents[first : first + len(agents)]) != tuple(agents):
+        raise InvalidArgument(
+            f"agents {','.join(agents)} are not physically consecutive in cluster {cluster_id} "
+            f"(its order is {','.join(cluster_agents)})"
+        )

@@ -1,0 +1,163 @@
+"""The physical shape of a cluster: its IPU-Link domains and the cables it expects.
+
+An IPU-M2000 holds four IPUs on a ladder of two rows and two columns: IPUs 0 and 1 on the lower
+row, 2 and 3 on the upper, each row joined by a rung, each column joined inside the machine.
+Machines stacked in a rack extend the ladder upwards:
+
+- IPU-Link: four cables join rack-adjacent machines of an IPU-Link domain (ILD), chassis ports
+  5-8 of the lower machine to ports 1-4 of the one above. Ports 1,2 belong to IPU 0, 3,4 to
+  IPU 1, 5,6 to IPU 2 and 7,8 to IPU 3. A torus adds four loop-back cables from the top
+  machine's ports 5-8 to the bottom machine's ports 1-4.
+- Sync-Link: two cables per rack-adjacent pair, ports 6 and 7 of the lower machine to ports 2
+  and 3 of the one above.
+- GW-Link (looped multi-ILD clusters): GW port 1 of each machine meets GW port 2 of the machine
+  at the same position in the next ILD; the last ILD loops back to the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from vipu.model.entities import IPUS_PER_MACHINE, Cluster, GwTopology, IldTopology
+from vipu.model.errors import InvalidArgument
+
+
+class LinkKind(str, Enum):
+    IPULINK = "IPU-Link"
+    SYNC = "Sync-Link"
+    GWLINK = "GW-Link"
+
+
+@dataclass(frozen=True, order=True)
+class Port:
+    agent_id: str
+    kind: LinkKind
+    number: int
+
+
+@dataclass(frozen=True)
+class Cable:
+    """An expected cable; `lower` is the end on the machine lower in the rack (or earlier ILD)."""
+
+    lower: Port
+    upper: Port
+
+
+# IPU-Link chassis port -> the IPU it belongs to.
+IPULINK_PORT_IPU = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3}
+UPWARD_IPULINK_PORTS = (5, 6, 7, 8)
+DOWNWARD_IPULINK_PORTS = (1, 2, 3, 4)
+UPWARD_SYNC_PORTS = (6, 7)
+DOWNWARD_SYNC_PORTS = (2, 3)
+GW_OUT_PORT = 1
+GW_IN_PORT = 2
+
+# Links inside one machine: rungs 0-1 and 2-3, columns 0-2 and 1-3.
+INTERNAL_IPU_PAIRS = ((0, 1), (2, 3), (0, 2), (1, 3))
+
+
+def internal_peers(index: int, members: set[int]) -> list[int]:
+    """The IPUs among `members` that IPU `index` links to inside its machine."""
+    peers = [b if a == index else a for a, b in INTERNAL_IPU_PAIRS if index in (a, b)]
+    return sorted(peer for peer in peers if peer in members)
+
+
+class ClusterLayout:
+    """A cluster's agents arranged into IPU-Link domains, with the cabling that implies."""
+
+    def __init__(
+        self,
+        agent_ids: tuple[str, ...] | list[str],
+        topology: IldTopology = IldTopology.MESH,
+        num_ilds: int = 1,
+        gw_topology: GwTopology | None = None,
+    ):
+        agent_ids = tuple(agent_ids)
+        if not agent_ids:
+            raise InvalidArgument("a cluster needs at least one agent")
+        duplicates = sorted({a for a in agent_ids if agent_ids.count(a) > 1})
+        if duplicates:
+            raise InvalidArgument(f"agent {duplicates[0]} is listed more than once")
+        if num_ilds < 1 or len(agent_ids) % num_ilds:
+            raise InvalidArgument(
+                f"{len(agent_ids)} agents cannot form {num_ilds} IPU-Link domains of equal size"
+            )
+        if num_ilds > 1 and gw_topology is None:
+            gw_topology = GwTopology.LOOPED
+        self.agent_ids = agent_ids
+        self.topology = topology
+        self.num_ilds = num_ilds
+        self.gw_topology = gw_topology
+        self.machines_per_ild = len(agent_ids) // num_ilds
+        self.ilds: tuple[tuple[str, ...], ...] = tuple(
+            agent_ids[d * self.machines_per_ild : (d + 1) * self.machines_per_ild] for d in range(num_ilds)
+        )
+        self._where = {agent: (d, p) for d, ild in enumerate(self.ilds) for p, agent in enumerate(ild)}
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> ClusterLayout:
+        return cls(cluster.agent_ids, cluster.topology, cluster.num_ilds, cluster.gw_topology)
+
+    @property
+    def is_torus(self) -> bool:
+        return self.topology is IldTopology.TORUS and self.machines_per_ild > 1
+
+    @property
+    def ipus_per_ild(self) -> int:
+        return self.machines_per_ild * IPUS_PER_MACHINE
+
+    def locate(self, agent_id: str) -> tuple[int, int]:
+        """(ILD, position in the ILD counted from the bottom) of an agent."""
+        return self._where[agent_id]
+
+    def agent_at(self, ild: int, position: int) -> str:
+        return self.ilds[ild][position % self.machines_per_ild]
+
+    def topology_id(self, agent_id: str, index: int) -> int:
+        return self.locate(agent_id)[1] * IPUS_PER_MACHINE + index
+
+    def ipu_at(self, ild: int, topology_id: int) -> tuple[str, int]:
+        position, index = divmod(topology_id, IPUS_PER_MACHINE)
+        if not 0 <= ild < self.num_ilds or not 0 <= position < self.machines_per_ild:
+            raise InvalidArgument(f"there is no IPU {topology_id} in IPU-Link domain {ild}")
+        return self.ilds[ild][position], index
+
+    def vertical_pairs(self) -> list[tuple[str, str, bool]]:
+        """Each (lower, upper, is_loop_back) pair of machines joined by IPU-Link cables."""
+        pairs = []
+        for ild in self.ilds:
+            pairs += [(ild[p], ild[p + 1], False) for p in range(len(ild) - 1)]
+            if self.is_torus:
+                pairs.append((ild[-1], ild[0], True))
+        return pairs
+
+    def ipulink_cables(self) -> list[Cable]:
+        return [
+            Cable(Port(lower, LinkKind.IPULINK, out), Port(upper, LinkKind.IPULINK, into))
+            for lower, upper, _ in self.vertical_pairs()
+            for out, into in zip(UPWARD_IPULINK_PORTS, DOWNWARD_IPULINK_PORTS)
+        ]
+
+    def sync_cables(self) -> list[Cable]:
+        return [
+            Cable(Port(ild[p], LinkKind.SYNC, out), Port(ild[p + 1], LinkKind.SYNC, into))
+            for ild in self.ilds
+            for p in range(len(ild) - 1)
+            for out, into in zip(UPWARD_SYNC_PORTS, DOWNWARD_SYNC_PORTS)
+        ]
+
+    def gwlink_cables(self) -> list[Cable]:
+        if self.num_ilds < 2:
+            return []
+        return [
+            Cable(
+                Port(self.ilds[d][p], LinkKind.GWLINK, GW_OUT_PORT),
+                Port(self.ilds[(d + 1) % self.num_ilds][p], LinkKind.GWLINK, GW_IN_PORT),
+            )
+            for d in range(self.num_ilds)
+            for p in range(self.machines_per_ild)
+        ]
+
+    def cables(self) -> list[Cable]:
+        return self.ipulink_cables() + self.sync_cables() + self.gwlink_cables()

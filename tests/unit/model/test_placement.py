@@ -1,0 +1,254 @@
+"""Placement over pods of 1 to 64 machines: shapes the hardware can link, and no IPU twice."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from vipu.model.entities import IldTopology, IpuLinkRouting, GwRouting
+from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.placement import (
+    check_allocation_machines,
+    choose_allocation_machines,
+    is_power_of_two,
+    place_partition,
+)
+from vipu.model.topology import ClusterLayout
+
+
+def pod(machines: int, topology=IldTopology.MESH, ilds: int = 1) -> ClusterLayout:
+    return ClusterLayout([f"ag{i}" for i in range(1, machines + 1)], topology, ilds)
+
+
+def take(used: dict, placement) -> None:
+    for ipu in placement.ipus:
+        assert ipu.index not in used.setdefault(ipu.agent_id, set()), "IPU handed out twice"
+        used[ipu.agent_id].add(ipu.index)
+
+
+def assert_linkable(layout: ClusterLayout, placement, size: int, num_gcds: int = 1) -> None:
+    """The placement's IPUs form a shape the hardware can link, with routing ids 0..size-1."""
+    ipus = placement.ipus
+    assert len(ipus) == size == len({(i.agent_id, i.index) for i in ipus})
+    assert sorted(i.routing_id for i in ipus) == list(range(size))
+    assert all(i.gcd == i.routing_id // (size // num_gcds) for i in ipus)
+    if size < 4:
+        assert len({i.agent_id for i in ipus}) == 1
+        if size == 2:
+            assert sorted(i.index for i in ipus) in ([0, 1], [2, 3])
+        return
+    segments = {}
+    for ipu in ipus:
+        segments.setdefault(ipu.segment, []).append(ipu)
+    assert len(segments) == placement.num_segments
+    position_sets = []
+    for members in segments.values():
+        assert len({i.ild for i in members}) == 1
+        machines = {}
+        for ipu in members:
+            machines.setdefault(ipu.agent_id, set()).add(ipu.index)
+        assert all(indices == {0, 1, 2, 3} for indices in machines.values()), "whole machines only"
+        positions = sorted(layout.locate(agent)[1] for agent in machines)
+        n, size_ild = len(positions), layout.machines_per_ild
+        starts = [p for p in positions if all((p + k) % size_ild in positions for k in range(n))]
+        assert starts, f"machines {positions} are not consecutive"
+        if not layout.is_torus:
+            assert positions == list(range(positions[0], positions[0] + n)), "a mesh run cannot wrap"
+        position_sets.append(set(positions))
+    assert all(s == position_sets[0] for s in position_sets), "segments sit at the same positions in each ILD"
+
+
+@pytest.mark.parametrize("machines", [1, 2, 3, 4, 5, 8, 16, 32, 64])
+@pytest.mark.parametrize("topology", list(IldTopology))
+def test_a_pod_fills_completely_with_single_machine_partitions(machines, topology):
+    layout = pod(machines, topology)
+    used: dict = {}
+    for _ in range(machines):
+        placement = place_partition(layout, set(layout.agent_ids), used, 4)
+        assert_linkable(layout, placement, 4)
+        take(used, placement)
+    with pytest.raises(Conflict, match="0 free"):
+        place_partition(layout, set(layout.agent_ids), used, 4)
+
+
+@pytest.mark.parametrize("machines", [1, 2, 4, 8, 16, 64])
+def test_a_pod_fills_completely_with_single_ipus(machines):
+    layout = pod(machines)
+    used: dict = {}
+    for _ in range(machines * 4):
+        take(used, place_partition(layout, set(layout.agent_ids), used, 1))
+    assert sum(len(v) for v in used.values()) == machines * 4
+
+
+@pytest.mark.parametrize("size", [0, 3, 5, 6, 12, 24, 100])
+def test_sizes_that_are_not_powers_of_two_are_refused(size):
+    with pytest.raises(InvalidArgument, match="power of two"):
+        place_partition(pod(16), set(pod(16).agent_ids), {}, size)
+
+
+def test_a_size_beyond_the_cluster_is_invalid_and_beyond_the_free_ipus_a_conflict():
+    layout = pod(4)
+    with pytest.raises(InvalidArgument, match="larger than the cluster's 16 IPUs"):
+        place_partition(layout, set(layout.agent_ids), {}, 32)
+    with pytest.raises(Conflict, match="16 requested, 12 free"):
+        place_partition(layout, set(layout.agent_ids), {"ag1": {0, 1, 2, 3}}, 16)
+
+
+def test_small_partitions_share_a_machine_before_opening_another():
+    layout = pod(4)
+    used: dict = {}
+    first = place_partition(layout, set(layout.agent_ids), used, 1)
+    take(used, first)
+    second = place_partition(layout, set(layout.agent_ids), used, 2)
+    take(used, second)
+    third = place_partition(layout, set(layout.agent_ids), used, 1)
+    assert {i.agent_id for i in (*first.ipus, *second.ipus, *third.ipus)} == {first.ipus[0].agent_id}
+
+
+def test_free_ipus_that_are_not_a_linkable_block_are_refused():
+    layout = pod(4)
+    # One IPU taken on every machine: 12 IPUs free, but no whole machine.
+    used = {agent: {0} for agent in layout.agent_ids}
+    with pytest.raises(Conflict, match="12 IPUs are free but not as one linkable block"):
+        place_partition(layout, set(layout.agent_ids), used, 4)
+    # Rung pairs 0-1 are broken everywhere but 2-3 are free.
+    assert sorted(i.index for i in place_partition(layout, set(layout.agent_ids), used, 2).ipus) == [2, 3]
+
+
+def test_a_torus_run_wraps_over_the_loop_back_cables_and_a_mesh_run_does_not():
+    used = {"ag2": {0, 1, 2, 3}, "ag3": {0, 1, 2, 3}}
+    torus = pod(4, IldTopology.TORUS)
+    placement = place_partition(torus, set(torus.agent_ids), used, 8)
+    assert [i.agent_id for i in placement.ipus][::4] == ["ag4", "ag1"]
+    mesh = pod(4)
+    with pytest.raises(Conflict):
+        place_partition(mesh, set(mesh.agent_ids), used, 8)
+
+
+def test_routing_follows_the_shape_unless_asked():
+    torus = pod(4, IldTopology.TORUS)
+    allowed = set(torus.agent_ids)
+    assert place_partition(torus, allowed, {}, 16).ipulink_routing is IpuLinkRouting.RINGSWNC
+    assert place_partition(torus, allowed, {}, 8).ipulink_routing is IpuLinkRouting.SWNC
+    assert place_partition(torus, allowed, {}, 4).ipulink_routing is IpuLinkRouting.DNC
+    assert place_partition(pod(4), set(pod(4).agent_ids), {}, 16).ipulink_routing is IpuLinkRouting.SWNC
+    assert place_partition(torus, allowed, {}, 8, ipulink_routing=IpuLinkRouting.BTNC).ipulink_routing is IpuLinkRouting.BTNC
+    with pytest.raises(Conflict):
+        place_partition(torus, allowed, {}, 8, ipulink_routing=IpuLinkRouting.RINGSWNC)
+    with pytest.raises(InvalidArgument, match="two machines or more"):
+        place_partition(torus, allowed, {}, 2, ipulink_routing=IpuLinkRouting.SWNC)
+
+
+def test_best_fit_keeps_the_largest_run_of_free_machines_whole():
+    layout = pod(8)
+    # Free runs: ag1 (1 machine) and ag3..ag8 (6 machines).
+    used = {"ag2": {0, 1, 2, 3}}
+    placement = place_partition(layout, set(layout.agent_ids), used, 4)
+    assert {i.agent_id for i in placement.ipus} == {"ag1"}
+    take(used, placement)
+    assert {i.agent_id for i in place_partition(layout, set(layout.agent_ids), used, 16).ipus} == {"ag3", "ag4", "ag5", "ag6"}
+
+
+def test_a_partition_spans_domains_only_over_gw_links_at_the_same_positions():
+    layout = pod(8, ilds=2)
+    allowed = set(layout.agent_ids)
+    whole = place_partition(layout, allowed, {}, 32)
+    assert whole.num_segments == 2 and whole.gw_routing is GwRouting.RING
+    assert_linkable(layout, whole, 32)
+    # 16 IPUs fit in one domain, so one segment is used.
+    assert place_partition(layout, allowed, {}, 16).num_segments == 1
+    # Asked for two segments, 16 IPUs take two machines at the same positions in each domain.
+    split = place_partition(layout, allowed, {}, 16, num_segments=2)
+    assert_linkable(layout, split, 16)
+    assert split.num_segments == 2
+    # With no single domain free enough, it spans: ILD 0 has ag1 busy, ILD 1 has ag8 busy.
+    used = {"ag1": {0}, "ag8": {0}}
+    spanning = place_partition(layout, allowed, used, 16)
+    assert spanning.num_segments == 2
+    assert {i.agent_id for i in spanning.ipus} == {"ag2", "ag3", "ag6", "ag7"}
+    with pytest.raises(InvalidArgument, match="needs a cluster of 4 IPU-Link domains"):
+        place_partition(layout, allowed, {}, 32, num_segments=4)
+
+
+def test_gcds_split_the_partition_evenly_in_routing_order():
+    layout = pod(4)
+    placement = place_partition(layout, set(layout.agent_ids), {}, 16, num_gcds=4)
+    assert_linkable(layout, placement, 16, num_gcds=4)
+    with pytest.raises(InvalidArgument, match="GCDs"):
+        place_partition(layout, set(layout.agent_ids), {}, 4, num_gcds=3)
+    with pytest.raises(InvalidArgument, match="GCDs"):
+        place_partition(layout, set(layout.agent_ids), {}, 4, num_gcds=8)
+
+
+def test_explicit_ipus_are_honoured_when_they_form_a_free_block():
+    layout = pod(4)
+    wanted = tuple((0, t) for t in range(8, 16))  # machines ag3 and ag4
+    placement = place_partition(layout, set(layout.agent_ids), {}, 8, explicit=wanted)
+    assert {i.agent_id for i in placement.ipus} == {"ag3", "ag4"}
+    with pytest.raises(Conflict, match="not a free, linkable set"):
+        place_partition(layout, set(layout.agent_ids), {}, 8, explicit=tuple((0, t) for t in (0, 1, 2, 3, 8, 9, 10, 11)))
+
+
+def test_only_machines_of_the_allocation_are_used():
+    layout = pod(8)
+    allowed = {"ag5", "ag6"}
+    placement = place_partition(layout, allowed, {}, 8)
+    assert {i.agent_id for i in placement.ipus} == allowed
+    with pytest.raises(Conflict, match="16 requested, 8 free"):
+        place_partition(layout, allowed, {}, 16)
+
+
+def test_allocations_take_the_smallest_consecutive_run_that_fits():
+    agents = tuple(f"ag{i}" for i in range(1, 9))
+    assert choose_allocation_machines(agents, {"ag3"}, 8) == ("ag1", "ag2")
+    assert choose_allocation_machines(agents, {"ag3"}, 12) == ("ag4", "ag5", "ag6")
+    with pytest.raises(Conflict, match="no 4 consecutive free machines"):
+        choose_allocation_machines(agents, {"ag3", "ag6"}, 16)
+    with pytest.raises(InvalidArgument, match="multiple of 4"):
+        choose_allocation_machines(agents, set(), 6)
+
+
+def test_explicit_allocation_machines_must_be_consecutive_free_and_in_order():
+    agents = tuple(f"ag{i}" for i in range(1, 9))
+    check_allocation_machines("cl0", agents, {}, ("ag2", "ag3"))
+    with pytest.raises(InvalidArgument, match="not physically consecutive"):
+        check_allocation_machines("cl0", agents, {}, ("ag2", "ag4"))
+    with pytest.raises(InvalidArgument, match="not physically consecutive"):
+        check_allocation_machines("cl0", agents, {}, ("ag3", "ag2"))
+    with pytest.raises(Conflict, match="already in allocation a1"):
+        check_allocation_machines("cl0", agents, {"ag3": "a1"}, ("ag2", "ag3"))
+    with pytest.raises(InvalidArgument, match="not in cluster cl0"):
+        check_allocation_machines("cl0", agents, {}, ("ag9",))
+
+
+@st.composite
+def pods_and_requests(draw):
+    ilds = draw(st.sampled_from([1, 1, 2, 4]))
+    per_ild = draw(st.integers(1, 64 // ilds))
+    topology = draw(st.sampled_from(list(IldTopology)))
+    steps = draw(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.booleans()), max_size=40))
+    return pod(per_ild * ilds, topology, ilds), steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(pods_and_requests())
+def test_any_sequence_of_creates_and_removes_keeps_every_placement_linkable_and_disjoint(case):
+    layout, steps = case
+    allowed = set(layout.agent_ids)
+    used: dict = {}
+    live = []
+    for size, remove_first in steps:
+        if remove_first and live:
+            for ipu in live.pop(0).ipus:
+                used[ipu.agent_id].discard(ipu.index)
+        try:
+            placement = place_partition(layout, allowed, used, size)
+        except (Conflict, InvalidArgument):
+            continue
+        assert_linkable(layout, placement, size)
+        take(used, placement)
+        live.append(placement)
+
+
+def test_is_power_of_two():
+    assert [n for n in range(0, 70) if is_power_of_two(n)] == [1, 2, 4, 8, 16, 32, 64]
