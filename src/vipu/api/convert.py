@@ -1,0 +1,305 @@
+"""Conversions between protobuf messages and `vipu.model` entities.
+
+The only module that knows both shapes; servicers and clients call it and stay thin.
+"""
+
+from __future__ import annotations
+
+from vipu.api.protos import admin_pb2, agent_pb2, vipuuser_pb2 as user_pb2
+from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
+from vipu.model.entities import (
+    Agent,
+    Allocation,
+    Cluster,
+    GwRouting,
+    GwTopology,
+    IldTopology,
+    IpuInfo,
+    IpuLinkRouting,
+    MachineInventory,
+    OperationState,
+    Partition,
+    PartitionRequest,
+    ReadyState,
+    SyncType,
+)
+from vipu.model.errors import InvalidArgument
+
+IPULINK_ROUTING = {
+    IpuLinkRouting.DNC: user_pb2.IRT_DNC,
+    IpuLinkRouting.SWNC: user_pb2.IRT_SWNC,
+    IpuLinkRouting.BTNC: user_pb2.IRT_BTNC,
+    IpuLinkRouting.RINGSWNC: user_pb2.IRT_RINGSWNC,
+}
+GW_ROUTING = {
+    GwRouting.DEFAULT: user_pb2.GRT_UNDEFINED,
+    GwRouting.RING: user_pb2.GRT_RING,
+    GwRouting.SWRING: user_pb2.GRT_SWRING,
+}
+SYNC_TYPE = {
+    SyncType.GS2_DEFAULT: user_pb2.ST_GS2_DEFAULT,
+    SyncType.GS2_INDEPENDENT_RAILS: user_pb2.ST_GS2_INDEPENDENT_RAILS,
+    SyncType.POD_NATIVE_DEFAULT: user_pb2.ST_POD_NATIVE_DEFAULT,
+    SyncType.POD_NATIVE_REPLICATED_PIPELINE: user_pb2.ST_POD_NATIVE_REPLICATED_PIPELINE,
+}
+READY_STATE = {
+    ReadyState.PENDING: user_pb2.PS_PENDING,
+    ReadyState.ACTIVE: user_pb2.PS_ACTIVE,
+    ReadyState.REMOVED: user_pb2.PS_REMOVED,
+    ReadyState.ERROR: user_pb2.PS_ERROR,
+}
+OPERATION_STATE = {
+    OperationState.IDLE: user_pb2.POS_IDLE,
+    OperationState.CREATING: user_pb2.POS_CREATING,
+    OperationState.REMOVING: user_pb2.POS_REMOVING,
+    OperationState.RESETTING: user_pb2.POS_RESETTING,
+    OperationState.FAILED: user_pb2.POS_FAILED,
+}
+ILD_TOPOLOGY = {IldTopology.MESH: admin_pb2.ILD_TOPOLOGY_MESH, IldTopology.TORUS: admin_pb2.ILD_TOPOLOGY_TORUS}
+
+
+def _reverse(table: dict, value, what: str):
+    for key, number in table.items():
+        if number == value:
+            return key
+    raise InvalidArgument(f"unknown {what} {value}")
+
+
+def enum_name(enum_type, value: int) -> str:
+    """The proto name of an enum value, e.g. 'IRT_SWNC'."""
+    return enum_type.Name(value)
+
+
+# Agent service
+
+
+def inventory_to_proto(inventory: MachineInventory) -> agent_pb2.Inventory:
+    return agent_pb2.Inventory(
+        machine_serial=inventory.serial,
+        platform=inventory.platform,
+        manufacturer=inventory.manufacturer,
+        board_part_number=inventory.board_part_number,
+        versions=inventory.versions,
+        backend=inventory.backend,
+        backend_version=inventory.backend_version,
+        ipuof_host=inventory.ipuof_host,
+        ipuof_port=inventory.ipuof_port,
+        rdma_port=inventory.rdma_port,
+        ipus=[agent_pb2.Ipu(index=i.index, chip_id=i.chip_id, attributes=i.attributes) for i in inventory.ipus],
+        exporter_port=inventory.exporter_port,
+        ipu_arch_id=inventory.ipu_arch_id,
+    )
+
+
+def inventory_from_proto(message: agent_pb2.Inventory) -> MachineInventory:
+    return MachineInventory(
+        serial=message.machine_serial,
+        platform=message.platform,
+        manufacturer=message.manufacturer,
+        board_part_number=message.board_part_number,
+        versions=dict(message.versions),
+        backend=message.backend,
+        backend_version=message.backend_version,
+        ipuof_host=message.ipuof_host,
+        ipuof_port=message.ipuof_port,
+        rdma_port=message.rdma_port,
+        ipus=[IpuInfo(i.index, i.chip_id, dict(i.attributes)) for i in message.ipus],
+        exporter_port=message.exporter_port,
+        ipu_arch_id=message.ipu_arch_id,
+    )
+
+
+def _links_to_proto(links: tuple[PortLink, ...]) -> list[agent_pb2.PortLink]:
+    return [agent_pb2.PortLink(port=link.port, peer_serial=link.peer_serial, peer_port=link.peer_port) for link in links]
+
+
+def _links_from_proto(links) -> tuple[PortLink, ...]:
+    return tuple(PortLink(link.port, link.peer_serial, link.peer_port) for link in links)
+
+
+def settings_to_proto(settings: AgentSettings) -> agent_pb2.PartitionSettings:
+    return agent_pb2.PartitionSettings(
+        partition_id=settings.partition_id,
+        ipus=[
+            agent_pb2.IpuSetting(
+                index=i.index,
+                routing_id=i.routing_id,
+                gcd_id=i.gcd,
+                ipulink_segment_id=i.segment,
+                internal_peers=i.internal_peers,
+            )
+            for i in settings.ipus
+        ],
+        ipulinks=_links_to_proto(settings.ipulinks),
+        synclinks=_links_to_proto(settings.synclinks),
+        gwlinks=_links_to_proto(settings.gwlinks),
+        ipulink_routing=settings.ipulink_routing,
+        gw_routing=settings.gw_routing,
+        sync_type=settings.sync_type,
+        reconfigurable=settings.reconfigurable,
+    )
+
+
+def settings_from_proto(message: agent_pb2.PartitionSettings) -> AgentSettings:
+    return AgentSettings(
+        partition_id=message.partition_id,
+        ipus=tuple(
+            IpuSetting(i.index, i.routing_id, i.gcd_id, i.ipulink_segment_id, tuple(i.internal_peers)) for i in message.ipus
+        ),
+        ipulinks=_links_from_proto(message.ipulinks),
+        synclinks=_links_from_proto(message.synclinks),
+        gwlinks=_links_from_proto(message.gwlinks),
+        ipulink_routing=message.ipulink_routing,
+        gw_routing=message.gw_routing,
+        sync_type=message.sync_type,
+        reconfigurable=message.reconfigurable,
+    )
+
+
+# Admin service
+
+
+def agent_to_proto(agent: Agent, cluster_id: str = "", allocation_id: str = "", ipu_uses=()) -> admin_pb2.Agent:
+    return admin_pb2.Agent(
+        id=agent.id,
+        host=agent.host,
+        port=agent.port,
+        status=agent.status.value,
+        cluster_id=cluster_id,
+        allocation_id=allocation_id,
+        inventory=inventory_to_proto(agent.inventory),
+        ipus=[
+            admin_pb2.AgentIpuUse(
+                index=use.index,
+                partition_id=use.partition_id,
+                partition_state=use.partition_state,
+                routing_id=use.routing_id,
+                gcd_id=use.gcd,
+            )
+            for use in ipu_uses
+        ],
+        discovery_mode=agent.discovery_mode,
+        last_error=agent.last_error,
+    )
+
+
+def cluster_to_proto(cluster: Cluster, allocation_ids=()) -> admin_pb2.Cluster:
+    return admin_pb2.Cluster(
+        id=cluster.id,
+        agent_ids=cluster.agent_ids,
+        topology=ILD_TOPOLOGY[cluster.topology],
+        num_ipulinkdomains=cluster.num_ilds,
+        cluster_topology=admin_pb2.GW_TOPOLOGY_LOOPED if cluster.gw_topology else admin_pb2.GW_TOPOLOGY_UNSPECIFIED,
+        allocation_ids=list(allocation_ids),
+    )
+
+
+def cluster_request_from_proto(message: admin_pb2.CreateClusterRequest) -> Cluster:
+    topology = IldTopology.MESH
+    if message.topology != admin_pb2.ILD_TOPOLOGY_UNSPECIFIED:
+        topology = _reverse(ILD_TOPOLOGY, message.topology, "IPU-Link domain topology")
+    return Cluster(
+        id=message.id,
+        agent_ids=tuple(message.agent_ids),
+        topology=topology,
+        num_ilds=message.num_ipulinkdomains or 1,
+        gw_topology=GwTopology.LOOPED if message.cluster_topology == admin_pb2.GW_TOPOLOGY_LOOPED else None,
+    )
+
+
+def admin_allocation_to_proto(allocation: Allocation, partition_ids=()) -> admin_pb2.Allocation:
+    return admin_pb2.Allocation(
+        id=allocation.id,
+        cluster_id=allocation.cluster_id,
+        agent_ids=allocation.agent_ids,
+        partition_ids=list(partition_ids),
+    )
+
+
+# User service
+
+
+def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> PartitionRequest:
+    req = request.requirements
+    return PartitionRequest(
+        id=req.id,
+        size=req.size,
+        allocation_id=req.allocation_id,
+        cluster_id=req.cluster_id,
+        num_gcds=req.num_gcds or 1,
+        num_replicas=req.num_replicas,
+        reconfigurable=req.reconfigurable,
+        sync_type=_reverse(SYNC_TYPE, req.sync_type, "sync type") if req.sync_type else None,
+        ipulink_routing=_reverse(IPULINK_ROUTING, req.ipulink_routing_type, "IPU-Link routing type") if req.ipulink_routing_type else None,
+        gw_routing=_reverse(GW_ROUTING, req.gw_routing_type, "GW routing type") if req.gw_routing_type else None,
+        num_segments=req.num_ipulink_segments,
+        explicit_ipus=tuple((ipu.ipulink_domain_topology_id, ipu.topology_id) for ipu in req.ipus),
+        disable_auto_reset=request.disable_auto_reset,
+        relocatable=request.relocatable,
+    )
+
+
+def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> user_pb2.Partition:
+    return user_pb2.Partition(
+        id=partition.id,
+        spec=user_pb2.PartitionSpec(
+            cluster_id=partition.cluster_id,
+            ipus=[
+                user_pb2.PartitionIpu(
+                    ipulink_domain_topology_id=i.ild,
+                    ipulink_domain_routing_id=i.segment,
+                    topology_id=i.topology_id,
+                    routing_id=i.routing_id,
+                    agent_id=i.agent_id,
+                    agent_ipu_index=i.index,
+                )
+                for i in sorted(partition.ipus, key=lambda i: i.routing_id)
+            ],
+            ipulink_routing_type=IPULINK_ROUTING[partition.ipulink_routing],
+            sync_type=SYNC_TYPE[partition.sync_type],
+            num_gcds=partition.num_gcds,
+            num_ipulink_segments=partition.num_segments,
+            reconfigurable=partition.reconfigurable,
+            gw_routing_type=GW_ROUTING[partition.gw_routing],
+            num_replicas=partition.num_replicas,
+            allocation_id=partition.allocation_id,
+        ),
+        ready_state=READY_STATE[partition.ready_state],
+        ipuof_server_version=ipuof_server_version,
+    )
+
+
+def status_to_proto(partition: Partition, max_auto_reset_retries: int) -> user_pb2.PartitionStatus:
+    return user_pb2.PartitionStatus(
+        partition_id=partition.id,
+        ready_state=READY_STATE[partition.ready_state],
+        operation_state=OPERATION_STATE[partition.operation_state],
+        errors=partition.errors,
+        max_auto_reset_retries=0 if partition.disable_auto_reset else max_auto_reset_retries,
+        auto_reset_retry_count=partition.auto_reset_count,
+    )
+
+
+def config_to_proto(partition: Partition, gcds: list[GcdConfig], ipuof_server_version: str) -> user_pb2.PartitionConfig:
+    return user_pb2.PartitionConfig(
+        ipulink_routing_type=IPULINK_ROUTING[partition.ipulink_routing],
+        sync_type=SYNC_TYPE[partition.sync_type],
+        reconfigurable=partition.reconfigurable,
+        gw_routing_type=GW_ROUTING[partition.gw_routing],
+        num_ipulink_segments=partition.num_segments,
+        gcd_configs=[
+            user_pb2.PartitionConfig.Gcd(
+                devices=[user_pb2.IpuofDevice(**vars(device)) for device in gcd.devices],
+                attributes=gcd.attributes,
+            )
+            for gcd in gcds
+        ],
+        ipuof_server_version=ipuof_server_version,
+    )
+
+
+def user_allocation_to_proto(allocation: Allocation) -> user_pb2.Allocation:
+    return user_pb2.Allocation(
+        id=allocation.id,
+        spec=user_pb2.AllocationSpec(cluster_id=allocation.cluster_id, agent_ids=allocation.agent_ids),
+    )

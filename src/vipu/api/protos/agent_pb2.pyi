@@ -1,0 +1,141 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetInventoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Ipu(_message.Message):
+    __slots__ = ("index", "chip_id", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHIP_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    chip_id: str
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, index: _Optional[int] = ..., chip_id: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Inventory(_message.Message):
+    __slots__ = ("machine_serial", "platform", "manufacturer", "board_part_number", "versions", "backend", "backend_version", "ipuof_host", "ipuof_port", "rdma_port", "ipus", "exporter_port", "ipu_arch_id")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MACHINE_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    BOARD_PART_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_HOST_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_PORT_FIELD_NUMBER: _ClassVar[int]
+    RDMA_PORT_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    IPU_ARCH_ID_FIELD_NUMBER: _ClassVar[int]
+    machine_serial: str
+    platform: str
+    manufacturer: str
+    board_part_number: str
+    versions: _containers.ScalarMap[str, str]
+    backend: str
+    backend_version: str
+    ipuof_host: str
+    ipuof_port: int
+    rdma_port: int
+    ipus: _containers.RepeatedCompositeFieldContainer[Ipu]
+    exporter_port: int
+    ipu_arch_id: int
+    def __init__(self, machine_serial: _Optional[str] = ..., platform: _Optional[str] = ..., manufacturer: _Optional[str] = ..., board_part_number: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., ipuof_host: _Optional[str] = ..., ipuof_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., ipus: _Optional[_Iterable[_Union[Ipu, _Mapping]]] = ..., exporter_port: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ...) -> None: ...
+
+class PortLink(_message.Message):
+    __slots__ = ("port", "peer_serial", "peer_port")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    PEER_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    peer_serial: str
+    peer_port: int
+    def __init__(self, port: _Optional[int] = ..., peer_serial: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
+
+class IpuSetting(_message.Message):
+    __slots__ = ("index", "routing_id", "gcd_id", "ipulink_segment_id", "internal_peers")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
+    GCD_ID_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    routing_id: int
+    gcd_id: int
+    ipulink_segment_id: int
+    internal_peers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., routing_id: _Optional[int] = ..., gcd_id: _Optional[int] = ..., ipulink_segment_id: _Optional[int] = ..., internal_peers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PartitionSettings(_message.Message):
+    __slots__ = ("partition_id", "ipus", "ipulinks", "synclinks", "gwlinks", "ipulink_routing", "gw_routing", "sync_type", "reconfigurable")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    IPULINKS_FIELD_NUMBER: _ClassVar[int]
+    SYNCLINKS_FIELD_NUMBER: _ClassVar[int]
+    GWLINKS_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_ROUTING_FIELD_NUMBER: _ClassVar[int]
+    GW_ROUTING_FIELD_NUMBER: _ClassVar[int]
+    SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    ipus: _containers.RepeatedCompositeFieldContainer[IpuSetting]
+    ipulinks: _containers.RepeatedCompositeFieldContainer[PortLink]
+    synclinks: _containers.RepeatedCompositeFieldContainer[PortLink]
+    gwlinks: _containers.RepeatedCompositeFieldContainer[PortLink]
+    ipulink_routing: str
+    gw_routing: str
+    sync_type: str
+    reconfigurable: bool
+    def __init__(self, partition_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[IpuSetting, _Mapping]]] = ..., ipulinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., synclinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., gwlinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., ipulink_routing: _Optional[str] = ..., gw_routing: _Optional[str] = ..., sync_type: _Optional[str] = ..., reconfigurable: _Optional[bool] = ...) -> None: ...
+
+class ApplyPartitionRequest(_message.Message):
+    __slots__ = ("settings",)
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: PartitionSettings
+    def __init__(self, settings: _Optional[_Union[PartitionSettings, _Mapping]] = ...) -> None: ...
+
+class ApplyPartitionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClearPartitionRequest(_message.Message):
+    __slots__ = ("partition_id",)
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+
+class ClearPartitionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPartitionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPartitionsReply(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionSettings]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionSettings, _Mapping]]] = ...) -> None: ...

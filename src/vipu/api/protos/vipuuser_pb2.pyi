@@ -1,0 +1,377 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class IpuLinkRoutingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IRT_UNDEFINED: _ClassVar[IpuLinkRoutingType]
+    IRT_DNC: _ClassVar[IpuLinkRoutingType]
+    IRT_SWNC: _ClassVar[IpuLinkRoutingType]
+    IRT_BTNC: _ClassVar[IpuLinkRoutingType]
+    IRT_RINGSWNC: _ClassVar[IpuLinkRoutingType]
+
+class GatewayRoutingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRT_UNDEFINED: _ClassVar[GatewayRoutingType]
+    GRT_RING: _ClassVar[GatewayRoutingType]
+    GRT_SWRING: _ClassVar[GatewayRoutingType]
+
+class SyncType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ST_UNDEFINED: _ClassVar[SyncType]
+    ST_GS2_DEFAULT: _ClassVar[SyncType]
+    ST_GS2_INDEPENDENT_RAILS: _ClassVar[SyncType]
+    ST_POD_NATIVE_DEFAULT: _ClassVar[SyncType]
+    ST_POD_NATIVE_REPLICATED_PIPELINE: _ClassVar[SyncType]
+
+class PartitionReadyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PS_UNDEFINED: _ClassVar[PartitionReadyState]
+    PS_PENDING: _ClassVar[PartitionReadyState]
+    PS_ACTIVE: _ClassVar[PartitionReadyState]
+    PS_REMOVED: _ClassVar[PartitionReadyState]
+    PS_ERROR: _ClassVar[PartitionReadyState]
+
+class PartitionOperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POS_UNDEFINED: _ClassVar[PartitionOperationState]
+    POS_IDLE: _ClassVar[PartitionOperationState]
+    POS_CREATING: _ClassVar[PartitionOperationState]
+    POS_REMOVING: _ClassVar[PartitionOperationState]
+    POS_RESETTING: _ClassVar[PartitionOperationState]
+    POS_FAILED: _ClassVar[PartitionOperationState]
+IRT_UNDEFINED: IpuLinkRoutingType
+IRT_DNC: IpuLinkRoutingType
+IRT_SWNC: IpuLinkRoutingType
+IRT_BTNC: IpuLinkRoutingType
+IRT_RINGSWNC: IpuLinkRoutingType
+GRT_UNDEFINED: GatewayRoutingType
+GRT_RING: GatewayRoutingType
+GRT_SWRING: GatewayRoutingType
+ST_UNDEFINED: SyncType
+ST_GS2_DEFAULT: SyncType
+ST_GS2_INDEPENDENT_RAILS: SyncType
+ST_POD_NATIVE_DEFAULT: SyncType
+ST_POD_NATIVE_REPLICATED_PIPELINE: SyncType
+PS_UNDEFINED: PartitionReadyState
+PS_PENDING: PartitionReadyState
+PS_ACTIVE: PartitionReadyState
+PS_REMOVED: PartitionReadyState
+PS_ERROR: PartitionReadyState
+POS_UNDEFINED: PartitionOperationState
+POS_IDLE: PartitionOperationState
+POS_CREATING: PartitionOperationState
+POS_REMOVING: PartitionOperationState
+POS_RESETTING: PartitionOperationState
+POS_FAILED: PartitionOperationState
+
+class PartitionIpu(_message.Message):
+    __slots__ = ("ipulink_domain_topology_id", "ipulink_domain_routing_id", "topology_id", "routing_id", "agent_id", "agent_ipu_index")
+    IPULINK_DOMAIN_TOPOLOGY_ID_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_DOMAIN_ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ipulink_domain_topology_id: int
+    ipulink_domain_routing_id: int
+    topology_id: int
+    routing_id: int
+    agent_id: str
+    agent_ipu_index: int
+    def __init__(self, ipulink_domain_topology_id: _Optional[int] = ..., ipulink_domain_routing_id: _Optional[int] = ..., topology_id: _Optional[int] = ..., routing_id: _Optional[int] = ..., agent_id: _Optional[str] = ..., agent_ipu_index: _Optional[int] = ...) -> None: ...
+
+class PartitionSpec(_message.Message):
+    __slots__ = ("cluster_id", "ipus", "ipulink_routing_type", "sync_type", "num_gcds", "num_ipulink_segments", "reconfigurable", "gw_routing_type", "num_replicas", "allocation_id")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_GCDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_IPULINK_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
+    GW_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    ipus: _containers.RepeatedCompositeFieldContainer[PartitionIpu]
+    ipulink_routing_type: IpuLinkRoutingType
+    sync_type: SyncType
+    num_gcds: int
+    num_ipulink_segments: int
+    reconfigurable: bool
+    gw_routing_type: GatewayRoutingType
+    num_replicas: int
+    allocation_id: str
+    def __init__(self, cluster_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., num_ipulink_segments: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ...) -> None: ...
+
+class Partition(_message.Message):
+    __slots__ = ("id", "spec", "ready_state", "ipuof_server_version")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    READY_STATE_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: PartitionSpec
+    ready_state: PartitionReadyState
+    ipuof_server_version: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[PartitionSpec, _Mapping]] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., ipuof_server_version: _Optional[str] = ...) -> None: ...
+
+class ListPartitionsRequest(_message.Message):
+    __slots__ = ("allocation_id",)
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    def __init__(self, allocation_id: _Optional[str] = ...) -> None: ...
+
+class ListPartitionsReply(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[Partition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[Partition, _Mapping]]] = ...) -> None: ...
+
+class PartitionRequirements(_message.Message):
+    __slots__ = ("id", "size", "cluster_id", "ipulink_routing_type", "num_ipulink_segments", "gw_routing_type", "sync_type", "num_gcds", "reconfigurable", "num_replicas", "allocation_id", "ipus")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_IPULINK_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    GW_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_GCDS_FIELD_NUMBER: _ClassVar[int]
+    RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    size: int
+    cluster_id: str
+    ipulink_routing_type: IpuLinkRoutingType
+    num_ipulink_segments: int
+    gw_routing_type: GatewayRoutingType
+    sync_type: SyncType
+    num_gcds: int
+    reconfigurable: bool
+    num_replicas: int
+    allocation_id: str
+    ipus: _containers.RepeatedCompositeFieldContainer[PartitionIpu]
+    def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ...) -> None: ...
+
+class CreatePartitionRequest(_message.Message):
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable")
+    REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
+    RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
+    requirements: PartitionRequirements
+    disable_auto_reset: bool
+    relocatable: bool
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ...) -> None: ...
+
+class IpuofDevice(_message.Message):
+    __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
+    IP_FIELD_NUMBER: _ClassVar[int]
+    SERVER_PORT_FIELD_NUMBER: _ClassVar[int]
+    RDMA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    IPULINK_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
+    IPU_ARCH_ID_FIELD_NUMBER: _ClassVar[int]
+    IPU_ID_FIELD_NUMBER: _ClassVar[int]
+    CHIP_ID_FIELD_NUMBER: _ClassVar[int]
+    GWSW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IPUM_SW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ip: str
+    server_port: int
+    rdma_port: int
+    device_id: int
+    ipulink_segment_id: int
+    routing_id: int
+    ipu_arch_id: int
+    ipu_id: int
+    chip_id: str
+    gwsw_version: str
+    ipum_sw_version: str
+    def __init__(self, ip: _Optional[str] = ..., server_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., device_id: _Optional[int] = ..., ipulink_segment_id: _Optional[int] = ..., routing_id: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ..., ipu_id: _Optional[int] = ..., chip_id: _Optional[str] = ..., gwsw_version: _Optional[str] = ..., ipum_sw_version: _Optional[str] = ...) -> None: ...
+
+class PartitionConfig(_message.Message):
+    __slots__ = ("ipulink_routing_type", "sync_type", "reconfigurable", "gw_routing_type", "num_ipulink_segments", "gcd_configs", "ipuof_server_version")
+    class Gcd(_message.Message):
+        __slots__ = ("devices", "attributes")
+        class AttributesEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: str
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        DEVICES_FIELD_NUMBER: _ClassVar[int]
+        ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+        devices: _containers.RepeatedCompositeFieldContainer[IpuofDevice]
+        attributes: _containers.ScalarMap[str, str]
+        def __init__(self, devices: _Optional[_Iterable[_Union[IpuofDevice, _Mapping]]] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    IPULINK_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
+    GW_ROUTING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_IPULINK_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    GCD_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ipulink_routing_type: IpuLinkRoutingType
+    sync_type: SyncType
+    reconfigurable: bool
+    gw_routing_type: GatewayRoutingType
+    num_ipulink_segments: int
+    gcd_configs: _containers.RepeatedCompositeFieldContainer[PartitionConfig.Gcd]
+    ipuof_server_version: str
+    def __init__(self, ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., reconfigurable: _Optional[bool] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gcd_configs: _Optional[_Iterable[_Union[PartitionConfig.Gcd, _Mapping]]] = ..., ipuof_server_version: _Optional[str] = ...) -> None: ...
+
+class CreatePartitionReply(_message.Message):
+    __slots__ = ("partition_id",)
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+
+class ResetPartitionRequest(_message.Message):
+    __slots__ = ("partition_id", "relocatable")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    relocatable: bool
+    def __init__(self, partition_id: _Optional[str] = ..., relocatable: _Optional[bool] = ...) -> None: ...
+
+class ResetPartitionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RemovePartitionRequest(_message.Message):
+    __slots__ = ("partition_id", "force")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    force: bool
+    def __init__(self, partition_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemovePartitionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPartitionIpuofConfigRequest(_message.Message):
+    __slots__ = ("partition_id", "gcd_id")
+    class GcdID(_message.Message):
+        __slots__ = ("id",)
+        ID_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        def __init__(self, id: _Optional[int] = ...) -> None: ...
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    GCD_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    gcd_id: GetPartitionIpuofConfigRequest.GcdID
+    def __init__(self, partition_id: _Optional[str] = ..., gcd_id: _Optional[_Union[GetPartitionIpuofConfigRequest.GcdID, _Mapping]] = ...) -> None: ...
+
+class GetPartitionIpuofConfigReply(_message.Message):
+    __slots__ = ("ipuof_config",)
+    IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ipuof_config: PartitionConfig
+    def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    READY_STATE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    MAX_AUTO_RESET_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESET_RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_AUTO_RESET_TIME_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    ready_state: PartitionReadyState
+    operation_state: PartitionOperationState
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    max_auto_reset_retries: int
+    auto_reset_retry_count: int
+    last_auto_reset_time: _timestamp_pb2.Timestamp
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetPartitionStatusRequest(_message.Message):
+    __slots__ = ("partition_id",)
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+
+class GetPartitionStatusReply(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: PartitionStatus
+    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ...) -> None: ...
+
+class AllocationSpec(_message.Message):
+    __slots__ = ("cluster_id", "agent_ids")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster_id: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("id", "spec")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: AllocationSpec
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ...) -> None: ...
+
+class ListIPUAttributesRequest(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agents: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListIPUAttributesReply(_message.Message):
+    __slots__ = ("entries",)
+    class Entry(_message.Message):
+        __slots__ = ("agent", "ipu_attributes")
+        class Attributes(_message.Message):
+            __slots__ = ("attributes",)
+            class AttributesEntry(_message.Message):
+                __slots__ = ("key", "value")
+                KEY_FIELD_NUMBER: _ClassVar[int]
+                VALUE_FIELD_NUMBER: _ClassVar[int]
+                key: str
+                value: str
+                def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+            ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+            attributes: _containers.ScalarMap[str, str]
+            def __init__(self, attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+        class IpuAttributesEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: int
+            value: ListIPUAttributesReply.Entry.Attributes
+            def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[ListIPUAttributesReply.Entry.Attributes, _Mapping]] = ...) -> None: ...
+        AGENT_FIELD_NUMBER: _ClassVar[int]
+        IPU_ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+        agent: str
+        ipu_attributes: _containers.MessageMap[int, ListIPUAttributesReply.Entry.Attributes]
+        def __init__(self, agent: _Optional[str] = ..., ipu_attributes: _Optional[_Mapping[int, ListIPUAttributesReply.Entry.Attributes]] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ListIPUAttributesReply.Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[ListIPUAttributesReply.Entry, _Mapping]]] = ...) -> None: ...
+
+class ListAllocationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAllocationsReply(_message.Message):
+    __slots__ = ("allocations",)
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
+    def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...

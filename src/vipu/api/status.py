@@ -1,0 +1,118 @@
+"""Error families <-> gRPC status codes, in both directions, in one place.
+
+Servers run every handler behind `GuardInterceptor`, which turns a `VipuError` into the status
+code of its family (and anything else into INTERNAL, logged) and reports each call's method,
+code and duration to an observer (the controller's metrics). Clients turn a failed call back
+into the same family with `error_from_rpc`, so a CLI or the controller's agent client sees the
+error a service raised, whatever process it came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from vipu.model import errors
+
+log = logging.getLogger(__name__)
+
+_CODES: list[tuple[type[errors.VipuError], grpc.StatusCode]] = [
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.HardwareFailure, grpc.StatusCode.ABORTED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+]
+
+
+def code_for(error: errors.VipuError) -> grpc.StatusCode:
+    for family, code in _CODES:
+        if isinstance(error, family):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+# Trailing metadata marking an error a vipu service raised, as opposed to one of the transport.
+SERVICE_ERROR_KEY = "vipu-error"
+
+
+def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
+    """The VipuError a failed call stands for; `peer` names the far end in transport errors."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = (error.details() if hasattr(error, "details") else "") or str(code)
+    metadata = dict(error.trailing_metadata() or ()) if hasattr(error, "trailing_metadata") else {}
+    if metadata.get(SERVICE_ERROR_KEY):
+        family = next((f for f, c in _CODES if c == code), errors.VipuError)
+        return family(details)
+    where = f"{peer}: " if peer else ""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.Unavailable(f"{where}no answer before the deadline")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.Unavailable(f"{where}unreachable ({_transport_reason(details)})")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return errors.Unavailable(f"{where}does not offer this service ({details})")
+    for family, family_code in _CODES:
+        if family_code == code:
+            return family(details)
+    return errors.VipuError(details)
+
+
+def _transport_reason(details: str) -> str:
+    """gRPC's transport messages are long; keep the part a person can act on."""
+    lowered = details.lower()
+    for marker, reason in (
+        ("connection refused", "connection refused"),
+        ("name resolution", "unknown host"),
+        ("dns resolution", "unknown host"),
+        ("timeout", "timed out"),
+        ("ssl", "TLS handshake failed"),
+    ):
+        if marker in lowered:
+            return reason
+    return details.splitlines()[0][:200]
+
+
+Observer = Callable[[str, str, float], None]
+
+
+class GuardInterceptor(grpc.ServerInterceptor):
+    """Maps service errors to status codes and reports (method, code, seconds) for each call."""
+
+    def __init__(self, observe: Observer | None = None):
+        self.observe = observe
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method
+        inner = handler.unary_unary
+
+        def guarded(request, context):
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return inner(request, context)
+            except errors.VipuError as error:
+                code = code_for(error)
+                context.set_trailing_metadata(((SERVICE_ERROR_KEY, "1"),))
+                context.abort(code, error.message)
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("%s failed", method)
+                context.abort(code, "internal error; the server log has the details")
+            finally:
+                if self.observe is not None:
+                    self.observe(method, code.name, time.perf_counter() - started)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
