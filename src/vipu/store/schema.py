@@ -1,0 +1,113 @@
+"""The tables behind the store.
+
+The invariants that must hold even when two controllers or two requests race are written as
+constraints, so the database refuses what the services' own checks might miss:
+
+- an agent is in at most one cluster (`cluster_agents.agent_id` unique);
+- a machine is in at most one allocation (`allocation_agents.agent_id` unique);
+- an IPU is in at most one partition (`partition_ipus (agent_id, ipu_index)` unique).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, UniqueConstraint, func
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+SCHEMA_VERSION = 1
+
+ID = String(64)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class MetaRow(Base):
+    __tablename__ = "vipu_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class AgentRow(Base):
+    __tablename__ = "agents"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    discovery_mode: Mapped[str] = mapped_column(String(16))
+    last_error: Mapped[str] = mapped_column(String(1024), default="")
+    inventory: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ClusterRow(Base):
+    __tablename__ = "clusters"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    topology: Mapped[str] = mapped_column(String(16))
+    num_ilds: Mapped[int] = mapped_column(Integer)
+    gw_topology: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    members: Mapped[list[ClusterAgentRow]] = relationship(
+        order_by="ClusterAgentRow.position", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class ClusterAgentRow(Base):
+    __tablename__ = "cluster_agents"
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"), unique=True)
+
+
+class AllocationRow(Base):
+    __tablename__ = "allocations"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    members: Mapped[list[AllocationAgentRow]] = relationship(
+        order_by="AllocationAgentRow.position", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class AllocationAgentRow(Base):
+    __tablename__ = "allocation_agents"
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"), unique=True)
+
+
+class PartitionRow(Base):
+    __tablename__ = "partitions"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id"), index=True)
+    size: Mapped[int] = mapped_column(Integer)
+    num_gcds: Mapped[int] = mapped_column(Integer)
+    num_replicas: Mapped[int] = mapped_column(Integer)
+    reconfigurable: Mapped[bool] = mapped_column(Boolean)
+    sync_type: Mapped[str] = mapped_column(String(48))
+    ipulink_routing: Mapped[str] = mapped_column(String(16))
+    gw_routing: Mapped[str] = mapped_column(String(16))
+    num_segments: Mapped[int] = mapped_column(Integer)
+    ready_state: Mapped[str] = mapped_column(String(16), index=True)
+    operation_state: Mapped[str] = mapped_column(String(16))
+    errors: Mapped[list] = mapped_column(JSON, default=list)
+    disable_auto_reset: Mapped[bool] = mapped_column(Boolean, default=False)
+    auto_reset_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    ipus: Mapped[list[PartitionIpuRow]] = relationship(
+        order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class PartitionIpuRow(Base):
+    __tablename__ = "partition_ipus"
+    __table_args__ = (UniqueConstraint("agent_id", "ipu_index", name="one_partition_per_ipu"),)
+    partition_id: Mapped[str] = mapped_column(ForeignKey("partitions.id", ondelete="CASCADE"), primary_key=True)
+    routing_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"), index=True)
+    ipu_index: Mapped[int] = mapped_column(Integer)
+    ild: Mapped[int] = mapped_column(Integer)
+    topology_id: Mapped[int] = mapped_column(Integer)
+    segment: Mapped[int] = mapped_column(Integer)
+    gcd: Mapped[int] = mapped_column(Integer)

@@ -1,0 +1,418 @@
+"""The store: every entity of the controller, in SQLite (default) or PostgreSQL.
+
+Services open one transaction per use case (`with store.transaction() as tx:`), read and change
+entities through it, and everything commits together or not at all. Rows never leave this
+module: the transaction speaks in `vipu.model` entities.
+
+On SQLite, write transactions start with BEGIN IMMEDIATE, so a read-check-write sequence (is
+this IPU free? take it) cannot interleave with another writer; reads use a separate engine and
+never block writers (WAL). On PostgreSQL the unique constraints in `schema` catch a lost race,
+which surfaces as `Conflict` for the service to retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, delete, event, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from vipu.model.entities import (
+    Agent,
+    AgentStatus,
+    Allocation,
+    Cluster,
+    GwRouting,
+    GwTopology,
+    IldTopology,
+    IpuInfo,
+    IpuLinkRouting,
+    MachineInventory,
+    OperationState,
+    Partition,
+    PlacedIpu,
+    ReadyState,
+    SyncType,
+)
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, InvalidArgument, Unavailable, VipuError
+from vipu.store.schema import (
+    SCHEMA_VERSION,
+    AgentRow,
+    AllocationAgentRow,
+    AllocationRow,
+    Base,
+    ClusterAgentRow,
+    ClusterRow,
+    MetaRow,
+    PartitionIpuRow,
+    PartitionRow,
+)
+
+
+def normalise_url(url: str) -> str:
+    """Accept `postgresql://...` as operators write it; use the psycopg 3 driver for it."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    if "://" not in url:  # a bare path means a SQLite file
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def _inventory_to_json(inventory: MachineInventory) -> dict:
+    return dataclasses.asdict(inventory)
+
+
+def _inventory_from_json(data: dict) -> MachineInventory:
+    data = dict(data)
+    data["ipus"] = [IpuInfo(**ipu) for ipu in data.get("ipus", [])]
+    return MachineInventory(**data)
+
+
+def _agent(row: AgentRow) -> Agent:
+    return Agent(
+        id=row.id,
+        host=row.host,
+        port=row.port,
+        inventory=_inventory_from_json(row.inventory),
+        status=AgentStatus(row.status),
+        discovery_mode=row.discovery_mode,
+        last_error=row.last_error or "",
+    )
+
+
+def _cluster(row: ClusterRow) -> Cluster:
+    return Cluster(
+        id=row.id,
+        agent_ids=tuple(m.agent_id for m in row.members),
+        topology=IldTopology(row.topology),
+        num_ilds=row.num_ilds,
+        gw_topology=GwTopology(row.gw_topology) if row.gw_topology else None,
+    )
+
+
+def _allocation(row: AllocationRow) -> Allocation:
+    return Allocation(id=row.id, cluster_id=row.cluster_id, agent_ids=tuple(m.agent_id for m in row.members))
+
+
+def _partition(row: PartitionRow) -> Partition:
+    return Partition(
+        id=row.id,
+        cluster_id=row.cluster_id,
+        allocation_id=row.allocation_id,
+        size=row.size,
+        num_gcds=row.num_gcds,
+        num_replicas=row.num_replicas,
+        reconfigurable=row.reconfigurable,
+        sync_type=SyncType(row.sync_type),
+        ipulink_routing=IpuLinkRouting(row.ipulink_routing),
+        gw_routing=GwRouting(row.gw_routing),
+        num_segments=row.num_segments,
+        ipus=[
+            PlacedIpu(i.agent_id, i.ipu_index, i.ild, i.topology_id, i.segment, i.routing_id, i.gcd)
+            for i in row.ipus
+        ],
+        ready_state=ReadyState(row.ready_state),
+        operation_state=OperationState(row.operation_state),
+        errors=list(row.errors or []),
+        disable_auto_reset=row.disable_auto_reset,
+        auto_reset_count=row.auto_reset_count,
+    )
+
+
+class Transaction:
+    """One unit of work on the store, speaking in domain entities."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    # Agents
+
+    def get_agent(self, agent_id: str) -> Agent | None:
+        row = self.session.get(AgentRow, agent_id)
+        return _agent(row) if row else None
+
+    def list_agents(self) -> list[Agent]:
+        return [_agent(r) for r in self.session.scalars(select(AgentRow).order_by(AgentRow.id))]
+
+    def add_agent(self, agent: Agent) -> None:
+        if self.session.get(AgentRow, agent.id) is not None:
+            raise AlreadyExists(f"agent {agent.id} already exists")
+        self.session.add(
+            AgentRow(
+                id=agent.id,
+                host=agent.host,
+                port=agent.port,
+                status=agent.status.value,
+                discovery_mode=agent.discovery_mode,
+                last_error=agent.last_error,
+                inventory=_inventory_to_json(agent.inventory),
+            )
+        )
+        self._flush(f"agent {agent.id} already exists")
+
+    def update_agent(self, agent: Agent) -> None:
+        row = self.session.get(AgentRow, agent.id)
+        if row is None:
+            return
+        row.status = agent.status.value
+        row.last_error = agent.last_error[:1024]
+        row.inventory = _inventory_to_json(agent.inventory)
+
+    def delete_agent(self, agent_id: str) -> None:
+        self.session.execute(delete(AgentRow).where(AgentRow.id == agent_id))
+
+    def agent_with_address(self, host: str, port: int) -> Agent | None:
+        row = self.session.scalars(select(AgentRow).where(AgentRow.host == host, AgentRow.port == port)).first()
+        return _agent(row) if row else None
+
+    # Clusters
+
+    def get_cluster(self, cluster_id: str) -> Cluster | None:
+        row = self.session.get(ClusterRow, cluster_id)
+        return _cluster(row) if row else None
+
+    def list_clusters(self) -> list[Cluster]:
+        return [_cluster(r) for r in self.session.scalars(select(ClusterRow).order_by(ClusterRow.id))]
+
+    def cluster_of_agents(self) -> dict[str, str]:
+        return dict(self.session.execute(select(ClusterAgentRow.agent_id, ClusterAgentRow.cluster_id)).all())
+
+    def add_cluster(self, cluster: Cluster) -> None:
+        if self.session.get(ClusterRow, cluster.id) is not None:
+            raise AlreadyExists(f"cluster {cluster.id} already exists")
+        self.session.add(
+            ClusterRow(
+                id=cluster.id,
+                topology=cluster.topology.value,
+                num_ilds=cluster.num_ilds,
+                gw_topology=cluster.gw_topology.value if cluster.gw_topology else None,
+                members=[ClusterAgentRow(position=i, agent_id=a) for i, a in enumerate(cluster.agent_ids)],
+            )
+        )
+        self._flush(f"cluster {cluster.id} or one of its agents is taken by a concurrent change")
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        row = self.session.get(ClusterRow, cluster_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()
+
+    # Allocations
+
+    def get_allocation(self, allocation_id: str) -> Allocation | None:
+        row = self.session.get(AllocationRow, allocation_id)
+        return _allocation(row) if row else None
+
+    def list_allocations(self, cluster_id: str | None = None) -> list[Allocation]:
+        query = select(AllocationRow).order_by(AllocationRow.id)
+        if cluster_id is not None:
+            query = query.where(AllocationRow.cluster_id == cluster_id)
+        return [_allocation(r) for r in self.session.scalars(query)]
+
+    def allocation_of_agents(self) -> dict[str, str]:
+        return dict(self.session.execute(select(AllocationAgentRow.agent_id, AllocationAgentRow.allocation_id)).all())
+
+    def add_allocation(self, allocation: Allocation) -> None:
+        if self.session.get(AllocationRow, allocation.id) is not None:
+            raise AlreadyExists(f"allocation {allocation.id} already exists")
+        self.session.add(
+            AllocationRow(
+                id=allocation.id,
+                cluster_id=allocation.cluster_id,
+                members=[AllocationAgentRow(position=i, agent_id=a) for i, a in enumerate(allocation.agent_ids)],
+            )
+        )
+        self._flush(f"allocation {allocation.id} or one of its machines is taken by a concurrent change")
+
+    def delete_allocation(self, allocation_id: str) -> None:
+        row = self.session.get(AllocationRow, allocation_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()
+
+    # Partitions
+
+    def get_partition(self, partition_id: str) -> Partition | None:
+        row = self.session.get(PartitionRow, partition_id)
+        return _partition(row) if row else None
+
+    def list_partitions(self, allocation_id: str | None = None, cluster_id: str | None = None) -> list[Partition]:
+        query = select(PartitionRow).order_by(PartitionRow.id)
+        if allocation_id is not None:
+            query = query.where(PartitionRow.allocation_id == allocation_id)
+        if cluster_id is not None:
+            query = query.where(PartitionRow.cluster_id == cluster_id)
+        return [_partition(r) for r in self.session.scalars(query)]
+
+    def partitions_on_agent(self, agent_id: str) -> list[Partition]:
+        ids = select(PartitionIpuRow.partition_id).where(PartitionIpuRow.agent_id == agent_id).distinct()
+        rows = self.session.scalars(select(PartitionRow).where(PartitionRow.id.in_(ids)).order_by(PartitionRow.id))
+        return [_partition(r) for r in rows]
+
+    def used_ipus(self, agent_ids: list[str] | tuple[str, ...]) -> dict[str, set[int]]:
+        used: dict[str, set[int]] = {}
+        rows = self.session.execute(
+            select(PartitionIpuRow.agent_id, PartitionIpuRow.ipu_index).where(PartitionIpuRow.agent_id.in_(list(agent_ids)))
+        )
+        for agent_id, index in rows:
+            used.setdefault(agent_id, set()).add(index)
+        return used
+
+    def add_partition(self, partition: Partition) -> None:
+        if self.session.get(PartitionRow, partition.id) is not None:
+            raise AlreadyExists(f"partition {partition.id} already exists")
+        self.session.add(
+            PartitionRow(
+                id=partition.id,
+                cluster_id=partition.cluster_id,
+                allocation_id=partition.allocation_id,
+                size=partition.size,
+                num_gcds=partition.num_gcds,
+                num_replicas=partition.num_replicas,
+                reconfigurable=partition.reconfigurable,
+                sync_type=partition.sync_type.value,
+                ipulink_routing=partition.ipulink_routing.value,
+                gw_routing=partition.gw_routing.value,
+                num_segments=partition.num_segments,
+                ready_state=partition.ready_state.value,
+                operation_state=partition.operation_state.value,
+                errors=list(partition.errors),
+                disable_auto_reset=partition.disable_auto_reset,
+                auto_reset_count=partition.auto_reset_count,
+                ipus=[
+                    PartitionIpuRow(
+                        routing_id=i.routing_id,
+                        agent_id=i.agent_id,
+                        ipu_index=i.index,
+                        ild=i.ild,
+                        topology_id=i.topology_id,
+                        segment=i.segment,
+                        gcd=i.gcd,
+                    )
+                    for i in partition.ipus
+                ],
+            )
+        )
+        self._flush(f"the IPUs chosen for partition {partition.id} were taken by a concurrent request")
+
+    def set_partition_state(
+        self,
+        partition_id: str,
+        ready: ReadyState,
+        operation: OperationState,
+        errors: list[str] | None = None,
+        auto_reset_count: int | None = None,
+    ) -> None:
+        row = self.session.get(PartitionRow, partition_id)
+        if row is None:
+            return
+        row.ready_state = ready.value
+        row.operation_state = operation.value
+        if errors is not None:
+            row.errors = list(errors)
+        if auto_reset_count is not None:
+            row.auto_reset_count = auto_reset_count
+
+    def delete_partition(self, partition_id: str) -> None:
+        row = self.session.get(PartitionRow, partition_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()
+
+    def _flush(self, conflict_message: str) -> None:
+        try:
+            self.session.flush()
+        except IntegrityError as error:
+            raise ConcurrentUpdate(conflict_message) from error
+
+
+class Store:
+    """Opens the database named by a URL and hands out transactions on it."""
+
+    def __init__(self, url: str):
+        self.url = normalise_url(url)
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError as error:
+            raise InvalidArgument(f"cannot understand the store URL {url!r}") from error
+        if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+            raise InvalidArgument(f"unsupported store {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://...")
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        if self.is_sqlite and parsed.database not in (None, "", ":memory:"):
+            try:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from error
+        self._write_engine = self._engine(immediate=True)
+        self._read_engine = self._engine(immediate=False) if self.is_sqlite else self._write_engine
+        self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._initialise()
+
+    def _engine(self, immediate: bool) -> Engine:
+        if not self.is_sqlite:
+            return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection, _record):
+            dbapi_connection.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection):
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+
+    def _initialise(self) -> None:
+        try:
+            Base.metadata.create_all(self._write_engine)
+        except OperationalError as error:
+            reason = str(error.orig).splitlines()[0]
+            raise Unavailable(f"cannot open the store at {self.describe()}: {reason}") from error
+        with self._writes.begin() as session:
+            row = session.get(MetaRow, "schema_version")
+            if row is None:
+                session.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif int(row.value) > SCHEMA_VERSION:
+                raise VipuError(
+                    f"the store at {self.describe()} has schema version {row.value}, newer than this "
+                    f"vipu-server's {SCHEMA_VERSION}; upgrade vipu-server"
+                )
+
+    def describe(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A read-write unit of work: commits on success, rolls back on any exception."""
+        with self._writes() as session:
+            try:
+                with session.begin():
+                    yield Transaction(session)
+            except IntegrityError as error:
+                raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
+
+    @contextmanager
+    def reading(self) -> Iterator[Transaction]:
+        """A read-only unit of work that never blocks writers."""
+        with self._reads() as session:
+            with session.begin():
+                yield Transaction(session)
+
+    def close(self) -> None:
+        self._write_engine.dispose()
+        if self._read_engine is not self._write_engine:
+            self._read_engine.dispose()

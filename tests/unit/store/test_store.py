@@ -1,0 +1,179 @@
+"""The store, on SQLite and on a real PostgreSQL: entities round-trip, invariants hold under races."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from vipu.model.entities import (
+    Agent, AgentStatus, Allocation, Cluster, GwRouting, GwTopology, IldTopology, IpuInfo, IpuLinkRouting,
+    MachineInventory, OperationState, Partition, PlacedIpu, ReadyState, SyncType,
+)
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate
+from vipu.store.store import Store, normalise_url
+
+
+def agent(n: int) -> Agent:
+    inventory = MachineInventory(
+        serial=f"S{n}", platform="IPU-M2000", versions={"agent": "0.1.0"},
+        ipus=[IpuInfo(i, f"chip{n}.{i}", {"clock": "1330MHz"}) for i in range(4)], ipuof_port=50000 + n,
+    )
+    return Agent(f"ag{n}", "127.0.0.1", 18000 + n, inventory)
+
+
+def partition(pid: str, agent_id: str, indices=(0, 1, 2, 3)) -> Partition:
+    ipus = [PlacedIpu(agent_id, i, 0, i, 0, r, 0) for r, i in enumerate(indices)]
+    return Partition(
+        id=pid, cluster_id="cl0", allocation_id="a1", size=len(ipus), num_gcds=1, num_replicas=1, reconfigurable=False,
+        sync_type=SyncType.POD_NATIVE_DEFAULT, ipulink_routing=IpuLinkRouting.DNC, gw_routing=GwRouting.DEFAULT,
+        num_segments=1, ipus=ipus,
+    )
+
+
+@pytest.fixture
+def store(store_url):
+    store = Store(store_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def populated(store):
+    with store.transaction() as tx:
+        for n in range(1, 5):
+            tx.add_agent(agent(n))
+        tx.add_cluster(Cluster("cl0", ("ag1", "ag2", "ag3", "ag4"), IldTopology.TORUS, 2, GwTopology.LOOPED))
+        tx.add_allocation(Allocation("a1", "cl0", ("ag1", "ag2")))
+    return store
+
+
+def test_entities_round_trip(populated):
+    with populated.reading() as tx:
+        assert tx.get_agent("ag2") == agent(2)
+        assert tx.get_cluster("cl0") == Cluster("cl0", ("ag1", "ag2", "ag3", "ag4"), IldTopology.TORUS, 2, GwTopology.LOOPED)
+        assert tx.get_allocation("a1").agent_ids == ("ag1", "ag2")
+        assert tx.cluster_of_agents() == {f"ag{n}": "cl0" for n in range(1, 5)}
+        assert tx.allocation_of_agents() == {"ag1": "a1", "ag2": "a1"}
+        assert tx.agent_with_address("127.0.0.1", 18003).id == "ag3"
+
+
+def test_partitions_round_trip_and_change_state(populated):
+    p = partition("p1", "ag1")
+    with populated.transaction() as tx:
+        tx.add_partition(p)
+    with populated.transaction() as tx:
+        tx.set_partition_state("p1", ReadyState.ERROR, OperationState.FAILED, errors=["agent ag1: broken"])
+    with populated.reading() as tx:
+        stored = tx.get_partition("p1")
+        assert stored.ipus == p.ipus
+        assert (stored.ready_state, stored.operation_state, stored.errors) == (ReadyState.ERROR, OperationState.FAILED, ["agent ag1: broken"])
+        assert tx.used_ipus(["ag1", "ag2"]) == {"ag1": {0, 1, 2, 3}}
+        assert [x.id for x in tx.partitions_on_agent("ag1")] == ["p1"]
+        assert tx.partitions_on_agent("ag2") == []
+
+
+def test_a_failed_transaction_leaves_nothing_behind(populated):
+    with pytest.raises(RuntimeError):
+        with populated.transaction() as tx:
+            tx.add_partition(partition("p1", "ag1"))
+            raise RuntimeError("boom")
+    with populated.reading() as tx:
+        assert tx.get_partition("p1") is None
+        assert tx.used_ipus(["ag1"]) == {}
+
+
+def test_ids_are_unique(populated):
+    with pytest.raises(AlreadyExists):
+        with populated.transaction() as tx:
+            tx.add_agent(agent(1))
+    with pytest.raises(AlreadyExists):
+        with populated.transaction() as tx:
+            tx.add_cluster(Cluster("cl0", ()))
+
+
+def test_the_database_refuses_an_agent_in_two_clusters_and_a_machine_in_two_allocations(populated):
+    with pytest.raises(ConcurrentUpdate):
+        with populated.transaction() as tx:
+            tx.add_cluster(Cluster("cl1", ("ag4",)))
+    with pytest.raises(ConcurrentUpdate):
+        with populated.transaction() as tx:
+            tx.add_allocation(Allocation("a2", "cl0", ("ag2", "ag3")))
+    with populated.reading() as tx:
+        assert tx.get_cluster("cl1") is None and tx.get_allocation("a2") is None
+
+
+def test_the_database_refuses_an_ipu_in_two_partitions(populated):
+    with populated.transaction() as tx:
+        tx.add_partition(partition("p1", "ag1", (0, 1)))
+    with pytest.raises(ConcurrentUpdate):
+        with populated.transaction() as tx:
+            tx.add_partition(partition("p2", "ag1", (1, 2)))
+    with populated.reading() as tx:
+        assert tx.get_partition("p2") is None
+        assert tx.used_ipus(["ag1"]) == {"ag1": {0, 1}}
+
+
+def test_racing_writers_never_share_an_ipu(populated):
+    """Eight threads each try to take IPU 0 of ag1 in its own partition; exactly one wins."""
+    results: list[str] = []
+    start = threading.Barrier(8)
+
+    def contend(n: int) -> None:
+        start.wait()
+        try:
+            with populated.transaction() as tx:
+                if 0 not in tx.used_ipus(["ag1"]).get("ag1", set()):
+                    tx.add_partition(partition(f"p{n}", "ag1", (0,)))
+            results.append("won")
+        except ConcurrentUpdate:
+            results.append("lost")
+
+    threads = [threading.Thread(target=contend, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with populated.reading() as tx:
+        holders = [p.id for p in tx.list_partitions()]
+    assert len(holders) == 1
+    assert len(results) == 8
+
+
+def test_deleting_a_cluster_or_allocation_removes_its_membership(populated):
+    with populated.transaction() as tx:
+        tx.delete_allocation("a1")
+        tx.delete_cluster("cl0")
+    with populated.transaction() as tx:
+        tx.add_cluster(Cluster("cl1", ("ag4", "ag3")))
+    with populated.reading() as tx:
+        assert tx.cluster_of_agents() == {"ag4": "cl1", "ag3": "cl1"}
+        assert tx.get_cluster("cl1").agent_ids == ("ag4", "ag3")
+
+
+def test_agent_updates_persist(populated):
+    with populated.transaction() as tx:
+        changed = tx.get_agent("ag1")
+        changed.status, changed.last_error = AgentStatus.DOWN, "unreachable"
+        tx.update_agent(changed)
+    with populated.reading() as tx:
+        assert (tx.get_agent("ag1").status, tx.get_agent("ag1").last_error) == (AgentStatus.DOWN, "unreachable")
+
+
+def test_state_survives_reopening_the_store(populated, store_url):
+    with populated.transaction() as tx:
+        tx.add_partition(partition("p1", "ag2"))
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert tx.get_partition("p1").ipus == partition("p1", "ag2").ipus
+            assert tx.get_allocation("a1").agent_ids == ("ag1", "ag2")
+    finally:
+        reopened.close()
+
+
+def test_operators_write_urls_their_way():
+    assert normalise_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalise_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalise_url("/var/lib/vipu/vipu.db") == "sqlite:////var/lib/vipu/vipu.db"
