@@ -1,0 +1,35 @@
+"""The interface an agent uses to drive one IPU-Machine.
+
+A backend introspects its machine and applies or clears partition settings. It raises the
+`vipu.model.errors` families: `Conflict` when the request clashes with what the machine already
+holds, `HardwareFailure` when the hardware cannot do it (a cable not where it should be, a link
+that does not train), `InvalidArgument` for settings that make no sense for this machine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import MachineInventory
+
+
+class MachineBackend(ABC):
+    name: str = ""
+    version: str = ""
+
+    @abstractmethod
+    def inventory(self) -> MachineInventory:
+        """What the machine is: serial, versions, IPUs, IPUoF end-point."""
+
+    @abstractmethod
+    def apply(self, settings: AgentSettings) -> None:
+        """Configure the machine for one partition; applying the same settings again is harmless."""
+
+    @abstractmethod
+    def clear(self, partition_id: str) -> None:
+        """Remove one partition's configuration; clearing an unknown partition is harmless."""
+
+    @abstractmethod
+    def partitions(self) -> list[AgentSettings]:
+        """The partition settings the machine holds now."""

@@ -1,0 +1,367 @@
+"""Rack descriptions: the simulated hardware, its cabling and its faults, in one YAML file.
+
+A rack lists its IPU-Machines in rack order, each with the address its agent listens on, its
+IPUoF end-point, component versions, IPUs, RNICs and faults, and then every cable that is really
+plugged in: which port of which machine meets which port of which other, with the OSFP cable's
+serial id. The simulated machines answer exactly as machines cabled that way would, so a missing
+or crossed cable makes the partitions that need it fail, for the real reason.
+
+`generate_rack` writes well-formed racks for the supported topologies, using the very cabling
+rules the controller expects (`vipu.model.topology`), so a generated rack is correct by
+construction and a fault is a deliberate edit of it.
+
+    name: pod16
+    machines:
+      - name: m01
+        serial: 0024.0001.8200001
+        agent: {host: 127.0.0.1, port: 18101}
+        ipuof: {host: 127.0.0.1, port: 20101, rdma_port: 22101}
+        exporter_port: 24101
+        versions: {agent: 0.1.0, gateway-software: 2.5.1, ...}
+        faults: {configure: "IPU-Link training failed on IPU 2"}
+    cables:
+      - {kind: IPU-Link, a: m01:5, b: m02:1, serial: OSFP-I-00001}
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from vipu import __version__
+from vipu.model.entities import GwTopology, IldTopology, IpuInfo
+from vipu.model.errors import InvalidArgument
+from vipu.model.topology import ClusterLayout, LinkKind
+
+PORT_COUNTS = {LinkKind.IPULINK: 8, LinkKind.SYNC: 8, LinkKind.GWLINK: 2}
+
+DEFAULT_VERSIONS = {
+    "agent": __version__,
+    "gateway-software": "2.5.1",
+    "ipum-software": "2.5.1",
+    "ipuof-server": "2.5.1",
+    "firmware": "2.4.4",
+    "bmc": "2.5.0",
+}
+
+DEFAULT_PFC_CLASSES = [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    machine: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.machine}:{self.port}"
+
+
+@dataclass(frozen=True)
+class RackCable:
+    kind: LinkKind
+    a: Endpoint
+    b: Endpoint
+    serial: str = ""
+
+
+@dataclass
+class Rnic:
+    name: str
+    pfc_classes: list[int] = field(default_factory=lambda: list(DEFAULT_PFC_CLASSES))
+
+
+@dataclass
+class MachineFaults:
+    configure: str = ""  # every partition apply fails with this reason
+    apply_delay_ms: int = 0  # each apply and clear takes this long
+
+
+@dataclass
+class RackMachine:
+    name: str
+    serial: str
+    host: str
+    port: int
+    ipuof_host: str
+    ipuof_port: int
+    rdma_port: int
+    exporter_port: int = 0
+    versions: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_VERSIONS))
+    ipus: list[IpuInfo] = field(default_factory=list)
+    rnics: list[Rnic] = field(default_factory=lambda: [Rnic("eth1")])
+    faults: MachineFaults = field(default_factory=MachineFaults)
+
+
+@dataclass
+class Rack:
+    name: str
+    machines: list[RackMachine]
+    cables: list[RackCable]
+
+    def machine(self, name: str) -> RackMachine:
+        for machine in self.machines:
+            if machine.name == name:
+                return machine
+        raise InvalidArgument(f"rack {self.name} has no machine {name}")
+
+    def plugged(self, machine: str, kind: LinkKind, port: int) -> tuple[RackCable, Endpoint] | None:
+        """The cable in a port and the end it reaches, or None if the port is empty."""
+        here = Endpoint(machine, port)
+        for cable in self.cables:
+            if cable.kind is kind and here in (cable.a, cable.b):
+                return cable, cable.b if cable.a == here else cable.a
+        return None
+
+
+def default_ipus(serial: str) -> list[IpuInfo]:
+    ipus = []
+    for index in range(4):
+        chip = zlib.crc32(f"{serial}/{index}".encode())
+        ipus.append(
+            IpuInfo(
+                index=index,
+                chip_id=f"0x{chip:08x}",
+                attributes={
+                    "board ipu index": str(index),
+                    "board serial number": serial,
+                    "board type": "M2000",
+                    "clock": "1330MHz",
+                    "driver version": "1.0.58",
+                    "firmware version": DEFAULT_VERSIONS["firmware"],
+                    "ipu architecture": "ipu2",
+                    "ipu serial number": f"{serial}.{index}",
+                },
+            )
+        )
+    return ipus
+
+
+def generate_rack(
+    machines: int,
+    *,
+    name: str = "pod",
+    topology: IldTopology = IldTopology.MESH,
+    num_ilds: int = 1,
+    host: str = "127.0.0.1",
+    agent_base_port: int = 18101,
+    with_exporters: bool = False,
+) -> Rack:
+    """A correctly cabled rack of `machines` IPU-Machines in the given topology."""
+    if machines < 1:
+        raise InvalidArgument("a rack needs at least one machine")
+    names = [f"m{i + 1:0{max(2, len(str(machines)))}d}" for i in range(machines)]
+    layout = ClusterLayout(names, topology, num_ilds, GwTopology.LOOPED if num_ilds > 1 else None)
+    rack_machines = []
+    for i, machine_name in enumerate(names):
+        serial = f"0024.{i // 256 + 1:04d}.82{i:05d}"
+        rack_machines.append(
+            RackMachine(
+                name=machine_name,
+                serial=serial,
+                host=host,
+                port=agent_base_port + i,
+                ipuof_host=host,
+                ipuof_port=agent_base_port + 2000 + i,
+                rdma_port=agent_base_port + 4000 + i,
+                exporter_port=agent_base_port + 6000 + i if with_exporters else 0,
+                ipus=default_ipus(serial),
+            )
+        )
+    cables = []
+    prefixes = {LinkKind.IPULINK: "I", LinkKind.SYNC: "S", LinkKind.GWLINK: "G"}
+    for n, cable in enumerate(layout.cables()):
+        kind = cable.lower.kind
+        serial = f"OSFP-{prefixes[kind]}-{n + 1:05d}" if kind is not LinkKind.SYNC else ""
+        cables.append(
+            RackCable(kind, Endpoint(cable.lower.agent_id, cable.lower.number), Endpoint(cable.upper.agent_id, cable.upper.number), serial)
+        )
+    return Rack(name, rack_machines, cables)
+
+
+def rack_to_data(rack: Rack) -> dict:
+    machines = []
+    for m in rack.machines:
+        entry: dict = {
+            "name": m.name,
+            "serial": m.serial,
+            "agent": {"host": m.host, "port": m.port},
+            "ipuof": {"host": m.ipuof_host, "port": m.ipuof_port, "rdma_port": m.rdma_port},
+            "exporter_port": m.exporter_port,
+            "versions": dict(m.versions),
+            "rnics": [{"name": r.name, "pfc_classes": list(r.pfc_classes)} for r in m.rnics],
+        }
+        if m.ipus != default_ipus(m.serial):
+            entry["ipus"] = [{"index": i.index, "chip_id": i.chip_id, "attributes": dict(i.attributes)} for i in m.ipus]
+        faults = {k: v for k, v in vars(m.faults).items() if v}
+        if faults:
+            entry["faults"] = faults
+        machines.append(entry)
+    cables = []
+    for c in rack.cables:
+        entry = {"kind": c.kind.value, "a": str(c.a), "b": str(c.b)}
+        if c.serial:
+            entry["serial"] = c.serial
+        cables.append(entry)
+    return {"name": rack.name, "machines": machines, "cables": cables}
+
+
+def save_rack(rack: Rack, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(rack_to_data(rack), sort_keys=False, width=120))
+    tmp.replace(path)
+
+
+class _Reader:
+    """Reads one rack document, naming the place of any mistake in the error."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, problem: str):
+        raise InvalidArgument(f"{self.source}: {where}: {problem}")
+
+    def mapping(self, value, where: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, "expected a mapping")
+        return value
+
+    def text(self, data: dict, key: str, where: str, default: str | None = None) -> str:
+        value = data.get(key, default)
+        if value is None:
+            self.fail(where, f"'{key}' is missing")
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            self.fail(where, f"'{key}' must be text")
+        return str(value)
+
+    def number(self, data: dict, key: str, where: str, default: int | None = None, low: int = 0, high: int = 65535) -> int:
+        value = data.get(key, default)
+        if value is None:
+            self.fail(where, f"'{key}' is missing")
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            self.fail(where, f"'{key}' must be a whole number from {low} to {high}, not {value!r}")
+        return value
+
+    def endpoint(self, value, where: str, machines: set[str], kind: LinkKind) -> Endpoint:
+        if not isinstance(value, str) or value.count(":") != 1:
+            self.fail(where, f"an end must be written MACHINE:PORT, not {value!r}")
+        machine, _, port = value.partition(":")
+        if machine not in machines:
+            self.fail(where, f"no machine named {machine!r}")
+        if not port.isdigit() or not 1 <= int(port) <= PORT_COUNTS[kind]:
+            self.fail(where, f"{kind.value} ports are numbered 1 to {PORT_COUNTS[kind]}, not {port!r}")
+        return Endpoint(machine, int(port))
+
+    def machine(self, data, index: int) -> RackMachine:
+        where = f"machines[{index}]"
+        data = self.mapping(data, where)
+        name = self.text(data, "name", where)
+        serial = self.text(data, "serial", where)
+        agent = self.mapping(data.get("agent", {}), f"{where}.agent")
+        ipuof = self.mapping(data.get("ipuof", {}), f"{where}.ipuof")
+        host = self.text(agent, "host", f"{where}.agent", "127.0.0.1")
+        versions = self.mapping(data.get("versions", dict(DEFAULT_VERSIONS)), f"{where}.versions")
+        faults = self.mapping(data.get("faults", {}), f"{where}.faults")
+        unknown = set(faults) - set(vars(MachineFaults()))
+        if unknown:
+            self.fail(f"{where}.faults", f"unknown fault {sorted(unknown)[0]!r}")
+        rnics = data.get("rnics", [{"name": "eth1"}])
+        if not isinstance(rnics, list):
+            self.fail(f"{where}.rnics", "expected a list")
+        ipus = data.get("ipus")
+        if ipus is not None and not isinstance(ipus, list):
+            self.fail(f"{where}.ipus", "expected a list")
+        return RackMachine(
+            name=name,
+            serial=serial,
+            host=host,
+            port=self.number(agent, "port", f"{where}.agent", low=1),
+            ipuof_host=self.text(ipuof, "host", f"{where}.ipuof", host),
+            ipuof_port=self.number(ipuof, "port", f"{where}.ipuof", 0),
+            rdma_port=self.number(ipuof, "rdma_port", f"{where}.ipuof", 0),
+            exporter_port=self.number(data, "exporter_port", where, 0),
+            versions={str(k): str(v) for k, v in versions.items()},
+            ipus=[self.ipu(ipu, f"{where}.ipus[{i}]") for i, ipu in enumerate(ipus)] if ipus is not None else default_ipus(serial),
+            rnics=[self.rnic(r, f"{where}.rnics[{i}]") for i, r in enumerate(rnics)],
+            faults=MachineFaults(
+                configure=self.text(faults, "configure", f"{where}.faults", ""),
+                apply_delay_ms=self.number(faults, "apply_delay_ms", f"{where}.faults", 0, high=600_000),
+            ),
+        )
+
+    def ipu(self, data, where: str) -> IpuInfo:
+        data = self.mapping(data, where)
+        attributes = self.mapping(data.get("attributes", {}), f"{where}.attributes")
+        return IpuInfo(
+            index=self.number(data, "index", where, high=3),
+            chip_id=self.text(data, "chip_id", where),
+            attributes={str(k): str(v) for k, v in attributes.items()},
+        )
+
+    def rnic(self, data, where: str) -> Rnic:
+        data = self.mapping(data, where)
+        classes = data.get("pfc_classes", list(DEFAULT_PFC_CLASSES))
+        if not isinstance(classes, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in classes):
+            self.fail(where, "'pfc_classes' must be a list of whole numbers")
+        return Rnic(self.text(data, "name", where), list(classes))
+
+    def cable(self, data, index: int, machines: set[str]) -> RackCable:
+        where = f"cables[{index}]"
+        data = self.mapping(data, where)
+        kind_name = self.text(data, "kind", where)
+        kinds = {k.value: k for k in LinkKind}
+        if kind_name not in kinds:
+            self.fail(where, f"kind must be one of {', '.join(kinds)}, not {kind_name!r}")
+        kind = kinds[kind_name]
+        return RackCable(
+            kind=kind,
+            a=self.endpoint(data.get("a"), f"{where}.a", machines, kind),
+            b=self.endpoint(data.get("b"), f"{where}.b", machines, kind),
+            serial=self.text(data, "serial", where, ""),
+        )
+
+
+def parse_rack(text: str, source: str = "rack") -> Rack:
+    reader = _Reader(source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f"line {mark.line + 1}" if mark else "document"
+        reader.fail(at, f"not valid YAML ({getattr(error, 'problem', None) or error})")
+    data = reader.mapping(data, "document")
+    raw_machines = data.get("machines")
+    if not isinstance(raw_machines, list) or not raw_machines:
+        reader.fail("machines", "a rack needs a non-empty list of machines")
+    machines = [reader.machine(m, i) for i, m in enumerate(raw_machines)]
+    for attribute, label in (("name", "name"), ("serial", "serial"), ("address", "agent address")):
+        seen: dict = {}
+        for i, m in enumerate(machines):
+            key = (m.host, m.port) if attribute == "address" else getattr(m, attribute)
+            if key in seen:
+                reader.fail(f"machines[{i}]", f"{label} {key} is also used by machines[{seen[key]}]")
+            seen[key] = i
+    names = {m.name for m in machines}
+    raw_cables = data.get("cables", [])
+    if not isinstance(raw_cables, list):
+        reader.fail("cables", "expected a list")
+    cables = [reader.cable(c, i, names) for i, c in enumerate(raw_cables)]
+    used: dict[tuple, int] = {}
+    for i, cable in enumerate(cables):
+        for end in (cable.a, cable.b):
+            key = (cable.kind, end)
+            if key in used:
+                reader.fail(f"cables[{i}]", f"{cable.kind.value} port {end} already holds cables[{used[key]}]")
+            used[key] = i
+    return Rack(reader.text(data, "name", "document", "rack"), machines, cables)
+
+
+def load_rack(path: Path) -> Rack:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise InvalidArgument(f"cannot read rack description {path}: {error.strerror}") from error
+    return parse_rack(text, str(path))

@@ -1,0 +1,57 @@
+"""Rack descriptions: generated racks are cabled as the controller expects; bad files say where."""
+
+from __future__ import annotations
+
+import pytest
+
+from vipu.backends.sim.rack import Endpoint, generate_rack, load_rack, parse_rack, rack_to_data, save_rack
+from vipu.model.entities import IldTopology
+from vipu.model.errors import InvalidArgument
+from vipu.model.topology import LinkKind
+
+
+def test_a_generated_rack_round_trips_through_yaml(tmp_path):
+    rack = generate_rack(8, topology=IldTopology.TORUS, num_ilds=2, agent_base_port=30001, with_exporters=True)
+    save_rack(rack, tmp_path / "rack.yaml")
+    loaded = load_rack(tmp_path / "rack.yaml")
+    assert rack_to_data(loaded) == rack_to_data(rack)
+    assert loaded.machines[3].port == 30004 and loaded.machines[3].exporter_port == 36004
+    kinds = [c.kind for c in loaded.cables]
+    assert (kinds.count(LinkKind.IPULINK), kinds.count(LinkKind.SYNC), kinds.count(LinkKind.GWLINK)) == (32, 12, 8)
+
+
+def test_plugged_finds_the_far_end_of_a_cable():
+    rack = generate_rack(2)
+    cable, far = rack.plugged("m01", LinkKind.IPULINK, 6)
+    assert far == Endpoint("m02", 2) and cable.serial.startswith("OSFP-I-")
+    assert rack.plugged("m01", LinkKind.IPULINK, 1) is None
+
+
+MACHINE = "machines:\n  - {name: m1, serial: S1, agent: {port: 9000}}\n  - {name: m2, serial: S2, agent: {port: 9001}}\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("machines: [", "line 1: not valid YAML"),
+        ("name: r\n", "machines: a rack needs a non-empty list"),
+        ("machines:\n  - {name: m1, agent: {port: 1}}\n", "machines[0]: 'serial' is missing"),
+        ("machines:\n  - {name: m1, serial: S, agent: {port: 70000}}\n", "machines[0].agent: 'port' must be a whole number from 1 to 65535"),
+        (MACHINE.replace("S2", "S1"), "machines[1]: serial S1 is also used by machines[0]"),
+        (MACHINE.replace("9001", "9000"), "agent address ('127.0.0.1', 9000) is also used"),
+        (MACHINE + "cables:\n  - {kind: IPU-Link, a: m1:9, b: m2:1}\n", "cables[0].a: IPU-Link ports are numbered 1 to 8"),
+        (MACHINE + "cables:\n  - {kind: IPU-Link, a: m1:5, b: m3:1}\n", "cables[0].b: no machine named 'm3'"),
+        (MACHINE + "cables:\n  - {kind: Laser, a: m1:5, b: m2:1}\n", "cables[0]: kind must be one of"),
+        (MACHINE + "cables:\n  - {kind: Sync-Link, a: m1:6, b: m2:2}\n  - {kind: Sync-Link, a: m1:6, b: m2:3}\n",
+         "cables[1]: Sync-Link port m1:6 already holds cables[0]"),
+        (MACHINE.replace("agent: {port: 9000}", "agent: {port: 9000}, faults: {melt: true}"), "unknown fault 'melt'"),
+    ],
+)
+def test_a_bad_rack_is_refused_with_the_place_of_the_mistake(text, message):
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        parse_rack(text, "rack.yaml")
+
+
+def test_a_missing_file_is_one_clear_error(tmp_path):
+    with pytest.raises(InvalidArgument, match="cannot read rack description .*No such file"):
+        load_rack(tmp_path / "absent.yaml")
