@@ -1,0 +1,39 @@
+"""The agent's OpenMetrics exporter (`http://HOST:PORT/metrics`, port 2112 on real machines).
+
+Each scrape reads the backend, so the figures are never stale.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+from vipu.backends.base import MachineBackend
+from vipu.model.errors import Unavailable
+
+
+class MachineCollector:
+    def __init__(self, backend: MachineBackend):
+        self.backend = backend
+
+    def collect(self):
+        inventory = self.backend.inventory()
+        info = InfoMetricFamily("vipu_agent_machine", "The IPU-Machine this agent drives")
+        info.add_metric([], {"serial": inventory.serial, "platform": inventory.platform, "backend": inventory.backend})
+        yield info
+        partitions = self.backend.partitions()
+        configured = sum(len(p.ipus) for p in partitions)
+        ipus = GaugeMetricFamily("vipu_agent_ipus", "IPUs of the machine by use", labels=["use"])
+        ipus.add_metric(["partition"], configured)
+        ipus.add_metric(["free"], len(inventory.ipus) - configured)
+        yield ipus
+        yield GaugeMetricFamily("vipu_agent_partitions", "Partitions configured on the machine", value=len(partitions))
+
+
+def start_exporter(backend: MachineBackend, host: str, port: int) -> None:
+    registry = CollectorRegistry()
+    registry.register(MachineCollector(backend))
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        raise Unavailable(f"cannot serve metrics on {host}:{port}: {error.strerror}") from error
