@@ -1,0 +1,99 @@
+"""Agents: the IPU-Machines the controller manages, one agent each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.gateway import AgentGateway
+from vipu.model.entities import Agent, AgentStatus, check_id, natural_key
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable
+from vipu.store.store import Store
+
+
+@dataclass(frozen=True)
+class IpuUse:
+    index: int
+    partition_id: str = ""
+    partition_state: str = ""
+    routing_id: int = 0
+    gcd: int = 0
+
+
+@dataclass
+class AgentView:
+    agent: Agent
+    cluster_id: str = ""
+    allocation_id: str = ""
+    ipus: list[IpuUse] = field(default_factory=list)
+
+
+class AgentService:
+    def __init__(self, store: Store, gateway: AgentGateway, clusters: ClusterService):
+        self.store = store
+        self.gateway = gateway
+        self.clusters = clusters
+
+    def create(self, agent_id: str, host: str, port: int, discovery_mode: str = "Manual") -> Agent:
+        check_id("agent", agent_id)
+        if not host or any(c.isspace() for c in host):
+            raise InvalidArgument(f"invalid host {host!r}")
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"port must be from 1 to 65535, not {port}")
+        with self.store.reading() as tx:
+            self._refuse_duplicate(tx, agent_id, host, port)
+        try:
+            inventory = self.gateway.inventory(host, port)
+        except Unavailable as error:
+            raise Unavailable(f"cannot reach agent {agent_id} at {host}:{port}: {error.message}") from error
+        agent = Agent(agent_id, host, port, inventory, AgentStatus.UP, discovery_mode)
+        with self.store.transaction() as tx:
+            self._refuse_duplicate(tx, agent_id, host, port)
+            for other in tx.list_agents():
+                if other.inventory.serial == inventory.serial:
+                    raise Conflict(f"the machine at {host}:{port} (serial {inventory.serial}) is already agent {other.id}")
+            tx.add_agent(agent)
+        return agent
+
+    @staticmethod
+    def _refuse_duplicate(tx, agent_id: str, host: str, port: int) -> None:
+        if tx.get_agent(agent_id) is not None:
+            raise AlreadyExists(f"agent {agent_id} already exists")
+        other = tx.agent_with_address(host, port)
+        if other is not None:
+            raise AlreadyExists(f"agent {other.id} already uses {host}:{port}")
+
+    def list(self) -> list[AgentView]:
+        with self.store.reading() as tx:
+            clusters, allocations = tx.cluster_of_agents(), tx.allocation_of_agents()
+            agents = sorted(tx.list_agents(), key=lambda a: natural_key(a.id))
+            return [AgentView(a, clusters.get(a.id, ""), allocations.get(a.id, "")) for a in agents]
+
+    def get(self, agent_id: str) -> AgentView:
+        with self.store.reading() as tx:
+            agent = tx.get_agent(agent_id)
+            if agent is None:
+                raise NotFound(f"agent {agent_id} does not exist")
+            holders = {}
+            for partition in tx.partitions_on_agent(agent_id):
+                for ipu in partition.ipus_on(agent_id):
+                    holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
+            ipus = [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus]
+            return AgentView(agent, tx.cluster_of_agents().get(agent_id, ""), tx.allocation_of_agents().get(agent_id, ""), ipus)
+
+    def remove(self, agent_id: str, force: bool = False) -> list[str]:
+        """Remove an agent; with `force`, its cluster (and what is in it) first."""
+        view = self.get(agent_id)
+        removed = []
+        if view.cluster_id:
+            if not force:
+                raise Conflict(
+                    f"agent {agent_id} is in cluster {view.cluster_id}; remove the cluster first, "
+                    f"or use --force to remove cluster {view.cluster_id}, its allocations and partitions with it"
+                )
+            removed += self.clusters.remove(view.cluster_id, force=True)
+            removed.append(f"cluster {view.cluster_id}")
+        with self.store.transaction() as tx:
+            tx.delete_agent(agent_id)
+        self.gateway.forget(view.agent.host, view.agent.port)
+        return removed

@@ -1,0 +1,27 @@
+"""The services' view of the agents: what they can ask of an IPU-Machine.
+
+The services depend on this interface only; `vipu.controller.agentclient` implements it over
+gRPC, and unit tests can implement it in memory. Every method raises the `vipu.model.errors`
+families: `Unavailable` when the agent cannot be reached, `HardwareFailure` or `Conflict` when
+it refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import MachineInventory
+
+
+class AgentGateway(Protocol):
+    def inventory(self, host: str, port: int) -> MachineInventory: ...
+
+    def apply(self, host: str, port: int, settings: AgentSettings) -> None: ...
+
+    def clear(self, host: str, port: int, partition_id: str) -> None: ...
+
+    def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
+
+    def forget(self, host: str, port: int) -> None:
+        """Release whatever the gateway keeps for an agent that was removed."""

@@ -1,0 +1,239 @@
+"""The controller's services over real simulated machines, reached in memory instead of over gRPC.
+
+The gateway here is a test double for the services' neighbour only: behind it are real
+`SimMachine` backends on a real rack file, so every refusal is the backend's own.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from vipu.backends.sim.machine import RackFile, SimMachine
+from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.controller.services.agents import AgentService
+from vipu.controller.services.allocations import AllocationService
+from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.reconcile import Reconciler
+from vipu.model.entities import AgentStatus, Cluster, IldTopology, OperationState, PartitionRequest, ReadyState, SyncType
+from vipu.model.errors import AlreadyExists, Conflict, HardwareFailure, InvalidArgument, NotFound, Unavailable
+from vipu.store.store import Store
+from tests.unit.backends.test_sim_machine import settings
+
+MACHINES = 8
+
+
+class InMemoryGateway:
+    """Reaches simulated machines by address; an address in `unreachable` does not answer."""
+
+    def __init__(self, rack_path):
+        self.rack = RackFile(rack_path)
+        self.machines = {(m.host, m.port): SimMachine(self.rack, m.name) for m in self.rack.current().machines}
+        self.unreachable: set[tuple[str, int]] = set()
+
+    def machine(self, host, port) -> SimMachine:
+        if (host, port) in self.unreachable or (host, port) not in self.machines:
+            raise Unavailable("unreachable (connection refused)")
+        return self.machines[(host, port)]
+
+    def restart(self, host, port) -> None:
+        """The machine's agent restarts: its configuration is gone."""
+        self.machines[(host, port)] = SimMachine(self.rack, self.machines[(host, port)].machine_name)
+
+    def inventory(self, host, port):
+        return self.machine(host, port).inventory()
+
+    def apply(self, host, port, settings):
+        self.machine(host, port).apply(settings)
+
+    def clear(self, host, port, partition_id):
+        self.machine(host, port).clear(partition_id)
+
+    def partitions(self, host, port):
+        return self.machine(host, port).partitions()
+
+    def forget(self, host, port):
+        pass
+
+
+class Pod:
+    def __init__(self, tmp_path, topology=IldTopology.MESH):
+        self.rack_path = tmp_path / "rack.yaml"
+        self.rack = generate_rack(MACHINES, topology=topology)
+        save_rack(self.rack, self.rack_path)
+        self.gateway = InMemoryGateway(self.rack_path)
+        self.store = Store(f"sqlite:///{tmp_path / 'vipu.db'}")
+        self.hardware = Hardware(self.gateway, workers=8)
+        self.partitions = PartitionService(self.store, self.hardware)
+        self.allocations = AllocationService(self.store, self.partitions)
+        self.clusters = ClusterService(self.store, self.allocations)
+        self.agents = AgentService(self.store, self.gateway, self.clusters)
+        self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
+        for n, machine in enumerate(self.rack.machines, start=1):
+            self.agents.create(f"ag{n}", machine.host, machine.port)
+        self.clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), topology))
+        self.allocations.create("a1", "cl0", size=MACHINES * 4)
+
+    def address(self, agent_id):
+        machine = self.rack.machines[int(agent_id[2:]) - 1]
+        return machine.host, machine.port
+
+    def held(self, agent_id) -> set[str]:
+        return {s.partition_id for s in self.gateway.machines[self.address(agent_id)].partitions()}
+
+    def held_anywhere(self, partition_id) -> list[str]:
+        return [f"ag{n}" for n in range(1, MACHINES + 1) if partition_id in self.held(f"ag{n}")]
+
+    def fault(self, machine_name, reason):
+        text = self.rack_path.read_text()
+        self.rack_path.write_text(text.replace(f"name: {machine_name}\n", f"name: {machine_name}\n  faults: {{configure: {reason}}}\n", 1))
+
+    def heal(self):
+        save_rack(self.rack, self.rack_path)
+
+
+@pytest.fixture
+def pod(tmp_path):
+    pod = Pod(tmp_path)
+    yield pod
+    pod.hardware.close()
+    pod.store.close()
+
+
+def test_a_partition_is_configured_on_exactly_its_agents(pod):
+    partition = pod.partitions.create(PartitionRequest("p1", 8))
+    assert partition.ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p1") == partition.agent_ids == ["ag1", "ag2"]
+    pod.partitions.remove("p1")
+    assert pod.held_anywhere("p1") == []
+    with pytest.raises(NotFound):
+        pod.partitions.get("p1")
+
+
+def test_a_failing_agent_leaves_the_partition_in_error_and_configured_nowhere(pod):
+    pod.fault("m02", "IPU-Link training failed on IPU 3")
+    with pytest.raises(HardwareFailure, match="partition p1 is in ERROR: agent ag2: m02: IPU-Link training failed on IPU 3"):
+        pod.partitions.create(PartitionRequest("p1", 8))
+    stored = pod.partitions.get("p1")
+    assert (stored.ready_state, stored.operation_state) == (ReadyState.ERROR, OperationState.FAILED)
+    assert stored.errors == ["agent ag2: m02: IPU-Link training failed on IPU 3"]
+    assert pod.held_anywhere("p1") == []
+    # It keeps its IPUs until reset or removed, so the next partition goes elsewhere.
+    assert pod.partitions.create(PartitionRequest("p2", 8)).agent_ids == ["ag3", "ag4"]
+    pod.heal()
+    assert pod.partitions.reset("p1").ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p1") == ["ag1", "ag2"]
+
+
+def test_an_unreachable_agent_is_a_temporary_failure(pod):
+    pod.gateway.unreachable.add(pod.address("ag2"))
+    with pytest.raises(Unavailable, match="agent ag2: unreachable"):
+        pod.partitions.create(PartitionRequest("p1", 8))
+    assert pod.held_anywhere("p1") == []
+
+
+def test_removal_refuses_to_forget_configuration_it_cannot_clear_unless_forced(pod):
+    pod.partitions.create(PartitionRequest("p1", 8))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    with pytest.raises(Unavailable, match="cannot remove partition p1: agent ag1: unreachable.*--force"):
+        pod.partitions.remove("p1")
+    assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
+    assert pod.held_anywhere("p1") == ["ag1"]  # ag2 was cleared; unreachable ag1 still holds its part
+    pod.partitions.remove("p1", force=True)
+    pod.gateway.unreachable.clear()
+    assert pod.held("ag1") == {"p1"}
+    pod.reconciler.check_all()
+    assert pod.held("ag1") == set()
+
+
+def test_the_reconciler_reapplies_lost_configuration_and_clears_unknown_configuration(pod):
+    pod.partitions.create(PartitionRequest("p1", 8))
+    pod.gateway.restart(*pod.address("ag2"))
+    stray = pod.gateway.machines[pod.address("ag5")]
+    stray.apply(settings("ghost"))
+    pod.reconciler.check_all()
+    assert pod.held("ag2") == {"p1"}
+    assert pod.held("ag5") == set()
+
+
+def test_the_reconciler_marks_agents_down_and_up_again(pod):
+    pod.gateway.unreachable.add(pod.address("ag3"))
+    pod.reconciler.check_all()
+    view = pod.agents.get("ag3")
+    assert (view.agent.status, view.agent.last_error) == (AgentStatus.DOWN, "unreachable (connection refused)")
+    pod.gateway.unreachable.clear()
+    pod.reconciler.check_all()
+    assert pod.agents.get("ag3").agent.status is AgentStatus.UP
+
+
+def test_interrupted_operations_are_finished_after_a_restart(pod):
+    created = pod.partitions.create(PartitionRequest("p1", 4))
+    pod.partitions.create(PartitionRequest("p2", 4))
+    with pod.store.transaction() as tx:
+        tx.set_partition_state("p1", ReadyState.PENDING, OperationState.CREATING)
+        tx.set_partition_state("p2", ReadyState.ACTIVE, OperationState.REMOVING)
+    pod.gateway.restart(*pod.address(created.agent_ids[0]))
+    pod.reconciler.recover()
+    assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p1") == created.agent_ids
+    with pytest.raises(NotFound):
+        pod.partitions.get("p2")
+    assert pod.held_anywhere("p2") == []
+
+
+def test_concurrent_requests_get_exactly_the_capacity(pod):
+    outcomes: list[str] = []
+    start = threading.Barrier(16)
+
+    def request(n):
+        start.wait()
+        try:
+            pod.partitions.create(PartitionRequest(f"p{n}", 4))
+            outcomes.append("ok")
+        except Conflict:
+            outcomes.append("full")
+
+    threads = [threading.Thread(target=request, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("ok") == MACHINES and outcomes.count("full") == 16 - MACHINES
+    holders = [pod.held(f"ag{n}") for n in range(1, MACHINES + 1)]
+    assert all(len(h) == 1 for h in holders)
+
+
+def test_requests_are_checked_before_anything_changes(pod):
+    cases = [
+        (PartitionRequest("p 1", 4), InvalidArgument, "invalid partition id"),
+        (PartitionRequest("p1", 0), InvalidArgument, "power of two, not 0"),
+        (PartitionRequest("p1", 6), InvalidArgument, "power of two, not 6"),
+        (PartitionRequest("p1", 64), InvalidArgument, "larger than the cluster's 32 IPUs"),
+        (PartitionRequest("p1", 4, allocation_id="nope"), NotFound, "allocation nope does not exist"),
+        (PartitionRequest("p1", 4, cluster_id="nope"), NotFound, "cluster nope does not exist"),
+        (PartitionRequest("p1", 4, num_gcds=2, num_replicas=3), InvalidArgument, "replicas"),
+        (PartitionRequest("p1", 4, reconfigurable=True, sync_type=SyncType.POD_NATIVE_DEFAULT), InvalidArgument, "c2-compatible"),
+    ]
+    for request, family, message in cases:
+        with pytest.raises(family, match=message):
+            pod.partitions.create(request)
+    assert pod.partitions.list() == []
+    pod.partitions.create(PartitionRequest("p1", 4))
+    with pytest.raises(AlreadyExists):
+        pod.partitions.create(PartitionRequest("p1", 4))
+
+
+def test_removing_what_is_in_use_needs_force_and_says_what_went(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))
+    with pytest.raises(Conflict, match="in cluster cl0"):
+        pod.agents.remove("ag1")
+    with pytest.raises(Conflict, match="has 1 allocation"):
+        pod.clusters.remove("cl0")
+    with pytest.raises(Conflict, match="holds 1 partition"):
+        pod.allocations.remove("a1")
+    assert pod.agents.remove("ag1", force=True) == ["partition p1", "allocation a1", "cluster cl0"]
+    assert pod.held_anywhere("p1") == []
+    assert [v.agent.id for v in pod.agents.list()] == [f"ag{n}" for n in range(2, MACHINES + 1)]
