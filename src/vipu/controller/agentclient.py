@@ -1,0 +1,64 @@
+"""The controller's gRPC client to its agents: one cached channel per agent address."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+
+from vipu.api import convert
+from vipu.api.protos import agent_pb2, agent_pb2_grpc
+from vipu.api.status import error_from_rpc
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import MachineInventory
+
+
+class GrpcAgentGateway:
+    """Implements `AgentGateway` over gRPC, with a deadline on every call."""
+
+    def __init__(self, timeout: float = 10.0):
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._stubs: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentServiceStub]] = {}
+
+    def _stub(self, host: str, port: int) -> agent_pb2_grpc.AgentServiceStub:
+        address = f"{host}:{port}"
+        with self._lock:
+            entry = self._stubs.get(address)
+            if entry is None:
+                channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+                entry = (channel, agent_pb2_grpc.AgentServiceStub(channel))
+                self._stubs[address] = entry
+            return entry[1]
+
+    def _call(self, host: str, port: int, method: str, request):
+        try:
+            return getattr(self._stub(host, port), method)(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def inventory(self, host: str, port: int) -> MachineInventory:
+        return convert.inventory_from_proto(self._call(host, port, "GetInventory", agent_pb2.GetInventoryRequest()))
+
+    def apply(self, host: str, port: int, settings: AgentSettings) -> None:
+        self._call(host, port, "ApplyPartition", agent_pb2.ApplyPartitionRequest(settings=convert.settings_to_proto(settings)))
+
+    def clear(self, host: str, port: int, partition_id: str) -> None:
+        self._call(host, port, "ClearPartition", agent_pb2.ClearPartitionRequest(partition_id=partition_id))
+
+    def partitions(self, host: str, port: int) -> list[AgentSettings]:
+        reply = self._call(host, port, "ListPartitions", agent_pb2.ListPartitionsRequest())
+        return [convert.settings_from_proto(p) for p in reply.partitions]
+
+    def forget(self, host: str, port: int) -> None:
+        """Drop the channel to an agent that was removed."""
+        with self._lock:
+            entry = self._stubs.pop(f"{host}:{port}", None)
+        if entry is not None:
+            entry[0].close()
+
+    def close(self) -> None:
+        with self._lock:
+            entries, self._stubs = list(self._stubs.values()), {}
+        for channel, _ in entries:
+            channel.close()

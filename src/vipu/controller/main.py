@@ -1,0 +1,119 @@
+"""`vipu-server`: the V-IPU controller."""
+
+from __future__ import annotations
+
+import os
+
+# gRPC's C core logs to stderr on its own (a busy port, for one); vipu says what went wrong itself.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from vipu import __version__
+from vipu.controller.server import Controller, ServerConfig
+from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
+from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
+from vipu.model.errors import VipuError
+from vipu.store.store import Store
+
+log = logging.getLogger("vipu.server")
+
+DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vipu-server")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True,
+              help="Where the default SQLite store, the simulated rack and agent logs live.")
+@click.option("--db", "db_url", default=None,
+              help="Store URL: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB. Default: DATA_DIR/vipu.db.")
+@click.option("--listen-address", default="0.0.0.0", show_default=True, help="Address of the user end-point.")
+@click.option("--port", default=8090, show_default=True, help="Port of the user end-point.")
+@click.option("--admin-listen-address", default=None, help="Address of the admin end-point. Default: --listen-address.")
+@click.option("--admin-port", default=8091, show_default=True, help="Port of the admin end-point.")
+@click.option("--metrics-port", default=8092, show_default=True, help="Port of the Prometheus metrics end-point (0: off).")
+@click.option("--agent-timeout", default=10.0, show_default=True, help="Seconds to wait for an agent's answer.")
+@click.option("--health-interval", default=10.0, show_default=True, help="Seconds between agent health and reconciliation passes.")
+@click.option("--init", "init_only", is_flag=True, help="Initialise the store and exit.")
+@click.option("--sim", "sim_machines", type=click.IntRange(1, 4096), default=None,
+              help="Also start a simulated pod of this many IPU-Machines and register it (cluster cl0, allocation alloc-1).")
+@click.option("--sim-topology", type=click.Choice(["mesh", "torus"]), default="torus", show_default=True)
+@click.option("--sim-ilds", type=click.IntRange(1, 64), default=1, show_default=True, help="IPU-Link domains of the simulated pod.")
+@click.option("--sim-base-port", type=click.IntRange(1024, 65535 - 6 * 4096), default=18101, show_default=True,
+              help="Port of the first simulated agent; the others follow, and IPUoF ports sit 2000 and 4000 above.")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
+         health_interval, init_only, sim_machines, sim_topology, sim_ilds, sim_base_port, log_level):
+    """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data_dir = data_dir.expanduser()
+    db_url = db_url or str(data_dir / "vipu.db")
+    try:
+        if init_only:
+            store = Store(db_url)
+            click.echo(f"vipu-server: store initialised at {store.describe()}")
+            store.close()
+            return
+        config = ServerConfig(
+            db_url=db_url,
+            listen_address=listen_address,
+            port=port,
+            admin_listen_address=admin_listen_address or listen_address,
+            admin_port=admin_port,
+            metrics_port=metrics_port,
+            agent_timeout=agent_timeout,
+            health_interval=health_interval,
+        )
+        controller = Controller(config)
+    except VipuError as error:
+        click.echo(f"vipu-server: {error.message}", err=True)
+        sys.exit(2)
+
+    pod = None
+    try:
+        if sim_machines:
+            pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port)
+            rack = pod.rack()
+            pod.start(rack)
+            pod.wait_ready(controller, rack)
+        controller.start()
+        if pod is not None:
+            pod.register(controller, rack)
+    except BaseException as error:
+        if pod is not None:
+            pod.stop()
+        controller.stop()
+        if not isinstance(error, VipuError):
+            raise
+        click.echo(f"vipu-server: {error.message}", err=True)
+        sys.exit(1)
+
+    log.warning("open mode: no authentication; anyone who reaches the end-points may use them")
+    click.echo(
+        f"vipu-server {__version__} ready: user end-point {config.listen_address}:{config.port}, "
+        f"admin end-point {config.admin_listen_address}:{config.admin_port}, store {controller.store.describe()}",
+        err=True,
+    )
+    if pod is not None:
+        click.echo(
+            f"simulated pod: {sim_machines} IPU-Machines ({sim_machines * IPUS_PER_MACHINE} IPUs, {sim_topology}, "
+            f"{sim_ilds} IPU-Link domain(s)) as agents ag1..ag{sim_machines} in cluster {CLUSTER_ID}, "
+            f"allocation {ALLOCATION_ID}; rack description {pod.rack_path}\n"
+            f"try: vipu create partition p1 --size 4",
+            err=True,
+        )
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    log.info("stopping")
+    if pod is not None:
+        pod.stop()
+    controller.stop()

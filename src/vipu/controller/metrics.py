@@ -1,0 +1,74 @@
+"""The controller's Prometheus metrics: entities by state, and requests by method.
+
+Entity figures are read from the store at each scrape, so they are never stale and cost nothing
+between scrapes. Request counts and latencies are recorded by the gRPC interceptor of both
+end-points (`vipu.api.status.GuardInterceptor`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
+from vipu.model.errors import Unavailable
+from vipu.store.store import Store
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class EntityCollector:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self):
+        with self.store.reading() as tx:
+            agents = tx.list_agents()
+            clusters = tx.list_clusters()
+            allocations = tx.list_allocations()
+            partitions = tx.list_partitions()
+        by_status = Tally(a.status.value for a in agents)
+        family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
+        for status in AgentStatus:
+            family.add_metric([status.value], by_status[status.value])
+        yield family
+        yield GaugeMetricFamily("vipu_clusters", "Clusters", value=len(clusters))
+        yield GaugeMetricFamily("vipu_allocations", "Allocations", value=len(allocations))
+        by_state = Tally(p.ready_state.value for p in partitions)
+        family = GaugeMetricFamily("vipu_partitions", "Partitions by ready state", labels=["state"])
+        for state in ReadyState:
+            family.add_metric([state.value], by_state[state.value])
+        yield family
+        in_partitions = sum(p.size for p in partitions)
+        family = GaugeMetricFamily("vipu_ipus", "IPUs of all agents by use", labels=["use"])
+        family.add_metric(["partition"], in_partitions)
+        family.add_metric(["free"], len(agents) * IPUS_PER_MACHINE - in_partitions)
+        yield family
+
+
+class ControllerMetrics:
+    def __init__(self, store: Store):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "vipu_requests", "gRPC requests handled, by service, method and status code",
+            ["service", "method", "code"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "vipu_request_duration_seconds", "Time to handle a gRPC request, by service and method",
+            ["service", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.registry.register(EntityCollector(store))
+
+    def observe(self, method_path: str, code: str, seconds: float) -> None:
+        """Record one call; `method_path` is gRPC's '/package.Service/Method'."""
+        service, _, method = method_path.lstrip("/").partition("/")
+        self.requests.labels(service, method, code).inc()
+        self.latency.labels(service, method).observe(seconds)
+
+    def serve(self, host: str, port: int) -> None:
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise Unavailable(f"cannot serve metrics on {host}:{port}: {error.strerror}") from error

@@ -1,0 +1,106 @@
+"""The controller assembled: store, services, end-points, reconciler and metrics.
+
+`Controller` is also the in-process controller of the testing kit: a test can start one on a
+SQLite file, point it at simulated agents and drive it through its real end-points.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
+from vipu.api.status import GuardInterceptor
+from vipu.controller.agentclient import GrpcAgentGateway
+from vipu.controller.metrics import ControllerMetrics
+from vipu.controller.servicers.admin import AdminServicer
+from vipu.controller.servicers.user import UserServicer
+from vipu.controller.servicers.version import VersionServicer
+from vipu.controller.services.agents import AgentService
+from vipu.controller.services.allocations import AllocationService
+from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.reconcile import Reconciler
+from vipu.model.errors import InvalidArgument, VipuError
+from vipu.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    db_url: str
+    listen_address: str = "0.0.0.0"
+    port: int = 8090
+    admin_listen_address: str = "0.0.0.0"
+    admin_port: int = 8091
+    metrics_port: int = 8092  # 0: no metrics end-point
+    agent_timeout: float = 10.0
+    health_interval: float = 10.0
+    workers: int = 32
+
+
+class Controller:
+    def __init__(self, config: ServerConfig):
+        if (config.listen_address, config.port) == (config.admin_listen_address, config.admin_port):
+            raise InvalidArgument("the user and admin end-points need different addresses or ports")
+        self.config = config
+        self.store = Store(config.db_url)
+        self.gateway = GrpcAgentGateway(config.agent_timeout)
+        self.hardware = Hardware(self.gateway, workers=config.workers)
+        self.partitions = PartitionService(self.store, self.hardware)
+        self.allocations = AllocationService(self.store, self.partitions)
+        self.clusters = ClusterService(self.store, self.allocations)
+        self.agents = AgentService(self.store, self.gateway, self.clusters)
+        self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
+        self.metrics = ControllerMetrics(self.store)
+        self._servers: list[grpc.Server] = []
+        self._stop = threading.Event()
+        self._health: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.reconciler.recover()
+        c = self.config
+        self._servers.append(self._serve(c.listen_address, c.port, self._register_user))
+        self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin))
+        if c.metrics_port:
+            self.metrics.serve(c.listen_address, c.metrics_port)
+        self._health = threading.Thread(
+            target=self.reconciler.run, args=(c.health_interval, self._stop), name="health", daemon=True
+        )
+        self._health.start()
+
+    def _register_user(self, server: grpc.Server) -> None:
+        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions), server)
+        version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
+
+    def _register_admin(self, server: grpc.Server) -> None:
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.agents, self.clusters, self.allocations), server)
+        version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
+
+    def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None]) -> grpc.Server:
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix=f"rpc-{port}"),
+            interceptors=[GuardInterceptor(self.metrics.observe)],
+        )
+        register(server)
+        try:
+            server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as error:
+            raise VipuError(f"cannot listen on {host}:{port} (is another vipu-server running?)") from error
+        server.start()
+        return server
+
+    def stop(self) -> None:
+        self._stop.set()
+        for server in self._servers:
+            server.stop(grace=2).wait()
+        self.hardware.close()
+        self.gateway.close()
+        self.store.close()

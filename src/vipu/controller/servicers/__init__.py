@@ -1,0 +1,1 @@
+"""The gRPC servicers: check the caller, convert, call one service function."""
