@@ -1,0 +1,317 @@
+"""`vipu-admin`: the administrator's client of the admin end-point (default port 8091)."""
+
+from __future__ import annotations
+
+import click
+
+from vipu.api.protos import admin_pb2 as pb, admin_pb2_grpc as pb_grpc
+from vipu.cli.common import (
+    CONTEXT,
+    CommandGroup,
+    Connection,
+    echo_json,
+    print_server_version,
+    render_pairs,
+    render_table,
+    reporting,
+    run,
+    split_list,
+    succeed,
+)
+
+TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
+TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
+IPUS_PER_MACHINE = 4
+
+
+class Admin:
+    def __init__(self, connection: Connection):
+        self.connection = connection
+
+    def __call__(self, method: str, request):
+        return self.connection.call(pb_grpc.AdminServiceStub, method, request)
+
+
+pass_admin = click.make_pass_decorator(Admin)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+force_option = click.option("--force", is_flag=True, help="Also remove everything that depends on it, and say what.")
+
+
+@click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
+@click.option("-H", "--api-host", envvar="VIPU_CLI_API_HOST", default="localhost", show_default=True, help="Host of vipu-server.")
+@click.option("--api-port", envvar="VIPU_ADMIN_API_PORT", default=8091, show_default=True, help="Port of the admin end-point.")
+@click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer.")
+@click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit.")
+@click.version_option(package_name="vipu", prog_name="vipu-admin")
+@click.pass_context
+def cli(ctx, api_host, api_port, api_timeout, server_version):
+    """Administer a V-IPU controller: agents, clusters and allocations."""
+    ctx.obj = Admin(Connection(api_host, api_port, api_timeout))
+    if server_version:
+        print_server_version(ctx.obj.connection)
+        ctx.exit(0)
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@cli.group(cls=CommandGroup)
+def create():
+    """Create an agent, cluster or allocation."""
+
+
+@cli.group(name="list", cls=CommandGroup)
+def list_():
+    """List agents, clusters or allocations."""
+
+
+@cli.group(cls=CommandGroup)
+def get():
+    """Show one agent, cluster or allocation."""
+
+
+@cli.group(cls=CommandGroup)
+def remove():
+    """Remove an agent, cluster or allocation."""
+
+
+def report_removal(kind: str, entity_id: str, reply: pb.RemoveReply) -> None:
+    succeed(f"remove {kind}", entity_id)
+    if reply.removed:
+        click.echo(f"removed with it: {', '.join(reply.removed)}")
+
+
+# Agents
+
+
+@create.command("agent")
+@click.argument("agent_id")
+@click.option("--host", required=True, help="Host or IP address of the agent (the IPU-Gateway management interface).")
+@click.option("--port", required=True, type=click.IntRange(1, 65535), help="Port the agent listens on.")
+@pass_admin
+def create_agent(admin, agent_id, host, port):
+    """Register the agent of an IPU-Machine."""
+    with reporting("create agent", agent_id):
+        admin("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port))
+    succeed("create agent", agent_id)
+
+
+@list_.command("agents")
+@json_option
+@pass_admin
+def list_agents(admin, as_json):
+    """List the agents."""
+    with reporting("list agents"):
+        reply = admin("ListAgents", pb.ListRequest())
+    if as_json:
+        return echo_json(reply)
+    rows = [[a.id, a.host, str(a.port), a.status, a.cluster_id or "-", a.allocation_id or "-"] for a in reply.agents]
+    click.echo(render_table(["Agent ID", "Host", "Port", "Status", "Cluster", "Allocation"], rows))
+
+
+def _version_label(component: str) -> str:
+    words = component.replace("-", " ").replace("ipuof", "IPUoF").replace("ipum", "IPU-M").replace("bmc", "BMC").split()
+    return " ".join(w if any(c.isupper() for c in w) else w.capitalize() for w in words) + " Version"
+
+
+@get.command("agent")
+@click.argument("agent_id")
+@json_option
+@pass_admin
+def get_agent(admin, agent_id, as_json):
+    """Show an agent, its machine and which partition holds each IPU."""
+    with reporting("get agent", agent_id):
+        agent = admin("GetAgent", pb.GetRequest(id=agent_id))
+    if as_json:
+        return echo_json(agent)
+    inv = agent.inventory
+    exporter = f"http://{agent.host}:{inv.exporter_port}/metrics" if inv.exporter_port else "off"
+    pairs = [
+        ("Agent ID", agent.id),
+        ("Host", agent.host),
+        ("Port", str(agent.port)),
+        ("Status", agent.status),
+        ("Exporter", exporter),
+        ("Platform", inv.platform),
+        ("Manufacturer", inv.manufacturer),
+        ("Discovery Mode", agent.discovery_mode),
+        ("Backend", f"{inv.backend} {inv.backend_version}".strip()),
+        *((_version_label(k), v) for k, v in sorted(inv.versions.items())),
+        ("Board Serial Number", inv.machine_serial),
+        ("Board Part Number", inv.board_part_number),
+        ("IPUoF End-point", f"{inv.ipuof_host}:{inv.ipuof_port} (RDMA {inv.rdma_port})"),
+        ("Num of IPUs", str(len(inv.ipus))),
+        ("Cluster", agent.cluster_id or "-"),
+        ("Allocation", agent.allocation_id or "-"),
+    ]
+    if agent.last_error:
+        pairs.append(("Last Error", agent.last_error))
+    click.echo(render_pairs(pairs))
+    chips = {ipu.index: ipu.chip_id for ipu in inv.ipus}
+    rows = [
+        [str(u.index), chips.get(u.index, ""), u.partition_id or "-", u.partition_state or "free",
+         str(u.routing_id) if u.partition_id else "-", str(u.gcd_id) if u.partition_id else "-"]
+        for u in agent.ipus
+    ]
+    click.echo(render_table(["IPU", "Chip ID", "Partition", "State", "Routing ID", "GCD"], rows))
+
+
+@remove.command("agent")
+@click.argument("agent_id")
+@force_option
+@pass_admin
+def remove_agent(admin, agent_id, force):
+    """Remove an agent (with --force, also its cluster, allocations and partitions)."""
+    with reporting("remove agent", agent_id):
+        reply = admin("RemoveAgent", pb.RemoveRequest(id=agent_id, force=force))
+    report_removal("agent", agent_id, reply)
+
+
+# Clusters
+
+
+@create.command("cluster")
+@click.argument("cluster_id")
+@click.option("--agents", required=True, help="Agents in physical order, lowest in the rack first: ag1,ag2,...")
+@click.option("--topology", type=click.Choice(sorted(TOPOLOGIES)), default="mesh", show_default=True,
+              help="IPU-Link topology of each IPU-Link domain.")
+@click.option("--num-ipulinkdomains", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="IPU-Link domains the agents form, in equal consecutive groups.")
+@click.option("--cluster-topology", type=click.Choice(["looped"]), default=None,
+              help="How IPU-Link domains are joined by GW-Links (looped, the default with several domains).")
+@pass_admin
+def create_cluster(admin, cluster_id, agents, topology, num_ipulinkdomains, cluster_topology):
+    """Group agents into a cluster with a known cabling topology."""
+    request = pb.CreateClusterRequest(
+        id=cluster_id,
+        agent_ids=split_list(agents),
+        topology=TOPOLOGIES[topology],
+        num_ipulinkdomains=num_ipulinkdomains,
+        cluster_topology=pb.GW_TOPOLOGY_LOOPED if cluster_topology else pb.GW_TOPOLOGY_UNSPECIFIED,
+    )
+    with reporting("create cluster", cluster_id):
+        admin("CreateCluster", request)
+    succeed("create cluster", cluster_id)
+
+
+def _cluster_shape(cluster: pb.Cluster) -> tuple[str, str]:
+    looped = "looped" if cluster.cluster_topology == pb.GW_TOPOLOGY_LOOPED else "-"
+    return TOPOLOGY_NAMES[cluster.topology], looped
+
+
+@list_.command("clusters")
+@json_option
+@pass_admin
+def list_clusters(admin, as_json):
+    """List the clusters."""
+    with reporting("list clusters"):
+        reply = admin("ListClusters", pb.ListRequest())
+    if as_json:
+        return echo_json(reply)
+    rows = []
+    for c in reply.clusters:
+        topology, looped = _cluster_shape(c)
+        rows.append([c.id, " ".join(c.agent_ids), topology, str(c.num_ipulinkdomains), looped,
+                     " ".join(c.allocation_ids) or "-"])
+    click.echo(render_table(["Cluster", "Agents", "Topology", "ILDs", "Cluster Topology", "Allocations"], rows))
+
+
+@get.command("cluster")
+@click.argument("cluster_id")
+@json_option
+@pass_admin
+def get_cluster(admin, cluster_id, as_json):
+    """Show a cluster and its IPU-Link domains."""
+    with reporting("get cluster", cluster_id):
+        cluster = admin("GetCluster", pb.GetRequest(id=cluster_id))
+    if as_json:
+        return echo_json(cluster)
+    topology, looped = _cluster_shape(cluster)
+    click.echo(render_pairs([
+        ("Cluster ID", cluster.id),
+        ("Topology", topology),
+        ("Num of IPU-Link Domains", str(cluster.num_ipulinkdomains)),
+        ("Cluster Topology", looped),
+        ("Num of Agents", str(len(cluster.agent_ids))),
+        ("Num of IPUs", str(len(cluster.agent_ids) * IPUS_PER_MACHINE)),
+        ("Allocations", " ".join(cluster.allocation_ids) or "-"),
+    ]))
+    per_ild = len(cluster.agent_ids) // max(cluster.num_ipulinkdomains, 1)
+    rows = [[str(i // per_ild), str(i % per_ild), agent] for i, agent in enumerate(cluster.agent_ids)]
+    click.echo(render_table(["ILD", "Position", "Agent"], rows))
+
+
+@remove.command("cluster")
+@click.argument("cluster_id")
+@force_option
+@pass_admin
+def remove_cluster(admin, cluster_id, force):
+    """Remove a cluster (with --force, also its allocations and their partitions)."""
+    with reporting("remove cluster", cluster_id):
+        reply = admin("RemoveCluster", pb.RemoveRequest(id=cluster_id, force=force))
+    report_removal("cluster", cluster_id, reply)
+
+
+# Allocations
+
+
+@create.command("allocation")
+@click.argument("allocation_id")
+@click.option("--cluster", "cluster_id", required=True, help="The cluster the machines come from.")
+@click.option("--agents", default=None, help="These physically consecutive agents, in order: ag1,ag2,...")
+@click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None, help="Or this many IPUs, on consecutive free machines the controller picks.")
+@pass_admin
+def create_allocation(admin, allocation_id, cluster_id, agents, size):
+    """Make consecutive machines of a cluster available for partitions."""
+    if (agents is None) == (size is None):
+        raise click.UsageError("give either --agents or --size")
+    request = pb.CreateAllocationRequest(id=allocation_id, cluster_id=cluster_id, agent_ids=split_list(agents), size=size or 0)
+    with reporting("create allocation", allocation_id):
+        admin("CreateAllocation", request)
+    succeed("create allocation", allocation_id)
+
+
+@list_.command("allocations")
+@json_option
+@pass_admin
+def list_allocations(admin, as_json):
+    """List the allocations."""
+    with reporting("list allocations"):
+        reply = admin("ListAllocations", pb.ListRequest())
+    if as_json:
+        return echo_json(reply)
+    rows = [[a.id, a.cluster_id, " ".join(a.agent_ids), " ".join(a.partition_ids) or "-"] for a in reply.allocations]
+    click.echo(render_table(["Allocation ID", "Cluster", "Agents", "Partitions"], rows))
+
+
+@get.command("allocation")
+@click.argument("allocation_id")
+@json_option
+@pass_admin
+def get_allocation(admin, allocation_id, as_json):
+    """Show an allocation."""
+    with reporting("get allocation", allocation_id):
+        allocation = admin("GetAllocation", pb.GetRequest(id=allocation_id))
+    if as_json:
+        return echo_json(allocation)
+    click.echo(render_pairs([
+        ("Allocation ID", allocation.id),
+        ("Cluster", allocation.cluster_id),
+        ("Agents", " ".join(allocation.agent_ids)),
+        ("Num of IPUs", str(len(allocation.agent_ids) * IPUS_PER_MACHINE)),
+        ("Partitions", " ".join(allocation.partition_ids) or "-"),
+    ]))
+
+
+@remove.command("allocation")
+@click.argument("allocation_id")
+@force_option
+@pass_admin
+def remove_allocation(admin, allocation_id, force):
+    """Remove an allocation (with --force, also its partitions)."""
+    with reporting("remove allocation", allocation_id):
+        reply = admin("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force))
+    report_removal("allocation", allocation_id, reply)
+
+
+def main() -> None:
+    run(cli, "vipu-admin")

@@ -1,0 +1,278 @@
+"""`vipu`: the user's client of the user end-point (default port 8090)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from vipu.api.protos import vipuuser_pb2 as pb, vipuuser_pb2_grpc as pb_grpc
+from vipu.cli.common import (
+    CONTEXT,
+    CommandGroup,
+    Connection,
+    echo_json,
+    print_server_version,
+    render_pairs,
+    render_table,
+    reporting,
+    run,
+    split_list,
+    succeed,
+)
+from vipu.cli.config import client_settings
+from vipu.ipuof import files as ipuof_files
+
+SYNC_TYPES = {
+    "c2-compatible": pb.ST_GS2_DEFAULT,
+    "c2-independent-rails": pb.ST_GS2_INDEPENDENT_RAILS,
+    "pod-native-default": pb.ST_POD_NATIVE_DEFAULT,
+    "pod-native-replicated-pipeline": pb.ST_POD_NATIVE_REPLICATED_PIPELINE,
+}
+SYNC_NAMES = {number: name for name, number in SYNC_TYPES.items()}
+COUNT = click.IntRange(0, 2**32 - 1)  # what a uint32 field can carry; the server judges the value
+IPULINK_ROUTINGS = {"dnc": pb.IRT_DNC, "swnc": pb.IRT_SWNC, "btnc": pb.IRT_BTNC, "ringswnc": pb.IRT_RINGSWNC}
+
+
+def ild_routing(value: int) -> str:
+    return pb.IpuLinkRoutingType.Name(value).removeprefix("IRT_") if value else "DEFAULT"
+
+
+def gw_routing(value: int) -> str:
+    return pb.GatewayRoutingType.Name(value).removeprefix("GRT_") if value else "DEFAULT"
+
+
+def ready_state(value: int) -> str:
+    return pb.PartitionReadyState.Name(value).removeprefix("PS_")
+
+
+class User:
+    def __init__(self, connection: Connection):
+        self.connection = connection
+
+    def __call__(self, method: str, request):
+        return self.connection.call(pb_grpc.UserServiceStub, method, request)
+
+
+pass_user = click.make_pass_decorator(User)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+ipuof_dir_option = click.option(
+    "--ipuof-dir", type=click.Path(file_okay=False, path_type=Path), envvar="VIPU_IPUOF_DIR", default=None,
+    help="Where IPUoF configuration files go. Default: ~/.ipuof.conf.d (/etc/ipuof.conf.d for root).",
+)
+
+
+@click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
+@click.option("-H", "--api-host", default=None, help="Host of vipu-server. Default: $VIPU_CLI_API_HOST, the config file, or localhost.")
+@click.option("--api-port", type=int, default=None, help="Port of the user end-point. Default: $VIPU_CLI_API_PORT, the config file, or 8090.")
+@click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Client configuration file (HCL). Default: /etc/vipu/vipu-cli.hcl if it exists.")
+@click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit.")
+@click.version_option(package_name="vipu", prog_name="vipu")
+@click.pass_context
+def cli(ctx, api_host, api_port, api_timeout, config_path, server_version):
+    """Request and release IPU partitions from a V-IPU controller."""
+    with reporting("vipu"):
+        settings = client_settings(config_path, api_host, api_port)
+    ctx.obj = User(Connection(settings.host, settings.port, api_timeout))
+    if server_version:
+        print_server_version(ctx.obj.connection)
+        ctx.exit(0)
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@cli.group(cls=CommandGroup)
+def create():
+    """Create a partition."""
+
+
+@cli.group(name="list", cls=CommandGroup)
+def list_():
+    """List partitions, allocations or IPU attributes."""
+
+
+@cli.group(cls=CommandGroup)
+def get():
+    """Show a partition."""
+
+
+@cli.group(cls=CommandGroup)
+def remove():
+    """Remove a partition."""
+
+
+@cli.group(cls=CommandGroup)
+def reset():
+    """Reset a partition."""
+
+
+def write_ipuof_files(user: User, partition_id: str, directory: Path) -> list[Path]:
+    reply = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id))
+    return ipuof_files.write(directory, partition_id, reply.ipuof_config)
+
+
+@create.command("partition")
+@click.argument("partition_id")
+@click.option("--size", type=COUNT, required=True, help="Number of IPUs, a power of two.")
+@click.option("--num-gcds", type=COUNT, default=1, show_default=True, help="Graph compilation domains to split the partition into.")
+@click.option("--num-replicas", type=COUNT, default=0, help="Total model replicas. Default: one per GCD.")
+@click.option("--allocation", "allocation_id", default="", help="Take the IPUs from this allocation.")
+@click.option("--cluster", "cluster_id", default="", help="Take the IPUs from an allocation of this cluster.")
+@click.option("--reconfigurable", is_flag=True, help="Make the partition fabric-reconfigurable (c2-compatible sync).")
+@click.option("--sync-type", type=click.Choice(sorted(SYNC_TYPES)), default=None, help="Global sync configuration.")
+@click.option("--ipulink-routing", type=click.Choice(sorted(IPULINK_ROUTINGS)), default=None,
+              help="IPU-Link routing. Default: chosen from the partition's shape.")
+@click.option("--num-ipulinkdomains", "num_segments", type=COUNT, default=0,
+              help="IPU-Link domains to span (over GW-Links). Default: one when it fits.")
+@click.option("--disable-auto-reset", is_flag=True, help="Do not reset the partition automatically after errors.")
+@ipuof_dir_option
+@pass_user
+def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
+                     sync_type, ipulink_routing, num_segments, disable_auto_reset, ipuof_dir):
+    """Create a partition and write its IPUoF configuration."""
+    if allocation_id and cluster_id:
+        raise click.UsageError("give --allocation or --cluster, not both")
+    requirements = pb.PartitionRequirements(
+        id=partition_id,
+        size=size,
+        cluster_id=cluster_id,
+        allocation_id=allocation_id,
+        num_gcds=num_gcds,
+        num_replicas=num_replicas,
+        reconfigurable=reconfigurable,
+        sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
+        ipulink_routing_type=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
+        num_ipulink_segments=num_segments,
+    )
+    with reporting("create partition", partition_id):
+        user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset))
+        write_ipuof_files(user, partition_id, ipuof_dir or ipuof_files.default_dir())
+    succeed("create partition", partition_id)
+
+
+@remove.command("partition")
+@click.argument("partition_id")
+@click.option("--force", is_flag=True, help="Forget the partition even if its agents cannot be cleared.")
+@ipuof_dir_option
+@pass_user
+def remove_partition(user, partition_id, force, ipuof_dir):
+    """Remove a partition and delete its IPUoF configuration."""
+    with reporting("remove partition", partition_id):
+        user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
+    ipuof_files.remove(ipuof_dir or ipuof_files.default_dir(), partition_id)
+    succeed("remove partition", partition_id)
+
+
+@reset.command("partition")
+@click.argument("partition_id")
+@pass_user
+def reset_partition(user, partition_id):
+    """Reset a partition: clear and re-apply its configuration."""
+    with reporting("reset partition", partition_id):
+        user("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
+    succeed("reset partition", partition_id)
+
+
+@list_.command("partitions")
+@click.option("--allocation", "allocation_id", default="", help="Only the partitions of this allocation.")
+@json_option
+@pass_user
+def list_partitions(user, allocation_id, as_json):
+    """List the partitions."""
+    with reporting("list partitions"):
+        reply = user("ListPartitions", pb.ListPartitionsRequest(allocation_id=allocation_id))
+    if as_json:
+        return echo_json(reply)
+    rows = [
+        [p.id, p.spec.cluster_id, str(p.spec.num_ipulink_segments), gw_routing(p.spec.gw_routing_type),
+         ild_routing(p.spec.ipulink_routing_type), str(len(p.spec.ipus)), str(p.spec.num_gcds), ready_state(p.ready_state)]
+        for p in reply.partitions
+    ]
+    click.echo(render_table(["Partition", "Cluster", "ILDs", "GW Routing", "ILD Routing", "Size", "GCDs", "State"], rows))
+
+
+@get.command("partition")
+@click.argument("partition_id")
+@click.option("--ipu-configs", is_flag=True, help="Print the IPUoF configuration as JSON.")
+@click.option("--gcd", type=click.IntRange(min=0), default=None, help="Only this GCD's IPUoF configuration.")
+@json_option
+@pass_user
+def get_partition(user, partition_id, ipu_configs, gcd, as_json):
+    """Show a partition: its shape, state and IPUs, or its IPUoF configuration."""
+    with reporting("get partition", partition_id):
+        if ipu_configs:
+            request = pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)
+            if gcd is not None:
+                request.gcd_id.id = gcd
+            config = user("GetPartitionIpuofConfig", request).ipuof_config
+        else:
+            listing = user("ListPartitions", pb.ListPartitionsRequest())
+            status = user("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=partition_id)).status
+            partition = next((p for p in listing.partitions if p.id == partition_id), None)
+    if ipu_configs:
+        for index, gcd_config in enumerate(config.gcd_configs):
+            number = gcd if gcd is not None else index
+            click.echo(f"IPUoF configuration of partition {partition_id}, GCD {number}:")
+            click.echo(json.dumps(ipuof_files.document(gcd_config), indent=2))
+        return
+    if as_json:
+        return echo_json({"partition": partition, "status": status})
+    spec = partition.spec
+    click.echo(render_pairs([
+        ("Partition ID", partition.id),
+        ("Cluster", spec.cluster_id),
+        ("Allocation", spec.allocation_id),
+        ("Size", str(len(spec.ipus))),
+        ("GCDs", str(spec.num_gcds)),
+        ("Replicas", str(spec.num_replicas)),
+        ("ILDs", str(spec.num_ipulink_segments)),
+        ("ILD Routing", ild_routing(spec.ipulink_routing_type)),
+        ("GW Routing", gw_routing(spec.gw_routing_type)),
+        ("Sync Type", SYNC_NAMES.get(spec.sync_type, "-")),
+        ("Reconfigurable", "yes" if spec.reconfigurable else "no"),
+        ("State", ready_state(status.ready_state)),
+        ("Operation", pb.PartitionOperationState.Name(status.operation_state).removeprefix("POS_")),
+        ("Auto-reset Retries", f"{status.auto_reset_retry_count}/{status.max_auto_reset_retries}"),
+        ("Errors", list(status.errors) or "-"),
+    ]))
+    rows = [[str(i.routing_id), str(i.routing_id // (len(spec.ipus) // spec.num_gcds)), i.agent_id, str(i.agent_ipu_index),
+             str(i.ipulink_domain_topology_id), str(i.topology_id)] for i in spec.ipus]
+    click.echo(render_table(["Routing ID", "GCD", "Agent", "IPU", "ILD", "Topology ID"], rows))
+
+
+@list_.command("allocations")
+@json_option
+@pass_user
+def list_allocations(user, as_json):
+    """List the allocations you can create partitions in."""
+    with reporting("list allocations"):
+        reply = user("ListAllocations", pb.ListAllocationsRequest())
+    if as_json:
+        return echo_json(reply)
+    click.echo(render_table(["Allocation ID", "Agents"], [[a.id, " ".join(a.spec.agent_ids)] for a in reply.allocations]))
+
+
+@list_.command("ipu-attrs")
+@click.option("--agents", default=None, help="Only these agents: ag1,ag2,...")
+@json_option
+@pass_user
+def list_ipu_attrs(user, agents, as_json):
+    """List the attributes of the IPUs you can use."""
+    with reporting("list ipu-attrs"):
+        reply = user("ListIPUAttributes", pb.ListIPUAttributesRequest(agents=split_list(agents)))
+    if as_json:
+        return echo_json(reply)
+    rows = []
+    for entry in reply.entries:
+        for n, index in enumerate(sorted(entry.ipu_attributes)):
+            attributes = entry.ipu_attributes[index].attributes
+            names = sorted(attributes)
+            rows.append([entry.agent if n == 0 else "", str(index), names, [attributes[k] for k in names]])
+    click.echo(render_table(["Agent", "IPU", "Attribute", "Value"], rows, top_rule=False))
+
+
+def main() -> None:
+    run(cli, "vipu")

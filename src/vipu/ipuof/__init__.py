@@ -1,0 +1,1 @@
+"""The IPUoF side of a partition: the configuration files its clients read."""

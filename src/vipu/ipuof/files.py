@@ -1,0 +1,64 @@
+"""IPUoF configuration files: one JSON file per GCD, where the IPUoF client looks for them.
+
+`vipu create partition` writes them, `vipu remove partition` deletes them, and the Slurm and
+Kubernetes integrations write the same files for their jobs. A single-GCD partition p1 gets
+`p1_ipuof.conf`; GCD n of a multi-GCD partition gets `p1_gcd<n>_ipuof.conf`.
+
+Each file holds the GCD's `attributes` (partition id, GCD id, routing and sync types, fabric
+reconfigurable, ...) and its `devices` in routing order, each with the IPUoF end-point (ip,
+server and RDMA ports) and the IPU's identity (device id, IPU-Link segment, routing id, IPU id,
+chip id, software versions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from vipu.api.protos import vipuuser_pb2 as pb
+
+USER_DIR = Path("~/.ipuof.conf.d")
+SYSTEM_DIR = Path("/etc/ipuof.conf.d")
+
+
+def default_dir() -> Path:
+    """`~/.ipuof.conf.d`, or `/etc/ipuof.conf.d` for root, as the IPUoF client expects."""
+    return SYSTEM_DIR if os.geteuid() == 0 else USER_DIR.expanduser()
+
+
+def file_name(partition_id: str, gcd: int, num_gcds: int) -> str:
+    return f"{partition_id}_ipuof.conf" if num_gcds == 1 else f"{partition_id}_gcd{gcd}_ipuof.conf"
+
+
+def document(gcd: pb.PartitionConfig.Gcd) -> dict:
+    fields = pb.IpuofDevice.DESCRIPTOR.fields  # in field-number order
+    devices = [{field.name: getattr(device, field.name) for field in fields} for device in gcd.devices]
+    return {"attributes": dict(sorted(gcd.attributes.items())), "devices": devices}
+
+
+def write(directory: Path, partition_id: str, config: pb.PartitionConfig) -> list[Path]:
+    """Write every GCD's file, each atomically; return the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, gcd in enumerate(config.gcd_configs):
+        path = directory / file_name(partition_id, index, len(config.gcd_configs))
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(json.dumps(document(gcd), indent=2) + "\n")
+        temporary.replace(path)
+        paths.append(path)
+    return paths
+
+
+def remove(directory: Path, partition_id: str) -> list[Path]:
+    """Delete a partition's files; return the paths deleted."""
+    if not directory.is_dir():
+        return []
+    names = {f"{partition_id}_ipuof.conf"}
+    removed = []
+    for path in directory.iterdir():
+        if path.name in names or (path.name.startswith(f"{partition_id}_gcd") and path.name.endswith("_ipuof.conf")
+                                  and path.name[len(partition_id) + 4 : -len("_ipuof.conf")].isdigit()):
+            path.unlink()
+            removed.append(path)
+    return sorted(removed)
