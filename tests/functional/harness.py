@@ -1,0 +1,287 @@
+"""Real controller and agent processes on loopback, and the real CLIs to drive them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from vipu.api.protos import (
+    admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, version_pb2, version_pb2_grpc, vipuuser_pb2, vipuuser_pb2_grpc,
+)
+from vipu.backends.sim.rack import Rack, generate_rack, save_rack
+from vipu.model.entities import IldTopology
+from tests.ports import free_port
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def lines(self) -> list[str]:
+        return self.out.splitlines()
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
+    """Poll `condition` until it returns something true, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Pod:
+    """A rack of simulated machines, one agent process each, and a vipu-server over them.
+
+    The rack is cabled as a torus unless asked otherwise; a mesh cluster over it just leaves
+    the loop-back cables unused.
+    """
+
+    def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
+                 ilds: int = 1, db_url: str | None = None):
+        self.directory = directory
+        self.rack_path = directory / "rack.yaml"
+        self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds)
+        for machine in self.rack.machines:
+            machine.port = free_port()
+        save_rack(self.rack, self.rack_path)
+        self.db_url = db_url or f"sqlite:///{directory / 'vipu.db'}"
+        self.user_port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.ipuof_dir = directory / "ipuof"
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.server: subprocess.Popen | None = None
+        self._channels: dict[int, grpc.Channel] = {}
+
+    # Processes
+
+    def start(self) -> Pod:
+        for machine in self.rack.machines:
+            self.start_agent(machine.name)
+        for machine in self.rack.machines:
+            wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
+        self.start_server()
+        return self
+
+    def start_agent(self, name: str) -> None:
+        with open(self.directory / f"agent-{name}.log", "ab") as log:
+            self.agents[name] = subprocess.Popen(
+                [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--machine", name],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def stop_agent(self, name: str) -> None:
+        process = self.agents.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def start_server(self, *extra: str) -> None:
+        with open(self.directory / "server.log", "ab") as log:
+            self.server = subprocess.Popen(
+                [str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
+                 "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
+                 "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3", *extra],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
+
+    def stop_server(self, sig: int = signal.SIGTERM) -> None:
+        self.server.send_signal(sig)
+        self.server.wait(timeout=30)
+        self.server = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.stop_server()
+        for name in list(self.agents):
+            self.stop_agent(name)
+        for channel in self._channels.values():
+            channel.close()
+
+    def _answers(self, port: int, agent: bool = False) -> bool:
+        if self.server is not None and self.server.poll() is not None:
+            raise AssertionError(f"vipu-server exited:\n{(self.directory / 'server.log').read_text()[-3000:]}")
+        try:
+            if agent:
+                self.agent_stub_at(port).GetInventory(agent_pb2.GetInventoryRequest(), timeout=1)
+            else:
+                version_pb2_grpc.VersionServiceStub(self._channel(port)).GetVersion(version_pb2.VersionRequest(), timeout=1)
+            return True
+        except grpc.RpcError:
+            return False
+
+    # Direct access, for set-up and for looking behind the CLIs
+
+    def _channel(self, port: int) -> grpc.Channel:
+        if port not in self._channels:
+            self._channels[port] = grpc.insecure_channel(f"127.0.0.1:{port}")
+        return self._channels[port]
+
+    def agent_stub_at(self, port: int):
+        return agent_pb2_grpc.AgentServiceStub(self._channel(port))
+
+    def held(self, machine_name: str) -> dict[str, list[int]]:
+        """What a machine's agent holds: partition id -> its IPU indices there."""
+        port = self.rack.machine(machine_name).port
+        reply = self.agent_stub_at(port).ListPartitions(agent_pb2.ListPartitionsRequest(), timeout=5)
+        return {p.partition_id: sorted(i.index for i in p.ipus) for p in reply.partitions}
+
+    def settings(self, machine_name: str, partition_id: str):
+        """The settings a machine's agent holds for one partition."""
+        port = self.rack.machine(machine_name).port
+        reply = self.agent_stub_at(port).ListPartitions(agent_pb2.ListPartitionsRequest(), timeout=5)
+        return next(p for p in reply.partitions if p.partition_id == partition_id)
+
+    def held_anywhere(self, partition_id: str) -> list[str]:
+        return [m.name for m in self.rack.machines if partition_id in self.held(m.name)]
+
+    @property
+    def admin_api(self):
+        return admin_pb2_grpc.AdminServiceStub(self._channel(self.admin_port))
+
+    def unplug(self, machine_name: str, port: int) -> None:
+        """Pull the IPU-Link cable out of a port, in the rack file the agents read."""
+        from vipu.backends.sim.rack import load_rack
+        from vipu.model.topology import LinkKind
+
+        rack = load_rack(self.rack_path)
+        cable, _ = rack.plugged(machine_name, LinkKind.IPULINK, port)
+        rack.cables.remove(cable)
+        save_rack(rack, self.rack_path)
+
+    def fault(self, machine_name: str, reason: str) -> None:
+        """Write a configuration fault for one machine into the rack file."""
+        from vipu.backends.sim.rack import load_rack
+
+        rack = load_rack(self.rack_path)
+        rack.machine(machine_name).faults.configure = reason
+        save_rack(rack, self.rack_path)
+
+    def wipe_rack_only(self) -> None:
+        """Undo cabling edits and faults: the rack file as the pod was built."""
+        save_rack(self.rack, self.rack_path)
+
+    def wait_for_status(self, agent_id: str, status: str) -> None:
+        wait_until(lambda: self.admin_api.GetAgent(admin_pb2.GetRequest(id=agent_id)).status == status,
+                   what=f"agent {agent_id} to be {status}")
+
+    def wipe(self) -> None:
+        """Back to an empty controller over healthy, empty agents, for the next test."""
+        save_rack(self.rack, self.rack_path)
+        for machine in self.rack.machines:
+            if machine.name not in self.agents or self.agents[machine.name].poll() is not None:
+                self.agents.pop(machine.name, None)
+                self.start_agent(machine.name)
+        for machine in self.rack.machines:
+            wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
+        if self.server is None or self.server.poll() is not None:
+            self.start_server()
+        api = self.admin_api
+        for cluster in api.ListClusters(admin_pb2.ListRequest()).clusters:
+            api.RemoveCluster(admin_pb2.RemoveRequest(id=cluster.id, force=True))
+        for agent in api.ListAgents(admin_pb2.ListRequest()).agents:
+            api.RemoveAgent(admin_pb2.RemoveRequest(id=agent.id, force=True))
+        for machine in self.rack.machines:
+            for partition_id in self.held(machine.name):
+                self.agent_stub_at(machine.port).ClearPartition(agent_pb2.ClearPartitionRequest(partition_id=partition_id))
+        if self.ipuof_dir.exists():
+            for path in self.ipuof_dir.iterdir():
+                path.unlink()
+
+    def register(self, cluster: str = "cl0", allocation: str = "alloc-1", topology=admin_pb2.ILD_TOPOLOGY_MESH, ilds: int = 1,
+                 machines: int | None = None):
+        """Agents ag1..agN, one cluster of them all and one allocation of them all, straight over gRPC."""
+        chosen = self.rack.machines[:machines]
+        for n, machine in enumerate(chosen, start=1):
+            self.admin_api.CreateAgent(admin_pb2.CreateAgentRequest(id=f"ag{n}", host=machine.host, port=machine.port))
+        ids = [f"ag{n}" for n in range(1, len(chosen) + 1)]
+        self.admin_api.CreateCluster(admin_pb2.CreateClusterRequest(id=cluster, agent_ids=ids, topology=topology, num_ipulinkdomains=ilds))
+        if allocation:
+            self.admin_api.CreateAllocation(admin_pb2.CreateAllocationRequest(id=allocation, cluster_id=cluster, agent_ids=ids))
+        return self
+
+    # The CLIs
+
+    def _run(self, program: str, port: int, args) -> Result:
+        env = {**os.environ, "VIPU_IPUOF_DIR": str(self.ipuof_dir)}
+        env.pop("VIPU_CLI_API_HOST", None)
+        done = subprocess.run([str(BIN / program), "-H", "127.0.0.1", "--api-port", str(port), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def admin(self, *args: str) -> Result:
+        return self._run("vipu-admin", self.admin_port, args)
+
+    def user(self, *args: str) -> Result:
+        return self._run("vipu", self.user_port, args)
+
+    def snapshot(self) -> dict:
+        """Everything the controller knows and every agent holds, to compare before and after."""
+        api, request = self.admin_api, admin_pb2.ListRequest()
+        agents = api.ListAgents(request).agents
+        for agent in agents:
+            agent.ClearField("status")
+            agent.ClearField("last_error")
+        user = vipuuser_pb2_grpc.UserServiceStub(self._channel(self.user_port))
+        return {
+            "agents": list(agents),
+            "clusters": list(api.ListClusters(request).clusters),
+            "allocations": list(api.ListAllocations(request).allocations),
+            "partitions": list(user.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions),
+            "held": {m.name: self.held(m.name) for m in self.rack.machines},
+            "ipuof": sorted(p.name for p in self.ipuof_dir.glob("*")) if self.ipuof_dir.exists() else [],
+        }
+
+
+def failed_line(result: Result, action: str, subject: str | None, reason: str) -> None:
+    """The command failed with exactly one line naming its action and reason."""
+    head = f"{action} ({subject})" if subject else action
+    assert result.code == 1, (result.code, result.out, result.err)
+    assert result.out == ""
+    lines = result.err.splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith(f"{head}: failed: "), lines[0]
+    assert reason in lines[0], lines[0]
+    assert "Traceback" not in result.err
+
+
+def blocks(text: str) -> list[list[str]]:
+    """The runs of lines between the rules of a CLI's output (an empty table body is an empty run)."""
+    found, current, ruled = [], [], False
+    for line in text.splitlines():
+        if line and set(line) == {"-"}:
+            if current or ruled:
+                found.append(current)
+            current, ruled = [], True
+        else:
+            current.append(line)
+    if current:
+        found.append(current)
+    return found
+
+
+def pairs(text: str) -> dict[str, str]:
+    """The first key/value table of a CLI's output."""
+    first = next(block for block in blocks(text) if block)
+    return {k.strip(): v.strip() for k, _, v in (line.partition("|") for line in first)}
+
+
+def rows(text: str, table: int = 0) -> list[list[str]]:
+    """The data rows of a CLI's table (a one-line header block, then its body), as lists of cells."""
+    found = blocks(text)
+    bodies = [found[i + 1] for i in range(len(found) - 1) if len(found[i]) == 1 and "|" in found[i][0]]
+    return [[cell.strip() for cell in line.split("|")] for line in bodies[table]]

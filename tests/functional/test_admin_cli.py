@@ -1,0 +1,160 @@
+"""vipu-admin against a real controller and real agents: agents, clusters, allocations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.functional.harness import failed_line, pairs, rows
+
+
+def create_agents(pod, count=4):
+    for n, machine in enumerate(pod.rack.machines[:count], start=1):
+        result = pod.admin("create", "agent", f"ag{n}", "--host", machine.host, "--port", str(machine.port))
+        assert (result.code, result.out) == (0, f"create agent (ag{n}): success.\n"), result.err
+
+
+def test_agents_are_registered_listed_shown_and_removed(pod):
+    create_agents(pod)
+    listing = pod.admin("list", "agents")
+    assert listing.code == 0
+    assert [row[0] for row in rows(listing.out)] == ["ag1", "ag2", "ag3", "ag4"]
+    assert {row[3] for row in rows(listing.out)} == {"Up"}
+
+    shown = pod.admin("get", "agent", "ag2")
+    assert shown.code == 0
+    fields = pairs(shown.out)
+    machine = pod.rack.machines[1]
+    assert (fields["Agent ID"], fields["Port"], fields["Status"]) == ("ag2", str(machine.port), "Up")
+    assert (fields["Board Serial Number"], fields["Platform"]) == (machine.serial, "IPU-M2000")
+    assert (fields["Discovery Mode"], fields["Num of IPUs"], fields["IPUoF Server Version"]) == ("Manual", "4", "2.5.1")
+    assert [row[2] for row in rows(shown.out)] == ["-", "-", "-", "-"]
+
+    as_json = json.loads(pod.admin("get", "agent", "ag2", "--json").out)
+    assert as_json["inventory"]["machine_serial"] == machine.serial and len(as_json["ipus"]) == 4
+    assert [a["id"] for a in json.loads(pod.admin("list", "agents", "--json").out)["agents"]] == ["ag1", "ag2", "ag3", "ag4"]
+
+    assert pod.admin("remove", "agent", "ag4").out == "remove agent (ag4): success.\n"
+    failed_line(pod.admin("get", "agent", "ag4"), "get agent", "ag4", "agent ag4 does not exist")
+
+
+def test_bad_agents_are_refused_and_change_nothing(pod):
+    create_agents(pod, 2)
+    before = pod.snapshot()
+    machine = pod.rack.machines[2]
+    failed_line(pod.admin("create", "agent", "ag1", "--host", machine.host, "--port", str(machine.port)),
+                "create agent", "ag1", "agent ag1 already exists")
+    first = pod.rack.machines[0]
+    failed_line(pod.admin("create", "agent", "other", "--host", first.host, "--port", str(first.port)),
+                "create agent", "other", "agent ag1 already uses")
+    failed_line(pod.admin("create", "agent", "ghost", "--host", "127.0.0.1", "--port", "1"),
+                "create agent", "ghost", "cannot reach agent ghost at 127.0.0.1:1: unreachable (connection refused)")
+    failed_line(pod.admin("create", "agent", "bad id!", "--host", "h", "--port", "5"), "create agent", "bad id!", "invalid agent id")
+    failed_line(pod.admin("remove", "agent", "nope"), "remove agent", "nope", "agent nope does not exist")
+    usage = pod.admin("create", "agent", "ag9", "--host", "h", "--port", "99999")
+    assert usage.code == 2 and len(usage.err.splitlines()) == 1 and "99999" in usage.err and "Traceback" not in usage.err
+    missing = pod.admin("create", "agent", "ag9", "--host", "h")
+    assert missing.code == 2 and len(missing.err.splitlines()) == 1 and "--port" in missing.err
+    assert pod.snapshot() == before
+
+
+def test_clusters_keep_physical_order_and_their_topology(pod):
+    create_agents(pod)
+    result = pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2,ag3,ag4", "--topology", "torus")
+    assert result.out == "create cluster (cl0): success.\n", result.err
+    listing = pod.admin("list", "clusters")
+    assert rows(listing.out) == [["cl0", "ag1 ag2 ag3 ag4", "torus", "1", "-", "-"]]
+    shown = pod.admin("get", "cluster", "cl0")
+    assert (pairs(shown.out)["Topology"], pairs(shown.out)["Num of IPUs"]) == ("torus", "16")
+    assert json.loads(pod.admin("get", "cluster", "cl0", "--json").out)["agent_ids"] == ["ag1", "ag2", "ag3", "ag4"]
+    assert pod.admin("remove", "cluster", "cl0").out == "remove cluster (cl0): success.\n"
+
+
+def test_a_multi_domain_cluster_is_looped(pod):
+    create_agents(pod)
+    result = pod.admin("create", "cluster", "c2", "--agents", "ag1,ag2,ag3,ag4", "--num-ipulinkdomains", "2",
+                       "--cluster-topology", "looped")
+    assert result.code == 0, result.err
+    shown = pod.admin("get", "cluster", "c2")
+    assert pairs(shown.out)["Cluster Topology"] == "looped"
+    assert rows(shown.out) == [["0", "0", "ag1"], ["0", "1", "ag2"], ["1", "0", "ag3"], ["1", "1", "ag4"]]
+
+
+def test_bad_clusters_are_refused_and_change_nothing(pod):
+    create_agents(pod)
+    assert pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2").code == 0
+    before = pod.snapshot()
+    failed_line(pod.admin("create", "cluster", "cl0", "--agents", "ag3"), "create cluster", "cl0", "cluster cl0 already exists")
+    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag2,ag3"), "create cluster", "cl1", "agent ag2 is already in cluster cl0")
+    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag9"), "create cluster", "cl1", "agent ag9 does not exist")
+    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag3"), "create cluster", "cl1", "listed more than once")
+    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag4,ag2", "--num-ipulinkdomains", "2"),
+                "create cluster", "cl1", "3 agents cannot form 2 IPU-Link domains")
+    usage = pod.admin("create", "cluster", "cl1", "--agents", "ag3", "--topology", "ring")
+    assert usage.code == 2 and len(usage.err.splitlines()) == 1
+    assert pod.snapshot() == before
+
+
+def test_allocations_take_consecutive_free_machines(pod):
+    create_agents(pod)
+    assert pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2,ag3,ag4").code == 0
+    assert pod.admin("create", "allocation", "a1", "--cluster", "cl0", "--agents", "ag2,ag3").out == "create allocation (a1): success.\n"
+    assert pod.admin("create", "allocation", "a2", "--cluster", "cl0", "--size", "4").code == 0
+    listing = pod.admin("list", "allocations")
+    assert rows(listing.out) == [["a1", "cl0", "ag2 ag3", "-"], ["a2", "cl0", "ag1", "-"]]
+    assert pairs(pod.admin("get", "allocation", "a1").out)["Num of IPUs"] == "8"
+    before = pod.snapshot()
+    failed_line(pod.admin("create", "allocation", "a3", "--cluster", "cl0", "--agents", "ag3,ag4"),
+                "create allocation", "a3", "agent ag3 is already in allocation a1")
+    failed_line(pod.admin("create", "allocation", "a3", "--cluster", "cl0", "--agents", "ag4,ag1"),
+                "create allocation", "a3", "agent ag1 is already in allocation a2")
+    failed_line(pod.admin("create", "allocation", "a3", "--cluster", "cl0", "--size", "8"),
+                "create allocation", "a3", "no 2 consecutive free machines")
+    failed_line(pod.admin("create", "allocation", "a3", "--cluster", "cl9", "--size", "4"),
+                "create allocation", "a3", "cluster cl9 does not exist")
+    failed_line(pod.admin("create", "allocation", "a1", "--cluster", "cl0", "--size", "4"),
+                "create allocation", "a1", "allocation a1 already exists")
+    both = pod.admin("create", "allocation", "a3", "--cluster", "cl0", "--size", "4", "--agents", "ag4")
+    assert both.code == 2 and "either --agents or --size" in both.err
+    assert pod.snapshot() == before
+
+
+def test_non_consecutive_machines_are_refused(pod):
+    create_agents(pod)
+    assert pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2,ag3,ag4").code == 0
+    before = pod.snapshot()
+    failed_line(pod.admin("create", "allocation", "a1", "--cluster", "cl0", "--agents", "ag1,ag3"),
+                "create allocation", "a1", "not physically consecutive in cluster cl0")
+    assert pod.snapshot() == before
+
+
+def test_nothing_in_use_is_removed_without_force_and_force_says_what_it_tears_down(pod):
+    create_agents(pod)
+    assert pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2,ag3,ag4").code == 0
+    assert pod.admin("create", "allocation", "a1", "--cluster", "cl0", "--size", "16").code == 0
+    assert pod.user("create", "partition", "p1", "--size", "8").code == 0
+    before = pod.snapshot()
+    failed_line(pod.admin("remove", "allocation", "a1"), "remove allocation", "a1", "holds 1 partition(s) (p1)")
+    failed_line(pod.admin("remove", "cluster", "cl0"), "remove cluster", "cl0", "has 1 allocation(s) (a1)")
+    failed_line(pod.admin("remove", "agent", "ag1"), "remove agent", "ag1", "is in cluster cl0")
+    assert pod.snapshot() == before
+
+    removed = pod.admin("remove", "agent", "ag1", "--force")
+    assert removed.lines == ["remove agent (ag1): success.", "removed with it: partition p1, allocation a1, cluster cl0"]
+    assert pod.held_anywhere("p1") == []
+    assert json.loads(pod.user("list", "partitions", "--json").out)["partitions"] == []
+    assert [a["id"] for a in json.loads(pod.admin("list", "agents", "--json").out)["agents"]] == ["ag2", "ag3", "ag4"]
+
+
+@pytest.mark.parametrize("command", [["list", "agent"], ["list", "agents"], ["get", "agents", "x"]])
+def test_singular_and_plural_names_both_work(pod, command):
+    result = pod.admin(*command)
+    assert "No such command" not in result.err
+
+
+def test_the_server_version_and_an_unreachable_server(pod):
+    version = pod.admin("--server-version")
+    assert version.lines == ["version: 0.1.0", f"host: 127.0.0.1:{pod.admin_port}"]
+    result = pod._run("vipu-admin", 1, ["list", "agents"])
+    failed_line(result, "list agents", None, "vipu-server at 127.0.0.1:1: unreachable (connection refused)")

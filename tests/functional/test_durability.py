@@ -1,0 +1,75 @@
+"""State survives a controller restart, and agents are reconciled with the store."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+
+import pytest
+
+from vipu.api.protos import agent_pb2
+from tests.functional.harness import pairs, rows, wait_until
+
+
+def plant_stray_configuration(pod, machine_name: str) -> None:
+    """Configuration the store knows nothing of, as a crashed or foreign controller could leave."""
+    stub = pod.agent_stub_at(pod.rack.machine(machine_name).port)
+    settings = agent_pb2.PartitionSettings(partition_id="ghost", ipus=[agent_pb2.IpuSetting(index=3)])
+    stub.ApplyPartition(agent_pb2.ApplyPartitionRequest(settings=settings))
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
+def test_every_entity_survives_a_restart_and_agents_are_reconciled(pod, stop_signal):
+    pod.register()
+    assert pod.user("create", "partition", "p1", "--size", "8", "--num-gcds", "2").code == 0
+    assert pod.user("create", "partition", "p2", "--size", "1").code == 0
+    before = pod.snapshot()
+    assert before["held"]["m01"] == {"p1": [0, 1, 2, 3]}
+
+    pod.stop_server(stop_signal)
+    pod.stop_agent("m01")  # its machine restarts and forgets its configuration
+    pod.start_agent("m01")
+    wait_until(lambda: pod._answers(pod.rack.machine("m01").port, agent=True), what="m01 back")
+    assert pod.held("m01") == {}
+    plant_stray_configuration(pod, "m06")
+
+    pod.start_server()
+    after = pod.snapshot()
+    assert after == before
+    assert pod.held("m01") == {"p1": [0, 1, 2, 3]} and pod.held("m06") == {}
+    assert rows(pod.user("list", "partitions").out) == [
+        ["p1", "cl0", "1", "DEFAULT", "SWNC", "8", "2", "ACTIVE"],
+        ["p2", "cl0", "1", "DEFAULT", "DNC", "1", "1", "ACTIVE"],
+    ]
+
+
+def test_stray_configuration_on_a_running_pod_is_cleared_by_the_health_pass(pod):
+    pod.register()
+    plant_stray_configuration(pod, "m03")
+    wait_until(lambda: pod.held("m03") == {}, what="the stray configuration to be cleared")
+
+
+def test_metrics_count_entities_and_requests(pod):
+    pod.register()
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    assert pod.user("create", "partition", "p2", "--size", "3").code == 1
+    text = urllib.request.urlopen(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=5).read().decode()
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    assert samples['vipu_agents{status="Up"}'] == 8
+    assert samples['vipu_partitions{state="ACTIVE"}'] == 1
+    assert samples['vipu_ipus{use="partition"}'] == 4 and samples['vipu_ipus{use="free"}'] == 28
+    assert samples["vipu_clusters"] == 1 and samples["vipu_allocations"] == 1
+    created = 'vipu_requests_total{code="%s",method="CreatePartition",service="virmgrpc.UserService"}'
+    assert samples[created % "OK"] == 1 and samples[created % "INVALID_ARGUMENT"] == 1
+    count = 'vipu_request_duration_seconds_count{method="CreatePartition",service="virmgrpc.UserService"}'
+    assert samples[count] == 2
+    assert samples['vipu_request_duration_seconds_bucket{le="30.0",method="CreatePartition",service="virmgrpc.UserService"}'] == 2
+
+
+def test_get_agent_status_follows_the_machine(pod):
+    pod.register(machines=2)
+    pod.stop_agent("m02")
+    pod.wait_for_status("ag2", "Down")
+    pod.start_agent("m02")
+    pod.wait_for_status("ag2", "Up")
+    assert pairs(pod.admin("get", "agent", "ag2").out)["Status"] == "Up"

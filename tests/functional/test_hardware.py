@@ -1,0 +1,52 @@
+"""The controller really configures the agents, and a failing agent never leaves a partition half-applied."""
+
+from __future__ import annotations
+
+from vipu.api.protos import admin_pb2
+from tests.functional.harness import failed_line, pairs, rows
+
+
+def test_a_missing_cable_puts_the_partition_in_error_with_the_agents_reasons(pod):
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    pod.unplug("m08", 5)
+    result = pod.user("create", "partition", "ring", "--size", "32")
+    failed_line(result, "create partition", "ring", "partition ring is in ERROR: agent ag1: m01: IPU-Link port 1 has no cable "
+                "(expected one to m08:5); agent ag8: m08: IPU-Link port 5 has no cable (expected one to m01:1)")
+    assert pod.held_anywhere("ring") == []
+    assert not (pod.ipuof_dir / "ring_ipuof.conf").exists()
+    status = pairs(pod.user("get", "partition", "ring").out)
+    assert (status["State"], status["Operation"]) == ("ERROR", "FAILED")
+    assert "m08: IPU-Link port 5 has no cable" in pod.user("get", "partition", "ring").out
+    assert rows(pod.user("list", "partitions").out)[0][-1] == "ERROR"
+    # An ERROR partition keeps its IPUs until it is reset or removed, and has no IPUoF configuration.
+    failed_line(pod.user("create", "partition", "other", "--size", "4"), "create partition", "other", "0 free")
+    failed_line(pod.user("get", "partition", "ring", "--ipu-configs"), "get partition", "ring", "ring is ERROR")
+
+    pod.wipe_rack_only()
+    assert pod.user("reset", "partition", "ring").code == 0
+    assert pod.held_anywhere("ring") == [m.name for m in pod.rack.machines]
+    assert pairs(pod.user("get", "partition", "ring").out)["State"] == "ACTIVE"
+
+
+def test_a_configuration_fault_on_one_machine_is_undone_on_the_others(pod):
+    pod.register()
+    pod.fault("m02", "IPU 1 failed its link training")
+    failed_line(pod.user("create", "partition", "p1", "--size", "16"), "create partition", "p1",
+                "agent ag2: m02: IPU 1 failed its link training")
+    assert pod.held_anywhere("p1") == []  # m01, m03 and m04 applied it, and were cleared again
+    assert pod.user("remove", "partition", "p1").code == 0
+    pod.wipe_rack_only()  # the machine is repaired
+    assert pod.user("create", "partition", "p2", "--size", "16").code == 0
+    assert pod.held_anywhere("p2") == ["m01", "m02", "m03", "m04"]
+
+
+def test_an_agent_that_stops_answering_is_shown_down_and_blocks_its_partitions(pod):
+    pod.register()
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    pod.stop_agent("m01")
+    pod.wait_for_status("ag1", "Down")
+    assert "unreachable" in pairs(pod.admin("get", "agent", "ag1").out)["Last Error"]
+    failed_line(pod.user("remove", "partition", "p1"), "remove partition", "p1", "agent ag1: unreachable")
+    assert pod.user("remove", "partition", "p1", "--force").code == 0
+    pod.start_agent("m01")
+    pod.wait_for_status("ag1", "Up")

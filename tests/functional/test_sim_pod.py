@@ -1,0 +1,95 @@
+"""The main job: `vipu-server --sim N` starts a ready pod of real agent processes, and restarts it."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import subprocess
+
+import pytest
+
+from tests.functional.harness import BIN, Result, rows, wait_until
+from tests.ports import free_port
+
+MACHINES = 4
+
+
+def free_run(count: int) -> int:
+    """A base port with `count` free ports from it (agent ports of the simulated machines)."""
+    for _ in range(100):
+        base = random.randrange(30000, 40000)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+class SimServer:
+    def __init__(self, directory):
+        self.directory = directory
+        self.user_port, self.admin_port, self.base = free_port(), free_port(), free_run(MACHINES)
+        self.process = None
+        self.starts = 0
+
+    @property
+    def log_path(self):
+        return self.directory / f"server-{self.starts}.log"
+
+    def start(self):
+        self.starts += 1
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [str(BIN / "vipu-server"), "--sim", str(MACHINES), "--data-dir", str(self.directory), "--listen-address", "127.0.0.1",
+             "--port", str(self.user_port), "--admin-port", str(self.admin_port), "--metrics-port", "0",
+             "--sim-base-port", str(self.base)],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: "try: vipu create partition" in self.log_path.read_text() or self.process.poll() is not None,
+                   timeout=60, what="the simulated pod")
+        assert self.process.poll() is None, self.log_path.read_text()
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=30)
+        self.log.close()
+
+    def run(self, program, port, *args) -> Result:
+        done = subprocess.run([str(BIN / program), "-H", "127.0.0.1", "--api-port", str(port), *args],
+                              capture_output=True, text=True, timeout=60)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def sim_server(tmp_path):
+    server = SimServer(tmp_path)
+    yield server
+    if server.process and server.process.poll() is None:
+        server.stop()
+
+
+def agent_processes(directory) -> int:
+    done = subprocess.run(["pgrep", "-f", f"vipu.agent --rack {directory}/sim-rack.yaml"], capture_output=True, text=True)
+    return len(done.stdout.split())
+
+
+def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restart(sim_server, tmp_path):
+    sim_server.start()
+    assert agent_processes(tmp_path) == MACHINES
+    agents = rows(sim_server.run("vipu-admin", sim_server.admin_port, "list", "agents").out)
+    assert [(a[0], a[3], a[4], a[5]) for a in agents] == [(f"ag{n}", "Up", "cl0", "alloc-1") for n in range(1, MACHINES + 1)]
+    created = sim_server.run("vipu", sim_server.user_port, "create", "partition", "p1", "--size", "4", "--ipuof-dir", str(tmp_path / "ipuof"))
+    assert created.out == "create partition (p1): success.\n", created.err
+    assert (tmp_path / "ipuof" / "p1_ipuof.conf").exists()
+
+    sim_server.stop()
+    assert agent_processes(tmp_path) == 0
+    sim_server.start()
+    listing = rows(sim_server.run("vipu", sim_server.user_port, "list", "partitions").out)
+    assert listing == [["p1", "cl0", "1", "DEFAULT", "DNC", "4", "1", "ACTIVE"]]
+    assert "re-applied partition p1" in sim_server.log_path.read_text()
+    assert rows(sim_server.run("vipu-admin", sim_server.admin_port, "get", "agent", "ag1").out)[0][2] == "p1"

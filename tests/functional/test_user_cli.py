@@ -1,0 +1,165 @@
+"""vipu against a real controller and real agents: partitions from request to release."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vipu.api.protos import admin_pb2
+from tests.functional.harness import failed_line, pairs, rows
+
+
+def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):
+    pod = registered_pod
+    created = pod.user("create", "partition", "p1", "--size", "4")
+    assert (created.code, created.out, created.err) == (0, "create partition (p1): success.\n", "")
+    config = json.loads((pod.ipuof_dir / "p1_ipuof.conf").read_text())
+    assert config["attributes"]["Partition Id"] == "p1" and config["attributes"]["GCD Id"] == "0"
+    machine = pod.rack.machines[0]
+    assert [(d["ip"], d["server_port"], d["device_id"], d["routing_id"]) for d in config["devices"]] == [
+        (machine.ipuof_host, machine.ipuof_port, i, i) for i in range(4)
+    ]
+    assert rows(pod.user("list", "partitions").out) == [["p1", "cl0", "1", "DEFAULT", "DNC", "4", "1", "ACTIVE"]]
+    shown = pod.user("get", "partition", "p1")
+    fields = pairs(shown.out)
+    assert (fields["State"], fields["Operation"], fields["Allocation"], fields["Size"]) == ("ACTIVE", "IDLE", "alloc-1", "4")
+    assert [row[2:4] for row in rows(shown.out)] == [["ag1", str(i)] for i in range(4)]
+
+    assert pod.user("reset", "partition", "p1").out == "reset partition (p1): success.\n"
+    assert pod.held("m01") == {"p1": [0, 1, 2, 3]}
+
+    assert pod.user("remove", "partition", "p1").out == "remove partition (p1): success.\n"
+    assert not (pod.ipuof_dir / "p1_ipuof.conf").exists()
+    assert pod.held("m01") == {}
+    assert rows(pod.user("list", "partitions").out) == []
+
+
+def test_the_ipus_of_a_partition_are_configured_on_its_agents_and_shown_by_get_agent(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "small", "--size", "2").code == 0
+    assert pod.user("create", "partition", "big", "--size", "16").code == 0
+    assert pod.held_anywhere("small") == ["m01"]
+    assert pod.held_anywhere("big") == ["m02", "m03", "m04", "m05"]
+    assert pod.held("m01") == {"small": [0, 1]}
+    ipus = rows(pod.admin("get", "agent", "ag1").out)
+    assert [(r[0], r[2], r[3]) for r in ipus] == [("0", "small", "ACTIVE"), ("1", "small", "ACTIVE"), ("2", "-", "free"), ("3", "-", "free")]
+    assert [r[2] for r in rows(pod.admin("get", "agent", "ag3").out)] == ["big"] * 4
+    attrs = pod.admin("get", "agent", "ag3", "--json")
+    assert [u["routing_id"] for u in json.loads(attrs.out)["ipus"]] == [4, 5, 6, 7]
+
+
+def test_a_multi_gcd_partition_gets_one_configuration_file_per_gcd(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "mg", "--size", "8", "--num-gcds", "2").code == 0
+    files = sorted(p.name for p in pod.ipuof_dir.iterdir())
+    assert files == ["mg_gcd0_ipuof.conf", "mg_gcd1_ipuof.conf"]
+    second = json.loads((pod.ipuof_dir / "mg_gcd1_ipuof.conf").read_text())
+    assert second["attributes"]["GCD Id"] == "1" and [d["routing_id"] for d in second["devices"]] == [0, 1, 2, 3]
+    assert second["devices"][0]["server_port"] == pod.rack.machines[1].ipuof_port
+
+    shown = pod.user("get", "partition", "mg", "--ipu-configs", "--gcd", "1")
+    header, _, body = shown.out.partition("\n")
+    assert header == "IPUoF configuration of partition mg, GCD 1:"
+    assert json.loads(body) == second
+    both = pod.user("get", "partition", "mg", "--ipu-configs")
+    assert both.out.count("IPUoF configuration of partition mg") == 2
+    failed_line(pod.user("get", "partition", "mg", "--ipu-configs", "--gcd", "2"), "get partition", "mg", "GCDs 0 to 1, not 2")
+    assert pod.user("remove", "partition", "mg").code == 0
+    assert list(pod.ipuof_dir.iterdir()) == []
+
+
+def test_the_ipuof_directory_can_be_chosen_per_command(registered_pod, tmp_path):
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "1", "--ipuof-dir", str(tmp_path / "mine")).code == 0
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["p1_ipuof.conf"]
+    assert pod.user("remove", "partition", "p1", "--ipuof-dir", str(tmp_path / "mine")).code == 0
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+def test_json_output_of_every_list_and_get(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "8", "--num-gcds", "2").code == 0
+    listing = json.loads(pod.user("list", "partitions", "--json").out)
+    assert listing["partitions"][0]["spec"]["num_gcds"] == 2 and len(listing["partitions"][0]["spec"]["ipus"]) == 8
+    detail = json.loads(pod.user("get", "partition", "p1", "--json").out)
+    assert detail["status"]["ready_state"] == "PS_ACTIVE" and detail["partition"]["id"] == "p1"
+    assert json.loads(pod.user("list", "allocations", "--json").out)["allocations"][0]["spec"]["agent_ids"][0] == "ag1"
+    attrs = json.loads(pod.user("list", "ipu-attrs", "--json").out)
+    assert len(attrs["entries"]) == 8 and attrs["entries"][0]["ipu_attributes"]["0"]["attributes"]["board type"] == "M2000"
+    for command in (["list", "agents"], ["list", "clusters"], ["list", "allocations"], ["get", "cluster", "cl0"],
+                    ["get", "allocation", "alloc-1"], ["get", "agent", "ag1"]):
+        assert json.loads(pod.admin(*command, "--json").out)
+
+
+def test_allocations_and_ipu_attributes_as_users_see_them(registered_pod):
+    pod = registered_pod
+    assert rows(pod.user("list", "allocations").out) == [["alloc-1", " ".join(f"ag{n}" for n in range(1, 9))]]
+    attrs = pod.user("list", "ipu-attrs", "--agents", "ag2")
+    table = rows(attrs.out)
+    assert table[0][:2] == ["ag2", "0"] and ["", "", "board type", "M2000"] in table
+    assert table[0][2:] == ["board ipu index", "0"]
+    failed_line(pod.user("list", "ipu-attrs", "--agents", "ag99"), "list ipu-attrs", None, "agent ag99 does not exist")
+
+
+def test_bad_requests_are_refused_in_one_line_and_change_nothing(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "16").code == 0
+    before = pod.snapshot()
+    refusals = [
+        (["create", "partition", "p2", "--size", "3"], "partition size must be a power of two, not 3"),
+        (["create", "partition", "p2", "--size", "0"], "partition size must be a power of two, not 0"),
+        (["create", "partition", "p2", "--size", "64"], "larger than the cluster's 32 IPUs"),
+        (["create", "partition", "p2", "--size", "32"], "not enough free IPUs in allocation alloc-1: 32 requested, 16 free"),
+        (["create", "partition", "p1", "--size", "4"], "partition p1 already exists"),
+        (["create", "partition", "p2", "--size", "4", "--allocation", "nope"], "allocation nope does not exist"),
+        (["create", "partition", "p2", "--size", "4", "--cluster", "nope"], "cluster nope does not exist"),
+        (["create", "partition", "p2", "--size", "4", "--num-gcds", "3"], "number of GCDs must be a power of two"),
+        (["create", "partition", "bad/id", "--size", "4"], "invalid partition id"),
+        (["create", "partition", "p2", "--size", "8", "--ipulink-routing", "ringswnc"], "no room for a partition of 8 IPUs"),
+        (["create", "partition", "p2", "--size", "4", "--reconfigurable", "--sync-type", "pod-native-default"], "c2-compatible"),
+        (["remove", "partition", "nope"], "partition nope does not exist"),
+        (["reset", "partition", "nope"], "partition nope does not exist"),
+        (["get", "partition", "nope"], "partition nope does not exist"),
+    ]
+    for args, reason in refusals:
+        subject = args[2] if args[0] != "list" else None
+        failed_line(pod.user(*args), f"{args[0]} {args[1]}", subject, reason)
+    for args in (["create", "partition", "p2", "--size", "-4"], ["create", "partition", "p2"],
+                 ["create", "partition", "p2", "--size", "4", "--allocation", "a", "--cluster", "c"], ["create", "tree"]):
+        usage = pod.user(*args)
+        assert usage.code == 2 and len(usage.err.splitlines()) == 1 and "Traceback" not in usage.err, usage.err
+    assert pod.snapshot() == before
+
+
+def test_no_partition_without_an_allocation(pod):
+    pod.register(allocation="")
+    failed_line(pod.user("create", "partition", "p1", "--size", "4"), "create partition", "p1",
+                "there is no allocation to create partitions in")
+
+
+def test_partitions_never_span_allocations(pod):
+    pod.register(allocation="")
+    api = pod.admin_api
+    api.CreateAllocation(admin_pb2.CreateAllocationRequest(id="a1", cluster_id="cl0", agent_ids=["ag1", "ag2"]))
+    api.CreateAllocation(admin_pb2.CreateAllocationRequest(id="a2", cluster_id="cl0", agent_ids=["ag3", "ag4"]))
+    assert pod.user("create", "partition", "p1", "--size", "8", "--allocation", "a2").code == 0
+    assert pod.held_anywhere("p1") == ["m03", "m04"]
+    failed_line(pod.user("create", "partition", "p2", "--size", "16"), "create partition", "p2", "no allocation has room")
+    assert rows(pod.user("list", "partitions", "--allocation", "a2").out)[0][0] == "p1"
+    assert rows(pod.user("list", "partitions", "--allocation", "a1").out) == []
+
+
+def test_the_server_version(registered_pod):
+    assert registered_pod.user("--server-version").lines == ["version: 0.1.0", f"host: 127.0.0.1:{registered_pod.user_port}"]
+
+
+@pytest.mark.parametrize("topology, size, routing", [("torus", 32, "RINGSWNC"), ("mesh", 32, "SWNC")])
+def test_a_whole_domain_partition_uses_the_loop_back_links_only_in_a_torus(pod, topology, size, routing):
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS if topology == "torus" else admin_pb2.ILD_TOPOLOGY_MESH)
+    assert pod.user("create", "partition", "whole", "--size", str(size)).code == 0
+    assert rows(pod.user("list", "partitions").out)[0][4] == routing
+    top = pod.settings("m08", "whole")
+    expected = [1, 2, 3, 4, 5, 6, 7, 8] if topology == "torus" else [1, 2, 3, 4]
+    assert [link.port for link in top.ipulinks] == expected
+    assert {link.peer_serial for link in top.ipulinks if link.port > 4} <= {pod.rack.machines[0].serial}
