@@ -136,7 +136,7 @@ class PartitionService:
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)
         if failures:
-            raise self._fail(partition, failures, "cannot reset partition")
+            raise self._fail(partition, failures, f"cannot reset partition {partition.id}")
         return self._configure(partition, layout, agents)
 
     def remove(self, partition_id: str, force: bool = False, allowed: Set[str] | None = None) -> None:
@@ -149,7 +149,8 @@ class PartitionService:
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)
         if failures and not force:
-            raise self._fail(partition, failures, "cannot remove partition", hint="; remove it with --force to forget it anyway")
+            raise self._fail(partition, failures, f"cannot remove partition {partition.id}",
+                             hint="; remove it with --force to forget it anyway")
         for agent_id, error in failures.items():
             log.warning("partition %s forgotten while agent %s still may hold it: %s", partition.id, agent_id, error.message)
         with self.store.transaction() as tx:
@@ -182,23 +183,22 @@ class PartitionService:
                 applied = [agents[a] for a in settings if a not in failures]
                 for agent_id, error in self.hardware.clear(applied, partition.id).items():
                     log.warning("could not undo partition %s on agent %s: %s", partition.id, agent_id, error.message)
-                raise self._fail(partition, failures, f"partition {partition.id} is in ERROR:")
+                raise self._fail(partition, failures, f"partition {partition.id} is in ERROR")
             with self.store.transaction() as tx:
                 tx.set_partition_state(partition.id, ReadyState.ACTIVE, OperationState.IDLE, errors=[])
         partition.ready_state, partition.operation_state, partition.errors = ReadyState.ACTIVE, OperationState.IDLE, []
         log.info("partition %s is ACTIVE", partition.id)
         return partition
 
-    def _fail(self, partition: Partition, failures: dict[str, VipuError], what: str, hint: str = "") -> VipuError:
-        """Record the agents' reasons on the partition (now ERROR) and return the error to raise."""
+    def _fail(self, partition: Partition, failures: dict[str, VipuError], summary: str, hint: str = "") -> VipuError:
+        """Record the agents' reasons on the partition (now ERROR); the error to raise, `summary: reasons`."""
         reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
         with self.store.transaction() as tx:
             tx.set_partition_state(partition.id, ReadyState.ERROR, OperationState.FAILED, errors=reasons)
         partition.ready_state, partition.operation_state, partition.errors = ReadyState.ERROR, OperationState.FAILED, reasons
         family = Unavailable if all(e.temporary for e in failures.values()) else HardwareFailure
         log.warning("partition %s: %s", partition.id, "; ".join(reasons))
-        separator = " " if what.endswith(":") else f" {partition.id}: "
-        return family(f"{what}{separator}{'; '.join(reasons)}{hint}")
+        return family(f"{summary}: {'; '.join(reasons)}{hint}")
 
     @staticmethod
     def _refuse_if_busy(partition: Partition) -> None:

@@ -56,7 +56,8 @@ class Reconciler:
                 return
             with self.store.reading() as tx:
                 known = {p.id: p for p in tx.partitions_on_agent(agent.id)}
-                serials = {a.id: a.inventory.serial for a in tx.list_agents()}
+                peers = {a for p in known.values() for a in p.agent_ids}
+                serials = {a: tx.get_agent(a).inventory.serial for a in peers}
                 layouts = {c: ClusterLayout.of(tx.get_cluster(c)) for c in {p.cluster_id for p in known.values()}}
             for partition_id in held:
                 partition = known.get(partition_id)
@@ -73,7 +74,7 @@ class Reconciler:
     def _clear(self, agent: Agent, partition_id: str) -> None:
         try:
             self.hardware.gateway.clear(agent.host, agent.port, partition_id)
-            log.info("agent %s: cleared configuration of partition %s, which the store does not hold", agent.id, partition_id)
+            log.info("agent %s: cleared partition %s, which the store does not hold as active", agent.id, partition_id)
         except VipuError as error:
             log.warning("agent %s: could not clear partition %s: %s", agent.id, partition_id, error.message)
 
