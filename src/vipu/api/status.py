@@ -47,20 +47,16 @@ def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else "") or str(code)
     metadata = dict(error.trailing_metadata() or ()) if hasattr(error, "trailing_metadata") else {}
-    if metadata.get(SERVICE_ERROR_KEY):
-        family = next((f for f, c in _CODES if c == code), errors.VipuError)
-        return family(details)
-    where = f"{peer}: " if peer else ""
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.Unavailable(f"{where}no answer before the deadline")
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.Unavailable(f"{where}unreachable ({_transport_reason(details)})")
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return errors.Unavailable(f"{where}does not offer this service ({details})")
-    for family, family_code in _CODES:
-        if family_code == code:
-            return family(details)
-    return errors.VipuError(details)
+    if not metadata.get(SERVICE_ERROR_KEY):
+        where = f"{peer}: " if peer else ""
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.Unavailable(f"{where}no answer before the deadline")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return errors.Unavailable(f"{where}unreachable ({_transport_reason(details)})")
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return errors.Unavailable(f"{where}does not offer this service ({details})")
+    family = next((f for f, c in _CODES if c == code), errors.VipuError)
+    return family(details)
 
 
 def _transport_reason(details: str) -> str:
