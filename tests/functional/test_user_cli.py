@@ -77,6 +77,16 @@ def test_the_ipuof_directory_can_be_chosen_per_command(registered_pod, tmp_path)
     assert list((tmp_path / "mine").iterdir()) == []
 
 
+def test_an_unwritable_ipuof_directory_leaves_no_partition_behind(registered_pod, tmp_path):
+    pod = registered_pod
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    before = pod.snapshot()
+    failed_line(pod.user("create", "partition", "p1", "--size", "4", "--ipuof-dir", str(blocker / "sub")),
+                "create partition", "p1", "cannot write its IPUoF configuration to")
+    assert pod.snapshot() == before
+
+
 def test_json_output_of_every_list_and_get(registered_pod):
     pod = registered_pod
     assert pod.user("create", "partition", "p1", "--size", "8", "--num-gcds", "2").code == 0

@@ -23,6 +23,7 @@ from vipu.cli.common import (
 )
 from vipu.cli.config import client_settings
 from vipu.ipuof import files as ipuof_files
+from vipu.model.errors import InvalidArgument, NotFound
 
 SYNC_TYPES = {
     "c2-compatible": pb.ST_GS2_DEFAULT,
@@ -110,8 +111,15 @@ def reset():
 
 
 def write_ipuof_files(user: User, partition_id: str, directory: Path) -> list[Path]:
+    """Write a new partition's IPUoF files; if they cannot be written, remove the partition again."""
     reply = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id))
-    return ipuof_files.write(directory, partition_id, reply.ipuof_config)
+    try:
+        return ipuof_files.write(directory, partition_id, reply.ipuof_config)
+    except OSError as error:
+        user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id))
+        raise InvalidArgument(
+            f"cannot write its IPUoF configuration to {directory}: {error.strerror}; the partition was removed again"
+        ) from error
 
 
 @create.command("partition")
@@ -160,9 +168,13 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
 @pass_user
 def remove_partition(user, partition_id, force, ipuof_dir):
     """Remove a partition and delete its IPUoF configuration."""
+    directory = ipuof_dir or ipuof_files.default_dir()
     with reporting("remove partition", partition_id):
         user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
-    ipuof_files.remove(ipuof_dir or ipuof_files.default_dir(), partition_id)
+        try:
+            ipuof_files.remove(directory, partition_id)
+        except OSError as error:
+            raise InvalidArgument(f"the partition is removed, but not its IPUoF files in {directory}: {error.strerror}") from error
     succeed("remove partition", partition_id)
 
 
@@ -212,6 +224,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
             listing = user("ListPartitions", pb.ListPartitionsRequest())
             status = user("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=partition_id)).status
             partition = next((p for p in listing.partitions if p.id == partition_id), None)
+            if partition is None:
+                raise NotFound(f"partition {partition_id} does not exist")
     if ipu_configs:
         for index, gcd_config in enumerate(config.gcd_configs):
             number = gcd if gcd is not None else index
