@@ -6,21 +6,22 @@ import random
 import signal
 import socket
 import subprocess
+import urllib.request
 
 import pytest
 
-from tests.functional.harness import BIN, Result, rows, wait_until
+from tests.functional.harness import BIN, Result, pairs, rows, wait_until
 from tests.ports import free_port
 
 MACHINES = 4
 
 
 def free_run(count: int) -> int:
-    """A base port with `count` free ports from it (agent ports of the simulated machines)."""
+    """A base port with `count` free ports from it and from 6000 above it (agents and their exporters)."""
     for _ in range(100):
         base = random.randrange(30000, 40000)
         try:
-            for port in range(base, base + count):
+            for port in [*range(base, base + count), *range(base + 6000, base + 6000 + count)]:
                 with socket.socket() as probe:
                     probe.bind(("127.0.0.1", port))
             return base
@@ -85,6 +86,10 @@ def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restar
     created = sim_server.run("vipu", sim_server.user_port, "create", "partition", "p1", "--size", "4", "--ipuof-dir", str(tmp_path / "ipuof"))
     assert created.out == "create partition (p1): success.\n", created.err
     assert (tmp_path / "ipuof" / "p1_ipuof.conf").exists()
+    exporter = pairs(sim_server.run("vipu-admin", sim_server.admin_port, "get", "agent", "ag1").out)["Exporter"]
+    assert exporter == f"http://127.0.0.1:{sim_server.base + 6000}/metrics"
+    scraped = urllib.request.urlopen(exporter, timeout=5).read().decode()
+    assert 'vipu_agent_ipus{use="partition"} 4.0' in scraped and "vipu_agent_partitions 1.0" in scraped
 
     sim_server.stop()
     assert agent_processes(tmp_path) == 0

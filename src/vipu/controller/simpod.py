@@ -1,7 +1,8 @@
 """`vipu-server --sim N`: a controller with a simulated pod of N IPU-Machines, ready to use.
 
 The pod is real processes on loopback: one `vipu-agent` per machine, serving the simulated
-machines of a rack description kept in the data directory (edit it to inject faults). The
+machines of a rack description kept in the data directory (edit it to inject faults), each
+with its OpenMetrics exporter 6000 ports above its agent port. The
 machines are registered as agents ag1..agN in rack order, formed into cluster cl0 and given to
 allocation alloc-1, so `vipu create partition p1 --size 4` works at once. Restarting with the
 same data directory reuses the rack and the entities, and reconciles the fresh agents with the
@@ -52,7 +53,7 @@ class SimPod:
                 )
             return rack
         rack = generate_rack(self.machines, name=f"sim{self.machines}", topology=self.topology, num_ilds=self.num_ilds,
-                             agent_base_port=self.base_port)
+                             agent_base_port=self.base_port, with_exporters=True)
         save_rack(rack, self.rack_path)
         return rack
 
