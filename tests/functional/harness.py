@@ -12,12 +12,19 @@ from pathlib import Path
 
 import grpc
 
+from tests.ports import free_port
 from vipu.api.protos import (
-    admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, version_pb2, version_pb2_grpc, vipuuser_pb2, vipuuser_pb2_grpc,
+    admin_pb2,
+    admin_pb2_grpc,
+    agent_pb2,
+    agent_pb2_grpc,
+    version_pb2,
+    version_pb2_grpc,
+    vipuuser_pb2,
+    vipuuser_pb2_grpc,
 )
 from vipu.backends.sim.rack import Rack, generate_rack, save_rack
 from vipu.model.entities import IldTopology
-from tests.ports import free_port
 
 BIN = Path(sys.executable).parent
 

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from vipu.api.protos import agent_pb2
 from tests.functional.harness import pairs, rows, wait_until
+from vipu.api.protos import agent_pb2
 
 
 def plant_stray_configuration(pod, machine_name: str) -> None:

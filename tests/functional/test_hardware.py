@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vipu.api.protos import admin_pb2
 from tests.functional.harness import failed_line, pairs, rows
+from vipu.api.protos import admin_pb2
 
 
 def test_a_missing_cable_puts_the_partition_in_error_with_the_agents_reasons(pod):

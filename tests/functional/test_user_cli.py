@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from vipu.api.protos import admin_pb2
 from tests.functional.harness import failed_line, pairs, rows
+from vipu.api.protos import admin_pb2
 
 
 def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):

@@ -5,7 +5,8 @@ The only module that knows both shapes; servicers and clients call it and stay t
 
 from __future__ import annotations
 
-from vipu.api.protos import admin_pb2, agent_pb2, vipuuser_pb2 as user_pb2
+from vipu.api.protos import admin_pb2, agent_pb2
+from vipu.api.protos import vipuuser_pb2 as user_pb2
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
 from vipu.model.entities import (
     Agent,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from vipu.api.protos import admin_pb2 as pb, admin_pb2_grpc as pb_grpc
+from vipu.api.protos import admin_pb2 as pb
+from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -18,10 +19,10 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
+from vipu.model.entities import IPUS_PER_MACHINE
 
 TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
 TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
-IPUS_PER_MACHINE = 4
 
 
 class Admin:

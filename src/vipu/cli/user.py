@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from vipu.api.protos import vipuuser_pb2 as pb, vipuuser_pb2_grpc as pb_grpc
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,

@@ -72,7 +72,7 @@ class SimPod:
 
     def wait_ready(self, controller: Controller, rack: Rack, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        for machine, process in zip(rack.machines, self.processes):
+        for machine, process in zip(rack.machines, self.processes, strict=True):
             while True:
                 if process.poll() is not None:
                     raise Unavailable(f"the agent of {machine.name} exited; see {self.log_dir / f'agent-{machine.name}.log'}")

@@ -136,7 +136,7 @@ class ClusterLayout:
         return [
             Cable(Port(lower, LinkKind.IPULINK, out), Port(upper, LinkKind.IPULINK, into))
             for lower, upper, _ in self.vertical_pairs()
-            for out, into in zip(UPWARD_IPULINK_PORTS, DOWNWARD_IPULINK_PORTS)
+            for out, into in zip(UPWARD_IPULINK_PORTS, DOWNWARD_IPULINK_PORTS, strict=True)
         ]
 
     def sync_cables(self) -> list[Cable]:
@@ -144,7 +144,7 @@ class ClusterLayout:
             Cable(Port(ild[p], LinkKind.SYNC, out), Port(ild[p + 1], LinkKind.SYNC, into))
             for ild in self.ilds
             for p in range(len(ild) - 1)
-            for out, into in zip(UPWARD_SYNC_PORTS, DOWNWARD_SYNC_PORTS)
+            for out, into in zip(UPWARD_SYNC_PORTS, DOWNWARD_SYNC_PORTS, strict=True)
         ]
 
     def gwlink_cables(self) -> list[Cable]:

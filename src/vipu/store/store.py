@@ -39,7 +39,13 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, InvalidArgument, Unavailable, VipuError
+from vipu.model.errors import (
+    AlreadyExists,
+    ConcurrentUpdate,
+    InvalidArgument,
+    Unavailable,
+    VipuError,
+)
 from vipu.store.schema import (
     SCHEMA_VERSION,
     AgentRow,

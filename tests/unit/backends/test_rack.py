@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vipu.backends.sim.rack import Endpoint, generate_rack, load_rack, parse_rack, rack_to_data, save_rack
+from vipu.backends.sim.rack import (
+    Endpoint,
+    generate_rack,
+    load_rack,
+    parse_rack,
+    rack_to_data,
+    save_rack,
+)
 from vipu.model.entities import IldTopology
 from vipu.model.errors import InvalidArgument
 from vipu.model.topology import LinkKind

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from vipu.cli.common import render_pairs, render_table
-from vipu.cli.config import parse_hcl
-
 import pytest
 
+from vipu.cli.common import render_pairs, render_table
+from vipu.cli.config import parse_hcl
 from vipu.model.errors import InvalidArgument
 
 

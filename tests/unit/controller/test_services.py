@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from tests.unit.backends.test_sim_machine import settings
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.controller.services.agents import AgentService
@@ -18,10 +19,24 @@ from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
-from vipu.model.entities import AgentStatus, Cluster, IldTopology, OperationState, PartitionRequest, ReadyState, SyncType
-from vipu.model.errors import AlreadyExists, Conflict, HardwareFailure, InvalidArgument, NotFound, Unavailable
+from vipu.model.entities import (
+    AgentStatus,
+    Cluster,
+    IldTopology,
+    OperationState,
+    PartitionRequest,
+    ReadyState,
+    SyncType,
+)
+from vipu.model.errors import (
+    AlreadyExists,
+    Conflict,
+    HardwareFailure,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from vipu.store.store import Store
-from tests.unit.backends.test_sim_machine import settings
 
 MACHINES = 8
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from vipu.model.configuration import PortLink, agent_settings, gcd_configs
 from vipu.model.entities import (
-    GwRouting, IldTopology, IpuInfo, IpuLinkRouting, MachineInventory, Partition, SyncType,
+    GwRouting,
+    IldTopology,
+    IpuInfo,
+    IpuLinkRouting,
+    MachineInventory,
+    Partition,
+    SyncType,
 )
 from vipu.model.placement import place_partition
 from vipu.model.topology import ClusterLayout

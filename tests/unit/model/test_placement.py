@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from vipu.model.entities import IldTopology, IpuLinkRouting, GwRouting
+from vipu.model.entities import GwRouting, IldTopology, IpuLinkRouting
 from vipu.model.errors import Conflict, InvalidArgument
 from vipu.model.placement import (
     check_allocation_machines,

@@ -7,8 +7,21 @@ import threading
 import pytest
 
 from vipu.model.entities import (
-    Agent, AgentStatus, Allocation, Cluster, GwRouting, GwTopology, IldTopology, IpuInfo, IpuLinkRouting,
-    MachineInventory, OperationState, Partition, PlacedIpu, ReadyState, SyncType,
+    Agent,
+    AgentStatus,
+    Allocation,
+    Cluster,
+    GwRouting,
+    GwTopology,
+    IldTopology,
+    IpuInfo,
+    IpuLinkRouting,
+    MachineInventory,
+    OperationState,
+    Partition,
+    PlacedIpu,
+    ReadyState,
+    SyncType,
 )
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate
 from vipu.store.store import Store, normalise_url

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vipu.api import convert
-from vipu.api.protos import admin_pb2 as pb, admin_pb2_grpc as pb_grpc
+from vipu.api.protos import admin_pb2 as pb
+from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.controller.services.agents import AgentService, AgentView
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService

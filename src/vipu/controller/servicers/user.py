@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vipu.api import convert
-from vipu.api.protos import vipuuser_pb2 as pb, vipuuser_pb2_grpc as pb_grpc
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.controller.services.partitions import PartitionService
 
 

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.gateway import AgentGateway
 from vipu.model.entities import Agent, AgentStatus, check_id, natural_key
-from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable
+from vipu.model.errors import (
+    AlreadyExists,
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from vipu.store.store import Store
 
 

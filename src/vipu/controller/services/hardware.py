@@ -63,13 +63,13 @@ class Hardware:
         """Apply each agent's settings; the failures, by agent id. Caller holds the agents' locks."""
         ids = list(settings)
         results = self.each(ids, lambda a: self.gateway.apply(agents[a].host, agents[a].port, settings[a]))
-        return {a: r for a, r in zip(ids, results) if isinstance(r, VipuError)}
+        return {a: r for a, r in zip(ids, results, strict=True) if isinstance(r, VipuError)}
 
     def clear(self, agents: Iterable[Agent], partition_id: str) -> dict[str, VipuError]:
         """Clear a partition on each agent; the failures, by agent id. Caller holds the agents' locks."""
         agents = list(agents)
         results = self.each(agents, lambda a: self.gateway.clear(a.host, a.port, partition_id))
-        return {a.id: r for a, r in zip(agents, results) if isinstance(r, VipuError)}
+        return {a.id: r for a, r in zip(agents, results, strict=True) if isinstance(r, VipuError)}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

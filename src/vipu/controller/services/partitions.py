@@ -17,7 +17,12 @@ from collections.abc import Set
 from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
-from vipu.model.configuration import IPUOF_SERVER_VERSION_KEY, GcdConfig, agent_settings, gcd_configs
+from vipu.model.configuration import (
+    IPUOF_SERVER_VERSION_KEY,
+    GcdConfig,
+    agent_settings,
+    gcd_configs,
+)
 from vipu.model.entities import (
     Agent,
     Allocation,
@@ -28,7 +33,16 @@ from vipu.model.entities import (
     SyncType,
     check_id,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, HardwareFailure, InvalidArgument, NotFound, Unavailable, VipuError
+from vipu.model.errors import (
+    AlreadyExists,
+    ConcurrentUpdate,
+    Conflict,
+    HardwareFailure,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    VipuError,
+)
 from vipu.model.placement import place_partition
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store, Transaction
