@@ -57,6 +57,25 @@ GW_IN_PORT = 2
 INTERNAL_IPU_PAIRS = ((0, 1), (2, 3), (0, 2), (1, 3))
 
 
+@dataclass(frozen=True)
+class InternalLink:
+    """One of the 16 IPU-Links inside an IPU-M2000: lane A-D of one of the four internal pairs."""
+
+    lower_ipu: int
+    upper_ipu: int
+    name: str  # the same at both ends, e.g. "4C"
+
+    @property
+    def key(self) -> str:
+        """How rack descriptions name it: by its lower IPU, e.g. "ipu1:4C"."""
+        return f"ipu{self.lower_ipu}:{self.name}"
+
+
+INTERNAL_LINKS = tuple(
+    InternalLink(a, b, f"{pair}{lane}") for pair, (a, b) in enumerate(INTERNAL_IPU_PAIRS, start=1) for lane in "ABCD"
+)
+
+
 def internal_peers(index: int, members: set[int]) -> list[int]:
     """The IPUs among `members` that IPU `index` links to inside its machine."""
     peers = [b if a == index else a for a, b in INTERNAL_IPU_PAIRS if index in (a, b)]

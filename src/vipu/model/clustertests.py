@@ -1,0 +1,351 @@
+"""The cluster test suite's judgement: what each test counts, and what passes.
+
+Agents only observe (what cable is in a port, whether a link came up and reaches whom, how many
+corrected errors it shows, what an RNIC's PFC classes are); these pure functions compare the
+observations with what the cluster's topology expects, count the elements as seed 002 does
+(14 Sync-Link cables and 28 cables in an 8-machine mesh, 16 links inside each machine, traffic
+windows of 16 IPUs sliding by two machines), and word the summary lines the CLI prints.
+
+An agent that did not answer has `None` for its observations; every element that needs it fails.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from vipu.model.entities import IPUS_PER_MACHINE
+from vipu.model.topology import INTERNAL_LINKS, Cable, ClusterLayout, LinkKind
+
+TRAFFIC_ERROR_THRESHOLD = 300  # corrected errors on one link above which it fails
+TRAFFIC_WINDOW_MACHINES = 4  # 16 IPUs
+TRAFFIC_WINDOW_STEP = 2
+EXPECTED_PFC_CLASSES = (0, 1, 2, 3, 4, 5, 6, 7)
+
+
+class TestType(str, Enum):
+    SYNC = "Sync-Link"
+    CABLING = "Cabling"
+    IPULINK = "IPU-Link"
+    TRAFFIC = "Traffic"
+    GWLINK = "GW-Link"
+    VERSION = "Version"
+    PFC = "PFC-settings"
+
+
+ORDER = tuple(TestType)
+DEPENDS_ON = {
+    TestType.IPULINK: (TestType.CABLING,),
+    TestType.TRAFFIC: (TestType.SYNC, TestType.CABLING, TestType.IPULINK),
+    TestType.GWLINK: (TestType.CABLING,),
+}
+# Tests that drive links or IPUs, and so must not run under partitions.
+DISRUPTIVE = {TestType.SYNC, TestType.IPULINK, TestType.TRAFFIC, TestType.GWLINK}
+
+
+class Probe(str, Enum):
+    """What a test step asks each agent to do and report."""
+
+    SYNC = "sync"  # drive the Sync-Links and GW-Link sync, report which came up and where they reach
+    CABLING = "cabling"  # read the OSFP serial in every IPU-Link and GW-Link port
+    IPULINK = "ipulink"  # train every IPU-Link, external and internal
+    TRAFFIC = "traffic"  # run the test program on some IPUs and count corrected link errors
+    GWLINK = "gwlink"  # bring up the GW-Links
+    PFC = "pfc"  # read the RNICs' PFC classes
+
+
+class Status(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class Outcome:
+    test: TestType
+    status: Status
+    passed: int
+    total: int
+    summary: list[str]
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class PortReading:
+    kind: LinkKind
+    port: int
+    cable_serial: str = ""  # the OSFP cable's serial id, "" when the port is empty
+    up: bool = False  # the link came up
+    peer_serial: str = ""  # the machine at the far end, when up
+    peer_port: int = 0
+    errors: int = 0  # corrected errors under traffic
+
+
+@dataclass(frozen=True)
+class InternalReading:
+    link: str  # "ipu1:4C"
+    up: bool
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one agent reported for one test step."""
+
+    ports: tuple[PortReading, ...] = ()
+    internal: tuple[InternalReading, ...] = ()
+    checksums: Mapping[int, int] = field(default_factory=dict)  # IPU index -> program result
+    rnics: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # RNIC -> PFC classes
+
+
+class RunState(str, Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    INTERRUPTED = "interrupted"  # the controller stopped while it ran
+
+
+@dataclass
+class TestRun:
+    cluster_id: str
+    state: RunState
+    tests: list[TestType]
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(o.status is not Status.PASSED for o in self.outcomes)
+
+
+Observations = Mapping[str, Observation | None]  # agent id -> what it saw, None if it did not answer
+
+
+def plan(selected: set[TestType]) -> list[TestType]:
+    """The tests to run, in the suite's order; none selected means all."""
+    return [t for t in ORDER if not selected or t in selected]
+
+
+def failed_dependency(test: TestType, outcomes: Mapping[TestType, Outcome]) -> TestType | None:
+    """The first of `test`'s dependencies that ran in this run and failed."""
+    for dependency in DEPENDS_ON.get(test, ()):
+        if dependency in outcomes and outcomes[dependency].status is Status.FAILED:
+            return dependency
+    return None
+
+
+def skipped(test: TestType, dependency: TestType) -> Outcome:
+    return Outcome(test, Status.SKIPPED, 0, 0, [
+        "Test skipped", f"Test did not run because of an earlier dependency test failure ({dependency.value})"
+    ])
+
+
+def _outcome(test: TestType, passed: int, total: int, success: str, headline: str | None, lines: list[str]) -> Outcome:
+    if passed == total and not lines:
+        return Outcome(test, Status.PASSED, passed, total, [success])
+    return Outcome(test, Status.FAILED, passed, total, ([headline] if headline else []) + lines)
+
+
+def program_checksum(seed: int, chip_id: str, routing_id: int) -> int:
+    """What the test program computes on one IPU: fixed by the seed, the chip and its place."""
+    return zlib.crc32(f"{seed}/{chip_id}/{routing_id}".encode())
+
+
+def _reading(observation: Observation | None, kind: LinkKind, port: int) -> PortReading | None:
+    if observation is None:
+        return None
+    return next((r for r in observation.ports if r.kind is kind and r.port == port), PortReading(kind, port))
+
+
+def _silent(observations: Observations, agents) -> list[str]:
+    return [f"{agent}: does not answer" for agent in agents if observations.get(agent) is None]
+
+
+def _linked(cable: Cable, observations: Observations, serials: Mapping[str, str]) -> bool:
+    """Both ends of an expected cable are up and each reaches the other."""
+    low, up = cable.lower, cable.upper
+    a, b = _reading(observations.get(low.agent_id), low.kind, low.number), _reading(observations.get(up.agent_id), up.kind, up.number)
+    return (
+        a is not None and b is not None and a.up and b.up
+        and (a.peer_serial, a.peer_port) == (serials[up.agent_id], up.number)
+        and (b.peer_serial, b.peer_port) == (serials[low.agent_id], low.number)
+    )
+
+
+def judge_sync(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
+    """Sync-Link cables, and in a multi-domain cluster the sync carried over GW-Links too."""
+    cables = layout.sync_cables() + layout.gwlink_cables()
+    failing = [c for c in cables if not _linked(c, observations, serials)]
+    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}" for c in failing]
+    return _outcome(TestType.SYNC, len(cables) - len(failing), len(cables), "Sync Link test passed", "Failed Sync Links:",
+                    _silent(observations, layout.agent_ids) + lines)
+
+
+def _port_label(kind: LinkKind) -> str:
+    return "IPU-Cluster Port" if kind is LinkKind.IPULINK else "GW-Link Port"
+
+
+def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
+    """IPU-Link and GW-Link cables: the OSFP serial at both expected ends must be the same."""
+    cables = layout.ipulink_cables() + layout.gwlink_cables()
+    missing, wrong = [], []
+    for cable in cables:
+        low, up = cable.lower, cable.upper
+        a = _reading(observations.get(low.agent_id), low.kind, low.number)
+        b = _reading(observations.get(up.agent_id), up.kind, up.number)
+        if a is not None and b is not None and a.cable_serial and a.cable_serial == b.cable_serial:
+            continue
+        far = observations.get(up.agent_id)
+        misplaced = a is not None and a.cable_serial and far is not None and any(
+            r.kind is up.kind and r.cable_serial == a.cable_serial for r in far.ports
+        )
+        if misplaced:
+            wrong.append(f"{low.agent_id} ({_port_label(low.kind)} {low.number}) <--> {up.agent_id} "
+                         f"({_port_label(up.kind)} {up.number}) (connected to wrong port)")
+        else:
+            missing.append(f"{low.agent_id}:{low.number} [{low.kind.value}] <--> {up.agent_id}:{up.number} [{up.kind.value}] (failed)")
+    failures = len(missing) + len(wrong)
+    headline = "Cables not connected as expected:" if wrong else None
+    return _outcome(TestType.CABLING, len(cables) - failures, len(cables), "All cables connected as expected", headline,
+                    _silent(observations, layout.agent_ids) + wrong + missing)
+
+
+def _internal_line(agent: str, link, suffix: str = "") -> str:
+    return f"{agent}:ipu{link.lower_ipu}:{link.name} <--> {link.name}:ipu{link.upper_ipu}:{agent}{suffix}"
+
+
+def judge_ipulink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
+    """Every IPU-Link trains: one per cable between machines, and the 16 inside each machine."""
+    cables = layout.ipulink_cables()
+    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}"
+             for c in cables if not _linked(c, observations, serials)]
+    for agent in layout.agent_ids:
+        observation = observations.get(agent)
+        up = {r.link for r in observation.internal if r.up} if observation is not None else set()
+        lines += [_internal_line(agent, link) for link in INTERNAL_LINKS if link.key not in up]
+    total = len(cables) + len(INTERNAL_LINKS) * len(layout.agent_ids)
+    return _outcome(TestType.IPULINK, total - len(lines), total, "All Links Passed", "Links that did not train:",
+                    _silent(observations, layout.agent_ids) + lines)
+
+
+def traffic_windows(layout: ClusterLayout) -> list[tuple[str, ...]]:
+    """Overlapping windows of at most 16 IPUs in each domain, covering every link in it."""
+    size = layout.machines_per_ild
+    width = min(TRAFFIC_WINDOW_MACHINES, size)
+    if size <= width:
+        starts = [0]
+    elif layout.is_torus:
+        starts = list(range(0, size, TRAFFIC_WINDOW_STEP))
+    else:
+        starts = list(range(0, size - width + 1, TRAFFIC_WINDOW_STEP))
+        if starts[-1] != size - width:
+            starts.append(size - width)
+    return [tuple(layout.agent_at(d, s + i) for i in range(width)) for d in range(layout.num_ilds) for s in starts]
+
+
+def traffic_phases(windows: list[tuple[str, ...]]) -> list[list[int]]:
+    """Window numbers (from 1) grouped so that no two windows of a group share a machine.
+
+    Overlapping windows share IPUs and must run one after the other; the windows of one phase
+    can run together, so the whole test takes about two window-times however large the pod.
+    """
+    phases: list[tuple[list[int], set[str]]] = []
+    for number, window in enumerate(windows, start=1):
+        for members, machines in phases:
+            if machines.isdisjoint(window):
+                members.append(number)
+                machines.update(window)
+                break
+        else:
+            phases.append(([number], set(window)))
+    return [members for members, _ in phases]
+
+
+def judge_traffic_window(number: int, window: tuple[str, ...], layout: ClusterLayout, observations: Observations,
+                         serials: Mapping[str, str], chips: Mapping[str, Mapping[int, str]], seed: int) -> list[str]:
+    """The failure lines of one traffic window (none when it passed)."""
+    lines = _silent(observations, window)
+    members = set(window)
+    for cable in layout.ipulink_cables():
+        lower, upper = cable.lower.agent_id, cable.upper.agent_id
+        if lower not in members or upper not in members:
+            continue
+        reading = _reading(observations.get(lower), LinkKind.IPULINK, cable.lower.number)
+        if reading is None:
+            continue
+        name = f"{upper}:{cable.upper.number} <--> {lower}:{cable.lower.number}"
+        if not _linked(cable, observations, serials):
+            lines.append(f"{name}: link down")
+        elif reading.errors > TRAFFIC_ERROR_THRESHOLD:
+            lines.append(f"{name}: {reading.errors} link errors")
+    routing = {(agent, ipu): n for n, (agent, ipu) in enumerate((a, i) for a in window for i in range(IPUS_PER_MACHINE))}
+    for agent in window:
+        observation = observations.get(agent)
+        if observation is None:
+            continue
+        errors = {r.link: r for r in observation.internal}
+        for link in INTERNAL_LINKS:
+            reading = errors.get(link.key)
+            if reading is None or not reading.up:
+                lines.append(_internal_line(agent, link, ": link down"))
+            elif reading.errors > TRAFFIC_ERROR_THRESHOLD:
+                lines.append(_internal_line(agent, link, f": {reading.errors} link errors"))
+        for ipu in range(IPUS_PER_MACHINE):
+            expected = program_checksum(seed, chips[agent].get(ipu, ""), routing[(agent, ipu)])
+            if observation.checksums.get(ipu) != expected:
+                lines.append(f"{agent}:ipu{ipu}: wrong result from the test program")
+    return [f"Errors encountered in traffic test {number}", *lines] if lines else []
+
+
+def traffic_outcome(window_lines: list[list[str]]) -> Outcome:
+    failed = [lines for lines in window_lines if lines]
+    return _outcome(TestType.TRAFFIC, len(window_lines) - len(failed), len(window_lines), "Traffic test passed",
+                    "Traffic test failed", [line for lines in failed for line in lines])
+
+
+def judge_gwlink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
+    cables = layout.gwlink_cables()
+    if not cables:
+        return Outcome(TestType.GWLINK, Status.PASSED, 0, 0, ["GW Link test skipped"])
+    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}"
+             for c in cables if not _linked(c, observations, serials)]
+    return _outcome(TestType.GWLINK, len(cables) - len(lines), len(cables), "GW Link test passed", "Failed GW-Links:",
+                    _silent(observations, layout.agent_ids) + lines)
+
+
+COMPONENT_LABELS = {
+    "agent": "Agent", "gateway-software": "Gateway-Software", "ipum-software": "IPU-M-Software",
+    "ipuof-server": "IPUoF-Server", "firmware": "Firmware", "bmc": "BMC",
+}
+
+
+def judge_versions(agents: tuple[str, ...], versions: Mapping[str, Mapping[str, str] | None]) -> Outcome:
+    """Each component type must have one version across the cluster's agents."""
+    answered = {a: v for a, v in versions.items() if v is not None}
+    components = sorted({c for v in answered.values() for c in v})
+    silent = [f"{agent}: does not answer" for agent in agents if versions.get(agent) is None]
+    mismatched = [c for c in components if len({answered[a].get(c, "") for a in answered}) > 1]
+    lines = []
+    for component in mismatched:
+        label = COMPONENT_LABELS.get(component, component)
+        lines += [f"{agent}-{label}: {answered[agent].get(component, '-')}" for agent in agents if agent in answered]
+    passed = 0 if silent else len(components) - len(mismatched)
+    return _outcome(TestType.VERSION, passed, len(components), "All component versions are consistent",
+                    "Components with mismatched versions found:", silent + lines)
+
+
+def judge_pfc(agents: tuple[str, ...], observations: Observations) -> Outcome:
+    expected = " ".join(str(c) for c in EXPECTED_PFC_CLASSES)
+    lines = []
+    for agent in agents:
+        observation = observations.get(agent)
+        if observation is None:
+            lines.append(f"{agent}: does not answer")
+            continue
+        bad = [f"{rnic}: pfc classes: got [{', '.join(str(c) for c in classes)}], expected [{expected}]"
+               for rnic, classes in sorted(observation.rnics.items()) if tuple(classes) != EXPECTED_PFC_CLASSES]
+        if bad:
+            lines.append(f"{agent}: {{{', '.join(bad)}}}")
+    return _outcome(TestType.PFC, len(agents) - len(lines), len(agents), "All PFC settings as expected",
+                    "PFC settings not as expected:", lines)
