@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from vipu.api.protos import admin_pb2, agent_pb2
 from vipu.api.protos import vipuuser_pb2 as user_pb2
+from vipu.model.clustertests import InternalReading, Observation, Outcome, PortReading
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
 from vipu.model.entities import (
     Agent,
@@ -25,6 +26,7 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import InvalidArgument
+from vipu.model.topology import LinkKind
 
 IPULINK_ROUTING = {
     IpuLinkRouting.DNC: user_pb2.IRT_DNC,
@@ -303,4 +305,44 @@ def user_allocation_to_proto(allocation: Allocation) -> user_pb2.Allocation:
     return user_pb2.Allocation(
         id=allocation.id,
         spec=user_pb2.AllocationSpec(cluster_id=allocation.cluster_id, agent_ids=allocation.agent_ids),
+    )
+
+
+# Cluster tests
+
+
+def observation_to_proto(observation: Observation) -> agent_pb2.DiagnoseReply:
+    return agent_pb2.DiagnoseReply(
+        ports=[
+            agent_pb2.PortReading(kind=r.kind.value, port=r.port, cable_serial=r.cable_serial, up=r.up,
+                                  peer_serial=r.peer_serial, peer_port=r.peer_port, errors=r.errors)
+            for r in observation.ports
+        ],
+        internal_links=[agent_pb2.InternalLinkReading(link=r.link, up=r.up, errors=r.errors) for r in observation.internal],
+        checksums=dict(observation.checksums),
+        rnics={name: agent_pb2.PfcClasses(classes=list(classes)) for name, classes in observation.rnics.items()},
+    )
+
+
+def observation_from_proto(message: agent_pb2.DiagnoseReply) -> Observation:
+    return Observation(
+        ports=tuple(
+            PortReading(LinkKind(r.kind), r.port, r.cable_serial, r.up, r.peer_serial, r.peer_port, r.errors)
+            for r in message.ports
+        ),
+        internal=tuple(InternalReading(r.link, r.up, r.errors) for r in message.internal_links),
+        checksums=dict(message.checksums),
+        rnics={name: tuple(classes.classes) for name, classes in message.rnics.items()},
+    )
+
+
+def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome]) -> admin_pb2.ClusterTestReport:
+    return admin_pb2.ClusterTestReport(
+        cluster_id=cluster_id,
+        state=state,
+        results=[
+            admin_pb2.ClusterTestResult(test=o.test.value, status=o.status.value, passed=o.passed, total=o.total,
+                                        summary=o.summary, duration_seconds=o.duration)
+            for o in outcomes
+        ],
     )

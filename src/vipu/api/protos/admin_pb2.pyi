@@ -173,3 +173,77 @@ class ListAllocationsReply(_message.Message):
     ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
     allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
     def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...
+
+class TestClusterRequest(_message.Message):
+    __slots__ = ("cluster_id", "tests", "wait")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    tests: _containers.RepeatedScalarFieldContainer[str]
+    wait: bool
+    def __init__(self, cluster_id: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., wait: _Optional[bool] = ...) -> None: ...
+
+class ClusterTestResult(_message.Message):
+    __slots__ = ("test", "status", "passed", "total", "summary", "duration_seconds")
+    TEST_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    test: str
+    status: str
+    passed: int
+    total: int
+    summary: _containers.RepeatedScalarFieldContainer[str]
+    duration_seconds: float
+    def __init__(self, test: _Optional[str] = ..., status: _Optional[str] = ..., passed: _Optional[int] = ..., total: _Optional[int] = ..., summary: _Optional[_Iterable[str]] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
+
+class ClusterTestReport(_message.Message):
+    __slots__ = ("cluster_id", "state", "results")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    state: str
+    results: _containers.RepeatedCompositeFieldContainer[ClusterTestResult]
+    def __init__(self, cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ClusterTestResult, _Mapping]]] = ...) -> None: ...
+
+class StopClusterTestReply(_message.Message):
+    __slots__ = ("cluster_id",)
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    def __init__(self, cluster_id: _Optional[str] = ...) -> None: ...
+
+class DiscoverAgentsRequest(_message.Message):
+    __slots__ = ("auto_add",)
+    AUTO_ADD_FIELD_NUMBER: _ClassVar[int]
+    auto_add: bool
+    def __init__(self, auto_add: _Optional[bool] = ...) -> None: ...
+
+class DiscoveredAgent(_message.Message):
+    __slots__ = ("host", "port", "interface", "seconds_since_seen", "auto_add_id", "registered_as")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    AUTO_ADD_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    interface: str
+    seconds_since_seen: float
+    auto_add_id: str
+    registered_as: str
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., interface: _Optional[str] = ..., seconds_since_seen: _Optional[float] = ..., auto_add_id: _Optional[str] = ..., registered_as: _Optional[str] = ...) -> None: ...
+
+class DiscoverAgentsReply(_message.Message):
+    __slots__ = ("agents", "added", "failures")
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[DiscoveredAgent]
+    added: _containers.RepeatedScalarFieldContainer[str]
+    failures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agents: _Optional[_Iterable[_Union[DiscoveredAgent, _Mapping]]] = ..., added: _Optional[_Iterable[str]] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -94,6 +94,26 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
                 _registered_method=True)
+        self.TestCluster = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/TestCluster',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
+                _registered_method=True)
+        self.GetClusterTestStatus = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetClusterTestStatus',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
+                _registered_method=True)
+        self.StopClusterTest = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/StopClusterTest',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.FromString,
+                _registered_method=True)
+        self.DiscoverAgents = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/DiscoverAgents',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -171,6 +191,30 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TestCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetClusterTestStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopClusterTest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscoverAgents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +277,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveAllocation,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'TestCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.TestCluster,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.SerializeToString,
+            ),
+            'GetClusterTestStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterTestStatus,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.SerializeToString,
+            ),
+            'StopClusterTest': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopClusterTest,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.SerializeToString,
+            ),
+            'DiscoverAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscoverAgents,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +623,114 @@ class AdminService:
             '/vipu.admin.v1.AdminService/RemoveAllocation',
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/TestCluster',
+            vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterTestStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetClusterTestStatus',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopClusterTest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/StopClusterTest',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscoverAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/DiscoverAgents',
+            vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.FromString,
             options,
             channel_credentials,
             insecure,

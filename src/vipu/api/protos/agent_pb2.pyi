@@ -139,3 +139,80 @@ class ListPartitionsReply(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionSettings]
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionSettings, _Mapping]]] = ...) -> None: ...
+
+class DiagnoseRequest(_message.Message):
+    __slots__ = ("probe", "ipus", "seed")
+    class IpusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    probe: str
+    ipus: _containers.ScalarMap[int, int]
+    seed: int
+    def __init__(self, probe: _Optional[str] = ..., ipus: _Optional[_Mapping[int, int]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class PortReading(_message.Message):
+    __slots__ = ("kind", "port", "cable_serial", "up", "peer_serial", "peer_port", "errors")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    CABLE_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    PEER_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    port: int
+    cable_serial: str
+    up: bool
+    peer_serial: str
+    peer_port: int
+    errors: int
+    def __init__(self, kind: _Optional[str] = ..., port: _Optional[int] = ..., cable_serial: _Optional[str] = ..., up: _Optional[bool] = ..., peer_serial: _Optional[str] = ..., peer_port: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
+
+class InternalLinkReading(_message.Message):
+    __slots__ = ("link", "up", "errors")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    link: str
+    up: bool
+    errors: int
+    def __init__(self, link: _Optional[str] = ..., up: _Optional[bool] = ..., errors: _Optional[int] = ...) -> None: ...
+
+class PfcClasses(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, classes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DiagnoseReply(_message.Message):
+    __slots__ = ("ports", "internal_links", "checksums", "rnics")
+    class ChecksumsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class RnicsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: PfcClasses
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[PfcClasses, _Mapping]] = ...) -> None: ...
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_LINKS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    RNICS_FIELD_NUMBER: _ClassVar[int]
+    ports: _containers.RepeatedCompositeFieldContainer[PortReading]
+    internal_links: _containers.RepeatedCompositeFieldContainer[InternalLinkReading]
+    checksums: _containers.ScalarMap[int, int]
+    rnics: _containers.MessageMap[str, PfcClasses]
+    def __init__(self, ports: _Optional[_Iterable[_Union[PortReading, _Mapping]]] = ..., internal_links: _Optional[_Iterable[_Union[InternalLinkReading, _Mapping]]] = ..., checksums: _Optional[_Mapping[int, int]] = ..., rnics: _Optional[_Mapping[str, PfcClasses]] = ...) -> None: ...

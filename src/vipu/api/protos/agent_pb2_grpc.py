@@ -54,6 +54,11 @@ class AgentServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsReply.FromString,
                 _registered_method=True)
+        self.Diagnose = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Diagnose',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -83,6 +88,12 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Diagnose(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ListPartitions,
                     request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsReply.SerializeToString,
+            ),
+            'Diagnose': grpc.unary_unary_rpc_method_handler(
+                    servicer.Diagnose,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class AgentService:
             '/vipu.agent.v1.AgentService/ListPartitions',
             vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_agent__pb2.ListPartitionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Diagnose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Diagnose',
+            vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.FromString,
             options,
             channel_credentials,
             insecure,
