@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: cluster_test_runs
 
 ID = String(64)
 
@@ -120,3 +120,14 @@ class PartitionIpuRow(Base):
     topology_id: Mapped[int] = mapped_column(Integer)
     segment: Mapped[int] = mapped_column(Integer)
     gcd: Mapped[int] = mapped_column(Integer)
+
+
+class ClusterTestRunRow(Base):
+    """The last cluster test (one row), kept so its results outlive the controller."""
+
+    __tablename__ = "cluster_test_runs"
+    key: Mapped[str] = mapped_column(String(16), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ID)
+    state: Mapped[str] = mapped_column(String(16))
+    tests: Mapped[list] = mapped_column(JSON)
+    outcomes: Mapped[list] = mapped_column(JSON)

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
 from vipu.model.entities import (
     Agent,
     AgentStatus,
@@ -54,10 +55,13 @@ from vipu.store.schema import (
     Base,
     ClusterAgentRow,
     ClusterRow,
+    ClusterTestRunRow,
     MetaRow,
     PartitionIpuRow,
     PartitionRow,
 )
+
+LAST_TEST_RUN = "last"
 
 
 def normalise_url(url: str) -> str:
@@ -331,6 +335,32 @@ class Transaction:
             self.session.delete(row)
             self.session.flush()
 
+    # Cluster tests
+
+    def get_test_run(self) -> TestRun | None:
+        row = self.session.get(ClusterTestRunRow, LAST_TEST_RUN)
+        if row is None:
+            return None
+        outcomes = [
+            Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"])
+            for o in row.outcomes
+        ]
+        return TestRun(row.cluster_id, RunState(row.state), [TestType(t) for t in row.tests], outcomes)
+
+    def save_test_run(self, run: TestRun) -> None:
+        row = self.session.get(ClusterTestRunRow, LAST_TEST_RUN)
+        if row is None:
+            row = ClusterTestRunRow(key=LAST_TEST_RUN)
+            self.session.add(row)
+        row.cluster_id = run.cluster_id
+        row.state = run.state.value
+        row.tests = [t.value for t in run.tests]
+        row.outcomes = [
+            {"test": o.test.value, "status": o.status.value, "passed": o.passed, "total": o.total,
+             "summary": list(o.summary), "duration": o.duration}
+            for o in run.outcomes
+        ]
+
     def _flush(self, conflict_message: str) -> None:
         try:
             self.session.flush()
@@ -397,6 +427,8 @@ class Store:
                     f"the store at {self.describe()} has schema version {row.value}, newer than this "
                     f"vipu-server's {SCHEMA_VERSION}; upgrade vipu-server"
                 )
+            else:
+                row.value = str(SCHEMA_VERSION)  # every change so far only added tables, which create_all made
 
     def describe(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)

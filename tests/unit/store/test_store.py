@@ -190,3 +190,25 @@ def test_operators_write_urls_their_way():
     assert normalise_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     assert normalise_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
     assert normalise_url("/var/lib/vipu/vipu.db") == "sqlite:////var/lib/vipu/vipu.db"
+
+
+def test_the_last_cluster_test_is_kept_and_replaced(store, store_url):
+    from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
+
+    with store.reading() as tx:
+        assert tx.get_test_run() is None
+    run = TestRun("cl0", RunState.FINISHED, [TestType.SYNC, TestType.CABLING],
+                  [Outcome(TestType.SYNC, Status.FAILED, 12, 14, ["Failed Sync Links:", "ag1:6 <--> 2:ag2"], 0.9)])
+    with store.transaction() as tx:
+        tx.save_test_run(run)
+    store.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert tx.get_test_run() == run
+        with reopened.transaction() as tx:
+            tx.save_test_run(TestRun("cl1", RunState.RUNNING, [TestType.VERSION]))
+        with reopened.reading() as tx:
+            assert tx.get_test_run() == TestRun("cl1", RunState.RUNNING, [TestType.VERSION])
+    finally:
+        reopened.close()
