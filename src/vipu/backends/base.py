@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 
@@ -33,3 +34,19 @@ class MachineBackend(ABC):
     @abstractmethod
     def partitions(self) -> list[AgentSettings]:
         """The partition settings the machine holds now."""
+
+    @abstractmethod
+    def diagnose(self, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        """Run one cluster-test step; `ipus` maps the IPUs a traffic step uses to their routing ids."""
+
+    @abstractmethod
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str) -> None:
+        """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id`."""
+
+    @abstractmethod
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int) -> int:
+        """Run the test program on an attached IPU; its result."""
+
+    def silent(self) -> bool:
+        """Whether the machine is playing dead (a simulated fault); real machines never say so."""
+        return False

@@ -62,3 +62,40 @@ def test_a_bad_rack_is_refused_with_the_place_of_the_mistake(text, message):
 def test_a_missing_file_is_one_clear_error(tmp_path):
     with pytest.raises(InvalidArgument, match="cannot read rack description .*No such file"):
         load_rack(tmp_path / "absent.yaml")
+
+
+def test_faults_round_trip_and_bad_fault_fields_are_refused(tmp_path):
+    from vipu.backends.sim import faults
+
+    rack = generate_rack(2, time_scale=0.5)
+    faults.set_errors(rack, "m01", "5", 327)
+    faults.set_errors(rack, "m02", "ipu1:4C", 521)
+    faults.break_link(rack, "m01", "6", LinkKind.SYNC)
+    faults.break_link(rack, "m02", "ipu0:1A")
+    faults.silence(rack, "m02")
+    save_rack(rack, tmp_path / "rack.yaml")
+    assert rack_to_data(load_rack(tmp_path / "rack.yaml")) == rack_to_data(rack)
+    with pytest.raises(InvalidArgument, match=r"machines\[0\].link_errors: 'ipu9:1A' is not an internal link"):
+        parse_rack(MACHINE.replace("agent: {port: 9000}", "agent: {port: 9000}, link_errors: {ipu9:1A: 3}"), "r")
+    with pytest.raises(InvalidArgument, match=r"'silent' must be true or false"):
+        parse_rack(MACHINE.replace("agent: {port: 9000}", "agent: {port: 9000}, faults: {silent: maybe}"), "r")
+    with pytest.raises(InvalidArgument, match="time_scale: must be a number"):
+        parse_rack(MACHINE + "time_scale: fast\n", "r")
+
+
+def test_fault_functions_refuse_what_is_not_there():
+    from vipu.backends.sim import faults
+
+    rack = generate_rack(2)
+    with pytest.raises(InvalidArgument, match="no IPU-Link cable is plugged into m02:5"):
+        faults.unplug(rack, "m02", LinkKind.IPULINK, 5)
+    with pytest.raises(InvalidArgument, match="there is already a cable in IPU-Link port m02:2"):
+        faults.move(rack, "m02", LinkKind.IPULINK, 1, 2)
+    with pytest.raises(InvalidArgument, match="has no component 'kernel'"):
+        faults.set_version(rack, "m01", "kernel", "6")
+    with pytest.raises(InvalidArgument, match="has no RNIC 'eth9'"):
+        faults.set_pfc_classes(rack, "m01", "eth9", [])
+    with pytest.raises(InvalidArgument, match="rack pod has no machine m09"):
+        faults.silence(rack, "m09")
+    with pytest.raises(InvalidArgument, match="unknown link kind 'laser'"):
+        faults.kind_named("laser")

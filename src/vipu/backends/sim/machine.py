@@ -15,13 +15,40 @@ from pathlib import Path
 
 from vipu import __version__
 from vipu.backends.base import MachineBackend
-from vipu.backends.sim.rack import Rack, RackMachine, load_rack
+from vipu.backends.sim.rack import PORT_COUNTS, Rack, RackMachine, load_rack
+from vipu.model.clustertests import (
+    InternalReading,
+    Observation,
+    PortReading,
+    Probe,
+    program_checksum,
+)
 from vipu.model.configuration import AgentSettings, PortLink
 from vipu.model.entities import IPUS_PER_MACHINE, MachineInventory
-from vipu.model.errors import Conflict, HardwareFailure, InvalidArgument
-from vipu.model.topology import LinkKind
+from vipu.model.errors import (
+    Conflict,
+    HardwareFailure,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from vipu.model.topology import INTERNAL_LINKS, IPULINK_PORT_IPU, LinkKind
 
 IPU_ARCH_ID_MK2 = 1
+
+# How long each cluster-test step takes on real hardware, in seconds; the rack's time_scale scales it.
+PROBE_SECONDS = {
+    Probe.SYNC: 0.9, Probe.CABLING: 12.0, Probe.IPULINK: 7.4, Probe.TRAFFIC: 52.0, Probe.GWLINK: 4.0, Probe.PFC: 0.7,
+}
+PROBE_PORTS = {
+    Probe.SYNC: (LinkKind.SYNC, LinkKind.GWLINK),
+    Probe.CABLING: (LinkKind.IPULINK, LinkKind.GWLINK),
+    Probe.IPULINK: (LinkKind.IPULINK,),
+    Probe.TRAFFIC: (LinkKind.IPULINK,),
+    Probe.GWLINK: (LinkKind.GWLINK,),
+    Probe.PFC: (),
+}
+PROGRAM_SECONDS = 0.05  # one run of the test program over IPUoF
 
 
 class RackFile:
@@ -117,6 +144,72 @@ class SimMachine(MachineBackend):
     def partitions(self) -> list[AgentSettings]:
         with self._lock:
             return list(self._partitions.values())
+
+    def silent(self) -> bool:
+        return self.machine().faults.silent
+
+    def diagnose(self, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        rack = self.rack.current()
+        machine = rack.machine(self.machine_name)
+        time.sleep(PROBE_SECONDS[probe] * rack.time_scale)
+        if probe is Probe.PFC:
+            return Observation(rnics={r.name: tuple(r.pfc_classes) for r in machine.rnics})
+        ports = []
+        for kind in PROBE_PORTS[probe]:
+            for port in range(1, PORT_COUNTS[kind] + 1):
+                if probe is Probe.TRAFFIC and IPULINK_PORT_IPU[port] not in ipus:
+                    continue
+                ports.append(self._read_port(rack, machine, kind, port, with_errors=probe is Probe.TRAFFIC))
+        internal = ()
+        if probe in (Probe.IPULINK, Probe.TRAFFIC):
+            internal = tuple(
+                InternalReading(
+                    link.key,
+                    up=link.key not in machine.broken_links,
+                    errors=machine.link_errors.get(link.key, 0) if probe is Probe.TRAFFIC else 0,
+                )
+                for link in INTERNAL_LINKS
+                if probe is Probe.IPULINK or (link.lower_ipu in ipus and link.upper_ipu in ipus)
+            )
+        chips = {ipu.index: ipu.chip_id for ipu in machine.ipus}
+        checksums = {index: program_checksum(seed, chips.get(index, ""), routing) for index, routing in ipus.items()}
+        return Observation(ports=tuple(ports), internal=internal, checksums=checksums)
+
+    @staticmethod
+    def _read_port(rack: Rack, machine: RackMachine, kind: LinkKind, port: int, with_errors: bool) -> PortReading:
+        plugged = rack.plugged(machine.name, kind, port)
+        if plugged is None:
+            return PortReading(kind, port)
+        cable, far = plugged
+        far_machine = rack.machine(far.machine)
+        up = not cable.broken and not far_machine.faults.silent
+        return PortReading(
+            kind, port, cable.serial, up,
+            peer_serial=far_machine.serial if up else "",
+            peer_port=far.port if up else 0,
+            errors=cable.errors if with_errors else 0,
+        )
+
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str) -> None:
+        machine = self.machine()
+        chip = next((ipu.chip_id for ipu in machine.ipus if ipu.index == device_id), None)
+        if chip is None:
+            raise NotFound(f"{machine.name} has no IPU {device_id}")
+        if chip_id and chip_id != chip:
+            raise InvalidArgument(f"IPU {device_id} of {machine.name} is chip {chip}, not {chip_id}")
+        with self._lock:
+            owner = self._owner.get(device_id)
+        if owner is None:
+            raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to no partition")
+        if owner != partition_id:
+            raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to partition {owner}, not {partition_id}")
+
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int) -> int:
+        self.ipuof_attach(partition_id, device_id, chip_id)
+        rack = self.rack.current()
+        time.sleep(PROGRAM_SECONDS * rack.time_scale)
+        chip = next(ipu.chip_id for ipu in rack.machine(self.machine_name).ipus if ipu.index == device_id)
+        return program_checksum(seed, chip, routing_id)
 
     def _drop(self, partition_id: str) -> None:
         old = self._partitions.pop(partition_id, None)

@@ -19,8 +19,18 @@ construction and a fault is a deliberate edit of it.
         exporter_port: 24101
         versions: {agent: 0.1.0, gateway-software: 2.5.1, ...}
         faults: {configure: "IPU-Link training failed on IPU 2"}
+        link_errors: {ipu1:4C: 521}        # corrected errors on an internal link under traffic
+        broken_links: [ipu0:1A]            # internal links that never come up
     cables:
-      - {kind: IPU-Link, a: m01:5, b: m02:1, serial: OSFP-I-00001}
+      - {kind: IPU-Link, a: m01:5, b: m02:1, serial: OSFP-I-00001, errors: 327}
+      - {kind: Sync-Link, a: m01:6, b: m02:2, broken: true}
+    time_scale: 0.01                       # simulated durations, scaled
+
+Faults: remove a cable (missing), swap the ends of two (crossed), move an end to another port
+(wrong port), change a version, change an RNIC's `pfc_classes`, give a link `errors` over the
+traffic test's threshold of 300, mark a cable or internal link `broken`, set a machine's
+`faults.silent` (it does not answer) or `faults.configure` (every partition apply fails).
+`vipu.backends.sim.faults` does each of these to a rack, and `vipu-sim fault` from the shell.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import yaml
 from vipu import __version__
 from vipu.model.entities import GwTopology, IldTopology, IpuInfo
 from vipu.model.errors import InvalidArgument
-from vipu.model.topology import ClusterLayout, LinkKind
+from vipu.model.topology import INTERNAL_LINKS, ClusterLayout, LinkKind
 
 PORT_COUNTS = {LinkKind.IPULINK: 8, LinkKind.SYNC: 8, LinkKind.GWLINK: 2}
 
@@ -48,6 +58,7 @@ DEFAULT_VERSIONS = {
 }
 
 DEFAULT_PFC_CLASSES = [0, 1, 2, 3, 4, 5, 6, 7]
+INTERNAL_LINK_KEYS = {link.key for link in INTERNAL_LINKS}
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,8 @@ class RackCable:
     a: Endpoint
     b: Endpoint
     serial: str = ""
+    errors: int = 0  # corrected errors the link shows under traffic
+    broken: bool = False  # plugged in, but the link never comes up
 
 
 @dataclass
@@ -77,6 +90,7 @@ class Rnic:
 class MachineFaults:
     configure: str = ""  # every partition apply fails with this reason
     apply_delay_ms: int = 0  # each apply and clear takes this long
+    silent: bool = False  # the machine does not answer at all
 
 
 @dataclass
@@ -93,6 +107,8 @@ class RackMachine:
     ipus: list[IpuInfo] = field(default_factory=list)
     rnics: list[Rnic] = field(default_factory=lambda: [Rnic("eth1")])
     faults: MachineFaults = field(default_factory=MachineFaults)
+    link_errors: dict[str, int] = field(default_factory=dict)  # internal link ("ipu1:4C") -> corrected errors
+    broken_links: list[str] = field(default_factory=list)  # internal links that never come up
 
 
 @dataclass
@@ -100,6 +116,7 @@ class Rack:
     name: str
     machines: list[RackMachine]
     cables: list[RackCable]
+    time_scale: float = 1.0  # simulated durations (link training, traffic, ...) are multiplied by this
 
     def machine(self, name: str) -> RackMachine:
         for machine in self.machines:
@@ -148,6 +165,7 @@ def generate_rack(
     host: str = "127.0.0.1",
     agent_base_port: int = 18101,
     with_exporters: bool = False,
+    time_scale: float = 1.0,
 ) -> Rack:
     """A correctly cabled rack of `machines` IPU-Machines in the given topology."""
     if machines < 1:
@@ -178,7 +196,7 @@ def generate_rack(
         cables.append(
             RackCable(kind, Endpoint(cable.lower.agent_id, cable.lower.number), Endpoint(cable.upper.agent_id, cable.upper.number), serial)
         )
-    return Rack(name, rack_machines, cables)
+    return Rack(name, rack_machines, cables, time_scale)
 
 
 def rack_to_data(rack: Rack) -> dict:
@@ -198,14 +216,22 @@ def rack_to_data(rack: Rack) -> dict:
         faults = {k: v for k, v in vars(m.faults).items() if v}
         if faults:
             entry["faults"] = faults
+        if m.link_errors:
+            entry["link_errors"] = dict(m.link_errors)
+        if m.broken_links:
+            entry["broken_links"] = list(m.broken_links)
         machines.append(entry)
     cables = []
     for c in rack.cables:
         entry = {"kind": c.kind.value, "a": str(c.a), "b": str(c.b)}
         if c.serial:
             entry["serial"] = c.serial
+        if c.errors:
+            entry["errors"] = c.errors
+        if c.broken:
+            entry["broken"] = True
         cables.append(entry)
-    return {"name": rack.name, "machines": machines, "cables": cables}
+    return {"name": rack.name, "time_scale": rack.time_scale, "machines": machines, "cables": cables}
 
 
 def save_rack(rack: Rack, path: Path) -> None:
@@ -236,6 +262,17 @@ class _Reader:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             self.fail(where, f"'{key}' must be text")
         return str(value)
+
+    def flag(self, data: dict, key: str, where: str) -> bool:
+        value = data.get(key, False)
+        if not isinstance(value, bool):
+            self.fail(where, f"'{key}' must be true or false, not {value!r}")
+        return value
+
+    def internal_link(self, value, where: str) -> str:
+        if value not in INTERNAL_LINK_KEYS:
+            self.fail(where, f"{value!r} is not an internal link; they are named ipuN:PL, e.g. {INTERNAL_LINKS[-2].key}")
+        return value
 
     def number(self, data: dict, key: str, where: str, default: int | None = None, low: int = 0, high: int = 65535) -> int:
         value = data.get(key, default)
@@ -274,6 +311,10 @@ class _Reader:
         ipus = data.get("ipus")
         if ipus is not None and not isinstance(ipus, list):
             self.fail(f"{where}.ipus", "expected a list")
+        link_errors = self.mapping(data.get("link_errors", {}), f"{where}.link_errors")
+        broken_links = data.get("broken_links", [])
+        if not isinstance(broken_links, list):
+            self.fail(f"{where}.broken_links", "expected a list")
         return RackMachine(
             name=name,
             serial=serial,
@@ -289,7 +330,13 @@ class _Reader:
             faults=MachineFaults(
                 configure=self.text(faults, "configure", f"{where}.faults", ""),
                 apply_delay_ms=self.number(faults, "apply_delay_ms", f"{where}.faults", 0, high=600_000),
+                silent=self.flag(faults, "silent", f"{where}.faults"),
             ),
+            link_errors={
+                self.internal_link(k, f"{where}.link_errors"): self.number(link_errors, k, f"{where}.link_errors", high=10**9)
+                for k in link_errors
+            },
+            broken_links=[self.internal_link(k, f"{where}.broken_links[{i}]") for i, k in enumerate(broken_links)],
         )
 
     def ipu(self, data, where: str) -> IpuInfo:
@@ -321,6 +368,8 @@ class _Reader:
             a=self.endpoint(data.get("a"), f"{where}.a", machines, kind),
             b=self.endpoint(data.get("b"), f"{where}.b", machines, kind),
             serial=self.text(data, "serial", where, ""),
+            errors=self.number(data, "errors", where, 0, high=10**9),
+            broken=self.flag(data, "broken", where),
         )
 
 
@@ -356,7 +405,10 @@ def parse_rack(text: str, source: str = "rack") -> Rack:
             if key in used:
                 reader.fail(f"cables[{i}]", f"{cable.kind.value} port {end} already holds cables[{used[key]}]")
             used[key] = i
-    return Rack(reader.text(data, "name", "document", "rack"), machines, cables)
+    scale = data.get("time_scale", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 <= scale <= 1000:
+        reader.fail("time_scale", f"must be a number from 0 to 1000, not {scale!r}")
+    return Rack(reader.text(data, "name", "document", "rack"), machines, cables, float(scale))
 
 
 def load_rack(path: Path) -> Rack:
