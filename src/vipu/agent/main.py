@@ -21,25 +21,69 @@ from pathlib import Path
 import click
 import grpc
 
+from vipu.agent.announcer import Announcer
 from vipu.agent.exporter import start_exporter
+from vipu.agent.ipuof import IpuofServicer
 from vipu.agent.service import AgentServicer
-from vipu.api.protos import agent_pb2_grpc
+from vipu.api.announcements import DISCOVERY_PORT
+from vipu.api.protos import agent_pb2_grpc, ipuof_pb2_grpc
 from vipu.api.status import GuardInterceptor
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.model.errors import VipuError
 
 log = logging.getLogger("vipu.agent")
 
+WATCH_INTERVAL = 0.2  # seconds between looks at whether a simulated machine plays dead
 
-def serve_machine(backend, host: str, port: int, workers: int = 8) -> grpc.Server:
+
+def serve(register, host: str, port: int, workers: int = 8) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), interceptors=[GuardInterceptor()])
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(backend), server)
+    register(server)
     try:
         server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as error:
         raise VipuError(f"cannot listen on {host}:{port}: {error}") from error
     server.start()
     return server
+
+
+class MachineHost:
+    """One machine's end-points: the agent service and, when it has one, the IPUoF end-point.
+
+    A machine that plays dead (the rack's `faults.silent`) closes its ports, so callers see the
+    connection refused exactly as for a machine that is off; its ports reopen when it recovers.
+    """
+
+    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int):
+        self.backend = backend
+        self.host, self.port, self.ipuof_port = host, port, ipuof_port
+        self.servers: list[grpc.Server] = []
+
+    def open(self) -> None:
+        self.servers.append(serve(
+            lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s), self.host, self.port))
+        if self.ipuof_port:
+            self.servers.append(serve(
+                lambda s: ipuof_pb2_grpc.add_IpuofServiceServicer_to_server(IpuofServicer(self.backend), s),
+                self.host, self.ipuof_port))
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop(grace=0).wait()
+        self.servers = []
+
+    def follow_faults(self) -> None:
+        try:
+            silent = self.backend.silent()
+        except VipuError as error:
+            log.warning("%s: %s", self.backend.machine_name, error.message)
+            return
+        if silent and self.servers:
+            log.info("machine %s plays dead", self.backend.machine_name)
+            self.close()
+        elif not silent and not self.servers:
+            log.info("machine %s answers again", self.backend.machine_name)
+            self.open()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,10 +93,17 @@ def serve_machine(backend, host: str, port: int, workers: int = 8) -> grpc.Serve
 @click.option("--listen-address", default=None, help="Address to listen on instead of the rack's.")
 @click.option("--port", type=int, default=None, help="Port to listen on instead of the rack's (one machine only).")
 @click.option("--exporter-port", type=int, default=None, help="OpenMetrics port instead of the rack's (one machine only; 0: off).")
+@click.option("--announce-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between multicast announcements for auto-discovery (0: do not announce).")
+@click.option("--announce-port", type=click.IntRange(1, 65535), default=DISCOVERY_PORT, show_default=True,
+              help="UDP port of the announcements.")
+@click.option("--announce-from", default=None, help="Address of the interface to announce on. Default: the listen address.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(rack_path, machines, all_machines, listen_address, port, exporter_port, log_level):
+def main(rack_path, machines, all_machines, listen_address, port, exporter_port, announce_interval, announce_port,
+         announce_from, log_level):
     """Serve simulated IPU-Machines of a rack description to vipu-server."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hosts: list[MachineHost] = []
     try:
         rack = RackFile(rack_path)
         names = [m.name for m in rack.current().machines] if all_machines else list(machines)
@@ -60,23 +111,35 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
             raise VipuError("name a machine with --machine, or use --all-machines")
         if len(names) > 1 and (port is not None or exporter_port is not None):
             raise VipuError("--port and --exporter-port apply to a single machine")
-        servers = []
         for name in names:
             backend = SimMachine(rack, name)
             machine = backend.machine()
-            host = listen_address or machine.host
-            servers.append(serve_machine(backend, host, port or machine.port))
+            host = MachineHost(backend, listen_address or machine.host, port or machine.port, machine.ipuof_port)
+            if not machine.faults.silent:
+                host.open()
+            hosts.append(host)
             metrics_port = machine.exporter_port if exporter_port is None else exporter_port
             if metrics_port:
-                start_exporter(backend, host, metrics_port)
-            log.info("machine %s (%s) served on %s:%s", name, machine.serial, host, port or machine.port)
+                start_exporter(backend, host.host, metrics_port)
+            log.info("machine %s (%s) served on %s:%s", name, machine.serial, host.host, host.port)
+        announcer = None
+        if announce_interval:
+            source = announce_from or next((h.host for h in hosts if h.host not in ("0.0.0.0", "")), None)
+            announcer = Announcer([(h.backend, h.host, h.port) for h in hosts], announce_interval, port=announce_port, source=source)
+            announcer.start()
     except VipuError as error:
         click.echo(f"vipu-agent: {error.message}", err=True)
+        for host in hosts:
+            host.close()
         sys.exit(2)
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    for server in servers:
-        server.stop(grace=2)
+    while not stop.wait(WATCH_INTERVAL):
+        for host in hosts:
+            host.follow_faults()
+    if announcer is not None:
+        announcer.stop()
+    for host in hosts:
+        host.close()

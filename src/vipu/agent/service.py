@@ -5,6 +5,8 @@ from __future__ import annotations
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.backends.base import MachineBackend
+from vipu.model.clustertests import Probe
+from vipu.model.errors import InvalidArgument
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -26,3 +28,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.ListPartitionsReply(
             partitions=[convert.settings_to_proto(s) for s in self.backend.partitions()]
         )
+
+    def Diagnose(self, request, context):
+        try:
+            probe = Probe(request.probe)
+        except ValueError:
+            raise InvalidArgument(f"unknown probe {request.probe!r}") from None
+        return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))

@@ -1,0 +1,19 @@
+"""The IPUoF end-point of a machine: IPUoF clients attach to its IPUs and run programs on them."""
+
+from __future__ import annotations
+
+from vipu.api.protos import ipuof_pb2, ipuof_pb2_grpc
+from vipu.backends.base import MachineBackend
+
+
+class IpuofServicer(ipuof_pb2_grpc.IpuofServiceServicer):
+    def __init__(self, backend: MachineBackend):
+        self.backend = backend
+
+    def Attach(self, request, context):
+        self.backend.ipuof_attach(request.partition_id, request.device_id, request.chip_id)
+        return ipuof_pb2.AttachReply()
+
+    def Run(self, request, context):
+        result = self.backend.ipuof_run(request.partition_id, request.device_id, request.chip_id, request.routing_id, request.seed)
+        return ipuof_pb2.RunReply(result=result)
