@@ -9,15 +9,20 @@ import grpc
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
+from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 
 
 class GrpcAgentGateway:
-    """Implements `AgentGateway` over gRPC, with a deadline on every call."""
+    """Implements `AgentGateway` over gRPC, with a deadline on every call.
 
-    def __init__(self, timeout: float = 10.0):
+    Cluster-test steps get a deadline of their own: on real hardware one takes up to a minute.
+    """
+
+    def __init__(self, timeout: float = 10.0, test_timeout: float = 600.0):
         self.timeout = timeout
+        self.test_timeout = test_timeout
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentServiceStub]] = {}
 
@@ -31,9 +36,9 @@ class GrpcAgentGateway:
                 self._stubs[address] = entry
             return entry[1]
 
-    def _call(self, host: str, port: int, method: str, request):
+    def _call(self, host: str, port: int, method: str, request, timeout: float | None = None):
         try:
-            return getattr(self._stub(host, port), method)(request, timeout=self.timeout)
+            return getattr(self._stub(host, port), method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
@@ -49,6 +54,10 @@ class GrpcAgentGateway:
     def partitions(self, host: str, port: int) -> list[AgentSettings]:
         reply = self._call(host, port, "ListPartitions", agent_pb2.ListPartitionsRequest())
         return [convert.settings_from_proto(p) for p in reply.partitions]
+
+    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        request = agent_pb2.DiagnoseRequest(probe=probe.value, ipus=ipus, seed=seed)
+        return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
 
     def forget(self, host: str, port: int) -> None:
         """Drop the channel to an agent that was removed."""

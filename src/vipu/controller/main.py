@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from vipu import __version__
+from vipu.api.announcements import DISCOVERY_PORT
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
@@ -40,6 +41,10 @@ DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
 @click.option("--metrics-port", default=8092, show_default=True, help="Port of the Prometheus metrics end-point (0: off).")
 @click.option("--agent-timeout", default=10.0, show_default=True, help="Seconds to wait for an agent's answer.")
 @click.option("--health-interval", default=10.0, show_default=True, help="Seconds between agent health and reconciliation passes.")
+@click.option("-a", "--autodiscovery-listen-interfaces", "discovery_interfaces", default="",
+              help="Listen for agents' announcements on these network interfaces (IF1,IF2); without it, discovery is off.")
+@click.option("--autodiscovery-port", "discovery_port", type=click.IntRange(1, 65535), default=DISCOVERY_PORT, show_default=True,
+              help="UDP port of the agents' multicast announcements.")
 @click.option("--init", "init_only", is_flag=True, help="Initialise the store and exit.")
 @click.option("--sim", "sim_machines", type=click.IntRange(1, 4096), default=None,
               help="Also start a simulated pod of this many IPU-Machines and register it (cluster cl0, allocation alloc-1).")
@@ -49,7 +54,8 @@ DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
               help="Port of the first simulated agent; the others follow, and IPUoF ports sit 2000 and 4000 above.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
-         health_interval, init_only, sim_machines, sim_topology, sim_ilds, sim_base_port, log_level):
+         health_interval, discovery_interfaces, discovery_port, init_only, sim_machines, sim_topology, sim_ilds,
+         sim_base_port, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
@@ -69,6 +75,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             metrics_port=metrics_port,
             agent_timeout=agent_timeout,
             health_interval=health_interval,
+            discovery_interfaces=tuple(i.strip() for i in discovery_interfaces.split(",") if i.strip()),
+            discovery_port=discovery_port,
         )
         controller = Controller(config)
     except VipuError as error:

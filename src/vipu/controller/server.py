@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
 from vipu.api.status import GuardInterceptor
 from vipu.controller.agentclient import GrpcAgentGateway
+from vipu.controller.discovery import DiscoveryListener
 from vipu.controller.metrics import ControllerMetrics
 from vipu.controller.servicers.admin import AdminServicer
 from vipu.controller.servicers.user import UserServicer
@@ -24,6 +26,7 @@ from vipu.controller.servicers.version import VersionServicer
 from vipu.controller.services.agents import AgentService
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
@@ -44,6 +47,8 @@ class ServerConfig:
     agent_timeout: float = 10.0
     health_interval: float = 10.0
     workers: int = 32
+    discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
+    discovery_port: int = DISCOVERY_PORT
 
 
 class Controller:
@@ -59,6 +64,8 @@ class Controller:
         self.clusters = ClusterService(self.store, self.allocations)
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
+        self.clustertests = ClusterTestService(self.store, self.hardware, self.partitions)
+        self.discovery = DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port) if config.discovery_interfaces else None
         self.metrics = ControllerMetrics(self.store)
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
@@ -66,6 +73,9 @@ class Controller:
 
     def start(self) -> None:
         self.reconciler.recover()
+        self.clustertests.recover()
+        if self.discovery is not None:
+            self.discovery.start()
         c = self.config
         self._servers.append(self._serve(c.listen_address, c.port, self._register_user))
         self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin))
@@ -81,7 +91,8 @@ class Controller:
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.agents, self.clusters, self.allocations), server)
+        servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None]) -> grpc.Server:
@@ -99,6 +110,9 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        self.clustertests.shutdown()
+        if self.discovery is not None:
+            self.discovery.stop()
         for server in self._servers:
             server.stop(grace=2).wait()
         self.hardware.close()

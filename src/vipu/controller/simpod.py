@@ -24,6 +24,7 @@ from vipu.model.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
+DEMO_TIME_SCALE = 0.05  # a full cluster test of the 16-machine pod takes seconds, not minutes
 CLUSTER_ID = "cl0"
 ALLOCATION_ID = "alloc-1"
 
@@ -53,7 +54,7 @@ class SimPod:
                 )
             return rack
         rack = generate_rack(self.machines, name=f"sim{self.machines}", topology=self.topology, num_ilds=self.num_ilds,
-                             agent_base_port=self.base_port, with_exporters=True)
+                             agent_base_port=self.base_port, with_exporters=True, time_scale=DEMO_TIME_SCALE)
         save_rack(rack, self.rack_path)
         return rack
 

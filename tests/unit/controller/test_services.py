@@ -16,6 +16,8 @@ from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.controller.services.agents import AgentService
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.clustertests import ClusterTestService
+from vipu.model import clustertests as ct
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
@@ -48,6 +50,9 @@ class InMemoryGateway:
         self.rack = RackFile(rack_path)
         self.machines = {(m.host, m.port): SimMachine(self.rack, m.name) for m in self.rack.current().machines}
         self.unreachable: set[tuple[str, int]] = set()
+        self.diagnosing = threading.Event()  # set when a test step reaches a machine
+        self.release = threading.Event()  # the step goes on once this is set
+        self.release.set()
 
     def machine(self, host, port) -> SimMachine:
         if (host, port) in self.unreachable or (host, port) not in self.machines:
@@ -73,6 +78,11 @@ class InMemoryGateway:
     def forget(self, host, port):
         pass
 
+    def diagnose(self, host, port, probe, ipus, seed):
+        self.diagnosing.set()
+        self.release.wait()
+        return self.machine(host, port).diagnose(probe, ipus, seed)
+
 
 class Pod:
     def __init__(self, tmp_path, topology=IldTopology.MESH):
@@ -87,6 +97,7 @@ class Pod:
         self.clusters = ClusterService(self.store, self.allocations)
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
+        self.clustertests = ClusterTestService(self.store, self.hardware, self.partitions)
         for n, machine in enumerate(self.rack.machines, start=1):
             self.agents.create(f"ag{n}", machine.host, machine.port)
         self.clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), topology))
@@ -252,3 +263,40 @@ def test_removing_what_is_in_use_needs_force_and_says_what_went(pod):
     assert pod.agents.remove("ag1", force=True) == ["partition p1", "allocation a1", "cluster cl0"]
     assert pod.held_anywhere("p1") == []
     assert [v.agent.id for v in pod.agents.list()] == [f"ag{n}" for n in range(2, MACHINES + 1)]
+
+
+def test_auto_add_registers_new_addresses_and_reports_those_it_cannot_reach(pod):
+    for n in range(1, MACHINES + 1):
+        pod.agents.remove(f"ag{n}", force=True)
+    first = pod.rack.machines[0]
+    added, failures = pod.agents.auto_add([(first.host, first.port), ("127.0.0.1", 1)])
+    assert added == [f"{first.host}-{first.port}"]
+    assert failures == ["127.0.0.1-1: cannot reach agent 127.0.0.1-1 at 127.0.0.1:1: unreachable (connection refused)"]
+    assert pod.agents.get(added[0]).agent.discovery_mode == "Auto"
+    assert pod.agents.auto_add([(first.host, first.port)]) == ([], [])
+
+
+def test_a_controller_stopping_mid_test_records_it_interrupted_not_finished(pod):
+    pod.gateway.release.clear()
+    pod.clustertests.start("cl0", {ct.TestType.SYNC, ct.TestType.CABLING}, wait=False)
+    assert pod.gateway.diagnosing.wait(10)
+    stopping = threading.Thread(target=pod.clustertests.shutdown)
+    stopping.start()
+    pod.gateway.release.set()  # the step in flight completes; its result must not count
+    stopping.join(10)
+    with pod.store.reading() as tx:
+        run = tx.get_test_run()
+    assert (run.state, run.outcomes) == (ct.RunState.INTERRUPTED, [])
+
+
+def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
+    pod.gateway.release.clear()
+    pod.clustertests.start("cl0", set(), wait=False)
+    assert pod.gateway.diagnosing.wait(10)
+    stopping = threading.Thread(target=pod.clustertests.stop)
+    stopping.start()
+    pod.gateway.release.set()
+    stopping.join(10)
+    with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
+        pod.clustertests.status()
+    assert "cl0" not in pod.partitions.clusters_under_test

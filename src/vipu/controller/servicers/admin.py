@@ -5,20 +5,38 @@ from __future__ import annotations
 from vipu.api import convert
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
+from vipu.controller.discovery import DiscoveryListener
 from vipu.controller.services.agents import AgentService, AgentView
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.clustertests import ClusterTestService
+from vipu.model.clustertests import TestRun, TestType
+from vipu.model.errors import Conflict, InvalidArgument
 
 
 def _agent(view: AgentView) -> pb.Agent:
     return convert.agent_to_proto(view.agent, view.cluster_id, view.allocation_id, view.ipus)
 
 
+def _report(run: TestRun) -> pb.ClusterTestReport:
+    return convert.test_report_to_proto(run.cluster_id, run.state.value, run.outcomes)
+
+
+def _test_type(name: str) -> TestType:
+    try:
+        return TestType(name)
+    except ValueError:
+        raise InvalidArgument(f"unknown cluster test {name!r}; the tests are {', '.join(t.value for t in TestType)}") from None
+
+
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService):
+    def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
+                 clustertests: ClusterTestService, discovery: DiscoveryListener | None):
         self.agents = agents
         self.clusters = clusters
         self.allocations = allocations
+        self.clustertests = clustertests
+        self.discovery = discovery
 
     def CreateAgent(self, request, context):
         agent = self.agents.create(request.id, request.host, request.port)
@@ -57,3 +75,30 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def RemoveAllocation(self, request, context):
         return pb.RemoveReply(removed=self.allocations.remove(request.id, force=request.force))
+
+    def TestCluster(self, request, context):
+        tests = {_test_type(name) for name in request.tests}
+        return _report(self.clustertests.start(request.cluster_id, tests, wait=request.wait))
+
+    def GetClusterTestStatus(self, request, context):
+        return _report(self.clustertests.status())
+
+    def StopClusterTest(self, request, context):
+        return pb.StopClusterTestReply(cluster_id=self.clustertests.stop())
+
+    def DiscoverAgents(self, request, context):
+        if self.discovery is None:
+            raise Conflict("agent discovery is off; start vipu-server with -a/--autodiscovery-listen-interfaces")
+        sightings = self.discovery.sightings()
+        reply = pb.DiscoverAgentsReply()
+        if request.auto_add:
+            added, failures = self.agents.auto_add([(s.host, s.port) for s in sightings])
+            reply.added.extend(added)
+            reply.failures.extend(failures)
+        registered = {(v.agent.host, v.agent.port): v.agent.id for v in self.agents.list()}
+        reply.agents.extend(
+            pb.DiscoveredAgent(host=s.host, port=s.port, interface=s.interface, seconds_since_seen=s.seconds_since_seen,
+                               auto_add_id=f"{s.host}-{s.port}", registered_as=registered.get((s.host, s.port), ""))
+            for s in sightings
+        )
+        return reply

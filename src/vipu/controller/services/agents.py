@@ -13,6 +13,7 @@ from vipu.model.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    VipuError,
 )
 from vipu.store.store import Store
 
@@ -68,6 +69,25 @@ class AgentService:
         other = tx.agent_with_address(host, port)
         if other is not None:
             raise AlreadyExists(f"agent {other.id} already uses {host}:{port}")
+
+    def auto_add(self, addresses: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
+        """Register the agents at these addresses that are not registered yet, as HOST-PORT.
+
+        The ids added, and a line for each that could not be.
+        """
+        with self.store.reading() as tx:
+            registered = {(a.host, a.port) for a in tx.list_agents()}
+        added, failures = [], []
+        for host, port in addresses:
+            if (host, port) in registered:
+                continue
+            agent_id = f"{host}-{port}"
+            try:
+                self.create(agent_id, host, port, discovery_mode="Auto")
+                added.append(agent_id)
+            except VipuError as error:
+                failures.append(f"{agent_id}: {error.message}")
+        return added, failures
 
     def list(self) -> list[AgentView]:
         with self.store.reading() as tx:

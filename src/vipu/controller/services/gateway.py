@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 
@@ -22,6 +23,8 @@ class AgentGateway(Protocol):
     def clear(self, host: str, port: int, partition_id: str) -> None: ...
 
     def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
+
+    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation: ...
 
     def forget(self, host: str, port: int) -> None:
         """Release whatever the gateway keeps for an agent that was removed."""

@@ -1,0 +1,246 @@
+"""Cluster tests: run the suite against a cluster's agents, one test at a time per controller.
+
+A run goes through the planned tests in the suite's order. Each step asks every agent concerned
+to act and report (`AgentGateway.diagnose`), and `vipu.model.clustertests` judges the reports. A
+test whose dependency failed earlier in the same run is skipped with the reason. The run is
+saved after every step, so `--status` after a controller restart still has the last results;
+a run the controller did not finish is recorded as interrupted.
+
+While a run is going, no partition is created in its cluster and the cluster cannot be removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.partitions import PartitionService
+from vipu.model import clustertests as judge
+from vipu.model.clustertests import (
+    DISRUPTIVE,
+    Outcome,
+    Probe,
+    RunState,
+    TestRun,
+    TestType,
+)
+from vipu.model.entities import IPUS_PER_MACHINE, Agent, ReadyState
+from vipu.model.errors import Conflict, NotFound, VipuError
+from vipu.model.topology import ClusterLayout
+from vipu.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class _Context:
+    """What the steps of one run need to know about the cluster."""
+
+    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent]):
+        self.layout = layout
+        self.agents = agents
+        self.serials = {a: agent.inventory.serial for a, agent in agents.items()}
+        self.chips = {a: {ipu.index: ipu.chip_id for ipu in agent.inventory.ipus} for a, agent in agents.items()}
+
+
+class ClusterTestService:
+    def __init__(self, store: Store, hardware: Hardware, partitions: PartitionService):
+        self.store = store
+        self.hardware = hardware
+        self.partitions = partitions
+        self._lock = threading.Lock()
+        self._run: TestRun | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._shutting_down = False
+
+    def recover(self) -> None:
+        """At start-up: a run the previous controller left running was interrupted."""
+        with self.store.transaction() as tx:
+            run = tx.get_test_run()
+            if run is not None and run.state is RunState.RUNNING:
+                run.state = RunState.INTERRUPTED
+                tx.save_test_run(run)
+
+    def start(self, cluster_id: str, tests: set[TestType], wait: bool) -> TestRun:
+        with self._lock:
+            if self._run is not None:
+                raise Conflict(f"a test in cluster {self._run.cluster_id} is in progress; only one cluster test runs at a time")
+            with self.store.reading() as tx:
+                cluster = tx.get_cluster(cluster_id)
+                if cluster is None:
+                    raise NotFound(f"cluster {cluster_id} does not exist")
+                planned = judge.plan(tests)
+                busy = [p.id for p in tx.list_partitions(cluster_id=cluster_id) if p.ready_state is not ReadyState.ERROR]
+                if busy and DISRUPTIVE & set(planned):
+                    raise Conflict(
+                        f"cluster {cluster_id} has partitions ({', '.join(busy)}); remove them before running tests "
+                        "that drive its links"
+                    )
+                context = _Context(ClusterLayout.of(cluster), {a: tx.get_agent(a) for a in cluster.agent_ids})
+            run = TestRun(cluster_id, RunState.RUNNING, planned)
+            with self.store.transaction() as tx:
+                tx.save_test_run(run)
+            self._run = run
+            self._stop.clear()
+            self.partitions.clusters_under_test.add(cluster_id)
+            self._thread = threading.Thread(target=self._execute, args=(run, context), name="cluster-test", daemon=True)
+            self._thread.start()
+        log.info("cluster test of %s started: %s", cluster_id, ", ".join(t.value for t in planned))
+        if wait:
+            self._thread.join()
+        return run
+
+    def status(self) -> TestRun:
+        """The last finished run, or a Conflict saying why there are no results."""
+        with self.store.reading() as tx:
+            run = tx.get_test_run()
+        if run is None:
+            raise Conflict("No results available. No cluster test has run.")
+        reasons = {
+            RunState.RUNNING: f"Test in cluster {run.cluster_id} is in progress.",
+            RunState.STOPPED: f"Last test in cluster {run.cluster_id} was stopped.",
+            RunState.INTERRUPTED: f"Last test in cluster {run.cluster_id} was interrupted by a restart of the controller.",
+        }
+        if run.state in reasons:
+            raise Conflict(f"No results available. {reasons[run.state]}")
+        return run
+
+    def stop(self) -> str:
+        """Stop the running test after its current step; the cluster it was testing."""
+        with self._lock:
+            run, thread = self._run, self._thread
+            if run is None:
+                raise Conflict("No cluster test is in progress.")
+            self._stop.set()
+        thread.join()
+        return run.cluster_id
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The controller is stopping: end a running test after its current step, as interrupted.
+
+        Called before the agents' channels and the store close, so that a run cannot race on with
+        failing calls and record results that never were.
+        """
+        with self._lock:
+            self._shutting_down = True
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _stopped_state(self) -> RunState:
+        return RunState.INTERRUPTED if self._shutting_down else RunState.STOPPED
+
+    def _execute(self, run: TestRun, context: _Context) -> None:
+        forced = len(run.tests) == 1
+        outcomes: dict[TestType, Outcome] = {}
+        try:
+            for test in run.tests:
+                if self._stop.is_set():
+                    run.state = self._stopped_state()
+                    break
+                dependency = None if forced else judge.failed_dependency(test, outcomes)
+                if dependency is not None:
+                    outcome = judge.skipped(test, dependency)
+                else:
+                    started = time.monotonic()
+                    outcome = self._steps[test](self, context)
+                    outcome.duration = time.monotonic() - started
+                if self._stop.is_set():
+                    run.state = self._stopped_state()
+                    break
+                outcomes[test] = outcome
+                run.outcomes.append(outcome)
+                self._save(run)
+            else:
+                run.state = RunState.FINISHED
+        except Exception:
+            log.exception("cluster test of %s failed", run.cluster_id)
+            run.state = RunState.INTERRUPTED
+        finally:
+            self._save(run)
+            with self._lock:
+                self.partitions.clusters_under_test.discard(run.cluster_id)
+                self._run = self._thread = None
+            log.info("cluster test of %s %s", run.cluster_id, run.state.value)
+
+    def _save(self, run: TestRun) -> None:
+        with self.store.transaction() as tx:
+            tx.save_test_run(run)
+
+    # The steps
+
+    def _observe(self, agents: list[Agent], probe: Probe) -> judge.Observations:
+        gateway = self.hardware.gateway
+        return self._as_observations(agents, self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0)))
+
+    @staticmethod
+    def _as_observations(agents: list[Agent], replies: list) -> judge.Observations:
+        """Each agent's observation, or None (and a log line) for one that failed to answer."""
+        observations = {}
+        for agent, reply in zip(agents, replies, strict=True):
+            if isinstance(reply, VipuError):
+                log.warning("agent %s: %s", agent.id, reply.message)
+                reply = None
+            observations[agent.id] = reply
+        return observations
+
+    def _sync(self, c: _Context) -> Outcome:
+        return judge.judge_sync(c.layout, self._observe(list(c.agents.values()), Probe.SYNC), c.serials)
+
+    def _cabling(self, c: _Context) -> Outcome:
+        return judge.judge_cabling(c.layout, self._observe(list(c.agents.values()), Probe.CABLING))
+
+    def _ipulink(self, c: _Context) -> Outcome:
+        return judge.judge_ipulink(c.layout, self._observe(list(c.agents.values()), Probe.IPULINK), c.serials)
+
+    def _traffic(self, c: _Context) -> Outcome:
+        """Windows that share no machine run together, phase by phase."""
+        windows = judge.traffic_windows(c.layout)
+        window_lines: dict[int, list[str]] = {}
+        for phase in judge.traffic_phases(windows):
+            if self._stop.is_set():
+                break
+            window_lines.update(self._traffic_phase(c, windows, phase))
+        return judge.traffic_outcome([window_lines[n] for n in sorted(window_lines)])
+
+    def _traffic_phase(self, c: _Context, windows: list[tuple[str, ...]], phase: list[int]) -> dict[int, list[str]]:
+        """Run the windows of one phase at once; the program's seed is each window's number."""
+        requests = {}  # agent id -> (its IPUs' routing ids in its window, the window's number)
+        for number in phase:
+            for position, agent in enumerate(windows[number - 1]):
+                requests[agent] = ({i: position * IPUS_PER_MACHINE + i for i in range(IPUS_PER_MACHINE)}, number)
+        gateway = self.hardware.gateway
+        agents = [c.agents[a] for a in requests]
+        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]))
+        observations = self._as_observations(agents, replies)
+        return {
+            number: judge.judge_traffic_window(number, windows[number - 1], c.layout, observations, c.serials, c.chips, number)
+            for number in phase
+        }
+
+    def _gwlink(self, c: _Context) -> Outcome:
+        if not c.layout.gwlink_cables():
+            return judge.judge_gwlink(c.layout, {}, c.serials)
+        return judge.judge_gwlink(c.layout, self._observe(list(c.agents.values()), Probe.GWLINK), c.serials)
+
+    def _versions(self, c: _Context) -> Outcome:
+        agents = list(c.agents.values())
+        results = self.hardware.each(agents, lambda a: self.hardware.gateway.inventory(a.host, a.port))
+        versions = {a.id: (None if isinstance(r, VipuError) else r.versions) for a, r in zip(agents, results, strict=True)}
+        return judge.judge_versions(c.layout.agent_ids, versions)
+
+    def _pfc(self, c: _Context) -> Outcome:
+        return judge.judge_pfc(c.layout.agent_ids, self._observe(list(c.agents.values()), Probe.PFC))
+
+    _steps = {
+        TestType.SYNC: _sync,
+        TestType.CABLING: _cabling,
+        TestType.IPULINK: _ipulink,
+        TestType.TRAFFIC: _traffic,
+        TestType.GWLINK: _gwlink,
+        TestType.VERSION: _versions,
+        TestType.PFC: _pfc,
+    }
