@@ -11,6 +11,8 @@ from vipu.cli.common import (
     CommandGroup,
     Connection,
     echo_json,
+    fail,
+    json_option,
     print_server_version,
     render_pairs,
     render_table,
@@ -34,7 +36,6 @@ class Admin:
 
 
 pass_admin = click.make_pass_decorator(Admin)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 force_option = click.option("--force", is_flag=True, help="Also remove everything that depends on it, and say what.")
 
 
@@ -312,6 +313,92 @@ def remove_allocation(admin, allocation_id, force):
     with reporting("remove allocation", allocation_id):
         reply = admin("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force))
     report_removal("allocation", allocation_id, reply)
+
+
+# Cluster tests
+
+TEST_OPTIONS = {
+    "sync": "Sync-Link", "cabling": "Cabling", "ipulink": "IPU-Link", "traffic": "Traffic",
+    "gwlink": "GW-Link", "versions": "Version", "pfc_settings": "PFC-settings",
+}
+
+
+@cli.group(cls=CommandGroup)
+def test():
+    """Test a cluster's cabling, links, versions and settings."""
+
+
+def print_test_report(report: pb.ClusterTestReport) -> None:
+    """The seed's results table; a failed test makes the command fail after it."""
+    click.echo(f"Showing test results for cluster {report.cluster_id}")
+    rows = [[r.test, f"{r.duration_seconds:.2f}s", f"{r.passed}/{r.total}", list(r.summary)] for r in report.results]
+    click.echo(render_table(["Test Type", "Duration", "Passed", "Summary"], rows, top_rule=False))
+    if any(r.status != "passed" for r in report.results):
+        fail("test cluster", report.cluster_id, "Some tests failed")
+
+
+@test.command("cluster")
+@click.argument("cluster_id", required=False)
+@click.option("--sync", is_flag=True, help="The Sync-Link test.")
+@click.option("--cabling", is_flag=True, help="The cabling test: every IPU-Link and GW-Link cable where it should be.")
+@click.option("--ipulink", is_flag=True, help="The IPU-Link training test.")
+@click.option("--traffic", is_flag=True, help="The traffic test: a program on windows of 16 IPUs, counting link errors.")
+@click.option("--gwlink", is_flag=True, help="The GW-Link test.")
+@click.option("--versions", is_flag=True, help="The version consistency test.")
+@click.option("--pfc-settings", is_flag=True, help="The RNICs' PFC settings test.")
+@click.option("--start", "mode", flag_value="start", help="Start the test and return at once.")
+@click.option("--status", "mode", flag_value="status", help="Show the results of the last test.")
+@click.option("--stop", "mode", flag_value="stop", help="Stop the test in progress.")
+@pass_admin
+def test_cluster(admin, cluster_id, mode, **options):
+    """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say)."""
+    if mode == "status":
+        with reporting("test cluster", "status"):
+            report = admin("GetClusterTestStatus", pb.ListRequest())
+        return print_test_report(report)
+    if mode == "stop":
+        with reporting("test cluster", "stop"):
+            admin("StopClusterTest", pb.ListRequest())
+        return succeed("test cluster", "stop")
+    if not cluster_id:
+        raise click.UsageError("name the cluster to test, or use --status or --stop")
+    tests = [name for option, name in TEST_OPTIONS.items() if options[option]]
+    request = pb.TestClusterRequest(cluster_id=cluster_id, tests=tests, wait=mode != "start")
+    with reporting("test cluster", cluster_id):
+        report = admin.connection.call(pb_grpc.AdminServiceStub, "TestCluster", request, no_deadline=True)
+    if mode == "start":
+        return click.echo(f"test cluster ({cluster_id}): started.")
+    print_test_report(report)
+
+
+# Discovery
+
+
+@cli.group(cls=CommandGroup)
+def discover():
+    """Find agents that announce themselves on the network."""
+
+
+@discover.command("agents")
+@click.option("--auto-add", is_flag=True, help="Add every discovered agent that is not registered yet, as HOST-PORT.")
+@json_option
+@pass_admin
+def discover_agents(admin, auto_add, as_json):
+    """List the agents heard on the interfaces vipu-server listens on (vipu-server -a)."""
+    with reporting("discover agents"):
+        reply = admin("DiscoverAgents", pb.DiscoverAgentsRequest(auto_add=auto_add))
+    if as_json:
+        return echo_json(reply)
+    if auto_add:
+        for agent_id in reply.added:
+            click.echo(f"Added agent {agent_id}")
+        for failure in reply.failures:
+            click.echo(f"Could not add agent {failure}", err=True)
+        if not reply.added and not reply.failures:
+            click.echo("No new agents to add.")
+        return
+    rows = [[a.host, str(a.port), a.interface, f"{a.seconds_since_seen:.9f}s", a.auto_add_id] for a in reply.agents]
+    click.echo(render_table(["Host", "Port", "Network Interface", "Time Since Last Seen", "Agent Auto-Add ID"], rows, top_rule=False))
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from vipu.api.status import error_from_rpc
 from vipu.model.errors import VipuError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 class Connection:
@@ -41,11 +42,12 @@ class Connection:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def call(self, stub_class, method: str, request):
+    def call(self, stub_class, method: str, request, no_deadline: bool = False):
+        """Call a method within the connection's deadline, or as long as it takes."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(self.address)
         try:
-            return getattr(stub_class(self._channel), method)(request, timeout=self.timeout)
+            return getattr(stub_class(self._channel), method)(request, timeout=None if no_deadline else self.timeout)
         except grpc.RpcError as error:
             raise error_from_rpc(error, f"vipu-server at {self.address}") from None
 

@@ -14,6 +14,7 @@ from vipu.cli.common import (
     CommandGroup,
     Connection,
     echo_json,
+    json_option,
     print_server_version,
     render_pairs,
     render_table,
@@ -58,7 +59,6 @@ class User:
 
 
 pass_user = click.make_pass_decorator(User)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 ipuof_dir_option = click.option(
     "--ipuof-dir", type=click.Path(file_okay=False, path_type=Path), envvar="VIPU_IPUOF_DIR", default=None,
     help="Where IPUoF configuration files go. Default: ~/.ipuof.conf.d (/etc/ipuof.conf.d for root).",

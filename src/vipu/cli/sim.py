@@ -1,0 +1,137 @@
+"""`vipu-sim`: write rack descriptions for the simulated backend, and put faults into them.
+
+    vipu-sim rack pod.yaml --machines 64 --topology torus --ilds 2 --time-scale 0.01
+    vipu-sim fault pod.yaml --unplug m03:IPU-Link:5 --version m08:agent=1.5.1 --pfc m05:eth1=0,2
+    vipu-agent --rack pod.yaml --all-machines
+
+Agents serving a rack re-read it when it changes, so faults can be put into a running pod.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from vipu.backends.sim import faults
+from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
+from vipu.cli.common import CONTEXT, CommandGroup, fail, run
+from vipu.model.entities import IldTopology
+from vipu.model.errors import InvalidArgument, VipuError
+
+
+@click.group(cls=CommandGroup, context_settings=CONTEXT)
+def cli():
+    """Rack descriptions for simulated IPU-Machines, and the faults in them."""
+
+
+@cli.command("rack")
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--machines", type=click.IntRange(1, 4096), required=True, help="IPU-Machines in the rack (4 IPUs each).")
+@click.option("--topology", type=click.Choice(["mesh", "torus"]), default="mesh", show_default=True)
+@click.option("--ilds", type=click.IntRange(1, 1024), default=1, show_default=True, help="IPU-Link domains, joined by looped GW-Links.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address of the agents and IPUoF end-points.")
+@click.option("--base-port", type=click.IntRange(1024, 65535 - 6 * 4096), default=18101, show_default=True,
+              help="Port of the first agent; the others follow. IPUoF ports are 2000 above, RDMA 4000, exporters 6000.")
+@click.option("--exporters", is_flag=True, help="Give every agent an OpenMetrics exporter.")
+@click.option("--time-scale", type=click.FloatRange(0, 1000), default=1.0, show_default=True,
+              help="Scale of simulated durations (link training, traffic, ...); 0.01 is a hundred times faster.")
+@click.option("--name", default=None, help="Name of the rack. Default: pod<machines>.")
+def make_rack(output, machines, topology, ilds, host, base_port, exporters, time_scale, name):
+    """Write a correctly cabled rack description."""
+    try:
+        rack = generate_rack(machines, name=name or f"pod{machines}", topology=IldTopology(topology), num_ilds=ilds,
+                             host=host, agent_base_port=base_port, with_exporters=exporters, time_scale=time_scale)
+        save_rack(rack, output)
+    except (VipuError, OSError) as error:
+        fail("rack", str(output), getattr(error, "message", None) or str(error))
+    click.echo(f"rack ({output}): success. {machines} machines, {len(rack.cables)} cables.")
+
+
+def _split(value: str, separator: str, what: str) -> tuple[str, str]:
+    left, found, right = value.partition(separator)
+    if not found or not left:
+        raise InvalidArgument(f"{value!r}: expected {what}")
+    return left, right
+
+
+def _port_end(value: str) -> tuple[str, faults.LinkKind, int]:
+    parts = value.split(":")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise InvalidArgument(f"{value!r}: expected MACHINE:KIND:PORT, e.g. m01:IPU-Link:5")
+    return parts[0], faults.kind_named(parts[1]), int(parts[2])
+
+
+def _link(value: str) -> tuple[str, str, faults.LinkKind]:
+    """MACHINE:KIND:PORT for a cable, or MACHINE:ipuN:PL for a link inside a machine."""
+    machine, rest = _split(value, ":", "MACHINE:KIND:PORT or MACHINE:ipuN:PL")
+    if rest.startswith("ipu"):
+        return machine, rest, faults.LinkKind.IPULINK
+    kind, port = _split(rest, ":", "MACHINE:KIND:PORT")
+    if not port.isdigit():
+        raise InvalidArgument(f"{value!r}: the port must be a number")
+    return machine, port, faults.kind_named(kind)
+
+
+@cli.command("fault")
+@click.argument("rack_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--unplug", multiple=True, metavar="M:KIND:PORT", help="Remove the cable in this port.")
+@click.option("--cross", multiple=True, metavar="M:KIND:PORT,M:PORT", help="Swap the cables in two ports.")
+@click.option("--move", multiple=True, metavar="M:KIND:PORT=NEW", help="Move a cable end to another (free) port.")
+@click.option("--errors", multiple=True, metavar="LINK=N", help="Corrected errors under traffic on M:KIND:PORT or M:ipuN:PL.")
+@click.option("--break", "broken", multiple=True, metavar="LINK", help="A link that never comes up: M:KIND:PORT or M:ipuN:PL.")
+@click.option("--version", "versions", multiple=True, metavar="M:COMPONENT=V", help="A component's version on a machine.")
+@click.option("--pfc", multiple=True, metavar="M:RNIC=C,C,...", help="The PFC classes of an RNIC (empty for none).")
+@click.option("--silent", multiple=True, metavar="M", help="A machine that does not answer.")
+@click.option("--configure-fault", multiple=True, metavar="M=REASON", help="A machine whose partition configuration fails.")
+def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault):
+    """Put faults into a rack description, all at once or not at all."""
+    try:
+        rack = load_rack(rack_path)
+        for value in unplug:
+            faults.unplug(rack, *_port_end(value))
+        for value in cross:
+            first, second = _split(value, ",", "M:KIND:PORT,M:PORT")
+            machine, kind, port = _port_end(first)
+            other, other_port = _split(second, ":", "M:PORT")
+            if not other_port.isdigit():
+                raise InvalidArgument(f"{value!r}: the second port must be a number")
+            faults.cross(rack, machine, kind, port, other, int(other_port))
+        for value in move:
+            end, new_port = _split(value, "=", "M:KIND:PORT=NEWPORT")
+            if not new_port.isdigit():
+                raise InvalidArgument(f"{value!r}: the new port must be a number")
+            faults.move(rack, *_port_end(end), int(new_port))
+        for value in errors:
+            link, count = _split(value, "=", "LINK=N")
+            if not count.isdigit():
+                raise InvalidArgument(f"{value!r}: the error count must be a number")
+            machine, name, kind = _link(link)
+            faults.set_errors(rack, machine, name, int(count), kind)
+        for value in broken:
+            machine, name, kind = _link(value)
+            faults.break_link(rack, machine, name, kind)
+        for value in versions:
+            where, version = _split(value, "=", "M:COMPONENT=VERSION")
+            machine, component = _split(where, ":", "M:COMPONENT=VERSION")
+            faults.set_version(rack, machine, component, version)
+        for value in pfc:
+            where, classes = _split(value, "=", "M:RNIC=C,C,...")
+            machine, rnic = _split(where, ":", "M:RNIC=C,C,...")
+            numbers = [c.strip() for c in classes.split(",") if c.strip()]
+            if not all(c.isdigit() for c in numbers):
+                raise InvalidArgument(f"{value!r}: PFC classes are numbers")
+            faults.set_pfc_classes(rack, machine, rnic, [int(c) for c in numbers])
+        for machine in silent:
+            faults.silence(rack, machine)
+        for value in configure_fault:
+            machine, reason = _split(value, "=", "M=REASON")
+            faults.fail_configuration(rack, machine, reason)
+        save_rack(rack, rack_path)
+    except VipuError as error:
+        fail("fault", str(rack_path), error.message)
+    click.echo(f"fault ({rack_path}): success.")
+
+
+def main() -> None:
+    run(cli, "vipu-sim")
