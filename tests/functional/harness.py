@@ -23,8 +23,10 @@ from vipu.api.protos import (
     vipuuser_pb2,
     vipuuser_pb2_grpc,
 )
-from vipu.backends.sim.rack import Rack, generate_rack, save_rack
+from vipu.backends.sim import faults
+from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
 from vipu.model.entities import IldTopology
+from vipu.model.topology import LinkKind
 
 BIN = Path(sys.executable).parent
 
@@ -60,10 +62,10 @@ class Pod:
     """
 
     def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
-                 ilds: int = 1, db_url: str | None = None):
+                 ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, one_process: bool = False):
         self.directory = directory
         self.rack_path = directory / "rack.yaml"
-        self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds)
+        self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=time_scale)
         for machine in self.rack.machines:
             machine.port = free_port()
         save_rack(self.rack, self.rack_path)
@@ -71,14 +73,22 @@ class Pod:
         self.user_port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()
         self.ipuof_dir = directory / "ipuof"
         self.agents: dict[str, subprocess.Popen] = {}
+        self.one_process = one_process
         self.server: subprocess.Popen | None = None
         self._channels: dict[int, grpc.Channel] = {}
 
     # Processes
 
     def start(self) -> Pod:
-        for machine in self.rack.machines:
-            self.start_agent(machine.name)
+        if self.one_process:
+            with open(self.directory / "agents.log", "ab") as log:
+                self.agents["*"] = subprocess.Popen(
+                    [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--all-machines"],
+                    stdout=log, stderr=subprocess.STDOUT,
+                )
+        else:
+            for machine in self.rack.machines:
+                self.start_agent(machine.name)
         for machine in self.rack.machines:
             wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
         self.start_server()
@@ -162,20 +172,16 @@ class Pod:
 
     def unplug(self, machine_name: str, port: int) -> None:
         """Pull the IPU-Link cable out of a port, in the rack file the agents read."""
-        from vipu.backends.sim.rack import load_rack
-        from vipu.model.topology import LinkKind
-
-        rack = load_rack(self.rack_path)
-        cable, _ = rack.plugged(machine_name, LinkKind.IPULINK, port)
-        rack.cables.remove(cable)
-        save_rack(rack, self.rack_path)
+        self.edit_rack(lambda rack: faults.unplug(rack, machine_name, LinkKind.IPULINK, port))
 
     def fault(self, machine_name: str, reason: str) -> None:
         """Write a configuration fault for one machine into the rack file."""
-        from vipu.backends.sim.rack import load_rack
+        self.edit_rack(lambda rack: faults.fail_configuration(rack, machine_name, reason))
 
+    def edit_rack(self, change) -> None:
+        """Change the rack file the agents read (they pick the change up at once)."""
         rack = load_rack(self.rack_path)
-        rack.machine(machine_name).faults.configure = reason
+        change(rack)
         save_rack(rack, self.rack_path)
 
     def wipe_rack_only(self) -> None:
@@ -189,10 +195,11 @@ class Pod:
     def wipe(self) -> None:
         """Back to an empty controller over healthy, empty agents, for the next test."""
         save_rack(self.rack, self.rack_path)
-        for machine in self.rack.machines:
-            if machine.name not in self.agents or self.agents[machine.name].poll() is not None:
-                self.agents.pop(machine.name, None)
-                self.start_agent(machine.name)
+        if not self.one_process:
+            for machine in self.rack.machines:
+                if machine.name not in self.agents or self.agents[machine.name].poll() is not None:
+                    self.agents.pop(machine.name, None)
+                    self.start_agent(machine.name)
         for machine in self.rack.machines:
             wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
         if self.server is None or self.server.poll() is not None:
@@ -288,7 +295,13 @@ def pairs(text: str) -> dict[str, str]:
 
 
 def rows(text: str, table: int = 0) -> list[list[str]]:
-    """The data rows of a CLI's table (a one-line header block, then its body), as lists of cells."""
+    """The data rows of a CLI's table, as lists of cells.
+
+    A table's header is a one-line block, or the text before the first rule of an output that does
+    not open with one (whose last line is then the header); its body is the next block.
+    """
     found = blocks(text)
-    bodies = [found[i + 1] for i in range(len(found) - 1) if len(found[i]) == 1 and "|" in found[i][0]]
+    opens_with_rule = text.startswith("-")
+    bodies = [found[i + 1] for i in range(len(found) - 1)
+              if found[i] and "|" in found[i][-1] and (len(found[i]) == 1 or (i == 0 and not opens_with_rule))]
     return [[cell.strip() for cell in line.split("|")] for line in bodies[table]]

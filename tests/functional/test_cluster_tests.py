@@ -1,0 +1,130 @@
+"""vipu-admin test cluster against real agents whose rack carries the faults."""
+
+from __future__ import annotations
+
+from tests.functional.harness import failed_line, rows
+from vipu.backends.sim import faults
+from vipu.model.topology import LinkKind
+
+
+def results(out: str) -> dict[str, tuple[str, list[str]]]:
+    """Test type -> (passed column, summary lines) from the results table."""
+    assert out.startswith("Showing test results for cluster cl0\n"), out
+    table: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for test, _, passed, summary in rows(out):
+        if test:
+            current = test
+            table[test] = (passed, [summary])
+        else:
+            table[current][1].append(summary)
+    return table
+
+
+def test_a_healthy_rack_passes_every_test_with_the_seeds_counts(registered_pod):
+    """cl0 is an 8-machine single-domain mesh, the cluster of seed 002's example."""
+    result = registered_pod.admin("test", "cluster", "cl0")
+    assert result.code == 0, result.err
+    assert results(result.out) == {
+        "Sync-Link": ("14/14", ["Sync Link test passed"]),
+        "Cabling": ("28/28", ["All cables connected as expected"]),
+        "IPU-Link": ("156/156", ["All Links Passed"]),
+        "Traffic": ("3/3", ["Traffic test passed"]),
+        "GW-Link": ("0/0", ["GW Link test skipped"]),
+        "Version": ("6/6", ["All component versions are consistent"]),
+        "PFC-settings": ("8/8", ["All PFC settings as expected"]),
+    }
+
+
+def test_every_fault_class_fails_its_test_with_the_seeds_lines(registered_pod):
+    pod = registered_pod
+    pod.edit_rack(lambda r: (
+        faults.break_link(r, "m01", "6", LinkKind.SYNC),
+        faults.unplug(r, "m02", LinkKind.IPULINK, 5),
+        faults.set_version(r, "m08", "agent", "1.5.1"),
+        faults.set_pfc_classes(r, "m05", "eth1", [0, 2]),
+    ))
+    result = pod.admin("test", "cluster", "cl0")
+    assert result.err == "test cluster (cl0): failed: Some tests failed.\n" and result.code == 1
+    table = results(result.out)
+    assert table["Sync-Link"] == ("13/14", ["Failed Sync Links:", "ag1:6 <--> 2:ag2"])
+    assert table["Cabling"] == ("27/28", ["ag2:5 [IPU-Link] <--> ag3:1 [IPU-Link] (failed)"])
+    reason = "Test did not run because of an earlier dependency test failure"
+    assert table["IPU-Link"] == ("0/0", ["Test skipped", f"{reason} (Cabling)"])
+    assert table["Traffic"] == ("0/0", ["Test skipped", f"{reason} (Sync-Link)"])
+    assert table["GW-Link"] == ("0/0", ["Test skipped", f"{reason} (Cabling)"])
+    assert table["Version"][0] == "5/6" and table["Version"][1][-1] == "ag8-Agent: 1.5.1"
+    assert table["PFC-settings"] == ("7/8", ["PFC settings not as expected:",
+                                             "ag5: {eth1: pfc classes: got [0, 2], expected [0 1 2 3 4 5 6 7]}"])
+
+    # One option alone forces its test; two keep the dependencies between them.
+    forced = results(pod.admin("test", "cluster", "cl0", "--ipulink").out)
+    assert forced["IPU-Link"][1][:2] == ["Links that did not train:", "ag2:5 <--> 1:ag3"]
+    pair = pod.admin("test", "cluster", "cl0", "--ipulink", "--cabling")
+    assert pair.code == 1 and results(pair.out)["IPU-Link"] == ("0/0", ["Test skipped", f"{reason} (Cabling)"])
+
+
+def test_erroring_links_and_a_wrong_port_show_in_traffic_and_cabling(registered_pod):
+    pod = registered_pod
+    pod.edit_rack(lambda r: (faults.set_errors(r, "m02", "5", 327), faults.set_errors(r, "m02", "ipu1:4C", 521),
+                             faults.cross(r, "m07", LinkKind.IPULINK, 5, "m07", 6)))
+    traffic = results(pod.admin("test", "cluster", "cl0", "--traffic").out)["Traffic"]
+    assert traffic[0] == "1/3"
+    assert traffic[1][:4] == ["Traffic test failed", "Errors encountered in traffic test 1",
+                              "ag3:1 <--> ag2:5: 327 link errors", "ag2:ipu1:4C <--> 4C:ipu3:ag2: 521 link errors"]
+    cabling = results(pod.admin("test", "cluster", "cl0", "--cabling").out)["Cabling"]
+    assert cabling == ("26/28", ["Cables not connected as expected:",
+                                 "ag7 (IPU-Cluster Port 5) <--> ag8 (IPU-Cluster Port 1) (connected to wrong port)",
+                                 "ag7 (IPU-Cluster Port 6) <--> ag8 (IPU-Cluster Port 2) (connected to wrong port)"])
+
+
+def test_a_machine_that_does_not_answer(registered_pod):
+    pod = registered_pod
+    pod.edit_rack(lambda r: faults.silence(r, "m03"))
+    pod.wait_for_status("ag3", "Down")
+    table = results(pod.admin("test", "cluster", "cl0", "--versions").out)
+    assert table["Version"] == ("0/6", ["Components with mismatched versions found:", "ag3: does not answer"])
+    failed_line(pod.user("create", "partition", "p1", "--size", "32"), "create partition", "p1", "agent ag3: unreachable")
+
+
+def test_asynchronous_runs_and_what_a_running_test_forbids(registered_pod):
+    pod = registered_pod
+    pod.edit_rack(lambda r: setattr(r, "time_scale", 0.05))  # a traffic window now takes 2.6 s
+    assert pod.admin("test", "cluster", "cl0", "--start").out == "test cluster (cl0): started.\n"
+    failed_line(pod.admin("test", "cluster", "--status"), "test cluster", "status",
+                "No results available. Test in cluster cl0 is in progress.")
+    failed_line(pod.user("create", "partition", "p1", "--size", "4"), "create partition", "p1", "cluster cl0 is under test")
+    failed_line(pod.admin("remove", "cluster", "cl0", "--force"), "remove cluster", "cl0", "cluster cl0 is under test")
+    failed_line(pod.admin("test", "cluster", "cl0", "--versions"), "test cluster", "cl0", "only one cluster test runs at a time")
+    assert pod.admin("test", "cluster", "--stop").out == "test cluster (stop): success.\n"
+    failed_line(pod.admin("test", "cluster", "--status"), "test cluster", "status",
+                "No results available. Last test in cluster cl0 was stopped.")
+    failed_line(pod.admin("test", "cluster", "--stop"), "test cluster", "stop", "No cluster test is in progress")
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+
+    failed_line(pod.admin("test", "cluster", "cl0"), "test cluster", "cl0", "cluster cl0 has partitions (p1)")
+    assert pod.admin("test", "cluster", "cl0", "--versions").code == 0  # harmless tests still run
+    assert pod.user("remove", "partition", "p1").code == 0
+
+
+def test_results_of_the_last_test_survive_a_restart_of_the_controller(registered_pod):
+    pod = registered_pod
+    assert pod.admin("test", "cluster", "cl0", "--sync", "--versions").code == 0
+    pod.stop_server()
+    pod.start_server()
+    status = pod.admin("test", "cluster", "--status")
+    assert status.code == 0 and list(results(status.out)) == ["Sync-Link", "Version"]
+
+    pod.edit_rack(lambda r: setattr(r, "time_scale", 0.05))
+    assert pod.admin("test", "cluster", "cl0", "--start").code == 0
+    pod.stop_server()
+    pod.start_server()
+    failed_line(pod.admin("test", "cluster", "--status"), "test cluster", "status",
+                "Last test in cluster cl0 was interrupted by a restart of the controller")
+
+
+def test_test_options_are_checked(registered_pod):
+    pod = registered_pod
+    failed_line(pod.admin("test", "cluster", "nope"), "test cluster", "nope", "cluster nope does not exist")
+    usage = pod.admin("test", "cluster")
+    assert usage.code == 2 and "name the cluster to test" in usage.err
