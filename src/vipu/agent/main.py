@@ -60,12 +60,17 @@ class MachineHost:
         self.servers: list[grpc.Server] = []
 
     def open(self) -> None:
-        self.servers.append(serve(
-            lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s), self.host, self.port))
-        if self.ipuof_port:
+        """Open both end-points, or neither."""
+        try:
             self.servers.append(serve(
-                lambda s: ipuof_pb2_grpc.add_IpuofServiceServicer_to_server(IpuofServicer(self.backend), s),
-                self.host, self.ipuof_port))
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s), self.host, self.port))
+            if self.ipuof_port:
+                self.servers.append(serve(
+                    lambda s: ipuof_pb2_grpc.add_IpuofServiceServicer_to_server(IpuofServicer(self.backend), s),
+                    self.host, self.ipuof_port))
+        except VipuError:
+            self.close()
+            raise
 
     def close(self) -> None:
         for server in self.servers:
@@ -82,8 +87,11 @@ class MachineHost:
             log.info("machine %s plays dead", self.backend.machine_name)
             self.close()
         elif not silent and not self.servers:
-            log.info("machine %s answers again", self.backend.machine_name)
-            self.open()
+            try:
+                self.open()
+                log.info("machine %s answers again", self.backend.machine_name)
+            except VipuError as error:  # its ports may still be held; the next look tries again
+                log.warning("machine %s: %s", self.backend.machine_name, error.message)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
