@@ -85,6 +85,40 @@ class SyncType(str, Enum):
     POD_NATIVE_REPLICATED_PIPELINE = "POD_NATIVE_REPLICATED_PIPELINE"
 
 
+class Role(str, Enum):
+    ADMIN = "admin"
+    USER = "user"
+
+
+@dataclass
+class User:
+    id: str
+    role: Role = Role.USER
+    allocation_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who is asking, and which allocations they may use.
+
+    `allocations` None means every allocation: an administrator, or anyone in open mode (whose
+    `user_id` is empty).
+    """
+
+    user_id: str = ""
+    allocations: frozenset[str] | None = None
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.allocations is None
+
+    def may_use(self, allocation_id: str) -> bool:
+        return self.allocations is None or allocation_id in self.allocations
+
+
+OPEN_ACCESS = Access()
+
+
 @dataclass
 class IpuInfo:
     index: int
@@ -194,6 +228,7 @@ class Partition:
     errors: list[str] = field(default_factory=list)
     disable_auto_reset: bool = False
     auto_reset_count: int = 0
+    owner: str = ""  # the user who created it; empty in open mode
 
     @property
     def agent_ids(self) -> list[str]:

@@ -18,13 +18,19 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 2  # 2: cluster_test_runs
+SCHEMA_VERSION = 3  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner
+
+# What turns a store of one version into the next, beyond the tables create_all adds.
+MIGRATIONS = {
+    3: ["ALTER TABLE partitions ADD COLUMN owner VARCHAR(64) NOT NULL DEFAULT ''"],
+}
 
 ID = String(64)
 
@@ -103,6 +109,7 @@ class PartitionRow(Base):
     errors: Mapped[list] = mapped_column(JSON, default=list)
     disable_auto_reset: Mapped[bool] = mapped_column(Boolean, default=False)
     auto_reset_count: Mapped[int] = mapped_column(Integer, default=0)
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"
@@ -131,3 +138,24 @@ class ClusterTestRunRow(Base):
     state: Mapped[str] = mapped_column(String(16))
     tests: Mapped[list] = mapped_column(JSON)
     outcomes: Mapped[list] = mapped_column(JSON)
+
+
+class UserRow(Base):
+    """A user of secure mode. The access key is kept only as a salted scrypt hash."""
+
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    key_salt: Mapped[bytes] = mapped_column(LargeBinary(32))
+    key_hash: Mapped[bytes] = mapped_column(LargeBinary(64))
+    key_version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    grants: Mapped[list[UserAllocationRow]] = relationship(
+        order_by="UserAllocationRow.allocation_id", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class UserAllocationRow(Base):
+    __tablename__ = "user_allocations"
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, delete, event, select
+from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,7 +39,9 @@ from vipu.model.entities import (
     Partition,
     PlacedIpu,
     ReadyState,
+    Role,
     SyncType,
+    User,
 )
 from vipu.model.errors import (
     AlreadyExists,
@@ -48,6 +51,7 @@ from vipu.model.errors import (
     VipuError,
 )
 from vipu.store.schema import (
+    MIGRATIONS,
     SCHEMA_VERSION,
     AgentRow,
     AllocationAgentRow,
@@ -59,6 +63,8 @@ from vipu.store.schema import (
     MetaRow,
     PartitionIpuRow,
     PartitionRow,
+    UserAllocationRow,
+    UserRow,
 )
 
 LAST_TEST_RUN = "last"
@@ -132,7 +138,21 @@ def _partition(row: PartitionRow) -> Partition:
         errors=list(row.errors or []),
         disable_auto_reset=row.disable_auto_reset,
         auto_reset_count=row.auto_reset_count,
+        owner=row.owner or "",
     )
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A user's access key as stored: a salted hash, and a version that changes on every rotation."""
+
+    salt: bytes
+    digest: bytes
+    version: int
+
+
+def _user(row: UserRow) -> User:
+    return User(row.id, Role(row.role), tuple(g.allocation_id for g in row.grants))
 
 
 class Transaction:
@@ -295,6 +315,7 @@ class Transaction:
                 errors=list(partition.errors),
                 disable_auto_reset=partition.disable_auto_reset,
                 auto_reset_count=partition.auto_reset_count,
+                owner=partition.owner,
                 ipus=[
                     PartitionIpuRow(
                         routing_id=i.routing_id,
@@ -331,6 +352,43 @@ class Transaction:
 
     def delete_partition(self, partition_id: str) -> None:
         row = self.session.get(PartitionRow, partition_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()
+
+    # Users
+
+    def get_user(self, user_id: str) -> User | None:
+        row = self.session.get(UserRow, user_id)
+        return _user(row) if row else None
+
+    def list_users(self) -> list[User]:
+        return [_user(r) for r in self.session.scalars(select(UserRow).order_by(UserRow.id))]
+
+    def get_credential(self, user_id: str) -> Credential | None:
+        row = self.session.get(UserRow, user_id)
+        return Credential(row.key_salt, row.key_hash, row.key_version) if row else None
+
+    def add_user(self, user: User, credential: Credential) -> None:
+        if self.session.get(UserRow, user.id) is not None:
+            raise AlreadyExists(f"user {user.id} already exists")
+        self.session.add(UserRow(
+            id=user.id, role=user.role.value, key_salt=credential.salt, key_hash=credential.digest,
+            key_version=credential.version, grants=[UserAllocationRow(allocation_id=a) for a in user.allocation_ids],
+        ))
+        self._flush(f"user {user.id} already exists")
+
+    def set_user_allocations(self, user_id: str, allocation_ids: tuple[str, ...]) -> None:
+        row = self.session.get(UserRow, user_id)
+        row.grants = [UserAllocationRow(allocation_id=a) for a in sorted(set(allocation_ids))]
+        self.session.flush()
+
+    def set_credential(self, user_id: str, credential: Credential) -> None:
+        row = self.session.get(UserRow, user_id)
+        row.key_salt, row.key_hash, row.key_version = credential.salt, credential.digest, credential.version
+
+    def delete_user(self, user_id: str) -> None:
+        row = self.session.get(UserRow, user_id)
         if row is not None:
             self.session.delete(row)
             self.session.flush()
@@ -427,8 +485,11 @@ class Store:
                     f"the store at {self.describe()} has schema version {row.value}, newer than this "
                     f"vipu-server's {SCHEMA_VERSION}; upgrade vipu-server"
                 )
-            else:
-                row.value = str(SCHEMA_VERSION)  # every change so far only added tables, which create_all made
+            elif int(row.value) < SCHEMA_VERSION:
+                for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
+                    for statement in MIGRATIONS.get(version, ()):
+                        session.execute(text(statement))
+                row.value = str(SCHEMA_VERSION)
 
     def describe(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)

@@ -212,3 +212,42 @@ def test_the_last_cluster_test_is_kept_and_replaced(store, store_url):
             assert tx.get_test_run() == TestRun("cl1", RunState.RUNNING, [TestType.VERSION])
     finally:
         reopened.close()
+
+
+def test_users_their_grants_and_credentials(populated):
+    from vipu.model.entities import Role, User
+    from vipu.store.store import Credential
+
+    with populated.transaction() as tx:
+        tx.add_user(User("alice", Role.USER, ("a1",)), Credential(b"s" * 16, b"h" * 32, 1))
+        tx.add_user(User("root", Role.ADMIN), Credential(b"t" * 16, b"k" * 32, 1))
+    with pytest.raises(AlreadyExists):
+        with populated.transaction() as tx:
+            tx.add_user(User("alice"), Credential(b"", b"", 1))
+    with populated.transaction() as tx:
+        tx.set_credential("alice", Credential(b"u" * 16, b"g" * 32, 2))
+    with populated.reading() as tx:
+        assert tx.get_user("alice") == User("alice", Role.USER, ("a1",))
+        assert tx.get_credential("alice") == Credential(b"u" * 16, b"g" * 32, 2)
+        assert [u.id for u in tx.list_users()] == ["alice", "root"]
+    with populated.transaction() as tx:
+        tx.delete_allocation("a1")  # a removed allocation is no longer given to anyone
+    with populated.reading() as tx:
+        assert tx.get_user("alice").allocation_ids == ()
+
+
+def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
+    from sqlalchemy import text
+
+    with populated.transaction() as tx:
+        tx.add_partition(partition("p1", "ag1"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN owner"))
+        tx.session.execute(text("UPDATE vipu_meta SET value = '2' WHERE key = 'schema_version'"))
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert tx.get_partition("p1").owner == ""
+            assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == "3"
+    finally:
+        reopened.close()
