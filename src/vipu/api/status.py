@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 
 import grpc
 
@@ -75,13 +76,17 @@ def _transport_reason(details: str) -> str:
 
 
 Observer = Callable[[str, str, float], None]
+# Given the method and the call's metadata, a context manager inside which the call is handled;
+# entering it raises a VipuError for a caller who may not make the call.
+Authenticate = Callable[[str, Mapping[str, str]], AbstractContextManager]
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
-    """Maps service errors to status codes and reports (method, code, seconds) for each call."""
+    """Checks the caller, maps service errors to status codes, and reports (method, code, seconds)."""
 
-    def __init__(self, observe: Observer | None = None):
+    def __init__(self, observe: Observer | None = None, authenticate: Authenticate | None = None):
         self.observe = observe
+        self.authenticate = authenticate
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -94,7 +99,10 @@ class GuardInterceptor(grpc.ServerInterceptor):
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                return inner(request, context)
+                if self.authenticate is None:
+                    return inner(request, context)
+                with self.authenticate(method, dict(context.invocation_metadata())):
+                    return inner(request, context)
             except errors.VipuError as error:
                 code = code_for(error)
                 context.set_trailing_metadata(((SERVICE_ERROR_KEY, "1"),))

@@ -247,3 +247,51 @@ class DiscoverAgentsReply(_message.Message):
     added: _containers.RepeatedScalarFieldContainer[str]
     failures: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, agents: _Optional[_Iterable[_Union[DiscoveredAgent, _Mapping]]] = ..., added: _Optional[_Iterable[str]] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class User(_message.Message):
+    __slots__ = ("id", "admin", "allocation_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    admin: bool
+    allocation_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., admin: _Optional[bool] = ..., allocation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateUserRequest(_message.Message):
+    __slots__ = ("id", "allocation_ids", "admin")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    allocation_ids: _containers.RepeatedScalarFieldContainer[str]
+    admin: bool
+    def __init__(self, id: _Optional[str] = ..., allocation_ids: _Optional[_Iterable[str]] = ..., admin: _Optional[bool] = ...) -> None: ...
+
+class UserKeyReply(_message.Message):
+    __slots__ = ("user", "access_key", "user_port")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    USER_PORT_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    access_key: str
+    user_port: int
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ..., access_key: _Optional[str] = ..., user_port: _Optional[int] = ...) -> None: ...
+
+class UpdateUserRequest(_message.Message):
+    __slots__ = ("id", "give_allocations", "deny_allocations", "rotate_key")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GIVE_ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    DENY_ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    ROTATE_KEY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    give_allocations: _containers.RepeatedScalarFieldContainer[str]
+    deny_allocations: _containers.RepeatedScalarFieldContainer[str]
+    rotate_key: bool
+    def __init__(self, id: _Optional[str] = ..., give_allocations: _Optional[_Iterable[str]] = ..., deny_allocations: _Optional[_Iterable[str]] = ..., rotate_key: _Optional[bool] = ...) -> None: ...
+
+class ListUsersReply(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[User]
+    def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...

@@ -114,6 +114,31 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/CreateUser',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListUsers',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListUsersReply.FromString,
+                _registered_method=True)
+        self.GetUser = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetUser',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.User.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/UpdateUser',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UpdateUserRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.FromString,
+                _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/RemoveUser',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -215,6 +240,36 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +352,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DiscoverAgents,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateUserRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListUsersReply.SerializeToString,
+            ),
+            'GetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUser,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.User.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UpdateUserRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +811,141 @@ class AdminService:
             '/vipu.admin.v1.AdminService/DiscoverAgents',
             vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/CreateUser',
+            vipu_dot_api_dot_protos_dot_admin__pb2.CreateUserRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListUsers',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListUsersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetUser',
+            vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/UpdateUser',
+            vipu_dot_api_dot_protos_dot_admin__pb2.UpdateUserRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.UserKeyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/RemoveUser',
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
             options,
             channel_credentials,
             insecure,

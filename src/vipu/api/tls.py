@@ -1,0 +1,205 @@
+"""Certificates for mutual TLS between vipu-server and its clients.
+
+`vipu-server --tls-init` makes a certificate authority and, signed by it, a server certificate
+(for the names and addresses clients reach the controller by) and a client certificate:
+
+    vipu-certs/ca/ca.pem, ca-key.pem             the authority; keep its key safe
+    vipu-certs/server/ca.pem, server.pem, server-key.pem
+    vipu-certs/client/ca.pem, client.pem, client-key.pem
+
+In secure mode both end-points require a client certificate signed by that authority, and
+clients check the server's against it. Private keys are written readable by their owner only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from vipu.model.errors import AlreadyExists, InvalidArgument
+
+DEFAULT_DIRECTORY = Path("vipu-certs")
+DEFAULT_DAYS = 825
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Where the files of one TLS set-up live, under one directory."""
+
+    root: Path
+
+    @property
+    def server_dir(self) -> Path:
+        return self.root / "server"
+
+    @property
+    def client_dir(self) -> Path:
+        return self.root / "client"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca" / "ca.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca" / "ca-key.pem"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.server_dir / "server.pem"
+
+    @property
+    def server_key(self) -> Path:
+        return self.server_dir / "server-key.pem"
+
+    @property
+    def client_cert(self) -> Path:
+        return self.client_dir / "client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.client_dir / "client-key.pem"
+
+    def ca_for(self, directory: Path) -> Path:
+        return directory / "ca.pem"
+
+
+def default_hosts() -> list[str]:
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    return sorted(n for n in names if n)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "vipu"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def make_authority(common_name: str = "vipu certificate authority", days: int = 3650) -> tuple[bytes, bytes]:
+    """A new certificate authority: (key PEM, certificate PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return _pem_key(key), certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def issue(authority_key: bytes, authority_cert: bytes, common_name: str, *, server_names: list[str] | None = None,
+          not_before: datetime.datetime | None = None, not_after: datetime.datetime | None = None,
+          days: int = DEFAULT_DAYS) -> tuple[bytes, bytes]:
+    """A certificate signed by the authority: for a server (with `server_names`) or a client."""
+    ca_key = serialization.load_pem_private_key(authority_key, password=None)
+    ca_cert = x509.load_pem_x509_certificate(authority_cert)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before or now - datetime.timedelta(minutes=5))
+        .not_valid_after(not_after or now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+    )
+    if server_names is not None:
+        alternatives = []
+        for name in server_names:
+            try:
+                alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                alternatives.append(x509.DNSName(name))
+        builder = builder.add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    else:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    return _pem_key(key), builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    with os.fdopen(os.open(path, flags, 0o600 if private else 0o644), "wb") as file:
+        file.write(data)
+
+
+def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> None:
+    """Write a new authority and a server and a client certificate; refuse to overwrite any."""
+    existing = [p for p in (files.ca_cert, files.server_cert, files.client_cert) if p.exists()]
+    if existing:
+        raise AlreadyExists(f"{existing[0]} already exists; remove {files.root} to make new certificates")
+    if not hosts:
+        raise InvalidArgument("the server certificate needs at least one host name or address")
+    ca_key, ca_cert = make_authority()
+    server_key, server_cert = issue(ca_key, ca_cert, "vipu-server", server_names=hosts, days=days)
+    client_key, client_cert = issue(ca_key, ca_cert, "vipu-client", days=days)
+    _write(files.ca_key, ca_key, private=True)
+    _write(files.ca_cert, ca_cert)
+    for directory, key, cert, key_path, cert_path in (
+        (files.server_dir, server_key, server_cert, files.server_key, files.server_cert),
+        (files.client_dir, client_key, client_cert, files.client_key, files.client_cert),
+    ):
+        _write(files.ca_for(directory), ca_cert)
+        _write(key_path, key, private=True)
+        _write(cert_path, cert)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise InvalidArgument(f"cannot read the {what} {path}: {error.strerror}") from error
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """Credentials for an end-point that only answers clients with a certificate from our authority."""
+    return grpc.ssl_server_credentials(
+        [(_read(files.server_key, "server key"), _read(files.server_cert, "server certificate"))],
+        root_certificates=_read(files.ca_for(files.server_dir), "certificate authority"),
+        require_client_auth=True,
+    )
+
+
+def check_validity(path: Path, what: str = "client certificate") -> None:
+    """Refuse a certificate outside its validity period: the server would close the connection without a reason."""
+    certificate = x509.load_pem_x509_certificate(_read(path, what))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if certificate.not_valid_after_utc < now:
+        raise InvalidArgument(f"the {what} {path} expired on {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if certificate.not_valid_before_utc > now:
+        raise InvalidArgument(f"the {what} {path} is not valid before {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+
+
+def client_credentials(server_ca: Path, client_cert: Path, client_key: Path) -> grpc.ChannelCredentials:
+    check_validity(client_cert)
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(server_ca, "server certificate authority"),
+        private_key=_read(client_key, "client key"),
+        certificate_chain=_read(client_cert, "client certificate"),
+    )
