@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-# gRPC's C core logs to stderr on its own (a busy port, for one); vipu says what went wrong itself.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-
+import getpass
 import logging
 import signal
 import sys
@@ -17,7 +13,10 @@ import click
 
 from vipu import __version__
 from vipu.api.announcements import DISCOVERY_PORT
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate
+from vipu.cli.config import ClientSettings, write_client_config
 from vipu.controller.server import Controller, ServerConfig
+from vipu.controller.services.users import UserService
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import VipuError
@@ -26,6 +25,38 @@ from vipu.store.store import Store
 log = logging.getLogger("vipu.server")
 
 DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
+
+
+def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, tls_dir: Path, tls_hosts: str | None,
+               default_user_id: str, user_port: int, admin_port: int) -> None:
+    """--init and --tls-init: the store, the certificates, and a first administrator, as asked."""
+    store = Store(db_url) if store_too else None
+    if store is not None:
+        click.echo(f"Initialised storage: {store.describe()}")
+    files = TlsFiles(tls_dir)
+    if certificates or (store_too and secure):
+        if certificates or not files.server_cert.exists():
+            hosts = [h.strip() for h in tls_hosts.split(",") if h.strip()] if tls_hosts else default_hosts()
+            generate(files, hosts)
+            click.echo(f"Generated server TLS certificates in the directory: {files.server_dir}")
+            click.echo(f"Generated client TLS certificates in the directory: {files.client_dir}")
+        else:
+            click.echo(f"Using the TLS certificates in the directory: {files.root}")
+    if store is not None and secure:
+        users = UserService(store)
+        if users.has_administrator():
+            click.echo("An administrator exists already; no default user was created.")
+        else:
+            user, key = users.create(default_user_id, admin=True)
+            click.echo(f"Default user is: {user.id}")
+            click.echo(f"Access key is '{key}'.")
+            path = Path(f"{user.id}.vipu-cli.hcl")
+            settings = ClientSettings("localhost", user_port, user.id, key, files.ca_for(files.client_dir),
+                                      files.client_cert, files.client_key)
+            write_client_config(path, settings, admin_port=admin_port)
+            click.echo(f"vipu configuration file for the user '{user.id}' written: {path}")
+    if store is not None:
+        store.close()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,7 +76,14 @@ DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
               help="Listen for agents' announcements on these network interfaces (IF1,IF2); without it, discovery is off.")
 @click.option("--autodiscovery-port", "discovery_port", type=click.IntRange(1, 65535), default=DISCOVERY_PORT, show_default=True,
               help="UDP port of the agents' multicast announcements.")
-@click.option("--init", "init_only", is_flag=True, help="Initialise the store and exit.")
+@click.option("--init", "init_only", is_flag=True,
+              help="Initialise the store and exit; with --secure, also the TLS certificates and a default administrator.")
+@click.option("--secure", is_flag=True, help="Mutual TLS on both end-points, and users who prove themselves with access keys.")
+@click.option("--tls-init", is_flag=True, help="Generate a certificate authority and server and client certificates, and exit.")
+@click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIRECTORY, show_default=True,
+              help="Where the TLS certificates are (server/, client/, ca/).")
+@click.option("--tls-hosts", default=None, help="Names and addresses the server certificate is for: H1,H2,... Default: this host's.")
+@click.option("--default-user-id", default=None, help="Name of the administrator --init --secure creates. Default: your user name.")
 @click.option("--sim", "sim_machines", type=click.IntRange(1, 4096), default=None,
               help="Also start a simulated pod of this many IPU-Machines and register it (cluster cl0, allocation alloc-1).")
 @click.option("--sim-topology", type=click.Choice(["mesh", "torus"]), default="torus", show_default=True)
@@ -54,17 +92,15 @@ DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
               help="Port of the first simulated agent; the others follow, and IPUoF ports sit 2000 and 4000 above.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
-         health_interval, discovery_interfaces, discovery_port, init_only, sim_machines, sim_topology, sim_ilds,
-         sim_base_port, log_level):
+         health_interval, discovery_interfaces, discovery_port, init_only, secure, tls_init, tls_dir, tls_hosts,
+         default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
     try:
-        if init_only:
-            store = Store(db_url)
-            click.echo(f"vipu-server: store initialised at {store.describe()}")
-            store.close()
+        if init_only or tls_init:
+            initialise(db_url, init_only, secure, tls_init, tls_dir, tls_hosts, default_user_id or getpass.getuser(), port, admin_port)
             return
         config = ServerConfig(
             db_url=db_url,
@@ -77,6 +113,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             health_interval=health_interval,
             discovery_interfaces=tuple(i.strip() for i in discovery_interfaces.split(",") if i.strip()),
             discovery_port=discovery_port,
+            secure=secure,
+            tls_dir=tls_dir,
         )
         controller = Controller(config)
     except VipuError as error:
@@ -102,7 +140,10 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         click.echo(f"vipu-server: {error.message}", err=True)
         sys.exit(1)
 
-    log.warning("open mode: no authentication; anyone who reaches the end-points may use them")
+    if secure:
+        log.info("secure mode: mutual TLS with the certificates in %s, and users with access keys", tls_dir)
+    else:
+        log.warning("open mode: no TLS and no authentication; anyone who reaches the end-points may use them")
     click.echo(
         f"vipu-server {__version__} ready: user end-point {config.listen_address}:{config.port}, "
         f"admin end-point {config.admin_listen_address}:{config.admin_port}, store {controller.store.describe()}",

@@ -11,13 +11,16 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
 from vipu.api.status import GuardInterceptor
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, server_credentials
 from vipu.controller.agentclient import GrpcAgentGateway
+from vipu.controller.auth import Authenticator
 from vipu.controller.discovery import DiscoveryListener
 from vipu.controller.metrics import ControllerMetrics
 from vipu.controller.servicers.admin import AdminServicer
@@ -30,6 +33,7 @@ from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.controller.services.users import UserService
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
 
@@ -49,6 +53,8 @@ class ServerConfig:
     workers: int = 32
     discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
     discovery_port: int = DISCOVERY_PORT
+    secure: bool = False  # mutual TLS on both end-points, and users with access keys
+    tls_dir: Path = DEFAULT_DIRECTORY
 
 
 class Controller:
@@ -65,6 +71,7 @@ class Controller:
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
         self.clustertests = ClusterTestService(self.store, self.hardware, self.partitions)
+        self.users = UserService(self.store) if config.secure else None
         self.discovery = DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port) if config.discovery_interfaces else None
         self.metrics = ControllerMetrics(self.store)
         self._servers: list[grpc.Server] = []
@@ -72,13 +79,15 @@ class Controller:
         self._health: threading.Thread | None = None
 
     def start(self) -> None:
+        if self.users is not None and not self.users.has_administrator():
+            raise VipuError("secure mode needs an administrator, and the store has none; run vipu-server --init --secure")
         self.reconciler.recover()
         self.clustertests.recover()
         if self.discovery is not None:
             self.discovery.start()
         c = self.config
-        self._servers.append(self._serve(c.listen_address, c.port, self._register_user))
-        self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin))
+        self._servers.append(self._serve(c.listen_address, c.port, self._register_user, admin_only=False))
+        self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin, admin_only=True))
         if c.metrics_port:
             self.metrics.serve(c.listen_address, c.metrics_port)
         self._health = threading.Thread(
@@ -91,18 +100,22 @@ class Controller:
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
-        servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery)
+        servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
+                                 self.users, self.config.port)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
-    def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None]) -> grpc.Server:
+    def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix=f"rpc-{port}"),
-            interceptors=[GuardInterceptor(self.metrics.observe)],
+            interceptors=[GuardInterceptor(self.metrics.observe, Authenticator(self.users, admin_only))],
         )
         register(server)
         try:
-            server.add_insecure_port(f"{host}:{port}")
+            if self.config.secure:
+                server.add_secure_port(f"{host}:{port}", server_credentials(TlsFiles(self.config.tls_dir)))
+            else:
+                server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as error:
             raise VipuError(f"cannot listen on {host}:{port} (is another vipu-server running?)") from error
         server.start()

@@ -17,10 +17,10 @@ from vipu.controller.services.agents import AgentService
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
-from vipu.model import clustertests as ct
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.model import clustertests as ct
 from vipu.model.entities import (
     AgentStatus,
     Cluster,

@@ -10,7 +10,9 @@ from vipu.controller.services.agents import AgentService, AgentView
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
+from vipu.controller.services.users import UserService
 from vipu.model.clustertests import TestRun, TestType
+from vipu.model.entities import Role, User
 from vipu.model.errors import Conflict, InvalidArgument
 
 
@@ -29,14 +31,26 @@ def _test_type(name: str) -> TestType:
         raise InvalidArgument(f"unknown cluster test {name!r}; the tests are {', '.join(t.value for t in TestType)}") from None
 
 
+def _user(user: User) -> pb.User:
+    return pb.User(id=user.id, admin=user.role is Role.ADMIN, allocation_ids=user.allocation_ids)
+
+
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
-                 clustertests: ClusterTestService, discovery: DiscoveryListener | None):
+                 clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
+                 user_port: int):
         self.agents = agents
         self.clusters = clusters
         self.allocations = allocations
         self.clustertests = clustertests
         self.discovery = discovery
+        self.users = users  # None in open mode
+        self.user_port = user_port
+
+    def _users(self) -> UserService:
+        if self.users is None:
+            raise Conflict("this controller runs in open mode, without users; start vipu-server with --secure")
+        return self.users
 
     def CreateAgent(self, request, context):
         agent = self.agents.create(request.id, request.host, request.port)
@@ -102,3 +116,22 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             for s in sightings
         )
         return reply
+
+    def CreateUser(self, request, context):
+        user, key = self._users().create(request.id, tuple(request.allocation_ids), admin=request.admin)
+        return pb.UserKeyReply(user=_user(user), access_key=key, user_port=self.user_port)
+
+    def ListUsers(self, request, context):
+        return pb.ListUsersReply(users=[_user(u) for u in self._users().list()])
+
+    def GetUser(self, request, context):
+        return _user(self._users().get(request.id))
+
+    def UpdateUser(self, request, context):
+        user, key = self._users().update(request.id, tuple(request.give_allocations), tuple(request.deny_allocations),
+                                         rotate=request.rotate_key)
+        return pb.UserKeyReply(user=_user(user), access_key=key, user_port=self.user_port)
+
+    def RemoveUser(self, request, context):
+        self._users().remove(request.id)
+        return pb.RemoveReply()

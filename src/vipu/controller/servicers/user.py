@@ -5,6 +5,7 @@ from __future__ import annotations
 from vipu.api import convert
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
+from vipu.controller.auth import caller
 from vipu.controller.services.partitions import PartitionService
 
 
@@ -13,13 +14,13 @@ class UserServicer(pb_grpc.UserServiceServicer):
         self.partitions = partitions
 
     def ListPartitions(self, request, context):
-        partitions = self.partitions.list(request.allocation_id)
+        partitions = self.partitions.list(request.allocation_id, caller())
         versions = self.partitions.ipuof_versions(partitions)
         return pb.ListPartitionsReply(partitions=[convert.partition_to_proto(p, versions[p.id]) for p in partitions])
 
     def ListIPUAttributes(self, request, context):
         entries = []
-        for entry in self.partitions.ipu_attributes(list(request.agents)):
+        for entry in self.partitions.ipu_attributes(list(request.agents), caller()):
             message = pb.ListIPUAttributesReply.Entry(agent=entry.agent_id)
             for index, attributes in entry.ipus.items():
                 message.ipu_attributes[index].attributes.update(attributes)
@@ -27,25 +28,25 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.ListIPUAttributesReply(entries=entries)
 
     def CreatePartition(self, request, context):
-        partition = self.partitions.create(convert.requirements_from_proto(request))
+        partition = self.partitions.create(convert.requirements_from_proto(request), caller())
         return pb.CreatePartitionReply(partition_id=partition.id)
 
     def RemovePartition(self, request, context):
-        self.partitions.remove(request.partition_id, force=request.force)
+        self.partitions.remove(request.partition_id, force=request.force, access=caller())
         return pb.RemovePartitionReply()
 
     def ResetPartition(self, request, context):
-        self.partitions.reset(request.partition_id)
+        self.partitions.reset(request.partition_id, caller())
         return pb.ResetPartitionReply()
 
     def GetPartitionIpuofConfig(self, request, context):
         gcd = request.gcd_id.id if request.HasField("gcd_id") else None
-        partition, gcds, version = self.partitions.ipuof_config(request.partition_id, gcd)
+        partition, gcds, version = self.partitions.ipuof_config(request.partition_id, gcd, caller())
         return pb.GetPartitionIpuofConfigReply(ipuof_config=convert.config_to_proto(partition, gcds, version))
 
     def GetPartitionStatus(self, request, context):
-        partition = self.partitions.get(request.partition_id)
+        partition = self.partitions.get(request.partition_id, caller())
         return pb.GetPartitionStatusReply(status=convert.status_to_proto(partition, self.partitions.max_auto_reset_retries))
 
     def ListAllocations(self, request, context):
-        return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a) for a in self.partitions.allocations()])
+        return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a) for a in self.partitions.allocations(caller())])

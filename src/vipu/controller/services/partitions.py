@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Set
 from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
@@ -24,6 +23,8 @@ from vipu.model.configuration import (
     gcd_configs,
 )
 from vipu.model.entities import (
+    OPEN_ACCESS,
+    Access,
     Agent,
     Allocation,
     OperationState,
@@ -40,6 +41,7 @@ from vipu.model.errors import (
     HardwareFailure,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     Unavailable,
     VipuError,
 )
@@ -69,21 +71,21 @@ class PartitionService:
 
     # Reading
 
-    def list(self, allocation_id: str = "", allowed: Set[str] | None = None) -> list[Partition]:
+    def list(self, allocation_id: str = "", access: Access = OPEN_ACCESS) -> list[Partition]:
         with self.store.reading() as tx:
             if allocation_id:
-                self._allocation(tx, allocation_id, allowed)
+                self._allocation(tx, allocation_id, access)
             partitions = tx.list_partitions(allocation_id=allocation_id or None)
-        return [p for p in partitions if allowed is None or p.allocation_id in allowed]
+        return [p for p in partitions if access.may_use(p.allocation_id)]
 
-    def get(self, partition_id: str, allowed: Set[str] | None = None) -> Partition:
+    def get(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
         with self.store.reading() as tx:
-            return self._partition(tx, partition_id, allowed)
+            return self._partition(tx, partition_id, access)
 
-    def ipuof_config(self, partition_id: str, gcd: int | None = None, allowed: Set[str] | None = None) -> tuple[Partition, list[GcdConfig], str]:
+    def ipuof_config(self, partition_id: str, gcd: int | None = None, access: Access = OPEN_ACCESS) -> tuple[Partition, list[GcdConfig], str]:
         """The partition, the IPUoF configuration of one GCD or all, and the IPUoF server version."""
         with self.store.reading() as tx:
-            partition = self._partition(tx, partition_id, allowed)
+            partition = self._partition(tx, partition_id, access)
             inventories = {a: tx.get_agent(a).inventory for a in partition.agent_ids}
         if partition.ready_state is not ReadyState.ACTIVE:
             raise Conflict(f"partition {partition_id} is {partition.ready_state.value}, so it has no usable IPUoF configuration")
@@ -104,16 +106,16 @@ class PartitionService:
     def _ipuof_version(inventories) -> str:
         return next((inv.versions.get(IPUOF_SERVER_VERSION_KEY, "") for inv in inventories), "")
 
-    def allocations(self, allowed: Set[str] | None = None) -> list[Allocation]:
+    def allocations(self, access: Access = OPEN_ACCESS) -> list[Allocation]:
         with self.store.reading() as tx:
-            return [a for a in tx.list_allocations() if allowed is None or a.id in allowed]
+            return [a for a in tx.list_allocations() if access.may_use(a.id)]
 
-    def ipu_attributes(self, agent_ids: list[str], allowed: Set[str] | None = None) -> list[IpuAttributes]:
+    def ipu_attributes(self, agent_ids: list[str], access: Access = OPEN_ACCESS) -> list[IpuAttributes]:
         with self.store.reading() as tx:
-            if allowed is None:
+            if access.unrestricted:
                 visible = {a.id for a in tx.list_agents()}
             else:
-                visible = {a for alloc in tx.list_allocations() if alloc.id in allowed for a in alloc.agent_ids}
+                visible = {a for alloc in tx.list_allocations() if access.may_use(alloc.id) for a in alloc.agent_ids}
             unknown = [a for a in agent_ids if a not in visible]
             if unknown:
                 raise NotFound(f"agent {unknown[0]} does not exist")
@@ -123,14 +125,14 @@ class PartitionService:
 
     # Changing
 
-    def create(self, request: PartitionRequest, allowed: Set[str] | None = None) -> Partition:
+    def create(self, request: PartitionRequest, access: Access = OPEN_ACCESS) -> Partition:
         self._check_request(request)
         for attempt in range(PLACEMENT_ATTEMPTS):
             try:
                 with self._placing, self.store.transaction() as tx:
                     if tx.get_partition(request.id) is not None:
                         raise AlreadyExists(f"partition {request.id} already exists")
-                    partition, layout = self._place(tx, request, allowed)
+                    partition, layout = self._place(tx, request, access)
                     tx.add_partition(partition)
                     agents = {a: tx.get_agent(a) for a in partition.agent_ids}
                 break
@@ -141,9 +143,9 @@ class PartitionService:
         log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
         return self._configure(partition, layout, agents)
 
-    def reset(self, partition_id: str, allowed: Set[str] | None = None) -> Partition:
+    def reset(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
         with self.store.transaction() as tx:
-            partition = self._partition(tx, partition_id, allowed)
+            partition = self._partition(tx, partition_id, access)
             self._refuse_if_busy(partition)
             tx.set_partition_state(partition.id, ReadyState.PENDING, OperationState.RESETTING)
             layout, agents = self._where(tx, partition)
@@ -153,9 +155,13 @@ class PartitionService:
             raise self._fail(partition, failures, f"cannot reset partition {partition.id}")
         return self._configure(partition, layout, agents)
 
-    def remove(self, partition_id: str, force: bool = False, allowed: Set[str] | None = None) -> None:
+    def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
         with self.store.transaction() as tx:
-            partition = self._partition(tx, partition_id, allowed)
+            partition = self._partition(tx, partition_id, access)
+            if not access.unrestricted and partition.owner and partition.owner != access.user_id:
+                raise PermissionDenied(
+                    f"partition {partition_id} belongs to user {partition.owner}; only its owner or an administrator removes it"
+                )
             if not force:
                 self._refuse_if_busy(partition)
             tx.set_partition_state(partition.id, partition.ready_state, OperationState.REMOVING)
@@ -235,19 +241,22 @@ class PartitionService:
         if request.explicit_ipus and not request.cluster_id:
             raise InvalidArgument("naming the IPUs of a partition needs its cluster id too")
 
-    def _place(self, tx: Transaction, request: PartitionRequest, allowed: Set[str] | None) -> tuple[Partition, ClusterLayout]:
+    def _place(self, tx: Transaction, request: PartitionRequest, access: Access) -> tuple[Partition, ClusterLayout]:
         if request.allocation_id:
-            candidates = [self._allocation(tx, request.allocation_id, allowed)]
+            candidates = [self._allocation(tx, request.allocation_id, access)]
             if request.cluster_id and candidates[0].cluster_id != request.cluster_id:
                 raise InvalidArgument(f"allocation {request.allocation_id} is not in cluster {request.cluster_id}")
         elif request.cluster_id:
             if tx.get_cluster(request.cluster_id) is None:
                 raise NotFound(f"cluster {request.cluster_id} does not exist")
-            candidates = [a for a in tx.list_allocations(request.cluster_id) if allowed is None or a.id in allowed]
+            candidates = [a for a in tx.list_allocations(request.cluster_id) if access.may_use(a.id)]
         else:
-            candidates = [a for a in tx.list_allocations() if allowed is None or a.id in allowed]
+            candidates = [a for a in tx.list_allocations() if access.may_use(a.id)]
         if not candidates:
             where = f"cluster {request.cluster_id}" if request.cluster_id else "this controller"
+            if not access.unrestricted:
+                raise Conflict(f"no allocation in {where} is given to user {access.user_id}; an administrator gives one with "
+                               "'vipu-admin update user --give'")
             raise Conflict(f"there is no allocation to create partitions in, in {where}; an administrator creates one with 'vipu-admin create allocation'")
 
         refusals: list[Conflict] = []
@@ -288,6 +297,7 @@ class PartitionService:
                 num_segments=placement.num_segments,
                 ipus=list(placement.ipus),
                 disable_auto_reset=request.disable_auto_reset,
+                owner=access.user_id,
             )
             return partition, layout
         if len(refusals) == 1:
@@ -300,15 +310,21 @@ class PartitionService:
         return layout, {a: tx.get_agent(a) for a in partition.agent_ids}
 
     @staticmethod
-    def _allocation(tx: Transaction, allocation_id: str, allowed: Set[str] | None) -> Allocation:
+    def _allocation(tx: Transaction, allocation_id: str, access: Access) -> Allocation:
         allocation = tx.get_allocation(allocation_id)
-        if allocation is None or (allowed is not None and allocation_id not in allowed):
+        if allocation is None:
             raise NotFound(f"allocation {allocation_id} does not exist")
+        if not access.may_use(allocation_id):
+            raise PermissionDenied(f"allocation {allocation_id} is not given to user {access.user_id}")
         return allocation
 
     @staticmethod
-    def _partition(tx: Transaction, partition_id: str, allowed: Set[str] | None) -> Partition:
+    def _partition(tx: Transaction, partition_id: str, access: Access) -> Partition:
         partition = tx.get_partition(partition_id)
-        if partition is None or (allowed is not None and partition.allocation_id not in allowed):
+        if partition is None:
             raise NotFound(f"partition {partition_id} does not exist")
+        if not access.may_use(partition.allocation_id):
+            raise PermissionDenied(
+                f"partition {partition_id} is in allocation {partition.allocation_id}, which is not given to user {access.user_id}"
+            )
         return partition

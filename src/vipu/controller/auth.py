@@ -1,0 +1,43 @@
+"""Who is calling: checked once per call by the end-points' interceptor, read by the servicers.
+
+In open mode every caller may do everything. In secure mode the caller's user id and access key
+(`vipu.api.credentials`) must match a user; the admin end-point answers administrators only.
+The version service answers anyone who got through mutual TLS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from vipu.api.credentials import ACCESS_KEY_KEY, USER_ID_KEY
+from vipu.controller.services.users import UserService
+from vipu.model.entities import OPEN_ACCESS, Access
+
+_caller: ContextVar[Access] = ContextVar("vipu_caller", default=OPEN_ACCESS)
+
+UNAUTHENTICATED_METHODS = ("/virmgrpc.VersionService/GetVersion",)
+
+
+def caller() -> Access:
+    """The caller of the request being handled."""
+    return _caller.get()
+
+
+class Authenticator:
+    def __init__(self, users: UserService | None, admin_only: bool):
+        self.users = users  # None: open mode
+        self.admin_only = admin_only
+
+    @contextmanager
+    def __call__(self, method: str, metadata: Mapping[str, str]) -> Iterator[None]:
+        if self.users is None or method in UNAUTHENTICATED_METHODS:
+            access = OPEN_ACCESS
+        else:
+            access = self.users.authenticate(metadata.get(USER_ID_KEY, ""), metadata.get(ACCESS_KEY_KEY, ""), self.admin_only)
+        token = _caller.set(access)
+        try:
+            yield
+        finally:
+            _caller.reset(token)

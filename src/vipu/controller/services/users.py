@@ -1,0 +1,137 @@
+"""Users of secure mode: who they are, which allocations they may use, and their access keys.
+
+An access key is shown once, when it is made, and stored only as a salted scrypt hash. Checking
+one costs tens of milliseconds, so a successful check is remembered in memory by the key's
+SHA-256 and the credential's version; rotating or removing a key changes the version and so
+forgets it. Keys are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+
+from vipu.model.entities import Access, Role, User, check_id
+from vipu.model.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
+from vipu.store.store import Credential, Store
+
+SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def digest(key: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(key.encode(), salt=salt, **SCRYPT)
+
+
+def credential_for(key: str, version: int) -> Credential:
+    salt = secrets.token_bytes(16)
+    return Credential(salt, digest(key, salt), version)
+
+
+class UserService:
+    def __init__(self, store: Store):
+        self.store = store
+        self._verified: dict[str, tuple[int, bytes]] = {}  # user -> (credential version, SHA-256 of its key)
+        self._lock = threading.Lock()
+
+    def create(self, user_id: str, allocation_ids: tuple[str, ...] = (), admin: bool = False) -> tuple[User, str]:
+        """A new user and their access key, which is shown only now."""
+        check_id("user", user_id)
+        key = new_key()
+        user = User(user_id, Role.ADMIN if admin else Role.USER, tuple(sorted(set(allocation_ids))))
+        with self.store.transaction() as tx:
+            self._check_allocations(tx, allocation_ids)
+            tx.add_user(user, credential_for(key, 1))
+        return user, key
+
+    def list(self) -> list[User]:
+        with self.store.reading() as tx:
+            return tx.list_users()
+
+    def get(self, user_id: str) -> User:
+        with self.store.reading() as tx:
+            user = tx.get_user(user_id)
+        if user is None:
+            raise NotFound(f"user {user_id} does not exist")
+        return user
+
+    def update(self, user_id: str, give: tuple[str, ...] = (), deny: tuple[str, ...] = (), rotate: bool = False) -> tuple[User, str]:
+        """Give or deny allocations and perhaps make a new key; the user, and the new key or ""."""
+        both = set(give) & set(deny)
+        if both:
+            raise InvalidArgument(f"allocation {sorted(both)[0]} is both given and denied")
+        key = ""
+        with self.store.transaction() as tx:
+            user = tx.get_user(user_id)
+            if user is None:
+                raise NotFound(f"user {user_id} does not exist")
+            self._check_allocations(tx, give)
+            unknown = [a for a in deny if a not in user.allocation_ids]
+            if unknown:
+                raise InvalidArgument(f"allocation {unknown[0]} is not given to user {user_id}")
+            allocations = tuple(sorted((set(user.allocation_ids) | set(give)) - set(deny)))
+            tx.set_user_allocations(user_id, allocations)
+            user.allocation_ids = allocations
+            if rotate:
+                key = new_key()
+                tx.set_credential(user_id, credential_for(key, tx.get_credential(user_id).version + 1))
+        return user, key
+
+    def remove(self, user_id: str) -> None:
+        with self.store.transaction() as tx:
+            user = tx.get_user(user_id)
+            if user is None:
+                raise NotFound(f"user {user_id} does not exist")
+            if user.role is Role.ADMIN and sum(u.role is Role.ADMIN for u in tx.list_users()) == 1:
+                raise Conflict(f"user {user_id} is the last administrator")
+            tx.delete_user(user_id)
+        with self._lock:
+            self._verified.pop(user_id, None)
+
+    def has_administrator(self) -> bool:
+        with self.store.reading() as tx:
+            return any(u.role is Role.ADMIN for u in tx.list_users())
+
+    def authenticate(self, user_id: str, key: str, admin_only: bool = False) -> Access:
+        """What the holder of this key may do; Unauthenticated or PermissionDenied otherwise."""
+        if not user_id or not key:
+            raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
+        with self.store.reading() as tx:
+            user = tx.get_user(user_id)
+            credential = tx.get_credential(user_id)
+        if user is None or not self._matches(user_id, key, credential):
+            raise Unauthenticated(f"invalid user id or access key for user {user_id}")
+        if user.role is Role.ADMIN:
+            return Access(user.id, None)
+        if admin_only:
+            raise PermissionDenied(f"user {user.id} is not an administrator; the admin end-point answers administrators only")
+        return Access(user.id, frozenset(user.allocation_ids))
+
+    def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
+        fingerprint = hashlib.sha256(key.encode()).digest()
+        with self._lock:
+            remembered = self._verified.get(user_id)
+        if remembered is not None and remembered[0] == credential.version:
+            return hmac.compare_digest(remembered[1], fingerprint)
+        if not hmac.compare_digest(digest(key, credential.salt), credential.digest):
+            return False
+        with self._lock:
+            self._verified[user_id] = (credential.version, fingerprint)
+        return True
+
+    @staticmethod
+    def _check_allocations(tx, allocation_ids) -> None:
+        for allocation_id in allocation_ids:
+            if tx.get_allocation(allocation_id) is None:
+                raise NotFound(f"allocation {allocation_id} does not exist")

@@ -1,0 +1,70 @@
+"""Users and access keys: stored as salted hashes, checked quickly, revoked at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from vipu.controller.services import users as users_module
+from vipu.controller.services.users import UserService
+from vipu.model.entities import Allocation, Cluster, Role
+from vipu.model.errors import Conflict, NotFound, PermissionDenied, Unauthenticated
+from vipu.store.store import Store
+
+
+@pytest.fixture
+def users(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    with store.transaction() as tx:
+        tx.add_cluster(Cluster("cl0", ()))
+        tx.add_allocation(Allocation("a1", "cl0", ()))
+    yield UserService(store)
+    store.close()
+
+
+def test_a_key_is_stored_salted_and_hashed_and_unlocks_only_its_user(users):
+    _, key = users.create("alice", ("a1",))
+    _, other = users.create("bob", ("a1",))
+    with users.store.reading() as tx:
+        alice, bob = tx.get_credential("alice"), tx.get_credential("bob")
+    assert key.encode() not in alice.digest and alice.salt != bob.salt and len(alice.digest) == 32
+    access = users.authenticate("alice", key)
+    assert (access.user_id, access.allocations) == ("alice", frozenset({"a1"}))
+    with pytest.raises(Unauthenticated, match="invalid user id or access key for user alice"):
+        users.authenticate("alice", other)
+    with pytest.raises(Unauthenticated, match="give a user id and access key"):
+        users.authenticate("", "")
+
+
+def test_a_checked_key_is_remembered_until_it_is_rotated(users, monkeypatch):
+    _, key = users.create("alice")
+    users.authenticate("alice", key)
+    calls = []
+    monkeypatch.setattr(users_module, "digest", lambda *a: calls.append(a) or b"")
+    users.authenticate("alice", key)
+    assert calls == []  # remembered: no scrypt
+    monkeypatch.undo()
+    _, new_key = users.update("alice", rotate=True)
+    with pytest.raises(Unauthenticated):
+        users.authenticate("alice", key)
+    assert users.authenticate("alice", new_key).user_id == "alice"
+
+
+def test_administrators_alone_pass_the_admin_end_point(users):
+    _, admin_key = users.create("root", admin=True)
+    _, user_key = users.create("alice")
+    assert users.authenticate("root", admin_key, admin_only=True).unrestricted
+    with pytest.raises(PermissionDenied, match="not an administrator"):
+        users.authenticate("alice", user_key, admin_only=True)
+    with pytest.raises(Conflict, match="last administrator"):
+        users.remove("root")
+    users.remove("alice")
+    with pytest.raises(Unauthenticated):
+        users.authenticate("alice", user_key)
+    assert users.has_administrator() and users.get("root").role is Role.ADMIN
+
+
+def test_allocations_given_must_exist(users):
+    with pytest.raises(NotFound, match="allocation a9 does not exist"):
+        users.create("alice", ("a9",))
+    with pytest.raises(NotFound):
+        users.get("alice")
