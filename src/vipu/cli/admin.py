@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from vipu.api.protos import admin_pb2 as pb
@@ -10,8 +12,10 @@ from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
     Connection,
+    connection_options,
     echo_json,
     fail,
+    given,
     json_option,
     print_server_version,
     render_pairs,
@@ -21,6 +25,7 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
+from vipu.cli.config import ClientSettings, client_settings, write_client_config
 from vipu.model.entities import IPUS_PER_MACHINE
 
 TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
@@ -40,15 +45,14 @@ force_option = click.option("--force", is_flag=True, help="Also remove everythin
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
-@click.option("-H", "--api-host", envvar="VIPU_CLI_API_HOST", default="localhost", show_default=True, help="Host of vipu-server.")
-@click.option("--api-port", envvar="VIPU_ADMIN_API_PORT", default=8091, show_default=True, help="Port of the admin end-point.")
-@click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer.")
-@click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit.")
+@connection_options(default_port=8091)
 @click.version_option(package_name="vipu", prog_name="vipu-admin")
 @click.pass_context
-def cli(ctx, api_host, api_port, api_timeout, server_version):
-    """Administer a V-IPU controller: agents, clusters and allocations."""
-    ctx.obj = Admin(Connection(api_host, api_port, api_timeout))
+def cli(ctx, api_timeout, server_version, **options):
+    """Administer a V-IPU controller: agents, clusters, allocations, users and cluster tests."""
+    with reporting("vipu-admin"):
+        settings = client_settings(given(options), port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
+    ctx.obj = Admin(Connection(settings, api_timeout))
     if server_version:
         print_server_version(ctx.obj.connection)
         ctx.exit(0)
@@ -58,22 +62,22 @@ def cli(ctx, api_host, api_port, api_timeout, server_version):
 
 @cli.group(cls=CommandGroup)
 def create():
-    """Create an agent, cluster or allocation."""
+    """Create an agent, cluster, allocation or user."""
 
 
 @cli.group(name="list", cls=CommandGroup)
 def list_():
-    """List agents, clusters or allocations."""
+    """List agents, clusters, allocations or users."""
 
 
 @cli.group(cls=CommandGroup)
 def get():
-    """Show one agent, cluster or allocation."""
+    """Show one agent, cluster, allocation or user."""
 
 
 @cli.group(cls=CommandGroup)
 def remove():
-    """Remove an agent, cluster or allocation."""
+    """Remove an agent, cluster, allocation or user."""
 
 
 def report_removal(kind: str, entity_id: str, reply: pb.RemoveReply) -> None:
@@ -313,6 +317,113 @@ def remove_allocation(admin, allocation_id, force):
     with reporting("remove allocation", allocation_id):
         reply = admin("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force))
     report_removal("allocation", allocation_id, reply)
+
+
+# Users
+
+
+def write_user_config(admin: Admin, reply: pb.UserKeyReply, directory: Path) -> Path:
+    """The new key's configuration file for `vipu`: this controller, this user, our TLS files."""
+    mine = admin.connection.settings
+    settings = ClientSettings(mine.host, reply.user_port, reply.user.id, reply.access_key,
+                              mine.server_cert, mine.client_cert, mine.client_key)
+    path = directory / f"{reply.user.id}.vipu-cli.hcl"
+    try:
+        write_client_config(path, settings)
+    except OSError as error:
+        fail("write configuration", str(path), error.strerror)
+    return path
+
+
+def report_key(admin: Admin, action: str, reply: pb.UserKeyReply, directory: Path) -> None:
+    """The key, shown this once, and the configuration file that holds it."""
+    user_id = reply.user.id
+    click.echo(f"{action} ({user_id}): success. Access key is '{reply.access_key}'.")
+    path = write_user_config(admin, reply, directory)
+    click.echo(f"vipu configuration file for the user '{user_id}' written: {path}")
+    click.echo(f"Use 'vipu --config {path}' to switch to the user context.")
+
+
+config_dir_option = click.option(
+    "--config-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+    help="Where to write the user's configuration file, USER.vipu-cli.hcl.",
+)
+
+
+@create.command("user")
+@click.argument("user_id")
+@click.option("--allocations", default=None, help="Allocations the user may create partitions in: A1,A2,...")
+@click.option("--admin", "administrator", is_flag=True, help="Make the user an administrator.")
+@config_dir_option
+@pass_admin
+def create_user(admin, user_id, allocations, administrator, config_dir):
+    """Create a user; print their access key, once, and write their vipu configuration file."""
+    request = pb.CreateUserRequest(id=user_id, allocation_ids=split_list(allocations), admin=administrator)
+    with reporting("create user", user_id):
+        reply = admin("CreateUser", request)
+    report_key(admin, "create user", reply, config_dir)
+
+
+@list_.command("users")
+@json_option
+@pass_admin
+def list_users(admin, as_json):
+    """List the users."""
+    with reporting("list users"):
+        reply = admin("ListUsers", pb.ListRequest())
+    if as_json:
+        return echo_json(reply)
+    rows = [[u.id, "admin" if u.admin else "user", " ".join(u.allocation_ids) or "-"] for u in reply.users]
+    click.echo(render_table(["User", "Role", "Allocations"], rows))
+
+
+@get.command("user")
+@click.argument("user_id")
+@json_option
+@pass_admin
+def get_user(admin, user_id, as_json):
+    """Show a user."""
+    with reporting("get user", user_id):
+        user = admin("GetUser", pb.GetRequest(id=user_id))
+    if as_json:
+        return echo_json(user)
+    click.echo(render_pairs([("User ID", user.id), ("Role", "admin" if user.admin else "user"),
+                             ("Allocations", " ".join(user.allocation_ids) or "-")]))
+
+
+@cli.group(cls=CommandGroup)
+def update():
+    """Change a user."""
+
+
+@update.command("user")
+@click.argument("user_id")
+@click.option("--give", default=None, help="Give these allocations to the user: A1,A2,...")
+@click.option("--deny", default=None, help="Take these allocations from the user: A1,A2,...")
+@click.option("--rotate-key", is_flag=True, help="Replace the user's access key; the old one stops working at once.")
+@config_dir_option
+@pass_admin
+def update_user(admin, user_id, give, deny, rotate_key, config_dir):
+    """Give or deny a user allocations, or replace their access key."""
+    if not (give or deny or rotate_key):
+        raise click.UsageError("say what changes: --give, --deny or --rotate-key")
+    request = pb.UpdateUserRequest(id=user_id, give_allocations=split_list(give), deny_allocations=split_list(deny),
+                                   rotate_key=rotate_key)
+    with reporting("update user", user_id):
+        reply = admin("UpdateUser", request)
+    if reply.access_key:
+        return report_key(admin, "update user", reply, config_dir)
+    succeed("update user", user_id)
+
+
+@remove.command("user")
+@click.argument("user_id")
+@pass_admin
+def remove_user(admin, user_id):
+    """Remove a user; their access key stops working at once."""
+    with reporting("remove user", user_id):
+        admin("RemoveUser", pb.RemoveRequest(id=user_id))
+    succeed("remove user", user_id)
 
 
 # Cluster tests

@@ -8,48 +8,108 @@ reaches the user.
 
 from __future__ import annotations
 
-import os
-
-# gRPC's C core logs to stderr on its own (a busy port, for one); vipu says what went wrong itself.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from vipu.api import credentials
 from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.status import error_from_rpc
-from vipu.model.errors import VipuError
+from vipu.api.tls import client_credentials
+from vipu.cli.config import ClientSettings, Given
+from vipu.model.errors import Unavailable, VipuError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 class Connection:
-    """A lazily opened channel to one end-point of vipu-server."""
+    """A lazily opened channel to one end-point of vipu-server, with the caller's credentials."""
 
-    def __init__(self, host: str, port: int, timeout: float):
-        self.host, self.port, self.timeout = host, port, timeout
+    def __init__(self, settings: ClientSettings, timeout: float):
+        self.settings = settings
+        self.timeout = timeout
         self._channel: grpc.Channel | None = None
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.settings.host}:{self.settings.port}"
+
+    def _open(self) -> grpc.Channel:
+        if self._channel is None:
+            s = self.settings
+            if s.tls:
+                self._channel = grpc.secure_channel(self.address, client_credentials(s.server_cert, s.client_cert, s.client_key))
+            else:
+                self._channel = grpc.insecure_channel(self.address)
+        return self._channel
 
     def call(self, stub_class, method: str, request, no_deadline: bool = False):
         """Call a method within the connection's deadline, or as long as it takes."""
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
         try:
-            return getattr(stub_class(self._channel), method)(request, timeout=None if no_deadline else self.timeout)
+            return getattr(stub_class(self._open()), method)(
+                request, timeout=None if no_deadline else self.timeout,
+                metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
+            )
         except grpc.RpcError as error:
-            raise error_from_rpc(error, f"vipu-server at {self.address}") from None
+            raise self._explained(error) from None
+
+    def _explained(self, error: grpc.RpcError) -> VipuError:
+        """The error, with the likely cause when the TLS set-ups of client and server disagree."""
+        failure = error_from_rpc(error, f"vipu-server at {self.address}")
+        details = (error.details() or "") if hasattr(error, "details") else ""
+        where = f"vipu-server at {self.address}"
+        if "CERTIFICATE_VERIFY_FAILED" in details:
+            return Unavailable(f"{where}: its certificate is not signed by the certificate authority in {self.settings.server_cert}")
+        if "Socket closed" in details or "Connection reset" in details:
+            if self.settings.tls:
+                return Unavailable(f"{where} closed the TLS connection: it does not accept the client certificate "
+                                   f"{self.settings.client_cert} (not signed by its certificate authority?)")
+            return Unavailable(f"{where} closed the connection: it runs in secure mode and needs mutual TLS "
+                               "(give --tls-server-cert, --tls-client-cert and --tls-client-key, or a --config file with them)")
+        return failure
+
+    def server_version(self) -> str:
+        return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
+
+
+def connection_options(default_port: int):
+    """The options both CLIs take to reach vipu-server and to say who is calling."""
+    options = [
+        click.option("-H", "--api-host", default=None, help="Host of vipu-server. Default: $VIPU_CLI_API_HOST, the config file, or localhost."),
+        click.option("--api-port", type=click.IntRange(1, 65535), default=None, help=f"Port of the end-point. Default: the config file, or {default_port}."),
+        click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer."),
+        click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Client configuration file (HCL). Default: /etc/vipu/vipu-cli.hcl if it exists."),
+        click.option("--api-user-id", default=None, help="User to act as in secure mode. Default: $VIPU_CLI_API_USER_ID or the config file."),
+        click.option("--api-access-key", default=None, help="That user's access key. Default: $VIPU_CLI_API_ACCESS_KEY or the config file."),
+        click.option("--tls-server-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Certificate authority of the server's certificate (mutual TLS)."),
+        click.option("--tls-client-cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Client certificate (mutual TLS)."),
+        click.option("--tls-client-key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Client certificate's key (mutual TLS)."),
+        click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def given(params: dict) -> Given:
+    """The connection options of a command line, as `client_settings` takes them."""
+    return Given(config=params["config_path"], host=params["api_host"], port=params["api_port"],
+                 user_id=params["api_user_id"], access_key=params["api_access_key"],
+                 server_cert=params["tls_server_cert"], client_cert=params["tls_client_cert"], client_key=params["tls_client_key"])
 
     def server_version(self) -> str:
         return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version

@@ -1,9 +1,19 @@
-"""Client configuration: where `vipu` finds its controller.
+"""Client configuration: where the CLIs find their controller, and how they prove who they are.
 
 In order of precedence: the command-line options, the environment (`VIPU_CLI_API_HOST`,
-`VIPU_CLI_API_PORT`), the configuration file named by `--config` or else the system-wide
-`/etc/vipu/vipu-cli.hcl`, and finally localhost:8090. Configuration files are HCL key/value
-lines such as `api-host = "ctrl.example.com"` and `api-port = 8090`.
+`VIPU_CLI_API_PORT`, `VIPU_CLI_API_USER_ID`, `VIPU_CLI_API_ACCESS_KEY`), the configuration file
+named by `--config` or else the system-wide `/etc/vipu/vipu-cli.hcl`, and the defaults.
+Configuration files are HCL key/value lines, as `vipu-admin create user` writes them:
+
+    api-host = "ctrl.example.com"
+    api-port = 8090
+    api-user-id = "alice"
+    api-access-key = "..."
+    tls-server-cert = "/etc/vipu/vipu-certs/client/ca.pem"     # mutual TLS: all three, or none
+    tls-client-cert = "/etc/vipu/vipu-certs/client/client.pem"
+    tls-client-key = "/etc/vipu/vipu-certs/client/client-key.pem"
+
+Relative paths in a file are relative to the file.
 """
 
 from __future__ import annotations
@@ -17,7 +27,6 @@ from vipu.model.errors import InvalidArgument
 
 SYSTEM_CONFIG = Path("/etc/vipu/vipu-cli.hcl")
 DEFAULT_HOST = "localhost"
-DEFAULT_PORT = 8090
 
 _LINE = re.compile(r'^\s*([A-Za-z_][\w-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|(-?\d+)|(true|false))\s*(?:(?:#|//).*)?$')
 
@@ -45,23 +54,93 @@ def parse_hcl(text: str, source: str) -> dict[str, str | int | bool]:
 class ClientSettings:
     host: str
     port: int
+    user_id: str = ""
+    access_key: str = ""
+    server_cert: Path | None = None  # the authority the server's certificate must come from
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.server_cert is not None
 
 
-def client_settings(config_path: Path | None, host: str | None, port: int | None) -> ClientSettings:
-    path = config_path or (SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None)
+@dataclass(frozen=True)
+class Given:
+    """What the command line gave; None for what it did not."""
+
+    config: Path | None = None
+    host: str | None = None
+    port: int | None = None
+    user_id: str | None = None
+    access_key: str | None = None
+    server_cert: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+
+def client_settings(given: Given, port_key: str = "api-port", port_env: str = "VIPU_CLI_API_PORT",
+                    default_port: int = 8090) -> ClientSettings:
+    path = given.config or (SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None)
     values: dict = {}
     if path is not None:
         try:
             values = parse_hcl(path.read_text(), str(path))
         except OSError as error:
             raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
-    host = host or os.environ.get("VIPU_CLI_API_HOST") or str(values.get("api-host", DEFAULT_HOST))
-    if port is None:
-        raw = os.environ.get("VIPU_CLI_API_PORT") or values.get("api-port", DEFAULT_PORT)
-        try:
-            port = int(raw)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"the API port must be a number, not {raw!r}") from None
+
+    def chosen(flag, env: str, key: str, default=None):
+        if flag is not None:
+            return flag
+        if os.environ.get(env):
+            return os.environ[env]
+        return values.get(key, default)
+
+    def file(flag: Path | None, key: str) -> Path | None:
+        if flag is not None:
+            return flag
+        if key not in values:
+            return None
+        named = Path(str(values[key])).expanduser()
+        return named if named.is_absolute() or path is None else path.parent / named
+
+    raw_port = chosen(given.port, port_env, port_key, default_port)
+    try:
+        port = int(raw_port)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"the API port must be a number, not {raw_port!r}") from None
     if not 1 <= port <= 65535:
         raise InvalidArgument(f"the API port must be from 1 to 65535, not {port}")
-    return ClientSettings(host, port)
+    tls = (file(given.server_cert, "tls-server-cert"), file(given.client_cert, "tls-client-cert"),
+           file(given.client_key, "tls-client-key"))
+    if any(tls) and not all(tls):
+        raise InvalidArgument("mutual TLS needs the server's certificate authority, a client certificate and its key: "
+                              "give all three (--tls-server-cert, --tls-client-cert, --tls-client-key)")
+    return ClientSettings(
+        host=str(chosen(given.host, "VIPU_CLI_API_HOST", "api-host", DEFAULT_HOST)),
+        port=port,
+        user_id=str(chosen(given.user_id, "VIPU_CLI_API_USER_ID", "api-user-id", "")),
+        access_key=str(chosen(given.access_key, "VIPU_CLI_API_ACCESS_KEY", "api-access-key", "")),
+        server_cert=tls[0],
+        client_cert=tls[1],
+        client_key=tls[2],
+    )
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_client_config(path: Path, settings: ClientSettings, admin_port: int | None = None) -> None:
+    """A configuration file for one user, readable by its owner only: it holds an access key."""
+    lines = [f"api-host = {_quoted(settings.host)}", f"api-port = {settings.port}"]
+    if admin_port is not None:
+        lines.append(f"api-admin-port = {admin_port}")
+    lines += [f"api-user-id = {_quoted(settings.user_id)}", f"api-access-key = {_quoted(settings.access_key)}"]
+    for key, file in (("tls-server-cert", settings.server_cert), ("tls-client-cert", settings.client_cert),
+                      ("tls-client-key", settings.client_key)):
+        if file is not None:
+            lines.append(f"{key} = {_quoted(str(Path(file).resolve()))}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write("\n".join(lines) + "\n")

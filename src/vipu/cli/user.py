@@ -13,7 +13,9 @@ from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
     Connection,
+    connection_options,
     echo_json,
+    given,
     json_option,
     print_server_version,
     render_pairs,
@@ -66,19 +68,14 @@ ipuof_dir_option = click.option(
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
-@click.option("-H", "--api-host", default=None, help="Host of vipu-server. Default: $VIPU_CLI_API_HOST, the config file, or localhost.")
-@click.option("--api-port", type=int, default=None, help="Port of the user end-point. Default: $VIPU_CLI_API_PORT, the config file, or 8090.")
-@click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Client configuration file (HCL). Default: /etc/vipu/vipu-cli.hcl if it exists.")
-@click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit.")
+@connection_options(default_port=8090)
 @click.version_option(package_name="vipu", prog_name="vipu")
 @click.pass_context
-def cli(ctx, api_host, api_port, api_timeout, config_path, server_version):
+def cli(ctx, api_timeout, server_version, **options):
     """Request and release IPU partitions from a V-IPU controller."""
     with reporting("vipu"):
-        settings = client_settings(config_path, api_host, api_port)
-    ctx.obj = User(Connection(settings.host, settings.port, api_timeout))
+        settings = client_settings(given(options))
+    ctx.obj = User(Connection(settings, api_timeout))
     if server_version:
         print_server_version(ctx.obj.connection)
         ctx.exit(0)
