@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from tests.ports import free_port
+from vipu.api import credentials
 from vipu.api.protos import (
     admin_pb2,
     admin_pb2_grpc,
@@ -23,6 +24,7 @@ from vipu.api.protos import (
     vipuuser_pb2,
     vipuuser_pb2_grpc,
 )
+from vipu.api.tls import TlsFiles, client_credentials
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
 from vipu.model.entities import IldTopology
@@ -62,7 +64,8 @@ class Pod:
     """
 
     def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
-                 ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, one_process: bool = False):
+                 ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, one_process: bool = False,
+                 secure: bool = False, server_args: tuple[str, ...] = ()):
         self.directory = directory
         self.rack_path = directory / "rack.yaml"
         self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=time_scale)
@@ -74,12 +77,30 @@ class Pod:
         self.ipuof_dir = directory / "ipuof"
         self.agents: dict[str, subprocess.Popen] = {}
         self.one_process = one_process
+        self.secure = secure
+        self.server_args = server_args
+        self.tls = TlsFiles(directory / "vipu-certs")
+        self.admin_config = directory / "admin.vipu-cli.hcl"
+        self.admin_key = ""
         self.server: subprocess.Popen | None = None
         self._channels: dict[int, grpc.Channel] = {}
 
     # Processes
 
+    def initialise(self) -> str:
+        """vipu-server --init --secure: the store, the certificates and the administrator; its output."""
+        done = subprocess.run(
+            [str(BIN / "vipu-server"), "--init", "--secure", "--db", self.db_url, "--tls-dir", str(self.tls.root),
+             "--tls-hosts", "localhost,127.0.0.1,127.0.0.2", "--default-user-id", "admin",
+             "--port", str(self.user_port), "--admin-port", str(self.admin_port)],
+            capture_output=True, text=True, cwd=self.directory, timeout=60, check=True,
+        )
+        self.admin_key = next(line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Access key is"))
+        return done.stdout
+
     def start(self) -> Pod:
+        if self.secure:
+            self.initialise()
         if self.one_process:
             with open(self.directory / "agents.log", "ab") as log:
                 self.agents["*"] = subprocess.Popen(
@@ -111,10 +132,12 @@ class Pod:
             self.server = subprocess.Popen(
                 [str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
                  "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
-                 "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3", *extra],
+                 "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
+                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *self.server_args, *extra],
                 stdout=log, stderr=subprocess.STDOUT,
             )
-        wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
+        wait_until(lambda: self._answers(self.user_port, server=True) and self._answers(self.admin_port, server=True),
+                   what="vipu-server")
 
     def stop_server(self, sig: int = signal.SIGTERM) -> None:
         self.server.send_signal(sig)
@@ -129,14 +152,14 @@ class Pod:
         for channel in self._channels.values():
             channel.close()
 
-    def _answers(self, port: int, agent: bool = False) -> bool:
+    def _answers(self, port: int, agent: bool = False, server: bool = False) -> bool:
         if self.server is not None and self.server.poll() is not None:
             raise AssertionError(f"vipu-server exited:\n{(self.directory / 'server.log').read_text()[-3000:]}")
         try:
             if agent:
                 self.agent_stub_at(port).GetInventory(agent_pb2.GetInventoryRequest(), timeout=1)
             else:
-                version_pb2_grpc.VersionServiceStub(self._channel(port)).GetVersion(version_pb2.VersionRequest(), timeout=1)
+                version_pb2_grpc.VersionServiceStub(self._server_channel(port)).GetVersion(version_pb2.VersionRequest(), timeout=1)
             return True
         except grpc.RpcError:
             return False
@@ -147,6 +170,19 @@ class Pod:
         if port not in self._channels:
             self._channels[port] = grpc.insecure_channel(f"127.0.0.1:{port}")
         return self._channels[port]
+
+    def _server_channel(self, port: int) -> grpc.Channel:
+        """A channel to vipu-server as its administrator: over mutual TLS with the key in secure mode."""
+        if not self.secure:
+            return self._channel(port)
+        key = ("server", port)
+        if key not in self._channels:
+            files = self.tls
+            transport = client_credentials(files.ca_for(files.client_dir), files.client_cert, files.client_key)
+            caller = grpc.metadata_call_credentials(
+                lambda _, callback: callback(credentials.metadata("admin", self.admin_key), None))
+            self._channels[key] = grpc.secure_channel(f"127.0.0.1:{port}", grpc.composite_channel_credentials(transport, caller))
+        return self._channels[key]
 
     def agent_stub_at(self, port: int):
         return agent_pb2_grpc.AgentServiceStub(self._channel(port))
@@ -168,7 +204,7 @@ class Pod:
 
     @property
     def admin_api(self):
-        return admin_pb2_grpc.AdminServiceStub(self._channel(self.admin_port))
+        return admin_pb2_grpc.AdminServiceStub(self._server_channel(self.admin_port))
 
     def unplug(self, machine_name: str, port: int) -> None:
         """Pull the IPU-Link cable out of a port, in the rack file the agents read."""
@@ -205,6 +241,10 @@ class Pod:
         if self.server is None or self.server.poll() is not None:
             self.start_server()
         api = self.admin_api
+        if self.secure:
+            for user in api.ListUsers(admin_pb2.ListRequest()).users:
+                if user.id != "admin":
+                    api.RemoveUser(admin_pb2.RemoveRequest(id=user.id))
         for cluster in api.ListClusters(admin_pb2.ListRequest()).clusters:
             api.RemoveCluster(admin_pb2.RemoveRequest(id=cluster.id, force=True))
         for agent in api.ListAgents(admin_pb2.ListRequest()).agents:
@@ -230,18 +270,21 @@ class Pod:
 
     # The CLIs
 
-    def _run(self, program: str, port: int, args) -> Result:
+    def _run(self, program: str, port: int, args, config: Path | None = None) -> Result:
         env = {**os.environ, "VIPU_IPUOF_DIR": str(self.ipuof_dir)}
         env.pop("VIPU_CLI_API_HOST", None)
-        done = subprocess.run([str(BIN / program), "-H", "127.0.0.1", "--api-port", str(port), *args],
-                              capture_output=True, text=True, env=env, timeout=120)
+        if config is None and self.secure:
+            config = self.admin_config
+        options = ["--config", str(config)] if config else []
+        done = subprocess.run([str(BIN / program), "-H", "127.0.0.1", "--api-port", str(port), *options, *args],
+                              capture_output=True, text=True, env=env, timeout=120, cwd=self.directory)
         return Result(done.returncode, done.stdout, done.stderr)
 
-    def admin(self, *args: str) -> Result:
-        return self._run("vipu-admin", self.admin_port, args)
+    def admin(self, *args: str, config: Path | None = None) -> Result:
+        return self._run("vipu-admin", self.admin_port, args, config)
 
-    def user(self, *args: str) -> Result:
-        return self._run("vipu", self.user_port, args)
+    def user(self, *args: str, config: Path | None = None) -> Result:
+        return self._run("vipu", self.user_port, args, config)
 
     def snapshot(self) -> dict:
         """Everything the controller knows and every agent holds, to compare before and after."""
@@ -250,7 +293,7 @@ class Pod:
         for agent in agents:
             agent.ClearField("status")
             agent.ClearField("last_error")
-        user = vipuuser_pb2_grpc.UserServiceStub(self._channel(self.user_port))
+        user = vipuuser_pb2_grpc.UserServiceStub(self._server_channel(self.user_port))
         return {
             "agents": list(agents),
             "clusters": list(api.ListClusters(request).clusters),

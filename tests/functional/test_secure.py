@@ -1,0 +1,219 @@
+"""Secure mode: mutual TLS, users with access keys, tenants kept apart, and every refusal named."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import stat
+import subprocess
+
+import pytest
+
+from tests.functional.harness import (
+    BIN,
+    Pod,
+    Result,
+    failed_line,
+    pairs,
+    rows,
+    wait_until,
+)
+from tests.ports import free_port
+from vipu.api.protos import admin_pb2
+from vipu.api.tls import TlsFiles, generate, issue
+from vipu.cli.config import parse_hcl
+
+
+@pytest.fixture(scope="module")
+def module_pod(tmp_path_factory):
+    pod = Pod(tmp_path_factory.mktemp("secure"), machines=4, secure=True).start()
+    yield pod
+    pod.stop()
+
+
+@pytest.fixture
+def tenants(pod):
+    """Allocations a1 (ag1, ag2) and a2 (ag3, ag4); alice and bob share a1, carol has a2."""
+    pod.register(allocation="")
+    api = pod.admin_api
+    api.CreateAllocation(admin_pb2.CreateAllocationRequest(id="a1", cluster_id="cl0", agent_ids=["ag1", "ag2"]))
+    api.CreateAllocation(admin_pb2.CreateAllocationRequest(id="a2", cluster_id="cl0", agent_ids=["ag3", "ag4"]))
+    for user, allocation in (("alice", "a1"), ("bob", "a1"), ("carol", "a2")):
+        created = pod.admin("create", "user", user, "--allocations", allocation)
+        assert created.code == 0, created.err
+    return {user: pod.directory / f"{user}.vipu-cli.hcl" for user in ("alice", "bob", "carol")}
+
+
+def key_of(config) -> str:
+    return str(parse_hcl(config.read_text(), str(config))["api-access-key"])
+
+
+def test_init_makes_the_store_the_certificates_and_an_administrator(tmp_path):
+    done = subprocess.run([str(BIN / "vipu-server"), "--init", "--secure", "--db", f"sqlite:///{tmp_path / 'v.db'}",
+                           "--default-user-id", "ops"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[0] == f"Initialised storage: sqlite:///{tmp_path / 'v.db'}"
+    assert lines[1:4] == ["Generated server TLS certificates in the directory: vipu-certs/server",
+                          "Generated client TLS certificates in the directory: vipu-certs/client", "Default user is: ops"]
+    assert lines[4].startswith("Access key is '") and lines[5].endswith("written: ops.vipu-cli.hcl")
+    files = TlsFiles(tmp_path / "vipu-certs")
+    for private in (files.ca_key, files.server_key, files.client_key, tmp_path / "ops.vipu-cli.hcl"):
+        assert stat.S_IMODE(os.stat(private).st_mode) == 0o600, private
+    again = subprocess.run([str(BIN / "vipu-server"), "--tls-init"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.splitlines()) == 1
+
+
+def test_users_get_a_key_once_and_a_configuration_file_that_works(pod, tenants):
+    config = parse_hcl(tenants["alice"].read_text(), "alice")
+    assert (config["api-user-id"], config["api-port"], config["api-host"]) == ("alice", pod.user_port, "127.0.0.1")
+    assert stat.S_IMODE(os.stat(tenants["alice"]).st_mode) == 0o600
+    assert pod.user("create", "partition", "p1", "--size", "4", config=tenants["alice"]).code == 0
+    assert rows(pod.admin("list", "users").out) == [["admin", "admin", "-"], ["alice", "user", "a1"], ["bob", "user", "a1"],
+                                                      ["carol", "user", "a2"]]
+    # The same credentials by flag, and the host from the environment.
+    tls = pod.tls
+    done = subprocess.run(
+        [str(BIN / "vipu"), "--api-port", str(pod.user_port), "--api-user-id", "alice", "--api-access-key", key_of(tenants["alice"]),
+         "--tls-server-cert", str(tls.ca_for(tls.client_dir)), "--tls-client-cert", str(tls.client_cert),
+         "--tls-client-key", str(tls.client_key), "list", "partitions"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "VIPU_CLI_API_HOST": "127.0.0.1"},
+    )
+    assert done.returncode == 0 and [r[0] for r in rows(done.stdout)] == ["p1"], done.stderr
+
+
+def test_tenants_see_and_touch_only_what_is_given_to_them(pod, tenants):
+    alice, bob, carol = tenants["alice"], tenants["bob"], tenants["carol"]
+    assert pod.user("create", "partition", "pa", "--size", "8", config=alice).code == 0
+    assert pod.held_anywhere("pa") == ["m01", "m02"]
+    # Users sharing an allocation see each other's partitions and may reset them, but not remove them.
+    assert [r[0] for r in rows(pod.user("list", "partitions", config=bob).out)] == ["pa"]
+    assert pod.user("reset", "partition", "pa", config=bob).code == 0
+    before = pod.snapshot()
+    failed_line(pod.user("remove", "partition", "pa", config=bob), "remove partition", "pa",
+                "partition pa belongs to user alice; only its owner or an administrator removes it")
+    # Another tenant sees nothing of it and can touch none of it.
+    assert rows(pod.user("list", "partitions", config=carol).out) == []
+    assert [r[0] for r in rows(pod.user("list", "allocations", config=carol).out)] == ["a2"]
+    failed_line(pod.user("get", "partition", "pa", config=carol), "get partition", "pa",
+                "partition pa is in allocation a1, which is not given to user carol")
+    failed_line(pod.user("reset", "partition", "pa", config=carol), "reset partition", "pa", "not given to user carol")
+    failed_line(pod.user("create", "partition", "pc", "--size", "4", "--allocation", "a1", config=carol),
+                "create partition", "pc", "allocation a1 is not given to user carol")
+    attrs = rows(pod.user("list", "ipu-attrs", config=carol).out)
+    assert {r[0] for r in attrs if r[0]} == {"ag3", "ag4"}
+    assert pod.snapshot() == before
+    # Carol's own partitions come from her allocation; an administrator removes anyone's.
+    assert pod.user("create", "partition", "pc", "--size", "4", config=carol).code == 0
+    assert pod.held_anywhere("pc") == ["m03"]
+    assert pod.user("remove", "partition", "pa").code == 0
+
+
+def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_path):
+    alice = tenants["alice"]
+    assert pod.user("create", "partition", "p1", "--size", "4", config=alice).code == 0
+    before = pod.snapshot()
+    tls = pod.tls
+
+    plain = subprocess.run([str(BIN / "vipu"), "-H", "127.0.0.1", "--api-port", str(pod.user_port), "list", "partitions"],
+                           capture_output=True, text=True, timeout=60)
+    failed_line(Result(plain.returncode, plain.stdout, plain.stderr), "list partitions", None,
+                "closed the connection: it runs in secure mode and needs mutual TLS")
+
+    foreign = TlsFiles(tmp_path / "other")
+    generate(foreign, ["localhost"])
+    failed_line(pod.user("--tls-client-cert", str(foreign.client_cert), "--tls-client-key", str(foreign.client_key),
+                         "list", "partitions", config=alice),
+                "list partitions", None, "does not accept the client certificate")
+    failed_line(pod.user("--tls-server-cert", str(foreign.ca_for(foreign.client_dir)), "list", "partitions", config=alice),
+                "list partitions", None, "its certificate is not signed by the certificate authority in")
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key, cert = issue(tls.ca_key.read_bytes(), tls.ca_cert.read_bytes(), "stale",
+                      not_before=now - datetime.timedelta(days=30), not_after=now - datetime.timedelta(days=1))
+    (tmp_path / "stale.pem").write_bytes(cert)
+    (tmp_path / "stale-key.pem").write_bytes(key)
+    failed_line(pod.user("--tls-client-cert", str(tmp_path / "stale.pem"), "--tls-client-key", str(tmp_path / "stale-key.pem"),
+                         "list", "partitions", config=alice),
+                "list partitions", None, f"the client certificate {tmp_path / 'stale.pem'} expired on")
+
+    failed_line(pod.user("--api-access-key", "not-the-key", "list", "partitions", config=alice),
+                "list partitions", None, "invalid user id or access key for user alice")
+    old_key = key_of(alice)
+    assert pod.admin("update", "user", "alice", "--rotate-key").code == 0
+    failed_line(pod.user("--api-access-key", old_key, "list", "partitions", config=alice),
+                "list partitions", None, "invalid user id or access key for user alice")
+    assert pod.user("list", "partitions", config=alice).code == 0  # the rewritten file holds the new key
+
+    failed_line(pod.admin("list", "agents", config=alice), "list agents", None,
+                "user alice is not an administrator; the admin end-point answers administrators only")
+    failed_line(pod.admin("create", "user", "mallory", "--admin", config=alice), "create user", "mallory", "not an administrator")
+    failed_line(pod.user("remove", "partition", "p1", config=tenants["carol"]), "remove partition", "p1",
+                "partition p1 is in allocation a1, which is not given to user carol")
+
+    assert pod.admin("remove", "user", "bob").code == 0
+    failed_line(pod.user("list", "partitions", config=tenants["bob"]), "list partitions", None,
+                "invalid user id or access key for user bob")
+    after = pod.snapshot()
+    assert after == before
+
+
+def test_users_are_given_and_denied_allocations_and_the_last_administrator_stays(pod, tenants):
+    assert pod.admin("update", "user", "carol", "--give", "a1", "--deny", "a2").code == 0
+    assert pairs(pod.admin("get", "user", "carol").out)["Allocations"] == "a1"
+    assert [r[0] for r in rows(pod.user("list", "allocations", config=tenants["carol"]).out)] == ["a1"]
+    failed_line(pod.admin("update", "user", "carol", "--deny", "a2"), "update user", "carol", "allocation a2 is not given to user carol")
+    failed_line(pod.admin("update", "user", "carol", "--give", "a9"), "update user", "carol", "allocation a9 does not exist")
+    failed_line(pod.admin("create", "user", "alice"), "create user", "alice", "user alice already exists")
+    failed_line(pod.admin("remove", "user", "admin"), "remove user", "admin", "user admin is the last administrator")
+
+
+def test_keys_are_kept_only_as_salted_hashes_and_never_logged(pod, tenants):
+    keys = [key_of(config) for config in tenants.values()] + [pod.admin_key]
+    store = pod.db_url.removeprefix("sqlite:///")
+    with open(store, "rb") as database:
+        content = database.read()
+    for wal in (store + "-wal",):
+        if os.path.exists(wal):
+            content += open(wal, "rb").read()
+    log = (pod.directory / "server.log").read_text()
+    for key in keys:
+        assert key.encode() not in content and key not in log
+
+
+def test_the_admin_end_point_can_listen_on_an_address_of_its_own(tmp_path):
+    pod = Pod(tmp_path, machines=1, secure=True, server_args=("--admin-listen-address", "127.0.0.2"))
+    pod.initialise()
+    pod.secure = False  # start by hand below: the harness waits on 127.0.0.1
+    log = open(tmp_path / "server.log", "ab")
+    server = subprocess.Popen(
+        [str(BIN / "vipu-server"), "--secure", "--tls-dir", str(pod.tls.root), "--db", pod.db_url,
+         "--listen-address", "127.0.0.1", "--port", str(pod.user_port), "--admin-listen-address", "127.0.0.2",
+         "--admin-port", str(pod.admin_port), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def admin(host: str) -> Result:
+            done = subprocess.run([str(BIN / "vipu-admin"), "--config", str(pod.admin_config), "-H", host, "list", "agents"],
+                                  capture_output=True, text=True, timeout=60)
+            return Result(done.returncode, done.stdout, done.stderr)
+
+        wait_until(lambda: admin("127.0.0.2").code == 0, what="the admin end-point on 127.0.0.2")
+        failed_line(admin("127.0.0.1"), "list agents", None, "unreachable (connection refused)")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_open_mode_says_so_and_has_no_users(tmp_path):
+    port, admin_port = free_port(), free_port()
+    log = tmp_path / "server.log"
+    server = subprocess.Popen([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'v.db'}", "--listen-address", "127.0.0.1",
+                               "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0"],
+                              stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "ready" in log.read_text(), what="vipu-server")
+        assert "open mode: no TLS and no authentication" in log.read_text()
+        done = subprocess.run([str(BIN / "vipu-admin"), "-H", "127.0.0.1", "--api-port", str(admin_port), "create", "user", "x"],
+                              capture_output=True, text=True, timeout=60)
+        failed_line(Result(done.returncode, done.stdout, done.stderr), "create user", "x", "runs in open mode, without users")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
