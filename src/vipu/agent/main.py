@@ -6,11 +6,6 @@ controller cannot tell a process hosting many simulated machines from one agent 
 
 from __future__ import annotations
 
-import os
-
-# gRPC's C core logs to stderr on its own (a busy port, for one); vipu says what went wrong itself.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-
 import logging
 import signal
 import sys
