@@ -68,11 +68,6 @@ def _reverse(table: dict, value, what: str):
     raise InvalidArgument(f"unknown {what} {value}")
 
 
-def enum_name(enum_type, value: int) -> str:
-    """The proto name of an enum value, e.g. 'IRT_SWNC'."""
-    return enum_type.Name(value)
-
-
 # Agent service
 
 

@@ -111,9 +111,6 @@ def given(params: dict) -> Given:
                  user_id=params["api_user_id"], access_key=params["api_access_key"],
                  server_cert=params["tls_server_cert"], client_cert=params["tls_client_cert"], client_key=params["tls_client_key"])
 
-    def server_version(self) -> str:
-        return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
-
 
 def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else f"{text}."

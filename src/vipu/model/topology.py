@@ -136,12 +136,6 @@ class ClusterLayout:
     def topology_id(self, agent_id: str, index: int) -> int:
         return self.locate(agent_id)[1] * IPUS_PER_MACHINE + index
 
-    def ipu_at(self, ild: int, topology_id: int) -> tuple[str, int]:
-        position, index = divmod(topology_id, IPUS_PER_MACHINE)
-        if not 0 <= ild < self.num_ilds or not 0 <= position < self.machines_per_ild:
-            raise InvalidArgument(f"there is no IPU {topology_id} in IPU-Link domain {ild}")
-        return self.ilds[ild][position], index
-
     def vertical_pairs(self) -> list[tuple[str, str, bool]]:
         """Each (lower, upper, is_loop_back) pair of machines joined by IPU-Link cables."""
         pairs = []

@@ -59,7 +59,6 @@ def test_domains_are_equal_consecutive_groups_of_agents():
     assert layout.ilds == (("ag1", "ag2", "ag3"), ("ag4", "ag5", "ag6"))
     assert layout.locate("ag5") == (1, 1)
     assert layout.topology_id("ag5", 2) == 6
-    assert layout.ipu_at(1, 6) == ("ag5", 2)
 
 
 @pytest.mark.parametrize(
