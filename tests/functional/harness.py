@@ -65,7 +65,7 @@ class Pod:
 
     def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
                  ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, one_process: bool = False,
-                 secure: bool = False, server_args: tuple[str, ...] = ()):
+                 secure: bool = False):
         self.directory = directory
         self.rack_path = directory / "rack.yaml"
         self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=time_scale)
@@ -78,7 +78,6 @@ class Pod:
         self.agents: dict[str, subprocess.Popen] = {}
         self.one_process = one_process
         self.secure = secure
-        self.server_args = server_args
         self.tls = TlsFiles(directory / "vipu-certs")
         self.admin_config = directory / "admin.vipu-cli.hcl"
         self.admin_key = ""
@@ -133,11 +132,10 @@ class Pod:
                 [str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
                  "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                  "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
-                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *self.server_args, *extra],
+                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *extra],
                 stdout=log, stderr=subprocess.STDOUT,
             )
-        wait_until(lambda: self._answers(self.user_port, server=True) and self._answers(self.admin_port, server=True),
-                   what="vipu-server")
+        wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
 
     def stop_server(self, sig: int = signal.SIGTERM) -> None:
         self.server.send_signal(sig)
@@ -152,7 +150,7 @@ class Pod:
         for channel in self._channels.values():
             channel.close()
 
-    def _answers(self, port: int, agent: bool = False, server: bool = False) -> bool:
+    def _answers(self, port: int, agent: bool = False) -> bool:
         if self.server is not None and self.server.poll() is not None:
             raise AssertionError(f"vipu-server exited:\n{(self.directory / 'server.log').read_text()[-3000:]}")
         try:

@@ -10,7 +10,6 @@ import logging
 import signal
 import sys
 import threading
-from concurrent import futures
 from pathlib import Path
 
 import click
@@ -22,6 +21,7 @@ from vipu.agent.ipuof import IpuofServicer
 from vipu.agent.service import AgentServicer
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import agent_pb2_grpc, ipuof_pb2_grpc
+from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.model.errors import VipuError
@@ -29,17 +29,6 @@ from vipu.model.errors import VipuError
 log = logging.getLogger("vipu.agent")
 
 WATCH_INTERVAL = 0.2  # seconds between looks at whether a simulated machine plays dead
-
-
-def serve(register, host: str, port: int, workers: int = 8) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), interceptors=[GuardInterceptor()])
-    register(server)
-    try:
-        server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as error:
-        raise VipuError(f"cannot listen on {host}:{port}: {error}") from error
-    server.start()
-    return server
 
 
 class MachineHost:
@@ -58,11 +47,12 @@ class MachineHost:
         """Open both end-points, or neither."""
         try:
             self.servers.append(serve(
-                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s), self.host, self.port))
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s),
+                self.host, self.port, GuardInterceptor()))
             if self.ipuof_port:
                 self.servers.append(serve(
                     lambda s: ipuof_pb2_grpc.add_IpuofServiceServicer_to_server(IpuofServicer(self.backend), s),
-                    self.host, self.ipuof_port))
+                    self.host, self.ipuof_port, GuardInterceptor()))
         except VipuError:
             self.close()
             raise

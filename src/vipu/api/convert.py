@@ -267,13 +267,14 @@ def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> 
     )
 
 
-def status_to_proto(partition: Partition, max_auto_reset_retries: int) -> user_pb2.PartitionStatus:
+def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
+    # The controller does not reset partitions automatically (yet), so it offers no retries.
     return user_pb2.PartitionStatus(
         partition_id=partition.id,
         ready_state=READY_STATE[partition.ready_state],
         operation_state=OPERATION_STATE[partition.operation_state],
         errors=partition.errors,
-        max_auto_reset_retries=0 if partition.disable_auto_reset else max_auto_reset_retries,
+        max_auto_reset_retries=0,
         auto_reset_retry_count=partition.auto_reset_count,
     )
 

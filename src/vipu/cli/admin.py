@@ -11,13 +11,14 @@ from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
-    Connection,
+    Endpoint,
     connection_options,
     echo_json,
     fail,
     given,
     json_option,
-    print_server_version,
+    open_endpoint,
+    pass_endpoint,
     render_pairs,
     render_table,
     reporting,
@@ -32,15 +33,6 @@ TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
 TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
 
 
-class Admin:
-    def __init__(self, connection: Connection):
-        self.connection = connection
-
-    def __call__(self, method: str, request):
-        return self.connection.call(pb_grpc.AdminServiceStub, method, request)
-
-
-pass_admin = click.make_pass_decorator(Admin)
 force_option = click.option("--force", is_flag=True, help="Also remove everything that depends on it, and say what.")
 
 
@@ -52,12 +44,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Administer a V-IPU controller: agents, clusters, allocations, users and cluster tests."""
     with reporting("vipu-admin"):
         settings = client_settings(given(options), port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
-    ctx.obj = Admin(Connection(settings, api_timeout))
-    if server_version:
-        print_server_version(ctx.obj.connection)
-        ctx.exit(0)
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+    open_endpoint(ctx, settings, api_timeout, pb_grpc.AdminServiceStub, server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -93,7 +80,7 @@ def report_removal(kind: str, entity_id: str, reply: pb.RemoveReply) -> None:
 @click.argument("agent_id")
 @click.option("--host", required=True, help="Host or IP address of the agent (the IPU-Gateway management interface).")
 @click.option("--port", required=True, type=click.IntRange(1, 65535), help="Port the agent listens on.")
-@pass_admin
+@pass_endpoint
 def create_agent(admin, agent_id, host, port):
     """Register the agent of an IPU-Machine."""
     with reporting("create agent", agent_id):
@@ -103,7 +90,7 @@ def create_agent(admin, agent_id, host, port):
 
 @list_.command("agents")
 @json_option
-@pass_admin
+@pass_endpoint
 def list_agents(admin, as_json):
     """List the agents."""
     with reporting("list agents"):
@@ -122,7 +109,7 @@ def _version_label(component: str) -> str:
 @get.command("agent")
 @click.argument("agent_id")
 @json_option
-@pass_admin
+@pass_endpoint
 def get_agent(admin, agent_id, as_json):
     """Show an agent, its machine and which partition holds each IPU."""
     with reporting("get agent", agent_id):
@@ -164,7 +151,7 @@ def get_agent(admin, agent_id, as_json):
 @remove.command("agent")
 @click.argument("agent_id")
 @force_option
-@pass_admin
+@pass_endpoint
 def remove_agent(admin, agent_id, force):
     """Remove an agent (with --force, also its cluster, allocations and partitions)."""
     with reporting("remove agent", agent_id):
@@ -184,7 +171,7 @@ def remove_agent(admin, agent_id, force):
               help="IPU-Link domains the agents form, in equal consecutive groups.")
 @click.option("--cluster-topology", type=click.Choice(["looped"]), default=None,
               help="How IPU-Link domains are joined by GW-Links (looped, the default with several domains).")
-@pass_admin
+@pass_endpoint
 def create_cluster(admin, cluster_id, agents, topology, num_ipulinkdomains, cluster_topology):
     """Group agents into a cluster with a known cabling topology."""
     request = pb.CreateClusterRequest(
@@ -206,7 +193,7 @@ def _cluster_shape(cluster: pb.Cluster) -> tuple[str, str]:
 
 @list_.command("clusters")
 @json_option
-@pass_admin
+@pass_endpoint
 def list_clusters(admin, as_json):
     """List the clusters."""
     with reporting("list clusters"):
@@ -224,7 +211,7 @@ def list_clusters(admin, as_json):
 @get.command("cluster")
 @click.argument("cluster_id")
 @json_option
-@pass_admin
+@pass_endpoint
 def get_cluster(admin, cluster_id, as_json):
     """Show a cluster and its IPU-Link domains."""
     with reporting("get cluster", cluster_id):
@@ -249,7 +236,7 @@ def get_cluster(admin, cluster_id, as_json):
 @remove.command("cluster")
 @click.argument("cluster_id")
 @force_option
-@pass_admin
+@pass_endpoint
 def remove_cluster(admin, cluster_id, force):
     """Remove a cluster (with --force, also its allocations and their partitions)."""
     with reporting("remove cluster", cluster_id):
@@ -265,7 +252,7 @@ def remove_cluster(admin, cluster_id, force):
 @click.option("--cluster", "cluster_id", required=True, help="The cluster the machines come from.")
 @click.option("--agents", default=None, help="These physically consecutive agents, in order: ag1,ag2,...")
 @click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None, help="Or this many IPUs, on consecutive free machines the controller picks.")
-@pass_admin
+@pass_endpoint
 def create_allocation(admin, allocation_id, cluster_id, agents, size):
     """Make consecutive machines of a cluster available for partitions."""
     if (agents is None) == (size is None):
@@ -278,7 +265,7 @@ def create_allocation(admin, allocation_id, cluster_id, agents, size):
 
 @list_.command("allocations")
 @json_option
-@pass_admin
+@pass_endpoint
 def list_allocations(admin, as_json):
     """List the allocations."""
     with reporting("list allocations"):
@@ -292,7 +279,7 @@ def list_allocations(admin, as_json):
 @get.command("allocation")
 @click.argument("allocation_id")
 @json_option
-@pass_admin
+@pass_endpoint
 def get_allocation(admin, allocation_id, as_json):
     """Show an allocation."""
     with reporting("get allocation", allocation_id):
@@ -311,7 +298,7 @@ def get_allocation(admin, allocation_id, as_json):
 @remove.command("allocation")
 @click.argument("allocation_id")
 @force_option
-@pass_admin
+@pass_endpoint
 def remove_allocation(admin, allocation_id, force):
     """Remove an allocation (with --force, also its partitions)."""
     with reporting("remove allocation", allocation_id):
@@ -322,7 +309,7 @@ def remove_allocation(admin, allocation_id, force):
 # Users
 
 
-def write_user_config(admin: Admin, reply: pb.UserKeyReply, directory: Path) -> Path:
+def write_user_config(admin: Endpoint, reply: pb.UserKeyReply, directory: Path) -> Path:
     """The new key's configuration file for `vipu`: this controller, this user, our TLS files."""
     mine = admin.connection.settings
     settings = ClientSettings(mine.host, reply.user_port, reply.user.id, reply.access_key,
@@ -335,7 +322,7 @@ def write_user_config(admin: Admin, reply: pb.UserKeyReply, directory: Path) -> 
     return path
 
 
-def report_key(admin: Admin, action: str, reply: pb.UserKeyReply, directory: Path) -> None:
+def report_key(admin: Endpoint, action: str, reply: pb.UserKeyReply, directory: Path) -> None:
     """The key, shown this once, and the configuration file that holds it."""
     user_id = reply.user.id
     click.echo(f"{action} ({user_id}): success. Access key is '{reply.access_key}'.")
@@ -355,7 +342,7 @@ config_dir_option = click.option(
 @click.option("--allocations", default=None, help="Allocations the user may create partitions in: A1,A2,...")
 @click.option("--admin", "administrator", is_flag=True, help="Make the user an administrator.")
 @config_dir_option
-@pass_admin
+@pass_endpoint
 def create_user(admin, user_id, allocations, administrator, config_dir):
     """Create a user; print their access key, once, and write their vipu configuration file."""
     request = pb.CreateUserRequest(id=user_id, allocation_ids=split_list(allocations), admin=administrator)
@@ -366,7 +353,7 @@ def create_user(admin, user_id, allocations, administrator, config_dir):
 
 @list_.command("users")
 @json_option
-@pass_admin
+@pass_endpoint
 def list_users(admin, as_json):
     """List the users."""
     with reporting("list users"):
@@ -380,7 +367,7 @@ def list_users(admin, as_json):
 @get.command("user")
 @click.argument("user_id")
 @json_option
-@pass_admin
+@pass_endpoint
 def get_user(admin, user_id, as_json):
     """Show a user."""
     with reporting("get user", user_id):
@@ -402,7 +389,7 @@ def update():
 @click.option("--deny", default=None, help="Take these allocations from the user: A1,A2,...")
 @click.option("--rotate-key", is_flag=True, help="Replace the user's access key; the old one stops working at once.")
 @config_dir_option
-@pass_admin
+@pass_endpoint
 def update_user(admin, user_id, give, deny, rotate_key, config_dir):
     """Give or deny a user allocations, or replace their access key."""
     if not (give or deny or rotate_key):
@@ -418,7 +405,7 @@ def update_user(admin, user_id, give, deny, rotate_key, config_dir):
 
 @remove.command("user")
 @click.argument("user_id")
-@pass_admin
+@pass_endpoint
 def remove_user(admin, user_id):
     """Remove a user; their access key stops working at once."""
     with reporting("remove user", user_id):
@@ -460,7 +447,7 @@ def print_test_report(report: pb.ClusterTestReport) -> None:
 @click.option("--start", "mode", flag_value="start", help="Start the test and return at once.")
 @click.option("--status", "mode", flag_value="status", help="Show the results of the last test.")
 @click.option("--stop", "mode", flag_value="stop", help="Stop the test in progress.")
-@pass_admin
+@pass_endpoint
 def test_cluster(admin, cluster_id, mode, **options):
     """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say)."""
     if mode == "status":
@@ -493,7 +480,7 @@ def discover():
 @discover.command("agents")
 @click.option("--auto-add", is_flag=True, help="Add every discovered agent that is not registered yet, as HOST-PORT.")
 @json_option
-@pass_admin
+@pass_endpoint
 def discover_agents(admin, auto_add, as_json):
     """List the agents heard on the interfaces vipu-server listens on (vipu-server -a)."""
     with reporting("discover agents"):

@@ -80,6 +80,36 @@ class Connection:
         return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
 
 
+class Endpoint:
+    """One end-point of vipu-server: `endpoint("Method", request)` calls it."""
+
+    def __init__(self, connection: Connection, stub_class):
+        self.connection = connection
+        self.stub_class = stub_class
+
+    def __call__(self, method: str, request):
+        return self.connection.call(self.stub_class, method, request)
+
+
+pass_endpoint = click.make_pass_decorator(Endpoint)
+
+
+def open_endpoint(ctx: click.Context, settings: ClientSettings, timeout: float, stub_class, server_version: bool) -> None:
+    """What a CLI's root does: connect, and answer --server-version or a bare command."""
+    ctx.obj = Endpoint(Connection(settings, timeout), stub_class)
+    if server_version:
+        print_server_version(ctx.obj.connection)
+        ctx.exit(0)
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+ipuof_dir_option = click.option(
+    "--ipuof-dir", type=click.Path(file_okay=False, path_type=Path), envvar="VIPU_IPUOF_DIR", default=None,
+    help="Where IPUoF configuration files are. Default: ~/.ipuof.conf.d (/etc/ipuof.conf.d for root).",
+)
+
+
 def connection_options(default_port: int):
     """The options both CLIs take to reach vipu-server and to say who is calling."""
     options = [

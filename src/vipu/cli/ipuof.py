@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from vipu.cli.common import CONTEXT, CommandGroup, reporting, run
+from vipu.cli.common import CONTEXT, CommandGroup, ipuof_dir_option, reporting, run
 from vipu.ipuof import client as ipuof_client
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument
@@ -26,8 +26,7 @@ def cli():
 @cli.command("run")
 @click.argument("configs", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--partition", "partition_id", default=None, help="Use this partition's IPUoF files.")
-@click.option("--ipuof-dir", type=click.Path(file_okay=False, path_type=Path), envvar="VIPU_IPUOF_DIR", default=None,
-              help="Where the partition's files are. Default: ~/.ipuof.conf.d (/etc/ipuof.conf.d for root).")
+@ipuof_dir_option
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1, show_default=True, help="Seed of the test program.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for each IPU.")
 def run_program(configs, partition_id, ipuof_dir, seed, timeout):

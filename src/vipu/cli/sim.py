@@ -43,8 +43,10 @@ def make_rack(output, machines, topology, ilds, host, base_port, exporters, time
         rack = generate_rack(machines, name=name or f"pod{machines}", topology=IldTopology(topology), num_ilds=ilds,
                              host=host, agent_base_port=base_port, with_exporters=exporters, time_scale=time_scale)
         save_rack(rack, output)
-    except (VipuError, OSError) as error:
-        fail("rack", str(output), getattr(error, "message", None) or str(error))
+    except VipuError as error:
+        fail("rack", str(output), error.message)
+    except OSError as error:
+        fail("rack", str(output), error.strerror)
     click.echo(f"rack ({output}): success. {machines} machines, {len(rack.cables)} cables.")
 
 

@@ -12,12 +12,14 @@ from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
-    Connection,
+    Endpoint,
     connection_options,
     echo_json,
     given,
+    ipuof_dir_option,
     json_option,
-    print_server_version,
+    open_endpoint,
+    pass_endpoint,
     render_pairs,
     render_table,
     reporting,
@@ -52,19 +54,6 @@ def ready_state(value: int) -> str:
     return pb.PartitionReadyState.Name(value).removeprefix("PS_")
 
 
-class User:
-    def __init__(self, connection: Connection):
-        self.connection = connection
-
-    def __call__(self, method: str, request):
-        return self.connection.call(pb_grpc.UserServiceStub, method, request)
-
-
-pass_user = click.make_pass_decorator(User)
-ipuof_dir_option = click.option(
-    "--ipuof-dir", type=click.Path(file_okay=False, path_type=Path), envvar="VIPU_IPUOF_DIR", default=None,
-    help="Where IPUoF configuration files go. Default: ~/.ipuof.conf.d (/etc/ipuof.conf.d for root).",
-)
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
@@ -75,12 +64,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Request and release IPU partitions from a V-IPU controller."""
     with reporting("vipu"):
         settings = client_settings(given(options))
-    ctx.obj = User(Connection(settings, api_timeout))
-    if server_version:
-        print_server_version(ctx.obj.connection)
-        ctx.exit(0)
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+    open_endpoint(ctx, settings, api_timeout, pb_grpc.UserServiceStub, server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -108,7 +92,7 @@ def reset():
     """Reset a partition."""
 
 
-def write_ipuof_files(user: User, partition_id: str, directory: Path) -> list[Path]:
+def write_ipuof_files(user: Endpoint, partition_id: str, directory: Path) -> list[Path]:
     """Write a new partition's IPUoF files; if they cannot be written, remove the partition again."""
     reply = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id))
     try:
@@ -135,7 +119,7 @@ def write_ipuof_files(user: User, partition_id: str, directory: Path) -> list[Pa
               help="IPU-Link domains to span (over GW-Links). Default: one when it fits.")
 @click.option("--disable-auto-reset", is_flag=True, help="Do not reset the partition automatically after errors.")
 @ipuof_dir_option
-@pass_user
+@pass_endpoint
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
                      sync_type, ipulink_routing, num_segments, disable_auto_reset, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
@@ -163,7 +147,7 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
 @click.argument("partition_id")
 @click.option("--force", is_flag=True, help="Forget the partition even if its agents cannot be cleared.")
 @ipuof_dir_option
-@pass_user
+@pass_endpoint
 def remove_partition(user, partition_id, force, ipuof_dir):
     """Remove a partition and delete its IPUoF configuration."""
     directory = ipuof_dir or ipuof_files.default_dir()
@@ -178,7 +162,7 @@ def remove_partition(user, partition_id, force, ipuof_dir):
 
 @reset.command("partition")
 @click.argument("partition_id")
-@pass_user
+@pass_endpoint
 def reset_partition(user, partition_id):
     """Reset a partition: clear and re-apply its configuration."""
     with reporting("reset partition", partition_id):
@@ -189,7 +173,7 @@ def reset_partition(user, partition_id):
 @list_.command("partitions")
 @click.option("--allocation", "allocation_id", default="", help="Only the partitions of this allocation.")
 @json_option
-@pass_user
+@pass_endpoint
 def list_partitions(user, allocation_id, as_json):
     """List the partitions."""
     with reporting("list partitions"):
@@ -209,7 +193,7 @@ def list_partitions(user, allocation_id, as_json):
 @click.option("--ipu-configs", is_flag=True, help="Print the IPUoF configuration as JSON.")
 @click.option("--gcd", type=click.IntRange(min=0), default=None, help="Only this GCD's IPUoF configuration.")
 @json_option
-@pass_user
+@pass_endpoint
 def get_partition(user, partition_id, ipu_configs, gcd, as_json):
     """Show a partition: its shape, state and IPUs, or its IPUoF configuration."""
     with reporting("get partition", partition_id):
@@ -257,7 +241,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
 
 @list_.command("allocations")
 @json_option
-@pass_user
+@pass_endpoint
 def list_allocations(user, as_json):
     """List the allocations you can create partitions in."""
     with reporting("list allocations"):
@@ -270,7 +254,7 @@ def list_allocations(user, as_json):
 @list_.command("ipu-attrs")
 @click.option("--agents", default=None, help="Only these agents: ag1,ag2,...")
 @json_option
-@pass_user
+@pass_endpoint
 def list_ipu_attrs(user, agents, as_json):
     """List the attributes of the IPUs you can use."""
     with reporting("list ipu-attrs"):

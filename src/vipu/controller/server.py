@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import grpc
 
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
+from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, server_credentials
 from vipu.controller.agentclient import GrpcAgentGateway
@@ -65,18 +65,18 @@ class Controller:
         self.store = Store(config.db_url)
         self.gateway = GrpcAgentGateway(config.agent_timeout)
         self.hardware = Hardware(self.gateway, workers=config.workers)
-        self.partitions = PartitionService(self.store, self.hardware)
+        under_test: set[str] = set()
+        self.partitions = PartitionService(self.store, self.hardware, under_test)
         self.allocations = AllocationService(self.store, self.partitions)
-        self.clusters = ClusterService(self.store, self.allocations)
+        self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
-        self.clustertests = ClusterTestService(self.store, self.hardware, self.partitions)
+        self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
         self.users = UserService(self.store) if config.secure else None
         self.discovery = DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port) if config.discovery_interfaces else None
         self.metrics = ControllerMetrics(self.store)
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
-        self._health: threading.Thread | None = None
 
     def start(self) -> None:
         if self.users is not None and not self.users.has_administrator():
@@ -90,10 +90,7 @@ class Controller:
         self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin, admin_only=True))
         if c.metrics_port:
             self.metrics.serve(c.listen_address, c.metrics_port)
-        self._health = threading.Thread(
-            target=self.reconciler.run, args=(c.health_interval, self._stop), name="health", daemon=True
-        )
-        self._health.start()
+        threading.Thread(target=self.reconciler.run, args=(c.health_interval, self._stop), name="health", daemon=True).start()
 
     def _register_user(self, server: grpc.Server) -> None:
         vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions), server)
@@ -106,20 +103,9 @@ class Controller:
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix=f"rpc-{port}"),
-            interceptors=[GuardInterceptor(self.metrics.observe, Authenticator(self.users, admin_only))],
-        )
-        register(server)
-        try:
-            if self.config.secure:
-                server.add_secure_port(f"{host}:{port}", server_credentials(TlsFiles(self.config.tls_dir)))
-            else:
-                server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as error:
-            raise VipuError(f"cannot listen on {host}:{port} (is another vipu-server running?)") from error
-        server.start()
-        return server
+        guard = GuardInterceptor(self.metrics.observe, Authenticator(self.users, admin_only))
+        credentials = server_credentials(TlsFiles(self.config.tls_dir)) if self.config.secure else None
+        return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 
     def stop(self) -> None:
         self._stop.set()

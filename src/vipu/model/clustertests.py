@@ -114,10 +114,6 @@ class TestRun:
     tests: list[TestType]
     outcomes: list[Outcome] = field(default_factory=list)
 
-    @property
-    def failed(self) -> bool:
-        return any(o.status is not Status.PASSED for o in self.outcomes)
-
 
 Observations = Mapping[str, Observation | None]  # agent id -> what it saw, None if it did not answer
 

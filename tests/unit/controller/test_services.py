@@ -92,12 +92,13 @@ class Pod:
         self.gateway = InMemoryGateway(self.rack_path)
         self.store = Store(f"sqlite:///{tmp_path / 'vipu.db'}")
         self.hardware = Hardware(self.gateway, workers=8)
-        self.partitions = PartitionService(self.store, self.hardware)
+        under_test: set[str] = set()
+        self.partitions = PartitionService(self.store, self.hardware, under_test)
         self.allocations = AllocationService(self.store, self.partitions)
-        self.clusters = ClusterService(self.store, self.allocations)
+        self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
-        self.clustertests = ClusterTestService(self.store, self.hardware, self.partitions)
+        self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
         for n, machine in enumerate(self.rack.machines, start=1):
             self.agents.create(f"ag{n}", machine.host, machine.port)
         self.clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), topology))
@@ -299,4 +300,4 @@ def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     stopping.join(10)
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
         pod.clustertests.status()
-    assert "cl0" not in pod.partitions.clusters_under_test
+    assert "cl0" not in pod.partitions.under_test

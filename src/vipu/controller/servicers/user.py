@@ -46,7 +46,7 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def GetPartitionStatus(self, request, context):
         partition = self.partitions.get(request.partition_id, caller())
-        return pb.GetPartitionStatusReply(status=convert.status_to_proto(partition, self.partitions.max_auto_reset_retries))
+        return pb.GetPartitionStatusReply(status=convert.status_to_proto(partition))
 
     def ListAllocations(self, request, context):
         return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a) for a in self.partitions.allocations(caller())])

@@ -10,9 +10,10 @@ from vipu.store.store import Store
 
 
 class ClusterService:
-    def __init__(self, store: Store, allocations: AllocationService):
+    def __init__(self, store: Store, allocations: AllocationService, under_test: set[str]):
         self.store = store
         self.allocations = allocations
+        self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
 
     def create(self, cluster: Cluster) -> Cluster:
         check_id("cluster", cluster.id)
@@ -45,7 +46,7 @@ class ClusterService:
     def remove(self, cluster_id: str, force: bool = False) -> list[str]:
         """Remove a cluster; with `force`, its allocations and their partitions first."""
         cluster, allocation_ids = self.get(cluster_id)
-        if cluster_id in self.allocations.partitions.clusters_under_test:
+        if cluster_id in self.under_test:
             raise Conflict(f"cluster {cluster_id} is under test; stop the test or wait for it to end")
         if allocation_ids and not force:
             raise Conflict(

@@ -16,7 +16,6 @@ import threading
 import time
 
 from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.partitions import PartitionService
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
     DISRUPTIVE,
@@ -45,10 +44,10 @@ class _Context:
 
 
 class ClusterTestService:
-    def __init__(self, store: Store, hardware: Hardware, partitions: PartitionService):
+    def __init__(self, store: Store, hardware: Hardware, under_test: set[str]):
         self.store = store
         self.hardware = hardware
-        self.partitions = partitions
+        self.under_test = under_test  # the cluster being tested; the partition and cluster services read it
         self._lock = threading.Lock()
         self._run: TestRun | None = None
         self._thread: threading.Thread | None = None
@@ -84,7 +83,7 @@ class ClusterTestService:
                 tx.save_test_run(run)
             self._run = run
             self._stop.clear()
-            self.partitions.clusters_under_test.add(cluster_id)
+            self.under_test.add(cluster_id)
             self._thread = threading.Thread(target=self._execute, args=(run, context), name="cluster-test", daemon=True)
             self._thread.start()
         log.info("cluster test of %s started: %s", cluster_id, ", ".join(t.value for t in planned))
@@ -162,7 +161,7 @@ class ClusterTestService:
         finally:
             self._save(run)
             with self._lock:
-                self.partitions.clusters_under_test.discard(run.cluster_id)
+                self.under_test.discard(run.cluster_id)
                 self._run = self._thread = None
             log.info("cluster test of %s %s", run.cluster_id, run.state.value)
 

@@ -62,12 +62,11 @@ class IpuAttributes:
 
 
 class PartitionService:
-    def __init__(self, store: Store, hardware: Hardware, max_auto_reset_retries: int = 3):
+    def __init__(self, store: Store, hardware: Hardware, under_test: set[str]):
         self.store = store
         self.hardware = hardware
-        self.max_auto_reset_retries = max_auto_reset_retries
+        self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
         self._placing = threading.Lock()
-        self.clusters_under_test: set[str] = set()
 
     # Reading
 
@@ -261,7 +260,7 @@ class PartitionService:
 
         refusals: list[Conflict] = []
         for allocation in candidates:
-            if allocation.cluster_id in self.clusters_under_test:
+            if allocation.cluster_id in self.under_test:
                 refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; no partition can be created in it until the test ends"))
                 continue
             cluster = tx.get_cluster(allocation.cluster_id)
