@@ -12,13 +12,16 @@ which surfaces as `Conflict` for the service to retry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import create_engine, delete, event, select, text
+from sqlalchemy import Integer, String, bindparam, cast, create_engine, delete, event, insert, select, text, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -68,6 +71,26 @@ from vipu.store.schema import (
 )
 
 LAST_TEST_RUN = "last"
+GENERATION_KEY = "configuration_generation"
+PARTITIONS = PartitionRow.__table__
+IPUS = PartitionIpuRow.__table__
+
+# The partition statements, built once: building and keying a statement costs more than running it.
+ONE_PARTITION = select(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
+IPUS_OF_PARTITION = select(IPUS).where(IPUS.c.partition_id == bindparam("id")).order_by(IPUS.c.routing_id)
+IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids", expanding=True)))
+                      .order_by(IPUS.c.partition_id, IPUS.c.routing_id))
+IPUS_ON_AGENTS = select(IPUS.c.agent_id, IPUS.c.ipu_index).where(IPUS.c.agent_id.in_(bindparam("agents", expanding=True)))
+NEW_PARTITION = insert(PARTITIONS)
+NEW_IPUS = insert(IPUS)
+DELETE_PARTITION = delete(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
+CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
+
+
+@lru_cache(maxsize=8)
+def _partition_update(columns: tuple[str, ...]):
+    """UPDATE of the named columns of one partition, by id."""
+    return update(PARTITIONS).where(PARTITIONS.c.id == bindparam("partition")).values({c: bindparam(f"new_{c}") for c in columns})
 
 
 def normalise_url(url: str) -> str:
@@ -116,7 +139,11 @@ def _allocation(row: AllocationRow) -> Allocation:
     return Allocation(id=row.id, cluster_id=row.cluster_id, agent_ids=tuple(m.agent_id for m in row.members))
 
 
-def _partition(row: PartitionRow) -> Partition:
+def _placed(row) -> PlacedIpu:
+    return PlacedIpu(row.agent_id, row.ipu_index, row.ild, row.topology_id, row.segment, row.routing_id, row.gcd)
+
+
+def _partition(row, ipus: list[PlacedIpu]) -> Partition:
     return Partition(
         id=row.id,
         cluster_id=row.cluster_id,
@@ -129,10 +156,7 @@ def _partition(row: PartitionRow) -> Partition:
         ipulink_routing=IpuLinkRouting(row.ipulink_routing),
         gw_routing=GwRouting(row.gw_routing),
         num_segments=row.num_segments,
-        ipus=[
-            PlacedIpu(i.agent_id, i.ipu_index, i.ild, i.topology_id, i.segment, i.routing_id, i.gcd)
-            for i in row.ipus
-        ],
+        ipus=ipus,
         ready_state=ReadyState(row.ready_state),
         operation_state=OperationState(row.operation_state),
         errors=list(row.errors or []),
@@ -155,22 +179,101 @@ def _user(row: UserRow) -> User:
     return User(row.id, Role(row.role), tuple(g.allocation_id for g in row.grants))
 
 
+def _load_agents(session: Session) -> list[Agent]:
+    return [_agent(r) for r in session.scalars(select(AgentRow).order_by(AgentRow.id))]
+
+
+def _load_clusters(session: Session) -> list[Cluster]:
+    return [_cluster(r) for r in session.scalars(select(ClusterRow).order_by(ClusterRow.id))]
+
+
+def _load_allocations(session: Session) -> list[Allocation]:
+    return [_allocation(r) for r in session.scalars(select(AllocationRow).order_by(AllocationRow.id))]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Agents, clusters and allocations (by id, in id order) as of one configuration generation."""
+
+    generation: int
+    agents: dict[str, Agent]
+    clusters: dict[str, Cluster]
+    allocations: dict[str, Allocation]
+
+
+class ConfigurationCache:
+    """The slow-changing entities, kept between transactions.
+
+    Every partition operation needs the agents, the cluster and the allocations, and they change
+    rarely. The store keeps a generation counter that every transaction changing them increments;
+    a transaction reads the counter (one small query) and reuses the entities loaded at that
+    generation, so several controllers on one database never see each other's stale copies.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._latest: Configuration | None = None
+
+    def current(self, session: Session) -> Configuration:
+        generation = int(session.connection().execute(CONFIGURATION_GENERATION).scalar_one())
+        latest = self._latest
+        if latest is not None and latest.generation == generation:
+            return latest
+        loaded = Configuration(
+            generation,
+            {a.id: a for a in _load_agents(session)},
+            {c.id: c for c in _load_clusters(session)},
+            {a.id: a for a in _load_allocations(session)},
+        )
+        with self._lock:
+            if self._latest is None or self._latest.generation <= generation:
+                self._latest = loaded
+        return loaded
+
+
 class Transaction:
     """One unit of work on the store, speaking in domain entities."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, cache: ConfigurationCache):
         self.session = session
+        self._cache = cache
+        self._seen: Configuration | None = None
+        self._changed_configuration = False
 
-    # Agents
+    # Agents, clusters and allocations: served from the configuration cache
+
+    def _configuration(self) -> Configuration | None:
+        """This transaction's view of the slow-changing entities; None once it changed them itself."""
+        if self._changed_configuration:
+            return None
+        if self._seen is None:
+            self._seen = self._cache.current(self.session)
+        return self._seen
+
+    def _configuration_changes(self) -> None:
+        """Record that this transaction changes agents, clusters or allocations (for every cache)."""
+        if not self._changed_configuration:
+            self._changed_configuration = True
+            self.session.execute(
+                update(MetaRow).where(MetaRow.key == GENERATION_KEY).values(value=cast(cast(MetaRow.value, Integer) + 1, String))
+            )
 
     def get_agent(self, agent_id: str) -> Agent | None:
+        known = self._configuration()
+        if known is not None:
+            agent = known.agents.get(agent_id)
+            return dataclasses.replace(agent) if agent else None
         row = self.session.get(AgentRow, agent_id)
         return _agent(row) if row else None
 
     def list_agents(self) -> list[Agent]:
-        return [_agent(r) for r in self.session.scalars(select(AgentRow).order_by(AgentRow.id))]
+        known = self._configuration()
+        if known is not None:
+            return [dataclasses.replace(a) for a in known.agents.values()]
+        return _load_agents(self.session)
 
     def add_agent(self, agent: Agent) -> None:
+        self._configuration_changes()
         if self.session.get(AgentRow, agent.id) is not None:
             raise AlreadyExists(f"agent {agent.id} already exists")
         self.session.add(
@@ -187,6 +290,7 @@ class Transaction:
         self._flush(f"agent {agent.id} already exists")
 
     def update_agent(self, agent: Agent) -> None:
+        self._configuration_changes()
         row = self.session.get(AgentRow, agent.id)
         if row is None:
             return
@@ -195,25 +299,31 @@ class Transaction:
         row.inventory = _inventory_to_json(agent.inventory)
 
     def delete_agent(self, agent_id: str) -> None:
+        self._configuration_changes()
         self.session.execute(delete(AgentRow).where(AgentRow.id == agent_id))
 
     def agent_with_address(self, host: str, port: int) -> Agent | None:
-        row = self.session.scalars(select(AgentRow).where(AgentRow.host == host, AgentRow.port == port)).first()
-        return _agent(row) if row else None
-
-    # Clusters
+        return next((a for a in self.list_agents() if (a.host, a.port) == (host, port)), None)
 
     def get_cluster(self, cluster_id: str) -> Cluster | None:
+        known = self._configuration()
+        if known is not None:
+            cluster = known.clusters.get(cluster_id)
+            return dataclasses.replace(cluster) if cluster else None
         row = self.session.get(ClusterRow, cluster_id)
         return _cluster(row) if row else None
 
     def list_clusters(self) -> list[Cluster]:
-        return [_cluster(r) for r in self.session.scalars(select(ClusterRow).order_by(ClusterRow.id))]
+        known = self._configuration()
+        if known is not None:
+            return [dataclasses.replace(c) for c in known.clusters.values()]
+        return _load_clusters(self.session)
 
     def cluster_of_agents(self) -> dict[str, str]:
-        return dict(self.session.execute(select(ClusterAgentRow.agent_id, ClusterAgentRow.cluster_id)).all())
+        return {a: c.id for c in self.list_clusters() for a in c.agent_ids}
 
     def add_cluster(self, cluster: Cluster) -> None:
+        self._configuration_changes()
         if self.session.get(ClusterRow, cluster.id) is not None:
             raise AlreadyExists(f"cluster {cluster.id} already exists")
         self.session.add(
@@ -228,27 +338,30 @@ class Transaction:
         self._flush(f"cluster {cluster.id} or one of its agents is taken by a concurrent change")
 
     def delete_cluster(self, cluster_id: str) -> None:
+        self._configuration_changes()
         row = self.session.get(ClusterRow, cluster_id)
         if row is not None:
             self.session.delete(row)
             self.session.flush()
 
-    # Allocations
-
     def get_allocation(self, allocation_id: str) -> Allocation | None:
+        known = self._configuration()
+        if known is not None:
+            allocation = known.allocations.get(allocation_id)
+            return dataclasses.replace(allocation) if allocation else None
         row = self.session.get(AllocationRow, allocation_id)
         return _allocation(row) if row else None
 
     def list_allocations(self, cluster_id: str | None = None) -> list[Allocation]:
-        query = select(AllocationRow).order_by(AllocationRow.id)
-        if cluster_id is not None:
-            query = query.where(AllocationRow.cluster_id == cluster_id)
-        return [_allocation(r) for r in self.session.scalars(query)]
+        known = self._configuration()
+        every = [dataclasses.replace(a) for a in known.allocations.values()] if known is not None else _load_allocations(self.session)
+        return [a for a in every if cluster_id is None or a.cluster_id == cluster_id]
 
     def allocation_of_agents(self) -> dict[str, str]:
-        return dict(self.session.execute(select(AllocationAgentRow.agent_id, AllocationAgentRow.allocation_id)).all())
+        return {a: alloc.id for alloc in self.list_allocations() for a in alloc.agent_ids}
 
     def add_allocation(self, allocation: Allocation) -> None:
+        self._configuration_changes()
         if self.session.get(AllocationRow, allocation.id) is not None:
             raise AlreadyExists(f"allocation {allocation.id} already exists")
         self.session.add(
@@ -261,44 +374,54 @@ class Transaction:
         self._flush(f"allocation {allocation.id} or one of its machines is taken by a concurrent change")
 
     def delete_allocation(self, allocation_id: str) -> None:
+        self._configuration_changes()
         row = self.session.get(AllocationRow, allocation_id)
         if row is not None:
             self.session.delete(row)
             self.session.flush()
 
-    # Partitions
+    # Partitions: SQLAlchemy Core rather than the ORM, as they are the hot path
 
     def get_partition(self, partition_id: str) -> Partition | None:
-        row = self.session.get(PartitionRow, partition_id)
-        return _partition(row) if row else None
+        connection = self.session.connection()
+        row = connection.execute(ONE_PARTITION, {"id": partition_id}).first()
+        if row is None:
+            return None
+        return _partition(row, [_placed(i) for i in connection.execute(IPUS_OF_PARTITION, {"id": partition_id})])
 
     def list_partitions(self, allocation_id: str | None = None, cluster_id: str | None = None) -> list[Partition]:
-        query = select(PartitionRow).order_by(PartitionRow.id)
+        conditions = []
         if allocation_id is not None:
-            query = query.where(PartitionRow.allocation_id == allocation_id)
+            conditions.append(PARTITIONS.c.allocation_id == allocation_id)
         if cluster_id is not None:
-            query = query.where(PartitionRow.cluster_id == cluster_id)
-        return [_partition(r) for r in self.session.scalars(query)]
+            conditions.append(PARTITIONS.c.cluster_id == cluster_id)
+        return self._partitions(*conditions)
 
     def partitions_on_agent(self, agent_id: str) -> list[Partition]:
-        ids = select(PartitionIpuRow.partition_id).where(PartitionIpuRow.agent_id == agent_id).distinct()
-        rows = self.session.scalars(select(PartitionRow).where(PartitionRow.id.in_(ids)).order_by(PartitionRow.id))
-        return [_partition(r) for r in rows]
+        return self._partitions(PARTITIONS.c.id.in_(select(IPUS.c.partition_id).where(IPUS.c.agent_id == agent_id)))
+
+    def _partitions(self, *conditions) -> list[Partition]:
+        """The partitions meeting all `conditions`, in id order, each with its IPUs in routing order."""
+        connection = self.session.connection()
+        rows = connection.execute(select(PARTITIONS).where(*conditions).order_by(PARTITIONS.c.id)).all()
+        if not rows:
+            return []
+        ipus: dict[str, list[PlacedIpu]] = {row.id: [] for row in rows}
+        for i in connection.execute(IPUS_OF_PARTITIONS, {"ids": list(ipus)}):
+            ipus[i.partition_id].append(_placed(i))
+        return [_partition(row, ipus[row.id]) for row in rows]
 
     def used_ipus(self, agent_ids: list[str] | tuple[str, ...]) -> dict[str, set[int]]:
         used: dict[str, set[int]] = {}
-        rows = self.session.execute(
-            select(PartitionIpuRow.agent_id, PartitionIpuRow.ipu_index).where(PartitionIpuRow.agent_id.in_(list(agent_ids)))
-        )
-        for agent_id, index in rows:
+        for agent_id, index in self.session.connection().execute(IPUS_ON_AGENTS, {"agents": list(agent_ids)}):
             used.setdefault(agent_id, set()).add(index)
         return used
 
     def add_partition(self, partition: Partition) -> None:
-        if self.session.get(PartitionRow, partition.id) is not None:
-            raise AlreadyExists(f"partition {partition.id} already exists")
-        self.session.add(
-            PartitionRow(
+        """Record a new partition; its id and IPUs must be free (a lost race is ConcurrentUpdate)."""
+        connection = self.session.connection()
+        try:
+            connection.execute(NEW_PARTITION, dict(
                 id=partition.id,
                 cluster_id=partition.cluster_id,
                 allocation_id=partition.allocation_id,
@@ -316,21 +439,14 @@ class Transaction:
                 disable_auto_reset=partition.disable_auto_reset,
                 auto_reset_count=partition.auto_reset_count,
                 owner=partition.owner,
-                ipus=[
-                    PartitionIpuRow(
-                        routing_id=i.routing_id,
-                        agent_id=i.agent_id,
-                        ipu_index=i.index,
-                        ild=i.ild,
-                        topology_id=i.topology_id,
-                        segment=i.segment,
-                        gcd=i.gcd,
-                    )
-                    for i in partition.ipus
-                ],
-            )
-        )
-        self._flush(f"the IPUs chosen for partition {partition.id} were taken by a concurrent request")
+            ))
+            connection.execute(NEW_IPUS, [
+                {"partition_id": partition.id, "routing_id": i.routing_id, "agent_id": i.agent_id, "ipu_index": i.index,
+                 "ild": i.ild, "topology_id": i.topology_id, "segment": i.segment, "gcd": i.gcd}
+                for i in partition.ipus
+            ])
+        except IntegrityError as error:
+            raise ConcurrentUpdate(f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request") from error
 
     def set_partition_state(
         self,
@@ -340,21 +456,17 @@ class Transaction:
         errors: list[str] | None = None,
         auto_reset_count: int | None = None,
     ) -> None:
-        row = self.session.get(PartitionRow, partition_id)
-        if row is None:
-            return
-        row.ready_state = ready.value
-        row.operation_state = operation.value
+        values: dict = {"ready_state": ready.value, "operation_state": operation.value}
         if errors is not None:
-            row.errors = list(errors)
+            values["errors"] = list(errors)
         if auto_reset_count is not None:
-            row.auto_reset_count = auto_reset_count
+            values["auto_reset_count"] = auto_reset_count
+        parameters = {f"new_{column}": value for column, value in values.items()}
+        self.session.connection().execute(_partition_update(tuple(values)), {"partition": partition_id, **parameters})
 
     def delete_partition(self, partition_id: str) -> None:
-        row = self.session.get(PartitionRow, partition_id)
-        if row is not None:
-            self.session.delete(row)
-            self.session.flush()
+        """Forget a partition; its IPU rows go with it (ON DELETE CASCADE), freeing the IPUs."""
+        self.session.connection().execute(DELETE_PARTITION, {"id": partition_id})
 
     # Users
 
@@ -445,6 +557,10 @@ class Store:
                 raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from error
         self._write_engine = self._engine(immediate=True)
         self._read_engine = self._engine(immediate=False) if self.is_sqlite else self._write_engine
+        # SQLite takes one writer at a time; waiting in-process is fair and fast, where its own
+        # busy handler sleeps in steps of up to 100 ms.
+        self._write_turn = threading.Lock() if self.is_sqlite else contextlib.nullcontext()
+        self._cache = ConfigurationCache()
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
         self._initialise()
@@ -477,6 +593,8 @@ class Store:
             reason = str(error.orig).splitlines()[0]
             raise Unavailable(f"cannot open the store at {self.describe()}: {reason}") from error
         with self._writes.begin() as session:
+            if session.get(MetaRow, GENERATION_KEY) is None:
+                session.add(MetaRow(key=GENERATION_KEY, value="0"))
             row = session.get(MetaRow, "schema_version")
             if row is None:
                 session.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
@@ -497,10 +615,10 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """A read-write unit of work: commits on success, rolls back on any exception."""
-        with self._writes() as session:
+        with self._write_turn, self._writes() as session:
             try:
                 with session.begin():
-                    yield Transaction(session)
+                    yield Transaction(session, self._cache)
             except IntegrityError as error:
                 raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
 
@@ -509,7 +627,7 @@ class Store:
         """A read-only unit of work that never blocks writers."""
         with self._reads() as session:
             with session.begin():
-                yield Transaction(session)
+                yield Transaction(session, self._cache)
 
     def close(self) -> None:
         self._write_engine.dispose()
