@@ -58,14 +58,14 @@ def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping
         links[low.agent_id][kind].append(PortLink(low.number, serials[up.agent_id], up.number))
         links[up.agent_id][kind].append(PortLink(up.number, serials[low.agent_id], low.number))
 
-    for cable in layout.ipulink_cables():
+    for cable in layout.ipulink_cables(members):
         low, up = cable.lower, cable.upper
         if IPULINK_PORT_IPU[low.number] in members.get(low.agent_id, ()) and IPULINK_PORT_IPU[up.number] in members.get(up.agent_id, ()):
             enable("ipu", cable)
-    for cable in layout.sync_cables():
+    for cable in layout.sync_cables(members):
         if cable.lower.agent_id in members and cable.upper.agent_id in members:
             enable("sync", cable)
-    for cable in layout.gwlink_cables():
+    for cable in layout.gwlink_cables(members):
         low, up = cable.lower.agent_id, cable.upper.agent_id
         if low in members and up in members and segment_of[low] != segment_of[up]:
             enable("gw", cable)

@@ -16,8 +16,11 @@ Machines stacked in a rack extend the ladder upwards:
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 from vipu.model.entities import IPUS_PER_MACHINE, Cluster, GwTopology, IldTopology
 from vipu.model.errors import InvalidArgument
@@ -95,7 +98,7 @@ class ClusterLayout:
         agent_ids = tuple(agent_ids)
         if not agent_ids:
             raise InvalidArgument("a cluster needs at least one agent")
-        duplicates = sorted({a for a in agent_ids if agent_ids.count(a) > 1})
+        duplicates = sorted(a for a, n in Counter(agent_ids).items() if n > 1)
         if duplicates:
             raise InvalidArgument(f"agent {duplicates[0]} is listed more than once")
         if num_ilds < 1 or len(agent_ids) % num_ilds:
@@ -116,7 +119,8 @@ class ClusterLayout:
 
     @classmethod
     def of(cls, cluster: Cluster) -> ClusterLayout:
-        return cls(cluster.agent_ids, cluster.topology, cluster.num_ilds, cluster.gw_topology)
+        """The layout of a cluster; layouts are immutable, so equal clusters share one."""
+        return _layout(cluster.agent_ids, cluster.topology, cluster.num_ilds, cluster.gw_topology)
 
     @property
     def is_torus(self) -> bool:
@@ -136,41 +140,57 @@ class ClusterLayout:
     def topology_id(self, agent_id: str, index: int) -> int:
         return self.locate(agent_id)[1] * IPUS_PER_MACHINE + index
 
-    def vertical_pairs(self) -> list[tuple[str, str, bool]]:
-        """Each (lower, upper, is_loop_back) pair of machines joined by IPU-Link cables."""
+    def vertical_pairs(self, among: Collection[str] | None = None) -> list[tuple[str, str, bool]]:
+        """Each (lower, upper, is_loop_back) pair of machines joined by IPU-Link cables; only pairs
+        with both machines `among` the given agents, if given (found from them, not the whole cluster)."""
         pairs = []
-        for ild in self.ilds:
-            pairs += [(ild[p], ild[p + 1], False) for p in range(len(ild) - 1)]
-            if self.is_torus:
-                pairs.append((ild[-1], ild[0], True))
-        return pairs
+        for ild, lower in self._lower_ends(among):
+            if lower + 1 < len(ild):
+                pairs.append((ild[lower], ild[lower + 1], False))
+            elif self.is_torus:
+                pairs.append((ild[lower], ild[0], True))
+        return [p for p in pairs if among is None or p[1] in among]
 
-    def ipulink_cables(self) -> list[Cable]:
+    def _lower_ends(self, among: Collection[str] | None) -> list[tuple[tuple[str, ...], int]]:
+        """(ILD, position) of every machine, or of those `among` the agents, in cluster order."""
+        if among is None:
+            return [(ild, p) for ild in self.ilds for p in range(len(ild))]
+        places = sorted(self._where[a] for a in among if a in self._where)
+        return [(self.ilds[d], p) for d, p in places]
+
+    def ipulink_cables(self, among: Collection[str] | None = None) -> list[Cable]:
         return [
             Cable(Port(lower, LinkKind.IPULINK, out), Port(upper, LinkKind.IPULINK, into))
-            for lower, upper, _ in self.vertical_pairs()
+            for lower, upper, _ in self.vertical_pairs(among)
             for out, into in zip(UPWARD_IPULINK_PORTS, DOWNWARD_IPULINK_PORTS, strict=True)
         ]
 
-    def sync_cables(self) -> list[Cable]:
+    def sync_cables(self, among: Collection[str] | None = None) -> list[Cable]:
         return [
             Cable(Port(ild[p], LinkKind.SYNC, out), Port(ild[p + 1], LinkKind.SYNC, into))
-            for ild in self.ilds
-            for p in range(len(ild) - 1)
+            for ild, p in self._lower_ends(among)
+            if p + 1 < len(ild) and (among is None or ild[p + 1] in among)
             for out, into in zip(UPWARD_SYNC_PORTS, DOWNWARD_SYNC_PORTS, strict=True)
         ]
 
-    def gwlink_cables(self) -> list[Cable]:
+    def gwlink_cables(self, among: Collection[str] | None = None) -> list[Cable]:
         if self.num_ilds < 2:
             return []
-        return [
+        ends = [self._where[a] for a in among if a in self._where] if among is not None else [
+            (d, p) for d in range(self.num_ilds) for p in range(self.machines_per_ild)]
+        cables = [
             Cable(
                 Port(self.ilds[d][p], LinkKind.GWLINK, GW_OUT_PORT),
                 Port(self.ilds[(d + 1) % self.num_ilds][p], LinkKind.GWLINK, GW_IN_PORT),
             )
-            for d in range(self.num_ilds)
-            for p in range(self.machines_per_ild)
+            for d, p in sorted(ends)
         ]
+        return [c for c in cables if among is None or c.upper.agent_id in among]
 
     def cables(self) -> list[Cable]:
         return self.ipulink_cables() + self.sync_cables() + self.gwlink_cables()
+
+
+@lru_cache(maxsize=64)
+def _layout(agent_ids: tuple[str, ...], topology: IldTopology, num_ilds: int, gw_topology: GwTopology | None) -> ClusterLayout:
+    return ClusterLayout(agent_ids, topology, num_ilds, gw_topology)

@@ -74,3 +74,16 @@ def test_internal_links_join_rungs_and_columns():
     assert internal_peers(0, {0, 1, 2, 3}) == [1, 2]
     assert internal_peers(3, {0, 1, 2, 3}) == [1, 2]
     assert internal_peers(0, {0, 3}) == []
+
+
+@pytest.mark.parametrize("topology", [IldTopology.MESH, IldTopology.TORUS])
+@pytest.mark.parametrize("machines,ilds", [(1, 1), (2, 1), (3, 1), (8, 1), (8, 2), (12, 3)])
+def test_cables_among_some_agents_are_the_cluster_cables_between_them(topology, machines, ilds):
+    layout = ClusterLayout(agents(machines), topology, ilds)
+    every = {"ipu": layout.ipulink_cables, "sync": layout.sync_cables, "gw": layout.gwlink_cables}
+    for size in range(machines + 1):
+        for start in range(machines):
+            among = {layout.agent_ids[(start + k) % machines] for k in range(size)} | {layout.agent_ids[-1]}
+            for kind, cables in every.items():
+                expected = [c for c in cables() if c.lower.agent_id in among and c.upper.agent_id in among]
+                assert sorted(map(repr, cables(among))) == sorted(map(repr, expected)), (kind, among)
