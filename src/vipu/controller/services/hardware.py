@@ -1,8 +1,10 @@
-"""Pushing settings to agents: in parallel, one operation per agent at a time.
+"""Pushing settings to agents: in parallel, and never interleaved with a reconciliation.
 
-Every hardware operation on an agent holds that agent's lock, and operations spanning several
-agents take their locks in sorted order, so a partition operation and a reconciliation pass on
-the same agent never interleave and never deadlock.
+Every hardware operation on an agent holds that agent's lock: partition operations share it
+(each touches only its own partition, and machines hold several), a reconciliation pass holds
+it alone, since it compares everything the agent holds with the store. Operations spanning
+several agents take their locks in sorted order; a reconciliation holds one agent at a time,
+so they never deadlock.
 """
 
 from __future__ import annotations
@@ -22,21 +24,62 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class SharedLock:
+    """Held by many at once in shared mode, or by one alone; a waiting sole holder goes first."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._sharers = 0
+        self._sole = False
+        self._sole_waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._sole and not self._sole_waiting)
+            self._sharers += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sharers -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def sole(self) -> Iterator[None]:
+        with self._changed:
+            self._sole_waiting += 1
+            self._changed.wait_for(lambda: not self._sole and not self._sharers)
+            self._sole_waiting -= 1
+            self._sole = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sole = False
+                self._changed.notify_all()
+
+
 class AgentLocks:
     def __init__(self):
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, SharedLock] = {}
 
-    def _lock(self, agent_id: str) -> threading.Lock:
+    def _lock(self, agent_id: str) -> SharedLock:
         with self._guard:
-            return self._locks.setdefault(agent_id, threading.Lock())
+            return self._locks.setdefault(agent_id, SharedLock())
 
     @contextmanager
     def hold(self, agent_ids: Iterable[str]) -> Iterator[None]:
+        """Shared hold of several agents, for an operation on one partition."""
         with ExitStack() as stack:
             for agent_id in sorted(set(agent_ids)):
-                stack.enter_context(self._lock(agent_id))
+                stack.enter_context(self._lock(agent_id).shared())
             yield
+
+    def hold_alone(self, agent_id: str):
+        """Sole hold of one agent, for comparing all it holds with the store."""
+        return self._lock(agent_id).sole()
 
 
 class Hardware:

@@ -45,7 +45,7 @@ class Reconciler:
 
     def check_agent(self, agent: Agent) -> None:
         gateway = self.hardware.gateway
-        with self.hardware.locks.hold([agent.id]):
+        with self.hardware.locks.hold_alone(agent.id):
             returning = agent.status is AgentStatus.DOWN
             try:
                 held = {s.partition_id: s for s in gateway.partitions(agent.host, agent.port)}
