@@ -251,3 +251,37 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == "3"
     finally:
         reopened.close()
+
+
+def test_another_controller_on_the_same_database_sees_every_configuration_change(populated, store_url):
+    other = Store(store_url)  # a second controller: its own configuration cache
+    try:
+        with other.reading() as tx:
+            assert [a.id for a in tx.list_allocations()] == ["a1"]
+            assert tx.get_agent("ag3").status is AgentStatus.UP
+        with populated.transaction() as tx:
+            tx.add_allocation(Allocation("a2", "cl0", ("ag3", "ag4")))
+        with other.reading() as tx:
+            assert [a.id for a in tx.list_allocations()] == ["a1", "a2"]
+        with populated.transaction() as tx:
+            changed = tx.get_agent("ag3")
+            changed.status = AgentStatus.DOWN
+            tx.update_agent(changed)
+        with other.reading() as tx:
+            assert tx.get_agent("ag3").status is AgentStatus.DOWN
+        with other.transaction() as tx:
+            tx.delete_allocation("a2")
+            assert [a.id for a in tx.list_allocations()] == ["a1"]  # a transaction sees its own change
+        with populated.reading() as tx:
+            assert tx.get_allocation("a2") is None
+    finally:
+        other.close()
+
+
+def test_entities_handed_out_are_copies_a_caller_may_change(populated):
+    with populated.reading() as tx:
+        tx.get_agent("ag1").status = AgentStatus.DOWN
+        tx.list_clusters()[0].num_ilds = 9
+    with populated.reading() as tx:
+        assert tx.get_agent("ag1").status is AgentStatus.UP
+        assert tx.get_cluster("cl0").num_ilds == 2
