@@ -12,20 +12,26 @@ Partition shapes the hardware can link:
   segment in every domain of a looped cluster, at the same machine positions, joined by the
   GW-Links between those positions.
 
-Among the shapes that fit, the choice is best-fit: a small partition goes to the machine with
-the fewest free IPUs left, a large one into the smallest run of free machines that holds it, at
-an end of that run. That keeps large runs whole for large partitions.
+Among the shapes that fit, the choice is best-fit: a partition of one or two IPUs goes to the
+machine with the fewest free IPUs left (the lowest in the cluster among equals); one of whole
+machines into the smallest run of free machines that holds it, at an end of that run. Partitions
+of `LARGE_PARTITION_IPUS` or more take the top end and fill the cluster downwards, smaller ones
+fill it upwards from the bottom, so small partitions do not break the runs large ones need
+(`bench/allocator.py` measures this against first-fit on a synthetic trace).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
+from functools import partial
 
 from vipu.model.entities import IPUS_PER_MACHINE, GwRouting, IpuLinkRouting, PlacedIpu
 from vipu.model.errors import Conflict, InvalidArgument
 from vipu.model.topology import ClusterLayout
 
+# Partitions this large fill free runs from the top of the cluster, smaller ones from the bottom.
+LARGE_PARTITION_IPUS = 16
 SUB_MACHINE_GROUPS = {1: ((0,), (1,), (2,), (3,)), 2: ((0, 1), (2, 3))}
 
 
@@ -41,11 +47,21 @@ class Placement:
     gw_routing: GwRouting
 
 
+Segments = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...)) per segment
+
+
 @dataclass(frozen=True)
 class _Candidate:
-    score: tuple
-    segments: tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...))
+    """A shape that fits, scored; its IPUs are worked out only for the one chosen."""
+
+    score: tuple  # best-fit's preference: the smallest wins
+    position: tuple  # where the shape starts in the cluster's order, for first-fit
+    shape: Callable[[], Segments]
     machines_per_segment: int
+
+    @property
+    def segments(self) -> Segments:
+        return self.shape()
 
 
 class _FreeRuns:
@@ -80,9 +96,7 @@ class _FreeRuns:
         run = self.run_of.get((ild, start))
         if run is None:
             return None
-        if any((ild, (start + i) % size) not in self.run_of for i in range(length)):
-            return None
-        run_start, run_length = run
+        run_start, run_length = run  # every position of a run is free, so the window is if it lies inside
         offset = (start - run_start) % size
         if offset + length > run_length:
             return None
@@ -139,7 +153,8 @@ def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[in
     return counts
 
 
-def _sub_machine_candidates(layout, allowed, used, size, runs) -> list[_Candidate]:
+def _sub_machine_candidates(layout, allowed, used, size, every_group: bool) -> list[_Candidate]:
+    """Candidates within one machine: each machine's first free group, or all of them if asked."""
     candidates = []
     for order, agent in enumerate(layout.agent_ids):
         if agent not in allowed:
@@ -147,17 +162,19 @@ def _sub_machine_candidates(layout, allowed, used, size, runs) -> list[_Candidat
         busy = used.get(agent, set())
         free_here = IPUS_PER_MACHINE - len(busy)
         d, p = layout.locate(agent)
-        # Prefer machines already in use; among wholly free ones, the end of the smallest run.
-        fit = runs.fit(d, p, 1) if not busy else (0, 0)
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
             if busy.isdisjoint(group):
-                score = (free_here, fit[0], fit[1], order, group_order)
-                candidates.append(_Candidate(score, ((d, tuple((agent, i) for i in group)),), 0))
+                score = (free_here, order, group_order)  # the fullest machine, the lowest in the cluster
+                candidates.append(_Candidate(score, (order, group_order),
+                                             lambda d=d, agent=agent, group=group: ((d, tuple((agent, i) for i in group)),), 0))
+                if not every_group:
+                    break  # the machine's later groups score worse
     return candidates
 
 
-def _machine_candidates(layout, allowed, used, size, segment_counts, routing, runs) -> list[_Candidate]:
+def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
     machines = size // IPUS_PER_MACHINE
+    upwards = 1 if size < LARGE_PARTITION_IPUS else -1
     candidates = []
     for count in segment_counts:
         per_segment = machines // count
@@ -171,13 +188,17 @@ def _machine_candidates(layout, allowed, used, size, segment_counts, routing, ru
                 fits = [runs.fit(d, start, per_segment) for d in ilds]
                 if any(fit is None for fit in fits):
                     continue
-                segments = tuple(
-                    (d, tuple((layout.agent_at(d, start + i), ipu) for i in range(per_segment) for ipu in range(IPUS_PER_MACHINE)))
-                    for d in ilds
-                )
-                score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], start)
-                candidates.append(_Candidate(score, segments, per_segment))
+                score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+                candidates.append(_Candidate(score, (count, ilds[0], start),
+                                             partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
     return candidates
+
+
+def _run_of_machines(layout: ClusterLayout, ilds: tuple[int, ...], start: int, machines: int) -> Segments:
+    return tuple(
+        (d, tuple((layout.agent_at(d, start + i), ipu) for i in range(machines) for ipu in range(IPUS_PER_MACHINE)))
+        for d in ilds
+    )
 
 
 def _free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
@@ -196,13 +217,15 @@ def place_partition(
     gw_routing: GwRouting | None = None,
     explicit: tuple[tuple[int, int], ...] = (),
     where: str = "the allocation",
+    first_fit: bool = False,
 ) -> Placement:
     """Choose the IPUs of a partition of `size` among the `allowed` machines of `layout`.
 
     `used` maps agents to the IPU indices already taken. `explicit` names the IPUs wanted as
     (ILD, topology id) pairs; they must form a shape the hardware can link and be free.
     Raises InvalidArgument for a request no cluster could satisfy, Conflict when this one has
-    no room.
+    no room. `first_fit` takes the first shape that fits in cluster order instead of the best
+    fit: the baseline the allocator benchmark compares against.
     """
     if not is_power_of_two(size):
         raise InvalidArgument(f"partition size must be a power of two, not {size}")
@@ -226,10 +249,10 @@ def place_partition(
             raise InvalidArgument("a partition smaller than one machine has a single IPU-Link segment")
         if ipulink_routing not in (None, IpuLinkRouting.DNC):
             raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
-        candidates = _sub_machine_candidates(layout, allowed, used, size, runs)
+        candidates = _sub_machine_candidates(layout, allowed, used, size, every_group=bool(explicit))
     else:
         counts = _segment_counts(layout, size, num_segments)
-        candidates = _machine_candidates(layout, allowed, used, size, counts, ipulink_routing, runs)
+        candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
 
     if explicit:
         wanted = set(explicit)
@@ -245,7 +268,7 @@ def place_partition(
             "but not as one linkable block"
         )
 
-    best = min(candidates, key=lambda c: c.score)
+    best = min(candidates, key=(lambda c: c.position) if first_fit else (lambda c: c.score))
     return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
 
 

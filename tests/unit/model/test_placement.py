@@ -147,7 +147,28 @@ def test_best_fit_keeps_the_largest_run_of_free_machines_whole():
     placement = place_partition(layout, set(layout.agent_ids), used, 4)
     assert {i.agent_id for i in placement.ipus} == {"ag1"}
     take(used, placement)
-    assert {i.agent_id for i in place_partition(layout, set(layout.agent_ids), used, 16).ipus} == {"ag3", "ag4", "ag5", "ag6"}
+    # A large partition takes the top end of the remaining run ag3..ag8.
+    assert {i.agent_id for i in place_partition(layout, set(layout.agent_ids), used, 16).ipus} == {"ag5", "ag6", "ag7", "ag8"}
+
+
+def test_small_partitions_fill_the_cluster_from_the_bottom_and_large_ones_from_the_top():
+    layout = pod(16, IldTopology.TORUS)
+    allowed, used = set(layout.agent_ids), {}
+    placed = {}
+    for size in (1, 8, 32, 4, 2):
+        placed[size] = place_partition(layout, allowed, used, size)
+        take(used, placed[size])
+    machines = {size: sorted({i.agent_id for i in p.ipus}, key=layout.agent_ids.index) for size, p in placed.items()}
+    assert machines[1] == machines[2] == ["ag1"]  # packed into the fullest machine
+    assert machines[8] == ["ag2", "ag3"] and machines[4] == ["ag4"]
+    assert machines[32] == [f"ag{n}" for n in range(9, 17)]
+
+
+def test_first_fit_takes_the_first_shape_in_cluster_order():
+    layout = pod(8)
+    used = {"ag2": {0, 1, 2, 3}}
+    placement = place_partition(layout, set(layout.agent_ids), used, 8, first_fit=True)
+    assert [i.agent_id for i in placement.ipus][::4] == ["ag3", "ag4"]
 
 
 def test_a_partition_spans_domains_only_over_gw_links_at_the_same_positions():
