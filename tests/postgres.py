@@ -2,7 +2,8 @@
 
 `scripts/test` installs Debian's PostgreSQL when it is missing. The server runs as the
 `postgres` user when the tests run as root (PostgreSQL refuses root), in a private directory,
-on a free loopback port, with fsync off: it is thrown away after the session.
+on a free loopback port, with fsync off: it is thrown away after the session. A durable server
+(for benchmarks) keeps fsync but, like the store's SQLite setting, does not wait for it at commit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def find_binaries() -> Path | None:
 
 
 class PostgresServer:
-    def __init__(self):
+    def __init__(self, durable: bool = False):
         bindir = find_binaries()
         if bindir is None:
             raise RuntimeError("PostgreSQL is not installed; scripts/test installs it (Debian package postgresql)")
@@ -49,7 +50,8 @@ class PostgresServer:
         )
         self.process = subprocess.Popen(
             [*runner, str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300"],
+             "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300",
+             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30

@@ -64,7 +64,7 @@ class Pod:
     """
 
     def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
-                 ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, one_process: bool = False,
+                 ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, agent_processes: int | None = None,
                  secure: bool = False):
         self.directory = directory
         self.rack_path = directory / "rack.yaml"
@@ -76,7 +76,10 @@ class Pod:
         self.user_port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()
         self.ipuof_dir = directory / "ipuof"
         self.agents: dict[str, subprocess.Popen] = {}
-        self.one_process = one_process
+        # One agent process per machine unless asked for fewer, each then serving a slice of the rack.
+        names = [m.name for m in self.rack.machines]
+        groups = agent_processes or len(names)
+        self.agent_groups = [names[i::groups] for i in range(groups)] if groups < len(names) else [[n] for n in names]
         self.secure = secure
         self.tls = TlsFiles(directory / "vipu-certs")
         self.admin_config = directory / "admin.vipu-cli.hcl"
@@ -100,24 +103,19 @@ class Pod:
     def start(self) -> Pod:
         if self.secure:
             self.initialise()
-        if self.one_process:
-            with open(self.directory / "agents.log", "ab") as log:
-                self.agents["*"] = subprocess.Popen(
-                    [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--all-machines"],
-                    stdout=log, stderr=subprocess.STDOUT,
-                )
-        else:
-            for machine in self.rack.machines:
-                self.start_agent(machine.name)
+        for group in self.agent_groups:
+            self.start_agent(*group)
         for machine in self.rack.machines:
             wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
         self.start_server()
         return self
 
-    def start_agent(self, name: str) -> None:
-        with open(self.directory / f"agent-{name}.log", "ab") as log:
-            self.agents[name] = subprocess.Popen(
-                [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--machine", name],
+    def start_agent(self, *names: str) -> None:
+        """One agent process serving the named machines, known by the first name."""
+        machines = [option for name in names for option in ("--machine", name)]
+        with open(self.directory / f"agent-{names[0]}.log", "ab") as log:
+            self.agents[names[0]] = subprocess.Popen(
+                [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), *machines, "--announce-interval", "0"],
                 stdout=log, stderr=subprocess.STDOUT,
             )
 
@@ -229,11 +227,10 @@ class Pod:
     def wipe(self) -> None:
         """Back to an empty controller over healthy, empty agents, for the next test."""
         save_rack(self.rack, self.rack_path)
-        if not self.one_process:
-            for machine in self.rack.machines:
-                if machine.name not in self.agents or self.agents[machine.name].poll() is not None:
-                    self.agents.pop(machine.name, None)
-                    self.start_agent(machine.name)
+        for group in self.agent_groups:
+            if group[0] not in self.agents or self.agents[group[0]].poll() is not None:
+                self.agents.pop(group[0], None)
+                self.start_agent(*group)
         for machine in self.rack.machines:
             wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
         if self.server is None or self.server.poll() is not None:

@@ -17,7 +17,7 @@ MACHINES = 64
 @pytest.fixture(scope="module")
 def module_pod(tmp_path_factory):
     pod = Pod(tmp_path_factory.mktemp("pod64"), machines=MACHINES, topology=IldTopology.TORUS, ilds=2,
-              time_scale=0.01, one_process=True).start()
+              time_scale=0.01, agent_processes=1).start()
     yield pod
     pod.stop()
 
