@@ -1,0 +1,127 @@
+"""What every benchmark shares: pods of real processes, a PostgreSQL, process costs, results.
+
+The benchmarks reuse the functional tests' `Pod` (a real `vipu-server` over real `vipu-agent`
+processes on loopback) and their throw-away PostgreSQL, so what is measured is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from tests.functional.harness import Pod
+from tests.postgres import PostgresServer
+from vipu.api.protos import admin_pb2
+from vipu.model.entities import IldTopology
+
+RESULTS = Path(os.environ.get("VIPU_BENCH_RESULTS", Path(__file__).parent / "results"))
+AGENT_PROCESSES = 16  # larger pods share these processes, every machine still on its own gRPC server
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class ProcessCost:
+    """Resident memory now, and CPU seconds used so far, of one process."""
+
+    rss_mb: float
+    cpu_seconds: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessCost:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        resident_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        return cls(resident_pages * PAGE_SIZE / 2**20, cpu)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """The value below which `fraction` of `values` lie (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
+
+
+def summarise_ms(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"count": 0}
+    ms = [s * 1000 for s in seconds]
+    return {"count": len(ms), "p50_ms": round(percentile(ms, 0.5), 2), "p99_ms": round(percentile(ms, 0.99), 2),
+            "mean_ms": round(statistics.fmean(ms), 2), "max_ms": round(max(ms), 2)}
+
+
+@contextmanager
+def postgres_database():
+    """A database URL on a fresh PostgreSQL that commits like the SQLite store: no fsync per commit."""
+    server = PostgresServer(durable=True)
+    try:
+        yield server.url(server.create_database())
+    finally:
+        server.stop()
+
+
+@contextmanager
+def running_pod(machines: int, store: str, time_scale: float = 0.001):
+    """A registered pod (agents ag1..agN, cluster cl0 as a torus, allocation alloc-1) on the given store."""
+    with TemporaryDirectory(prefix="vipu-bench-") as directory:
+        with (postgres_database() if store == "postgres" else _sqlite()) as db_url:
+            pod = Pod(Path(directory), machines=machines, topology=IldTopology.TORUS, db_url=db_url,
+                      time_scale=time_scale, agent_processes=min(machines, AGENT_PROCESSES))
+            pod.start_server = _quiet(pod.start_server)
+            try:
+                pod.start()
+                pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+                yield pod
+            finally:
+                pod.stop()
+
+
+@contextmanager
+def _sqlite():
+    yield None  # the pod's default: a SQLite file in its directory
+
+
+def _quiet(start_server):
+    """vipu-server with the default health interval and agent timeout, not the tests' hurried ones."""
+    def start(*extra: str) -> None:
+        start_server("--health-interval", "10", "--agent-timeout", "10", *extra)
+    return start
+
+
+def machine_facts() -> dict:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
+            "cpu_model": _cpu_model(), "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def git_revision() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    return done.stdout.strip()
+
+
+def save(name: str, data: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine_facts(), "revision": git_revision(), **data}, indent=2) + "\n")
+    return path
+
+
+def table(headings: list[str], rows: list[list]) -> str:
+    """A plain fixed-width table for the terminal."""
+    cells = [[str(c) for c in row] for row in [headings, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headings))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])

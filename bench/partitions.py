@@ -1,0 +1,137 @@
+"""Partition latency and throughput: create+remove pairs through the real user API.
+
+For each store and pod size a fresh pod is started (real `vipu-server`, real `vipu-agent`
+processes on loopback); then for each number of clients, that many client processes (each its
+own gRPC channel, as separate users would be) create a partition, remove it, and repeat for a
+fixed time. Reported: p50/p99 of create and of remove as the client sees them, and completed
+pairs per second over all clients.
+
+    python -m bench.partitions --machines 16,64,256 --clients 1,8,32 --stores sqlite,postgres
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from queue import Empty
+
+import click
+import grpc
+
+from bench.common import ProcessCost, running_pod, save, summarise_ms, table
+from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
+
+WARM_UP_PAIRS = 3
+
+
+def client(port: int, number: int, size: int, ready, start, duration: float, results) -> None:
+    """One client: warm up, say so on `ready`, then create+remove pairs from `start` for `duration`."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    api = vipuuser_pb2_grpc.UserServiceStub(channel)
+
+    def pair(name: str, creates: list, removes: list, failures: list) -> None:
+        began = time.perf_counter()
+        try:
+            api.CreatePartition(vipuuser_pb2.CreatePartitionRequest(
+                requirements=vipuuser_pb2.PartitionRequirements(id=name, size=size)), timeout=60)
+        except grpc.RpcError as error:
+            failures.append(error.details())
+            return
+        created = time.perf_counter()
+        api.RemovePartition(vipuuser_pb2.RemovePartitionRequest(partition_id=name), timeout=60)
+        creates.append(created - began)
+        removes.append(time.perf_counter() - created)
+
+    for n in range(WARM_UP_PAIRS):
+        pair(f"warm{number}-{n}", [], [], [])
+    creates, removes, failures = [], [], []
+    ready.put(number)
+    start.wait()
+    deadline = time.monotonic() + duration
+    n = 0
+    while time.monotonic() < deadline:
+        pair(f"c{number}-{n}", creates, removes, failures)
+        n += 1
+    results.put((creates, removes, failures))
+    channel.close()
+
+
+def measure(pod, clients: int, size: int, duration: float) -> dict:
+    spawn = multiprocessing.get_context("spawn")
+    ready, start, results = spawn.Queue(), spawn.Event(), spawn.Queue()
+    workers = [spawn.Process(target=client, args=(pod.user_port, n, size, ready, start, duration, results))
+               for n in range(clients)]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        _collect(ready, workers, 120)
+    before = ProcessCost.of(pod.server.pid)
+    began = time.monotonic()
+    start.set()  # all clients are connected and warm: they start together
+    collected = [_collect(results, workers, duration + 120) for _ in workers]
+    elapsed = time.monotonic() - began
+    after = ProcessCost.of(pod.server.pid)
+    for worker in workers:
+        worker.join()
+    creates = [s for c, _, _ in collected for s in c]
+    removes = [s for _, r, _ in collected for s in r]
+    failures = [f for _, _, fs in collected for f in fs]
+    return {
+        "clients": clients,
+        "create": summarise_ms(creates),
+        "remove": summarise_ms(removes),
+        "pairs_per_s": round(len(creates) / elapsed, 1),
+        "refused": len(failures),
+        "refusals": sorted(set(failures))[:3],
+        "server_cpu_percent": round(100 * (after.cpu_seconds - before.cpu_seconds) / elapsed, 1),
+        "server_rss_mb": round(after.rss_mb, 1),
+    }
+
+
+def _collect(queue, workers, timeout: float):
+    """The next item a client puts on `queue`; fails at once if a client died instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except Empty:
+            dead = [w for w in workers if w.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a benchmark client exited with status {dead[0].exitcode}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError("the benchmark clients did not report in time") from None
+
+
+def split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@click.command()
+@click.option("--machines", default="16,64,256", show_default=True, help="Pod sizes, comma separated.")
+@click.option("--clients", default="1,8,32", show_default=True, help="Numbers of concurrent clients, comma separated.")
+@click.option("--stores", default="sqlite,postgres", show_default=True, help="Stores: sqlite, postgres.")
+@click.option("--size", default=1, show_default=True, help="IPUs per partition.")
+@click.option("--duration", default=10.0, show_default=True, help="Seconds of load per measurement.")
+@click.option("--name", default="partitions", show_default=True, help="Results file: bench/results/NAME.json.")
+def main(machines, clients, stores, size, duration, name):
+    """Create+remove latency and throughput over the user API, by store, pod size and clients."""
+    runs = []
+    for store in split(stores):
+        for pod_size in map(int, split(machines)):
+            with running_pod(pod_size, store) as pod:
+                for count in map(int, split(clients)):
+                    result = {"store": store, "machines": pod_size, "ipus": pod_size * 4, "size": size, **measure(pod, count, size, duration)}
+                    runs.append(result)
+                    click.echo(f"{store:8} {pod_size:5} machines {count:3} clients: create p50 {result['create'].get('p50_ms')} ms "
+                               f"p99 {result['create'].get('p99_ms')} ms, {result['pairs_per_s']} pairs/s", err=True)
+    path = save(name, {"benchmark": "partitions", "duration_s": duration, "runs": runs})
+    rows = [[r["store"], r["machines"], r["clients"], r["create"].get("p50_ms"), r["create"].get("p99_ms"),
+             r["remove"].get("p50_ms"), r["remove"].get("p99_ms"), r["pairs_per_s"], r["refused"], r["server_cpu_percent"]]
+            for r in runs]
+    click.echo(table(["store", "machines", "clients", "create p50 ms", "create p99 ms", "remove p50 ms", "remove p99 ms",
+                      "pairs/s", "refused", "server CPU %"], rows))
+    click.echo(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

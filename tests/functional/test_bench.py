@@ -1,0 +1,49 @@
+"""The benchmark scripts run and write their results (their figures are judged in bench/, not here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(tmp_path: Path, module: str, *args: str) -> dict:
+    env = {**os.environ, "VIPU_BENCH_RESULTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", f"bench.{module}", "--name", "out", *args],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "written:" in done.stdout
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def test_the_allocator_benchmark_compares_three_allocators_on_one_trace(tmp_path):
+    result = bench(tmp_path, "allocator", "--requests", "400", "--machines", "16")
+    rows = {r["allocator"]: r for r in result["results"]}
+    assert list(rows) == ["best-fit", "first-fit", "capacity bound"]
+    assert rows["capacity bound"]["fragmentation_refusals"] == 0
+    for row in rows.values():
+        assert row["accepted"] + row["refused"] == 400
+        assert 0 < row["mean_utilisation_percent"] <= 100
+
+
+@pytest.mark.functional
+def test_the_partition_benchmark_measures_pairs_through_the_user_api(tmp_path):
+    result = bench(tmp_path, "partitions", "--machines", "2", "--clients", "1,2", "--stores", "sqlite", "--duration", "1")
+    assert [(r["machines"], r["clients"]) for r in result["runs"]] == [(2, 1), (2, 2)]
+    for run in result["runs"]:
+        assert run["refused"] == 0 and run["create"]["count"] > 0 and run["create"]["count"] == run["remove"]["count"]
+        assert run["pairs_per_s"] > 0 and run["server_rss_mb"] > 0
+
+
+@pytest.mark.functional
+def test_the_slurm_comparison_times_both_systems_in_one_run(tmp_path):
+    result = bench(tmp_path, "slurm_compare", "--sizes", "4", "--samples", "2", "--machines", "2")
+    (run,) = result["runs"]
+    assert run["ipus"] == 4 and run["slurm"]["samples"] == run["vipu"]["samples"] == run["vipu_api"]["samples"] == 2
+    assert run["ratio"] > 0 and run["ratio_api"] > 0 and "22.05" in result["slurm_version"]

@@ -1,0 +1,139 @@
+"""A real Slurm on this machine, from Debian's packages: munged, slurmctld and one slurmd.
+
+`scripts/system-deps` installs them. Everything the daemons keep lives in a private directory:
+their own munge key and socket, configuration, state, spool and logs, on free loopback ports.
+They run as root (as Slurm does on a single machine), with process tracking by /proc and no
+cgroups, so they work in a container. The one node offers `ipus` generic resources (GRES) with
+no device files: a count Slurm hands out, which is all a scheduler needs to know of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.ports import free_port
+
+PARTITION = "ipus"
+
+
+class SlurmCluster:
+    def __init__(self, gres_ipus: int = 64, cpus: int | None = None, extra_config: str = "", plugstack: str = ""):
+        for program in ("munged", "slurmctld", "slurmd", "sinfo"):
+            if shutil.which(program) is None:
+                raise RuntimeError(f"{program} is not installed; scripts/system-deps installs Slurm and munge from Debian")
+        self.directory = Path(tempfile.mkdtemp(prefix="vipu-slurm-"))
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = self.directory / "slurm.conf"
+        self.munge_socket = self.directory / "munge.socket"
+        self.processes: list[subprocess.Popen] = []
+        for name in ("state", "spool", "log", "munge"):
+            (self.directory / name).mkdir()
+        self._write_configuration(gres_ipus, cpus or os.cpu_count() or 1, extra_config, plugstack)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the Slurm commands need to talk to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *command: str, timeout: float = 60, **options) -> subprocess.CompletedProcess:
+        return subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=timeout, **options)
+
+    def log(self, daemon: str) -> str:
+        return (self.directory / "log" / f"{daemon}.log").read_text(errors="replace")
+
+    def _write_configuration(self, gres_ipus: int, cpus: int, extra: str, plugstack: str) -> None:
+        d = self.directory
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        (d / "gres.conf").write_text(f"NodeName={self.node} Name=ipu Count={gres_ipus}\n")
+        (d / "plugstack.conf").write_text(plugstack)
+        (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+        self.conf.write_text(f"""\
+ClusterName=vipu
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+StateSaveLocation={d / 'state'}
+SlurmdSpoolDir={d / 'spool'}
+SlurmctldPidFile={d / 'slurmctld.pid'}
+SlurmdPidFile={d / 'slurmd.pid'}
+SlurmctldLogFile={d / 'log' / 'slurmctld.log'}
+SlurmdLogFile={d / 'log' / 'slurmd.log'}
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig={d / 'plugstack.conf'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+MinJobAge=2
+KillWait=2
+InactiveLimit=0
+Waittime=0
+GresTypes=ipu
+{extra}
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=ipu:{gres_ipus} State=UNKNOWN
+PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:64
+""")
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        with open(self.directory / "log" / f"{name}.out", "ab") as out:
+            self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env))
+
+    def _start(self) -> None:
+        d = self.directory
+        self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={d / 'munge' / 'munge.key'}",
+                               f"--socket={self.munge_socket}", f"--pid-file={d / 'munge' / 'munged.pid'}",
+                               f"--log-file={d / 'log' / 'munged.log'}", f"--seed-file={d / 'munge' / 'seed'}"])
+        self._wait(lambda: self.munge_socket.exists(), "munged")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait(lambda: self.run("scontrol", "ping", timeout=10).stdout.count("UP") > 0, "slurmctld")
+        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
+        self._wait(self._node_ready, "slurmd to register its node")
+
+    def _node_ready(self) -> bool:
+        state = self.run("sinfo", "-h", "-N", "-o", "%T", timeout=10).stdout.strip()
+        return state in ("idle", "mixed", "allocated")
+
+    def _wait(self, condition, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for process in self.processes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{process.args[0]} exited while waiting for {what}; logs in {self.directory / 'log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}; logs in {self.directory / 'log'}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = []
