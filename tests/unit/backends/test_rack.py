@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from vipu.backends.sim import faults
 from vipu.backends.sim.rack import (
+    PORT_COUNTS,
     Endpoint,
+    IndexedRack,
     generate_rack,
     load_rack,
     parse_rack,
@@ -99,3 +102,16 @@ def test_fault_functions_refuse_what_is_not_there():
         faults.silence(rack, "m09")
     with pytest.raises(InvalidArgument, match="unknown link kind 'laser'"):
         faults.kind_named("laser")
+
+
+def test_an_indexed_rack_answers_as_the_rack_does():
+    rack = generate_rack(8, topology=IldTopology.TORUS)
+    faults.unplug(rack, "m03", LinkKind.IPULINK, 5)
+    indexed = IndexedRack(rack)
+    for machine in rack.machines:
+        assert indexed.machine(machine.name) is rack.machine(machine.name)
+        for kind, count in PORT_COUNTS.items():
+            for port in range(1, count + 1):
+                assert indexed.plugged(machine.name, kind, port) == rack.plugged(machine.name, kind, port)
+    with pytest.raises(InvalidArgument, match="rack .* has no machine m99"):
+        indexed.machine("m99")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vipu import __version__
 from vipu.backends.base import MachineBackend
-from vipu.backends.sim.rack import PORT_COUNTS, Rack, RackMachine, load_rack
+from vipu.backends.sim.rack import PORT_COUNTS, IndexedRack, Rack, RackMachine, load_rack
 from vipu.model.clustertests import (
     InternalReading,
     Observation,
@@ -69,7 +69,7 @@ class RackFile:
                 raise InvalidArgument(f"cannot read rack description {self.path}: {error.strerror}") from error
             stamp = (stat.st_mtime_ns, stat.st_size)
             if stamp != self._stamp:
-                self._rack = load_rack(self.path)
+                self._rack = IndexedRack(load_rack(self.path))
                 self._stamp = stamp
             assert self._rack is not None
             return self._rack
