@@ -153,21 +153,29 @@ def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[in
     return counts
 
 
-def _sub_machine_candidates(layout, allowed, used, size, every_group: bool) -> list[_Candidate]:
-    """Candidates within one machine: each machine's first free group, or all of them if asked."""
+def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_Candidate]:
+    """Candidates within one machine: each machine's first free group, or every group if asked.
+
+    Unless asked for every one, wholly free machines after the first are skipped: the lowest
+    scores best among them, and any machine in use scores better still.
+    """
     candidates = []
+    free_machine_seen = False
     for order, agent in enumerate(layout.agent_ids):
         if agent not in allowed:
             continue
-        busy = used.get(agent, set())
-        free_here = IPUS_PER_MACHINE - len(busy)
-        d, p = layout.locate(agent)
+        busy = used.get(agent, ())
+        if not busy:
+            if free_machine_seen and not every:
+                continue
+            free_machine_seen = True
+        d, _ = layout.locate(agent)
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
-            if busy.isdisjoint(group):
-                score = (free_here, order, group_order)  # the fullest machine, the lowest in the cluster
+            if not any(index in busy for index in group):
+                score = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
                 candidates.append(_Candidate(score, (order, group_order),
                                              lambda d=d, agent=agent, group=group: ((d, tuple((agent, i) for i in group)),), 0))
-                if not every_group:
+                if not every:
                     break  # the machine's later groups score worse
     return candidates
 
@@ -243,15 +251,15 @@ def place_partition(
     if size > free:
         raise Conflict(f"not enough free IPUs in {where}: {size} requested, {free} free")
 
-    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
     if size < IPUS_PER_MACHINE:
         if num_segments > 1:
             raise InvalidArgument("a partition smaller than one machine has a single IPU-Link segment")
         if ipulink_routing not in (None, IpuLinkRouting.DNC):
             raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
-        candidates = _sub_machine_candidates(layout, allowed, used, size, every_group=bool(explicit))
+        candidates = _sub_machine_candidates(layout, allowed, used, size, every=bool(explicit))
     else:
         counts = _segment_counts(layout, size, num_segments)
+        runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
         candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
 
     if explicit:

@@ -80,7 +80,8 @@ ONE_PARTITION = select(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
 IPUS_OF_PARTITION = select(IPUS).where(IPUS.c.partition_id == bindparam("id")).order_by(IPUS.c.routing_id)
 IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids", expanding=True)))
                       .order_by(IPUS.c.partition_id, IPUS.c.routing_id))
-IPUS_ON_AGENTS = select(IPUS.c.agent_id, IPUS.c.ipu_index).where(IPUS.c.agent_id.in_(bindparam("agents", expanding=True)))
+IPUS_IN_ALLOCATION = (select(IPUS.c.agent_id, IPUS.c.ipu_index).join(PARTITIONS, PARTITIONS.c.id == IPUS.c.partition_id)
+                      .where(PARTITIONS.c.allocation_id == bindparam("allocation")))
 NEW_PARTITION = insert(PARTITIONS)
 NEW_IPUS = insert(IPUS)
 DELETE_PARTITION = delete(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
@@ -411,9 +412,11 @@ class Transaction:
             ipus[i.partition_id].append(_placed(i))
         return [_partition(row, ipus[row.id]) for row in rows]
 
-    def used_ipus(self, agent_ids: list[str] | tuple[str, ...]) -> dict[str, set[int]]:
+    def used_ipus(self, allocation_id: str) -> dict[str, set[int]]:
+        """The IPUs taken in an allocation's machines, by agent: those of its partitions, since a
+        machine belongs to one allocation at a time (found from the partitions, not the machines)."""
         used: dict[str, set[int]] = {}
-        for agent_id, index in self.session.connection().execute(IPUS_ON_AGENTS, {"agents": list(agent_ids)}):
+        for agent_id, index in self.session.connection().execute(IPUS_IN_ALLOCATION, {"allocation": allocation_id}):
             used.setdefault(agent_id, set()).add(index)
         return used
 

@@ -269,7 +269,7 @@ class PartitionService:
                 placement = place_partition(
                     layout,
                     set(allocation.agent_ids),
-                    tx.used_ipus(allocation.agent_ids),
+                    tx.used_ipus(allocation.id),
                     request.size,
                     num_gcds=request.num_gcds,
                     num_segments=request.num_segments,

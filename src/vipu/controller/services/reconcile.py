@@ -15,16 +15,41 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import BUSY, PartitionService
-from vipu.model.configuration import agent_settings
-from vipu.model.entities import Agent, AgentStatus, OperationState, ReadyState
+from vipu.model.configuration import AgentSettings, agent_settings
+from vipu.model.entities import Agent, AgentStatus, OperationState, Partition, ReadyState
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Expectation:
+    """The partitions the store holds on one agent, with what it takes to work out their settings."""
+
+    known: dict[str, Partition]
+    serials: dict[str, str]
+    layouts: dict[str, ClusterLayout]
+
+    def differences(self, agent_id: str, held: dict[str, AgentSettings]) -> tuple[list[str], list[tuple[Partition, AgentSettings]]]:
+        """(partitions the agent holds but should not, (partition, settings) it should hold but does not)."""
+        stray = [
+            partition_id for partition_id in held
+            if (p := self.known.get(partition_id)) is None or (p.ready_state is ReadyState.ERROR and p.operation_state not in BUSY)
+        ]
+        lost = []
+        for partition in self.known.values():
+            if partition.ready_state is not ReadyState.ACTIVE or partition.operation_state is not OperationState.IDLE:
+                continue
+            wanted = agent_settings(partition, self.layouts[partition.cluster_id], self.serials)[agent_id]
+            if held.get(partition.id) != wanted:
+                lost.append((partition, wanted))
+        return stray, lost
 
 
 class Reconciler:
@@ -39,11 +64,18 @@ class Reconciler:
         self.check_all()
 
     def check_all(self) -> None:
+        """One health pass over every agent.
+
+        The store is read once for all of them; an agent whose holdings agree with that reading
+        needs nothing. One that disagrees is compared again with a fresh reading taken while the
+        agent is held, since the first may predate an operation that finished since.
+        """
         with self.store.reading() as tx:
             agents = tx.list_agents()
-        self.hardware.each(agents, self.check_agent)
+            expected = self._expectations(tx, [a.id for a in agents])
+        self.hardware.each(agents, lambda agent: self.check_agent(agent, expected))
 
-    def check_agent(self, agent: Agent) -> None:
+    def check_agent(self, agent: Agent, expected: dict[str, Expectation] | None = None) -> None:
         gateway = self.hardware.gateway
         with self.hardware.locks.hold_alone(agent.id):
             returning = agent.status is AgentStatus.DOWN
@@ -54,22 +86,28 @@ class Reconciler:
             except Unavailable as error:
                 self._set_status(agent, AgentStatus.DOWN, error.message)
                 return
-            with self.store.reading() as tx:
-                known = {p.id: p for p in tx.partitions_on_agent(agent.id)}
-                peers = {a for p in known.values() for a in p.agent_ids}
-                serials = {a: tx.get_agent(a).inventory.serial for a in peers}
-                layouts = {c: ClusterLayout.of(tx.get_cluster(c)) for c in {p.cluster_id for p in known.values()}}
-            for partition_id in held:
-                partition = known.get(partition_id)
-                if partition is None or (partition.ready_state is ReadyState.ERROR and partition.operation_state not in BUSY):
-                    self._clear(agent, partition_id)
-            for partition in known.values():
-                if partition.ready_state is not ReadyState.ACTIVE or partition.operation_state is not OperationState.IDLE:
-                    continue
-                wanted = agent_settings(partition, layouts[partition.cluster_id], serials)[agent.id]
-                if held.get(partition.id) != wanted:
-                    self._reapply(agent, partition, wanted)
+            stray, lost = expected[agent.id].differences(agent.id, held) if expected else ([], [])
+            if expected is None or stray or lost:
+                with self.store.reading() as tx:
+                    stray, lost = self._expectations(tx, [agent.id])[agent.id].differences(agent.id, held)
+            for partition_id in stray:
+                self._clear(agent, partition_id)
+            for partition, wanted in lost:
+                self._reapply(agent, partition, wanted)
             self._set_status(agent, AgentStatus.UP, "", inventory_changed=returning)
+
+    @staticmethod
+    def _expectations(tx, agent_ids: list[str]) -> dict[str, Expectation]:
+        """What the store says each agent should hold."""
+        partitions = tx.partitions_on_agent(agent_ids[0]) if len(agent_ids) == 1 else tx.list_partitions()
+        serials = {a.id: a.inventory.serial for a in tx.list_agents()}
+        layouts = {c: ClusterLayout.of(tx.get_cluster(c)) for c in {p.cluster_id for p in partitions}}
+        expected = {a: Expectation({}, serials, layouts) for a in agent_ids}
+        for partition in partitions:
+            for agent_id in partition.agent_ids:
+                if agent_id in expected:
+                    expected[agent_id].known[partition.id] = partition
+        return expected
 
     def _clear(self, agent: Agent, partition_id: str) -> None:
         try:
