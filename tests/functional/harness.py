@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from tests.ports import free_port
+from tests.processes import die_with_parent
 from vipu.api import credentials
 from vipu.api.protos import (
     admin_pb2,
@@ -101,13 +102,19 @@ class Pod:
         return done.stdout
 
     def start(self) -> Pod:
-        if self.secure:
-            self.initialise()
-        for group in self.agent_groups:
-            self.start_agent(*group)
-        for machine in self.rack.machines:
-            wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
-        self.start_server()
+        """Start the agents and the controller; if any part fails, stop the others again."""
+        try:
+            if self.secure:
+                self.initialise()
+            for group in self.agent_groups:
+                self.start_agent(*group)
+            patience = 20 + len(self.rack.machines) / 10  # a big rack takes its agents a while to read
+            for machine in self.rack.machines:
+                self.wait_for_agent(machine.name, patience)
+            self.start_server()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def start_agent(self, *names: str) -> None:
@@ -116,8 +123,21 @@ class Pod:
         with open(self.directory / f"agent-{names[0]}.log", "ab") as log:
             self.agents[names[0]] = subprocess.Popen(
                 [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), *machines, "--announce-interval", "0"],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
+
+    def wait_for_agent(self, name: str, timeout: float = 20.0) -> None:
+        """Until the machine's agent answers; at once, with its log, if its process died instead."""
+        group = next(g for g in self.agent_groups if name in g)
+
+        def answers() -> bool:
+            process = self.agents.get(group[0])
+            if process is not None and process.poll() is not None:
+                log = (self.directory / f"agent-{group[0]}.log").read_text()[-2000:]
+                raise AssertionError(f"the agent of {name} exited with status {process.returncode}:\n{log}")
+            return self._answers(self.rack.machine(name).port, agent=True)
+
+        wait_until(answers, timeout=timeout, what=f"agent {name}")
 
     def stop_agent(self, name: str) -> None:
         process = self.agents.pop(name)
@@ -131,7 +151,7 @@ class Pod:
                  "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                  "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
                  *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *extra],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
         wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
 
@@ -232,7 +252,7 @@ class Pod:
                 self.agents.pop(group[0], None)
                 self.start_agent(*group)
         for machine in self.rack.machines:
-            wait_until(lambda m=machine: self._answers(m.port, agent=True), what=f"agent {machine.name}")
+            self.wait_for_agent(machine.name)
         if self.server is None or self.server.poll() is not None:
             self.start_server()
         api = self.admin_api

@@ -29,7 +29,7 @@ def test_every_entity_survives_a_restart_and_agents_are_reconciled(pod, stop_sig
     pod.stop_server(stop_signal)
     pod.stop_agent("m01")  # its machine restarts and forgets its configuration
     pod.start_agent("m01")
-    wait_until(lambda: pod._answers(pod.rack.machine("m01").port, agent=True), what="m01 back")
+    pod.wait_for_agent("m01")
     assert pod.held("m01") == {}
     plant_stray_configuration(pod, "m06")
 
