@@ -3,8 +3,9 @@
 `scripts/system-deps` installs them. Everything the daemons keep lives in a private directory:
 their own munge key and socket, configuration, state, spool and logs, on free loopback ports.
 They run as root (as Slurm does on a single machine), with process tracking by /proc and no
-cgroups, so they work in a container. The one node offers `ipus` generic resources (GRES) with
-no device files: a count Slurm hands out, which is all a scheduler needs to know of them.
+cgroups, so they work in a container. The one node claims `cpus` CPUs whatever the machine has
+(so jobs of many tasks fit), and offers `ipus` generic resources (GRES) with no device files:
+a count Slurm hands out, which is all a scheduler needs to know of them.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ import time
 from pathlib import Path
 
 from tests.ports import free_port
+from tests.processes import die_with_parent
 
 PARTITION = "ipus"
 
 
 class SlurmCluster:
-    def __init__(self, gres_ipus: int = 64, cpus: int | None = None, extra_config: str = "", plugstack: str = ""):
+    def __init__(self, gres_ipus: int = 64, cpus: int = 32, extra_config: str = "", plugstack: str = "",
+                 files: dict[str, str] | None = None):
+        """`extra_config` and `plugstack` are added to slurm.conf and plugstack.conf, and `files`
+        written beside them (scripts executable), before the daemons start; `{dir}` in any of
+        them is the directory."""
         for program in ("munged", "slurmctld", "slurmd", "sinfo"):
             if shutil.which(program) is None:
                 raise RuntimeError(f"{program} is not installed; scripts/system-deps installs Slurm and munge from Debian")
@@ -34,7 +40,13 @@ class SlurmCluster:
         self.processes: list[subprocess.Popen] = []
         for name in ("state", "spool", "log", "munge"):
             (self.directory / name).mkdir()
-        self._write_configuration(gres_ipus, cpus or os.cpu_count() or 1, extra_config, plugstack)
+        for name, text in (files or {}).items():
+            path = self.directory / name
+            path.write_text(text.replace("{dir}", str(self.directory)))
+            if text.startswith("#!"):
+                path.chmod(0o755)
+        self._write_configuration(gres_ipus, cpus, extra_config.replace("{dir}", str(self.directory)),
+                                  plugstack.replace("{dir}", str(self.directory)))
         try:
             self._start()
         except BaseException:
@@ -88,6 +100,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
+SlurmdParameters=config_overrides
 MinJobAge=2
 KillWait=2
 InactiveLimit=0
@@ -100,7 +113,8 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.directory / "log" / f"{name}.out", "ab") as out:
-            self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env))
+            self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                                   preexec_fn=die_with_parent))
 
     def _start(self) -> None:
         d = self.directory
@@ -128,6 +142,13 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
             time.sleep(0.1)
 
     def stop(self) -> None:
+        """Cancel what still runs (its slurmstepd would outlive slurmd), then stop the daemons."""
+        if self.processes:
+            try:
+                self.run("scancel", f"--partition={PARTITION}", timeout=10)
+                self._wait(lambda: not self.run("squeue", "-h", timeout=10).stdout.strip(), "the jobs to end", timeout=20)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass  # stopping anyway
         for process in reversed(self.processes):
             process.terminate()
         for process in reversed(self.processes):

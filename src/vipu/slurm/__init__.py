@@ -1,0 +1,1 @@
+"""The Slurm integration's controller-side programs: PrologSlurmctld and EpilogSlurmctld."""

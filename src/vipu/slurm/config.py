@@ -1,0 +1,110 @@
+"""vipu.conf: how the Slurm integration reaches the vipu controller (seed 004, section 5.2).
+
+The file sits beside slurm.conf and holds `Key=Value` lines, keys in any case, `#` comments:
+
+    ApiHost=vipu.example.com      # required
+    ApiPort=8090
+    IpuofDir=/shared/ipuof        # required: where jobs' IPUoF files go; every node must see it
+    MaxIpusPerJob=256
+    ApiTimeout=50                 # seconds
+    IsSecure=yes                  # then ApiUser, ApiAccessKey, ClientCertFile, ClientKeyFile
+    ApiUser=slurm                 # and ServerCertFile are required
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vipu.cli.config import ClientSettings
+from vipu.model.errors import InvalidArgument
+
+DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+SECURE_KEYS = ("ApiUser", "ApiAccessKey", "ClientCertFile", "ClientKeyFile", "ServerCertFile")
+KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "IsSecure", *SECURE_KEYS)
+TRUE, FALSE = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
+
+
+@dataclass(frozen=True)
+class VipuSlurmConfig:
+    path: Path
+    api_host: str
+    ipuof_dir: Path
+    api_port: int = 8090
+    max_ipus_per_job: int = 256
+    api_timeout: float = 50.0
+    is_secure: bool = False
+    api_user: str = ""
+    api_access_key: str = ""
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    server_cert: Path | None = None
+
+    def client_settings(self) -> ClientSettings:
+        return ClientSettings(self.api_host, self.api_port, self.api_user, self.api_access_key,
+                              self.server_cert, self.client_cert, self.client_key)
+
+
+def default_path() -> Path:
+    """vipu.conf in the directory of the slurm.conf in use (Slurm passes SLURM_CONF to its scripts)."""
+    return Path(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF).parent / "vipu.conf"
+
+
+def load(path: Path | None = None) -> VipuSlurmConfig:
+    """Read and check vipu.conf; InvalidArgument names the file, the line and what is wrong."""
+    path = path or default_path()
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise InvalidArgument(f"cannot read {path}: {error.strerror}") from None
+    canonical = {key.lower(): key for key in KNOWN_KEYS}
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, equals, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key:
+            raise InvalidArgument(f"{path} line {number}: expected Key=Value, found {raw.strip()!r}")
+        if key.lower() not in canonical:
+            raise InvalidArgument(f"{path} line {number}: unknown key {key!r} (known: {', '.join(KNOWN_KEYS)})")
+        values[canonical[key.lower()]] = value
+
+    def number(key: str, default: float, kind=int):
+        if key not in values:
+            return default
+        try:
+            parsed = kind(values[key])
+        except ValueError:
+            parsed = 0
+        if parsed <= 0:
+            raise InvalidArgument(f"{path}: {key} must be a positive number, not {values[key]!r}")
+        return parsed
+
+    for required in ("ApiHost", "IpuofDir"):
+        if not values.get(required):
+            raise InvalidArgument(f"{path}: {required} is required")
+    secure_text = values.get("IsSecure", "no").lower()
+    if secure_text not in TRUE + FALSE:
+        raise InvalidArgument(f"{path}: IsSecure must be yes or no, not {values['IsSecure']!r}")
+    secure = secure_text in TRUE
+    if secure:
+        missing = [key for key in SECURE_KEYS if not values.get(key)]
+        if missing:
+            raise InvalidArgument(f"{path}: IsSecure needs {', '.join(missing)}")
+    port = number("ApiPort", 8090)
+    if port > 65535:
+        raise InvalidArgument(f"{path}: ApiPort must be from 1 to 65535, not {port}")
+
+    def file(key: str) -> Path | None:
+        return Path(values[key]) if secure else None
+
+    return VipuSlurmConfig(
+        path=path, api_host=values["ApiHost"], ipuof_dir=Path(values["IpuofDir"]), api_port=port,
+        max_ipus_per_job=number("MaxIpusPerJob", 256), api_timeout=number("ApiTimeout", 50.0, float),
+        is_secure=secure, api_user=values.get("ApiUser", "") if secure else "",
+        api_access_key=values.get("ApiAccessKey", "") if secure else "",
+        client_cert=file("ClientCertFile"), client_key=file("ClientKeyFile"), server_cert=file("ServerCertFile"),
+    )

@@ -1,0 +1,167 @@
+"""A Slurm job's partition: created before its first step, removed however the job ends.
+
+`vipu-slurm-prolog` runs as PrologSlurmctld when Slurm grants a job its nodes. For a job
+submitted with `--ipus` (the SPANK plugin passes it as SPANK_VIPU_IPUS) it creates partition
+`slurm-<job id>` of that size, one GCD per task (`-n`), and writes its IPUoF files into IpuofDir
+for the job's tasks to find. If the controller cannot be reached or has no room, the prolog
+fails, so Slurm requeues the job; a request no controller could satisfy cancels it. Either way
+the job's comment says why.
+
+`vipu-slurm-epilog` runs as EpilogSlurmctld at every job end (success, failure, scancel, time
+limit, node failure) and removes the partition and its files. A partition an epilog could not
+remove (its controller was down) is removed by the next prolog, which forgets every `slurm-N`
+partition whose job N is over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
+from vipu.cli.common import Connection
+from vipu.ipuof import files as ipuof_files
+from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, VipuError
+from vipu.slurm.config import VipuSlurmConfig
+
+log = logging.getLogger(__name__)
+
+PARTITION_PREFIX = "slurm-"
+SYSTEM_PATH = ("/usr/bin", "/bin", "/usr/local/bin")
+OVER = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+# Refusals a later attempt would meet again: the job is cancelled rather than requeued.
+PERMANENT = (InvalidArgument, PermissionDenied)
+
+
+def partition_id(job_id: str) -> str:
+    return f"{PARTITION_PREFIX}{job_id}"
+
+
+class JobFailed(VipuError):
+    """The prolog could not give the job its partition; `permanent` if no retry can."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def _command(name: str) -> str:
+    """A Slurm command's path: slurmctld runs its scripts with an empty PATH."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *SYSTEM_PATH])) or name
+
+
+class Scontrol:
+    """What the programs ask of slurmctld, through its own commands."""
+
+    def job(self, job_id: str) -> dict[str, str] | None:
+        """The job's fields (`scontrol show job -o`), or None if Slurm no longer knows it."""
+        done = subprocess.run([_command("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            return None
+        return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+
+    def comment(self, job_id: str, text: str) -> None:
+        subprocess.run([_command("scontrol"), "update", f"JobId={job_id}", f"Comment={text[:250]}"], capture_output=True, timeout=30)
+
+    def cancel(self, job_id: str) -> None:
+        subprocess.run([_command("scancel"), job_id], capture_output=True, timeout=30)
+
+
+class JobPartitions:
+    def __init__(self, config: VipuSlurmConfig, slurm: Scontrol | None = None, connection: Connection | None = None):
+        self.config = config
+        self.slurm = slurm or Scontrol()
+        self.connection = connection or Connection(config.client_settings(), config.api_timeout)
+
+    def _call(self, method: str, request):
+        return self.connection.call(pb_grpc.UserServiceStub, method, request)
+
+    def prolog(self, env: Mapping[str, str]) -> str | None:
+        """Create the job's partition and its files; the partition's id, or None for a job without IPUs."""
+        job_id, requested = env["SLURM_JOB_ID"], env.get("SPANK_VIPU_IPUS", "")
+        if not requested:
+            return None
+        try:
+            name = self._create(job_id, env)
+        except JobFailed as failure:
+            self.slurm.comment(job_id, f"vipu: {failure.message}")
+            if failure.permanent:
+                self.slurm.cancel(job_id)
+            raise
+        self.slurm.comment(job_id, f"vipu: partition {name}")
+        return name
+
+    def _create(self, job_id: str, env: Mapping[str, str]) -> str:
+        name = partition_id(job_id)
+        ipus = _count(env["SPANK_VIPU_IPUS"], "--ipus")
+        if ipus > self.config.max_ipus_per_job:
+            raise JobFailed(f"--ipus={ipus} is more than MaxIpusPerJob ({self.config.max_ipus_per_job})", permanent=True)
+        replicas = _count(env["SPANK_VIPU_NUM_REPLICAS"], "--num-replicas") if env.get("SPANK_VIPU_NUM_REPLICAS") else 0
+        job = self.slurm.job(job_id) or {}
+        gcds = int(job.get("NumTasks") or 1)
+        request = pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
+            id=name, size=ipus, num_gcds=gcds, num_replicas=replicas))
+        try:
+            self._forget_finished_jobs()
+            try:
+                self._call("CreatePartition", request)
+            except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
+                self._remove(name)
+                self._call("CreatePartition", request)
+            config = self._call("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=name)).ipuof_config
+        except PERMANENT as error:
+            raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}", permanent=True) from None
+        except VipuError as error:
+            self._remove_quietly(name)
+            raise JobFailed(f"no partition of {ipus} IPUs yet, job requeued: {error.message}") from None
+        try:
+            ipuof_files.write(self.config.ipuof_dir, name, config)
+        except OSError as error:
+            self._remove_quietly(name)
+            raise JobFailed(f"cannot write the IPUoF files of {name} into {self.config.ipuof_dir}: {error.strerror}") from None
+        log.info("job %s: partition %s of %d IPUs in %d GCD(s)", job_id, name, ipus, gcds)
+        return name
+
+    def epilog(self, env: Mapping[str, str]) -> bool:
+        """Remove the job's partition and files, if it has them; whether there was a partition."""
+        name = partition_id(env["SLURM_JOB_ID"])
+        ipuof_files.remove(self.config.ipuof_dir, name)
+        try:
+            self._remove(name)
+        except NotFound:
+            return False
+        log.info("job %s: partition %s removed", env["SLURM_JOB_ID"], name)
+        return True
+
+    def _remove(self, name: str) -> None:
+        self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=name, force=True))
+
+    def _remove_quietly(self, name: str) -> None:
+        try:
+            self._remove(name)
+        except VipuError as error:
+            log.warning("partition %s left behind for the next prolog to remove: %s", name, error.message)
+
+    def _forget_finished_jobs(self) -> None:
+        """Remove the partitions of jobs that are over, whose epilog could not reach the controller."""
+        partitions = self._call("ListPartitions", pb.ListPartitionsRequest()).partitions
+        for partition in partitions:
+            job_id = partition.id.removeprefix(PARTITION_PREFIX)
+            if not partition.id.startswith(PARTITION_PREFIX) or not job_id.isdigit():
+                continue
+            job = self.slurm.job(job_id)
+            if job is None or job.get("JobState") in OVER:
+                ipuof_files.remove(self.config.ipuof_dir, partition.id)
+                self._remove_quietly(partition.id)
+                log.info("removed partition %s of finished job %s", partition.id, job_id)
+
+
+def _count(text: str, option: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise JobFailed(f"{option} must be a positive whole number, not {text!r}", permanent=True)
+    return int(text)

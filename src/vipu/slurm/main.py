@@ -1,0 +1,66 @@
+"""`vipu-slurm-prolog` and `vipu-slurm-epilog`: PrologSlurmctld and EpilogSlurmctld programs.
+
+Slurm runs them without arguments, with the job in their environment (SLURM_JOB_ID, SLURM_CONF,
+SPANK_VIPU_*). They read vipu.conf beside slurm.conf (VIPU_SLURM_CONF names another) and write
+one line to standard error when something fails, exiting non-zero. `vipu-slurm-check` checks a
+vipu.conf and that its controller answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from vipu.api.protos import version_pb2, version_pb2_grpc
+from vipu.cli.common import Connection
+from vipu.model.errors import VipuError
+from vipu.slurm import config as slurm_config
+from vipu.slurm.jobs import JobPartitions, Scontrol
+
+
+def _config() -> slurm_config.VipuSlurmConfig:
+    given = os.environ.get("VIPU_SLURM_CONF")
+    return slurm_config.load(Path(given) if given else None)
+
+
+def _run(what: str, action) -> None:
+    logging.basicConfig(level=logging.INFO, format="vipu-slurm: %(message)s", stream=sys.stderr)
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    try:
+        try:
+            config = _config()
+        except VipuError as error:
+            if what == "prolog" and os.environ.get("SPANK_VIPU_IPUS"):
+                Scontrol().comment(job, f"vipu: {error.message}")  # the job waits, requeued, until it is fixed
+            raise
+        action(JobPartitions(config), os.environ)
+    except VipuError as error:
+        print(f"vipu-slurm {what} (job {job}): failed: {error.message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def prolog() -> None:
+    _run("prolog", lambda jobs, env: jobs.prolog(env))
+
+
+def epilog() -> None:
+    _run("epilog", lambda jobs, env: jobs.epilog(env))
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def check(path):
+    """Check a vipu.conf (default: beside slurm.conf) and that its controller answers."""
+    try:
+        loaded = slurm_config.load(path)
+        version = Connection(loaded.client_settings(), loaded.api_timeout).call(
+            version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest())
+    except VipuError as error:
+        click.echo(f"vipu-slurm-check: failed: {error.message}", err=True)
+        sys.exit(1)
+    click.echo(f"{loaded.path}: vipu-server {version.version} at {loaded.api_host}:{loaded.api_port} answers; "
+               f"IPUoF files go to {loaded.ipuof_dir}")

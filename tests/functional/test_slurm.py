@@ -1,0 +1,264 @@
+"""The Slurm integration on a real Slurm: Debian's slurmctld and slurmd with munge, vipu's SPANK
+plugin built from the repository, and the prolog and epilog against a real controller and pod.
+
+Jobs run as root on this machine's one node. Each job's script records what its tasks saw and
+attaches to its IPUs with `vipu-ipuof run`, the project's IPUoF client.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.functional.harness import BIN, Pod, wait_until
+from tests.slurm import SlurmCluster
+from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
+
+pytestmark = pytest.mark.functional
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_IPUS = 16
+MACHINES = 4  # 16 IPUs
+
+
+def vipu_conf(port: int, ipuof_dir: Path, **changes: str) -> str:
+    settings = {"ApiHost": "127.0.0.1", "ApiPort": str(port), "IpuofDir": str(ipuof_dir), "MaxIpusPerJob": str(MAX_IPUS),
+                "ApiTimeout": "10", **changes}
+    return "# vipu's Slurm integration\n" + "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    plugin = subprocess.run([str(ROOT / "scripts" / "build-slurm-plugin")], capture_output=True, text=True, check=True).stdout.strip()
+    directory = tmp_path_factory.mktemp("slurm-pod")
+    pod = Pod(directory, machines=MACHINES).start().register()
+    ipuof_dir = directory / "shared-ipuof"
+    # slurmctld gives its scripts a bare environment: this slurm.conf is not where they would look.
+    wrappers = {f"{step}.sh": f"#!/bin/sh\nexport SLURM_CONF={{dir}}/slurm.conf\nexec {BIN / f'vipu-slurm-{step}'}\n"
+                for step in ("prolog", "epilog")}
+    slurm = SlurmCluster(
+        files={"vipu.conf": vipu_conf(pod.user_port, ipuof_dir), **wrappers},
+        plugstack=f"required {plugin} conf={{dir}}/vipu.conf\n",
+        extra_config="PrologSlurmctld={dir}/prolog.sh\nEpilogSlurmctld={dir}/epilog.sh\n",
+    )
+    yield World(pod, slurm, ipuof_dir, directory)
+    slurm.stop()
+    pod.stop()
+
+
+class World:
+    def __init__(self, pod: Pod, slurm: SlurmCluster, ipuof_dir: Path, directory: Path):
+        self.pod, self.slurm, self.ipuof_dir, self.directory = pod, slurm, ipuof_dir, directory
+        self.jobs = directory / "jobs"
+        self.jobs.mkdir()
+
+    def script(self, name: str, body: str) -> Path:
+        path = self.jobs / f"{name}.sh"
+        path.write_text("#!/bin/bash\n" + textwrap.dedent(body).lstrip())
+        return path
+
+    def sbatch(self, *args: str) -> subprocess.CompletedProcess:
+        return self.slurm.run("sbatch", "--parsable", f"--chdir={self.jobs}", *args)
+
+    def submit(self, *args: str) -> str:
+        done = self.sbatch(*args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.slurm.run("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def comment(self, job_id: str) -> str:
+        return self.slurm.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%k").stdout.strip()
+
+    def state(self, job_id: str) -> str:
+        return self.job(job_id).get("JobState", "GONE")
+
+    def wait_for(self, job_id: str, *states: str, timeout: float = 90) -> str:
+        return wait_until(lambda: (s := self.state(job_id)) in states and s, timeout=timeout, what=f"job {job_id} to be {states}")
+
+    def wait_done(self, job_id: str, timeout: float = 90) -> None:
+        """Until the job and its epilog are over (Slurm forgets it MinJobAge after that)."""
+        wait_until(lambda: self.state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE")
+                   and not self.partitions_of(job_id), timeout=timeout, what=f"job {job_id} to end and its partition to go")
+
+    def partitions(self) -> list[str]:
+        api = vipuuser_pb2_grpc.UserServiceStub(self.pod._channel(self.pod.user_port))
+        return [p.id for p in api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions]
+
+    def partitions_of(self, job_id: str) -> list[str]:
+        return [p for p in self.partitions() if p == f"slurm-{job_id}"]
+
+    def output(self, job_id: str) -> str:
+        return (self.jobs / f"slurm-{job_id}.out").read_text()
+
+    def nothing_left(self) -> None:
+        assert self.partitions() == []
+        assert sorted(p.name for p in self.ipuof_dir.glob("*")) == [] if self.ipuof_dir.exists() else True
+        assert all(held == {} for held in self.pod.snapshot()["held"].values())
+
+
+# What each job's tasks record: the environment the plugin gave them, and an attach to their IPUs.
+ATTACH = """\
+    srun bash -c 'echo "task $SLURM_PROCID $IPUOF_VIPU_API_PARTITION_ID $IPUOF_VIPU_API_HOST:$IPUOF_VIPU_API_PORT $IPUOF_CONFIG_PATH"; vipu-ipuof run'
+"""
+
+
+def tasks(output: str) -> dict[int, list[str]]:
+    return {int(line.split()[1]): line.split()[2:] for line in output.splitlines() if line.startswith("task ")}
+
+
+def test_a_job_script_gets_one_gcd_per_task_and_its_partition_goes_when_it_ends(world):
+    script = world.script("multi", f"""
+        #SBATCH --job-name multi-gcd-job
+        #SBATCH --ipus 2
+        #SBATCH -n 2
+        export PATH={BIN}:$PATH
+        echo "batch $IPUOF_VIPU_API_PARTITION_ID $IPUOF_CONFIG_PATH"
+        {ATTACH}""")
+    job = world.submit(str(script))
+    world.wait_done(job)
+    out = world.output(job)
+    seen = tasks(out)
+    partition = f"slurm-{job}"
+    assert sorted(seen) == [0, 1]
+    for rank, (name, address, config) in seen.items():
+        assert name == partition and address == f"127.0.0.1:{world.pod.user_port}"
+        assert config == str(world.ipuof_dir / f"{partition}_gcd{rank}_ipuof.conf")
+    assert out.count(f"run ({partition}_gcd0_ipuof.conf): success") + out.count("success. 1 IPUs in 1 GCD(s)") >= 2, out
+    assert f"batch {partition} " in out
+    assert world.comment(job) in ("", f"vipu: partition {partition}")  # empty once Slurm forgot the job
+    world.nothing_left()
+
+
+def test_the_seed_command_line_and_srun_work_too(world):
+    script = world.script("plain", f"""
+        export PATH={BIN}:$PATH
+        {ATTACH}""")
+    job = world.submit("--ipus=4", "--ntasks=1", "--num-replicas=1", str(script))
+    world.wait_done(job)
+    seen = tasks(world.output(job))
+    assert seen[0][0] == f"slurm-{job}" and seen[0][2] == str(world.ipuof_dir / f"slurm-{job}_ipuof.conf")
+    assert "success. 4 IPUs in 1 GCD(s)" in world.output(job)
+
+    done = world.slurm.run("srun", "--ipus=1", "-n1", "bash", "-c", f"echo $IPUOF_VIPU_API_PARTITION_ID; {BIN}/vipu-ipuof run")
+    assert done.returncode == 0, done.stderr
+    name = done.stdout.splitlines()[0]
+    assert name.startswith("slurm-") and "success. 1 IPUs in 1 GCD(s)" in done.stdout
+    wait_until(lambda: world.partitions() == [], what="srun's partition to go")
+    world.nothing_left()
+
+
+@pytest.mark.parametrize("options,reason", [
+    (["--ipus=3"], "vipu: --ipus must be a power of two (1, 2, 4, 8, ...), not 3"),
+    (["--ipus=32"], f"vipu: --ipus=32 is more than the {MAX_IPUS} IPUs a job may have (MaxIpusPerJob in"),
+    (["--ipus=two"], "vipu: --ipus needs a positive whole number of IPUs, not 'two'"),
+    (["--num-replicas=2"], "vipu: --num-replicas needs --ipus"),
+])
+def test_an_impossible_request_is_refused_at_submission(world, options, reason):
+    before = set(world.slurm.run("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
+    done = world.sbatch(*options, "--wrap", "true")
+    assert done.returncode != 0
+    assert reason in done.stderr, done.stderr
+    assert set(world.slurm.run("squeue", "-h", "-t", "all", "-o", "%i").stdout.split()) <= before  # no job was made
+    world.nothing_left()
+
+
+def end_by(world, how: str, *options: str) -> str:
+    script = world.script(f"end-{how}", "echo started\nsleep 300\n")
+    job = world.submit("--ipus=2", *options, str(script))
+    world.wait_for(job, "RUNNING")
+    wait_until(lambda: world.partitions_of(job), what=f"the partition of job {job}")
+    return job
+
+
+def test_the_partition_goes_however_the_job_ends(world):
+    failing = world.submit("--ipus=1", "--wrap", "exit 3")
+    cancelled = end_by(world, "scancel")
+    world.slurm.run("scancel", cancelled)
+    timed_out = world.submit("--ipus=1", "--time=0:01", "--wrap", "sleep 300")  # Slurm's limits count whole minutes
+    for job in (failing, cancelled):
+        world.wait_done(job)
+    world.wait_for(timed_out, "RUNNING")
+    assert world.partitions_of(timed_out)
+    world.wait_done(timed_out, timeout=150)
+    world.nothing_left()
+
+
+def test_a_node_failure_ends_the_job_and_its_partition(world):
+    job = end_by(world, "node", "--no-requeue")  # else Slurm would requeue it, and the prolog run again
+    node = world.slurm.node
+    world.slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=vipu-test")
+    try:
+        world.wait_done(job)
+    finally:
+        world.slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        wait_until(lambda: world.slurm.run("sinfo", "-h", "-o", "%T").stdout.strip() == "idle", what="the node back")
+    world.nothing_left()
+
+
+def test_a_job_waits_with_a_reason_while_the_controller_is_down_or_full(world):
+    holder = world.submit("--ipus=16", "--wrap", "sleep 300")
+    world.wait_for(holder, "RUNNING")
+    full = world.submit("--ipus=8", "--wrap", "true")
+    wait_until(lambda: "vipu: no partition of 8 IPUs yet" in world.comment(full), what="the full pod's reason")
+    assert world.state(full) in ("PENDING", "REQUEUED", "CONFIGURING")
+    assert world.partitions() == [f"slurm-{holder}"]
+    world.slurm.run("scancel", holder, full)
+    world.wait_done(holder)
+
+    world.pod.stop_server()
+    try:
+        down = world.submit("--ipus=2", "--wrap", "true")
+        wait_until(lambda: "unreachable" in world.comment(down), what="the unreachable controller's reason")
+        assert world.state(down) in ("PENDING", "REQUEUED", "CONFIGURING")
+        world.slurm.run("scancel", down)
+    finally:
+        world.pod.start_server()
+    world.nothing_left()
+
+
+def test_concurrent_jobs_of_different_sizes_each_get_and_release_their_partition(world):
+    jobs = {}
+    for n, (ipus, gcds) in enumerate([(1, 1), (2, 2), (4, 1), (4, 4), (2, 1), (1, 1)]):
+        script = world.script(f"concurrent{n}", f"""
+            #SBATCH --ipus {ipus}
+            #SBATCH -n {gcds}
+            export PATH={BIN}:$PATH
+            {ATTACH}""")
+        jobs[world.submit(str(script))] = (ipus, gcds)
+    for job in jobs:
+        world.wait_done(job, timeout=180)
+    for job, (ipus, gcds) in jobs.items():
+        out = world.output(job)
+        seen = tasks(out)
+        assert sorted(seen) == list(range(gcds)), out
+        assert {name for name, _, _ in seen.values()} == {f"slurm-{job}"}
+        assert out.count("success.") == gcds, out
+        assert f"{ipus // gcds} IPUs in 1 GCD(s)" in out, out
+    world.nothing_left()
+
+
+def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):
+    conf = world.slurm.directory / "vipu.conf"
+    good = conf.read_text()
+    try:
+        conf.write_text("ApiHost 127.0.0.1\n")
+        done = world.sbatch("--ipus=2", "--wrap", "true")
+        assert done.returncode != 0
+        assert f"vipu: {conf} line 1: expected Key=Value, found 'ApiHost 127.0.0.1'" in done.stderr
+        conf.unlink()
+        done = world.sbatch("--ipus=2", "--wrap", "true")
+        assert done.returncode != 0 and f"vipu: cannot read {conf}: No such file or directory" in done.stderr
+        check = subprocess.run([str(BIN / "vipu-slurm-check"), str(conf)], capture_output=True, text=True)
+        assert check.returncode == 1 and check.stderr.strip() == f"vipu-slurm-check: failed: cannot read {conf}: No such file or directory"
+    finally:
+        conf.write_text(good)
+    check = subprocess.run([str(BIN / "vipu-slurm-check"), str(conf)], capture_output=True, text=True)
+    assert check.returncode == 0 and "answers" in check.stdout
+    world.nothing_left()

@@ -1,0 +1,136 @@
+"""The prolog's and epilog's decisions, with the controller and slurmctld as test doubles (the
+real ones are in tests/functional/test_slurm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable
+from vipu.slurm.config import VipuSlurmConfig
+from vipu.slurm.jobs import JobFailed, JobPartitions
+
+
+class Controller:
+    """Partitions by id; `refuse` maps a method to the error it raises next."""
+
+    def __init__(self):
+        self.partitions: dict[str, pb.PartitionRequirements] = {}
+        self.refuse: dict[str, list[Exception]] = {}
+
+    def call(self, _stub, method, request):
+        if self.refuse.get(method):
+            raise self.refuse[method].pop(0)
+        if method == "CreatePartition":
+            if request.requirements.id in self.partitions:
+                raise AlreadyExists(f"partition {request.requirements.id} already exists")
+            self.partitions[request.requirements.id] = request.requirements
+            return pb.CreatePartitionReply(partition_id=request.requirements.id)
+        if method == "RemovePartition":
+            if self.partitions.pop(request.partition_id, None) is None:
+                raise NotFound(f"partition {request.partition_id} does not exist")
+            return pb.RemovePartitionReply()
+        if method == "ListPartitions":
+            return pb.ListPartitionsReply(partitions=[pb.Partition(id=p) for p in self.partitions])
+        if method == "GetPartitionIpuofConfig":
+            gcds = self.partitions[request.partition_id].num_gcds
+            return pb.GetPartitionIpuofConfigReply(ipuof_config=pb.PartitionConfig(
+                gcd_configs=[pb.PartitionConfig.Gcd(attributes={"GCD Id": str(g)}) for g in range(gcds)]))
+        raise AssertionError(method)
+
+
+class Slurm:
+    def __init__(self, jobs: dict[str, dict[str, str]]):
+        self.jobs = jobs
+        self.comments: dict[str, str] = {}
+        self.cancelled: list[str] = []
+
+    def job(self, job_id):
+        return self.jobs.get(job_id)
+
+    def comment(self, job_id, text):
+        self.comments[job_id] = text
+
+    def cancel(self, job_id):
+        self.cancelled.append(job_id)
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    controller = Controller()
+    slurm = Slurm({"7": {"NumTasks": "2", "JobState": "CONFIGURING"}})
+    config = VipuSlurmConfig(tmp_path / "vipu.conf", "ctl", tmp_path / "ipuof", max_ipus_per_job=16)
+    return JobPartitions(config, slurm, controller), controller, slurm, tmp_path / "ipuof"
+
+
+JOB = {"SLURM_JOB_ID": "7", "SPANK_VIPU_IPUS": "4", "SPANK_VIPU_NUM_REPLICAS": "2"}
+
+
+def test_the_prolog_creates_one_gcd_per_task_and_writes_its_files(world):
+    jobs, controller, slurm, ipuof = world
+    assert jobs.prolog(JOB) == "slurm-7"
+    made = controller.partitions["slurm-7"]
+    assert (made.size, made.num_gcds, made.num_replicas) == (4, 2, 2)
+    assert sorted(p.name for p in ipuof.iterdir()) == ["slurm-7_gcd0_ipuof.conf", "slurm-7_gcd1_ipuof.conf"]
+    assert slurm.comments["7"] == "vipu: partition slurm-7"
+    assert jobs.epilog({"SLURM_JOB_ID": "7"}) is True
+    assert controller.partitions == {} and list(ipuof.iterdir()) == []
+    assert jobs.epilog({"SLURM_JOB_ID": "7"}) is False  # a second epilog finds nothing to do
+
+
+def test_a_job_without_ipus_is_left_alone(world):
+    jobs, controller, slurm, _ = world
+    assert jobs.prolog({"SLURM_JOB_ID": "7"}) is None
+    assert controller.partitions == {} and slurm.comments == {}
+
+
+def test_no_room_or_no_controller_requeues_with_a_reason_and_leaves_nothing(world):
+    jobs, controller, slurm, ipuof = world
+    for error in (Conflict("no room for a partition of 4 IPUs"), Unavailable("vipu-server at ctl:8090: unreachable")):
+        controller.refuse["CreatePartition"] = [error]
+        with pytest.raises(JobFailed) as failed:
+            jobs.prolog(JOB)
+        assert not failed.value.permanent
+        assert slurm.comments["7"] == f"vipu: no partition of 4 IPUs yet, job requeued: {error.message}"
+    controller.refuse["ListPartitions"] = [Unavailable("vipu-server at ctl:8090: unreachable (connection refused)")]
+    with pytest.raises(JobFailed):
+        jobs.prolog(JOB)
+    assert "unreachable" in slurm.comments["7"]
+    assert slurm.cancelled == [] and controller.partitions == {} and not ipuof.exists()
+
+
+def test_a_request_the_controller_can_never_satisfy_cancels_the_job(world):
+    jobs, controller, slurm, _ = world
+    controller.refuse["CreatePartition"] = [InvalidArgument("3 replicas do not divide evenly into 2 GCD(s)")]
+    with pytest.raises(JobFailed, match="cannot create partition slurm-7 of 4 IPUs in 2 GCD"):
+        jobs.prolog(JOB)
+    assert slurm.cancelled == ["7"] and "3 replicas" in slurm.comments["7"]
+    with pytest.raises(JobFailed, match="more than MaxIpusPerJob"):
+        jobs.prolog({**JOB, "SPANK_VIPU_IPUS": "32"})
+
+
+def test_a_partition_left_by_an_earlier_attempt_is_replaced(world):
+    jobs, controller, _, _ = world
+    controller.partitions["slurm-7"] = pb.PartitionRequirements(id="slurm-7", size=1, num_gcds=1)
+    jobs.prolog(JOB)
+    assert controller.partitions["slurm-7"].size == 4
+
+
+def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
+    jobs, controller, slurm, ipuof = world
+    for job_id in ("3", "4", "5"):
+        controller.partitions[f"slurm-{job_id}"] = pb.PartitionRequirements(id=f"slurm-{job_id}", size=1, num_gcds=1)
+    controller.partitions["mine"] = pb.PartitionRequirements(id="mine", size=1, num_gcds=1)
+    slurm.jobs.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}})  # Slurm forgot job 3
+    jobs.prolog(JOB)
+    assert sorted(controller.partitions) == ["mine", "slurm-4", "slurm-7"]
+
+
+def test_files_that_cannot_be_written_undo_the_partition(world, tmp_path):
+    jobs, controller, slurm, ipuof = world
+    ipuof.write_text("not a directory")
+    with pytest.raises(JobFailed, match="cannot write the IPUoF files of slurm-7"):
+        jobs.prolog(JOB)
+    assert controller.partitions == {}
