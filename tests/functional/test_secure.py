@@ -212,3 +212,31 @@ def test_open_mode_says_so_and_has_no_users(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_slurm_prolog_and_epilog_reach_a_secure_controller_as_their_api_user(pod, tenants, tmp_path):
+    files = pod.tls
+    conf = tmp_path / "vipu.conf"
+    ipuof = tmp_path / "ipuof"
+
+    def write_conf(key: str) -> None:
+        conf.write_text(f"ApiHost=127.0.0.1\nApiPort={pod.user_port}\nIpuofDir={ipuof}\nIsSecure=yes\nApiUser=alice\n"
+                        f"ApiAccessKey={key}\nClientCertFile={files.client_cert}\nClientKeyFile={files.client_key}\n"
+                        f"ServerCertFile={files.ca_for(files.client_dir)}\n")
+
+    def run(step: str, job: str) -> subprocess.CompletedProcess:
+        env = {"PATH": os.environ["PATH"], "VIPU_SLURM_CONF": str(conf), "SLURM_JOB_ID": job, "SPANK_VIPU_IPUS": "2"}
+        return subprocess.run([str(BIN / f"vipu-slurm-{step}")], capture_output=True, text=True, env=env, timeout=60)
+
+    write_conf(key_of(tenants["alice"]))
+    assert run("prolog", "41").returncode == 0
+    (listed,) = [p for p in pod.snapshot()["partitions"] if p.id == "slurm-41"]
+    assert listed.spec.allocation_id == "a1" and [p.name for p in ipuof.iterdir()] == ["slurm-41_ipuof.conf"]
+    assert run("epilog", "41").returncode == 0
+    assert not [p for p in pod.snapshot()["partitions"] if p.id == "slurm-41"] and list(ipuof.iterdir()) == []
+
+    write_conf("not-alices-key")
+    refused = run("prolog", "42")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith("vipu-slurm prolog (job 42): failed: ")
+    assert not [p for p in pod.snapshot()["partitions"] if p.id == "slurm-42"]
