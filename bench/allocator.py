@@ -68,6 +68,7 @@ class Outcome:
     accepted: int = 0
     refused: int = 0
     fragmented: int = 0  # refused although enough IPUs were free
+    fragmented_by_size: dict[int, int] = field(default_factory=dict)
     ipu_time: float = 0.0  # integral of IPUs in use over time
     decision_seconds: list[float] = field(default_factory=list)
 
@@ -121,7 +122,9 @@ def replay(trace: list[Request], machines: int, rule: str) -> Outcome:
         outcome.decision_seconds.append(time.perf_counter() - started)
         if ipus is None:
             outcome.refused += 1
-            outcome.fragmented += request.size <= pod.free
+            if request.size <= pod.free:
+                outcome.fragmented += 1
+                outcome.fragmented_by_size[request.size] = outcome.fragmented_by_size.get(request.size, 0) + 1
             continue
         outcome.accepted += 1
         pod.take(request.size, ipus)
@@ -153,6 +156,7 @@ def main(requests, machines, load, seed, name):
             "acceptance_percent": round(100 * outcome.accepted / requests, 2),
             "refused": outcome.refused,
             "fragmentation_refusals": outcome.fragmented,
+            "fragmentation_refusals_by_size": {str(k): v for k, v in sorted(outcome.fragmented_by_size.items())},
             "mean_utilisation_percent": round(100 * outcome.ipu_time / (horizon * machines * IPUS_PER_MACHINE), 2),
             "decision_p99_ms": round(1000 * decisions[int(0.99 * (len(decisions) - 1))], 3),
         })

@@ -43,6 +43,29 @@ class ProcessCost:
         return cls(resident_pages * PAGE_SIZE / 2**20, cpu)
 
 
+def machine_busy_fraction(interval: float = 1.0) -> float:
+    """The share of all CPUs' time spent busy over `interval` seconds (from /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return sum(fields) - idle, sum(fields)
+
+    busy_before, total_before = sample()
+    time.sleep(interval)
+    busy_after, total_after = sample()
+    return (busy_after - busy_before) / max(1, total_after - total_before)
+
+
+def settle(quiet: float = 0.25, deadline: float = 60.0) -> float:
+    """Wait until the machine is quiet (what the last measurement left running has finished),
+    or the deadline passes; the busy fraction last seen."""
+    ends = time.monotonic() + deadline
+    while True:
+        busy = machine_busy_fraction()
+        if busy < quiet or time.monotonic() > ends:
+            return busy
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """The value below which `fraction` of `values` lie (nearest rank)."""
     ordered = sorted(values)

@@ -18,7 +18,7 @@ from queue import Empty
 import click
 import grpc
 
-from bench.common import ProcessCost, running_pod, save, summarise_ms, table
+from bench.common import ProcessCost, running_pod, save, settle, summarise_ms, table
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
 
 WARM_UP_PAIRS = 3
@@ -57,6 +57,7 @@ def client(port: int, number: int, size: int, ready, start, duration: float, res
 
 
 def measure(pod, clients: int, size: int, duration: float) -> dict:
+    busy_before = settle()
     spawn = multiprocessing.get_context("spawn")
     ready, start, results = spawn.Queue(), spawn.Event(), spawn.Queue()
     workers = [spawn.Process(target=client, args=(pod.user_port, n, size, ready, start, duration, results))
@@ -85,6 +86,7 @@ def measure(pod, clients: int, size: int, duration: float) -> dict:
         "refusals": sorted(set(failures))[:3],
         "server_cpu_percent": round(100 * (after.cpu_seconds - before.cpu_seconds) / elapsed, 1),
         "server_rss_mb": round(after.rss_mb, 1),
+        "machine_busy_before_percent": round(100 * busy_before, 1),
     }
 
 

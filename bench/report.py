@@ -1,0 +1,95 @@
+"""Write the recorded results into bench/README.md, between its results markers.
+
+    python -m bench.report
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from bench.common import RESULTS
+
+README = Path(__file__).parent / "README.md"
+START, END = "<!-- results: written by python -m bench.report -->", "<!-- end of results -->"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def markdown(headings: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+
+
+def partitions(data: dict) -> list[str]:
+    rows = [[r["store"], r["machines"], r["clients"], r["create"]["p50_ms"], r["create"]["p99_ms"], r["remove"]["p50_ms"],
+             r["remove"]["p99_ms"], r["pairs_per_s"], r["server_cpu_percent"]] for r in data["runs"]]
+    return [f"**Latency and throughput** (`bench.partitions`, {data['duration_s']:.0f} s per row, 1-IPU partitions):", "",
+            *markdown(["store", "machines", "clients", "create p50 ms", "create p99 ms", "remove p50 ms", "remove p99 ms",
+                       "pairs/s", "controller CPU %"], rows)]
+
+
+def cost(data: dict) -> list[str]:
+    rows = [[r["machines"], r["idle"]["rss_mb"], r["idle"]["cpu_percent"], r["load"]["cpu_percent"], r["load"]["peak_rss_mb"],
+             r["load"]["create"]["p50_ms"], r["load"]["create"]["p99_ms"], r["load"]["pairs_per_s"]] for r in data["runs"]]
+    g = data["growth"]
+    return [f"**Controller cost** (`bench.controller_cost`, {data['runs'][0]['store']}, load of {data['runs'][0]['load']['clients']} clients):", "",
+            *markdown(["agents", "idle RSS MB", "idle CPU %", "load CPU %", "load peak RSS MB", "create p50 ms", "create p99 ms", "pairs/s"], rows),
+            "", f"Fitted growth per agent: {g['idle_rss_mb_per_agent']} MB resident idle, {g['idle_cpu_percent_per_agent']} % CPU idle "
+            f"(the health pass), {g['load_rss_mb_per_agent']} MB under load."]
+
+
+def allocator(data: dict) -> list[str]:
+    rows = [[r["allocator"], r["acceptance_percent"], r["refused"], r["fragmentation_refusals"], r["mean_utilisation_percent"],
+             r["decision_p99_ms"]] for r in data["results"]]
+    by_size = {r["allocator"]: r["fragmentation_refusals_by_size"] for r in data["results"] if r["fragmentation_refusals"]}
+    sizes = ", ".join(f"{name}: " + ", ".join(f"{n} of {size} IPUs" for size, n in counts.items()) for name, counts in by_size.items())
+    return [f"**Allocator quality** (`bench.allocator`, {data['requests']} requests, {data['machines']} machines, offered load {data['load']}, seed {data['seed']}):", "",
+            *markdown(["allocator", "accepted %", "refused", "refused with enough IPUs free", "mean utilisation %", "decision p99 ms"], rows),
+            "", f"Refused with enough IPUs free, by size: {sizes}."]
+
+
+def slurm(data: dict) -> list[str]:
+    rows = [[r["ipus"], r["slurm"]["median_ms"], r["slurm"]["p90_ms"], r["vipu"]["median_ms"], r["vipu"]["p90_ms"],
+             r["vipu_api"]["median_ms"], r["vipu_api"]["p90_ms"], r["ratio"], r["ratio_api"]] for r in data["runs"]]
+    return [f"**Slurm side by side** (`bench.slurm_compare`, {data['slurm_version']}, {data['machines']} machines):", "",
+            *markdown(["IPUs", "Slurm salloc median ms", "p90", "vipu CLI median ms", "p90", "vipu API median ms", "p90",
+                       "Slurm / vipu CLI", "Slurm / vipu API"], rows)]
+
+
+def profile(data: dict) -> list[str]:
+    rows = [[layer, share] for layer, share in data["share_percent"].items()]
+    load = data["load"]
+    return [f"**Profile** (`bench.profile`, {data['machines']} machines, {data['clients']} clients: {load['pairs_per_s']} pairs/s, "
+            f"controller CPU {load['server_cpu_percent']} %; flame graph in `results/profile.svg`):", "",
+            *markdown(["where the controller's busy samples are", "%"], rows)]
+
+
+@click.command()
+def main():
+    """Render bench/results/*.json as the README's last recorded results."""
+    parts: list[str] = []
+    first = None
+    for name, render in (("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
+                         ("slurm-compare", slurm), ("profile", profile)):
+        data = load(name)
+        if data is not None:
+            first = first or data
+            parts += [*render(data), ""]
+    if first is None:
+        raise click.ClickException("no results yet; run bench/run")
+    m = first["machine"]
+    header = [f"Recorded {m['when']} at revision {first['revision']} on {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}.", ""]
+    text = README.read_text()
+    before, _, rest = text.partition(START)
+    _, _, after = rest.partition(END)
+    README.write_text(before + START + "\n" + "\n".join(header + parts) + END + after)
+    click.echo(f"written: {README}")
+
+
+if __name__ == "__main__":
+    main()
