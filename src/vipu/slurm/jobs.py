@@ -26,7 +26,13 @@ from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import Connection
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, VipuError
+from vipu.model.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    VipuError,
+)
 from vipu.slurm.config import VipuSlurmConfig
 
 log = logging.getLogger(__name__)
@@ -102,8 +108,10 @@ class JobPartitions:
         if ipus > self.config.max_ipus_per_job:
             raise JobFailed(f"--ipus={ipus} is more than MaxIpusPerJob ({self.config.max_ipus_per_job})", permanent=True)
         replicas = _count(env["SPANK_VIPU_NUM_REPLICAS"], "--num-replicas") if env.get("SPANK_VIPU_NUM_REPLICAS") else 0
-        job = self.slurm.job(job_id) or {}
-        gcds = int(job.get("NumTasks") or 1)
+        job = self.slurm.job(job_id)
+        if job is None:
+            log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
+        gcds = int((job or {}).get("NumTasks") or 1)
         request = pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
             id=name, size=ipus, num_gcds=gcds, num_replicas=replicas))
         try:

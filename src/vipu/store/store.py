@@ -21,7 +21,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Integer, String, bindparam, cast, create_engine, delete, event, insert, select, text, update
+from sqlalchemy import (
+    Integer,
+    String,
+    bindparam,
+    cast,
+    create_engine,
+    delete,
+    event,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable
+from vipu.model.errors import (
+    AlreadyExists,
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from vipu.slurm.config import VipuSlurmConfig
 from vipu.slurm.jobs import JobFailed, JobPartitions
 

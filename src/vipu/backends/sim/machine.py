@@ -15,7 +15,13 @@ from pathlib import Path
 
 from vipu import __version__
 from vipu.backends.base import MachineBackend
-from vipu.backends.sim.rack import PORT_COUNTS, IndexedRack, Rack, RackMachine, load_rack
+from vipu.backends.sim.rack import (
+    PORT_COUNTS,
+    IndexedRack,
+    Rack,
+    RackMachine,
+    load_rack,
+)
 from vipu.model.clustertests import (
     InternalReading,
     Observation,

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import BUSY, PartitionService
 from vipu.model.configuration import AgentSettings, agent_settings
-from vipu.model.entities import Agent, AgentStatus, OperationState, Partition, ReadyState
+from vipu.model.entities import (
+    Agent,
+    AgentStatus,
+    OperationState,
+    Partition,
+    ReadyState,
+)
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
