@@ -262,3 +262,13 @@ def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):
     check = subprocess.run([str(BIN / "vipu-slurm-check"), str(conf)], capture_output=True, text=True)
     assert check.returncode == 0 and "answers" in check.stdout
     world.nothing_left()
+
+
+def test_slurmd_says_in_its_log_at_start_when_vipu_conf_is_unusable():
+    plugin = subprocess.run([str(ROOT / "scripts" / "build-slurm-plugin")], capture_output=True, text=True, check=True).stdout.strip()
+    slurm = SlurmCluster(files={"vipu.conf": "ApiHost=ctl\nApiPort=eighty\n"}, plugstack=f"required {plugin} conf={{dir}}/vipu.conf\n")
+    try:
+        logged = [line for line in slurm.log("slurmd").splitlines() if "vipu:" in line]
+        assert logged and logged[0].endswith(f"error: vipu: {slurm.directory / 'vipu.conf'} line 2: ApiPort must be a positive whole number, not 'eighty'")
+    finally:
+        slurm.stop()
