@@ -12,7 +12,7 @@ import platform
 import statistics
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -23,6 +23,7 @@ from vipu.api.protos import admin_pb2
 from vipu.model.entities import IldTopology
 
 RESULTS = Path(os.environ.get("VIPU_BENCH_RESULTS", Path(__file__).parent / "results"))
+PRODUCTION_TIMINGS = ("--health-interval", "10", "--agent-timeout", "10")  # not the tests' hurried ones
 AGENT_PROCESSES = 16  # larger pods share these processes, every machine still on its own gRPC server
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -94,28 +95,16 @@ def postgres_database():
 def running_pod(machines: int, store: str, time_scale: float = 0.001):
     """A registered pod (agents ag1..agN, cluster cl0 as a torus, allocation alloc-1) on the given store."""
     with TemporaryDirectory(prefix="vipu-bench-") as directory:
-        with (postgres_database() if store == "postgres" else _sqlite()) as db_url:
+        with postgres_database() if store == "postgres" else nullcontext() as db_url:  # None: the pod's SQLite file
             pod = Pod(Path(directory), machines=machines, topology=IldTopology.TORUS, db_url=db_url,
-                      time_scale=time_scale, agent_processes=min(machines, AGENT_PROCESSES))
-            pod.start_server = _quiet(pod.start_server)
+                      time_scale=time_scale, agent_processes=min(machines, AGENT_PROCESSES),
+                      server_options=PRODUCTION_TIMINGS)
             try:
                 pod.start()
                 pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
                 yield pod
             finally:
                 pod.stop()
-
-
-@contextmanager
-def _sqlite():
-    yield None  # the pod's default: a SQLite file in its directory
-
-
-def _quiet(start_server):
-    """vipu-server with the default health interval and agent timeout, not the tests' hurried ones."""
-    def start(*extra: str) -> None:
-        start_server("--health-interval", "10", "--agent-timeout", "10", *extra)
-    return start
 
 
 def machine_facts() -> dict:

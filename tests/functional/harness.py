@@ -66,8 +66,10 @@ class Pod:
 
     def __init__(self, directory: Path, machines: int = 8, topology: IldTopology = IldTopology.TORUS,
                  ilds: int = 1, db_url: str | None = None, time_scale: float = 0.001, agent_processes: int | None = None,
-                 secure: bool = False):
+                 secure: bool = False, server_options: tuple[str, ...] = ()):
+        """`server_options` go to every vipu-server started, after (so overriding) the tests' own."""
         self.directory = directory
+        self.server_options = server_options
         self.rack_path = directory / "rack.yaml"
         self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=time_scale)
         for machine in self.rack.machines:
@@ -150,7 +152,7 @@ class Pod:
                 [str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
                  "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                  "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
-                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *extra],
+                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *self.server_options, *extra],
                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
         wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")

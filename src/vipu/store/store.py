@@ -152,6 +152,11 @@ def _allocation(row: AllocationRow) -> Allocation:
     return Allocation(id=row.id, cluster_id=row.cluster_id, agent_ids=tuple(m.agent_id for m in row.members))
 
 
+def _copy(entity):
+    """A copy of a cached entity a caller may change, or None."""
+    return dataclasses.replace(entity) if entity is not None else None
+
+
 def _placed(row) -> PlacedIpu:
     return PlacedIpu(row.agent_id, row.ipu_index, row.ild, row.topology_id, row.segment, row.routing_id, row.gcd)
 
@@ -192,18 +197,6 @@ def _user(row: UserRow) -> User:
     return User(row.id, Role(row.role), tuple(g.allocation_id for g in row.grants))
 
 
-def _load_agents(session: Session) -> list[Agent]:
-    return [_agent(r) for r in session.scalars(select(AgentRow).order_by(AgentRow.id))]
-
-
-def _load_clusters(session: Session) -> list[Cluster]:
-    return [_cluster(r) for r in session.scalars(select(ClusterRow).order_by(ClusterRow.id))]
-
-
-def _load_allocations(session: Session) -> list[Allocation]:
-    return [_allocation(r) for r in session.scalars(select(AllocationRow).order_by(AllocationRow.id))]
-
-
 @dataclass(frozen=True)
 class Configuration:
     """Agents, clusters and allocations (by id, in id order) as of one configuration generation."""
@@ -212,6 +205,18 @@ class Configuration:
     agents: dict[str, Agent]
     clusters: dict[str, Cluster]
     allocations: dict[str, Allocation]
+
+    @classmethod
+    def load(cls, session: Session, generation: int) -> Configuration:
+        def rows(kind):
+            return session.scalars(select(kind).order_by(kind.id))
+
+        return cls(
+            generation,
+            {r.id: _agent(r) for r in rows(AgentRow)},
+            {r.id: _cluster(r) for r in rows(ClusterRow)},
+            {r.id: _allocation(r) for r in rows(AllocationRow)},
+        )
 
 
 class ConfigurationCache:
@@ -232,12 +237,7 @@ class ConfigurationCache:
         latest = self._latest
         if latest is not None and latest.generation == generation:
             return latest
-        loaded = Configuration(
-            generation,
-            {a.id: a for a in _load_agents(session)},
-            {c.id: c for c in _load_clusters(session)},
-            {a.id: a for a in _load_allocations(session)},
-        )
+        loaded = Configuration.load(session, generation)
         with self._lock:
             if self._latest is None or self._latest.generation <= generation:
                 self._latest = loaded
@@ -255,16 +255,16 @@ class Transaction:
 
     # Agents, clusters and allocations: served from the configuration cache
 
-    def _configuration(self) -> Configuration | None:
-        """This transaction's view of the slow-changing entities; None once it changed them itself."""
-        if self._changed_configuration:
-            return None
+    def _configuration(self) -> Configuration:
+        """This transaction's view of the slow-changing entities: the shared cache's, or, once
+        the transaction has changed them itself, its own reading of them."""
         if self._seen is None:
-            self._seen = self._cache.current(self.session)
+            self._seen = Configuration.load(self.session, -1) if self._changed_configuration else self._cache.current(self.session)
         return self._seen
 
     def _configuration_changes(self) -> None:
         """Record that this transaction changes agents, clusters or allocations (for every cache)."""
+        self._seen = None
         if not self._changed_configuration:
             self._changed_configuration = True
             self.session.execute(
@@ -272,18 +272,10 @@ class Transaction:
             )
 
     def get_agent(self, agent_id: str) -> Agent | None:
-        known = self._configuration()
-        if known is not None:
-            agent = known.agents.get(agent_id)
-            return dataclasses.replace(agent) if agent else None
-        row = self.session.get(AgentRow, agent_id)
-        return _agent(row) if row else None
+        return _copy(self._configuration().agents.get(agent_id))
 
     def list_agents(self) -> list[Agent]:
-        known = self._configuration()
-        if known is not None:
-            return [dataclasses.replace(a) for a in known.agents.values()]
-        return _load_agents(self.session)
+        return [_copy(a) for a in self._configuration().agents.values()]
 
     def add_agent(self, agent: Agent) -> None:
         self._configuration_changes()
@@ -319,18 +311,10 @@ class Transaction:
         return next((a for a in self.list_agents() if (a.host, a.port) == (host, port)), None)
 
     def get_cluster(self, cluster_id: str) -> Cluster | None:
-        known = self._configuration()
-        if known is not None:
-            cluster = known.clusters.get(cluster_id)
-            return dataclasses.replace(cluster) if cluster else None
-        row = self.session.get(ClusterRow, cluster_id)
-        return _cluster(row) if row else None
+        return _copy(self._configuration().clusters.get(cluster_id))
 
     def list_clusters(self) -> list[Cluster]:
-        known = self._configuration()
-        if known is not None:
-            return [dataclasses.replace(c) for c in known.clusters.values()]
-        return _load_clusters(self.session)
+        return [_copy(c) for c in self._configuration().clusters.values()]
 
     def cluster_of_agents(self) -> dict[str, str]:
         return {a: c.id for c in self.list_clusters() for a in c.agent_ids}
@@ -358,17 +342,10 @@ class Transaction:
             self.session.flush()
 
     def get_allocation(self, allocation_id: str) -> Allocation | None:
-        known = self._configuration()
-        if known is not None:
-            allocation = known.allocations.get(allocation_id)
-            return dataclasses.replace(allocation) if allocation else None
-        row = self.session.get(AllocationRow, allocation_id)
-        return _allocation(row) if row else None
+        return _copy(self._configuration().allocations.get(allocation_id))
 
     def list_allocations(self, cluster_id: str | None = None) -> list[Allocation]:
-        known = self._configuration()
-        every = [dataclasses.replace(a) for a in known.allocations.values()] if known is not None else _load_allocations(self.session)
-        return [a for a in every if cluster_id is None or a.cluster_id == cluster_id]
+        return [_copy(a) for a in self._configuration().allocations.values() if cluster_id is None or a.cluster_id == cluster_id]
 
     def allocation_of_agents(self) -> dict[str, str]:
         return {a: alloc.id for alloc in self.list_allocations() for a in alloc.agent_ids}
