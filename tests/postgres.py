@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 
 from tests.ports import free_port
-from tests.processes import die_with_parent
+from tests.processes import dying_with_parent
 
 
 def find_binaries() -> Path | None:
@@ -50,10 +50,10 @@ class PostgresServer:
             check=True, capture_output=True,
         )
         self.process = subprocess.Popen(
-            [*runner, str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
+            dying_with_parent([*runner, str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
              "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300",
-             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
         while True:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import ctypes
-import signal
-
-PR_SET_PDEATHSIG = 1  # prctl(2)
+from collections.abc import Sequence
 
 
-def die_with_parent() -> None:
-    """As a child's preexec_fn: be terminated when the test process dies, even if it is killed."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def dying_with_parent(command: Sequence[str]) -> list[str]:
+    """The command, made to receive SIGTERM when the test process dies, even if it is killed.
+
+    setpriv sets PR_SET_PDEATHSIG and then execs the command. A preexec_fn could do the same but
+    would make Python fork instead of vfork, and since grpcio 1.81 the forked child of a process
+    holding gRPC channels may crash before it execs (grpc/grpc#43055): that killed a restarted
+    vipu-server now and then.
+    """
+    return ["setpriv", "--pdeathsig", "TERM", "--", *command]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tests.ports import free_port
-from tests.processes import die_with_parent
+from tests.processes import dying_with_parent
 
 PARTITION = "ipus"
 
@@ -113,8 +113,8 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.directory / "log" / f"{name}.out", "ab") as out:
-            self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                   preexec_fn=die_with_parent))
+            self.processes.append(subprocess.Popen(dying_with_parent(command), stdout=out,
+                                                   stderr=subprocess.STDOUT, env=self.env))
 
     def _start(self) -> None:
         d = self.directory

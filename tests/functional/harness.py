@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 
 from tests.ports import free_port
-from tests.processes import die_with_parent
+from tests.processes import dying_with_parent
 from vipu.api import credentials
 from vipu.api.protos import (
     admin_pb2,
@@ -124,8 +124,9 @@ class Pod:
         machines = [option for name in names for option in ("--machine", name)]
         with open(self.directory / f"agent-{names[0]}.log", "ab") as log:
             self.agents[names[0]] = subprocess.Popen(
-                [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), *machines, "--announce-interval", "0"],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                dying_with_parent([sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), *machines,
+                                   "--announce-interval", "0"]),
+                stdout=log, stderr=subprocess.STDOUT,
             )
 
     def wait_for_agent(self, name: str, timeout: float = 20.0) -> None:
@@ -149,11 +150,12 @@ class Pod:
     def start_server(self, *extra: str) -> None:
         with open(self.directory / "server.log", "ab") as log:
             self.server = subprocess.Popen(
-                [str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
+                dying_with_parent([str(BIN / "vipu-server"), "--db", self.db_url, "--data-dir", str(self.directory),
                  "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                  "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
-                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *self.server_options, *extra],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                 *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *self.server_options, *extra]),
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
             )
         wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
 
@@ -172,7 +174,8 @@ class Pod:
 
     def _answers(self, port: int, agent: bool = False) -> bool:
         if self.server is not None and self.server.poll() is not None:
-            raise AssertionError(f"vipu-server exited:\n{(self.directory / 'server.log').read_text()[-3000:]}")
+            log = (self.directory / "server.log").read_text()[-3000:]
+            raise AssertionError(f"vipu-server exited with status {self.server.returncode}:\n{log}")
         try:
             if agent:
                 self.agent_stub_at(port).GetInventory(agent_pb2.GetInventoryRequest(), timeout=1)
