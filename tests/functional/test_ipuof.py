@@ -50,4 +50,17 @@ def test_a_file_that_is_no_ipuof_configuration_is_refused(registered_pod, tmp_pa
     junk.write_text("{}")
     failed_line(ipuof(registered_pod, str(junk)), "run", "junk.conf", "is not an IPUoF configuration")
     usage = ipuof(registered_pod)
-    failed_line(usage, "run", "?", "name a partition (--partition), its IPUoF files, or set IPUOF_CONFIG_PATH")
+    failed_line(usage, "run", "?", "name a partition (--partition), its IPUoF files, or set IPUOF_CONFIG_PATH or")
+
+
+def test_the_client_asks_the_controller_when_given_the_ipuof_vipu_api_variables(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "8", "--num-gcds", "2").code == 0
+    api = {"IPUOF_VIPU_API_HOST": "127.0.0.1", "IPUOF_VIPU_API_PORT": str(pod.user_port), "IPUOF_VIPU_API_PARTITION_ID": "p1"}
+    every = ipuof(pod, env=api)
+    assert every.out == "run (p1): success. 8 IPUs in 2 GCD(s) ran the test program.\n", every.err
+    one = ipuof(pod, env={**api, "IPUOF_VIPU_API_GCD_ID": "1"})
+    assert one.out == "run (p1): success. 4 IPUs in 1 GCD(s) ran the test program.\n", one.err
+    failed_line(ipuof(pod, env={**api, "IPUOF_VIPU_API_GCD_ID": "2"}), "run", "p1", "partition p1 has no GCD 2")
+    failed_line(ipuof(pod, env={**api, "IPUOF_VIPU_API_PARTITION_ID": "p9"}), "run", "p9", "partition p9 does not exist")
+    failed_line(ipuof(pod, env={**api, "IPUOF_VIPU_API_TIMEOUT": "soon"}), "run", "p1", "IPUOF_VIPU_API_TIMEOUT ('soon')")

@@ -3,6 +3,7 @@
     vipu-ipuof run --partition p1          # its files in ~/.ipuof.conf.d (or --ipuof-dir)
     vipu-ipuof run /path/p1_ipuof.conf     # or name the files
     IPUOF_CONFIG_PATH=/path/p1_ipuof.conf vipu-ipuof run
+    IPUOF_VIPU_API_HOST=h IPUOF_VIPU_API_PARTITION_ID=p1 vipu-ipuof run   # asks vipu-server, as Poplar does
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import click
 
-from vipu.cli.common import CONTEXT, CommandGroup, ipuof_dir_option, reporting, run
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
+from vipu.cli.common import CONTEXT, CommandGroup, Connection, ipuof_dir_option, reporting, run
+from vipu.cli.config import ClientSettings
 from vipu.ipuof import client as ipuof_client
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument
@@ -31,7 +35,8 @@ def cli():
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for each IPU.")
 def run_program(configs, partition_id, ipuof_dir, seed, timeout):
     """Attach to every IPU of a partition and run the test program on each."""
-    subject = partition_id or (configs[0].name if configs else os.environ.get("IPUOF_CONFIG_PATH", "?"))
+    subject = partition_id or (configs[0].name if configs else os.environ.get("IPUOF_CONFIG_PATH")
+                                                           or os.environ.get("IPUOF_VIPU_API_PARTITION_ID", "?"))
     client = ipuof_client.Client(timeout)
     with reporting("run", subject):
         if partition_id and configs:
@@ -42,15 +47,39 @@ def run_program(configs, partition_id, ipuof_dir, seed, timeout):
             paths = list(configs)
         elif os.environ.get("IPUOF_CONFIG_PATH"):
             paths = [Path(os.environ["IPUOF_CONFIG_PATH"])]
+        elif os.environ.get("IPUOF_VIPU_API_PARTITION_ID"):
+            paths = []
         else:
-            raise InvalidArgument("name a partition (--partition), its IPUoF files, or set IPUOF_CONFIG_PATH")
-        gcds = [ipuof_client.read(path) for path in paths]
+            raise InvalidArgument("name a partition (--partition), its IPUoF files, or set IPUOF_CONFIG_PATH "
+                                  "or IPUOF_VIPU_API_HOST and IPUOF_VIPU_API_PARTITION_ID")
+        gcds = [ipuof_client.read(path) for path in paths] if paths else _from_controller(os.environ)
         partitions = {gcd.partition_id for gcd in gcds}
         if len(partitions) > 1:
             raise InvalidArgument(f"the files belong to several partitions: {', '.join(sorted(partitions))}")
         ipus = client.run(gcds, seed)
         client.close()
     click.echo(f"run ({gcds[0].partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) ran the test program.")
+
+
+def _from_controller(env) -> list[ipuof_client.GcdFile]:
+    """The partition's configuration from vipu-server, as the IPUOF_VIPU_API_* variables say."""
+    partition_id = env["IPUOF_VIPU_API_PARTITION_ID"]
+    host = env.get("IPUOF_VIPU_API_HOST") or "localhost"
+    port, gcd, timeout = (env.get(name, default) for name, default in (
+        ("IPUOF_VIPU_API_PORT", "8090"), ("IPUOF_VIPU_API_GCD_ID", ""), ("IPUOF_VIPU_API_TIMEOUT", "50")))
+    if not port.isdigit() or not (gcd == "" or gcd.isdigit()) or not timeout.replace(".", "", 1).isdigit():
+        raise InvalidArgument(f"IPUOF_VIPU_API_PORT ({port!r}), IPUOF_VIPU_API_GCD_ID ({gcd!r}) and "
+                              f"IPUOF_VIPU_API_TIMEOUT ({timeout!r}) must be numbers")
+    connection = Connection(ClientSettings(host=host, port=int(port)), float(timeout))
+    config = connection.call(pb_grpc.UserServiceStub, "GetPartitionIpuofConfig",
+                             pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)).ipuof_config
+    gcds = [ipuof_client.parse(ipuof_files.document(g), f"GCD {n} of partition {partition_id} from {connection.address}")
+            for n, g in enumerate(config.gcd_configs)]
+    if gcd:
+        gcds = [g for g in gcds if g.gcd_id == int(gcd)]
+        if not gcds:
+            raise InvalidArgument(f"partition {partition_id} has no GCD {gcd}")
+    return gcds
 
 
 def main() -> None:

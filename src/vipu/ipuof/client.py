@@ -42,19 +42,29 @@ class GcdFile:
     devices: tuple[Device, ...]
 
 
-def read(path: Path) -> GcdFile:
+def parse(document: dict, origin: str, path: Path | None = None) -> GcdFile:
+    """One GCD's IPUoF configuration from its JSON document; `origin` names it in errors."""
     try:
-        document = json.loads(Path(path).read_text())
         attributes = document["attributes"]
         devices = tuple(
             Device(d["ip"], int(d["server_port"]), int(d["device_id"]), int(d["routing_id"]), str(d.get("chip_id", "")))
             for d in document["devices"]
         )
-        return GcdFile(Path(path), attributes["Partition Id"], int(attributes.get("GCD Id", 0)), devices)
+        return GcdFile(path or Path(origin), attributes["Partition Id"], int(attributes.get("GCD Id", 0)), devices)
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidArgument(f"{origin} is not an IPUoF configuration ({type(error).__name__}: {error})") from error
+
+
+def read(path: Path) -> GcdFile:
+    try:
+        text = Path(path).read_text()
     except OSError as error:
         raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
-    except (ValueError, KeyError, TypeError) as error:
-        raise InvalidArgument(f"{path} is not an IPUoF configuration ({type(error).__name__}: {error})") from error
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise InvalidArgument(f"{path} is not an IPUoF configuration (not JSON: {error})") from error
+    return parse(document, str(path), Path(path))
 
 
 def files_of(partition_id: str, directory: Path) -> list[Path]:
