@@ -1,0 +1,1 @@
+"""Kubernetes integration: the IPUJob operator, the V-IPU proxy and the launcher's init program."""

@@ -1,0 +1,112 @@
+"""`vipu-ipujob-init`: the init container of an IPUJob's launcher pod.
+
+It waits until every worker pod of the job is Ready, then has the V-IPU proxy create the job's
+partition (or reset it, when the job already owns it from an earlier run). While the IPUs are
+taken it waits and asks again, so a job that does not fit yet queues instead of failing; a request
+that can never succeed (a bad size, say) ends it with status 1 and the reason on standard error.
+Everything it needs comes from the environment the operator gives it (`jobs.launcher_pod`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+from kubernetes import client, watch
+
+from vipu.k8s import kube
+from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
+
+log = logging.getLogger("vipu-ipujob-init")
+
+PERMANENT = (400, 403, 422)  # asking again will not help
+FIRST_WAIT, LONGEST_WAIT = 1.0, 30.0
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    if pod.metadata.deletion_timestamp is not None:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []) if pod.status)
+
+
+def wait_for_workers(core: client.CoreV1Api, namespace: str, job: str, count: int) -> None:
+    selector = f"{JOB_LABEL}={job},{ROLE_LABEL}=worker"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector)
+    ready = {p.metadata.name for p in pods.items if _ready(p)}
+    version = pods.metadata.resource_version
+    while len(ready) < count:
+        log.info("%d of %d workers ready", len(ready), count)
+        for event in watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                          resource_version=version, timeout_seconds=60):
+            pod = event["object"]
+            version = pod.metadata.resource_version
+            if event["type"] != "DELETED" and _ready(pod):
+                ready.add(pod.metadata.name)
+            else:
+                ready.discard(pod.metadata.name)
+            if len(ready) >= count:
+                break
+    log.info("all %d workers ready", count)
+
+
+class Refused(Exception):
+    """The proxy will never grant this request."""
+
+
+def _post(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        try:
+            detail = json.loads(error.read() or b"{}").get("detail", error.reason)
+        except ValueError:
+            detail = error.reason
+        return error.code, {"detail": detail if isinstance(detail, str) else json.dumps(detail)}
+
+
+def obtain_partition(env: Mapping[str, str]) -> dict:
+    """Create or reset the job's partition through the proxy, waiting while the IPUs are taken."""
+    body = {"id": env["IPUJOB_PARTITION"], "namespace": env["IPUJOB_NAMESPACE"], "job": env["IPUJOB_NAME"],
+            "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0"))}
+    url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
+    wait = FIRST_WAIT
+    while True:
+        try:
+            status, reply = _post(url, body)
+        except (urllib.error.URLError, OSError) as error:
+            status, reply = 503, {"detail": f"the proxy at {url} cannot be reached ({getattr(error, 'reason', error)})"}
+        if status in (200, 201):
+            return reply
+        if status in PERMANENT:
+            raise Refused(reply.get("detail", f"HTTP {status}"))
+        log.info("waiting for partition %s of %d IPUs: %s", body["id"], body["size"], reply.get("detail", f"HTTP {status}"))
+        time.sleep(wait)
+        wait = min(wait * 2, LONGEST_WAIT)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-ipujob-init: %(message)s", stream=sys.stderr)
+    env = os.environ
+    missing = [k for k in ("IPUJOB_NAME", "IPUJOB_NAMESPACE", "IPUJOB_UID", "IPUJOB_WORKERS", "IPUJOB_PARTITION",
+                           "IPUJOB_IPUS", "VIPU_PROXY_URL") if not env.get(k)]
+    if missing:
+        print(f"vipu-ipujob-init: missing from the environment: {', '.join(missing)}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        wait_for_workers(client.CoreV1Api(kube.api_client()), env["IPUJOB_NAMESPACE"], env["IPUJOB_NAME"],
+                         int(env["IPUJOB_WORKERS"]))
+        reply = obtain_partition(env)
+    except Refused as refusal:
+        print(f"vipu-ipujob-init: partition {env['IPUJOB_PARTITION']} refused: {refusal}", file=sys.stderr)
+        sys.exit(1)
+    verb = "reset" if reply.get("reset") else "created"
+    print(f"vipu-ipujob-init: partition {env['IPUJOB_PARTITION']} {verb}", file=sys.stderr)

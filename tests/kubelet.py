@@ -1,0 +1,306 @@
+"""A kubelet for the test cluster's kwok nodes: pods become local processes.
+
+kwok keeps the nodes Ready but runs nothing. This plays the kubelet's part for every pod the real
+kube-scheduler binds: it runs each init container's, then each container's command as a local
+process with the environment the pod spec gives it, reports the pod's phase, conditions and
+container states through the API server as a kubelet does, and when a pod is deleted it stops the
+processes and completes the deletion.
+
+A container's filesystem is this machine's, with two of a kubelet's duties done by hand: the
+pod's ConfigMap and emptyDir volumes are written into a directory of the pod's, and the
+container's mount paths in its variables and arguments are translated to that directory; a pod
+with a service account gets a real token for it (TokenRequest) in a kubeconfig named by
+KUBECONFIG, so its programs act with exactly the rights RBAC gives that account.
+
+`kubectl exec` needs a kubelet's streaming server, which kwok's nodes lack: `kubectl_shim` stands
+in for it on a container's PATH. It checks with the API server, as the container's service
+account, that exec into the pod is allowed, then runs the command with the target container's
+environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from tests.kubecluster import KubeCluster
+
+SHIM = """#!{python}
+import sys
+sys.path.insert(0, {root!r})
+from tests.kubelet import kubectl_shim
+sys.exit(kubectl_shim(sys.argv[1:]))
+"""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _translated(text: str, mounts: dict[str, Path]) -> str:
+    for mount_path, host_path in sorted(mounts.items(), key=lambda item: -len(item[0])):
+        if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
+            return str(host_path) + text[len(mount_path.rstrip("/")):]
+    return text
+
+
+def container_environment(pod: dict, container: dict, mounts: dict[str, Path], base: dict[str, str]) -> dict[str, str]:
+    """The variables a container of this pod sees: `base`, then its spec's, fields resolved."""
+    fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+              "spec.nodeName": pod["spec"].get("nodeName", ""), "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+    env = dict(base)
+    for variable in container.get("env") or []:
+        if "value" in variable:
+            env[variable["name"]] = _translated(str(variable["value"]), mounts)
+        elif ((variable.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") in fields:
+            env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+class Kubelet:
+    def __init__(self, cluster: KubeCluster, root: Path, path: list[str]):
+        """`path`: directories put before the machine's PATH in every container."""
+        self.cluster = cluster
+        self.root = root
+        self.core = client.CoreV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
+        shims = root / "shims"
+        shims.mkdir(parents=True, exist_ok=True)
+        (shims / "kubectl").write_text(SHIM.format(python=sys.executable, root=str(Path(__file__).resolve().parent.parent)))
+        (shims / "kubectl").chmod(0o755)
+        self.path = ":".join([str(shims), *path, os.environ["PATH"]])
+        self.started: dict[str, threading.Thread] = {}  # by pod uid
+        self.processes: dict[str, list[subprocess.Popen]] = {}
+        self.deleting: set[str] = set()  # pods (by uid) being deleted: their threads report nothing more
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="kubelet", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            for processes in self.processes.values():
+                for process in processes:
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+
+    def pod_dir(self, namespace: str, name: str) -> Path:
+        return self.root / "pods" / namespace / name
+
+    def logs(self, namespace: str, name: str, container: str) -> str:
+        """What a container printed, as `kubectl logs` would show it."""
+        path = self.pod_dir(namespace, name) / f"{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # Watching
+
+    def _watch(self) -> None:
+        version = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    listed = self.core.list_pod_for_all_namespaces()
+                    version = listed.metadata.resource_version
+                    for pod in listed.items:
+                        self._seen(self.core.api_client.sanitize_for_serialization(pod))
+                for event in watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=version,
+                                                  timeout_seconds=5, _request_timeout=10):
+                    pod = self.core.api_client.sanitize_for_serialization(event["object"])
+                    version = pod["metadata"]["resourceVersion"]
+                    if event["type"] != "DELETED":
+                        self._seen(pod)
+                    if self._stop.is_set():
+                        return
+            except ApiException as error:
+                if error.status == 410:  # our resource version is too old: list again
+                    version = None
+                elif not self._stop.is_set():
+                    time.sleep(0.2)
+            except Exception:  # the API server went away (end of the session): try again until stopped
+                if not self._stop.is_set():
+                    time.sleep(0.2)
+
+    def _seen(self, pod: dict) -> None:
+        key = pod["metadata"]["uid"]  # not the name: a launcher restarted is a new pod of the same name
+        if not pod["spec"].get("nodeName"):
+            return
+        with self._lock:
+            if pod["metadata"].get("deletionTimestamp"):
+                if key not in self.deleting:
+                    self.deleting.add(key)
+                    threading.Thread(target=self._delete, args=(pod, key), daemon=True).start()
+                return
+            if key in self.started or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                return
+            thread = threading.Thread(target=self._run, args=(pod, key), name=f"pod {pod['metadata']['name']}", daemon=True)
+            self.started[key] = thread
+            self.processes[key] = []
+        thread.start()
+
+    # Running a pod
+
+    def _patch_status(self, pod: dict, status: dict) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status})
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+    def _prepare(self, pod: dict) -> tuple[dict[str, Path], dict[str, str]]:
+        """Volumes written out, and the pod's base environment (PATH, HOME, its service account)."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        directory = self.pod_dir(namespace, name)
+        volumes: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            target = directory / "volumes" / volume["name"]
+            target.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                source = self.core.read_namespaced_config_map(volume["configMap"]["name"], namespace)
+                mode = volume["configMap"].get("defaultMode", 0o644)
+                for key, value in (source.data or {}).items():
+                    (target / key).write_text(value)
+                    (target / key).chmod(mode)
+            volumes[volume["name"]] = target
+        base = {"PATH": self.path, "HOME": str(directory), "HOSTNAME": name}
+        account = pod["spec"].get("serviceAccountName")
+        if account and pod["spec"].get("automountServiceAccountToken", True):
+            token = self.core.create_namespaced_service_account_token(account, namespace, client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=["https://kubernetes.default.svc"], expiration_seconds=3600,
+                                               bound_object_ref=client.V1BoundObjectReference(
+                                                   kind="Pod", api_version="v1", name=name, uid=pod["metadata"]["uid"]))))
+            kubeconfig = self.cluster.write_kubeconfig(directory / "serviceaccount.kubeconfig", {"token": token.status.token})
+            base["KUBECONFIG"] = str(kubeconfig)
+        return volumes, base
+
+    def _start(self, pod: dict, key: str, container: dict, volumes: dict[str, Path], base: dict[str, str]) -> subprocess.Popen:
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts") or [] if m["name"] in volumes}
+        env = container_environment(pod, container, mounts, base)
+        command = [_translated(str(part), mounts) for part in (container.get("command") or []) + (container.get("args") or [])]
+        directory = self.pod_dir(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        with open(directory / f"{container['name']}.log", "ab") as log:
+            try:
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=directory,
+                                           start_new_session=True)
+            except OSError as error:  # as a runtime reports a command it cannot start: exit status 128
+                log.write(f"cannot start {command}: {error}\n".encode())
+                process = subprocess.Popen(["sh", "-c", "exit 128"])
+        with self._lock:
+            if key in self.deleting:  # deleted while starting: it must not outlive its pod
+                process.kill()
+            self.processes.setdefault(key, []).append(process)
+        return process
+
+    def _run(self, pod: dict, key: str) -> None:
+        try:
+            self._run_pod(pod, key)
+        except Exception as error:  # the test reads this file when a pod does not get on
+            with open(self.pod_dir(pod["metadata"]["namespace"], pod["metadata"]["name"]) / "kubelet.log", "a") as log:
+                log.write(f"the test kubelet failed to run the pod: {error!r}\n")
+            raise
+
+    def _run_pod(self, pod: dict, key: str) -> None:
+        started = _now()
+        ready = {"type": "PodScheduled", "status": "True", "lastTransitionTime": started}
+        self._patch_status(pod, {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started,
+                                 "conditions": [ready]})
+        try:
+            volumes, base = self._prepare(pod)
+        except ApiException as error:  # a missing ConfigMap: the kubelet retries; here the pod fails
+            self._patch_status(pod, {"phase": "Failed", "message": f"cannot prepare the pod: {error.reason}"})
+            return
+        done: list[dict] = []
+        for container in pod["spec"].get("initContainers") or []:
+            state = {"name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
+                     "restartCount": 0, "state": {"running": {"startedAt": _now()}}}
+            self._patch_status(pod, {"initContainerStatuses": done + [state]})
+            process = self._start(pod, key, container, volumes, base)
+            code = process.wait()
+            if key in self.deleting:
+                return
+            done.append({**state, "ready": code == 0, "state": {"terminated": {
+                "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": state["state"]["running"]["startedAt"],
+                "finishedAt": _now()}}})
+            if code != 0:
+                self._patch_status(pod, {"phase": "Failed", "initContainerStatuses": done})
+                return
+        containers = pod["spec"]["containers"]
+        processes = [self._start(pod, key, c, volumes, base) for c in containers]
+        running_since = _now()
+        statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0,
+                     "started": True, "state": {"running": {"startedAt": running_since}}} for c in containers]
+        conditions = [ready] + [{"type": kind, "status": "True", "lastTransitionTime": running_since}
+                                for kind in ("Initialized", "ContainersReady", "Ready")]
+        self._patch_status(pod, {"phase": "Running", "conditions": conditions, "initContainerStatuses": done,
+                                 "containerStatuses": statuses})
+        codes = [process.wait() for process in processes]
+        if key in self.deleting:
+            return
+        finished = _now()
+        statuses = [{**s, "ready": False, "started": False, "state": {"terminated": {
+            "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": running_since, "finishedAt": finished}}}
+            for s, code in zip(statuses, codes, strict=True)]
+        conditions = [ready] + [{"type": kind, "status": "False", "lastTransitionTime": finished, "reason": "PodCompleted"}
+                                for kind in ("ContainersReady", "Ready")]
+        self._patch_status(pod, {"phase": "Succeeded" if not any(codes) else "Failed", "conditions": conditions,
+                                 "containerStatuses": statuses})
+
+    def _delete(self, pod: dict, key: str) -> None:
+        with self._lock:
+            processes = list(self.processes.get(key, ()))
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + min(5, pod["spec"].get("terminationGracePeriodSeconds", 30))
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        try:
+            self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod["metadata"]["uid"])))
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+        with self._lock:
+            self.processes.pop(key, None)
+
+
+def kubectl_shim(args: list[str]) -> int:
+    """`kubectl exec [--namespace NS] POD -- COMMAND...` run where the pod's processes run."""
+    if not args or args[0] != "exec" or "--" not in args:
+        print(f"kubectl (test kubelet): only 'exec POD -- COMMAND' is served here, not {' '.join(args)}", file=sys.stderr)
+        return 1
+    options, command = args[1:args.index("--")], args[args.index("--") + 1:]
+    namespace, positional = "default", []
+    iterator = iter(options)
+    for option in iterator:
+        if option in ("-n", "--namespace"):
+            namespace = next(iterator)
+        elif option.startswith("--namespace="):
+            namespace = option.split("=", 1)[1]
+        elif not option.startswith("-"):
+            positional.append(option)
+    api = config.new_client_from_config(os.environ["KUBECONFIG"])
+    review = client.AuthorizationV1Api(api).create_self_subject_access_review(client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=client.V1ResourceAttributes(
+            namespace=namespace, verb="create", resource="pods", subresource="exec", name=positional[0]))))
+    if not review.status.allowed:
+        print(f'Error from server (Forbidden): pods "{positional[0]}" is forbidden: cannot create pods/exec', file=sys.stderr)
+        return 1
+    pod = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_pod(positional[0], namespace))
+    container = pod["spec"]["containers"][0]
+    env = container_environment(pod, container, {}, {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")})
+    return subprocess.run(command, env=env).returncode
+

@@ -1,0 +1,238 @@
+"""The IPUJob's specification, the objects it is made of, and the operator's decisions."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from vipu.k8s import jobs
+from vipu.model.errors import InvalidArgument
+
+SEED_JOB = """
+apiVersion: graphcore.ai/v1alpha1
+kind: IPUJob
+metadata: {name: ipujob-sample, namespace: default, uid: u-1}
+spec:
+  modelReplicas: "4"
+  ipusPerModelReplica: "1"
+  launcher:
+    command: [mpirun, --allow-run-as-root, -np, "1", python3, train.py]
+  workers:
+    replicas: 1
+    template:
+      metadata: {labels: {app: resnet-launcher}}
+      spec:
+        containers:
+        - name: resnet
+          image: resnet:latest
+          env: [{name: IPUOF_LOG_LEVEL, value: INFO}]
+"""
+WIRING = jobs.Wiring("vipu.example", 8090, "http://proxy", "launcher:latest")
+NOW, BACKOFF = 1_795_000_000.0, 10.0
+STAMP = jobs.rfc3339(NOW)
+
+
+def job_document(**spec_changes) -> dict:
+    document = yaml.safe_load(SEED_JOB)
+    document["spec"].update(spec_changes)
+    return document
+
+
+def spec(**spec_changes) -> jobs.JobSpec:
+    return jobs.parse(job_document(**spec_changes))
+
+
+def pod(phase: str, init_code: int | None = None, code: int | None = None) -> dict:
+    status: dict = {"phase": phase}
+    if init_code is not None:
+        status["initContainerStatuses"] = [{"name": "launcher-init", "state": {"terminated": {"exitCode": init_code}}}]
+    if code is not None:
+        status["containerStatuses"] = [{"name": "launcher", "state": {"terminated": {"exitCode": code}}}]
+    return {"metadata": {}, "status": status}
+
+
+def pods_of(job: jobs.JobSpec, launcher: dict | None) -> dict:
+    found = {job.worker_name(i): pod("Running") for i in range(job.workers)}
+    if launcher is not None:
+        found[job.launcher_name] = launcher
+    return found
+
+
+def condition(decision: jobs.Decision) -> dict:
+    return jobs.current_condition(decision.status)
+
+
+def test_the_seed_job_parses_with_the_documented_defaults():
+    job = spec()
+    assert (job.ipus, job.model_replicas, job.workers) == (4, 4, 1)
+    assert (job.restart_policy, job.backoff_limit, job.clean_pod_policy, job.interactive_ttl) == ("Never", 3, "None", None)
+    assert job.partition_id == "p-default-ipujob-sample"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"modelReplicas": "3"}, "power of two"),
+    ({"modelReplicas": "128"}, "larger than 64"),
+    ({"ipusPerModelReplica": "zero"}, "ipusPerModelReplica must be a positive whole number"),
+    ({"launcher": {}}, "launcher.command is required unless the job is interactive"),
+    ({"restartPolicy": {"type": "Sometimes"}}, "restartPolicy.type must be one of"),
+    ({"restartPolicy": {"backoffLimit": -1}}, "backoffLimit"),
+    ({"cleanPodPolicy": "Some"}, "cleanPodPolicy must be one of"),
+    ({"workers": {"template": {"spec": {"containers": []}}}}, "at least one container"),
+])
+def test_a_bad_specification_is_refused_with_the_reason(changes, message):
+    with pytest.raises(InvalidArgument, match=message):
+        spec(**changes)
+
+
+def test_an_interactive_job_needs_no_command():
+    assert spec(launcher={}, interactive={"ttl": 60}).interactive_ttl == 60
+
+
+def test_partition_ids_stay_within_the_controllers_limit_and_stay_the_same():
+    long = jobs.partition_id("a-namespace-with-a-long-name", "and-a-job-whose-name-is-longer-still-than-that")
+    assert len(long) <= 63 and long == jobs.partition_id("a-namespace-with-a-long-name", "and-a-job-whose-name-is-longer-still-than-that")
+    assert long != jobs.partition_id("a-namespace-with-a-long-name", "and-a-job-whose-name-is-longer-still-than-this")
+
+
+def test_a_worker_runs_on_the_host_privileged_asleep_with_the_ipuof_variables():
+    worker = jobs.worker_pod(spec(), 0, WIRING)
+    body = worker["spec"]
+    assert worker["metadata"]["name"] == "ipujob-sample-worker-0"
+    assert worker["metadata"]["labels"] == {"app": "resnet-launcher", jobs.JOB_LABEL: "ipujob-sample", jobs.ROLE_LABEL: "worker"}
+    assert worker["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert (body["hostNetwork"], body["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    container = body["containers"][0]
+    assert container["securityContext"]["privileged"] is True
+    assert container["command"] == jobs.WORKER_SLEEP
+    env = {v["name"]: v["value"] for v in container["env"]}
+    assert env == {"IPUOF_LOG_LEVEL": "INFO", "IPUOF_VIPU_API_HOST": "vipu.example", "IPUOF_VIPU_API_PORT": "8090",
+                   "IPUOF_VIPU_API_PARTITION_ID": "p-default-ipujob-sample", "IPUOF_VIPU_API_GCD_ID": "0"}
+
+
+def test_the_launcher_waits_for_its_partition_then_runs_the_command():
+    launcher = jobs.launcher_pod(spec(), WIRING)
+    body = launcher["spec"]
+    assert body["serviceAccountName"] == "ipujob-sample-launcher"
+    init = body["initContainers"][0]
+    assert (init["image"], init["command"]) == ("launcher:latest", [jobs.INIT_PROGRAM])
+    init_env = {v["name"]: v["value"] for v in init["env"]}
+    assert init_env["IPUJOB_IPUS"] == "4" and init_env["IPUJOB_PARTITION"] == "p-default-ipujob-sample"
+    assert init_env["VIPU_PROXY_URL"] == "http://proxy" and init_env["IPUJOB_WORKERS"] == "1"
+    main = body["containers"][0]
+    assert main["image"] == "resnet:latest" and main["command"][0] == "mpirun"
+    assert {"name": "ipujob-config", "mountPath": jobs.CONFIG_MOUNT} in main["volumeMounts"]
+    assert all(c["securityContext"]["privileged"] for c in body["initContainers"] + body["containers"])
+
+
+def test_an_interactive_launcher_only_sleeps_out_its_ttl():
+    launcher = jobs.launcher_pod(spec(launcher={}, interactive={"ttl": 90}), WIRING)
+    assert launcher["spec"]["containers"][0]["command"] == ["sleep", "90"]
+
+
+def test_the_config_map_lists_the_workers_and_execs_into_the_jobs_namespace():
+    data = jobs.config_map(spec(workers={**job_document()["spec"]["workers"], "replicas": 3}))["data"]
+    assert data["hostfile"].split() == ["ipujob-sample-worker-0", "ipujob-sample-worker-1", "ipujob-sample-worker-2"]
+    assert 'kubectl exec --namespace "default"' in data["kubeexec"]
+
+
+def test_the_launcher_may_only_watch_pods_and_exec_into_its_workers():
+    account, role, binding = jobs.launcher_rbac(spec())
+    assert {tuple(r["resources"]): (tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in role["rules"]} == {
+        ("pods",): (("get", "list", "watch"), ()), ("pods/exec",): (("create",), ("ipujob-sample-worker-0",))}
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+
+
+def test_a_new_job_gets_its_pods_and_waits_with_the_seeds_message():
+    job = spec()
+    decision = jobs.decide(job, {}, {}, NOW, BACKOFF)
+    assert decision.create == ("ipujob-sample-worker-0", "ipujob-sample-launcher")
+    assert condition(decision)["type"] == "Pending"
+    assert condition(decision)["message"] == "IPUJob default/ipujob-sample is waiting for resources to be ready."
+    assert decision.status["startTime"] == STAMP and decision.status["ipuPartitionCreated"] is False
+
+
+def test_a_running_launcher_makes_the_job_running_and_pending_false():
+    job = spec()
+    pending = jobs.decide(job, {}, {}, NOW, BACKOFF).status
+    decision = jobs.decide(job, pending, pods_of(job, pod("Running", init_code=0)), NOW + 5, BACKOFF)
+    assert decision.create == () and decision.delete == ()
+    assert [(c["type"], c["status"]) for c in decision.status["conditions"]] == [("Pending", "False"), ("Running", "True")]
+    assert condition(decision)["message"] == "IPUJob default/ipujob-sample is running."
+    assert decision.status["ipuPartitionCreated"] is True and decision.status["workersStatus"]["active"] == 1
+
+
+@pytest.mark.parametrize("policy, deleted", [
+    ("None", ()),
+    ("Workers", ("ipujob-sample-worker-0",)),
+    ("All", ("ipujob-sample-launcher", "ipujob-sample-worker-0")),
+])
+def test_a_finished_job_cleans_its_pods_by_policy(policy, deleted):
+    job = spec(cleanPodPolicy=policy)
+    decision = jobs.decide(job, {}, pods_of(job, pod("Succeeded", 0, 0)), NOW, BACKOFF)
+    assert condition(decision)["type"] == "Succeeded"
+    assert condition(decision)["message"] == "IPUJob default/ipujob-sample successfully completed."
+    assert decision.delete == deleted
+    assert decision.status["completionTime"] == STAMP
+
+
+def test_a_failed_launcher_fails_the_job_under_never():
+    job = spec()
+    decision = jobs.decide(job, {}, pods_of(job, pod("Failed", 0, 3)), NOW, BACKOFF)
+    assert condition(decision)["type"] == "Failed"
+    assert condition(decision)["message"] == "IPUJob default/ipujob-sample has failed: its launcher exited with code 3."
+
+
+def test_on_failure_restarts_after_a_growing_back_off_until_the_limit():
+    job = spec(restartPolicy={"type": "OnFailure", "backoffLimit": 2})
+    failed = pods_of(job, pod("Failed", 0, 1))
+    first = jobs.decide(job, {}, failed, NOW, BACKOFF)
+    assert first.delete == ("ipujob-sample-launcher",) and first.recheck_after == BACKOFF
+    assert first.status["restartCount"] == 1 and condition(first)["reason"] == "IPUJobRestarting"
+    waiting = jobs.decide(job, first.status, pods_of(job, None), NOW + BACKOFF / 2, BACKOFF)
+    assert waiting.create == () and waiting.recheck_after == pytest.approx(BACKOFF / 2)
+    assert condition(waiting)["reason"] == "IPUJobRestarting"
+    again = jobs.decide(job, waiting.status, pods_of(job, None), NOW + BACKOFF, BACKOFF)
+    assert again.create == ("ipujob-sample-launcher",)
+    second = jobs.decide(job, again.status, failed, NOW + 20, BACKOFF)
+    assert second.status["restartCount"] == 2 and second.recheck_after == 2 * BACKOFF
+    last = jobs.decide(job, second.status, failed, NOW + 60, BACKOFF)
+    assert condition(last)["type"] == "Failed"
+    assert condition(last)["message"].endswith("has failed after 2 restart(s): its launcher exited with code 1.")
+
+
+@pytest.mark.parametrize("code, restarts", [(137, True), (1, False)])
+def test_exit_code_restarts_only_what_a_signal_ended(code, restarts):
+    job = spec(restartPolicy={"type": "ExitCode"})
+    decision = jobs.decide(job, {}, pods_of(job, pod("Failed", 0, code)), NOW, BACKOFF)
+    assert (decision.status["restartCount"] == 1) is restarts
+
+
+def test_always_restarts_a_job_that_succeeded():
+    job = spec(restartPolicy={"type": "Always", "backoffLimit": 1})
+    decision = jobs.decide(job, {}, pods_of(job, pod("Succeeded", 0, 0)), NOW, BACKOFF)
+    assert decision.status["restartCount"] == 1 and decision.delete == ("ipujob-sample-launcher",)
+
+
+def test_a_failed_worker_fails_the_attempt():
+    job = spec()
+    pods = {**pods_of(job, pod("Running", 0)), "ipujob-sample-worker-0": pod("Failed", code=2)}
+    decision = jobs.decide(job, {}, pods, NOW, BACKOFF)
+    assert condition(decision)["message"] == "IPUJob default/ipujob-sample has failed: worker ipujob-sample-worker-0 exited with code 2."
+
+
+def test_an_interactive_job_ends_when_its_ttl_has_passed():
+    job = spec(launcher={}, interactive={"ttl": 30})
+    running = jobs.decide(job, {}, pods_of(job, pod("Running", 0)), NOW, BACKOFF)
+    assert condition(running)["type"] == "Running" and running.recheck_after == 30
+    later = jobs.decide(job, running.status, pods_of(job, pod("Running", 0)), NOW + 29, BACKOFF)
+    assert condition(later)["type"] == "Running" and later.recheck_after == pytest.approx(1)
+    over = jobs.decide(job, later.status, pods_of(job, pod("Running", 0)), NOW + 30, BACKOFF)
+    assert condition(over)["reason"] == "IPUJobExpired" and condition(over)["type"] == "Succeeded"
+    assert over.delete == ("ipujob-sample-launcher", "ipujob-sample-worker-0")
+
+
+def test_an_interactive_launcher_that_slept_out_its_ttl_ends_the_session():
+    job = spec(launcher={}, interactive={"ttl": 30})
+    decision = jobs.decide(job, {}, pods_of(job, pod("Succeeded", 0, 0)), NOW, BACKOFF)
+    assert condition(decision)["reason"] == "IPUJobExpired"
+    assert decision.delete == ("ipujob-sample-launcher", "ipujob-sample-worker-0")
