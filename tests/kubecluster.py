@@ -29,7 +29,7 @@ from tests.ports import free_port
 from tests.processes import dying_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok")
+PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok", "helm")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 # kwok's only work here: a node it manages becomes Ready, with room for many pods.
@@ -117,7 +117,9 @@ def _name(common_name: str, organisation: str | None = None) -> x509.Name:
 
 
 class KubeCluster:
-    def __init__(self, binaries_dir: Path | None = None):
+    def __init__(self, binaries_dir: Path | None = None, scheduler_extender: str | None = None):
+        """`scheduler_extender`: the URL prefix of a kube-scheduler extender to configure (filter, prioritize)."""
+        self.scheduler_extender = scheduler_extender
         self.bin = binaries_dir or binaries()
         missing = [p for p in PROGRAMS if not (self.bin / p).exists()]
         if missing:
@@ -171,7 +173,8 @@ class KubeCluster:
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.directory / f"{name}.log", "ab") as log:
-            self.processes[name] = subprocess.Popen(dying_with_parent(command), stdout=log, stderr=subprocess.STDOUT,
+            # KILL: a kube-apiserver told to stop waits for etcd, which may be gone already
+            self.processes[name] = subprocess.Popen(dying_with_parent(command, "KILL"), stdout=log, stderr=subprocess.STDOUT,
                                                     cwd=self.directory)
 
     def log(self, name: str) -> str:
@@ -223,10 +226,16 @@ class KubeCluster:
                 return False
 
         self._wait("kube-apiserver", ready, timeout=90)
+        scheduler = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                     "clientConnection": {"kubeconfig": str(self.kubeconfig)}, "leaderElection": {"leaderElect": False}}
+        if self.scheduler_extender:
+            scheduler["extenders"] = [{"urlPrefix": self.scheduler_extender, "filterVerb": "filter", "prioritizeVerb": "prioritize",
+                                       "weight": 1, "nodeCacheCapable": False, "ignorable": True}]
+        (d / "scheduler.yaml").write_text(yaml.safe_dump(scheduler))
         self._spawn("kube-scheduler", [
-            str(self.bin / "kube-scheduler"), "--kubeconfig", str(self.kubeconfig),
+            str(self.bin / "kube-scheduler"), "--config", str(d / "scheduler.yaml"),
             "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
-            "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
         ])
         (d / "kwok.yaml").write_text(NODE_STAGES)
         self._spawn("kwok", [

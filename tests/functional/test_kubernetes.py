@@ -8,9 +8,12 @@ started in them by the launcher through the job's own kubeexec script.
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from tests.kubecluster import KubeCluster
 from tests.kubelet import Kubelet
 from tests.ports import free_port
 from tests.processes import dying_with_parent
+from vipu.api import tls
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
 
 pytestmark = pytest.mark.functional
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.functional
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = 2  # 8 IPUs
 SYSTEM = "vipu-system"
+CONTROLLERS = "gc-ipu-operator-vipu-controllers"
 # The launcher's command: on every worker of the hostfile, through kubeexec, attach to the IPUs.
 ATTACH_ON_EVERY_WORKER = ["sh", "-c", 'for w in $(cat "$OMPI_MCA_orte_default_hostfile"); do '
                                       '"$OMPI_MCA_plm_rsh_agent" "$w" vipu-ipuof run || exit 1; done']
@@ -59,24 +64,64 @@ class World:
     def __init__(self, directory: Path):
         self.directory = directory
         self.pod = Pod(directory / "vipu", machines=MACHINES).start().register()
-        self.kube = KubeCluster()
-        self.kube.add_node("ipu-head-1")
+        self.proxy_port = free_port()
+        self.kube = KubeCluster(scheduler_extender=f"{self.proxy_url}/scheduler")
+        self.kube.add_node("ipu-head-1", labels={"ipunode": "node1"})
         self.kube.kubectl("create", "namespace", SYSTEM)
+        self.set_controllers(f"127.0.0.1:{self.pod.user_port}:ipunode=node1")
         self.kube.kubectl("create", "serviceaccount", "default")  # kube-controller-manager's work, which this cluster lacks
         self.kube.kubectl("apply", "-f", str(ROOT / "deploy" / "crds" / "graphcore.ai_ipujobs.yaml"))
         self.kube.kubectl("wait", "--for=condition=Established", "crd/ipujobs.graphcore.ai", "--timeout=60s")
         self.kubelet = Kubelet(self.kube, directory / "kubelet", path=[str(BIN)])
-        self.proxy_port = free_port()
         env = {**self.kube.env, "PYTHONUNBUFFERED": "1"}
-        self.proxy = Service("proxy", [str(BIN / "vipu-ipu-proxy"), "--vipu-host", "127.0.0.1", "--vipu-port", str(self.pod.user_port),
-                                       "--listen-address", "127.0.0.1", "--port", str(self.proxy_port), "--namespace", SYSTEM],
+        self.proxy = Service("proxy", [str(BIN / "vipu-ipu-proxy"), "--controllers-configmap", CONTROLLERS,
+                                       "--controllers-refresh", "1", "--listen-address", "127.0.0.1",
+                                       "--port", str(self.proxy_port), "--namespace", SYSTEM],
                              env, directory)
-        self.operator = Service("operator", [str(BIN / "vipu-ipu-operator"), "--vipu-host", "127.0.0.1",
-                                             "--vipu-port", str(self.pod.user_port), "--proxy-url", self.proxy_url,
-                                             "--launcher-image", "vipu:test", "--restart-backoff", "1", "--resync", "1"],
-                                env, directory)
+        self.env = env
+        self.operator = self.operator_replica("operator")
+        self.webhook = self._webhooks(directory, env)
         self.start_proxy()
         self.operator.start()
+        wait_until(lambda: " leads (lease " in self.operator.log(), what="the operator to lead")
+
+    def operator_replica(self, name: str) -> Service:
+        """An operator replica with leader election, its probes and metrics on ports of its own."""
+        probe_port, metrics_port = free_port(), free_port()
+        service = Service(name, [str(BIN / "vipu-ipu-operator"), "--proxy-url", self.proxy_url, "--launcher-image", "vipu:test",
+                                 "--restart-backoff", "1", "--resync", "1", "--lease-namespace", SYSTEM, "--lease-seconds", "4",
+                                 "--probe-address", "127.0.0.1", "--probe-port", str(probe_port),
+                                 "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)],
+                          self.env, self.directory)
+        service.probe_port, service.metrics_port = probe_port, metrics_port
+        return service
+
+    def set_controllers(self, text: str) -> None:
+        """The V-IPU controller list, as an administrator edits it."""
+        self.kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONTROLLERS, "namespace": SYSTEM},
+                         "data": {"vipuControllers": text}})
+
+    def _webhooks(self, directory: Path, env: dict[str, str]) -> Service:
+        """The admission webhooks over TLS, registered with the API server as the Helm chart does."""
+        authority_key, authority = tls.make_authority("vipu webhook test authority")
+        key, certificate = tls.issue(authority_key, authority, "vipu-ipu-webhook", server_names=["127.0.0.1"])
+        (directory / "webhook.key").write_bytes(key)
+        (directory / "webhook.crt").write_bytes(certificate)
+        port = free_port()
+        service = Service("webhook", [str(BIN / "vipu-ipu-webhook"), "--listen-address", "127.0.0.1", "--port", str(port),
+                                      "--tls-cert", str(directory / "webhook.crt"), "--tls-key", str(directory / "webhook.key")],
+                          env, directory).start()
+        bundle = base64.b64encode(authority).decode()
+        rules = [{"apiGroups": ["graphcore.ai"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                  "resources": ["ipujobs"]}]
+        for kind, name, path in (("MutatingWebhookConfiguration", "mipujob.graphcore.ai", "mutate"),
+                                 ("ValidatingWebhookConfiguration", "vipujob.graphcore.ai", "validate")):
+            self.kube.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+                             "webhooks": [{"name": name, "rules": rules, "failurePolicy": "Fail", "sideEffects": "None",
+                                           "admissionReviewVersions": ["v1"], "timeoutSeconds": 30,
+                                           "clientConfig": {"url": f"https://127.0.0.1:{port}/{path}-graphcore-ai-v1alpha1-ipujob",
+                                                            "caBundle": bundle}}]})
+        return service
 
     @property
     def proxy_url(self) -> str:
@@ -93,7 +138,7 @@ class World:
             return False
 
     def stop(self) -> None:
-        for part in (self.operator, self.proxy):
+        for part in (self.operator, self.proxy, self.webhook):
             part.stop()
         self.kubelet.stop()
         self.kube.stop()
@@ -113,14 +158,13 @@ class World:
 
     # Jobs
 
-    def submit(self, name: str, replicas: int = 4, per_replica: int = 1, workers: int = 1, **spec) -> str:
+    def submit(self, name: str, replicas: int = 4, per_replica: int = 1, workers: int | None = None, **spec) -> str:
+        template = {"metadata": {"labels": {"app": name}}, "spec": {"containers": [
+            {"name": "poplar", "image": "poplar:test", "env": [{"name": "IPUOF_LOG_LEVEL", "value": "INFO"}]}]}}
         document = {
             "apiVersion": "graphcore.ai/v1alpha1", "kind": "IPUJob", "metadata": {"name": name, "namespace": "default"},
             "spec": {"modelReplicas": str(replicas), "ipusPerModelReplica": str(per_replica),
-                     "workers": {"replicas": workers, "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                         "containers": [{"name": "poplar", "image": "poplar:test",
-                                         "env": [{"name": "IPUOF_LOG_LEVEL", "value": "INFO"}]}]}}},
-                     **spec},
+                     "workers": {"template": template, **({"replicas": workers} if workers else {})}, **spec},
         }
         if "interactive" not in spec:
             document["spec"].setdefault("launcher", {"command": ATTACH_ON_EVERY_WORKER})
@@ -136,8 +180,10 @@ class World:
         return next((c for c in reversed(conditions) if c["status"] == "True"), {})
 
     def wait_for(self, name: str, kind: str, timeout: float = 90) -> dict:
-        wait_until(lambda: self.condition(name).get("type") == kind, timeout=timeout,
-                   what=f"job {name} to be {kind} (it is {self.condition(name)}); operator:\n{self.operator.log()[-2000:]}")
+        try:
+            wait_until(lambda: self.condition(name).get("type") == kind, timeout=timeout, what=f"job {name} to be {kind}")
+        except AssertionError as timeout_error:
+            raise AssertionError(f"{timeout_error}; it is {self.condition(name)}; operator:\n{self.operator.log()[-2000:]}") from None
         return self.condition(name)
 
     def delete(self, name: str) -> None:
@@ -244,9 +290,9 @@ def test_jobs_that_together_exceed_the_pod_queue_instead_of_oversubscribing(clus
     cluster.submit("big", replicas=8, interactive={"ttl": 3600})
     cluster.wait_for("big", "Running")
     cluster.submit("small", replicas=4, interactive={"ttl": 3600})
-    wait_until(lambda: "waiting for partition p-default-small" in cluster.launcher_log("small", "launcher-init"),
+    wait_until(lambda: "waiting for a V-IPU controller with room" in cluster.condition("small").get("message", ""),
                what="the second job to wait for IPUs")
-    assert cluster.condition("small")["type"] == "Pending"
+    assert cluster.condition("small")["type"] == "Pending" and cluster.pods("small") == []
     assert cluster.partitions() == {"p-default-big": 8}
     assert cluster.get("/stats") == {"default": {"used": 8, "available": 0}, "total": {"used": 8, "available": 0}}
     assert cluster.post("/query", {"size": 2}) == {"available": False, "numOfPartitions": 0, "message": ""}
@@ -274,7 +320,7 @@ def test_a_partition_made_by_hand_is_neither_tracked_nor_taken(cluster):
     assert cluster.pod.user("create", "partition", "p-default-manual", "--size", "1").code == 0
     try:
         cluster.submit("manual", replicas=1, interactive={"ttl": 3600})
-        wait_until(lambda: "p-default-manual exists and was not made by this proxy" in cluster.launcher_log("manual", "launcher-init"),
+        wait_until(lambda: f"p-default-manual exists on 127.0.0.1:{cluster.pod.user_port} and was not made by this proxy" in cluster.launcher_log("manual", "launcher-init"),
                    what="the job to be told the partition is someone else's")
         assert "p-default-manual" not in cluster.tracked()
         assert cluster.get("/stats")["total"]["used"] == 1
@@ -283,12 +329,24 @@ def test_a_partition_made_by_hand_is_neither_tracked_nor_taken(cluster):
         assert cluster.pod.user("remove", "partition", "p-default-manual").code == 0
 
 
-def test_an_invalid_job_fails_with_the_reason(cluster):
-    cluster.submit("odd", replicas=3)
-    assert cluster.wait_for("odd", "Failed")["message"] == (
-        "IPUJob default/odd has an invalid specification: modelReplicas x ipusPerModelReplica = 3 IPUs: "
-        "a partition's size must be a power of two")
-    assert cluster.pods("odd") == []
+def test_the_validating_webhook_refuses_a_bad_job_with_its_reason(cluster):
+    for changes, reason in (
+        ({"replicas": 3}, "modelReplicas x ipusPerModelReplica = 3 IPUs: a partition's size must be a power of two"),
+        ({"replicas": 4, "workers": 3}, "modelReplicas (4) must be a multiple of workers.replicas (3)"),
+        ({"launcher": {}}, "spec.launcher.command is required unless the job is interactive"),
+    ):
+        with pytest.raises(AssertionError) as refused:
+            cluster.submit("bad", **changes)
+        assert 'admission webhook "vipujob.graphcore.ai" denied the request' in str(refused.value)
+        assert f"IPUJob bad: {reason}" in str(refused.value)
+        assert cluster.job("bad") is None
+
+
+def test_the_mutating_webhook_fills_in_the_defaults(cluster):
+    cluster.submit("plain", interactive={"ttl": 3600})
+    spec = cluster.job("plain")["spec"]
+    assert (spec["restartPolicy"], spec["cleanPodPolicy"], spec["workers"]["replicas"]) == (
+        {"type": "Never", "backoffLimit": 3}, "None", 1)
 
 
 def test_the_launchers_service_account_may_exec_into_its_own_jobs_workers_only(cluster):
@@ -323,3 +381,150 @@ def test_the_programs_answer_help():
         assert done.returncode == 0 and "Usage" in done.stdout, done.stderr
     done = subprocess.run([str(BIN / "vipu-ipujob-init")], capture_output=True, text=True, env={"PATH": sys.exec_prefix})
     assert done.returncode == 2 and "missing from the environment: IPUJOB_NAME" in done.stderr
+
+
+def test_a_second_controller_takes_a_job_when_the_first_is_full_and_its_pods_go_to_its_nodes(cluster, tmp_path):
+    second = Pod(tmp_path / "second-pod", machines=1).start().register()  # 4 IPUs
+    first_address, second_address = f"127.0.0.1:{cluster.pod.user_port}", f"127.0.0.1:{second.user_port}"
+    try:
+        cluster.kube.add_node("ipu-head-2", labels={"ipunode": "node2"})
+        cluster.set_controllers(f"{first_address}:ipunode=node1,{second_address}:ipunode=node2")
+        wait_until(lambda: f"V-IPU controllers: {first_address}, {second_address}" in cluster.proxy.log(),
+                   what="the proxy to notice the edited controller list")
+
+        cluster.submit("fills", replicas=8, interactive={"ttl": 3600})
+        assert cluster.wait_for("fills", "Running")
+        cluster.submit("overflows", replicas=4, interactive={"ttl": 3600})
+        cluster.wait_for("overflows", "Running")
+        assert cluster.job("overflows")["status"]["controller"] == {"host": "127.0.0.1", "port": second.user_port, "label": "ipunode=node2"}
+        nodes = {name: json.loads(cluster.kube.kubectl("get", "pod", name, "-o", "json").stdout)["spec"]["nodeName"]
+                 for name in cluster.pods("fills") + cluster.pods("overflows")}
+        assert nodes == {"fills-launcher": "ipu-head-1", "fills-worker-0": "ipu-head-1",
+                         "overflows-launcher": "ipu-head-2", "overflows-worker-0": "ipu-head-2"}
+        api = vipuuser_pb2_grpc.UserServiceStub(second._channel(second.user_port))
+        assert [p.id for p in api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions] == ["p-default-overflows"]
+        assert cluster.tracked()["p-default-overflows"]["controller"] == second_address
+
+        cluster.submit("waits", replicas=1, interactive={"ttl": 3600})
+        wait_until(lambda: "waiting for a V-IPU controller with room" in cluster.condition("waits").get("message", ""),
+                   what="a third job to wait for room")
+        assert cluster.pods("waits") == []
+        assert cluster.get("/stats")["total"] == {"used": 12, "available": 0}
+        cluster.delete("overflows")
+        cluster.wait_for("waits", "Running", timeout=60)
+        assert cluster.job("waits")["status"]["controller"]["port"] == second.user_port
+    finally:
+        for name in ("fills", "overflows", "waits"):
+            cluster.kube.kubectl("delete", "ipujob", name, "--ignore-not-found", "--wait=true", "--timeout=60s")
+        cluster.set_controllers(f"{first_address}:ipunode=node1")
+        second.stop()
+
+
+def _https_get(url: str, token: str | None = None) -> tuple[int, str]:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # the operator's self-signed certificate
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_operator_metrics_need_a_token_the_metrics_reader_role_allows(cluster):
+    kube = cluster.kube
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "gc-metrics-reader", "labels": {"component": "metrics-reader"}},
+                "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]})
+    kube.kubectl("create", "serviceaccount", "prometheus")
+    kube.kubectl("create", "clusterrolebinding", "metrics", "--clusterrole=gc-metrics-reader", "--serviceaccount=default:prometheus")
+    cluster.submit("measured", interactive={"ttl": 3600})
+    cluster.wait_for("measured", "Running")
+    url = f"https://127.0.0.1:{cluster.operator.metrics_port}/metrics"
+
+    status, body = _https_get(url, kube.kubectl("create", "token", "prometheus").stdout.strip())
+    assert status == 200, body
+    assert "vipu_ipujob_reconciliations_total" in body and 'vipu_ipujobs{condition="Running"} 1.0' in body
+    assert 'vipu_ipujob_pods_created_total{role="launcher"}' in body and "vipu_ipujob_operator_leader 1.0" in body
+    assert _https_get(url)[0] == 401
+    assert _https_get(url, "not-a-token")[0] == 401
+    assert _https_get(url, kube.kubectl("create", "token", "default").stdout.strip())[0] == 403
+
+    with urllib.request.urlopen(f"{cluster.proxy_url}/metrics", timeout=10) as reply:
+        proxy_metrics = reply.read().decode()
+    assert 'vipu_proxy_requests_total{endpoint="/controllers/choose",status="200"}' in proxy_metrics
+    assert "vipu_proxy_tracked_partitions 1.0" in proxy_metrics
+
+
+def test_probes_answer(cluster):
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.operator.probe_port}{path}", timeout=10) as reply:
+            assert (reply.status, reply.read()) == (200, b"ok")
+
+
+def test_of_two_operator_replicas_one_leads_and_the_other_takes_over_when_it_dies(cluster):
+    standby = cluster.operator_replica("operator-standby").start()
+    try:
+        wait_until(lambda: " standing by for lease " in standby.log(), what="the second replica to stand by")
+        holder = json.loads(cluster.kube.kubectl("get", "lease", "gc-ipu-operator-leader", "-n", SYSTEM, "-o", "json").stdout)
+        leader_identity = holder["spec"]["holderIdentity"]
+        assert f"{leader_identity} leads" in cluster.operator.log() and " leads " not in standby.log()
+        cluster.submit("before", interactive={"ttl": 3600})
+        cluster.wait_for("before", "Running")
+        assert "before" not in standby.log()  # only the leader acts
+
+        cluster.operator.process.kill()  # the leader dies without giving up its lease
+        cluster.operator.process.wait()
+        wait_until(lambda: " leads (lease " in standby.log(), timeout=30, what="the standby to take the lease")
+        cluster.submit("after", interactive={"ttl": 3600})
+        cluster.wait_for("after", "Running")
+        assert "job default/after: pod after-launcher created" in standby.log()
+    except BaseException:
+        standby.stop()
+        raise
+    cluster.operator = standby
+
+
+def _pod_asking_for_ipus(cluster, name: str, ipus: int) -> None:
+    cluster.kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": {"graphcore.ai/ipus": str(ipus)}},
+                        "spec": {"containers": [{"name": "main", "image": "poplar:test", "command": ["sleep", "3600"]}]}})
+
+
+def _node_of(cluster, pod: str) -> str:
+    return json.loads(cluster.kube.kubectl("get", "pod", pod, "-o", "json").stdout)["spec"].get("nodeName", "")
+
+
+def test_the_scheduler_extender_steers_pods_asking_for_ipus_to_nodes_whose_controller_has_room(cluster, tmp_path):
+    second = Pod(tmp_path / "second-pod", machines=1).start().register()  # 4 IPUs
+    first_address, second_address = f"127.0.0.1:{cluster.pod.user_port}", f"127.0.0.1:{second.user_port}"
+    try:
+        cluster.kube.add_node("ipu-head-2", labels={"ipunode": "node2"})
+        cluster.kube.add_node("ipu-master", labels={"ipunode": "node1", "node-role.kubernetes.io/control-plane": ""})
+        cluster.kube.kubectl("taint", "node", "ipu-master", "node-role.kubernetes.io/control-plane:NoSchedule")
+        cluster.set_controllers(f"{first_address}:ipunode=node1,{second_address}:ipunode=node2")
+        wait_until(lambda: f"V-IPU controllers: {first_address}, {second_address}" in cluster.proxy.log(),
+                   what="the proxy to notice the edited controller list")
+        annotations = lambda node: json.loads(cluster.kube.kubectl("get", "node", node, "-o", "json").stdout)["metadata"].get("annotations", {})  # noqa: E731
+        wait_until(lambda: annotations("ipu-head-1").get("graphcore.ai/ipus-available") == "8"
+                   and annotations("ipu-head-2").get("graphcore.ai/ipus-available") == "4", what="nodes to advertise their free IPUs")
+        assert "graphcore.ai/ipus-available" not in annotations("ipu-master")  # ipuVisibility.advertiseOnMaster is off
+
+        assert cluster.pod.user("create", "partition", "p-full", "--size", "8").code == 0  # the first controller is full
+        _pod_asking_for_ipus(cluster, "wants-four", 4)
+        wait_until(lambda: _node_of(cluster, "wants-four"), what="the pod to be scheduled")
+        assert _node_of(cluster, "wants-four") == "ipu-head-2"
+        wait_until(lambda: annotations("ipu-head-1").get("graphcore.ai/ipus-available") == "0", what="the full node's annotation")
+
+        _pod_asking_for_ipus(cluster, "wants-eight", 8)  # no controller has room: unschedulable, with the reason
+        wait_until(lambda: "no room for 8 IPUs" in cluster.kube.kubectl("get", "events", "--field-selector",
+                                                                         "involvedObject.name=wants-eight").stdout,
+                   what="the scheduler to say why the pod waits")
+        assert _node_of(cluster, "wants-eight") == ""
+        assert cluster.pod.user("remove", "partition", "p-full").code == 0
+        wait_until(lambda: _node_of(cluster, "wants-eight") == "ipu-head-1", timeout=60, what="the pod to go where room appeared")
+    finally:
+        cluster.kube.kubectl("delete", "pod", "wants-four", "wants-eight", "--ignore-not-found", "--wait=true")
+        cluster.pod.user("remove", "partition", "p-full")
+        cluster.set_controllers(f"{first_address}:ipunode=node1")
+        cluster.kube.kubectl("delete", "node", "ipu-master", "--ignore-not-found")
+        second.stop()

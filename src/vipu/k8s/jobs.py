@@ -22,6 +22,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from vipu.k8s.controllers import Controller
 from vipu.model.errors import InvalidArgument
 
 GROUP = "graphcore.ai"
@@ -113,6 +114,9 @@ def parse(job: dict) -> JobSpec:
     if not containers:
         raise InvalidArgument("spec.workers.template.spec.containers must name at least one container")
     worker_count = _count(workers, "replicas", 1)
+    if replicas % worker_count:
+        raise InvalidArgument(f"modelReplicas ({replicas}) must be a multiple of workers.replicas ({worker_count}): "
+                              "each worker runs whole model replicas")
     ttl = (spec.get("interactive") or {}).get("ttl")
     if ttl is not None:
         ttl = _count(spec["interactive"], "ttl")
@@ -141,10 +145,17 @@ def parse(job: dict) -> JobSpec:
 class Wiring:
     """What the operator was told at start-up that every job's pods need."""
 
-    vipu_host: str
-    vipu_port: int
     proxy_url: str
     launcher_image: str
+
+
+def controller_of(status: dict) -> Controller | None:
+    """The V-IPU controller the proxy chose for the job, as its status records it."""
+    chosen = status.get("controller") or {}
+    if not chosen.get("host"):
+        return None
+    key, _, value = (chosen.get("label") or "").partition("=")
+    return Controller(chosen["host"], int(chosen["port"]), key, value)
 
 
 def _owner(job: JobSpec) -> list[dict]:
@@ -167,18 +178,21 @@ def _with_env(container: dict, pairs: dict[str, str]) -> dict:
     return {**container, "env": kept + _env(pairs)}
 
 
-def ipuof_environment(job: JobSpec, wiring: Wiring) -> dict[str, str]:
+def ipuof_environment(job: JobSpec, controller: Controller) -> dict[str, str]:
     """The variables that let Poplar (or `vipu-ipuof run`) find the job's partition."""
     return {
-        "IPUOF_VIPU_API_HOST": wiring.vipu_host,
-        "IPUOF_VIPU_API_PORT": str(wiring.vipu_port),
+        "IPUOF_VIPU_API_HOST": controller.host,
+        "IPUOF_VIPU_API_PORT": str(controller.port),
         "IPUOF_VIPU_API_PARTITION_ID": job.partition_id,
         "IPUOF_VIPU_API_GCD_ID": "0",
     }
 
 
-def _on_host(pod_spec: dict) -> dict:
-    """As the seed lists: host network (for the RDMA interface), privileged, ClusterFirstWithHostNet."""
+def _on_host(pod_spec: dict, controller: Controller) -> dict:
+    """As the seed lists: host network (for the RDMA interface), privileged, ClusterFirstWithHostNet;
+    and on a node carrying the label of the controller whose IPUs the job uses."""
+    if controller.node_selector:
+        pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **controller.node_selector}
     pod_spec["hostNetwork"] = True
     pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     pod_spec["restartPolicy"] = "Never"
@@ -188,20 +202,20 @@ def _on_host(pod_spec: dict) -> dict:
     return pod_spec
 
 
-def worker_pod(job: JobSpec, index: int, wiring: Wiring) -> dict:
+def worker_pod(job: JobSpec, index: int, controller: Controller) -> dict:
     template = copy.deepcopy(job.worker_template)
     spec = template.get("spec") or {}
-    containers = [_with_env(c, ipuof_environment(job, wiring)) for c in spec["containers"]]
+    containers = [_with_env(c, ipuof_environment(job, controller)) for c in spec["containers"]]
     containers[0] = {**containers[0], "command": list(WORKER_SLEEP)}
     containers[0].pop("args", None)
     spec["containers"] = containers
     labels = (template.get("metadata") or {}).get("labels") or {}
     metadata = _metadata(job, job.worker_name(index), "worker", labels)
     metadata["annotations"] = (template.get("metadata") or {}).get("annotations") or {}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": _on_host(spec)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": _on_host(spec, controller)}
 
 
-def launcher_pod(job: JobSpec, wiring: Wiring) -> dict:
+def launcher_pod(job: JobSpec, wiring: Wiring, controller: Controller) -> dict:
     template = copy.deepcopy(job.worker_template)
     worker_spec = template.get("spec") or {}
     first = worker_spec["containers"][0]
@@ -209,7 +223,7 @@ def launcher_pod(job: JobSpec, wiring: Wiring) -> dict:
     mpi = {"OMPI_MCA_plm_rsh_agent": f"{CONFIG_MOUNT}/kubeexec", "OMPI_MCA_orte_default_hostfile": f"{CONFIG_MOUNT}/hostfile"}
     main = {
         "name": "launcher", "image": first.get("image", ""), "command": command,
-        "env": (first.get("env") or []) + _env({**mpi, **ipuof_environment(job, wiring)}),
+        "env": (first.get("env") or []) + _env({**mpi, **ipuof_environment(job, controller)}),
         "volumeMounts": (first.get("volumeMounts") or []) + [{"name": "ipujob-config", "mountPath": CONFIG_MOUNT}],
     }
     if first.get("imagePullPolicy"):
@@ -220,7 +234,7 @@ def launcher_pod(job: JobSpec, wiring: Wiring) -> dict:
             "IPUJOB_NAME": job.name, "IPUJOB_NAMESPACE": job.namespace, "IPUJOB_UID": job.uid,
             "IPUJOB_WORKERS": str(job.workers), "IPUJOB_PARTITION": job.partition_id,
             "IPUJOB_IPUS": str(job.ipus), "IPUJOB_MODEL_REPLICAS": str(job.model_replicas),
-            "VIPU_PROXY_URL": wiring.proxy_url,
+            "IPUJOB_CONTROLLER": controller.address, "VIPU_PROXY_URL": wiring.proxy_url,
         }),
     }
     spec = {
@@ -233,7 +247,8 @@ def launcher_pod(job: JobSpec, wiring: Wiring) -> dict:
     for field in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
         if worker_spec.get(field):
             spec[field] = worker_spec[field]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(job, job.launcher_name, "launcher"), "spec": _on_host(spec)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(job, job.launcher_name, "launcher"),
+            "spec": _on_host(spec, controller)}
 
 
 KUBEEXEC = """#!/bin/sh

@@ -9,18 +9,15 @@ Everything it needs comes from the environment the operator gives it (`jobs.laun
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 
 from kubernetes import client, watch
 
-from vipu.k8s import kube
+from vipu.k8s import kube, rest
 from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
 
 log = logging.getLogger("vipu-ipujob-init")
@@ -59,30 +56,17 @@ class Refused(Exception):
     """The proxy will never grant this request."""
 
 
-def _post(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status, json.loads(reply.read() or b"{}")
-    except urllib.error.HTTPError as error:
-        try:
-            detail = json.loads(error.read() or b"{}").get("detail", error.reason)
-        except ValueError:
-            detail = error.reason
-        return error.code, {"detail": detail if isinstance(detail, str) else json.dumps(detail)}
-
-
 def obtain_partition(env: Mapping[str, str]) -> dict:
     """Create or reset the job's partition through the proxy, waiting while the IPUs are taken."""
     body = {"id": env["IPUJOB_PARTITION"], "namespace": env["IPUJOB_NAMESPACE"], "job": env["IPUJOB_NAME"],
-            "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0"))}
+            "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0")),
+            "controller": env.get("IPUJOB_CONTROLLER", "")}
     url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
     wait = FIRST_WAIT
     while True:
         try:
-            status, reply = _post(url, body)
-        except (urllib.error.URLError, OSError) as error:
+            status, reply = rest.call("POST", url, body)
+        except OSError as error:
             status, reply = 503, {"detail": f"the proxy at {url} cannot be reached ({getattr(error, 'reason', error)})"}
         if status in (200, 201):
             return reply

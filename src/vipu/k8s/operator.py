@@ -10,25 +10,49 @@ has), then the job's pods and objects are removed.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import click
 import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from vipu.k8s import jobs, kube
+from vipu.k8s import endpoints, jobs, kube, rest
+from vipu.k8s.leader import LeaderElection
 from vipu.model.errors import InvalidArgument
 
 log = logging.getLogger("vipu.k8s.operator")
 
 
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.reconciliations = Counter("vipu_ipujob_reconciliations", "Reconciliations of IPUJobs", registry=registry)
+        self.pods_created = Counter("vipu_ipujob_pods_created", "Pods created for IPUJobs", ["role"], registry=registry)
+        self.restarts = Counter("vipu_ipujob_restarts", "Restarts of IPUJobs under their restart policy", registry=registry)
+        self.releases = Counter("vipu_ipujob_partition_releases", "Partitions released when IPUJobs were deleted", registry=registry)
+        self.jobs = Gauge("vipu_ipujobs", "IPUJobs by their current condition", ["condition"], registry=registry)
+        self.leader = Gauge("vipu_ipujob_operator_leader", "1 while this replica leads", registry=registry)
+        self._conditions: dict[str, str] = {}
+
+    def job_condition(self, key: str, condition: str | None) -> None:
+        if condition is None:
+            self._conditions.pop(key, None)
+        else:
+            self._conditions[key] = condition
+        for kind in ("Pending", "Running", "Succeeded", "Failed"):
+            self.jobs.labels(kind).set(sum(c == kind for c in self._conditions.values()))
+
+
 class Operator:
-    def __init__(self, api: client.ApiClient, wiring: jobs.Wiring, restart_backoff: float):
+    def __init__(self, api: client.ApiClient, wiring: jobs.Wiring, restart_backoff: float, metrics: OperatorMetrics):
+        self.metrics = metrics
         self.core = client.CoreV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -58,18 +82,36 @@ class Operator:
                                                                 f"IPUJob {namespace}/{name} has an invalid specification: {error.message}",
                                                                 jobs.rfc3339(now))})
                 return
+            controller = jobs.controller_of(status)
+            if controller is None and not jobs.is_finished(status):
+                chosen, why = self._choose_controller(spec)
+                if chosen is None:  # no pods until a controller has room: the job queues
+                    self._write_status(namespace, name, status, {
+                        **status, "startTime": status.get("startTime") or jobs.rfc3339(now),
+                        "conditions": jobs.with_condition(status, "Pending", "IPUJobPending",
+                                                          f"IPUJob {spec.key} is waiting for a V-IPU controller with room: {why}",
+                                                          jobs.rfc3339(now))})
+                    return
+                controller = jobs.controller_of({"controller": chosen})
             pods = {p.metadata.name: self.core.api_client.sanitize_for_serialization(p)
                     for p in self.core.list_namespaced_pod(namespace, label_selector=f"{jobs.JOB_LABEL}={name}").items}
             decision = jobs.decide(spec, status, pods, now, self.restart_backoff)
+            self.metrics.reconciliations.inc()
+            if decision.status.get("restartCount", 0) > status.get("restartCount", 0):
+                self.metrics.restarts.inc()
+            self.metrics.job_condition(spec.key, (jobs.current_condition(decision.status) or {}).get("type"))
+            if controller is not None:
+                decision.status["controller"] = controller.describe()
             for pod in decision.delete:
                 self._ignore(404, self.core.delete_namespaced_pod, pod, namespace)
                 log.info("job %s: pod %s deleted", spec.key, pod)
             if decision.create:
                 self._ensure_job_objects(spec)
             for pod in decision.create:
-                body = jobs.launcher_pod(spec, self.wiring) if pod == spec.launcher_name else \
-                    jobs.worker_pod(spec, int(pod.rsplit("-", 1)[1]), self.wiring)
-                self._ignore(409, self.core.create_namespaced_pod, namespace, body)
+                body = jobs.launcher_pod(spec, self.wiring, controller) if pod == spec.launcher_name else \
+                    jobs.worker_pod(spec, int(pod.rsplit("-", 1)[1]), controller)
+                if self._ignore(409, self.core.create_namespaced_pod, namespace, body) is not None:
+                    self.metrics.pods_created.labels(body["metadata"]["labels"][jobs.ROLE_LABEL]).inc()
                 log.info("job %s: pod %s created", spec.key, pod)
             self._write_status(namespace, name, status, decision.status)
 
@@ -96,21 +138,33 @@ class Operator:
     def release(self, namespace: str, name: str) -> None:
         """The finaliser's work: free the job's IPUs, then remove what the job was made of."""
         partition = jobs.partition_id(namespace, name)
-        url = f"{self.wiring.proxy_url.rstrip('/')}/partitions/{partition}"
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=60):
-                log.info("job %s/%s: partition %s released", namespace, name, partition)
-        except urllib.error.HTTPError as error:
-            if error.code != 404:  # 404: the job never got a partition
-                raise kopf.TemporaryError(f"the proxy could not release partition {partition}: HTTP {error.code}", delay=5) from None
-        except (urllib.error.URLError, OSError) as error:
-            raise kopf.TemporaryError(f"the proxy at {url} cannot be reached to release {partition}: {error}", delay=5) from None
+            status, reply = rest.call("DELETE", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{partition}")
+        except OSError as error:
+            raise kopf.TemporaryError(f"the proxy cannot be reached to release partition {partition}: {error}", delay=5) from None
+        if status not in (200, 404):  # 404: the job never got a partition
+            raise kopf.TemporaryError(f"the proxy could not release partition {partition}: {reply.get('detail')}", delay=5)
+        if status == 200:
+            self.metrics.releases.inc()
+            log.info("job %s/%s: partition %s released", namespace, name, partition)
+        self.metrics.job_condition(f"{namespace}/{name}", None)
         self.core.delete_collection_namespaced_pod(namespace, label_selector=f"{jobs.JOB_LABEL}={name}")
         launcher = f"{name}-launcher"
         self._ignore(404, self.core.delete_namespaced_config_map, f"{name}-ipujob", namespace)
         self._ignore(404, self.rbac.delete_namespaced_role_binding, launcher, namespace)
         self._ignore(404, self.rbac.delete_namespaced_role, launcher, namespace)
         self._ignore(404, self.core.delete_namespaced_service_account, launcher, namespace)
+
+    def _choose_controller(self, spec: jobs.JobSpec) -> tuple[dict | None, str]:
+        """The proxy's choice of V-IPU controller for the job, or None and why there is none yet."""
+        body = {"namespace": spec.namespace, "job": spec.name, "uid": spec.uid, "size": spec.ipus}
+        try:
+            status, reply = rest.call("POST", f"{self.wiring.proxy_url.rstrip('/')}/controllers/choose", body)
+        except OSError as error:
+            return None, f"the proxy cannot be reached ({error})"
+        if status != 200:
+            return None, reply.get("detail", f"HTTP {status}")
+        return reply, ""
 
     @staticmethod
     def _ignore(status: int, call, *args):
@@ -155,8 +209,6 @@ def register(registry: kopf.OperatorRegistry, operator: Operator, resync: float)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--vipu-host", required=True, envvar="VIPU_SERVER_ADDR", help="vipu-server's host, as the workers reach it.")
-@click.option("--vipu-port", type=click.IntRange(1, 65535), default=8090, show_default=True, envvar="VIPU_SERVER_PORT")
 @click.option("--proxy-url", required=True, envvar="VIPU_PROXY_URL", help="The V-IPU proxy, as launchers reach it.")
 @click.option("--launcher-image", default="launcher:latest", show_default=True, envvar="LAUNCHER_IMAGE",
               help="Image of the launcher's init container (it runs vipu-ipujob-init).")
@@ -165,13 +217,47 @@ def register(registry: kopf.OperatorRegistry, operator: Operator, resync: float)
 @click.option("--resync", type=click.FloatRange(0.1), default=10.0, show_default=True,
               help="Seconds between reconciliations of a job when nothing happens to it.")
 @click.option("--namespace", "namespaces", multiple=True, help="Watch only these namespaces. Default: all.")
-def main(vipu_host, vipu_port, proxy_url, launcher_image, restart_backoff, resync, namespaces):
+@click.option("--leader-election/--no-leader-election", default=True, show_default=True,
+              help="Act only while holding the lease, so that several replicas never act at once.")
+@click.option("--lease", default="gc-ipu-operator-leader", show_default=True, help="Name of the leader election Lease.")
+@click.option("--lease-namespace", default=None, help="Namespace of the Lease. Default: the operator pod's.")
+@click.option("--lease-seconds", type=click.FloatRange(1), default=15.0, show_default=True,
+              help="How long a leader that stops renewing keeps the lease.")
+@click.option("--probe-address", default="0.0.0.0", show_default=True)
+@click.option("--probe-port", type=click.IntRange(0, 65535), default=8081, show_default=True, help="/healthz and /readyz; 0: none.")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8444, show_default=True,
+              help="/metrics over TLS, for callers the metrics-reader ClusterRole allows; 0: none.")
+@click.option("--metrics-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Certificate of the metrics end-point (PEM). Default: a self-signed one.")
+@click.option("--metrics-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+def main(proxy_url, launcher_image, restart_backoff, resync, namespaces, leader_election, lease, lease_namespace,
+         lease_seconds, probe_address, probe_port, metrics_address, metrics_port, metrics_cert, metrics_key):
     """The IPUJob operator."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    wiring = jobs.Wiring(vipu_host, vipu_port, proxy_url, launcher_image)
-    registry = kopf.OperatorRegistry()
-    register(registry, Operator(kube.api_client(), wiring, restart_backoff), resync)
+    api = kube.api_client()
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    reached = threading.Event()
+    if probe_port:
+        endpoints.serve_probes(probe_address, probe_port, reached.is_set)
+    if metrics_port:
+        endpoints.serve_metrics(metrics_address, metrics_port, registry, endpoints.Authorizer(api),
+                                endpoints.tls_context(metrics_cert, metrics_key))
+    client.VersionApi(api).get_code()  # the API server answers: ready, leading or standing by
+    reached.set()
+    if leader_election:
+        identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        election = LeaderElection(client.CoordinationV1Api(api), lease_namespace or kube.namespace_of_this_pod(), lease,
+                                  identity, lease_seconds, retry_seconds=min(2.0, lease_seconds / 4))
+        log.info("%s standing by for lease %s/%s", identity, election.namespace, lease)
+        election.acquire()
+        log.info("%s leads (lease %s/%s)", identity, election.namespace, lease)
+        election.keep(on_lost=lambda: os._exit(1))  # stop acting at once; the pod restarts and stands by
+    metrics.leader.set(1)
+    wiring = jobs.Wiring(proxy_url, launcher_image)
+    registry_of_handlers = kopf.OperatorRegistry()
+    register(registry_of_handlers, Operator(api, wiring, restart_backoff, metrics), resync)
     log.info("watching IPUJobs in %s", ", ".join(namespaces) if namespaces else "all namespaces")
-    kopf.run(registry=registry, standalone=True, clusterwide=not namespaces, namespaces=namespaces)
-
+    kopf.run(registry=registry_of_handlers, standalone=True, clusterwide=not namespaces, namespaces=namespaces)

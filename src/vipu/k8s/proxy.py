@@ -1,22 +1,30 @@
-"""`vipu-ipu-proxy`: the V-IPU proxy between an IPUJob's launcher and vipu-server.
+"""`vipu-ipu-proxy`: the V-IPU proxy between IPUJobs and the V-IPU controllers (vipu-server).
 
 REST end-points:
-- `POST /partitions` {id, namespace, job, uid, size, replicas}: create the job's partition, or
+- `POST /controllers/choose` {namespace, job, uid, size}: the first controller in the list with
+  room for the job now (the operator asks before it makes the job's pods, which then run on the
+  nodes carrying that controller's label); 409 when none has.
+- `POST /partitions` {id, namespace, job, uid, size, replicas, controller}: create the job's partition, or
   reset it when the job already owns it (a restarted job starts on clean IPUs). 201 created,
   200 reset; 409 when the IPUs are not free yet or the id belongs to someone else; 400 for a
   request the controller will never satisfy; 503 when the controller cannot be reached.
 - `POST /partitions/{id}/reset`, `DELETE /partitions/{id}` (the operator, when a job is deleted).
 - `GET /stats`: IPUs used per namespace by tracked partitions, and in total, with those available.
 - `POST /query` {size}: whether a partition of that size fits now, and how many would.
-- `GET /health`.
+- `POST /scheduler/filter` and `/scheduler/prioritize`: a kube-scheduler extender steering pods
+  that ask for IPUs (annotation `graphcore.ai/ipus: N`) to nodes whose controller has room.
+- `GET /health`, and `GET /metrics` for Prometheus.
 
-Partitions it makes are recorded in the `ipu-partitions-tracker` ConfigMap (`tracker.py`).
+Partitions it makes are recorded in the `ipu-partitions-tracker` ConfigMap (`tracker.py`); the
+controllers come from a ConfigMap an administrator may edit (`controllers.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import click
@@ -24,6 +32,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
 from pydantic import BaseModel, Field
 
 from vipu.api.protos import vipuuser_pb2 as pb
@@ -31,6 +41,7 @@ from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import Connection
 from vipu.cli.config import ClientSettings
 from vipu.k8s import kube
+from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
 from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import (
@@ -50,13 +61,17 @@ HTTP_STATUS = ((InvalidArgument, 400), (Unauthenticated, 403), (PermissionDenied
                (AlreadyExists, 409), (Conflict, 409), (Unavailable, 503))
 
 
-class PartitionRequest(BaseModel):
-    id: str
+class JobRequest(BaseModel):
     namespace: str
     job: str
     uid: str
     size: int = Field(gt=0)
+
+
+class PartitionRequest(JobRequest):
+    id: str
     replicas: int = Field(default=0, ge=0)
+    controller: str = ""  # host:port; the first listed when empty
 
 
 class Query(BaseModel):
@@ -64,23 +79,65 @@ class Query(BaseModel):
 
 
 class Partitions:
-    """The proxy's work, apart from HTTP: one controller, one tracker."""
+    """The proxy's work, apart from HTTP: the listed controllers and one tracker."""
 
-    def __init__(self, connection: Connection, tracker: Tracker, cluster_id: str = ""):
-        self.connection = connection
+    def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], Connection],
+                 tracker: Tracker, cluster_id: str = ""):
+        self.controllers = controllers
+        self._connect = connect
+        self._connections: dict[str, Connection] = {}
         self.tracker = tracker
         self.cluster_id = cluster_id
         self._lock = threading.Lock()  # one partition change at a time keeps the tracker true
 
-    def _call(self, method: str, request):
-        return self.connection.call(pb_grpc.UserServiceStub, method, request)
+    def _controller(self, address: str) -> Controller:
+        listed = self.controllers()
+        if not address:
+            return listed[0]
+        found = next((c for c in listed if c.address == address), None)
+        if found is None:
+            raise InvalidArgument(f"V-IPU controller {address} is not in the proxy's list ({', '.join(c.address for c in listed)})")
+        return found
+
+    def _call(self, controller: Controller, method: str, request):
+        if controller.address not in self._connections:
+            self._connections[controller.address] = self._connect(controller)
+        return self._connections[controller.address].call(pb_grpc.UserServiceStub, method, request)
+
+    def _owned(self, partition_id: str) -> tuple[Entry, Controller]:
+        entry = self.tracker.get(partition_id)
+        if entry is None:
+            raise NotFound(f"partition {partition_id} is not one the proxy made")
+        return entry, self._owned_controller(entry)
+
+    def choose(self, request: JobRequest) -> dict:
+        """The controller a job's pods and partition go to: its own if it has one, else the first with room."""
+        owned = next((e for e in self.tracker.entries().values() if e.uid == request.uid), None)
+        if owned is not None:
+            return self._owned_controller(owned).describe()
+        refusals = []
+        for controller in self.controllers():
+            try:
+                fits = self._fitting(controller, request.size)
+            except VipuError as error:
+                refusals.append(f"{controller.address}: {error.message}")
+                continue
+            if fits:
+                return controller.describe()
+            refusals.append(f"{controller.address}: no room")
+        raise Conflict(f"no V-IPU controller has room for {request.size} IPUs now ({'; '.join(refusals)})")
+
+    def _owned_controller(self, entry: Entry) -> Controller:
+        """The controller holding a tracked partition, still reached if since dropped from the list."""
+        host, _, port = entry.controller.rpartition(":")
+        return next((c for c in self.controllers() if c.address == entry.controller), None) or Controller(host, int(port))
 
     def create(self, request: PartitionRequest) -> tuple[int, dict]:
         with self._lock:
             owner = self.tracker.get(request.id)
             if owner is not None and owner.uid == request.uid:
                 try:
-                    self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=request.id))
+                    self._call(self._owned_controller(owner), "ResetPartition", pb.ResetPartitionRequest(partition_id=request.id))
                     log.info("partition %s of job %s/%s reset", request.id, request.namespace, request.job)
                     return 200, {"id": request.id, "reset": True}
                 except NotFound:  # removed behind the proxy's back: make it again
@@ -88,54 +145,69 @@ class Partitions:
                     owner = None
             if owner is not None:
                 raise AlreadyExists(f"partition {request.id} belongs to job {owner.namespace}/{owner.job} (uid {owner.uid})")
-            entry = Entry(request.namespace, request.job, request.uid, request.size, self.connection.address,
+            controller = self._controller(request.controller)
+            entry = Entry(request.namespace, request.job, request.uid, request.size, controller.address,
                           datetime.now(timezone.utc).isoformat(timespec="seconds"))
             self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
             try:
-                self._call("CreatePartition", pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
+                self._call(controller, "CreatePartition", pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
                     id=request.id, size=request.size, cluster_id=self.cluster_id, num_gcds=1,
                     num_replicas=request.replicas)))
             except AlreadyExists:
                 self.tracker.drop(request.id)
-                raise AlreadyExists(f"partition {request.id} exists and was not made by this proxy for job "
-                                    f"{request.namespace}/{request.job}") from None
+                raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "
+                                    f"for job {request.namespace}/{request.job}") from None
             except BaseException:
                 self.tracker.drop(request.id)
                 raise
-            log.info("partition %s of %d IPUs created for job %s/%s", request.id, request.size, request.namespace, request.job)
-            return 201, {"id": request.id, "created": True}
+            log.info("partition %s of %d IPUs created on %s for job %s/%s", request.id, request.size, controller.address,
+                     request.namespace, request.job)
+            return 201, {"id": request.id, "created": True, "controller": controller.address}
 
     def reset(self, partition_id: str) -> dict:
-        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
+        entry, controller = self._owned(partition_id)
+        self._call(controller, "ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
         return {"id": partition_id, "reset": True}
 
     def remove(self, partition_id: str) -> dict:
         with self._lock:
-            if self.tracker.get(partition_id) is None:
-                raise NotFound(f"partition {partition_id} is not one the proxy made")
+            entry, controller = self._owned(partition_id)
             try:
-                self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=True))
+                self._call(controller, "RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=True))
             except NotFound:
                 pass  # gone already: forget it all the same
             self.tracker.drop(partition_id)
-            log.info("partition %s removed", partition_id)
+            log.info("partition %s removed from %s", partition_id, controller.address)
             return {"id": partition_id, "removed": True}
 
-    def _capacity(self) -> tuple[list[tuple[str, ...]], dict[str, set[int]]]:
+    def _capacity(self, controller: Controller) -> tuple[list[tuple[str, ...]], dict[str, set[int]]]:
         """The machines of each allocation in order, and the IPUs in use on each machine."""
-        allocations = [tuple(a.spec.agent_ids) for a in self._call("ListAllocations", pb.ListAllocationsRequest()).allocations
+        allocations = [tuple(a.spec.agent_ids)
+                       for a in self._call(controller, "ListAllocations", pb.ListAllocationsRequest()).allocations
                        if not self.cluster_id or a.spec.cluster_id == self.cluster_id]
         used: dict[str, set[int]] = {}
-        for partition in self._call("ListPartitions", pb.ListPartitionsRequest()).partitions:
+        for partition in self._call(controller, "ListPartitions", pb.ListPartitionsRequest()).partitions:
             for ipu in partition.spec.ipus:
                 used.setdefault(ipu.agent_id, set()).add(ipu.agent_ipu_index)
         return allocations, used
 
-    def stats(self) -> dict:
-        allocations, used = self._capacity()
+    def _fitting(self, controller: Controller, size: int) -> int:
+        allocations, used = self._capacity(controller)
+        return sum(fitting_partitions(allocation, used, size) for allocation in allocations)
+
+    def usage(self, controller: Controller) -> tuple[int, int]:
+        """IPUs in use and free in the controller's allocations."""
+        allocations, used = self._capacity(controller)
         machines = {agent for allocation in allocations for agent in allocation}
-        in_use = sum(len(used.get(agent, ())) for agent in machines)
-        available = len(machines) * IPUS_PER_MACHINE - in_use
+        busy = sum(len(used.get(agent, ())) for agent in machines)
+        return busy, len(machines) * IPUS_PER_MACHINE - busy
+
+    def stats(self) -> dict:
+        in_use = available = 0
+        for controller in self.controllers():
+            busy, free = self.usage(controller)
+            in_use += busy
+            available += free
         per_namespace: dict[str, int] = {}
         for entry in self.tracker.entries().values():
             per_namespace[entry.namespace] = per_namespace.get(entry.namespace, 0) + entry.size
@@ -143,12 +215,34 @@ class Partitions:
         report["total"] = {"used": in_use, "available": available}
         return report
 
+    def node_room(self, labels: dict[str, str], size: int) -> tuple[int, str]:
+        """How many partitions of `size` fit now on the controllers whose label a node carries, and
+        if none, why not."""
+        mine = [c for c in self.controllers() if c.label_key and labels.get(c.label_key) == c.label_value]
+        if not mine:
+            return 0, "the node carries no V-IPU controller's label"
+        count = 0
+        for controller in mine:
+            try:
+                count += self._fitting(controller, size)
+            except VipuError as error:
+                log.warning("cannot ask %s for room: %s", controller.address, error.message)
+        return count, "" if count else f"no room for {size} IPUs on {', '.join(c.address for c in mine)}"
+
     def query(self, size: int) -> dict:
         if size & (size - 1):
             return {"available": False, "numOfPartitions": 0, "message": f"size must be a power of two, not {size}"}
-        allocations, used = self._capacity()
-        count = sum(fitting_partitions(allocation, used, size) for allocation in allocations)
+        count = sum(self._fitting(controller, size) for controller in self.controllers())
         return {"available": count > 0, "numOfPartitions": count, "message": ""}
+
+
+IPUS_ANNOTATION = "graphcore.ai/ipus"
+
+
+def requested_ipus(pod: dict) -> int:
+    """The IPUs a pod asks for in its `graphcore.ai/ipus` annotation; 0 when it asks for none."""
+    text = str(((pod.get("metadata") or {}).get("annotations") or {}).get(IPUS_ANNOTATION, "")).strip()
+    return int(text) if text.isdigit() else 0
 
 
 def fitting_partitions(machines: tuple[str, ...], used: dict[str, set[int]], size: int) -> int:
@@ -168,8 +262,45 @@ def fitting_partitions(machines: tuple[str, ...], used: dict[str, set[int]], siz
     return count
 
 
-def create_app(partitions: Partitions) -> FastAPI:
+AVAILABLE_ANNOTATION = "graphcore.ai/ipus-available"
+MASTER_LABELS = {"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"}
+
+
+def advertise(core: client.CoreV1Api, partitions: Partitions, on_master: bool) -> None:
+    """Annotate each node that reaches a controller with the IPUs free there (`graphcore.ai/ipus-available`);
+    control-plane nodes only when asked to (ipuVisibility.advertiseOnMaster)."""
+    free: dict[str, int] = {}
+    for node in core.list_node().items:
+        labels = node.metadata.labels or {}
+        if not on_master and MASTER_LABELS & labels.keys():
+            continue
+        mine = [c for c in partitions.controllers() if c.label_key and labels.get(c.label_key) == c.label_value]
+        if not mine:
+            continue
+        for controller in mine:
+            if controller.address not in free:
+                free[controller.address] = partitions.usage(controller)[1]
+        value = str(sum(free[c.address] for c in mine))
+        if (node.metadata.annotations or {}).get(AVAILABLE_ANNOTATION) != value:
+            core.patch_node(node.metadata.name, {"metadata": {"annotations": {AVAILABLE_ANNOTATION: value}}})
+
+
+def create_app(partitions: Partitions, registry: CollectorRegistry | None = None) -> FastAPI:
+    """The REST end-points, with Prometheus metrics of them at `/metrics`."""
     app = FastAPI(title="vipu IPU proxy")
+    registry = registry or CollectorRegistry()
+    requests = Counter("vipu_proxy_requests", "Requests answered, by end-point and HTTP status", ["endpoint", "status"],
+                       registry=registry)
+    Gauge("vipu_proxy_tracked_partitions", "Partitions in the tracker ConfigMap", registry=registry).set_function(
+        lambda: len(partitions.tracker.entries()))
+    app.mount("/metrics", make_asgi_app(registry))
+
+    @app.middleware("http")
+    async def count(request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response
 
     def answer(action):
         try:
@@ -177,6 +308,10 @@ def create_app(partitions: Partitions) -> FastAPI:
         except VipuError as error:
             status = next((code for family, code in HTTP_STATUS if isinstance(error, family)), 500)
             raise HTTPException(status_code=status, detail=error.message) from None
+
+    @app.post("/controllers/choose")
+    def choose_controller(request: JobRequest):
+        return answer(lambda: partitions.choose(request))
 
     @app.post("/partitions")
     def create_partition(request: PartitionRequest):
@@ -199,6 +334,32 @@ def create_app(partitions: Partitions) -> FastAPI:
     def query(request: Query):
         return answer(lambda: partitions.query(request.size))
 
+    @app.post("/scheduler/filter")
+    def scheduler_filter(arguments: dict):
+        """kube-scheduler's extender filter: pods asking for IPUs only on nodes whose controller has room."""
+        size = requested_ipus(arguments.get("Pod") or {})
+        nodes = (arguments.get("Nodes") or {}).get("items") or []
+        if not size:
+            return {"Nodes": {"items": nodes}, "FailedNodes": {}, "Error": ""}
+        passing, failed = [], {}
+        for node in nodes:
+            room, why = partitions.node_room(node["metadata"].get("labels") or {}, size)
+            if room:
+                passing.append(node)
+            else:
+                failed[node["metadata"]["name"]] = why
+        return {"Nodes": {"items": passing}, "FailedNodes": failed, "Error": ""}
+
+    @app.post("/scheduler/prioritize")
+    def scheduler_prioritize(arguments: dict):
+        """Nodes whose controllers have more room for the pod's IPUs score higher (0 to 10)."""
+        size = requested_ipus(arguments.get("Pod") or {})
+        nodes = (arguments.get("Nodes") or {}).get("items") or []
+        rooms = {n["metadata"]["name"]: partitions.node_room(n["metadata"].get("labels") or {}, size)[0] if size else 0
+                 for n in nodes}
+        most = max(rooms.values(), default=0) or 1
+        return [{"Host": name, "Score": round(10 * room / most)} for name, room in rooms.items()]
+
     @app.get("/health")
     def health():
         return {"status": "ok"}
@@ -207,21 +368,56 @@ def create_app(partitions: Partitions) -> FastAPI:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--vipu-host", required=True, envvar="VIPU_SERVER_ADDR", help="Host of vipu-server's user end-point.")
+@click.option("--vipu-host", default="localhost", show_default=True, envvar="VIPU_SERVER_ADDR",
+              help="Host of vipu-server's user end-point, when no controller list is given.")
 @click.option("--vipu-port", type=click.IntRange(1, 65535), default=8090, show_default=True, envvar="VIPU_SERVER_PORT")
+@click.option("--controllers-configmap", default="", envvar="VIPU_CONTROLLERS_CONFIGMAP",
+              help=f"ConfigMap (in --namespace) whose key {CONFIGMAP_KEY} lists the controllers: host:port:key=value,...")
+@click.option("--controllers-refresh", type=click.FloatRange(0.1), default=30.0, show_default=True,
+              help="Seconds between readings of that ConfigMap.")
 @click.option("--vipu-cluster", default="", envvar="VIPU_CLUSTER_NAME", help="Make partitions in this cluster only.")
 @click.option("--api-user-id", default="", envvar="VIPU_API_USER_ID", help="User to act as on a secure controller.")
 @click.option("--api-access-key", default="", envvar="VIPU_API_ACCESS_KEY")
 @click.option("--listen-address", default="0.0.0.0", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, envvar="PROXY_PORT")
-@click.option("--namespace", default=None, help="Where the tracker ConfigMap lives. Default: the proxy pod's namespace.")
+@click.option("--namespace", default=None, help="Where the tracker and controller ConfigMaps live. Default: the proxy pod's namespace.")
 @click.option("--api-timeout", default=50.0, show_default=True, help="Seconds to wait for vipu-server.")
-def main(vipu_host, vipu_port, vipu_cluster, api_user_id, api_access_key, listen_address, port, namespace, api_timeout):
+@click.option("--advertise-on-master", is_flag=True, help="Annotate control-plane nodes with free IPUs too.")
+def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_cluster, api_user_id, api_access_key,
+         listen_address, port, namespace, api_timeout, advertise_on_master):
     """The V-IPU proxy for the IPUJob operator."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ClientSettings(host=vipu_host, port=vipu_port, user_id=api_user_id, access_key=api_access_key)
-    tracker = Tracker(client.CoreV1Api(kube.api_client()), namespace or kube.namespace_of_this_pod())
+    core = client.CoreV1Api(kube.api_client())
+    namespace = namespace or kube.namespace_of_this_pod()
+    tracker = Tracker(core, namespace)
     known = tracker.entries()
     log.info("tracking %d partition(s) from ConfigMap %s/%s", len(known), tracker.namespace, tracker.name)
-    app = create_app(Partitions(Connection(settings, api_timeout), tracker, vipu_cluster))
-    uvicorn.run(app, host=listen_address, port=port, log_level="info")
+
+    def read_list() -> str | None:
+        if not controllers_configmap:
+            return None
+        try:
+            return (core.read_namespaced_config_map(controllers_configmap, namespace).data or {}).get(CONFIGMAP_KEY)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    controllers = ControllerList(read_list, [Controller(vipu_host, vipu_port)], controllers_refresh)
+
+    def connect(controller: Controller) -> Connection:
+        settings = ClientSettings(host=controller.host, port=controller.port, user_id=api_user_id, access_key=api_access_key)
+        return Connection(settings, api_timeout)
+
+    partitions = Partitions(controllers, connect, tracker, vipu_cluster)
+
+    def advertising() -> None:
+        while True:
+            try:
+                advertise(core, partitions, advertise_on_master)
+            except Exception as error:  # a controller or the API server away for a moment: next round
+                log.warning("cannot advertise IPU availability on nodes: %s", error)
+            time.sleep(controllers_refresh)
+
+    threading.Thread(target=advertising, name="advertise", daemon=True).start()
+    uvicorn.run(create_app(partitions), host=listen_address, port=port, log_level="warning")

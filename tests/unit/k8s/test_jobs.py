@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from vipu.k8s import jobs
+from vipu.k8s.controllers import Controller
 from vipu.model.errors import InvalidArgument
 
 SEED_JOB = """
@@ -27,7 +28,8 @@ spec:
           image: resnet:latest
           env: [{name: IPUOF_LOG_LEVEL, value: INFO}]
 """
-WIRING = jobs.Wiring("vipu.example", 8090, "http://proxy", "launcher:latest")
+WIRING = jobs.Wiring("http://proxy", "launcher:latest")
+CONTROLLER = Controller("vipu.example", 8090, "ipunode", "node1")
 NOW, BACKOFF = 1_795_000_000.0, 10.0
 STAMP = jobs.rfc3339(NOW)
 
@@ -78,6 +80,8 @@ def test_the_seed_job_parses_with_the_documented_defaults():
     ({"restartPolicy": {"backoffLimit": -1}}, "backoffLimit"),
     ({"cleanPodPolicy": "Some"}, "cleanPodPolicy must be one of"),
     ({"workers": {"template": {"spec": {"containers": []}}}}, "at least one container"),
+    ({"workers": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c"}]}}}},
+     r"modelReplicas \(4\) must be a multiple of workers.replicas \(3\)"),
 ])
 def test_a_bad_specification_is_refused_with_the_reason(changes, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -95,12 +99,13 @@ def test_partition_ids_stay_within_the_controllers_limit_and_stay_the_same():
 
 
 def test_a_worker_runs_on_the_host_privileged_asleep_with_the_ipuof_variables():
-    worker = jobs.worker_pod(spec(), 0, WIRING)
+    worker = jobs.worker_pod(spec(), 0, CONTROLLER)
     body = worker["spec"]
     assert worker["metadata"]["name"] == "ipujob-sample-worker-0"
     assert worker["metadata"]["labels"] == {"app": "resnet-launcher", jobs.JOB_LABEL: "ipujob-sample", jobs.ROLE_LABEL: "worker"}
     assert worker["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert (body["hostNetwork"], body["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert body["nodeSelector"] == {"ipunode": "node1"}  # where its controller's IPUs are reached
     container = body["containers"][0]
     assert container["securityContext"]["privileged"] is True
     assert container["command"] == jobs.WORKER_SLEEP
@@ -110,14 +115,16 @@ def test_a_worker_runs_on_the_host_privileged_asleep_with_the_ipuof_variables():
 
 
 def test_the_launcher_waits_for_its_partition_then_runs_the_command():
-    launcher = jobs.launcher_pod(spec(), WIRING)
+    launcher = jobs.launcher_pod(spec(), WIRING, CONTROLLER)
     body = launcher["spec"]
+    assert body["nodeSelector"] == {"ipunode": "node1"}
     assert body["serviceAccountName"] == "ipujob-sample-launcher"
     init = body["initContainers"][0]
     assert (init["image"], init["command"]) == ("launcher:latest", [jobs.INIT_PROGRAM])
     init_env = {v["name"]: v["value"] for v in init["env"]}
     assert init_env["IPUJOB_IPUS"] == "4" and init_env["IPUJOB_PARTITION"] == "p-default-ipujob-sample"
     assert init_env["VIPU_PROXY_URL"] == "http://proxy" and init_env["IPUJOB_WORKERS"] == "1"
+    assert init_env["IPUJOB_CONTROLLER"] == "vipu.example:8090"
     main = body["containers"][0]
     assert main["image"] == "resnet:latest" and main["command"][0] == "mpirun"
     assert {"name": "ipujob-config", "mountPath": jobs.CONFIG_MOUNT} in main["volumeMounts"]
@@ -125,13 +132,13 @@ def test_the_launcher_waits_for_its_partition_then_runs_the_command():
 
 
 def test_an_interactive_launcher_only_sleeps_out_its_ttl():
-    launcher = jobs.launcher_pod(spec(launcher={}, interactive={"ttl": 90}), WIRING)
+    launcher = jobs.launcher_pod(spec(launcher={}, interactive={"ttl": 90}), WIRING, CONTROLLER)
     assert launcher["spec"]["containers"][0]["command"] == ["sleep", "90"]
 
 
 def test_the_config_map_lists_the_workers_and_execs_into_the_jobs_namespace():
-    data = jobs.config_map(spec(workers={**job_document()["spec"]["workers"], "replicas": 3}))["data"]
-    assert data["hostfile"].split() == ["ipujob-sample-worker-0", "ipujob-sample-worker-1", "ipujob-sample-worker-2"]
+    data = jobs.config_map(spec(workers={**job_document()["spec"]["workers"], "replicas": 4}))["data"]
+    assert data["hostfile"].split() == [f"ipujob-sample-worker-{i}" for i in range(4)]
     assert 'kubectl exec --namespace "default"' in data["kubeexec"]
 
 
@@ -236,3 +243,8 @@ def test_an_interactive_launcher_that_slept_out_its_ttl_ends_the_session():
     decision = jobs.decide(job, {}, pods_of(job, pod("Succeeded", 0, 0)), NOW, BACKOFF)
     assert condition(decision)["reason"] == "IPUJobExpired"
     assert decision.delete == ("ipujob-sample-launcher", "ipujob-sample-worker-0")
+
+
+def test_the_chosen_controller_is_read_back_from_the_status():
+    assert jobs.controller_of({"controller": CONTROLLER.describe()}) == CONTROLLER
+    assert jobs.controller_of({}) is None
