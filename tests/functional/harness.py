@@ -72,8 +72,8 @@ class Pod:
         self.server_options = server_options
         self.rack_path = directory / "rack.yaml"
         self.rack: Rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=time_scale)
-        for machine in self.rack.machines:
-            machine.port = free_port()
+        for machine in self.rack.machines:  # ports of their own, so that several pods can run at once
+            machine.port, machine.ipuof_port = free_port(), free_port()
         save_rack(self.rack, self.rack_path)
         self.db_url = db_url or f"sqlite:///{directory / 'vipu.db'}"
         self.user_port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()

@@ -47,3 +47,11 @@ def test_the_slurm_comparison_times_both_systems_in_one_run(tmp_path):
     (run,) = result["runs"]
     assert run["ipus"] == 4 and run["slurm"]["samples"] == run["vipu"]["samples"] == run["vipu_api"]["samples"] == 2
     assert run["ratio"] > 0 and run["ratio_api"] > 0 and "22.05" in result["slurm_version"]
+
+
+@pytest.mark.functional
+def test_the_soak_runs_a_mixed_load_and_judges_errors_and_memory(tmp_path):
+    result = bench(tmp_path, "soak", "--seconds", "12", "--window", "3", "--machines", "2", "--clients", "3")
+    assert result["errors"] == {} and result["operations"] > 0
+    assert len(result["windows"]) == 4 and all(w["controller_rss_mb"] > 0 for w in result["windows"])
+    assert result["memory"]["grows"] is False

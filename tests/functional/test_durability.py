@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import urllib.request
 
 import pytest
 
-from tests.functional.harness import pairs, rows, wait_until
+from tests.functional.harness import BIN, pairs, rows, wait_until
+from tests.ports import free_port
 from vipu.api.protos import agent_pb2
 
 
@@ -73,3 +75,13 @@ def test_get_agent_status_follows_the_machine(pod):
     pod.start_agent("m02")
     pod.wait_for_status("ag2", "Up")
     assert pairs(pod.admin("get", "agent", "ag2").out)["Status"] == "Up"
+
+
+def test_a_second_server_on_a_taken_port_refuses_to_start_and_the_first_serves_on(registered_pod, tmp_path):
+    pod = registered_pod
+    done = subprocess.run([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'other.db'}", "--listen-address", "127.0.0.1",
+                           "--port", str(pod.user_port), "--admin-port", str(free_port()), "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"vipu-server: cannot listen on 127.0.0.1:{pod.user_port} (is the port taken?)"
+    assert pod.user("create", "partition", "p1", "--size", "1").code == 0  # every connection still reaches the first

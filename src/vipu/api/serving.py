@@ -14,8 +14,10 @@ from vipu.model.errors import VipuError
 def serve(register: Callable[[grpc.Server], None], host: str, port: int, guard: GuardInterceptor,
           workers: int = 8, credentials: grpc.ServerCredentials | None = None) -> grpc.Server:
     """A started server with the servicers `register` adds, behind `guard`; TLS when given credentials."""
+    # Without SO_REUSEPORT (gRPC's default on Linux) a second server on a taken port fails here
+    # instead of silently sharing the port's connections with the first.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"rpc-{port}"),
-                         interceptors=[guard])
+                         interceptors=[guard], options=[("grpc.so_reuseport", 0)])
     register(server)
     try:
         if credentials is None:

@@ -32,6 +32,11 @@ _CODES: list[tuple[type[errors.VipuError], grpc.StatusCode]] = [
 ]
 
 
+def one_line(message: str) -> str:
+    """The message with control characters (from names a caller sent, say) escaped: a refusal is one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+
+
 def code_for(error: errors.VipuError) -> grpc.StatusCode:
     for family, code in _CODES:
         if isinstance(error, family):
@@ -106,7 +111,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
             except errors.VipuError as error:
                 code = code_for(error)
                 context.set_trailing_metadata(((SERVICE_ERROR_KEY, "1"),))
-                context.abort(code, error.message)
+                context.abort(code, one_line(error.message))
             except Exception:
                 code = grpc.StatusCode.INTERNAL
                 log.exception("%s failed", method)

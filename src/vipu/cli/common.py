@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from vipu.api import credentials
 from vipu.api.protos import version_pb2, version_pb2_grpc
-from vipu.api.status import error_from_rpc
+from vipu.api.status import error_from_rpc, one_line
 from vipu.api.tls import client_credentials
 from vipu.cli.config import ClientSettings, Given
 from vipu.model.errors import Unavailable, VipuError
@@ -147,8 +147,8 @@ def _sentence(text: str) -> str:
 
 
 def fail(action: str, subject: str | None, message: str) -> None:
-    head = f"{action} ({subject})" if subject else action
-    click.echo(f"{head}: failed: {_sentence(message)}", err=True)
+    head = f"{action} ({one_line(subject)})" if subject else action
+    click.echo(f"{head}: failed: {_sentence(one_line(message))}", err=True)
     sys.exit(1)
 
 
@@ -224,20 +224,26 @@ class CommandGroup(click.Group):
         return command
 
 
+BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
+
+
 def run(group: click.Group, prog: str) -> None:
     """Run a CLI so that every usage mistake is one line on standard error and exit status 2."""
     try:
         group.main(prog_name=prog, standalone_mode=False)
+    except BARE_GROUP as bare:  # `vipu create` alone asks what it can create: its help, as `vipu` alone gives
+        click.echo(bare.ctx.get_help())
+        sys.exit(0)
     except click.UsageError as error:
         where = error.ctx.command_path if error.ctx else prog
-        click.echo(f"{where}: {error.format_message()} (see '{where} --help')", err=True)
+        click.echo(f"{where}: {one_line(error.format_message())} (see '{where} --help')", err=True)
         sys.exit(2)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.Abort:
         sys.exit(130)
     except click.ClickException as error:
-        click.echo(f"{prog}: {error.format_message()}", err=True)
+        click.echo(f"{prog}: {one_line(error.format_message())}", err=True)
         sys.exit(error.exit_code)
 
 

@@ -98,9 +98,19 @@ def _count(spec: dict, field: str, default: int | None = None) -> int:
     return int(text)
 
 
+def _object(parent: dict, field: str, where: str) -> dict:
+    """parent[field] as an object, {} when absent; InvalidArgument when it is something else."""
+    value = parent.get(field)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{where}{field} must be an object, not {value!r}")
+    return value
+
+
 def parse(job: dict) -> JobSpec:
     """The job's specification, or InvalidArgument naming the first thing wrong with it."""
-    metadata, spec = job.get("metadata", {}), job.get("spec") or {}
+    metadata, spec = _object(job, "metadata", ""), _object(job, "spec", "")
     replicas = _count(spec, "modelReplicas")
     per_replica = _count(spec, "ipusPerModelReplica")
     ipus = replicas * per_replica
@@ -108,36 +118,37 @@ def parse(job: dict) -> JobSpec:
         raise InvalidArgument(f"modelReplicas x ipusPerModelReplica = {ipus} IPUs: a partition's size must be a power of two")
     if ipus > MAX_PARTITION_IPUS:
         raise InvalidArgument(f"{ipus} IPUs: partitions larger than {MAX_PARTITION_IPUS} IPUs are not supported")
-    workers = spec.get("workers") or {}
-    template = workers.get("template") or {}
-    containers = (template.get("spec") or {}).get("containers") or []
-    if not containers:
+    workers = _object(spec, "workers", "spec.")
+    template = _object(workers, "template", "spec.workers.")
+    containers = _object(template, "spec", "spec.workers.template.").get("containers")
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, dict) for c in containers):
         raise InvalidArgument("spec.workers.template.spec.containers must name at least one container")
     worker_count = _count(workers, "replicas", 1)
     if replicas % worker_count:
         raise InvalidArgument(f"modelReplicas ({replicas}) must be a multiple of workers.replicas ({worker_count}): "
                               "each worker runs whole model replicas")
-    ttl = (spec.get("interactive") or {}).get("ttl")
-    if ttl is not None:
-        ttl = _count(spec["interactive"], "ttl")
-    command = tuple(str(part) for part in ((spec.get("launcher") or {}).get("command") or ()))
+    interactive = _object(spec, "interactive", "spec.")
+    ttl = _count(interactive, "ttl") if interactive.get("ttl") is not None else None
+    command = _object(spec, "launcher", "spec.").get("command") or []
+    if not isinstance(command, list):
+        raise InvalidArgument(f"spec.launcher.command must be a list of words, not {command!r}")
     if not command and ttl is None:
         raise InvalidArgument("spec.launcher.command is required unless the job is interactive")
-    restart = spec.get("restartPolicy") or {}
+    restart = _object(spec, "restartPolicy", "spec.")
     restart_type = restart.get("type", "Never")
     if restart_type not in RESTART_POLICIES:
         raise InvalidArgument(f"spec.restartPolicy.type must be one of {', '.join(RESTART_POLICIES)}, not {restart_type!r}")
     backoff = restart.get("backoffLimit", 3)
-    if not isinstance(backoff, int) or backoff < 0:
+    if not isinstance(backoff, int) or isinstance(backoff, bool) or backoff < 0:
         raise InvalidArgument(f"spec.restartPolicy.backoffLimit must be a whole number of at least 0, not {backoff!r}")
     clean = spec.get("cleanPodPolicy", "None")
     if clean not in CLEAN_POD_POLICIES:
         raise InvalidArgument(f"spec.cleanPodPolicy must be one of {', '.join(CLEAN_POD_POLICIES)}, not {clean!r}")
     return JobSpec(
-        namespace=metadata.get("namespace", "default"), name=metadata["name"], uid=metadata.get("uid", ""),
+        namespace=str(metadata.get("namespace", "default")), name=str(metadata.get("name", "")), uid=str(metadata.get("uid", "")),
         model_replicas=replicas, ipus_per_replica=per_replica, workers=worker_count, worker_template=template,
-        command=command, interactive_ttl=ttl, restart_policy=restart_type, backoff_limit=backoff,
-        clean_pod_policy=clean,
+        command=tuple(str(part) for part in command), interactive_ttl=ttl, restart_policy=restart_type,
+        backoff_limit=backoff, clean_pod_policy=clean,
     )
 
 

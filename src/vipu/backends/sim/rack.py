@@ -411,7 +411,8 @@ def _document(text: str, reader: _Reader):
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f"line {mark.line + 1}" if mark else "document"
-        reader.fail(at, f"not valid YAML ({getattr(error, 'problem', None) or error})")
+        problem = " ".join(str(getattr(error, "problem", None) or error).split())  # one line, as every refusal
+        reader.fail(at, f"not valid YAML ({problem})")
 
 
 def parse_rack(text: str, source: str = "rack") -> Rack:

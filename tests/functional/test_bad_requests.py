@@ -1,0 +1,55 @@
+"""Bad input at the gRPC door: random requests to the user API (hypothesis) against a real
+controller. Every refusal is a proper status with a message, never an internal error, and leaves
+the controller as it was."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.functional
+
+REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
+            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED}
+UINT = st.one_of(st.integers(0, 80), st.integers(0, 2**32 - 1))
+IDS = st.one_of(st.text(max_size=70), st.sampled_from(["p1", "held", "", " ", "a/b", "x" * 64]))
+REQUIREMENTS = st.builds(
+    pb.PartitionRequirements, id=IDS, size=UINT, cluster_id=st.sampled_from(["", "cl0", "nosuch"]),
+    ipulink_routing_type=st.integers(0, 9), num_ipulink_segments=UINT, gw_routing_type=st.integers(0, 5),
+    sync_type=st.integers(0, 9), num_gcds=UINT, reconfigurable=st.booleans(), num_replicas=UINT,
+    allocation_id=st.sampled_from(["", "alloc-1", "nosuch"]))
+
+
+def state(api) -> list:
+    return sorted((p.id, p.SerializeToString()) for p in api.ListPartitions(pb.ListPartitionsRequest()).partitions)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(requirements=REQUIREMENTS, other_id=IDS, force=st.booleans())
+def test_random_requests_are_served_or_refused_cleanly(registered_pod, requirements, other_id, force):
+    api = pb_grpc.UserServiceStub(registered_pod._channel(registered_pod.user_port))
+    if not state(api):
+        api.CreatePartition(pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(id="held", size=4)))
+    calls = [
+        ("CreatePartition", pb.CreatePartitionRequest(requirements=requirements)),
+        ("ResetPartition", pb.ResetPartitionRequest(partition_id=other_id)),
+        ("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=other_id)),
+        ("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=other_id)),
+        ("ListPartitions", pb.ListPartitionsRequest(allocation_id=other_id)),
+    ]
+    for method, request in calls:
+        before = state(api)
+        try:
+            getattr(api, method)(request, timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() in REFUSALS, (method, request, error.code(), error.details())
+            assert error.details() and "\n" not in error.details() and "Traceback" not in error.details()
+            assert state(api) == before, (method, request)
+    created = requirements.id
+    if created and created != "held" and created in dict(state(api)):
+        api.RemovePartition(pb.RemovePartitionRequest(partition_id=created, force=force))

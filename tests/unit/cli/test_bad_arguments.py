@@ -1,0 +1,50 @@
+"""Bad input at the command line (hypothesis): any arguments to `vipu` and `vipu-admin` end in their
+output, a one-line failure (status 1) or a one-line usage error (status 2), never a traceback.
+The end-point is a closed port, so commands that parse fail fast as `unreachable`."""
+
+from __future__ import annotations
+
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vipu.cli import admin, user
+from vipu.cli.common import run
+
+WORDS = st.one_of(
+    st.sampled_from(["create", "remove", "get", "list", "reset", "partition", "partitions", "agent", "agents", "cluster",
+                     "allocation", "user", "--size", "--num-gcds", "--cluster", "--agents", "--json", "--force", "-H",
+                     "--api-port", "--sync-type", "--topology", "torus", "4", "0", "-1", "3", "p1", "x" * 70, "--", "-"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
+
+
+def invoke(group, prog: str, arguments: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = [prog, "--api-host", "127.0.0.1", "--api-port", "1", "--api-timeout", "2", *arguments]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                run(group, prog)
+                code = 0
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else 1
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("group, prog", [(user.cli, "vipu"), (admin.cli, "vipu-admin")])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arguments=st.lists(WORDS, max_size=7))
+def test_any_arguments_end_in_one_line_or_output(group, prog, arguments):
+    code, out, err = invoke(group, prog, arguments)
+    assert "Traceback" not in err and "Traceback" not in out
+    if code in (1, 2):
+        assert len(err.strip().splitlines()) == 1, err
+    else:
+        assert code == 0, (code, err)
