@@ -10,7 +10,7 @@ import pytest
 
 from tests.functional.harness import BIN, pairs, rows, wait_until
 from tests.ports import free_port
-from vipu.api.protos import agent_pb2
+from vipu.api.protos import agent_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 
 
 def plant_stray_configuration(pod, machine_name: str) -> None:
@@ -85,3 +85,38 @@ def test_a_second_server_on_a_taken_port_refuses_to_start_and_the_first_serves_o
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"vipu-server: cannot listen on 127.0.0.1:{pod.user_port} (is the port taken?)"
     assert pod.user("create", "partition", "p1", "--size", "1").code == 0  # every connection still reaches the first
+
+
+def partition_status(pod, partition_id: str):
+    api = vipuuser_pb2_grpc.UserServiceStub(pod._channel(pod.user_port))
+    return api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id=partition_id)).status
+
+
+def test_a_lost_agent_puts_its_partitions_in_error_and_on_its_return_they_are_reset_automatically(registered_pod):
+    pod = registered_pod
+    error, active = vipuuser_pb2.PS_ERROR, vipuuser_pb2.PS_ACTIVE
+    assert pod.user("create", "partition", "p1", "--size", "8").code == 0
+    assert pod.user("create", "partition", "kept", "--size", "4", "--disable-auto-reset").code == 0
+    agent_of = {m.name: f"ag{n}" for n, m in enumerate(pod.rack.machines, start=1)}
+    lost = [m.name for m in pod.rack.machines if "p1" in pod.held(m.name)][-1]
+    kept_machine = next(m.name for m in pod.rack.machines if "kept" in pod.held(m.name))
+    for machine in (lost, kept_machine):
+        pod.stop_agent(machine)
+    wait_until(lambda: partition_status(pod, "p1").ready_state == error, what="p1 in ERROR")
+    status = partition_status(pod, "p1")
+    assert [e for e in status.errors if e.startswith(f"agent {agent_of[lost]} is down: ")], status.errors
+    assert (status.auto_reset_retry_count, status.max_auto_reset_retries) == (0, 3)
+    assert pairs(pod.admin("get", "agent", agent_of[lost]).out)["Status"] == "Down"
+    wait_until(lambda: partition_status(pod, "kept").ready_state == error, what="kept in ERROR")
+
+    for machine in (lost, kept_machine):  # the machines come back, having forgotten their configuration
+        pod.start_agent(machine)
+    wait_until(lambda: partition_status(pod, "p1").ready_state == active, what="p1 to be reset automatically")
+    status = partition_status(pod, "p1")
+    assert (status.auto_reset_retry_count, list(status.errors)) == (1, [])
+    assert [m.name for m in pod.rack.machines if "p1" in pod.held(m.name)][-1] == lost  # configured there again
+    kept = partition_status(pod, "kept")  # its policy: no automatic reset; its user resets it
+    assert (kept.ready_state, kept.max_auto_reset_retries, kept.auto_reset_retry_count) == (error, 0, 0)
+    assert "kept" not in pod.held(kept_machine)
+    assert pod.user("reset", "partition", "kept").code == 0
+    assert partition_status(pod, "kept").ready_state == active

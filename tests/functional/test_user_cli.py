@@ -24,7 +24,7 @@ def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):
     shown = pod.user("get", "partition", "p1")
     fields = pairs(shown.out)
     assert (fields["State"], fields["Operation"], fields["Allocation"], fields["Size"]) == ("ACTIVE", "IDLE", "alloc-1", "4")
-    assert fields["Auto-reset Retries"] == "0/0"  # no automatic reset is offered until one exists
+    assert fields["Auto-reset Retries"] == "0/3"  # none used yet, of the three a lost agent may cost
     assert [row[2:4] for row in rows(shown.out)] == [["ag1", str(i)] for i in range(4)]
 
     assert pod.user("reset", "partition", "p1").out == "reset partition (p1): success.\n"

@@ -10,6 +10,7 @@ from vipu.api.protos import vipuuser_pb2 as user_pb2
 from vipu.model.clustertests import InternalReading, Observation, Outcome, PortReading
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
 from vipu.model.entities import (
+    MAX_AUTO_RESETS,
     Agent,
     Allocation,
     Cluster,
@@ -268,13 +269,12 @@ def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> 
 
 
 def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
-    # The controller does not reset partitions automatically (yet), so it offers no retries.
     return user_pb2.PartitionStatus(
         partition_id=partition.id,
         ready_state=READY_STATE[partition.ready_state],
         operation_state=OPERATION_STATE[partition.operation_state],
         errors=partition.errors,
-        max_auto_reset_retries=0,
+        max_auto_reset_retries=0 if partition.disable_auto_reset else MAX_AUTO_RESETS,
         auto_reset_retry_count=partition.auto_reset_count,
     )
 

@@ -209,6 +209,9 @@ class PartitionRequest:
     relocatable: bool = False
 
 
+MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user
+
+
 @dataclass
 class Partition:
     id: str

@@ -22,6 +22,7 @@ from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
 from vipu.model import clustertests as ct
 from vipu.model.entities import (
+    MAX_AUTO_RESETS,
     AgentStatus,
     Cluster,
     IldTopology,
@@ -301,3 +302,31 @@ def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
         pod.clustertests.status()
     assert "cl0" not in pod.partitions.under_test
+
+
+def test_partitions_of_a_lost_agent_are_reset_when_it_returns_as_often_as_their_policy_allows(pod):
+    pod.partitions.create(PartitionRequest("p1", 8))  # on ag1 and ag2
+    for attempt in range(1, MAX_AUTO_RESETS + 2):
+        pod.gateway.unreachable.add(pod.address("ag2"))
+        pod.reconciler.check_all()
+        lost = pod.partitions.get("p1")
+        assert (lost.ready_state, lost.errors) == (ReadyState.ERROR, ["agent ag2 is down: unreachable (connection refused)"])
+        pod.reconciler.check_all()  # still away: nothing to reset yet
+        pod.gateway.unreachable.clear()
+        pod.gateway.restart(*pod.address("ag2"))  # it comes back with nothing configured
+        pod.reconciler.check_all()
+        back = pod.partitions.get("p1")
+        if attempt <= MAX_AUTO_RESETS:
+            assert (back.ready_state, back.auto_reset_count) == (ReadyState.ACTIVE, attempt)
+            assert pod.held_anywhere("p1") == ["ag1", "ag2"]
+        else:  # the retries are spent: its user decides
+            assert (back.ready_state, back.auto_reset_count) == (ReadyState.ERROR, MAX_AUTO_RESETS)
+            assert pod.held_anywhere("p1") == []
+
+
+def test_a_partition_in_error_for_a_hardware_fault_is_not_reset_automatically(pod):
+    pod.fault("m01", "IPU-Link training failed on IPU 3")
+    with pytest.raises(HardwareFailure):
+        pod.partitions.create(PartitionRequest("p1", 4))
+    pod.reconciler.check_all()
+    assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").auto_reset_count) == (ReadyState.ERROR, 0)

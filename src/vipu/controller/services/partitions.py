@@ -142,11 +142,14 @@ class PartitionService:
         log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
         return self._configure(partition, layout, agents)
 
-    def reset(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
+    def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
+        """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
         with self.store.transaction() as tx:
             partition = self._partition(tx, partition_id, access)
             self._refuse_if_busy(partition)
-            tx.set_partition_state(partition.id, ReadyState.PENDING, OperationState.RESETTING)
+            count = partition.auto_reset_count + 1 if automatic else None
+            tx.set_partition_state(partition.id, ReadyState.PENDING, OperationState.RESETTING, auto_reset_count=count)
+            partition.auto_reset_count = count if automatic else partition.auto_reset_count
             layout, agents = self._where(tx, partition)
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)

@@ -8,7 +8,11 @@ The store is the truth. For each agent, the reconciler asks what the machine hol
 - leaves alone partitions whose create, reset or remove is under way: their operation owns them.
 
 It runs once at start-up, after interrupted operations are finished, and then on every health
-pass, which also records each agent as Up or Down.
+pass, which also records each agent as Up or Down. An agent that stops answering puts its ACTIVE
+partitions in ERROR with the reason. Once every agent of such a partition answers again, the
+pass resets it, unless it was created with automatic reset disabled, up to MAX_AUTO_RESETS times
+(the partition's status counts them). Partitions in ERROR for a fault of the hardware are left
+to their users: a reset would only fail again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import BUSY, PartitionService
 from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import (
+    MAX_AUTO_RESETS,
     Agent,
     AgentStatus,
     OperationState,
@@ -32,6 +37,8 @@ from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
+
+LOST = " is down: "  # in the error of a partition whose agent stopped answering
 
 
 @dataclass
@@ -80,6 +87,22 @@ class Reconciler:
             agents = tx.list_agents()
             expected = self._expectations(tx, [a.id for a in agents])
         self.hardware.each(agents, lambda agent: self.check_agent(agent, expected))
+        self.reset_failed()
+
+    def reset_failed(self) -> None:
+        """Reset ERROR partitions whose agents all answer, as their automatic reset policy allows."""
+        with self.store.reading() as tx:
+            up = {a.id for a in tx.list_agents() if a.status is AgentStatus.UP}
+            due = [p for p in tx.list_partitions()
+                   if p.ready_state is ReadyState.ERROR and p.operation_state not in BUSY and not p.disable_auto_reset
+                   and p.errors and all(LOST in e for e in p.errors)  # a fault of the hardware would only fail again
+                   and p.auto_reset_count < MAX_AUTO_RESETS and set(p.agent_ids) <= up]
+        for partition in due:
+            log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1, MAX_AUTO_RESETS)
+            try:
+                self.partitions.reset(partition.id, automatic=True)
+            except VipuError as error:
+                log.warning("partition %s: automatic reset failed: %s", partition.id, error.message)
 
     def check_agent(self, agent: Agent, expected: dict[str, Expectation] | None = None) -> None:
         gateway = self.hardware.gateway
@@ -91,6 +114,7 @@ class Reconciler:
                     agent.inventory = gateway.inventory(agent.host, agent.port)
             except Unavailable as error:
                 self._set_status(agent, AgentStatus.DOWN, error.message)
+                self._lost_with(agent, error.message)
                 return
             stray, lost = expected[agent.id].differences(agent.id, held) if expected else ([], [])
             if expected is None or stray or lost:
@@ -114,6 +138,15 @@ class Reconciler:
                 if agent_id in expected:
                     expected[agent_id].known[partition.id] = partition
         return expected
+
+    def _lost_with(self, agent: Agent, reason: str) -> None:
+        """The ACTIVE partitions on an agent that stopped answering go to ERROR, saying why."""
+        with self.store.transaction() as tx:
+            for partition in tx.partitions_on_agent(agent.id):
+                if partition.ready_state is ReadyState.ACTIVE and partition.operation_state is OperationState.IDLE:
+                    message = f"agent {agent.id}{LOST}{reason}"
+                    tx.set_partition_state(partition.id, ReadyState.ERROR, OperationState.FAILED, errors=[message])
+                    log.warning("partition %s goes to ERROR: %s", partition.id, message)
 
     def _clear(self, agent: Agent, partition_id: str) -> None:
         try:
