@@ -528,3 +528,13 @@ def test_the_scheduler_extender_steers_pods_asking_for_ipus_to_nodes_whose_contr
         cluster.set_controllers(f"{first_address}:ipunode=node1")
         cluster.kube.kubectl("delete", "node", "ipu-master", "--ignore-not-found")
         second.stop()
+
+
+def test_the_proxy_makes_no_partition_for_a_job_that_is_gone(cluster):
+    """A launcher's request racing its job's deletion must not leave a partition behind."""
+    request = {"id": "p-default-ghost", "namespace": "default", "job": "ghost", "uid": "u-gone", "size": 1}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        cluster.post("/partitions", request)
+    assert refused.value.code == 404
+    assert "job default/ghost is gone or being deleted" in refused.value.read().decode()
+    assert cluster.partitions() == {} and "p-default-ghost" not in cluster.tracked()

@@ -22,7 +22,7 @@ from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
 
 log = logging.getLogger("vipu-ipujob-init")
 
-PERMANENT = (400, 403, 422)  # asking again will not help
+PERMANENT = (400, 403, 404, 422)  # asking again will not help (404: the job is gone)
 FIRST_WAIT, LONGEST_WAIT = 1.0, 30.0
 
 

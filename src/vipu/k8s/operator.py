@@ -136,7 +136,10 @@ class Operator:
     # Deletion
 
     def release(self, namespace: str, name: str) -> None:
-        """The finaliser's work: free the job's IPUs, then remove what the job was made of."""
+        """The finaliser's work: free the job's IPUs, then remove what the job was made of.
+
+        A launcher still asking for the partition meanwhile is refused by the proxy, which makes
+        no partition for a job being deleted."""
         partition = jobs.partition_id(namespace, name)
         try:
             status, reply = rest.call("DELETE", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{partition}")

@@ -82,7 +82,9 @@ class Partitions:
     """The proxy's work, apart from HTTP: the listed controllers and one tracker."""
 
     def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], Connection],
-                 tracker: Tracker, cluster_id: str = ""):
+                 tracker: Tracker, cluster_id: str = "", job_alive: Callable[[str, str, str], bool] = lambda *_: True):
+        """`job_alive(namespace, name, uid)`: whether that IPUJob exists and is not being deleted."""
+        self.job_alive = job_alive
         self.controllers = controllers
         self._connect = connect
         self._connections: dict[str, Connection] = {}
@@ -145,6 +147,9 @@ class Partitions:
                     owner = None
             if owner is not None:
                 raise AlreadyExists(f"partition {request.id} belongs to job {owner.namespace}/{owner.job} (uid {owner.uid})")
+            if not self.job_alive(request.namespace, request.job, request.uid):
+                # its finaliser may have released the job's IPUs already: a partition now would be left behind
+                raise NotFound(f"job {request.namespace}/{request.job} is gone or being deleted: no partition for it")
             controller = self._controller(request.controller)
             entry = Entry(request.namespace, request.job, request.uid, request.size, controller.address,
                           datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -409,7 +414,18 @@ def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_
         settings = ClientSettings(host=controller.host, port=controller.port, user_id=api_user_id, access_key=api_access_key)
         return Connection(settings, api_timeout)
 
-    partitions = Partitions(controllers, connect, tracker, vipu_cluster)
+    jobs_api = client.CustomObjectsApi(core.api_client)
+
+    def job_alive(job_namespace: str, job: str, uid: str) -> bool:
+        try:
+            found = jobs_api.get_namespaced_custom_object("graphcore.ai", "v1alpha1", job_namespace, "ipujobs", job)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return found["metadata"].get("uid") == uid and not found["metadata"].get("deletionTimestamp")
+
+    partitions = Partitions(controllers, connect, tracker, vipu_cluster, job_alive)
 
     def advertising() -> None:
         while True:
