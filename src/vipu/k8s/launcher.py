@@ -27,9 +27,9 @@ FIRST_WAIT, LONGEST_WAIT = 1.0, 30.0
 
 
 def _ready(pod: client.V1Pod) -> bool:
-    if pod.metadata.deletion_timestamp is not None:
+    if pod.metadata.deletion_timestamp is not None or pod.status is None:
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []) if pod.status)
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def wait_for_workers(core: client.CoreV1Api, namespace: str, job: str, count: int) -> None:

@@ -133,6 +133,20 @@ class Operator:
         if new and (old or {}).get("message") != new.get("message"):
             log.info("%s", new["message"])
 
+    def resync_forever(self, interval: float, namespaces: tuple[str, ...]) -> None:
+        """Reconcile every job every `interval` seconds: back-offs and interactive ttls end on time
+        even when nothing happens to the job."""
+        while True:
+            time.sleep(interval)
+            try:
+                found = [job for namespace in namespaces for job in self.custom.list_namespaced_custom_object(
+                    jobs.GROUP, jobs.VERSION, namespace, jobs.PLURAL)["items"]] if namespaces else \
+                    self.custom.list_cluster_custom_object(jobs.GROUP, jobs.VERSION, jobs.PLURAL)["items"]
+                for job in found:
+                    self.reconcile(job["metadata"]["namespace"], job["metadata"]["name"])
+            except Exception:  # the API server or the proxy away for a moment: the next round retries
+                log.exception("resync failed")
+
     # Deletion
 
     def release(self, namespace: str, name: str) -> None:
@@ -179,8 +193,11 @@ class Operator:
             return None
 
 
-def register(registry: kopf.OperatorRegistry, operator: Operator, resync: float) -> None:
-    """The operator's handlers, on a registry of their own (so that tests can run several)."""
+def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
+    """The operator's handlers, on a registry of their own (so that tests can run several).
+
+    The periodic resync is `Operator.resync_forever`, not a kopf timer: kopf holds a job's
+    deletion until its timers have stopped, which delayed some deletions by a minute."""
     resource = (jobs.GROUP, jobs.VERSION, jobs.PLURAL)
 
     @kopf.on.login(registry=registry)
@@ -201,10 +218,6 @@ def register(registry: kopf.OperatorRegistry, operator: Operator, resync: float)
     @kopf.on.event("", "v1", "pods", labels={jobs.JOB_LABEL: kopf.PRESENT}, registry=registry)
     def pod_changed(namespace, labels, **_):
         operator.reconcile(namespace, labels[jobs.JOB_LABEL])
-
-    @kopf.timer(*resource, interval=resync, registry=registry)
-    def resync_job(namespace, name, **_):
-        operator.reconcile(namespace, name)
 
     @kopf.on.delete(*resource, registry=registry)
     def job_deleted(namespace, name, **_):
@@ -261,6 +274,8 @@ def main(proxy_url, launcher_image, restart_backoff, resync, namespaces, leader_
     metrics.leader.set(1)
     wiring = jobs.Wiring(proxy_url, launcher_image)
     registry_of_handlers = kopf.OperatorRegistry()
-    register(registry_of_handlers, Operator(api, wiring, restart_backoff, metrics), resync)
+    operator = Operator(api, wiring, restart_backoff, metrics)
+    register(registry_of_handlers, operator)
+    threading.Thread(target=operator.resync_forever, args=(resync, tuple(namespaces)), name="resync", daemon=True).start()
     log.info("watching IPUJobs in %s", ", ".join(namespaces) if namespaces else "all namespaces")
     kopf.run(registry=registry_of_handlers, standalone=True, clusterwide=not namespaces, namespaces=namespaces)
