@@ -28,7 +28,6 @@ class LeaderElection:
         self.api = coordination
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_seconds, self.retry_seconds = lease_seconds, retry_seconds
-        self.leading = threading.Event()
         self._stop = threading.Event()
 
     def try_acquire(self) -> bool:
@@ -73,7 +72,6 @@ class LeaderElection:
         while not self._stop.is_set():
             try:
                 if self.try_acquire():
-                    self.leading.set()
                     return
             except Exception as error:  # the API server is away for a moment: try again
                 log.warning("cannot reach lease %s/%s: %s", self.namespace, self.name, error)
@@ -93,7 +91,6 @@ class LeaderElection:
                 except Exception as error:  # give up before the lease could expire under another leader
                     lost, reason = (datetime.now(timezone.utc) - last).total_seconds() >= self.lease_seconds * 2 / 3, str(error)
                 if lost:
-                    self.leading.clear()
                     log.error("lost the lease %s/%s: %s", self.namespace, self.name, reason)
                     on_lost()
                     return

@@ -110,9 +110,9 @@ class Operator:
             for pod in decision.create:
                 body = jobs.launcher_pod(spec, self.wiring, controller) if pod == spec.launcher_name else \
                     jobs.worker_pod(spec, int(pod.rsplit("-", 1)[1]), controller)
-                if self._ignore(409, self.core.create_namespaced_pod, namespace, body) is not None:
+                if self._ignore(409, self.core.create_namespaced_pod, namespace, body) is not None:  # None: it existed
                     self.metrics.pods_created.labels(body["metadata"]["labels"][jobs.ROLE_LABEL]).inc()
-                log.info("job %s: pod %s created", spec.key, pod)
+                    log.info("job %s: pod %s created", spec.key, pod)
             self._write_status(namespace, name, status, decision.status)
 
     def _ensure_job_objects(self, spec: jobs.JobSpec) -> None:

@@ -170,13 +170,13 @@ class Partitions:
             return 201, {"id": request.id, "created": True, "controller": controller.address}
 
     def reset(self, partition_id: str) -> dict:
-        entry, controller = self._owned(partition_id)
+        _, controller = self._owned(partition_id)
         self._call(controller, "ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
         return {"id": partition_id, "reset": True}
 
     def remove(self, partition_id: str) -> dict:
         with self._lock:
-            entry, controller = self._owned(partition_id)
+            _, controller = self._owned(partition_id)
             try:
                 self._call(controller, "RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=True))
             except NotFound:
