@@ -184,14 +184,15 @@ class PartitionService:
         with self.store.reading() as tx:
             stale = [p for p in tx.list_partitions() if p.operation_state in BUSY]
         for partition in stale:
+            interrupted = partition.operation_state
             try:
-                if partition.operation_state is OperationState.REMOVING:
+                if interrupted is OperationState.REMOVING:
                     self.remove(partition.id, force=True)
                 else:
                     with self.store.reading() as tx:
                         layout, agents = self._where(tx, partition)
                     self._configure(partition, layout, agents)
-                log.info("finished the interrupted %s of partition %s", partition.operation_state.value.lower(), partition.id)
+                log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
             except VipuError as error:
                 log.warning("partition %s: %s", partition.id, error.message)
 
