@@ -69,13 +69,23 @@ def profile(data: dict) -> list[str]:
             *markdown(["where the controller's busy samples are", "%"], rows)]
 
 
+def soak(data: dict) -> list[str]:
+    rows = [[w["end_s"], w["operations"], w["errors_so_far"], w["p50_ms"], w["p99_ms"], w["controller_rss_mb"]] for w in data["windows"]]
+    memory = data["memory"]
+    return [f"**Soak** (`bench.soak`, recorded {data['machine']['when']} at revision {data['revision']}: {data['duration_s']:.0f} s, "
+            f"{data['machines']} machines, {data['clients']} clients, {data['store']}): {data['operations']} operations, "
+            f"{sum(data['errors'].values())} errors, {data['refusals_for_room']} creations refused for want of room; memory over the "
+            f"second half {memory['first_third_mb']} MB to {memory['last_third_mb']} MB ({'grows' if memory['grows'] else 'does not grow'}).", "",
+            *markdown(["window end s", "operations", "errors so far", "p50 ms", "p99 ms", "controller RSS MB"], rows)]
+
+
 @click.command()
 def main():
     """Render bench/results/*.json as the README's last recorded results."""
     parts: list[str] = []
     first = None
     for name, render in (("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                         ("slurm-compare", slurm), ("profile", profile)):
+                         ("slurm-compare", slurm), ("profile", profile), ("soak", soak)):
         data = load(name)
         if data is not None:
             first = first or data

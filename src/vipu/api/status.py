@@ -46,6 +46,14 @@ def code_for(error: errors.VipuError) -> grpc.StatusCode:
 
 # Trailing metadata marking an error a vipu service raised, as opposed to one of the transport.
 SERVICE_ERROR_KEY = "vipu-error"
+# Trailing metadata of a standby replica's refusal: where the leader is, if it knows.
+STANDBY_KEY = "vipu-standby-leader"
+
+
+def _trailers(error: errors.VipuError) -> tuple[tuple[str, str], ...]:
+    if isinstance(error, errors.Standby):
+        return ((SERVICE_ERROR_KEY, "1"), (STANDBY_KEY, error.leader))
+    return ((SERVICE_ERROR_KEY, "1"),)
 
 
 def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
@@ -61,8 +69,20 @@ def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
             return errors.Unavailable(f"{where}unreachable ({_transport_reason(details)})")
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return errors.Unavailable(f"{where}does not offer this service ({details})")
+    if STANDBY_KEY in metadata:
+        return errors.Standby(details, metadata[STANDBY_KEY])
     family = next((f for f, c in _CODES if c == code), errors.VipuError)
     return family(details)
+
+
+def never_reached(error: grpc.RpcError) -> bool:
+    """The call failed before any server saw it (no connection could be made), so sending it elsewhere is safe."""
+    if not hasattr(error, "code") or error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if dict(error.trailing_metadata() or ()).get(SERVICE_ERROR_KEY):
+        return False
+    details = (error.details() or "").lower()
+    return any(marker in details for marker in ("failed to connect", "connection refused", "name resolution", "dns resolution"))
 
 
 def _transport_reason(details: str) -> str:
@@ -110,7 +130,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
                     return inner(request, context)
             except errors.VipuError as error:
                 code = code_for(error)
-                context.set_trailing_metadata(((SERVICE_ERROR_KEY, "1"),))
+                context.set_trailing_metadata(_trailers(error))
                 context.abort(code, one_line(error.message))
             except Exception:
                 code = grpc.StatusCode.INTERNAL

@@ -21,51 +21,71 @@ from google.protobuf.message import Message
 
 from vipu.api import credentials
 from vipu.api.protos import version_pb2, version_pb2_grpc
-from vipu.api.status import error_from_rpc, one_line
+from vipu.api.status import error_from_rpc, never_reached, one_line
 from vipu.api.tls import client_credentials
 from vipu.cli.config import ClientSettings, Given
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import Standby, Unavailable, VipuError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 class Connection:
-    """A lazily opened channel to one end-point of vipu-server, with the caller's credentials."""
+    """Lazily opened channels to one end-point of vipu-server, with the caller's credentials.
+
+    With several addresses (the replicas of a highly available controller) a call goes to the
+    one that answered last, and moves on to the next when a replica says it stands by or cannot
+    be connected to at all. A call that reached a server and then lost it is not sent again: it
+    may have been carried out.
+    """
 
     def __init__(self, settings: ClientSettings, timeout: float):
         self.settings = settings
         self.timeout = timeout
-        self._channel: grpc.Channel | None = None
+        self.addresses = settings.addresses
+        self._current = 0
+        self._channels: dict[str, grpc.Channel] = {}
 
     @property
     def address(self) -> str:
-        return f"{self.settings.host}:{self.settings.port}"
+        """The address of the replica that answered last (the first, before any call)."""
+        return self.addresses[self._current]
 
-    def _open(self) -> grpc.Channel:
-        if self._channel is None:
+    def _open(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
             s = self.settings
             if s.tls:
-                self._channel = grpc.secure_channel(self.address, client_credentials(s.server_cert, s.client_cert, s.client_key))
+                self._channels[address] = grpc.secure_channel(address, client_credentials(s.server_cert, s.client_cert, s.client_key))
             else:
-                self._channel = grpc.insecure_channel(self.address)
-        return self._channel
+                self._channels[address] = grpc.insecure_channel(address)
+        return self._channels[address]
 
     def call(self, stub_class, method: str, request, no_deadline: bool = False):
         """Call a method within the connection's deadline, or as long as it takes."""
-        try:
-            return getattr(stub_class(self._open()), method)(
-                request, timeout=None if no_deadline else self.timeout,
-                metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
-            )
-        except grpc.RpcError as error:
-            raise self._explained(error) from None
+        passed_over = []
+        for step in range(len(self.addresses)):
+            index = (self._current + step) % len(self.addresses)
+            address = self.addresses[index]
+            try:
+                reply = getattr(stub_class(self._open(address)), method)(
+                    request, timeout=None if no_deadline else self.timeout,
+                    metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
+                )
+            except grpc.RpcError as error:
+                failure = self._explained(error, address)
+                if len(self.addresses) == 1 or not (isinstance(failure, Standby) or never_reached(error)):
+                    raise failure from None
+                passed_over.append(failure.message if failure.message.startswith("vipu-server at") else f"{address}: {failure.message}")
+                continue
+            self._current = index
+            return reply
+        raise Unavailable(f"no vipu-server of {', '.join(self.addresses)} serves: {'; '.join(passed_over)}")
 
-    def _explained(self, error: grpc.RpcError) -> VipuError:
+    def _explained(self, error: grpc.RpcError, address: str) -> VipuError:
         """The error, with the likely cause when the TLS set-ups of client and server disagree."""
-        failure = error_from_rpc(error, f"vipu-server at {self.address}")
+        where = f"vipu-server at {address}"
+        failure = error_from_rpc(error, where)
         details = (error.details() or "") if hasattr(error, "details") else ""
-        where = f"vipu-server at {self.address}"
         if "CERTIFICATE_VERIFY_FAILED" in details:
             return Unavailable(f"{where}: its certificate is not signed by the certificate authority in {self.settings.server_cert}")
         if "Socket closed" in details or "Connection reset" in details:
@@ -113,7 +133,9 @@ ipuof_dir_option = click.option(
 def connection_options(default_port: int):
     """The options both CLIs take to reach vipu-server and to say who is calling."""
     options = [
-        click.option("-H", "--api-host", default=None, help="Host of vipu-server. Default: $VIPU_CLI_API_HOST, the config file, or localhost."),
+        click.option("-H", "--api-host", default=None,
+                     help="Host of vipu-server, or the replicas of a highly available one as H1,H2,... (each may be HOST:PORT); "
+                          "they are tried in turn. Default: $VIPU_CLI_API_HOST, the config file, or localhost."),
         click.option("--api-port", type=click.IntRange(1, 65535), default=None, help=f"Port of the end-point. Default: the config file, or {default_port}."),
         click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -14,6 +14,9 @@ Configuration files are HCL key/value lines, as `vipu-admin create user` writes 
     tls-client-key = "/etc/vipu/vipu-certs/client/client-key.pem"
 
 Relative paths in a file are relative to the file.
+
+The host may list the replicas of a highly available controller, `h1,h2,h3`, each optionally
+with a port of its own (`h1:8090`, `[fd00::1]:8090`); the CLIs try them in turn.
 """
 
 from __future__ import annotations
@@ -63,6 +66,28 @@ class ClientSettings:
     @property
     def tls(self) -> bool:
         return self.server_cert is not None
+
+    @property
+    def addresses(self) -> list[str]:
+        """`host:port` of each controller replica the host names, in order."""
+        return [address(entry, self.port) for entry in self.host.split(",") if entry.strip()] or [address(DEFAULT_HOST, self.port)]
+
+
+def address(entry: str, default_port: int) -> str:
+    """`host:port` from a host, `host:port`, an IPv6 address or `[IPv6]:port`."""
+    entry = entry.strip()
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        host, port = f"[{host}]", rest[1:] if rest.startswith(":") else rest or None
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    else:
+        host, port = (f"[{entry}]" if ":" in entry else entry), None
+    if port is None:
+        return f"{host}:{default_port}"
+    if not port.isdigit() or not 1 <= int(port) <= 65535 or host in ("", "[]"):
+        raise InvalidArgument(f"cannot understand the host {entry!r}: expected HOST, HOST:PORT or [IPV6]:PORT, with a port from 1 to 65535")
+    return f"{host}:{int(port)}"
 
 
 @dataclass(frozen=True)
@@ -116,7 +141,7 @@ def client_settings(given: Given, port_key: str = "api-port", port_env: str = "V
     if any(tls) and not all(tls):
         raise InvalidArgument("mutual TLS needs the server's certificate authority, a client certificate and its key: "
                               "give all three (--tls-server-cert, --tls-client-cert, --tls-client-key)")
-    return ClientSettings(
+    settings = ClientSettings(
         host=str(chosen(given.host, "VIPU_CLI_API_HOST", "api-host", DEFAULT_HOST)),
         port=port,
         user_id=str(chosen(given.user_id, "VIPU_CLI_API_USER_ID", "api-user-id", "")),
@@ -125,6 +150,8 @@ def client_settings(given: Given, port_key: str = "api-port", port_env: str = "V
         client_cert=tls[1],
         client_key=tls[2],
     )
+    settings.addresses  # noqa: B018 - refuse a malformed host now, not at the first call
+    return settings
 
 
 def _quoted(value: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -19,7 +20,7 @@ from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.services.users import UserService
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
-from vipu.model.errors import VipuError
+from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
 
 log = logging.getLogger("vipu.server")
@@ -90,15 +91,26 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--sim-ilds", type=click.IntRange(1, 64), default=1, show_default=True, help="IPU-Link domains of the simulated pod.")
 @click.option("--sim-base-port", type=click.IntRange(1024, 65535 - 6 * 4096), default=18101, show_default=True,
               help="Port of the first simulated agent; the others follow, and IPUoF ports sit 2000 and 4000 above.")
+@click.option("--ha", is_flag=True,
+              help="Run as one of several replicas on one store (PostgreSQL): the replica holding the store's lease serves, "
+                   "the others stand by and refuse requests, and one takes over when the leader stops or its lease runs out.")
+@click.option("--ha-lease-seconds", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
+              help="With --ha: how long the leader's lease lasts unrenewed (it renews three times as often).")
+@click.option("--advertise-address", default=None,
+              help="With --ha: the host name clients reach this replica by, which standbys name as the leader's. "
+                   "Default: --listen-address, or this host's name when listening on all addresses.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, tls_init, tls_dir, tls_hosts,
-         default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, log_level):
+         default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, ha, ha_lease_seconds, advertise_address,
+         log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
     try:
+        if ha and sim_machines:
+            raise InvalidArgument("--sim starts a pod for one controller; it cannot be combined with --ha")
         if init_only or tls_init:
             initialise(db_url, init_only, secure, tls_init, tls_dir, tls_hosts, default_user_id or getpass.getuser(), port, admin_port)
             return
@@ -115,8 +127,17 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             discovery_port=discovery_port,
             secure=secure,
             tls_dir=tls_dir,
+            ha_lease_seconds=ha_lease_seconds if ha else 0.0,
+            advertise_address=advertise_address or (listen_address if listen_address not in ("0.0.0.0", "::") else socket.getfqdn()),
         )
-        controller = Controller(config)
+        stop = threading.Event()
+        deposed: list[str] = []
+
+        def end_when_deposed(reason: str) -> None:
+            deposed.append(reason)
+            stop.set()
+
+        controller = Controller(config, on_deposed=end_when_deposed)
     except VipuError as error:
         click.echo(f"vipu-server: {error.message}", err=True)
         sys.exit(2)
@@ -158,7 +179,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             err=True,
         )
 
-    stop = threading.Event()
+    if ha:
+        log.info("high availability: this replica serves while it holds the store's lease, and stands by otherwise")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
@@ -166,3 +188,6 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     if pod is not None:
         pod.stop()
     controller.stop()
+    if deposed:
+        click.echo(f"vipu-server: no longer the leader ({deposed[0]}); exiting, to be started again as a standby", err=True)
+        sys.exit(3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
@@ -60,6 +60,11 @@ class ControllerMetrics:
             ["service", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.registry.register(EntityCollector(store))
+
+    def follow(self, leadership) -> None:
+        """Export whether this replica leads (`vipu-server --ha`)."""
+        gauge = Gauge("vipu_leader", "1 while this vipu-server replica leads, 0 while it stands by", registry=self.registry)
+        gauge.set_function(lambda: 1.0 if leadership.leading else 0.0)
 
     def observe(self, method_path: str, code: str, seconds: float) -> None:
         """Record one call; `method_path` is gRPC's '/package.Service/Method'."""

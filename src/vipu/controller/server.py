@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, server_credentials
 from vipu.controller.agentclient import GrpcAgentGateway
-from vipu.controller.auth import Authenticator
+from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
 from vipu.controller.discovery import DiscoveryListener
+from vipu.controller.leadership import Leadership
 from vipu.controller.metrics import ControllerMetrics
 from vipu.controller.servicers.admin import AdminServicer
 from vipu.controller.servicers.user import UserServicer
@@ -55,10 +57,18 @@ class ServerConfig:
     discovery_port: int = DISCOVERY_PORT
     secure: bool = False  # mutual TLS on both end-points, and users with access keys
     tls_dir: Path = DEFAULT_DIRECTORY
+    ha_lease_seconds: float = 0.0  # above 0: one of several replicas, leading while it holds the store's lease
+    advertise_address: str = ""  # how clients reach this replica, as a standby tells them of the leader
 
 
 class Controller:
-    def __init__(self, config: ServerConfig):
+    """A controller; with `ha_lease_seconds`, one replica of several, serving only while it leads.
+
+    `on_deposed(reason)` is called if a leading replica loses the lead; it has stopped acting by
+    then, and should end (to start again as a standby).
+    """
+
+    def __init__(self, config: ServerConfig, on_deposed: Callable[[str], None] = lambda reason: None):
         if (config.listen_address, config.port) == (config.admin_listen_address, config.admin_port):
             raise InvalidArgument("the user and admin end-points need different addresses or ports")
         self.config = config
@@ -75,22 +85,65 @@ class Controller:
         self.users = UserService(self.store) if config.secure else None
         self.discovery = DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port) if config.discovery_interfaces else None
         self.metrics = ControllerMetrics(self.store)
+        self.leadership = None
+        if config.ha_lease_seconds > 0:
+            where = f"{config.advertise_address or config.listen_address}, user port {config.port}, admin port {config.admin_port}"
+            self.leadership = Leadership(self.store, where, config.ha_lease_seconds,
+                                         on_elected=self._take_over, on_deposed=self._deposed)
+            self.metrics.follow(self.leadership)
+        self._on_deposed = on_deposed
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
 
     def start(self) -> None:
+        """Serve: at once if alone, or as a standby that takes over when elected."""
         if self.users is not None and not self.users.has_administrator():
             raise VipuError("secure mode needs an administrator, and the store has none; run vipu-server --init --secure")
-        self.reconciler.recover()
-        self.clustertests.recover()
-        if self.discovery is not None:
-            self.discovery.start()
+        if self.leadership is None:
+            self._recover()
         c = self.config
         self._servers.append(self._serve(c.listen_address, c.port, self._register_user, admin_only=False))
         self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin, admin_only=True))
         if c.metrics_port:
             self.metrics.serve(c.listen_address, c.metrics_port)
-        threading.Thread(target=self.reconciler.run, args=(c.health_interval, self._stop), name="health", daemon=True).start()
+        if self.leadership is None:
+            self._start_health()
+        else:
+            self.leadership.start()
+
+    def _recover(self) -> None:
+        """Finish what a stopped controller left half-done, and start listening for agents."""
+        self.reconciler.recover()
+        self.clustertests.recover()
+        if self.discovery is not None:
+            self.discovery.start()
+
+    def _start_health(self) -> None:
+        threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health", daemon=True).start()
+
+    def _take_over(self) -> None:
+        """Elected: recover the store's state as after a restart, then serve."""
+        try:
+            self._recover()
+        except Exception as error:  # noqa: BLE001 - a leader that cannot recover must not serve
+            log.exception("taking over failed")
+            self._deposed(f"taking over failed: {error}")
+            return
+        self._start_health()
+        self.leadership.serving()
+        log.info("leading: serving requests")
+
+    def _deposed(self, reason: str) -> None:
+        self._stop.set()
+        self._on_deposed(reason)
+
+    @contextmanager
+    def _admitting(self, authenticate: Authenticator, method: str, metadata: Mapping[str, str]) -> Iterator[None]:
+        """Authenticate the caller, after refusing the call if this replica stands by."""
+        if self.leadership is not None and method not in UNAUTHENTICATED_METHODS:
+            self.leadership.admit()
+        with authenticate(method, metadata):
+            yield
 
     def _register_user(self, server: grpc.Server) -> None:
         vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions), server)
@@ -103,7 +156,8 @@ class Controller:
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
-        guard = GuardInterceptor(self.metrics.observe, Authenticator(self.users, admin_only))
+        authenticate = Authenticator(self.users, admin_only)
+        guard = GuardInterceptor(self.metrics.observe, lambda method, metadata: self._admitting(authenticate, method, metadata))
         credentials = server_credentials(TlsFiles(self.config.tls_dir)) if self.config.secure else None
         return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 
@@ -114,6 +168,8 @@ class Controller:
             self.discovery.stop()
         for server in self._servers:
             server.stop(grace=2).wait()
+        if self.leadership is not None:
+            self.leadership.stop()  # after the last request, so that the next leader starts from what it left
         self.hardware.close()
         self.gateway.close()
         self.store.close()

@@ -46,6 +46,14 @@ class Unavailable(VipuError):
     temporary = True
 
 
+class Standby(Unavailable):
+    """This controller is a standby replica: another holds the lead and serves (at `leader`, when known)."""
+
+    def __init__(self, message: str, leader: str = ""):
+        super().__init__(message)
+        self.leader = leader
+
+
 class HardwareFailure(VipuError):
     """An agent was reached but its hardware refused or failed the operation."""
 

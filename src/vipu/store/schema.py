@@ -6,6 +6,8 @@ constraints, so the database refuses what the services' own checks might miss:
 - an agent is in at most one cluster (`cluster_agents.agent_id` unique);
 - a machine is in at most one allocation (`allocation_agents.agent_id` unique);
 - an IPU is in at most one partition (`partition_ipus (agent_id, ipu_index)` unique).
+
+The `leases` table elects one leader among controllers sharing the store (`vipu-server --ha`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -25,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 3  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner
+SCHEMA_VERSION = 4  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases
 
 # What turns a store of one version into the next, beyond the tables create_all adds.
 MIGRATIONS = {
@@ -159,3 +162,17 @@ class UserAllocationRow(Base):
     __tablename__ = "user_allocations"
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
     allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True)
+
+
+class LeaseRow(Base):
+    """A named lease: who holds it, until when by the database's clock, and in which term.
+
+    The term grows each time the lease changes hands, so a deposed holder can tell that it was.
+    """
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    address: Mapped[str] = mapped_column(String(255))
+    term: Mapped[int] = mapped_column(Integer)
+    expires: Mapped[float] = mapped_column(Float)  # seconds since the epoch, by the database's clock

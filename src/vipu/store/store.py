@@ -75,6 +75,7 @@ from vipu.store.schema import (
     ClusterAgentRow,
     ClusterRow,
     ClusterTestRunRow,
+    LeaseRow,
     MetaRow,
     PartitionIpuRow,
     PartitionRow,
@@ -98,6 +99,7 @@ NEW_PARTITION = insert(PARTITIONS)
 NEW_IPUS = insert(IPUS)
 DELETE_PARTITION = delete(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
 CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
+INITIALISATION_LOCK = 0x76697075  # "vipu": the PostgreSQL advisory lock held while a store is initialised
 
 
 @lru_cache(maxsize=8)
@@ -195,6 +197,26 @@ class Credential:
 
 def _user(row: UserRow) -> User:
     return User(row.id, Role(row.role), tuple(g.allocation_id for g in row.grants))
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as the store holds it; `remaining` is in seconds by the database's clock (negative: expired)."""
+
+    name: str
+    holder: str
+    address: str
+    term: int
+    remaining: float
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lease a controller must still hold for its writes to commit."""
+
+    name: str
+    holder: str
+    term: int
 
 
 @dataclass(frozen=True)
@@ -553,6 +575,10 @@ class Store:
         # busy handler sleeps in steps of up to 100 ms.
         self._write_turn = threading.Lock() if self.is_sqlite else contextlib.nullcontext()
         self._cache = ConfigurationCache()
+        self._fence: Fence | None = None
+        # The database's clock, so that controllers on several hosts agree on when a lease ends.
+        self._clock = text("SELECT (julianday('now') - 2440587.5) * 86400.0" if self.is_sqlite
+                           else "SELECT extract(epoch from clock_timestamp())::float8")
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
         self._initialise()
@@ -579,40 +605,102 @@ class Store:
         return engine
 
     def _initialise(self) -> None:
+        """Create the tables, or bring an older store up to this version; once, when replicas start together."""
         try:
-            Base.metadata.create_all(self._write_engine)
+            with self._writes.begin() as session:
+                if not self.is_sqlite:  # SQLite's BEGIN IMMEDIATE already keeps other initialisers out
+                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": INITIALISATION_LOCK})
+                Base.metadata.create_all(session.connection())
+                self._settle_schema(session)
         except OperationalError as error:
             reason = str(error.orig).splitlines()[0]
             raise Unavailable(f"cannot open the store at {self.describe()}: {reason}") from error
-        with self._writes.begin() as session:
-            if session.get(MetaRow, GENERATION_KEY) is None:
-                session.add(MetaRow(key=GENERATION_KEY, value="0"))
-            row = session.get(MetaRow, "schema_version")
-            if row is None:
-                session.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif int(row.value) > SCHEMA_VERSION:
-                raise VipuError(
-                    f"the store at {self.describe()} has schema version {row.value}, newer than this "
-                    f"vipu-server's {SCHEMA_VERSION}; upgrade vipu-server"
-                )
-            elif int(row.value) < SCHEMA_VERSION:
-                for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
-                    for statement in MIGRATIONS.get(version, ()):
-                        session.execute(text(statement))
-                row.value = str(SCHEMA_VERSION)
+
+    def _settle_schema(self, session: Session) -> None:
+        if session.get(MetaRow, GENERATION_KEY) is None:
+            session.add(MetaRow(key=GENERATION_KEY, value="0"))
+        row = session.get(MetaRow, "schema_version")
+        if row is None:
+            session.add(MetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+        elif int(row.value) > SCHEMA_VERSION:
+            raise VipuError(
+                f"the store at {self.describe()} has schema version {row.value}, newer than this "
+                f"vipu-server's {SCHEMA_VERSION}; upgrade vipu-server"
+            )
+        elif int(row.value) < SCHEMA_VERSION:
+            for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS.get(version, ()):
+                    session.execute(text(statement))
+            row.value = str(SCHEMA_VERSION)
 
     def describe(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        """A read-write unit of work: commits on success, rolls back on any exception."""
+        """A read-write unit of work: commits on success, rolls back on any exception.
+
+        Once `fence` is set, a transaction first checks that the lease is still held in the same
+        term, and holds it shared until commit, so a controller that lost its leadership can
+        change nothing, even with a request already under way.
+        """
         with self._write_turn, self._writes() as session:
             try:
                 with session.begin():
+                    if self._fence is not None:
+                        self._check_fence(session, self._fence)
                     yield Transaction(session, self._cache)
             except IntegrityError as error:
                 raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
+
+    # Leases: one leader among the controllers sharing this store
+
+    def claim_lease(self, name: str, holder: str, address: str, seconds: float) -> Lease:
+        """Take the lease if it is free or has expired, or renew it if `holder` has it; the lease as it now stands.
+
+        The row is locked while it is decided, so two claimants never both win; the loser gets
+        the winner's lease back.
+        """
+        try:
+            with self._write_turn, self._writes() as session, session.begin():
+                now = session.execute(self._clock).scalar_one()
+                row = session.execute(select(LeaseRow).where(LeaseRow.name == name).with_for_update()).scalar_one_or_none()
+                if row is None:
+                    row = LeaseRow(name=name, holder=holder, address=address, term=1, expires=now + seconds)
+                    session.add(row)
+                elif row.holder == holder:
+                    row.expires = now + seconds
+                elif row.expires <= now:
+                    row.holder, row.address, row.term, row.expires = holder, address, row.term + 1, now + seconds
+                return Lease(row.name, row.holder, row.address, row.term, row.expires - now)
+        except IntegrityError:  # another claimant inserted the first row meanwhile
+            return self.read_lease(name)
+        except OperationalError as error:
+            raise Unavailable(f"cannot reach the store at {self.describe()}: {str(error.orig).splitlines()[0]}") from error
+
+    def read_lease(self, name: str) -> Lease | None:
+        with self._reads() as session, session.begin():
+            now = session.execute(self._clock).scalar_one()
+            row = session.get(LeaseRow, name)
+            return None if row is None else Lease(row.name, row.holder, row.address, row.term, row.expires - now)
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """End `holder`'s lease now, so another claimant need not wait for it to expire."""
+        with self._write_turn, self._writes() as session, session.begin():
+            now = session.execute(self._clock).scalar_one()
+            session.execute(update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder).values(expires=now))
+
+    def fence(self, lease: Lease) -> None:
+        """From now on, commit writes only while `lease` is held in its present term."""
+        self._fence = Fence(lease.name, lease.holder, lease.term)
+
+    @staticmethod
+    def _check_fence(session: Session, fence: Fence) -> None:
+        current = session.execute(
+            select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == fence.name).with_for_update(read=True)
+        ).one_or_none()
+        if current is None or tuple(current) != (fence.holder, fence.term):
+            raise Unavailable("this vipu-server is no longer the leader; another replica has taken over")
 
     @contextmanager
     def reading(self) -> Iterator[Transaction]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -23,7 +24,8 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Unavailable
+from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import Store, normalise_url
 
 
@@ -42,6 +44,13 @@ def partition(pid: str, agent_id: str, indices=(0, 1, 2, 3)) -> Partition:
         sync_type=SyncType.POD_NATIVE_DEFAULT, ipulink_routing=IpuLinkRouting.DNC, gw_routing=GwRouting.DEFAULT,
         num_segments=1, ipus=ipus,
     )
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -248,7 +257,7 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
     try:
         with reopened.reading() as tx:
             assert tx.get_partition("p1").owner == ""
-            assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == "3"
+            assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:
         reopened.close()
 
@@ -285,3 +294,94 @@ def test_entities_handed_out_are_copies_a_caller_may_change(populated):
     with populated.reading() as tx:
         assert tx.get_agent("ag1").status is AgentStatus.UP
         assert tx.get_cluster("cl0").num_ilds == 2
+
+
+def test_one_claimant_holds_the_lease_until_it_expires_then_another_takes_it_in_a_new_term(store, store_url):
+    first = store.claim_lease("lead", "a", "host-a", 0.5)
+    assert (first.holder, first.address, first.term) == ("a", "host-a", 1) and 0 < first.remaining <= 0.5
+    other = Store(store_url)
+    try:
+        refused = other.claim_lease("lead", "b", "host-b", 0.5)
+        assert (refused.holder, refused.term) == ("a", 1)  # b is told who leads
+        assert store.claim_lease("lead", "a", "host-a", 0.5).term == 1  # renewing keeps the term
+        wait_for(lambda: store.read_lease("lead").remaining < 0)
+        taken = other.claim_lease("lead", "b", "host-b", 0.5)
+        assert (taken.holder, taken.address, taken.term) == ("b", "host-b", 2)
+        assert store.claim_lease("lead", "a", "host-a", 0.5).holder == "b"
+    finally:
+        other.close()
+
+
+def test_a_released_lease_is_taken_at_once(store):
+    store.claim_lease("lead", "a", "host-a", 60)
+    store.release_lease("lead", "a")
+    assert store.claim_lease("lead", "b", "host-b", 60).holder == "b"
+
+
+def test_a_deposed_leader_can_write_nothing(populated, store_url):
+    store = populated
+    store.fence(store.claim_lease("lead", "a", "host-a", 0.3))
+    with store.transaction() as tx:
+        tx.add_partition(partition("p1", "ag1"))  # while leading, writes commit
+    wait_for(lambda: store.read_lease("lead").remaining < 0)
+    successor = Store(store_url)
+    try:
+        assert successor.claim_lease("lead", "b", "host-b", 60).holder == "b"
+        with pytest.raises(Unavailable, match="no longer the leader"):
+            with store.transaction() as tx:
+                tx.add_partition(partition("p2", "ag2"))
+        with successor.reading() as tx:
+            assert [p.id for p in tx.list_partitions()] == ["p1"]
+    finally:
+        successor.close()
+
+
+def test_racing_claimants_elect_exactly_one(store_url):
+    stores = [Store(store_url) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    won: list[str] = []
+
+    def claim(n: int) -> None:
+        start.wait()
+        if stores[n].claim_lease("lead", f"r{n}", f"host-{n}", 60).holder == f"r{n}":
+            won.append(f"r{n}")
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert len(won) == 1, won
+        assert stores[0].read_lease("lead").holder == won[0]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_replicas_opening_a_new_store_at_once_initialise_it_once(store_url):
+    start = threading.Barrier(6)
+    opened: list[Store] = []
+    failures: list[Exception] = []
+
+    def open_store() -> None:
+        start.wait()
+        try:
+            opened.append(Store(store_url))
+        except Exception as error:  # noqa: BLE001 - collected for the assertion
+            failures.append(error)
+
+    threads = [threading.Thread(target=open_store) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert failures == []
+        with opened[0].transaction() as tx:
+            tx.add_agent(agent(1))
+        with opened[-1].reading() as tx:
+            assert [a.id for a in tx.list_agents()] == ["ag1"]
+    finally:
+        for store in opened:
+            store.close()

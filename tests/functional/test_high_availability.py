@@ -1,0 +1,176 @@
+"""Several vipu-server replicas on one real PostgreSQL: one leads, the others stand by and take over.
+
+Real processes throughout: agents, three `vipu-server --ha` replicas, the CLIs given every
+replica's address (`-H h1,h2,h3`).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.functional.harness import BIN, Pod, Result, rows, wait_until
+from tests.ports import free_port
+from tests.processes import dying_with_parent
+
+pytestmark = [pytest.mark.functional, pytest.mark.postgres]
+
+LEASE_SECONDS = 3.0
+TAKEOVER_LIMIT = 10.0  # seconds from the leader's death until a client is served again
+
+
+@dataclass
+class Replica:
+    name: str
+    user_port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.user_port}"
+
+    def start(self, pod: Pod) -> Replica:
+        with open(pod.directory / f"server-{self.name}.log", "ab") as log:
+            self.process = subprocess.Popen(
+                dying_with_parent([str(BIN / "vipu-server"), "--db", pod.db_url, "--data-dir", str(pod.directory),
+                                   "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
+                                   "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
+                                   "--ha", "--ha-lease-seconds", str(LEASE_SECONDS)]),
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_until(self.answers_metrics, what=f"replica {self.name}")
+        return self
+
+    def answers_metrics(self) -> bool:
+        try:
+            self.leads()
+            return True
+        except OSError:
+            assert self.process.poll() is None, f"replica {self.name} exited with status {self.process.returncode}"
+            return False
+
+    def leads(self) -> bool:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).read().decode()
+        return "\nvipu_leader 1.0" in text
+
+    def log(self, pod: Pod) -> str:
+        return (pod.directory / f"server-{self.name}.log").read_text()
+
+
+def cli(program: str, hosts: str, *args: str, cwd: Path) -> Result:
+    done = subprocess.run([str(BIN / program), "-H", hosts, "--api-timeout", "5", *args],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def replicated(tmp_path, postgres):
+    """Agents of 2 machines, registered, and three replicas on one PostgreSQL database."""
+    database = postgres.create_database()
+    pod = Pod(tmp_path, machines=2, db_url=postgres.url(database))
+    for group in pod.agent_groups:
+        pod.start_agent(*group)
+    for machine in pod.rack.machines:
+        pod.wait_for_agent(machine.name)
+    replicas = [Replica(name).start(pod) for name in ("a", "b", "c")]
+    try:
+        leader = wait_until(lambda: the_leader(replicas), what="a leader")
+        pod.admin_port = leader.admin_port  # pod.register speaks to the leader directly
+        pod.register()
+        yield pod, replicas
+    finally:
+        for replica in replicas:
+            if replica.process.poll() is None:
+                replica.process.send_signal(signal.SIGCONT)
+                replica.process.kill()
+            replica.process.wait()
+        pod.stop()
+        postgres.drop_database(database)
+
+
+def the_leader(replicas: list[Replica]) -> Replica | None:
+    """The one live replica that leads; None while none does. Two leading at once fails the test."""
+    leading = [r for r in replicas if r.process.poll() is None and r.leads()]
+    assert len(leading) <= 1, f"{[r.name for r in leading]} lead at once"
+    return leading[0] if leading else None
+
+
+def test_standbys_refuse_and_name_the_leader(replicated):
+    pod, replicas = replicated
+    leader = the_leader(replicas)
+    standby = next(r for r in replicas if r is not leader)
+    refused = cli("vipu", standby.address, "list", "partitions", cwd=pod.directory)
+    assert refused.code == 1 and refused.out == ""
+    assert refused.err.splitlines() == [
+        "list partitions: failed: this vipu-server is a standby replica; the leader is at "
+        f"127.0.0.1, user port {leader.user_port}, admin port {leader.admin_port}."
+    ]
+    # Listed first, the standby is passed over for the leader.
+    hosts = ",".join([standby.address, leader.address])
+    assert cli("vipu", hosts, "create", "partition", "p1", "--size", "4", cwd=pod.directory).out == "create partition (p1): success.\n"
+    assert cli("vipu", standby.address, "--server-version", cwd=pod.directory).code == 0  # the version answers anyone
+
+
+def test_a_standby_serves_within_10_seconds_of_the_leader_being_killed(replicated):
+    pod, replicas = replicated
+    hosts = ",".join(r.address for r in replicas)
+    assert cli("vipu", hosts, "create", "partition", "p1", "--size", "4", cwd=pod.directory).code == 0
+    held = pod.held_anywhere("p1")
+    leader = the_leader(replicas)
+
+    leader.process.kill()
+    killed = time.monotonic()
+    listed = wait_until(lambda: (r := cli("vipu", hosts, "list", "partitions", cwd=pod.directory)).code == 0 and r,
+                        timeout=TAKEOVER_LIMIT + 5, what="a standby to serve")
+    took = time.monotonic() - killed
+    assert took < TAKEOVER_LIMIT, f"served again after {took:.1f} s"
+    assert [row[0] for row in rows(listed.out)] == ["p1"] and rows(listed.out)[0][-1] == "ACTIVE"
+    assert pod.held_anywhere("p1") == held  # the partition kept its IPUs, configured as before
+
+    successor = the_leader(replicas)
+    assert successor is not None and successor is not leader
+    assert "elected leader (term 2)" in successor.log(pod)
+    assert cli("vipu", hosts, "create", "partition", "p2", "--size", "4", cwd=pod.directory).code == 0
+    assert cli("vipu", hosts, "remove", "partition", "p1", cwd=pod.directory).code == 0
+    assert pod.held_anywhere("p1") == [] and pod.held_anywhere("p2")
+
+    leader.start(pod)  # back, as a standby: the successor keeps the lead
+    assert the_leader(replicas) is successor
+    admin_hosts = ",".join(f"127.0.0.1:{r.admin_port}" for r in replicas)
+    assert [row[0] for row in rows(cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory).out)] == ["ag1", "ag2"]
+
+
+def test_a_leader_stopping_cleanly_hands_over_at_once(replicated):
+    pod, replicas = replicated
+    leader = the_leader(replicas)
+    leader.process.terminate()
+    assert leader.process.wait(timeout=30) == 0
+    stopped = time.monotonic()
+    successor = wait_until(lambda: the_leader(replicas), timeout=TAKEOVER_LIMIT, what="a new leader")
+    assert time.monotonic() - stopped < LEASE_SECONDS  # no waiting for the released lease to run out
+    assert successor is not leader
+
+
+def test_a_leader_frozen_past_its_lease_is_deposed_and_exits_without_serving(replicated):
+    pod, replicas = replicated
+    hosts = ",".join(r.address for r in replicas)
+    leader = the_leader(replicas)
+    leader.process.send_signal(signal.SIGSTOP)  # a leader that hangs, not one that dies
+    successor = wait_until(lambda: the_leader([r for r in replicas if r is not leader]), timeout=TAKEOVER_LIMIT + 5,
+                           what="a standby to take over from the frozen leader")
+    assert cli("vipu", successor.address, "create", "partition", "p1", "--size", "8", cwd=pod.directory).code == 0
+
+    leader.process.send_signal(signal.SIGCONT)
+    assert leader.process.wait(timeout=30) == 3
+    assert "no longer the leader (the lead passed to 127.0.0.1" in leader.log(pod)
+    listed = cli("vipu", hosts, "list", "partitions", cwd=pod.directory)
+    assert [row[0] for row in rows(listed.out)] == ["p1"]
+    assert pod.held_anywhere("p1") == ["m01", "m02"]  # the deposed leader's health pass cleared nothing
