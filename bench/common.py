@@ -92,13 +92,13 @@ def postgres_database():
 
 
 @contextmanager
-def running_pod(machines: int, store: str, time_scale: float = 0.001):
+def running_pod(machines: int, store: str, time_scale: float = 0.001, server_options: tuple[str, ...] = ()):
     """A registered pod (agents ag1..agN, cluster cl0 as a torus, allocation alloc-1) on the given store."""
     with TemporaryDirectory(prefix="vipu-bench-") as directory:
         with postgres_database() if store == "postgres" else nullcontext() as db_url:  # None: the pod's SQLite file
             pod = Pod(Path(directory), machines=machines, topology=IldTopology.TORUS, db_url=db_url,
                       time_scale=time_scale, agent_processes=min(machines, AGENT_PROCESSES),
-                      server_options=PRODUCTION_TIMINGS)
+                      server_options=(*PRODUCTION_TIMINGS, *server_options))
             try:
                 pod.start()
                 pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)

@@ -7,6 +7,9 @@ fixed time. Reported: p50/p99 of create and of remove as the client sees them, a
 pairs per second over all clients.
 
     python -m bench.partitions --machines 16,64,256 --clients 1,8,32 --stores sqlite,postgres
+
+`--ha` runs the controller as a lone `--ha` replica, to measure what leading costs: every write
+transaction then also checks the lease.
 """
 
 from __future__ import annotations
@@ -114,15 +117,16 @@ def split(text: str) -> list[str]:
 @click.option("--stores", default="sqlite,postgres", show_default=True, help="Stores: sqlite, postgres.")
 @click.option("--size", default=1, show_default=True, help="IPUs per partition.")
 @click.option("--duration", default=10.0, show_default=True, help="Seconds of load per measurement.")
+@click.option("--ha", is_flag=True, help="Run the controller as a (lone) highly available replica.")
 @click.option("--name", default="partitions", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(machines, clients, stores, size, duration, name):
+def main(machines, clients, stores, size, duration, ha, name):
     """Create+remove latency and throughput over the user API, by store, pod size and clients."""
     runs = []
     for store in split(stores):
         for pod_size in map(int, split(machines)):
-            with running_pod(pod_size, store) as pod:
+            with running_pod(pod_size, store, server_options=("--ha",) if ha else ()) as pod:
                 for count in map(int, split(clients)):
-                    result = {"store": store, "machines": pod_size, "ipus": pod_size * 4, "size": size, **measure(pod, count, size, duration)}
+                    result = {"store": f"{store} --ha" if ha else store, "machines": pod_size, "ipus": pod_size * 4, "size": size, **measure(pod, count, size, duration)}
                     runs.append(result)
                     click.echo(f"{store:8} {pod_size:5} machines {count:3} clients: create p50 {result['create'].get('p50_ms')} ms "
                                f"p99 {result['create'].get('p99_ms')} ms, {result['pairs_per_s']} pairs/s", err=True)

@@ -158,6 +158,8 @@ class Pod:
                 env={**os.environ, "PYTHONFAULTHANDLER": "1"},
             )
         wait_until(lambda: self._answers(self.user_port) and self._answers(self.admin_port), what="vipu-server")
+        if "--ha" in (*self.server_options, *extra):  # a replica answers its version before it leads
+            wait_until(self._leads, what="vipu-server to lead")
 
     def stop_server(self, sig: int = signal.SIGTERM) -> None:
         self.server.send_signal(sig)
@@ -183,6 +185,15 @@ class Pod:
                 version_pb2_grpc.VersionServiceStub(self._server_channel(port)).GetVersion(version_pb2.VersionRequest(), timeout=1)
             return True
         except grpc.RpcError:
+            return False
+
+    def _leads(self) -> bool:
+        try:
+            self.admin_api.ListAgents(admin_pb2.ListRequest(), timeout=1)
+            return True
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
             return False
 
     # Direct access, for set-up and for looking behind the CLIs

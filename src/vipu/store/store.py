@@ -99,7 +99,21 @@ NEW_PARTITION = insert(PARTITIONS)
 NEW_IPUS = insert(IPUS)
 DELETE_PARTITION = delete(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
 CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
-INITIALISATION_LOCK = 0x76697075  # "vipu": the PostgreSQL advisory lock held while a store is initialised
+# PostgreSQL advisory locks ("vipu" and a number): held while a store is initialised; held shared
+# by every fenced write transaction and exclusively by a replica taking the lease over.
+INITIALISATION_LOCK = 0x76697075_00
+LEADERSHIP_LOCK = 0x76697075_01
+# The fence of a write transaction on PostgreSQL in one round trip. A VOLATILE function reads with
+# a fresh snapshot, taken after the lock is granted, so a takeover it waited for is seen.
+HOLDS_LEASE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION vipu_holds_lease(lease_name text, lease_holder text, lease_term integer) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared({LEADERSHIP_LOCK});
+    RETURN EXISTS (SELECT 1 FROM leases WHERE name = lease_name AND holder = lease_holder AND term = lease_term);
+END
+$$"""
+HOLDS_LEASE = text("SELECT vipu_holds_lease(:name, :holder, :term)")
 
 
 @lru_cache(maxsize=8)
@@ -611,6 +625,8 @@ class Store:
                 if not self.is_sqlite:  # SQLite's BEGIN IMMEDIATE already keeps other initialisers out
                     session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": INITIALISATION_LOCK})
                 Base.metadata.create_all(session.connection())
+                if not self.is_sqlite:
+                    session.execute(text(HOLDS_LEASE_FUNCTION))
                 self._settle_schema(session)
         except OperationalError as error:
             reason = str(error.orig).splitlines()[0]
@@ -641,8 +657,12 @@ class Store:
         """A read-write unit of work: commits on success, rolls back on any exception.
 
         Once `fence` is set, a transaction first checks that the lease is still held in the same
-        term, and holds it shared until commit, so a controller that lost its leadership can
-        change nothing, even with a request already under way.
+        term, so a controller that lost its leadership can change nothing, even with a request
+        already under way. On PostgreSQL the transaction holds an advisory lock shared until it
+        commits, which a replica taking the lease over must hold exclusively: a write that
+        passed the check commits before the takeover, and none can pass it after. (A lock on the
+        lease row would do the same, but costs a written row version per transaction.) SQLite
+        runs one write transaction at a time anyway.
         """
         with self._write_turn, self._writes() as session:
             try:
@@ -671,6 +691,8 @@ class Store:
                 elif row.holder == holder:
                     row.expires = now + seconds
                 elif row.expires <= now:
+                    if not self.is_sqlite:  # wait for the writes the last holder has under way (see transaction)
+                        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LEADERSHIP_LOCK})
                     row.holder, row.address, row.term, row.expires = holder, address, row.term + 1, now + seconds
                 return Lease(row.name, row.holder, row.address, row.term, row.expires - now)
         except IntegrityError:  # another claimant inserted the first row meanwhile
@@ -694,12 +716,13 @@ class Store:
         """From now on, commit writes only while `lease` is held in its present term."""
         self._fence = Fence(lease.name, lease.holder, lease.term)
 
-    @staticmethod
-    def _check_fence(session: Session, fence: Fence) -> None:
-        current = session.execute(
-            select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == fence.name).with_for_update(read=True)
-        ).one_or_none()
-        if current is None or tuple(current) != (fence.holder, fence.term):
+    def _check_fence(self, session: Session, fence: Fence) -> None:
+        if self.is_sqlite:
+            current = session.execute(select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == fence.name)).one_or_none()
+            held = current is not None and tuple(current) == (fence.holder, fence.term)
+        else:
+            held = session.execute(HOLDS_LEASE, {"name": fence.name, "holder": fence.holder, "term": fence.term}).scalar_one()
+        if not held:
             raise Unavailable("this vipu-server is no longer the leader; another replica has taken over")
 
     @contextmanager

@@ -385,3 +385,36 @@ def test_replicas_opening_a_new_store_at_once_initialise_it_once(store_url):
     finally:
         for store in opened:
             store.close()
+
+
+@pytest.mark.postgres
+def test_a_takeover_waits_for_the_writes_the_old_leader_has_under_way(postgres_url):
+    from sqlalchemy import create_engine, text
+
+    leader, successor = Store(postgres_url), Store(postgres_url)
+    observer = create_engine(normalise_url(postgres_url))
+    try:
+        with leader.transaction() as tx:
+            tx.add_agent(agent(1))
+        leader.fence(leader.claim_lease("lead", "a", "host-a", 0.3))
+        wait_for(lambda: leader.read_lease("lead").remaining < 0)
+        taken: list = []
+        with leader.transaction() as tx:  # passed the fence while the lease was still a's
+            tx.add_agent(agent(2))
+            claimant = threading.Thread(target=lambda: taken.append(successor.claim_lease("lead", "b", "host-b", 60)))
+            claimant.start()
+
+            def claimant_waits() -> bool:
+                with observer.connect() as connection:
+                    return connection.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).scalar() == 1
+
+            wait_for(claimant_waits)
+            assert taken == []
+        claimant.join(timeout=10)
+        assert taken[0].holder == "b" and taken[0].term == 2
+        with successor.reading() as tx:
+            assert [a.id for a in tx.list_agents()] == ["ag1", "ag2"]  # the write under way committed before the takeover
+    finally:
+        observer.dispose()
+        leader.close()
+        successor.close()
