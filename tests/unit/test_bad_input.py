@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vipu.backends.sim.rack import generate_rack, parse_rack, rack_to_data
-from vipu.cli.config import parse_hcl
+from vipu.cli.config import ClientSettings, parse_hcl
 from vipu.k8s import controllers, jobs, webhooks
 from vipu.model.errors import InvalidArgument
 from vipu.slurm import config as slurm_config
@@ -36,6 +36,15 @@ def refused_in_one_line(parse, *args):
 @given(st.text())
 def test_client_configuration_files(text):
     refused_in_one_line(parse_hcl, text, "vipu-cli.hcl")
+
+
+@SETTINGS
+@given(st.text(alphabet=st.sampled_from("h1:[]f0,9 \n\u00b2x"), max_size=24) | st.text(max_size=24))
+def test_lists_of_controller_hosts(hosts):
+    addresses = refused_in_one_line(lambda: ClientSettings(hosts, 8090).addresses)
+    for address in addresses or ():
+        host, _, port = address.rpartition(":")
+        assert host and 1 <= int(port) <= 65535, address
 
 
 LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)

@@ -77,15 +77,15 @@ def address(entry: str, default_port: int) -> str:
     """`host:port` from a host, `host:port`, an IPv6 address or `[IPv6]:port`."""
     entry = entry.strip()
     if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        host, port = f"[{host}]", rest[1:] if rest.startswith(":") else rest or None
+        host, closed, rest = entry[1:].partition("]")
+        host, port = f"[{host}]", rest[1:] if rest.startswith(":") else rest or (None if closed else "")
     elif entry.count(":") == 1:
         host, _, port = entry.partition(":")
     else:
         host, port = (f"[{entry}]" if ":" in entry else entry), None
     if port is None:
         return f"{host}:{default_port}"
-    if not port.isdigit() or not 1 <= int(port) <= 65535 or host in ("", "[]"):
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535 or host in ("", "[]"):
         raise InvalidArgument(f"cannot understand the host {entry!r}: expected HOST, HOST:PORT or [IPV6]:PORT, with a port from 1 to 65535")
     return f"{host}:{int(port)}"
 

@@ -110,7 +110,7 @@ def test_host_entries_become_addresses(entry, expected):
     assert address(entry, 8090) == expected
 
 
-@pytest.mark.parametrize("entry", ["ctrl:", "ctrl:port", "ctrl:0", "ctrl:70000", ":9000", "[fd00::1]x", "[]:9000"])
+@pytest.mark.parametrize("entry", ["ctrl:", "ctrl:port", "ctrl:0", "ctrl:70000", ":9000", "[fd00::1]x", "[]:9000", "[fd00::1"])
 def test_malformed_host_entries_are_refused(entry):
     with pytest.raises(InvalidArgument, match="cannot understand the host"):
         address(entry, 8090)
