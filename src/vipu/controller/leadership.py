@@ -40,6 +40,7 @@ class Leadership:
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._valid_until = 0.0  # monotonic; 0: not leading
+        self._term = 0
         self._serving = threading.Event()  # leading, and ready to serve
         self._leader_address = ""
         self._stop = threading.Event()
@@ -88,7 +89,10 @@ class Leadership:
                 log.warning("cannot claim or renew the lead: %s", error.message)
             if lease is not None and lease.holder == self.holder:
                 first = self._valid_until == 0.0
-                self._valid_until = started + self.lease_seconds
+                if not first and lease.term != self._term:  # it lapsed, another led, and it came back to us
+                    self._depose(f"the lead changed hands while this replica could not renew it (term {self._term} to {lease.term})")
+                    return
+                self._valid_until, self._term = started + self.lease_seconds, lease.term
                 self._leader_address = self.address
                 if first:
                     self.store.fence(lease)
