@@ -112,6 +112,7 @@ def test_a_lost_agent_puts_its_partitions_in_error_and_on_its_return_they_are_re
     for machine in (lost, kept_machine):  # the machines come back, having forgotten their configuration
         pod.start_agent(machine)
     wait_until(lambda: partition_status(pod, "p1").ready_state == active, what="p1 to be reset automatically")
+    pod.wait_for_status(agent_of[kept_machine], "Up")  # the controller reaches it again (p1 may not need it)
     status = partition_status(pod, "p1")
     assert (status.auto_reset_retry_count, list(status.errors)) == (1, [])
     assert [m.name for m in pod.rack.machines if "p1" in pod.held(m.name)][-1] == lost  # configured there again
