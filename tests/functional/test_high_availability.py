@@ -31,6 +31,7 @@ class Replica:
     user_port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    options: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
 
     @property
@@ -43,7 +44,7 @@ class Replica:
                 dying_with_parent([str(BIN / "vipu-server"), "--db", pod.db_url, "--data-dir", str(pod.directory),
                                    "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                                    "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
-                                   "--ha", "--ha-lease-seconds", str(LEASE_SECONDS)]),
+                                   "--ha", "--ha-lease-seconds", str(LEASE_SECONDS), *self.options]),
                 stdout=log, stderr=subprocess.STDOUT,
             )
         wait_until(self.answers_metrics, what=f"replica {self.name}")
@@ -174,3 +175,32 @@ def test_a_leader_frozen_past_its_lease_is_deposed_and_exits_without_serving(rep
     listed = cli("vipu", hosts, "list", "partitions", cwd=pod.directory)
     assert [row[0] for row in rows(listed.out)] == ["p1"]
     assert pod.held_anywhere("p1") == ["m01", "m02"]  # the deposed leader's health pass cleared nothing
+
+
+def test_replicas_in_secure_mode_hand_over_to_clients_with_mutual_tls(tmp_path, postgres):
+    database = postgres.create_database()
+    pod = Pod(tmp_path, machines=1, db_url=postgres.url(database), secure=True)
+    pod.initialise()  # the store's administrator, and certificates every replica serves (127.0.0.1 among their names)
+    pod.start_agent(*pod.agent_groups[0])
+    replicas = [Replica(name, options=("--secure", "--tls-dir", str(pod.tls.root))).start(pod) for name in ("a", "b")]
+    try:
+        leader = wait_until(lambda: the_leader(replicas), what="a leader")
+        admin_hosts = ",".join(f"127.0.0.1:{r.admin_port}" for r in replicas)
+        config = str(pod.admin_config)
+        machine = pod.rack.machines[0]
+        created = cli("vipu-admin", admin_hosts, "--config", config, "create", "agent", "ag1", "--host", machine.host,
+                      "--port", str(machine.port), cwd=pod.directory)
+        assert created.out == "create agent (ag1): success.\n", created.err
+
+        leader.process.kill()
+        listed = wait_until(lambda: (r := cli("vipu-admin", admin_hosts, "--config", config, "list", "agents", cwd=pod.directory)).code == 0 and r,
+                            timeout=TAKEOVER_LIMIT, what="the standby to serve over mutual TLS")
+        assert [row[0] for row in rows(listed.out)] == ["ag1"]
+        anonymous = cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory)  # no certificate, no key
+        assert anonymous.code == 1 and "secure mode" in anonymous.err
+    finally:
+        for replica in replicas:
+            replica.process.kill()
+            replica.process.wait()
+        pod.stop()
+        postgres.drop_database(database)
