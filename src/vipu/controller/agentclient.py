@@ -13,7 +13,6 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 
-
 # No retries of our calls behind our back; and a machine that comes back is reached within about
 # 2 s, where gRPC's default reconnection back-off grows to 120 s over a long outage, keeping the
 # agent Down and its partitions in ERROR long after it answers again.
