@@ -20,6 +20,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from vipu.api import credentials
+from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.status import error_from_rpc, never_reached, one_line
 from vipu.api.tls import client_credentials
@@ -55,9 +56,10 @@ class Connection:
         if address not in self._channels:
             s = self.settings
             if s.tls:
-                self._channels[address] = grpc.secure_channel(address, client_credentials(s.server_cert, s.client_cert, s.client_key))
+                transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
+                self._channels[address] = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
             else:
-                self._channels[address] = grpc.insecure_channel(address)
+                self._channels[address] = grpc.insecure_channel(address, options=RECONNECT_PROMPTLY)
         return self._channels[address]
 
     def call(self, stub_class, method: str, request, no_deadline: bool = False):

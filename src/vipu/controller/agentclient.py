@@ -7,16 +7,16 @@ import threading
 import grpc
 
 from vipu.api import convert
+from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 
-# No retries of our calls behind our back; and a machine that comes back is reached within about
-# 2 s, where gRPC's default reconnection back-off grows to 120 s over a long outage, keeping the
-# agent Down and its partitions in ERROR long after it answers again.
-CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
+# No retries of our calls behind our back, and a machine that comes back is reached promptly:
+# gRPC's own back-off would keep it Down, and its partitions in ERROR, long after it answers.
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *RECONNECT_PROMPTLY]
 
 
 class GrpcAgentGateway:
