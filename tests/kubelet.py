@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ProtocolError
 
 from tests.kubecluster import KubeCluster
 
@@ -150,11 +151,17 @@ class Kubelet:
     # Running a pod
 
     def _patch_status(self, pod: dict, status: dict) -> None:
-        try:
-            self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status})
-        except ApiException as error:
-            if error.status not in (404, 409):
-                raise
+        for attempt in range(3):
+            try:
+                self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status})
+                return
+            except ApiException as error:
+                if error.status not in (404, 409):
+                    raise
+                return
+            except ProtocolError:  # the API server closed a kept-alive connection as it was reused; urllib3 resends no PATCH
+                if attempt == 2:
+                    raise
 
     def _prepare(self, pod: dict) -> tuple[dict[str, Path], dict[str, str]]:
         """Volumes written out, and the pod's base environment (PATH, HOME, its service account)."""
