@@ -8,7 +8,7 @@ import time
 import pytest
 
 from vipu.controller.leadership import LEASE_NAME, Leadership
-from vipu.model.errors import Standby
+from vipu.model.errors import Standby, Unavailable
 from vipu.store.schema import LeaseRow
 from vipu.store.store import Store
 
@@ -93,3 +93,42 @@ def test_a_leader_whose_lease_changed_hands_meanwhile_is_deposed(replicas):
     assert leader.reasons == ["the lead changed hands while this replica could not renew it (term 1 to 3)"]
     with pytest.raises(Standby):
         leader.leadership.admit()
+
+
+class LosingStore:
+    """A store that, once told to, can no longer be reached (for the lease's claims)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.lost = threading.Event()
+
+    def claim_lease(self, *args):
+        if self.lost.is_set():
+            raise Unavailable("cannot reach the store: connection refused")
+        return self.store.claim_lease(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_leader_that_loses_the_store_stops_serving_when_its_lease_runs_out(store_url):
+    store = Store(store_url)
+    losing = LosingStore(store)
+    deposed: list[str] = []
+    leadership = Leadership(losing, "leader", LEASE, on_elected=lambda: leadership.serving(), on_deposed=deposed.append)
+    try:
+        leadership.start()
+        deadline = time.monotonic() + 5
+        while not leadership.leading:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        losing.lost.set()
+        while not deposed:
+            assert time.monotonic() < deadline + LEASE * 3
+            time.sleep(0.02)
+        assert deposed == ["the lease could not be renewed"]
+        with pytest.raises(Standby):
+            leadership.admit()
+    finally:
+        leadership.stop()
+        store.close()
