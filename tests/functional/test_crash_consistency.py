@@ -117,18 +117,12 @@ def check_invariants(pod: Pod, ledger: Ledger) -> set[str]:
     return existing
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def crashing_pod(request, tmp_path):
-    db_url, postgres, database = None, None, None
-    if request.param == "postgresql":
-        postgres = request.getfixturevalue("postgres")
-        database = postgres.create_database()
-        db_url = postgres.url(database)
-    pod = Pod(tmp_path, machines=4, db_url=db_url).start().register()
+@pytest.fixture
+def crashing_pod(store_url, tmp_path):
+    """A registered pod of 4 machines, once on SQLite and once on PostgreSQL."""
+    pod = Pod(tmp_path, machines=4, db_url=store_url).start().register()
     yield pod
     pod.stop()
-    if postgres is not None:
-        postgres.drop_database(database)
 
 
 def storm_and_kill(pod: Pod, ledger: Ledger, pool: ThreadPoolExecutor, chooser: random.Random, round_number: int) -> None:

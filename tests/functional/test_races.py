@@ -17,18 +17,12 @@ pytestmark = pytest.mark.functional
 CLIENTS = 32
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def racing_pod(request, tmp_path_factory):
-    db_url, postgres, database = None, None, None
-    if request.param == "postgresql":
-        postgres = request.getfixturevalue("postgres")
-        database = postgres.create_database()
-        db_url = postgres.url(database)
-    pod = Pod(tmp_path_factory.mktemp(f"race-{request.param}"), machines=2, db_url=db_url).start().register()
+@pytest.fixture
+def racing_pod(store_url, tmp_path):
+    """A registered pod of 2 machines, once on SQLite and once on PostgreSQL."""
+    pod = Pod(tmp_path, machines=2, db_url=store_url).start().register()
     yield pod
     pod.stop()
-    if postgres is not None:
-        postgres.drop_database(database)
 
 
 def create(api, partition_id: str, size: int):
