@@ -22,6 +22,16 @@ from tests.ports import free_port
 from tests.processes import dying_with_parent
 
 PARTITION = "ipus"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_spank_plugin() -> str:
+    """Build vipu's SPANK plugin (once) and return its path; a failed build fails the test with
+    the compiler's own words rather than a bare exit status."""
+    done = subprocess.run([str(ROOT / "scripts" / "build-slurm-plugin")], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"scripts/build-slurm-plugin failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 class SlurmCluster:

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.functional.harness import BIN, Pod, wait_until
-from tests.slurm import SlurmCluster
+from tests.slurm import SlurmCluster, build_spank_plugin
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
 
 pytestmark = pytest.mark.functional
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_IPUS = 16
 MACHINES = 4  # 16 IPUs
 
@@ -32,8 +31,8 @@ def vipu_conf(port: int, ipuof_dir: Path, **changes: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    plugin = subprocess.run([str(ROOT / "scripts" / "build-slurm-plugin")], capture_output=True, text=True, check=True).stdout.strip()
+def slurm_world(tmp_path_factory):
+    plugin = build_spank_plugin()
     directory = tmp_path_factory.mktemp("slurm-pod")
     pod = Pod(directory, machines=MACHINES).start().register()
     ipuof_dir = directory / "shared-ipuof"
@@ -50,11 +49,20 @@ def world(tmp_path_factory):
     pod.stop()
 
 
+@pytest.fixture
+def world(slurm_world):
+    """The module's Slurm and pod; whatever jobs a test submitted are cancelled and gone, with
+    their partitions, before the next test starts, even when the test failed half-way."""
+    yield slurm_world
+    slurm_world.cancel_submitted()
+
+
 class World:
     def __init__(self, pod: Pod, slurm: SlurmCluster, ipuof_dir: Path, directory: Path):
         self.pod, self.slurm, self.ipuof_dir, self.directory = pod, slurm, ipuof_dir, directory
         self.jobs = directory / "jobs"
         self.jobs.mkdir()
+        self.submitted: list[str] = []
 
     def script(self, name: str, body: str) -> Path:
         path = self.jobs / f"{name}.sh"
@@ -62,7 +70,17 @@ class World:
         return path
 
     def sbatch(self, *args: str) -> subprocess.CompletedProcess:
-        return self.slurm.run("sbatch", "--parsable", f"--chdir={self.jobs}", *args)
+        done = self.slurm.run("sbatch", "--parsable", f"--chdir={self.jobs}", *args)
+        if done.returncode == 0:
+            self.submitted.append(done.stdout.strip().split(";")[0])
+        return done
+
+    def cancel_submitted(self) -> None:
+        jobs, self.submitted = self.submitted, []
+        if jobs:
+            self.slurm.run("scancel", *jobs)
+            for job in jobs:
+                self.wait_done(job)
 
     def submit(self, *args: str) -> str:
         done = self.sbatch(*args)
@@ -94,6 +112,13 @@ class World:
     def partitions_of(self, job_id: str) -> list[str]:
         return [p for p in self.partitions() if p == f"slurm-{job_id}"]
 
+    def assert_waiting(self, job_id: str) -> None:
+        """The job is held back and has never run. A job whose PrologSlurmctld fails is requeued:
+        it passes through CONFIGURING, COMPLETING and PENDING (REQUEUED for a moment), around
+        and around, so any of these may be seen; its script never starts, so it wrote nothing."""
+        assert self.state(job_id) in ("PENDING", "REQUEUED", "CONFIGURING", "COMPLETING")
+        assert not (self.jobs / f"slurm-{job_id}.out").exists(), self.output(job_id)
+
     def output(self, job_id: str) -> str:
         return (self.jobs / f"slurm-{job_id}.out").read_text()
 
@@ -105,7 +130,8 @@ class World:
 
 # What each job's tasks record: the environment the plugin gave them, and an attach to their IPUs.
 ATTACH = """\
-    srun bash -c 'echo "task $SLURM_PROCID $IPUOF_VIPU_API_PARTITION_ID $IPUOF_VIPU_API_HOST:$IPUOF_VIPU_API_PORT $IPUOF_CONFIG_PATH"; vipu-ipuof run'
+    srun bash -c 'echo "task $SLURM_PROCID $IPUOF_VIPU_API_PARTITION_ID $IPUOF_VIPU_API_HOST:$IPUOF_VIPU_API_PORT \
+        $IPUOF_CONFIG_PATH"; vipu-ipuof run'
 """
 
 
@@ -207,17 +233,16 @@ def test_a_job_waits_with_a_reason_while_the_controller_is_down_or_full(world):
     world.wait_for(holder, "RUNNING")
     full = world.submit("--ipus=8", "--wrap", "true")
     wait_until(lambda: "vipu: no partition of 8 IPUs yet" in world.comment(full), what="the full pod's reason")
-    assert world.state(full) in ("PENDING", "REQUEUED", "CONFIGURING")
+    world.assert_waiting(full)
     assert world.partitions() == [f"slurm-{holder}"]
-    world.slurm.run("scancel", holder, full)
-    world.wait_done(holder)
+    world.cancel_submitted()
 
     world.pod.stop_server()
     try:
         down = world.submit("--ipus=2", "--wrap", "true")
         wait_until(lambda: "unreachable" in world.comment(down), what="the unreachable controller's reason")
-        assert world.state(down) in ("PENDING", "REQUEUED", "CONFIGURING")
-        world.slurm.run("scancel", down)
+        world.assert_waiting(down)
+        world.slurm.run("scancel", down)  # the fixture waits for it to end once the server is back
     finally:
         world.pod.start_server()
     world.nothing_left()
@@ -265,10 +290,11 @@ def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):
 
 
 def test_slurmd_says_in_its_log_at_start_when_vipu_conf_is_unusable():
-    plugin = subprocess.run([str(ROOT / "scripts" / "build-slurm-plugin")], capture_output=True, text=True, check=True).stdout.strip()
+    plugin = build_spank_plugin()
     slurm = SlurmCluster(files={"vipu.conf": "ApiHost=ctl\nApiPort=eighty\n"}, plugstack=f"required {plugin} conf={{dir}}/vipu.conf\n")
     try:
         logged = [line for line in slurm.log("slurmd").splitlines() if "vipu:" in line]
-        assert logged and logged[0].endswith(f"error: vipu: {slurm.directory / 'vipu.conf'} line 2: ApiPort must be a positive whole number, not 'eighty'")
+        expected = f"error: vipu: {slurm.directory / 'vipu.conf'} line 2: ApiPort must be a positive whole number, not 'eighty'"
+        assert logged and logged[0].endswith(expected)
     finally:
         slurm.stop()
