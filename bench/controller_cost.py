@@ -80,10 +80,12 @@ def main(machines, store, clients, idle_seconds, duration, name):
             with PeakMemory(pid) as peak:
                 load = measure(pod, clients, 1, duration)
             runs.append({"machines": count, "store": store, "pod_ready_s": round(ready, 1), "idle": idle,
-                         "load": {"clients": clients, "cpu_percent": load["server_cpu_percent"], "peak_rss_mb": round(peak.peak_mb, 1),
-                                  "create": load["create"], "remove": load["remove"], "pairs_per_s": load["pairs_per_s"]}})
+                         "load": {"clients": clients, "cpu_percent": load["server_cpu_percent"],
+                                  "peak_rss_mb": round(peak.peak_mb, 1), "create": load["create"], "remove": load["remove"],
+                                  "pairs_per_s": load["pairs_per_s"]}})
             click.echo(f"{count:5} agents: idle {idle['rss_mb']} MB {idle['cpu_percent']}% CPU; under load "
-                       f"{load['server_cpu_percent']}% CPU, peak {peak.peak_mb:.0f} MB, create p99 {load['create'].get('p99_ms')} ms", err=True)
+                       f"{load['server_cpu_percent']}% CPU, peak {peak.peak_mb:.0f} MB, "
+                       f"create p99 {load['create'].get('p99_ms')} ms", err=True)
     agents = [r["machines"] for r in runs]
     growth = {
         "idle_rss_mb_per_agent": round(slope(agents, [r["idle"]["rss_mb"] for r in runs]), 4),

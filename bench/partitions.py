@@ -126,7 +126,8 @@ def main(machines, clients, stores, size, duration, ha, name):
         for pod_size in map(int, split(machines)):
             with running_pod(pod_size, store, server_options=("--ha",) if ha else ()) as pod:
                 for count in map(int, split(clients)):
-                    result = {"store": f"{store} --ha" if ha else store, "machines": pod_size, "ipus": pod_size * 4, "size": size, **measure(pod, count, size, duration)}
+                    result = {"store": f"{store} --ha" if ha else store, "machines": pod_size, "ipus": pod_size * 4, "size": size,
+                              **measure(pod, count, size, duration)}
                     runs.append(result)
                     click.echo(f"{store:8} {pod_size:5} machines {count:3} clients: create p50 {result['create'].get('p50_ms')} ms "
                                f"p99 {result['create'].get('p99_ms')} ms, {result['pairs_per_s']} pairs/s", err=True)

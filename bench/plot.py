@@ -11,9 +11,9 @@ import click
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.common import RESULTS  # noqa: E402
+from bench.common import RESULTS
 
 
 def load(name: str) -> dict | None:

@@ -37,8 +37,10 @@ def cost(data: dict) -> list[str]:
     rows = [[r["machines"], r["idle"]["rss_mb"], r["idle"]["cpu_percent"], r["load"]["cpu_percent"], r["load"]["peak_rss_mb"],
              r["load"]["create"]["p50_ms"], r["load"]["create"]["p99_ms"], r["load"]["pairs_per_s"]] for r in data["runs"]]
     g = data["growth"]
-    return [f"**Controller cost** (`bench.controller_cost`, {data['runs'][0]['store']}, load of {data['runs'][0]['load']['clients']} clients):", "",
-            *markdown(["agents", "idle RSS MB", "idle CPU %", "load CPU %", "load peak RSS MB", "create p50 ms", "create p99 ms", "pairs/s"], rows),
+    return [f"**Controller cost** (`bench.controller_cost`, {data['runs'][0]['store']}, "
+            f"load of {data['runs'][0]['load']['clients']} clients):", "",
+            *markdown(["agents", "idle RSS MB", "idle CPU %", "load CPU %", "load peak RSS MB", "create p50 ms", "create p99 ms",
+                       "pairs/s"], rows),
             "", f"Fitted growth per agent: {g['idle_rss_mb_per_agent']} MB resident idle, {g['idle_cpu_percent_per_agent']} % CPU idle "
             f"(the health pass), {g['load_rss_mb_per_agent']} MB under load."]
 
@@ -48,8 +50,10 @@ def allocator(data: dict) -> list[str]:
              r["decision_p99_ms"]] for r in data["results"]]
     by_size = {r["allocator"]: r["fragmentation_refusals_by_size"] for r in data["results"] if r["fragmentation_refusals"]}
     sizes = ", ".join(f"{name}: " + ", ".join(f"{n} of {size} IPUs" for size, n in counts.items()) for name, counts in by_size.items())
-    return [f"**Allocator quality** (`bench.allocator`, {data['requests']} requests, {data['machines']} machines, offered load {data['load']}, seed {data['seed']}):", "",
-            *markdown(["allocator", "accepted %", "refused", "refused with enough IPUs free", "mean utilisation %", "decision p99 ms"], rows),
+    return [f"**Allocator quality** (`bench.allocator`, {data['requests']} requests, {data['machines']} machines, "
+            f"offered load {data['load']}, seed {data['seed']}):", "",
+            *markdown(["allocator", "accepted %", "refused", "refused with enough IPUs free", "mean utilisation %",
+                       "decision p99 ms"], rows),
             "", f"Refused with enough IPUs free, by size: {sizes}."]
 
 
@@ -75,7 +79,8 @@ def soak(data: dict) -> list[str]:
     return [f"**Soak** (`bench.soak`, recorded {data['machine']['when']} at revision {data['revision']}: {data['duration_s']:.0f} s, "
             f"{data['machines']} machines, {data['clients']} clients, {data['store']}): {data['operations']} operations, "
             f"{sum(data['errors'].values())} errors, {data['refusals_for_room']} creations refused for want of room; memory over the "
-            f"second half {memory['first_third_mb']} MB to {memory['last_third_mb']} MB ({'grows' if memory['grows'] else 'does not grow'}).", "",
+            f"second half {memory['first_third_mb']} MB to {memory['last_third_mb']} MB "
+            f"({'grows' if memory['grows'] else 'does not grow'}).", "",
             *markdown(["window end s", "operations", "errors so far", "p50 ms", "p99 ms", "controller RSS MB"], rows)]
 
 

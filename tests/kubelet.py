@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kubernetes import client, config, watch
@@ -44,7 +44,7 @@ sys.exit(kubectl_shim(sys.argv[1:]))
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _translated(text: str, mounts: dict[str, Path]) -> str:
@@ -132,7 +132,7 @@ class Kubelet:
                     version = None
                 elif not self._stop.is_set():
                     time.sleep(0.2)
-            except Exception:  # the API server went away (end of the session): try again until stopped
+            except Exception:  # noqa: BLE001 - the API server went away (end of the session): try again until stopped
                 if not self._stop.is_set():
                     time.sleep(0.2)
 
@@ -235,7 +235,7 @@ class Kubelet:
         for container in pod["spec"].get("initContainers") or []:
             state = {"name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
                      "restartCount": 0, "state": {"running": {"startedAt": _now()}}}
-            self._patch_status(pod, {"initContainerStatuses": done + [state]})
+            self._patch_status(pod, {"initContainerStatuses": [*done, state]})
             process = self._start(pod, key, container, volumes, base)
             code = process.wait()
             if key in self.deleting:

@@ -86,7 +86,8 @@ def test_bad_clusters_are_refused_and_change_nothing(pod):
     assert pod.admin("create", "cluster", "cl0", "--agents", "ag1,ag2").code == 0
     before = pod.snapshot()
     failed_line(pod.admin("create", "cluster", "cl0", "--agents", "ag3"), "create cluster", "cl0", "cluster cl0 already exists")
-    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag2,ag3"), "create cluster", "cl1", "agent ag2 is already in cluster cl0")
+    failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag2,ag3"), "create cluster", "cl1",
+                "agent ag2 is already in cluster cl0")
     failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag9"), "create cluster", "cl1", "agent ag9 does not exist")
     failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag3"), "create cluster", "cl1", "listed more than once")
     failed_line(pod.admin("create", "cluster", "cl1", "--agents", "ag3,ag4,ag2", "--num-ipulinkdomains", "2"),

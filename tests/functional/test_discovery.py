@@ -99,18 +99,18 @@ def test_agents_are_discovered_on_the_chosen_interface_only_and_added(link, proc
     intruder.machines[0].port, intruder.machines[0].ipuof_port = free_port(), 0
     save_rack(intruder, tmp_path / "intruder.yaml")
 
-    log = open(tmp_path / "processes.log", "ab")
     announce = ["--announce-interval", "0.2", "--announce-port", str(announce_port)]
-    for machine in rack.machines:
-        processes.start([*link.run_in, sys.executable, "-m", "vipu.agent", "--rack", str(tmp_path / "rack.yaml"),
-                         "--machine", machine.name, *announce], log)
-    if link.interface != "lo":
-        processes.start([sys.executable, "-m", "vipu.agent", "--rack", str(tmp_path / "intruder.yaml"), "--all-machines",
-                         *announce], log)
-    admin_port = free_port()
-    processes.start([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'vipu.db'}", "--listen-address", "127.0.0.1",
-                     "--port", str(free_port()), "--admin-port", str(admin_port), "--metrics-port", "0",
-                     "-a", link.interface, "--autodiscovery-port", str(announce_port)], log)
+    with open(tmp_path / "processes.log", "ab") as log:  # the processes write to their own copies of it
+        for machine in rack.machines:
+            processes.start([*link.run_in, sys.executable, "-m", "vipu.agent", "--rack", str(tmp_path / "rack.yaml"),
+                             "--machine", machine.name, *announce], log)
+        if link.interface != "lo":
+            processes.start([sys.executable, "-m", "vipu.agent", "--rack", str(tmp_path / "intruder.yaml"), "--all-machines",
+                             *announce], log)
+        admin_port = free_port()
+        processes.start([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'vipu.db'}", "--listen-address", "127.0.0.1",
+                         "--port", str(free_port()), "--admin-port", str(admin_port), "--metrics-port", "0",
+                         "-a", link.interface, "--autodiscovery-port", str(announce_port)], log)
 
     def heard():
         result = admin(admin_port, "discover", "agents")
@@ -135,9 +135,9 @@ def test_agents_are_discovered_on_the_chosen_interface_only_and_added(link, proc
 
 def test_without_interfaces_discovery_is_off(processes, tmp_path):
     admin_port = free_port()
-    processes.start([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'vipu.db'}", "--listen-address", "127.0.0.1",
-                     "--port", str(free_port()), "--admin-port", str(admin_port), "--metrics-port", "0"],
-                    open(tmp_path / "server.log", "ab"))
+    with open(tmp_path / "server.log", "ab") as log:
+        processes.start([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'vipu.db'}", "--listen-address", "127.0.0.1",
+                         "--port", str(free_port()), "--admin-port", str(admin_port), "--metrics-port", "0"], log)
     wait_until(lambda: admin(admin_port, "list", "agents").code == 0, what="vipu-server")
     failed_line(admin(admin_port, "discover", "agents"), "discover agents", None,
                 "agent discovery is off; start vipu-server with -a/--autodiscovery-listen-interfaces")

@@ -83,6 +83,7 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     assert "namespaceSelector" not in hooks and hooks["clientConfig"]["caBundle"]
     assert ("ConfigMap", "gc-ipu-operator-scheduler-extender") not in defaults
 
+    preferred = "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
     changed = render(kube, "--set", "global.launcherImage=reg/launch:2", "--set", "global.imagePullSecrets[0].name=pull",
                      "--set", "controller.hostNetwork=false", "--set", "controller.image.tag=v9", "--set",
                      "controller.image.pullPolicy=IfNotPresent", "--set", "controller.serviceAccount.name=ops",
@@ -92,9 +93,9 @@ def test_each_value_does_what_the_seeds_table_says(kube):
                      "--set", "podSecurityPolicyContext.runAsNonRoot=false", "--set", "securityContext.readOnlyRootFilesystem=true",
                      "--set", "service.type=NodePort", "--set", "service.port=81", "--set", "resources.limits.cpu=1",
                      "--set", "nodeSelector.ipunode=node1", "--set", "tolerations[0].operator=Exists",
-                     "--set", "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight=1",
-                     "--set", "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchExpressions[0].key=a",
-                     "--set", "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchExpressions[0].operator=Exists",
+                     "--set", f"{preferred}.weight=1",
+                     "--set", f"{preferred}.preference.matchExpressions[0].key=a",
+                     "--set", f"{preferred}.preference.matchExpressions[0].operator=Exists",
                      "--set", "extendedScheduler.enabled=true", "--set", "admissionWebhooks.scope=team-a\\,team-b",
                      "--set", "admissionWebhooks.timeoutSeconds=5", "--set", "admissionWebhooks.failurePolicy=Ignore",
                      "--set", "admissionWebhooks.port=9443", "--set", "admissionWebhooks.service.servicePort=8444",
@@ -124,7 +125,8 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     webhook_service = changed[("Service", "gc-ipu-operator-webhook")]
     assert webhook_service["spec"]["type"] == "NodePort" and webhook_service["metadata"]["annotations"] == {"a": "b"}
     assert webhook_service["spec"]["ports"][0] == {"name": "webhook", "port": 8444, "targetPort": 9443}
-    for kind, name in (("MutatingWebhookConfiguration", "mipujob.graphcore.ai"), ("ValidatingWebhookConfiguration", "vipujob.graphcore.ai")):
+    for kind, name in (("MutatingWebhookConfiguration", "mipujob.graphcore.ai"),
+                       ("ValidatingWebhookConfiguration", "vipujob.graphcore.ai")):
         hook = changed[(kind, name)]["webhooks"][0]
         assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]

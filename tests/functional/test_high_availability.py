@@ -151,7 +151,7 @@ def test_a_standby_serves_within_10_seconds_of_the_leader_being_killed(replicate
 
 @pytest.mark.parametrize("replicated", [10.0], indirect=True)  # a lease long enough for its expiry to tell
 def test_a_leader_stopping_cleanly_hands_over_at_once(replicated):
-    pod, replicas = replicated
+    _, replicas = replicated
     leader = the_leader(replicas)
     leader.process.terminate()
     assert leader.process.wait(timeout=30) == 0
@@ -194,7 +194,8 @@ def test_replicas_in_secure_mode_hand_over_to_clients_with_mutual_tls(tmp_path, 
         assert created.out == "create agent (ag1): success.\n", created.err
 
         leader.process.kill()
-        listed = wait_until(lambda: (r := cli("vipu-admin", admin_hosts, "--config", config, "list", "agents", cwd=pod.directory)).code == 0 and r,
+        listed = wait_until(lambda: (r := cli("vipu-admin", admin_hosts, "--config", config, "list", "agents",
+                                              cwd=pod.directory)).code == 0 and r,
                             timeout=TAKEOVER_LIMIT, what="the standby to serve over mutual TLS")
         assert [row[0] for row in rows(listed.out)] == ["ag1"]
         anonymous = cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory)  # no certificate, no key

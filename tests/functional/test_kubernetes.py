@@ -320,7 +320,8 @@ def test_a_partition_made_by_hand_is_neither_tracked_nor_taken(cluster):
     assert cluster.pod.user("create", "partition", "p-default-manual", "--size", "1").code == 0
     try:
         cluster.submit("manual", replicas=1, interactive={"ttl": 3600})
-        wait_until(lambda: f"p-default-manual exists on 127.0.0.1:{cluster.pod.user_port} and was not made by this proxy" in cluster.launcher_log("manual", "launcher-init"),
+        refusal = f"p-default-manual exists on 127.0.0.1:{cluster.pod.user_port} and was not made by this proxy"
+        wait_until(lambda: refusal in cluster.launcher_log("manual", "launcher-init"),
                    what="the job to be told the partition is someone else's")
         assert "p-default-manual" not in cluster.tracked()
         assert cluster.get("/stats")["total"]["used"] == 1
@@ -504,7 +505,8 @@ def test_the_scheduler_extender_steers_pods_asking_for_ipus_to_nodes_whose_contr
         cluster.set_controllers(f"{first_address}:ipunode=node1,{second_address}:ipunode=node2")
         wait_until(lambda: f"V-IPU controllers: {first_address}, {second_address}" in cluster.proxy.log(),
                    what="the proxy to notice the edited controller list")
-        annotations = lambda node: json.loads(cluster.kube.kubectl("get", "node", node, "-o", "json").stdout)["metadata"].get("annotations", {})  # noqa: E731
+        annotations = lambda node: json.loads(  # noqa: E731
+            cluster.kube.kubectl("get", "node", node, "-o", "json").stdout)["metadata"].get("annotations", {})
         wait_until(lambda: annotations("ipu-head-1").get("graphcore.ai/ipus-available") == "8"
                    and annotations("ipu-head-2").get("graphcore.ai/ipus-available") == "4", what="nodes to advertise their free IPUs")
         assert "graphcore.ai/ipus-available" not in annotations("ipu-master")  # ipuVisibility.advertiseOnMaster is off

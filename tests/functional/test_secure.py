@@ -6,6 +6,7 @@ import datetime
 import os
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from tests.functional.harness import (
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2
 from vipu.api.tls import TlsFiles, generate, issue
-from vipu.cli.config import parse_hcl
+from vipu.client.settings import parse_hcl
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_pat
     failed_line(pod.user("--tls-server-cert", str(foreign.ca_for(foreign.client_dir)), "list", "partitions", config=alice),
                 "list partitions", None, "its certificate is not signed by the certificate authority in")
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     key, cert = issue(tls.ca_key.read_bytes(), tls.ca_cert.read_bytes(), "stale",
                       not_before=now - datetime.timedelta(days=30), not_after=now - datetime.timedelta(days=1))
     (tmp_path / "stale.pem").write_bytes(cert)
@@ -170,7 +171,7 @@ def test_users_are_given_and_denied_allocations_and_the_last_administrator_stays
 def test_keys_are_kept_only_as_salted_hashes_and_never_logged(pod, tenants):
     keys = [key_of(config) for config in tenants.values()] + [pod.admin_key]
     store = pod.db_url.removeprefix("sqlite:///")
-    content = b"".join(open(path, "rb").read() for path in (store, store + "-wal") if os.path.exists(path))
+    content = b"".join(Path(path).read_bytes() for path in (store, store + "-wal") if os.path.exists(path))
     log = (pod.directory / "server.log").read_text()
     for key in keys:
         assert key.encode() not in content and key not in log
@@ -179,11 +180,11 @@ def test_keys_are_kept_only_as_salted_hashes_and_never_logged(pod, tenants):
 def test_the_admin_end_point_can_listen_on_an_address_of_its_own(tmp_path):
     pod = Pod(tmp_path, machines=1, secure=True)
     pod.initialise()  # the server is started by hand below: the harness waits on 127.0.0.1
-    log = open(tmp_path / "server.log", "ab")
-    server = subprocess.Popen(
-        [str(BIN / "vipu-server"), "--secure", "--tls-dir", str(pod.tls.root), "--db", pod.db_url,
-         "--listen-address", "127.0.0.1", "--port", str(pod.user_port), "--admin-listen-address", "127.0.0.2",
-         "--admin-port", str(pod.admin_port), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "server.log", "ab") as log:
+        server = subprocess.Popen(
+            [str(BIN / "vipu-server"), "--secure", "--tls-dir", str(pod.tls.root), "--db", pod.db_url,
+             "--listen-address", "127.0.0.1", "--port", str(pod.user_port), "--admin-listen-address", "127.0.0.2",
+             "--admin-port", str(pod.admin_port), "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT)
     try:
         def admin(host: str) -> Result:
             done = subprocess.run([str(BIN / "vipu-admin"), "--config", str(pod.admin_config), "-H", host, "list", "agents"],
@@ -200,9 +201,10 @@ def test_the_admin_end_point_can_listen_on_an_address_of_its_own(tmp_path):
 def test_open_mode_says_so_and_has_no_users(tmp_path):
     port, admin_port = free_port(), free_port()
     log = tmp_path / "server.log"
-    server = subprocess.Popen([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'v.db'}", "--listen-address", "127.0.0.1",
-                               "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0"],
-                              stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    with open(log, "ab") as out:
+        server = subprocess.Popen([str(BIN / "vipu-server"), "--db", f"sqlite:///{tmp_path / 'v.db'}", "--listen-address",
+                                   "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0"],
+                                  stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: "ready" in log.read_text(), what="vipu-server")
         assert "open mode: no TLS and no authentication" in log.read_text()

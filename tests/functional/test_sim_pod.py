@@ -43,7 +43,7 @@ class SimServer:
 
     def start(self):
         self.starts += 1
-        self.log = open(self.log_path, "ab")
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - kept with the process it logs; stop() closes it
         self.process = subprocess.Popen(
             [str(BIN / "vipu-server"), "--sim", str(MACHINES), "--data-dir", str(self.directory), "--listen-address", "127.0.0.1",
              "--port", str(self.user_port), "--admin-port", str(self.admin_port), "--metrics-port", "0",
@@ -83,7 +83,8 @@ def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restar
     assert agent_processes(tmp_path) == MACHINES
     agents = rows(sim_server.run("vipu-admin", sim_server.admin_port, "list", "agents").out)
     assert [(a[0], a[3], a[4], a[5]) for a in agents] == [(f"ag{n}", "Up", "cl0", "alloc-1") for n in range(1, MACHINES + 1)]
-    created = sim_server.run("vipu", sim_server.user_port, "create", "partition", "p1", "--size", "4", "--ipuof-dir", str(tmp_path / "ipuof"))
+    created = sim_server.run("vipu", sim_server.user_port, "create", "partition", "p1", "--size", "4",
+                             "--ipuof-dir", str(tmp_path / "ipuof"))
     assert created.out == "create partition (p1): success.\n", created.err
     assert (tmp_path / "ipuof" / "p1_ipuof.conf").exists()
     exporter = pairs(sim_server.run("vipu-admin", sim_server.admin_port, "get", "agent", "ag1").out)["Exporter"]

@@ -44,7 +44,8 @@ def test_the_ipus_of_a_partition_are_configured_on_its_agents_and_shown_by_get_a
     assert pod.held_anywhere("big") == ["m05", "m06", "m07", "m08"]  # large partitions fill from the top
     assert pod.held("m01") == {"small": [0, 1]}
     ipus = rows(pod.admin("get", "agent", "ag1").out)
-    assert [(r[0], r[2], r[3]) for r in ipus] == [("0", "small", "ACTIVE"), ("1", "small", "ACTIVE"), ("2", "-", "free"), ("3", "-", "free")]
+    assert [(r[0], r[2], r[3]) for r in ipus] == [("0", "small", "ACTIVE"), ("1", "small", "ACTIVE"),
+                                                  ("2", "-", "free"), ("3", "-", "free")]
     assert [r[2] for r in rows(pod.admin("get", "agent", "ag6").out)] == ["big"] * 4
     attrs = pod.admin("get", "agent", "ag6", "--json")
     assert [u["routing_id"] for u in json.loads(attrs.out)["ipus"]] == [4, 5, 6, 7]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vipu.backends.sim.rack import generate_rack, parse_rack, rack_to_data
-from vipu.cli.config import ClientSettings, parse_hcl
+from vipu.client.settings import ClientSettings, parse_hcl
 from vipu.k8s import controllers, jobs, webhooks
 from vipu.model.errors import InvalidArgument
 from vipu.slurm import config as slurm_config

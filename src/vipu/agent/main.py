@@ -80,7 +80,8 @@ class MachineHost:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--rack", "rack_path", required=True, type=click.Path(path_type=Path), help="Rack description (YAML) of the simulated hardware.")
+@click.option("--rack", "rack_path", required=True, type=click.Path(path_type=Path),
+              help="Rack description (YAML) of the simulated hardware.")
 @click.option("--machine", "machines", multiple=True, help="Machine of the rack to serve; repeat for several.")
 @click.option("--all-machines", is_flag=True, help="Serve every machine of the rack from this process.")
 @click.option("--listen-address", default=None, help="Address to listen on instead of the rack's.")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 
 import grpc
@@ -48,6 +49,8 @@ def code_for(error: errors.VipuError) -> grpc.StatusCode:
 SERVICE_ERROR_KEY = "vipu-error"
 # Trailing metadata of a standby replica's refusal: where the leader is, if it knows.
 STANDBY_KEY = "vipu-standby-leader"
+# grpc's metadata are (key, value) pairs, which types-grpcio declares as a class that is not one; ours have str values.
+_Pairs = Iterable[tuple[str, str]]
 
 
 def _trailers(error: errors.VipuError) -> tuple[tuple[str, str], ...]:
@@ -60,7 +63,7 @@ def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
     """The VipuError a failed call stands for; `peer` names the far end in transport errors."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else "") or str(code)
-    metadata = dict(error.trailing_metadata() or ()) if hasattr(error, "trailing_metadata") else {}
+    metadata = dict(typing.cast(_Pairs, error.trailing_metadata() or ())) if hasattr(error, "trailing_metadata") else {}
     if not metadata.get(SERVICE_ERROR_KEY):
         where = f"{peer}: " if peer else ""
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -79,7 +82,7 @@ def never_reached(error: grpc.RpcError) -> bool:
     """The call failed before any server saw it (no connection could be made), so sending it elsewhere is safe."""
     if not hasattr(error, "code") or error.code() != grpc.StatusCode.UNAVAILABLE:
         return False
-    if dict(error.trailing_metadata() or ()).get(SERVICE_ERROR_KEY):
+    if dict(typing.cast(_Pairs, error.trailing_metadata() or ())).get(SERVICE_ERROR_KEY):
         return False
     details = (error.details() or "").lower()
     return any(marker in details for marker in ("failed to connect", "connection refused", "name resolution", "dns resolution"))

@@ -17,6 +17,7 @@ import datetime
 import ipaddress
 import os
 import socket
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from vipu.model.errors import AlreadyExists, InvalidArgument
@@ -90,7 +92,7 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 def make_authority(common_name: str = "vipu certificate authority", days: int = 3650) -> tuple[bytes, bytes]:
     """A new certificate authority: (key PEM, certificate PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -113,10 +115,11 @@ def issue(authority_key: bytes, authority_cert: bytes, common_name: str, *, serv
           not_before: datetime.datetime | None = None, not_after: datetime.datetime | None = None,
           days: int = DEFAULT_DAYS) -> tuple[bytes, bytes]:
     """A certificate signed by the authority: for a server (with `server_names`) or a client."""
-    ca_key = serialization.load_pem_private_key(authority_key, password=None)
+    # A key that cannot sign certificates (DH, X25519...) fails in sign(); make_authority's are EC.
+    ca_key = typing.cast(CertificateIssuerPrivateKeyTypes, serialization.load_pem_private_key(authority_key, password=None))
     ca_cert = x509.load_pem_x509_certificate(authority_cert)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -129,7 +132,7 @@ def issue(authority_key: bytes, authority_cert: bytes, common_name: str, *, serv
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if server_names is not None:
-        alternatives = []
+        alternatives: list[x509.GeneralName] = []
         for name in server_names:
             try:
                 alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
@@ -189,7 +192,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 def check_validity(path: Path, what: str = "client certificate") -> None:
     """Refuse a certificate outside its validity period: the server would close the connection without a reason."""
     certificate = x509.load_pem_x509_certificate(_read(path, what))
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if certificate.not_valid_after_utc < now:
         raise InvalidArgument(f"the {what} {path} expired on {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
     if certificate.not_valid_before_utc > now:

@@ -26,7 +26,7 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
-from vipu.cli.config import ClientSettings, client_settings, write_client_config
+from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.entities import IPUS_PER_MACHINE
 
 TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
@@ -251,7 +251,8 @@ def remove_cluster(admin, cluster_id, force):
 @click.argument("allocation_id")
 @click.option("--cluster", "cluster_id", required=True, help="The cluster the machines come from.")
 @click.option("--agents", default=None, help="These physically consecutive agents, in order: ag1,ag2,...")
-@click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None, help="Or this many IPUs, on consecutive free machines the controller picks.")
+@click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None,
+              help="Or this many IPUs, on consecutive free machines the controller picks.")
 @pass_endpoint
 def create_allocation(admin, allocation_id, cluster_id, agents, size):
     """Make consecutive machines of a cluster available for partitions."""
@@ -318,7 +319,7 @@ def write_user_config(admin: Endpoint, reply: pb.UserKeyReply, directory: Path) 
     try:
         write_client_config(path, settings)
     except OSError as error:
-        fail("write configuration", str(path), error.strerror)
+        fail("write configuration", str(path), error.strerror or str(error))
     return path
 
 

@@ -15,91 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from vipu.api import credentials
-from vipu.api.channels import RECONNECT_PROMPTLY
-from vipu.api.protos import version_pb2, version_pb2_grpc
-from vipu.api.status import error_from_rpc, never_reached, one_line
-from vipu.api.tls import client_credentials
-from vipu.cli.config import ClientSettings, Given
-from vipu.model.errors import Standby, Unavailable, VipuError
+from vipu.api.status import one_line
+from vipu.client.connection import Connection
+from vipu.client.settings import ClientSettings, Given
+from vipu.model.errors import VipuError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-
-
-class Connection:
-    """Lazily opened channels to one end-point of vipu-server, with the caller's credentials.
-
-    With several addresses (the replicas of a highly available controller) a call goes to the
-    one that answered last, and moves on to the next when a replica says it stands by or cannot
-    be connected to at all. A call that reached a server and then lost it is not sent again: it
-    may have been carried out.
-    """
-
-    def __init__(self, settings: ClientSettings, timeout: float):
-        self.settings = settings
-        self.timeout = timeout
-        self.addresses = settings.addresses
-        self._current = 0
-        self._channels: dict[str, grpc.Channel] = {}
-
-    @property
-    def address(self) -> str:
-        """The address of the replica that answered last (the first, before any call)."""
-        return self.addresses[self._current]
-
-    def _open(self, address: str) -> grpc.Channel:
-        if address not in self._channels:
-            s = self.settings
-            if s.tls:
-                transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
-                self._channels[address] = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
-            else:
-                self._channels[address] = grpc.insecure_channel(address, options=RECONNECT_PROMPTLY)
-        return self._channels[address]
-
-    def call(self, stub_class, method: str, request, no_deadline: bool = False):
-        """Call a method within the connection's deadline, or as long as it takes."""
-        passed_over = []
-        for step in range(len(self.addresses)):
-            index = (self._current + step) % len(self.addresses)
-            address = self.addresses[index]
-            try:
-                reply = getattr(stub_class(self._open(address)), method)(
-                    request, timeout=None if no_deadline else self.timeout,
-                    metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
-                )
-            except grpc.RpcError as error:
-                failure = self._explained(error, address)
-                if len(self.addresses) == 1 or not (isinstance(failure, Standby) or never_reached(error)):
-                    raise failure from None
-                passed_over.append(failure.message if failure.message.startswith("vipu-server at") else f"{address}: {failure.message}")
-                continue
-            self._current = index
-            return reply
-        raise Unavailable(f"no vipu-server of {', '.join(self.addresses)} serves: {'; '.join(passed_over)}")
-
-    def _explained(self, error: grpc.RpcError, address: str) -> VipuError:
-        """The error, with the likely cause when the TLS set-ups of client and server disagree."""
-        where = f"vipu-server at {address}"
-        failure = error_from_rpc(error, where)
-        details = (error.details() or "") if hasattr(error, "details") else ""
-        if "CERTIFICATE_VERIFY_FAILED" in details:
-            return Unavailable(f"{where}: its certificate is not signed by the certificate authority in {self.settings.server_cert}")
-        if "Socket closed" in details or "Connection reset" in details:
-            if self.settings.tls:
-                return Unavailable(f"{where} closed the TLS connection: it does not accept the client certificate "
-                                   f"{self.settings.client_cert} (not signed by its certificate authority?)")
-            return Unavailable(f"{where} closed the connection: it runs in secure mode and needs mutual TLS "
-                               "(give --tls-server-cert, --tls-client-cert and --tls-client-key, or a --config file with them)")
-        return failure
-
-    def server_version(self) -> str:
-        return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
 
 
 class Endpoint:
@@ -138,16 +63,21 @@ def connection_options(default_port: int):
         click.option("-H", "--api-host", default=None,
                      help="Host of vipu-server, or the replicas of a highly available one as H1,H2,... (each may be HOST:PORT); "
                           "they are tried in turn. Default: $VIPU_CLI_API_HOST, the config file, or localhost."),
-        click.option("--api-port", type=click.IntRange(1, 65535), default=None, help=f"Port of the end-point. Default: the config file, or {default_port}."),
+        click.option("--api-port", type=click.IntRange(1, 65535), default=None,
+                     help=f"Port of the end-point. Default: the config file, or {default_port}."),
         click.option("--api-timeout", default=60.0, show_default=True, help="Seconds to wait for an answer."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Client configuration file (HCL). Default: /etc/vipu/vipu-cli.hcl if it exists."),
-        click.option("--api-user-id", default=None, help="User to act as in secure mode. Default: $VIPU_CLI_API_USER_ID or the config file."),
-        click.option("--api-access-key", default=None, help="That user's access key. Default: $VIPU_CLI_API_ACCESS_KEY or the config file."),
+        click.option("--api-user-id", default=None,
+                     help="User to act as in secure mode. Default: $VIPU_CLI_API_USER_ID or the config file."),
+        click.option("--api-access-key", default=None,
+                     help="That user's access key. Default: $VIPU_CLI_API_ACCESS_KEY or the config file."),
         click.option("--tls-server-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Certificate authority of the server's certificate (mutual TLS)."),
-        click.option("--tls-client-cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Client certificate (mutual TLS)."),
-        click.option("--tls-client-key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Client certificate's key (mutual TLS)."),
+        click.option("--tls-client-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Client certificate (mutual TLS)."),
+        click.option("--tls-client-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Client certificate's key (mutual TLS)."),
         click.option("--server-version", is_flag=True, help="Print the version of vipu-server and exit."),
     ]
 

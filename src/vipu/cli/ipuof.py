@@ -15,8 +15,9 @@ import click
 
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
-from vipu.cli.common import CONTEXT, CommandGroup, Connection, ipuof_dir_option, reporting, run
-from vipu.cli.config import ClientSettings
+from vipu.cli.common import CONTEXT, CommandGroup, ipuof_dir_option, reporting, run
+from vipu.client.connection import Connection
+from vipu.client.settings import ClientSettings
 from vipu.ipuof import client as ipuof_client
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument

@@ -46,7 +46,7 @@ def make_rack(output, machines, topology, ilds, host, base_port, exporters, time
     except VipuError as error:
         fail("rack", str(output), error.message)
     except OSError as error:
-        fail("rack", str(output), error.strerror)
+        fail("rack", str(output), error.strerror or str(error))
     click.echo(f"rack ({output}): success. {machines} machines, {len(rack.cables)} cables.")
 
 

@@ -27,7 +27,7 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
-from vipu.cli.config import client_settings
+from vipu.client.settings import client_settings
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument, NotFound
 
@@ -205,9 +205,10 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         else:
             listing = user("ListPartitions", pb.ListPartitionsRequest())
             status = user("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=partition_id)).status
-            partition = next((p for p in listing.partitions if p.id == partition_id), None)
-            if partition is None:
+            found = next((p for p in listing.partitions if p.id == partition_id), None)
+            if found is None:
                 raise NotFound(f"partition {partition_id} does not exist")
+            partition = found
     if ipu_configs:
         for index, gcd_config in enumerate(config.gcd_configs):
             number = gcd if gcd is not None else index

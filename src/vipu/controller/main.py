@@ -15,7 +15,7 @@ import click
 from vipu import __version__
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate
-from vipu.cli.config import ClientSettings, write_client_config
+from vipu.client.settings import ClientSettings, write_client_config
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.services.users import UserService
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
@@ -99,7 +99,8 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--advertise-address", default=None,
               help="With --ha: the host name clients reach this replica by, which standbys name as the leader's. "
                    "Default: --listen-address, or this host's name when listening on all addresses.")
-@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, tls_init, tls_dir, tls_hosts,
          default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, ha, ha_lease_seconds, advertise_address,

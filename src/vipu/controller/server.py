@@ -83,7 +83,8 @@ class Controller:
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
         self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
         self.users = UserService(self.store) if config.secure else None
-        self.discovery = DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port) if config.discovery_interfaces else None
+        self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
+                          if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
         self.leadership = None
         if config.ha_lease_seconds > 0:
@@ -125,12 +126,13 @@ class Controller:
         """Elected: recover the store's state as after a restart, then serve."""
         try:
             self._recover()
-        except Exception as error:  # noqa: BLE001 - a leader that cannot recover must not serve
+        except Exception as error:
             log.exception("taking over failed")
             self._deposed(f"taking over failed: {error}")
             return
         self._start_health()
-        self.leadership.serving()
+        if self.leadership is not None:  # always: the leadership elected us
+            self.leadership.serving()
         log.info("leading: serving requests")
 
     def _deposed(self, reason: str) -> None:

@@ -83,7 +83,7 @@ class ControllerList:
         except InvalidArgument as error:
             log.warning("the V-IPU controller list is not usable, keeping the last one: %s", error.message)
             return
-        except Exception as error:  # the API server is unreachable for now: keep what we have
+        except Exception as error:  # noqa: BLE001 - the API server is unreachable for now: keep what we have
             log.warning("cannot read the V-IPU controller list, keeping the last one: %s", error)
             return
         with self._lock:

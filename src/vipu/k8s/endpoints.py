@@ -33,7 +33,7 @@ def _serve(address: str, port: int, handler: type[BaseHTTPRequestHandler], conte
 
 
 class _Quiet(BaseHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+    def log_message(self, format, *args):
         pass
 
     def answer(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
@@ -48,7 +48,7 @@ def serve_probes(address: str, port: int, ready: Callable[[], bool]) -> Threadin
     """`/healthz` (the process answers) and `/readyz` (it has reached the API server)."""
 
     class Probes(_Quiet):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             if self.path == "/healthz":
                 self.answer(200, b"ok")
             elif self.path == "/readyz":
@@ -72,9 +72,13 @@ class Authorizer:
         if not review.status or not review.status.authenticated:
             return 401
         user = review.status.user
+        if user is None:  # the API server names an authenticated token's user; the caller answers 503
+            raise ValueError("the token review accepted the token but named no user")
         access = self.authorization.create_subject_access_review(client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(user=user.username, groups=user.groups, uid=user.uid, extra=user.extra,
                                                   non_resource_attributes=client.V1NonResourceAttributes(path="/metrics", verb="get"))))
+        if access.status is None:  # the API server always judges; the caller answers 503
+            raise ValueError("the subject access review came back without a status")
         return 200 if access.status.allowed else 403
 
 
@@ -96,7 +100,7 @@ def tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext:
 def serve_metrics(address: str, port: int, registry: CollectorRegistry, authorize: Callable[[str], int],
                   context: ssl.SSLContext) -> ThreadingHTTPServer:
     class Metrics(_Quiet):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             if self.path.split("?")[0] != "/metrics":
                 self.answer(404, b"not found")
                 return
@@ -106,7 +110,7 @@ def serve_metrics(address: str, port: int, registry: CollectorRegistry, authoriz
                 return
             try:
                 status = authorize(header.removeprefix("Bearer ").strip())
-            except Exception as error:  # the API server could not judge: refuse, and say why in the log
+            except Exception as error:  # noqa: BLE001 - the API server could not judge: refuse, and say why in the log
                 log.warning("cannot review a metrics request: %s", error)
                 status = 503
             if status != 200:

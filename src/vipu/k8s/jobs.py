@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from vipu.k8s.controllers import Controller
 from vipu.model.errors import InvalidArgument
@@ -348,9 +348,9 @@ def with_condition(status: dict, kind: str, reason: str, message: str, now: str)
     unchanged = current is not None and current.get("status") == "True" and current.get("reason") == reason \
         and current.get("message") == message
     if unchanged:
-        return conditions + [current]
+        return [*conditions, current]
     transition = now if current is None or current.get("status") != "True" else current.get("lastTransitionTime", now)
-    return conditions + [{"type": kind, "status": "True", "reason": reason, "message": message,
+    return [*conditions, {"type": kind, "status": "True", "reason": reason, "message": message,
                           "lastTransitionTime": transition, "lastUpdateTime": now}]
 
 
@@ -374,13 +374,13 @@ def _restartable(job: JobSpec, succeeded: bool, code: int) -> bool:
 
 
 def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _seconds(stamp: str | None, default: float) -> float:
     if not stamp:
         return default
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def decide(job: JobSpec, status: dict, pods: dict[str, dict], now: float, backoff: float) -> Decision:

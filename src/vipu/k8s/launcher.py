@@ -27,7 +27,7 @@ FIRST_WAIT, LONGEST_WAIT = 1.0, 30.0
 
 
 def _ready(pod: client.V1Pod) -> bool:
-    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+    if pod.metadata is None or pod.metadata.deletion_timestamp is not None or pod.status is None:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
@@ -35,8 +35,8 @@ def _ready(pod: client.V1Pod) -> bool:
 def wait_for_workers(core: client.CoreV1Api, namespace: str, job: str, count: int) -> None:
     selector = f"{JOB_LABEL}={job},{ROLE_LABEL}=worker"
     pods = core.list_namespaced_pod(namespace, label_selector=selector)
-    ready = {p.metadata.name for p in pods.items if _ready(p)}
-    version = pods.metadata.resource_version
+    ready = {p.metadata.name for p in pods.items if p.metadata is not None and _ready(p)}
+    version = pods.metadata.resource_version if pods.metadata is not None else None  # the API server sets it
     while len(ready) < count:
         log.info("%d of %d workers ready", len(ready), count)
         for event in watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=selector,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -32,7 +32,7 @@ class LeaderElection:
 
     def try_acquire(self) -> bool:
         """Take or renew the lease if it is free, expired or ours; whether we hold it now."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.lease_seconds)),
                 "renewTime": _micro_time(now)}
         try:
@@ -44,17 +44,20 @@ class LeaderElection:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {**spec, "acquireTime": _micro_time(now), "leaseTransitions": 0}}
             return self._attempt(self.api.create_namespaced_lease, self.namespace, body)
-        held = lease.spec.holder_identity
-        renewed = lease.spec.renew_time
-        expiry = renewed + timedelta(seconds=lease.spec.lease_duration_seconds or self.lease_seconds) if renewed else now
+        current, metadata = lease.spec, lease.metadata
+        if current is None or metadata is None:  # the API server fills both in; callers log it and try again
+            raise ValueError(f"lease {self.namespace}/{self.name} has no spec or metadata")
+        held = current.holder_identity
+        renewed = current.renew_time
+        expiry = renewed + timedelta(seconds=current.lease_duration_seconds or self.lease_seconds) if renewed else now
         if held and held != self.identity and now < expiry:
             return False
         if held != self.identity:
-            spec.update(acquireTime=_micro_time(now), leaseTransitions=(lease.spec.lease_transitions or 0) + 1)
+            spec.update(acquireTime=_micro_time(now), leaseTransitions=(current.lease_transitions or 0) + 1)
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease.metadata.resource_version},
-                "spec": {**self.api.api_client.sanitize_for_serialization(lease.spec), **spec}}
+                             "resourceVersion": metadata.resource_version},
+                "spec": {**self.api.api_client.sanitize_for_serialization(current), **spec}}
         return self._attempt(self.api.replace_namespaced_lease, self.name, self.namespace, body)
 
     @staticmethod
@@ -73,7 +76,7 @@ class LeaderElection:
             try:
                 if self.try_acquire():
                     return
-            except Exception as error:  # the API server is away for a moment: try again
+            except Exception as error:  # noqa: BLE001 - the API server is away for a moment: try again
                 log.warning("cannot reach lease %s/%s: %s", self.namespace, self.name, error)
             self._stop.wait(self.retry_seconds)
 
@@ -81,15 +84,15 @@ class LeaderElection:
         """Renew the lease in the background; call `on_lost` once it could not be renewed in time."""
 
         def renew() -> None:
-            last = datetime.now(timezone.utc)
+            last = datetime.now(UTC)
             while not self._stop.wait(self.retry_seconds):
                 try:
                     if self.try_acquire():
-                        last = datetime.now(timezone.utc)
+                        last = datetime.now(UTC)
                         continue
                     lost, reason = True, "another replica holds the lease"
-                except Exception as error:  # give up before the lease could expire under another leader
-                    lost, reason = (datetime.now(timezone.utc) - last).total_seconds() >= self.lease_seconds * 2 / 3, str(error)
+                except Exception as error:  # noqa: BLE001 - give up before the lease could expire under another leader
+                    lost, reason = (datetime.now(UTC) - last).total_seconds() >= self.lease_seconds * 2 / 3, str(error)
                 if lost:
                     log.error("lost the lease %s/%s: %s", self.namespace, self.name, reason)
                     on_lost()

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import typing
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -65,7 +66,8 @@ class Operator:
     def reconcile(self, namespace: str, name: str) -> None:
         with self._locks[f"{namespace}/{name}"]:
             try:
-                job = self.custom.get_namespaced_custom_object(jobs.GROUP, jobs.VERSION, namespace, jobs.PLURAL, name)
+                job = typing.cast(dict, self.custom.get_namespaced_custom_object(  # the object's JSON, as a dict
+                    jobs.GROUP, jobs.VERSION, namespace, jobs.PLURAL, name))
             except ApiException as error:
                 if error.status == 404:
                     return
@@ -94,7 +96,8 @@ class Operator:
                     return
                 controller = jobs.controller_of({"controller": chosen})
             pods = {p.metadata.name: self.core.api_client.sanitize_for_serialization(p)
-                    for p in self.core.list_namespaced_pod(namespace, label_selector=f"{jobs.JOB_LABEL}={name}").items}
+                    for p in self.core.list_namespaced_pod(namespace, label_selector=f"{jobs.JOB_LABEL}={name}").items
+                    if p.metadata is not None and p.metadata.name is not None}  # the API server names every pod
             decision = jobs.decide(spec, status, pods, now, self.restart_backoff)
             self.metrics.reconciliations.inc()
             if decision.status.get("restartCount", 0) > status.get("restartCount", 0):
@@ -108,6 +111,8 @@ class Operator:
             if decision.create:
                 self._ensure_job_objects(spec)
             for pod in decision.create:
+                if controller is None:  # decide creates pods only for a job placed on a controller
+                    raise RuntimeError(f"job {spec.key}: pod {pod} to create, but no V-IPU controller chosen")
                 body = jobs.launcher_pod(spec, self.wiring, controller) if pod == spec.launcher_name else \
                     jobs.worker_pod(spec, int(pod.rsplit("-", 1)[1]), controller)
                 if self._ignore(409, self.core.create_namespaced_pod, namespace, body) is not None:  # None: it existed
@@ -139,9 +144,12 @@ class Operator:
         while True:
             time.sleep(interval)
             try:
-                found = [job for namespace in namespaces for job in self.custom.list_namespaced_custom_object(
-                    jobs.GROUP, jobs.VERSION, namespace, jobs.PLURAL)["items"]] if namespaces else \
-                    self.custom.list_cluster_custom_object(jobs.GROUP, jobs.VERSION, jobs.PLURAL)["items"]
+                if namespaces:
+                    listed = [self.custom.list_namespaced_custom_object(jobs.GROUP, jobs.VERSION, namespace, jobs.PLURAL)
+                              for namespace in namespaces]
+                else:
+                    listed = [self.custom.list_cluster_custom_object(jobs.GROUP, jobs.VERSION, jobs.PLURAL)]
+                found = [job for objects in listed for job in typing.cast(dict, objects)["items"]]  # JSON, as dicts
                 for job in found:
                     self.reconcile(job["metadata"]["namespace"], job["metadata"]["name"])
             except Exception:  # the API server or the proxy away for a moment: the next round retries

@@ -21,11 +21,13 @@ controllers come from a ConfigMap an administrator may edit (`controllers.py`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import typing
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 import uvicorn
@@ -38,8 +40,8 @@ from pydantic import BaseModel, Field
 
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
-from vipu.cli.common import Connection
-from vipu.cli.config import ClientSettings
+from vipu.client.connection import Connection
+from vipu.client.settings import ClientSettings
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
@@ -152,7 +154,7 @@ class Partitions:
                 raise NotFound(f"job {request.namespace}/{request.job} is gone or being deleted: no partition for it")
             controller = self._controller(request.controller)
             entry = Entry(request.namespace, request.job, request.uid, request.size, controller.address,
-                          datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                          datetime.now(UTC).isoformat(timespec="seconds"))
             self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
             try:
                 self._call(controller, "CreatePartition", pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
@@ -177,10 +179,8 @@ class Partitions:
     def remove(self, partition_id: str) -> dict:
         with self._lock:
             _, controller = self._owned(partition_id)
-            try:
+            with contextlib.suppress(NotFound):  # gone already: forget it all the same
                 self._call(controller, "RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=True))
-            except NotFound:
-                pass  # gone already: forget it all the same
             self.tracker.drop(partition_id)
             log.info("partition %s removed from %s", partition_id, controller.address)
             return {"id": partition_id, "removed": True}
@@ -276,7 +276,10 @@ def advertise(core: client.CoreV1Api, partitions: Partitions, on_master: bool) -
     control-plane nodes only when asked to (ipuVisibility.advertiseOnMaster)."""
     free: dict[str, int] = {}
     for node in core.list_node().items:
-        labels = node.metadata.labels or {}
+        metadata = node.metadata
+        if metadata is None or metadata.name is None:  # not from the API server, which names every node
+            continue
+        labels = metadata.labels or {}
         if not on_master and MASTER_LABELS & labels.keys():
             continue
         mine = [c for c in partitions.controllers() if c.label_key and labels.get(c.label_key) == c.label_value]
@@ -286,8 +289,8 @@ def advertise(core: client.CoreV1Api, partitions: Partitions, on_master: bool) -
             if controller.address not in free:
                 free[controller.address] = partitions.usage(controller)[1]
         value = str(sum(free[c.address] for c in mine))
-        if (node.metadata.annotations or {}).get(AVAILABLE_ANNOTATION) != value:
-            core.patch_node(node.metadata.name, {"metadata": {"annotations": {AVAILABLE_ANNOTATION: value}}})
+        if (metadata.annotations or {}).get(AVAILABLE_ANNOTATION) != value:
+            core.patch_node(metadata.name, {"metadata": {"annotations": {AVAILABLE_ANNOTATION: value}}})
 
 
 def create_app(partitions: Partitions, registry: CollectorRegistry | None = None) -> FastAPI:
@@ -418,7 +421,7 @@ def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_
 
     def job_alive(job_namespace: str, job: str, uid: str) -> bool:
         try:
-            found = jobs_api.get_namespaced_custom_object("graphcore.ai", "v1alpha1", job_namespace, "ipujobs", job)
+            found = typing.cast(dict, jobs_api.get_namespaced_custom_object("graphcore.ai", "v1alpha1", job_namespace, "ipujobs", job))
         except ApiException as error:
             if error.status == 404:
                 return False
@@ -431,7 +434,7 @@ def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_
         while True:
             try:
                 advertise(core, partitions, advertise_on_master)
-            except Exception as error:  # a controller or the API server away for a moment: next round
+            except Exception as error:  # noqa: BLE001 - a controller or the API server away for a moment: next round
                 log.warning("cannot advertise IPU availability on nodes: %s", error)
             time.sleep(controllers_refresh)
 

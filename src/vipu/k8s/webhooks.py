@@ -39,7 +39,7 @@ def _pointer(path: tuple[str, ...]) -> str:
 def default_patch(spec: dict) -> list[dict]:
     """JSON Patch operations adding each missing default (and any object that is to hold it)."""
     spec = json.loads(json.dumps(spec))
-    operations = []
+    operations: list[dict] = []
     for path, value in DEFAULTS:
         node = spec
         for depth, part in enumerate(path[:-1]):

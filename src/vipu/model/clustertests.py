@@ -282,11 +282,11 @@ def judge_traffic_window(number: int, window: tuple[str, ...], layout: ClusterLa
             continue
         errors = {r.link: r for r in observation.internal}
         for link in INTERNAL_LINKS:
-            reading = errors.get(link.key)
-            if reading is None or not reading.up:
+            internal = errors.get(link.key)
+            if internal is None or not internal.up:
                 lines.append(_internal_line(agent, link, ": link down"))
-            elif reading.errors > TRAFFIC_ERROR_THRESHOLD:
-                lines.append(_internal_line(agent, link, f": {reading.errors} link errors"))
+            elif internal.errors > TRAFFIC_ERROR_THRESHOLD:
+                lines.append(_internal_line(agent, link, f": {internal.errors} link errors"))
         for ipu in range(IPUS_PER_MACHINE):
             expected = program_checksum(seed, chips[agent].get(ipu, ""), routing[(agent, ipu)])
             if observation.checksums.get(ipu) != expected:

@@ -66,8 +66,8 @@ def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping
         if cable.lower.agent_id in members and cable.upper.agent_id in members:
             enable("sync", cable)
     for cable in layout.gwlink_cables(members):
-        low, up = cable.lower.agent_id, cable.upper.agent_id
-        if low in members and up in members and segment_of[low] != segment_of[up]:
+        low_agent, up_agent = cable.lower.agent_id, cable.upper.agent_id
+        if low_agent in members and up_agent in members and segment_of[low_agent] != segment_of[up_agent]:
             enable("gw", cable)
 
     result = {}

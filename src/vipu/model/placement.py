@@ -173,8 +173,7 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_C
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
             if not any(index in busy for index in group):
                 score = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
-                candidates.append(_Candidate(score, (order, group_order),
-                                             lambda d=d, agent=agent, group=group: ((d, tuple((agent, i) for i in group)),), 0))
+                candidates.append(_Candidate(score, (order, group_order), partial(_group_of_ipus, d, agent, group), 0))
                 if not every:
                     break  # the machine's later groups score worse
     return candidates
@@ -200,6 +199,10 @@ def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Ca
                 candidates.append(_Candidate(score, (count, ilds[0], start),
                                              partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
     return candidates
+
+
+def _group_of_ipus(ild: int, agent: str, group: tuple[int, ...]) -> Segments:
+    return ((ild, tuple((agent, i) for i in group)),)
 
 
 def _run_of_machines(layout: ClusterLayout, ilds: tuple[int, ...], start: int, machines: int) -> Segments:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vipu.cli.config import ClientSettings
+from vipu.client.settings import ClientSettings
 from vipu.model.errors import InvalidArgument
 
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
@@ -72,7 +72,7 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
             raise InvalidArgument(f"{path} line {number}: unknown key {key!r} (known: {', '.join(KNOWN_KEYS)})")
         values[canonical[key.lower()]] = value
 
-    def number(key: str, default: float, kind=int):
+    def positive(key: str, default: float, kind=int):
         if key not in values:
             return default
         try:
@@ -94,7 +94,7 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
         missing = [key for key in SECURE_KEYS if not values.get(key)]
         if missing:
             raise InvalidArgument(f"{path}: IsSecure needs {', '.join(missing)}")
-    port = number("ApiPort", 8090)
+    port = positive("ApiPort", 8090)
     if port > 65535:
         raise InvalidArgument(f"{path}: ApiPort must be from 1 to 65535, not {port}")
 
@@ -103,7 +103,7 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
 
     return VipuSlurmConfig(
         path=path, api_host=values["ApiHost"], ipuof_dir=Path(values["IpuofDir"]), api_port=port,
-        max_ipus_per_job=number("MaxIpusPerJob", 256), api_timeout=number("ApiTimeout", 50.0, float),
+        max_ipus_per_job=positive("MaxIpusPerJob", 256), api_timeout=positive("ApiTimeout", 50.0, float),
         is_secure=secure, api_user=values.get("ApiUser", "") if secure else "",
         api_access_key=values.get("ApiAccessKey", "") if secure else "",
         client_cert=file("ClientCertFile"), client_key=file("ClientKeyFile"), server_cert=file("ServerCertFile"),

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
-from vipu.cli.common import Connection
+from vipu.client.connection import Connection
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import (
     AlreadyExists,

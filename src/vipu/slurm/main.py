@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from vipu.api.protos import version_pb2, version_pb2_grpc
-from vipu.cli.common import Connection
+from vipu.client.connection import Connection
 from vipu.model.errors import VipuError
 from vipu.slurm import config as slurm_config
 from vipu.slurm.jobs import JobPartitions, Scontrol

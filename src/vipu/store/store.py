@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import (
     Integer,
     String,
+    Table,
     bindparam,
     cast,
     create_engine,
@@ -85,8 +87,8 @@ from vipu.store.schema import (
 
 LAST_TEST_RUN = "last"
 GENERATION_KEY = "configuration_generation"
-PARTITIONS = PartitionRow.__table__
-IPUS = PartitionIpuRow.__table__
+PARTITIONS = typing.cast(Table, PartitionRow.__table__)  # declared as a FromClause
+IPUS = typing.cast(Table, PartitionIpuRow.__table__)
 
 # The partition statements, built once: building and keying a statement costs more than running it.
 ONE_PARTITION = select(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
@@ -264,7 +266,7 @@ class ConfigurationCache:
     generation, so several controllers on one database never see each other's stale copies.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: Configuration | None = None
 
@@ -519,12 +521,12 @@ class Transaction:
         self._flush(f"user {user.id} already exists")
 
     def set_user_allocations(self, user_id: str, allocation_ids: tuple[str, ...]) -> None:
-        row = self.session.get(UserRow, user_id)
+        row = self.session.get_one(UserRow, user_id)
         row.grants = [UserAllocationRow(allocation_id=a) for a in sorted(set(allocation_ids))]
         self.session.flush()
 
     def set_credential(self, user_id: str, credential: Credential) -> None:
-        row = self.session.get(UserRow, user_id)
+        row = self.session.get_one(UserRow, user_id)
         row.key_salt, row.key_hash, row.key_version = credential.salt, credential.digest, credential.version
 
     def delete_user(self, user_id: str) -> None:
@@ -675,7 +677,7 @@ class Store:
 
     # Leases: one leader among the controllers sharing this store
 
-    def claim_lease(self, name: str, holder: str, address: str, seconds: float) -> Lease:
+    def claim_lease(self, name: str, holder: str, address: str, seconds: float) -> Lease | None:
         """Take the lease if it is free or has expired, or renew it if `holder` has it; the lease as it now stands.
 
         The row is locked while it is decided, so two claimants never both win; the loser gets

@@ -32,7 +32,8 @@ def test_a_service_error_comes_back_as_its_family_with_its_message(family):
 
 
 def test_a_transport_failure_names_the_peer_and_keeps_the_useful_part():
-    details = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused"
+    details = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
+               "Failed to connect to remote host: Connection refused")
     back = error_from_rpc(FailedCall(grpc.StatusCode.UNAVAILABLE, details, service=False), "vipu-server at h:1")
     assert isinstance(back, errors.Unavailable) and back.message == "vipu-server at h:1: unreachable (connection refused)"
     late = error_from_rpc(FailedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", service=False), "agent")

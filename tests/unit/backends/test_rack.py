@@ -46,7 +46,8 @@ MACHINE = "machines:\n  - {name: m1, serial: S1, agent: {port: 9000}}\n  - {name
         ("machines: [", "line 1: not valid YAML"),
         ("name: r\n", "machines: a rack needs a non-empty list"),
         ("machines:\n  - {name: m1, agent: {port: 1}}\n", "machines[0]: 'serial' is missing"),
-        ("machines:\n  - {name: m1, serial: S, agent: {port: 70000}}\n", "machines[0].agent: 'port' must be a whole number from 1 to 65535"),
+        ("machines:\n  - {name: m1, serial: S, agent: {port: 70000}}\n",
+         "machines[0].agent: 'port' must be a whole number from 1 to 65535"),
         (MACHINE.replace("S2", "S1"), "machines[1]: serial S1 is also used by machines[0]"),
         (MACHINE.replace("9001", "9000"), "agent address ('127.0.0.1', 9000) is also used"),
         (MACHINE + "cables:\n  - {kind: IPU-Link, a: m1:9, b: m2:1}\n", "cables[0].a: IPU-Link ports are numbered 1 to 8"),
@@ -63,7 +64,7 @@ def test_a_bad_rack_is_refused_with_the_place_of_the_mistake(text, message):
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path):
-    with pytest.raises(InvalidArgument, match="cannot read rack description .*No such file"):
+    with pytest.raises(InvalidArgument, match=r"cannot read rack description .*No such file"):
         load_rack(tmp_path / "absent.yaml")
 
 
@@ -113,5 +114,5 @@ def test_an_indexed_rack_answers_as_the_rack_does():
         for kind, count in PORT_COUNTS.items():
             for port in range(1, count + 1):
                 assert indexed.plugged(machine.name, kind, port) == rack.plugged(machine.name, kind, port)
-    with pytest.raises(InvalidArgument, match="rack .* has no machine m99"):
+    with pytest.raises(InvalidArgument, match=r"rack .* has no machine m99"):
         indexed.machine("m99")

@@ -11,8 +11,8 @@ from tests.ports import free_port
 from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
-from vipu.cli.common import Connection
-from vipu.cli.config import ClientSettings, address
+from vipu.client.connection import Connection
+from vipu.client.settings import ClientSettings, address
 from vipu.model.errors import Conflict, InvalidArgument, Standby, Unavailable
 
 

@@ -166,7 +166,7 @@ def test_an_unreachable_agent_is_a_temporary_failure(pod):
 def test_removal_refuses_to_forget_configuration_it_cannot_clear_unless_forced(pod):
     pod.partitions.create(PartitionRequest("p1", 8))
     pod.gateway.unreachable.add(pod.address("ag1"))
-    with pytest.raises(Unavailable, match="cannot remove partition p1: agent ag1: unreachable.*--force"):
+    with pytest.raises(Unavailable, match=r"cannot remove partition p1: agent ag1: unreachable.*--force"):
         pod.partitions.remove("p1")
     assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
     assert pod.held_anywhere("p1") == ["ag1"]  # ag2 was cleared; unreachable ag1 still holds its part

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from vipu.backends.sim import faults
@@ -57,7 +59,8 @@ class Bench:
         return ct.judge_gwlink(self.layout, self.observe(Probe.GWLINK), self.serials)
 
     def versions(self):
-        return ct.judge_versions(self.layout.agent_ids, {a: None if m.silent() else m.inventory().versions for a, m in self.machines.items()})
+        return ct.judge_versions(self.layout.agent_ids,
+                                 {a: None if m.silent() else m.inventory().versions for a, m in self.machines.items()})
 
     def pfc(self):
         return ct.judge_pfc(self.layout.agent_ids, self.observe(Probe.PFC))
@@ -204,7 +207,7 @@ def test_traffic_windows_hold_at_most_16_ipus_and_cover_every_link(machines, top
     found = ct.traffic_windows(layout)
     assert len(found) == windows
     assert all(len(w) <= 4 for w in found)
-    covered = {(a, b) for w in found for a, b in zip(w, w[1:], strict=False)}
+    covered = {(a, b) for w in found for a, b in pairwise(w)}
     assert all((lower, upper) in covered for lower, upper, _ in layout.vertical_pairs()) or machines <= 4
 
 

@@ -41,7 +41,8 @@ def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
     assert (config.api_port, config.max_ipus_per_job, config.api_timeout) == (9000, 64, 2.5)
     settings = config.client_settings()
     assert settings.tls and (settings.user_id, settings.access_key) == ("slurm", "k3y")
-    assert (settings.server_cert, settings.client_cert, settings.client_key) == (Path("/c/ca.pem"), Path("/c/client.pem"), Path("/c/client-key.pem"))
+    assert (settings.server_cert, settings.client_cert, settings.client_key) == (
+        Path("/c/ca.pem"), Path("/c/client.pem"), Path("/c/client-key.pem"))
 
 
 @pytest.mark.parametrize("text,message", [

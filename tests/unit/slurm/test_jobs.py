@@ -125,7 +125,7 @@ def test_a_partition_left_by_an_earlier_attempt_is_replaced(world):
 
 
 def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
-    jobs, controller, slurm, ipuof = world
+    jobs, controller, slurm, _ = world
     for job_id in ("3", "4", "5"):
         controller.partitions[f"slurm-{job_id}"] = pb.PartitionRequirements(id=f"slurm-{job_id}", size=1, num_gcds=1)
     controller.partitions["mine"] = pb.PartitionRequirements(id="mine", size=1, num_gcds=1)
@@ -135,7 +135,7 @@ def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
 
 
 def test_files_that_cannot_be_written_undo_the_partition(world, tmp_path):
-    jobs, controller, slurm, ipuof = world
+    jobs, controller, _, ipuof = world
     ipuof.write_text("not a directory")
     with pytest.raises(JobFailed, match="cannot write the IPUoF files of slurm-7"):
         jobs.prolog(JOB)

@@ -89,7 +89,8 @@ def test_partitions_round_trip_and_change_state(populated):
     with populated.reading() as tx:
         stored = tx.get_partition("p1")
         assert stored.ipus == p.ipus
-        assert (stored.ready_state, stored.operation_state, stored.errors) == (ReadyState.ERROR, OperationState.FAILED, ["agent ag1: broken"])
+        assert (stored.ready_state, stored.operation_state, stored.errors) == (
+            ReadyState.ERROR, OperationState.FAILED, ["agent ag1: broken"])
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}}
         assert [x.id for x in tx.partitions_on_agent("ag1")] == ["p1"]
         assert tx.partitions_on_agent("ag2") == []
@@ -406,7 +407,8 @@ def test_a_takeover_waits_for_the_writes_the_old_leader_has_under_way(postgres_u
 
             def claimant_waits() -> bool:
                 with observer.connect() as connection:
-                    return connection.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).scalar() == 1
+                    waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                    return connection.execute(waiting).scalar() == 1
 
             wait_for(claimant_waits)
             assert taken == []

@@ -166,7 +166,7 @@ class SimMachine(MachineBackend):
                 if probe is Probe.TRAFFIC and IPULINK_PORT_IPU[port] not in ipus:
                     continue
                 ports.append(self._read_port(rack, machine, kind, port, with_errors=probe is Probe.TRAFFIC))
-        internal = ()
+        internal: tuple[InternalReading, ...] = ()
         if probe in (Probe.IPULINK, Probe.TRAFFIC):
             internal = tuple(
                 InternalReading(

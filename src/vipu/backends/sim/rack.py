@@ -38,6 +38,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -274,7 +275,7 @@ class _Reader:
     def __init__(self, source: str):
         self.source = source
 
-    def fail(self, where: str, problem: str):
+    def fail(self, where: str, problem: str) -> NoReturn:
         raise InvalidArgument(f"{self.source}: {where}: {problem}")
 
     def mapping(self, value, where: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 
 from vipu.controller.services.clusters import ClusterService
@@ -107,10 +108,10 @@ class AgentService:
             ipus = [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus]
             return AgentView(agent, tx.cluster_of_agents().get(agent_id, ""), tx.allocation_of_agents().get(agent_id, ""), ipus)
 
-    def remove(self, agent_id: str, force: bool = False) -> list[str]:
+    def remove(self, agent_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an agent; with `force`, its cluster (and what is in it) first."""
         view = self.get(agent_id)
-        removed = []
+        removed: builtins.list[str] = []
         if view.cluster_id:
             if not force:
                 raise Conflict(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from vipu.controller.services.partitions import PartitionService
 from vipu.model.entities import Allocation, check_id
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
@@ -39,14 +41,14 @@ class AllocationService:
             partitions = tx.list_partitions()
             return [(a, [p.id for p in partitions if p.allocation_id == a.id]) for a in tx.list_allocations()]
 
-    def get(self, allocation_id: str) -> tuple[Allocation, list[str]]:
+    def get(self, allocation_id: str) -> tuple[Allocation, builtins.list[str]]:
         with self.store.reading() as tx:
             allocation = tx.get_allocation(allocation_id)
             if allocation is None:
                 raise NotFound(f"allocation {allocation_id} does not exist")
             return allocation, [p.id for p in tx.list_partitions(allocation_id=allocation_id)]
 
-    def remove(self, allocation_id: str, force: bool = False) -> list[str]:
+    def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an allocation; with `force`, its partitions first. What else was removed."""
         allocation, partition_ids = self.get(allocation_id)
         if partition_ids and not force:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from vipu.controller.services.allocations import AllocationService
 from vipu.model.entities import Cluster, check_id
 from vipu.model.errors import AlreadyExists, Conflict, NotFound
@@ -36,14 +38,14 @@ class ClusterService:
             allocations = tx.list_allocations()
             return [(c, [a.id for a in allocations if a.cluster_id == c.id]) for c in tx.list_clusters()]
 
-    def get(self, cluster_id: str) -> tuple[Cluster, list[str]]:
+    def get(self, cluster_id: str) -> tuple[Cluster, builtins.list[str]]:
         with self.store.reading() as tx:
             cluster = tx.get_cluster(cluster_id)
             if cluster is None:
                 raise NotFound(f"cluster {cluster_id} does not exist")
             return cluster, [a.id for a in tx.list_allocations(cluster_id)]
 
-    def remove(self, cluster_id: str, force: bool = False) -> list[str]:
+    def remove(self, cluster_id: str, force: bool = False) -> builtins.list[str]:
         """Remove a cluster; with `force`, its allocations and their partitions first."""
         cluster, allocation_ids = self.get(cluster_id)
         if cluster_id in self.under_test:
@@ -53,7 +55,7 @@ class ClusterService:
                 f"cluster {cluster_id} has {len(allocation_ids)} allocation(s) ({', '.join(allocation_ids)}); "
                 "remove them first, or use --force to remove them and their partitions with it"
             )
-        removed = []
+        removed: builtins.list[str] = []
         for allocation_id in allocation_ids:
             removed += self.allocations.remove(allocation_id, force=True)
             removed.append(f"allocation {allocation_id}")

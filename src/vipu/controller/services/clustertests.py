@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import ClassVar
 
 from vipu.controller.services.hardware import Hardware
 from vipu.model import clustertests as judge
@@ -77,7 +79,13 @@ class ClusterTestService:
                         f"cluster {cluster_id} has partitions ({', '.join(busy)}); remove them before running tests "
                         "that drive its links"
                     )
-                context = _Context(ClusterLayout.of(cluster), {a: tx.get_agent(a) for a in cluster.agent_ids})
+                agents: dict[str, Agent] = {}
+                for agent_id in cluster.agent_ids:
+                    agent = tx.get_agent(agent_id)
+                    if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
+                        raise NotFound(f"agent {agent_id} does not exist")
+                    agents[agent_id] = agent
+                context = _Context(ClusterLayout.of(cluster), agents)
             run = TestRun(cluster_id, RunState.RUNNING, planned)
             with self.store.transaction() as tx:
                 tx.save_test_run(run)
@@ -110,7 +118,7 @@ class ClusterTestService:
         """Stop the running test after its current step; the cluster it was testing."""
         with self._lock:
             run, thread = self._run, self._thread
-            if run is None:
+            if run is None or thread is None:  # start sets both together
                 raise Conflict("No cluster test is in progress.")
             self._stop.set()
         thread.join()
@@ -234,7 +242,7 @@ class ClusterTestService:
     def _pfc(self, c: _Context) -> Outcome:
         return judge.judge_pfc(c.layout.agent_ids, self._observe(list(c.agents.values()), Probe.PFC))
 
-    _steps = {
+    _steps: ClassVar[dict[TestType, Callable[[ClusterTestService, _Context], Outcome]]] = {
         TestType.SYNC: _sync,
         TestType.CABLING: _cabling,
         TestType.IPULINK: _ipulink,

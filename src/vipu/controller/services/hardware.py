@@ -61,7 +61,7 @@ class SharedLock:
 
 
 class AgentLocks:
-    def __init__(self):
+    def __init__(self) -> None:
         self._guard = threading.Lock()
         self._locks: dict[str, SharedLock] = {}
 

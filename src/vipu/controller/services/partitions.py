@@ -11,6 +11,7 @@ still held once it answers again.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from vipu.model.entities import (
     Access,
     Agent,
     Allocation,
+    Cluster,
     OperationState,
     Partition,
     PartitionRequest,
@@ -81,11 +83,12 @@ class PartitionService:
         with self.store.reading() as tx:
             return self._partition(tx, partition_id, access)
 
-    def ipuof_config(self, partition_id: str, gcd: int | None = None, access: Access = OPEN_ACCESS) -> tuple[Partition, list[GcdConfig], str]:
+    def ipuof_config(self, partition_id: str, gcd: int | None = None,
+                     access: Access = OPEN_ACCESS) -> tuple[Partition, builtins.list[GcdConfig], str]:
         """The partition, the IPUoF configuration of one GCD or all, and the IPUoF server version."""
         with self.store.reading() as tx:
             partition = self._partition(tx, partition_id, access)
-            inventories = {a: tx.get_agent(a).inventory for a in partition.agent_ids}
+            inventories = {a: self._agent(tx, a).inventory for a in partition.agent_ids}
         if partition.ready_state is not ReadyState.ACTIVE:
             raise Conflict(f"partition {partition_id} is {partition.ready_state.value}, so it has no usable IPUoF configuration")
         gcds = gcd_configs(partition, inventories)
@@ -95,7 +98,7 @@ class PartitionService:
             gcds = [gcds[gcd]]
         return partition, gcds, self._ipuof_version(inventories.values())
 
-    def ipuof_versions(self, partitions: list[Partition]) -> dict[str, str]:
+    def ipuof_versions(self, partitions: builtins.list[Partition]) -> dict[str, str]:
         """The IPUoF server version serving each partition, by partition id."""
         with self.store.reading() as tx:
             inventories = {a.id: a.inventory for a in tx.list_agents()}
@@ -105,11 +108,11 @@ class PartitionService:
     def _ipuof_version(inventories) -> str:
         return next((inv.versions.get(IPUOF_SERVER_VERSION_KEY, "") for inv in inventories), "")
 
-    def allocations(self, access: Access = OPEN_ACCESS) -> list[Allocation]:
+    def allocations(self, access: Access = OPEN_ACCESS) -> builtins.list[Allocation]:
         with self.store.reading() as tx:
             return [a for a in tx.list_allocations() if access.may_use(a.id)]
 
-    def ipu_attributes(self, agent_ids: list[str], access: Access = OPEN_ACCESS) -> list[IpuAttributes]:
+    def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:
         with self.store.reading() as tx:
             if access.unrestricted:
                 visible = {a.id for a in tx.list_agents()}
@@ -119,7 +122,7 @@ class PartitionService:
             if unknown:
                 raise NotFound(f"agent {unknown[0]} does not exist")
             chosen = agent_ids or sorted(visible)
-            agents = [tx.get_agent(a) for a in chosen]
+            agents = [self._agent(tx, a) for a in chosen]
         return [IpuAttributes(a.id, {i.index: dict(i.attributes) for i in a.inventory.ipus}) for a in agents]
 
     # Changing
@@ -133,7 +136,7 @@ class PartitionService:
                         raise AlreadyExists(f"partition {request.id} already exists")
                     partition, layout = self._place(tx, request, access)
                     tx.add_partition(partition)
-                    agents = {a: tx.get_agent(a) for a in partition.agent_ids}
+                    agents = {a: self._agent(tx, a) for a in partition.agent_ids}
                 break
             except ConcurrentUpdate:
                 # Another controller took the IPUs between our read and our write: place again.
@@ -149,7 +152,8 @@ class PartitionService:
             self._refuse_if_busy(partition)
             count = partition.auto_reset_count + 1 if automatic else None
             tx.set_partition_state(partition.id, ReadyState.PENDING, OperationState.RESETTING, auto_reset_count=count)
-            partition.auto_reset_count = count if automatic else partition.auto_reset_count
+            if count is not None:  # automatic
+                partition.auto_reset_count = count
             layout, agents = self._where(tx, partition)
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)
@@ -167,7 +171,7 @@ class PartitionService:
             if not force:
                 self._refuse_if_busy(partition)
             tx.set_partition_state(partition.id, partition.ready_state, OperationState.REMOVING)
-            agents = {a: tx.get_agent(a) for a in partition.agent_ids}
+            agents = {a: self._agent(tx, a) for a in partition.agent_ids}
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)
         if failures and not force:
@@ -233,12 +237,11 @@ class PartitionService:
         check_id("partition", request.id)
         if request.size <= 0:
             raise InvalidArgument(f"partition size must be a power of two, not {request.size}")
-        if request.num_replicas:
-            if request.num_replicas % request.num_gcds or request.size % request.num_replicas:
-                raise InvalidArgument(
-                    f"{request.num_replicas} replicas do not divide evenly into {request.num_gcds} GCD(s) "
-                    f"of a partition of {request.size} IPUs"
-                )
+        if request.num_replicas and (request.num_replicas % request.num_gcds or request.size % request.num_replicas):
+            raise InvalidArgument(
+                f"{request.num_replicas} replicas do not divide evenly into {request.num_gcds} GCD(s) "
+                f"of a partition of {request.size} IPUs"
+            )
         if request.reconfigurable and request.sync_type not in (None, SyncType.GS2_DEFAULT):
             raise InvalidArgument("a reconfigurable partition supports only the c2-compatible sync type")
         if request.explicit_ipus and not request.cluster_id:
@@ -260,15 +263,16 @@ class PartitionService:
             if not access.unrestricted:
                 raise Conflict(f"no allocation in {where} is given to user {access.user_id}; an administrator gives one with "
                                "'vipu-admin update user --give'")
-            raise Conflict(f"there is no allocation to create partitions in, in {where}; an administrator creates one with 'vipu-admin create allocation'")
+            raise Conflict(f"there is no allocation to create partitions in, in {where}; an administrator creates one with "
+                           "'vipu-admin create allocation'")
 
         refusals: list[Conflict] = []
         for allocation in candidates:
             if allocation.cluster_id in self.under_test:
-                refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; no partition can be created in it until the test ends"))
+                refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; "
+                                         "no partition can be created in it until the test ends"))
                 continue
-            cluster = tx.get_cluster(allocation.cluster_id)
-            layout = ClusterLayout.of(cluster)
+            layout = ClusterLayout.of(self._cluster(tx, allocation.cluster_id))
             try:
                 placement = place_partition(
                     layout,
@@ -309,8 +313,24 @@ class PartitionService:
 
     @staticmethod
     def _where(tx: Transaction, partition: Partition) -> tuple[ClusterLayout, dict[str, Agent]]:
-        layout = ClusterLayout.of(tx.get_cluster(partition.cluster_id))
-        return layout, {a: tx.get_agent(a) for a in partition.agent_ids}
+        layout = ClusterLayout.of(PartitionService._cluster(tx, partition.cluster_id))
+        return layout, {a: PartitionService._agent(tx, a) for a in partition.agent_ids}
+
+    @staticmethod
+    def _agent(tx: Transaction, agent_id: str) -> Agent:
+        """An agent a partition or allocation names, which the store's foreign keys keep while they exist."""
+        agent = tx.get_agent(agent_id)
+        if agent is None:
+            raise NotFound(f"agent {agent_id} does not exist")
+        return agent
+
+    @staticmethod
+    def _cluster(tx: Transaction, cluster_id: str) -> Cluster:
+        """The cluster an allocation or partition is in, which the store's foreign keys keep while they exist."""
+        cluster = tx.get_cluster(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {cluster_id} does not exist")
+        return cluster
 
     @staticmethod
     def _allocation(tx: Transaction, allocation_id: str, access: Access) -> Allocation:

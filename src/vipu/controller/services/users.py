@@ -85,7 +85,10 @@ class UserService:
             user.allocation_ids = allocations
             if rotate:
                 key = new_key()
-                tx.set_credential(user_id, credential_for(key, tx.get_credential(user_id).version + 1))
+                current = tx.get_credential(user_id)
+                if current is None:  # not while the user exists: the credential is on the user's row
+                    raise NotFound(f"user {user_id} does not exist")
+                tx.set_credential(user_id, credential_for(key, current.version + 1))
         return user, key
 
     def remove(self, user_id: str) -> None:
@@ -110,7 +113,7 @@ class UserService:
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
             credential = tx.get_credential(user_id)
-        if user is None or not self._matches(user_id, key, credential):
+        if user is None or credential is None or not self._matches(user_id, key, credential):
             raise Unauthenticated(f"invalid user id or access key for user {user_id}")
         if user.role is Role.ADMIN:
             return Access(user.id, None)

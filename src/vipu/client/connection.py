@@ -1,0 +1,86 @@
+"""Calls to one end-point of vipu-server, over its replicas, with the caller's credentials."""
+
+from __future__ import annotations
+
+import grpc
+
+from vipu.api import credentials
+from vipu.api.channels import RECONNECT_PROMPTLY
+from vipu.api.protos import version_pb2, version_pb2_grpc
+from vipu.api.status import error_from_rpc, never_reached
+from vipu.api.tls import client_credentials
+from vipu.client.settings import ClientSettings
+from vipu.model.errors import InvalidArgument, Standby, Unavailable, VipuError
+
+
+class Connection:
+    """Lazily opened channels to one end-point of vipu-server, with the caller's credentials.
+
+    With several addresses (the replicas of a highly available controller) a call goes to the
+    one that answered last, and moves on to the next when a replica says it stands by or cannot
+    be connected to at all. A call that reached a server and then lost it is not sent again: it
+    may have been carried out.
+    """
+
+    def __init__(self, settings: ClientSettings, timeout: float):
+        self.settings = settings
+        self.timeout = timeout
+        self.addresses = settings.addresses
+        self._current = 0
+        self._channels: dict[str, grpc.Channel] = {}
+
+    @property
+    def address(self) -> str:
+        """The address of the replica that answered last (the first, before any call)."""
+        return self.addresses[self._current]
+
+    def _open(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            s = self.settings
+            if s.server_cert is not None:  # s.tls
+                if s.client_cert is None or s.client_key is None:  # client_settings refuses this; a hand-built one might not
+                    raise InvalidArgument("mutual TLS needs a client certificate and its key besides the server's certificate authority")
+                transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
+                self._channels[address] = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
+            else:
+                self._channels[address] = grpc.insecure_channel(address, options=RECONNECT_PROMPTLY)
+        return self._channels[address]
+
+    def call(self, stub_class, method: str, request, no_deadline: bool = False):
+        """Call a method within the connection's deadline, or as long as it takes."""
+        passed_over = []
+        for step in range(len(self.addresses)):
+            index = (self._current + step) % len(self.addresses)
+            address = self.addresses[index]
+            try:
+                reply = getattr(stub_class(self._open(address)), method)(
+                    request, timeout=None if no_deadline else self.timeout,
+                    metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
+                )
+            except grpc.RpcError as error:
+                failure = self._explained(error, address)
+                if len(self.addresses) == 1 or not (isinstance(failure, Standby) or never_reached(error)):
+                    raise failure from None
+                passed_over.append(failure.message if failure.message.startswith("vipu-server at") else f"{address}: {failure.message}")
+                continue
+            self._current = index
+            return reply
+        raise Unavailable(f"no vipu-server of {', '.join(self.addresses)} serves: {'; '.join(passed_over)}")
+
+    def _explained(self, error: grpc.RpcError, address: str) -> VipuError:
+        """The error, with the likely cause when the TLS set-ups of client and server disagree."""
+        where = f"vipu-server at {address}"
+        failure = error_from_rpc(error, where)
+        details = (error.details() or "") if hasattr(error, "details") else ""
+        if "CERTIFICATE_VERIFY_FAILED" in details:
+            return Unavailable(f"{where}: its certificate is not signed by the certificate authority in {self.settings.server_cert}")
+        if "Socket closed" in details or "Connection reset" in details:
+            if self.settings.tls:
+                return Unavailable(f"{where} closed the TLS connection: it does not accept the client certificate "
+                                   f"{self.settings.client_cert} (not signed by its certificate authority?)")
+            return Unavailable(f"{where} closed the connection: it runs in secure mode and needs mutual TLS "
+                               "(give --tls-server-cert, --tls-client-cert and --tls-client-key, or a --config file with them)")
+        return failure
+
+    def server_version(self) -> str:
+        return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
