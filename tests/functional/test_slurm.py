@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.functional
 
 MAX_IPUS = 16
 MACHINES = 4  # 16 IPUs
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE")  # GONE: Slurm forgot the job
 
 
 def vipu_conf(port: int, ipuof_dir: Path, **changes: str) -> str:
@@ -76,11 +78,20 @@ class World:
         return done
 
     def cancel_submitted(self) -> None:
+        """Cancel every job this test submitted and wait until each has ended and its partition
+        is gone. A job caught between two rounds of requeueing (COMPLETING) can miss a cancel and
+        come back PENDING, so the cancel is sent again to whatever has not ended yet."""
         jobs, self.submitted = self.submitted, []
+
+        def ended() -> bool:
+            running = [job for job in jobs if self.state(job) not in ENDED or self.partitions_of(job)]
+            if running:
+                self.slurm.run("scancel", *running)
+                time.sleep(0.5)
+            return not running
+
         if jobs:
-            self.slurm.run("scancel", *jobs)
-            for job in jobs:
-                self.wait_done(job)
+            wait_until(ended, timeout=90, what=f"jobs {', '.join(jobs)} to end and their partitions to go")
 
     def submit(self, *args: str) -> str:
         done = self.sbatch(*args)
@@ -102,8 +113,8 @@ class World:
 
     def wait_done(self, job_id: str, timeout: float = 90) -> None:
         """Until the job and its epilog are over (Slurm forgets it MinJobAge after that)."""
-        wait_until(lambda: self.state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE")
-                   and not self.partitions_of(job_id), timeout=timeout, what=f"job {job_id} to end and its partition to go")
+        wait_until(lambda: self.state(job_id) in ENDED and not self.partitions_of(job_id), timeout=timeout,
+                   what=f"job {job_id} to end and its partition to go")
 
     def partitions(self) -> list[str]:
         api = vipuuser_pb2_grpc.UserServiceStub(self.pod._channel(self.pod.user_port))
