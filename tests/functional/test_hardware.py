@@ -6,10 +6,24 @@ from tests.functional.harness import failed_line, pairs, rows
 from vipu.api.protos import admin_pb2
 
 
-def test_a_missing_cable_puts_the_partition_in_error_with_the_agents_reasons(pod):
+def test_a_missing_cable_fails_the_create_leaving_nothing_and_saying_why(pod):
     pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
     pod.unplug("m08", 5)
     result = pod.user("create", "partition", "ring", "--size", "32")
+    failed_line(result, "create partition", "ring", "partition ring could not be created and was not kept: "
+                "agent ag1: m01: IPU-Link port 1 has no cable (expected one to m08:5); "
+                "agent ag8: m08: IPU-Link port 5 has no cable (expected one to m01:1)")
+    assert pod.held_anywhere("ring") == []
+    assert rows(pod.user("list", "partitions").out) == []
+    failed_line(pod.user("get", "partition", "ring"), "get partition", "ring", "partition ring does not exist")
+    pod.wipe_rack_only()
+    assert pod.user("create", "partition", "ring", "--size", "32").code == 0  # its IPUs were free at once
+
+
+def test_a_create_kept_on_error_is_in_error_with_the_agents_reasons(pod):
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    pod.unplug("m08", 5)
+    result = pod.user("create", "partition", "ring", "--size", "32", "--keep-on-error")
     failed_line(result, "create partition", "ring", "partition ring is in ERROR: agent ag1: m01: IPU-Link port 1 has no cable "
                 "(expected one to m08:5); agent ag8: m08: IPU-Link port 5 has no cable (expected one to m01:1)")
     assert pod.held_anywhere("ring") == []
@@ -34,7 +48,7 @@ def test_a_configuration_fault_on_one_machine_is_undone_on_the_others(pod):
     failed_line(pod.user("create", "partition", "p1", "--size", "16"), "create partition", "p1",
                 "agent ag6: m06: IPU 1 failed its link training")
     assert pod.held_anywhere("p1") == []  # m05, m07 and m08 applied it, and were cleared again
-    assert pod.user("remove", "partition", "p1").code == 0
+    failed_line(pod.user("remove", "partition", "p1"), "remove partition", "p1", "partition p1 does not exist")
     pod.wipe_rack_only()  # the machine is repaired
     assert pod.user("create", "partition", "p2", "--size", "16").code == 0
     assert pod.held_anywhere("p2") == ["m05", "m06", "m07", "m08"]

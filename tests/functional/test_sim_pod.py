@@ -94,8 +94,11 @@ def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restar
 
     sim_server.stop()
     assert agent_processes(tmp_path) == 0
+    first_run = sim_server.log_path.read_text()
+    assert "goes to ERROR" not in first_run and "is Down" not in first_run  # no pass saw the agents stop
     sim_server.start()
     listing = rows(sim_server.run("vipu", sim_server.user_port, "list", "partitions").out)
     assert listing == [["p1", "cl0", "1", "DEFAULT", "DNC", "4", "1", "ACTIVE"]]
-    assert "re-applied partition p1" in sim_server.log_path.read_text()
+    second_run = sim_server.log_path.read_text()
+    assert "re-applied partition p1" in second_run and "automatic reset" not in second_run
     assert rows(sim_server.run("vipu-admin", sim_server.admin_port, "get", "agent", "ag1").out)[0][2] == "p1"

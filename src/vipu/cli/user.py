@@ -118,10 +118,12 @@ def write_ipuof_files(user: Endpoint, partition_id: str, directory: Path) -> lis
 @click.option("--num-ipulinkdomains", "num_segments", type=COUNT, default=0,
               help="IPU-Link domains to span (over GW-Links). Default: one when it fits.")
 @click.option("--disable-auto-reset", is_flag=True, help="Do not reset the partition automatically after errors.")
+@click.option("--keep-on-error", is_flag=True,
+              help="If an agent fails, keep the partition in ERROR, holding its IPUs, for inspection. Default: leave nothing.")
 @ipuof_dir_option
 @pass_endpoint
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
-                     sync_type, ipulink_routing, num_segments, disable_auto_reset, ipuof_dir):
+                     sync_type, ipulink_routing, num_segments, disable_auto_reset, keep_on_error, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
@@ -138,7 +140,8 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
         num_ipulink_segments=num_segments,
     )
     with reporting("create partition", partition_id):
-        user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset))
+        user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset,
+                                                          keep_on_error=keep_on_error))
         write_ipuof_files(user, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 

@@ -154,9 +154,9 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         if pod is not None:
             pod.register(controller, rack)
     except BaseException as error:
+        controller.stop()
         if pod is not None:
             pod.stop()
-        controller.stop()
         if not isinstance(error, VipuError):
             raise
         click.echo(f"vipu-server: {error.message}", err=True)
@@ -186,9 +186,9 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
     log.info("stopping")
+    controller.stop()  # first, so that no health pass sees the simulated pod's agents go
     if pod is not None:
         pod.stop()
-    controller.stop()
     if deposed:
         click.echo(f"vipu-server: no longer the leader ({deposed[0]}); exiting, to be started again as a standby", err=True)
         sys.exit(3)

@@ -40,6 +40,9 @@ from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
+# How long a clean stop waits for a health pass under way to end; each of its agent calls is
+# bounded by the agent timeout.
+HEALTH_PASS_DEADLINE_SECONDS = 30.0
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Controller:
         self._on_deposed = on_deposed
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
+        self._health: threading.Thread | None = None
 
     def start(self) -> None:
         """Serve: at once if alone, or as a standby that takes over when elected."""
@@ -120,7 +124,9 @@ class Controller:
             self.discovery.start()
 
     def _start_health(self) -> None:
-        threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health", daemon=True).start()
+        self._health = threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health",
+                                        daemon=True)
+        self._health.start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""
@@ -164,12 +170,17 @@ class Controller:
         return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 
     def stop(self) -> None:
+        """Stop health passes, cluster tests, discovery and the servers (letting requests under
+        way finish), then let go of the agents and the store. Whatever the controller started
+        (the simulated pod of --sim) is stopped after this, so no pass sees its agents go."""
         self._stop.set()
         self.clustertests.shutdown()
         if self.discovery is not None:
             self.discovery.stop()
         for server in self._servers:
             server.stop(grace=2).wait()
+        if self._health is not None:
+            self._health.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
         if self.leadership is not None:
             self.leadership.stop()  # after the last request, so that the next leader starts from what it left
         self.hardware.close()

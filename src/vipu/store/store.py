@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     String,
     Table,
+    and_,
     bindparam,
     cast,
     create_engine,
@@ -40,6 +41,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from vipu.model import lifecycle
 from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
 from vipu.model.entities import (
     Agent,
@@ -99,7 +101,7 @@ IPUS_IN_ALLOCATION = (select(IPUS.c.agent_id, IPUS.c.ipu_index).join(PARTITIONS,
                       .where(PARTITIONS.c.allocation_id == bindparam("allocation")))
 NEW_PARTITION = insert(PARTITIONS)
 NEW_IPUS = insert(IPUS)
-DELETE_PARTITION = delete(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
+PARTITION_STATE = select(PARTITIONS.c.ready_state, PARTITIONS.c.operation_state).where(PARTITIONS.c.id == bindparam("id"))
 CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
 # PostgreSQL advisory locks ("vipu" and a number): held while a store is initialised; held shared
 # by every fenced write transaction and exclusively by a replica taking the lease over.
@@ -118,10 +120,24 @@ $$"""
 HOLDS_LEASE = text("SELECT vipu_holds_lease(:name, :holder, :term)")
 
 
+def _in_state():
+    """The condition of a compare-and-set: the partition, in the state its transition expects."""
+    return and_(PARTITIONS.c.id == bindparam("partition"), PARTITIONS.c.ready_state == bindparam("ready"),
+                PARTITIONS.c.operation_state == bindparam("operation"))
+
+
 @lru_cache(maxsize=8)
 def _partition_update(columns: tuple[str, ...]):
-    """UPDATE of the named columns of one partition, by id."""
-    return update(PARTITIONS).where(PARTITIONS.c.id == bindparam("partition")).values({c: bindparam(f"new_{c}") for c in columns})
+    """UPDATE of the named columns of one partition, only while it is in the expected state."""
+    return update(PARTITIONS).where(_in_state()).values({c: bindparam(f"new_{c}") for c in columns})
+
+
+DELETE_PARTITION_IN_STATE = delete(PARTITIONS).where(_in_state())
+
+
+def _first_line(error: OperationalError) -> str:
+    """What the database said, without SQLAlchemy's statement and background link."""
+    return (str(error.orig).splitlines() or ["no reason given"])[0]
 
 
 def normalise_url(url: str) -> str:
@@ -448,7 +464,11 @@ class Transaction:
         return used
 
     def add_partition(self, partition: Partition) -> None:
-        """Record a new partition; its id and IPUs must be free (a lost race is ConcurrentUpdate)."""
+        """Record a new partition by the life cycle's 'create'; its id and IPUs must be free (a lost
+        race is ConcurrentUpdate)."""
+        created = lifecycle.target(partition.id, "create", lifecycle.ABSENT)
+        if (state := lifecycle.state_of(partition)) != created:
+            raise ValueError(f"a new partition is {lifecycle.named(created)}, not {lifecycle.named(state)}")
         connection = self.session.connection()
         try:
             connection.execute(NEW_PARTITION, dict(
@@ -478,27 +498,35 @@ class Transaction:
         except IntegrityError as error:
             raise ConcurrentUpdate(f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request") from error
 
-    def set_partition_state(
-        self,
-        partition_id: str,
-        ready: ReadyState,
-        operation: OperationState,
-        errors: list[str] | None = None,
-        auto_reset_count: int | None = None,
-    ) -> None:
-        values: dict = {"ready_state": ready.value, "operation_state": operation.value}
-        if errors is not None:
-            values["errors"] = list(errors)
-        if auto_reset_count is not None:
-            values["auto_reset_count"] = auto_reset_count
-        parameters = {f"new_{column}": value for column, value in values.items()}
-        self.session.connection().execute(_partition_update(tuple(values)), {"partition": partition_id, **parameters})
-
-    def delete_partition(self, partition_id: str) -> None:
-        """Forget a partition; its IPU rows go with it (ON DELETE CASCADE), freeing the IPUs."""
-        self.session.connection().execute(DELETE_PARTITION, {"id": partition_id})
-
-    # Users
+    def transition(self, partition: Partition, name: str, errors: list[str] | None = None,
+                   auto_reset_count: int | None = None) -> None:
+        """Apply the life cycle's transition `name` to a partition, as a compare-and-set on the state
+        it was read in; the partition object follows. Refused with a `Conflict` naming both states
+        when the table has no such move or another operation changed the partition meanwhile."""
+        source = lifecycle.state_of(partition)
+        target = lifecycle.target(partition.id, name, source)
+        expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
+        connection = self.session.connection()
+        if target is lifecycle.ABSENT:
+            changed = connection.execute(DELETE_PARTITION_IN_STATE, expected).rowcount
+        else:
+            values: dict = {"ready_state": target[0].value, "operation_state": target[1].value}
+            if errors is not None:
+                values["errors"] = list(errors)
+            if auto_reset_count is not None:
+                values["auto_reset_count"] = auto_reset_count
+            parameters = {f"new_{column}": value for column, value in values.items()}
+            changed = connection.execute(_partition_update(tuple(values)), {**expected, **parameters}).rowcount
+        if changed != 1:
+            row = connection.execute(PARTITION_STATE, {"id": partition.id}).first()
+            found = None if row is None else (ReadyState(row.ready_state), OperationState(row.operation_state))
+            raise lifecycle.moved_meanwhile(partition.id, name, source, found)
+        if target is not lifecycle.ABSENT:
+            partition.ready_state, partition.operation_state = target
+            if errors is not None:
+                partition.errors = list(errors)
+            if auto_reset_count is not None:
+                partition.auto_reset_count = auto_reset_count
 
     def get_user(self, user_id: str) -> User | None:
         row = self.session.get(UserRow, user_id)
@@ -631,8 +659,7 @@ class Store:
                     session.execute(text(HOLDS_LEASE_FUNCTION))
                 self._settle_schema(session)
         except OperationalError as error:
-            reason = str(error.orig).splitlines()[0]
-            raise Unavailable(f"cannot open the store at {self.describe()}: {reason}") from error
+            raise Unavailable(f"cannot open the store at {self.describe()}: {_first_line(error)}") from error
 
     def _settle_schema(self, session: Session) -> None:
         if session.get(MetaRow, GENERATION_KEY) is None:
@@ -674,6 +701,8 @@ class Store:
                     yield Transaction(session, self._cache)
             except IntegrityError as error:
                 raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
+            except OperationalError as error:  # the disk is full, the database went away, ...
+                raise Unavailable(f"the store at {self.describe()} could not record the change: {_first_line(error)}") from error
 
     # Leases: one leader among the controllers sharing this store
 
@@ -719,7 +748,7 @@ class Store:
             with self._write_turn, self._writes() as session, session.begin():
                 yield session
         except OperationalError as error:
-            raise Unavailable(f"cannot reach the store at {self.describe()}: {str(error.orig).splitlines()[0]}") from error
+            raise Unavailable(f"cannot reach the store at {self.describe()}: {_first_line(error)}") from error
 
     def fence(self, lease: Lease) -> None:
         """From now on, commit writes only while `lease` is held in its present term."""

@@ -6,6 +6,7 @@ The gateway here is a test double for the services' neighbour only: behind it ar
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -86,12 +87,12 @@ class InMemoryGateway:
 
 
 class Pod:
-    def __init__(self, tmp_path, topology=IldTopology.MESH):
+    def __init__(self, tmp_path, topology=IldTopology.MESH, store_url: str | None = None):
         self.rack_path = tmp_path / "rack.yaml"
         self.rack = generate_rack(MACHINES, topology=topology)
         save_rack(self.rack, self.rack_path)
         self.gateway = InMemoryGateway(self.rack_path)
-        self.store = Store(f"sqlite:///{tmp_path / 'vipu.db'}")
+        self.store = Store(store_url or f"sqlite:///{tmp_path / 'vipu.db'}")
         self.hardware = Hardware(self.gateway, workers=8)
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test)
@@ -141,10 +142,22 @@ def test_a_partition_is_configured_on_exactly_its_agents(pod):
         pod.partitions.get("p1")
 
 
-def test_a_failing_agent_leaves_the_partition_in_error_and_configured_nowhere(pod):
+def test_a_create_failing_at_an_agent_leaves_nothing_behind(pod):
+    pod.fault("m02", "IPU-Link training failed on IPU 3")
+    with pytest.raises(HardwareFailure, match="partition p1 could not be created and was not kept: "
+                                              "agent ag2: m02: IPU-Link training failed on IPU 3"):
+        pod.partitions.create(PartitionRequest("p1", 8))
+    with pytest.raises(NotFound):
+        pod.partitions.get("p1")
+    assert pod.held_anywhere("p1") == []
+    pod.heal()
+    assert pod.partitions.create(PartitionRequest("p2", 8)).agent_ids == ["ag1", "ag2"]  # its IPUs were free again
+
+
+def test_a_create_kept_on_error_stays_in_error_configured_nowhere(pod):
     pod.fault("m02", "IPU-Link training failed on IPU 3")
     with pytest.raises(HardwareFailure, match="partition p1 is in ERROR: agent ag2: m02: IPU-Link training failed on IPU 3"):
-        pod.partitions.create(PartitionRequest("p1", 8))
+        pod.partitions.create(PartitionRequest("p1", 8), keep_on_error=True)
     stored = pod.partitions.get("p1")
     assert (stored.ready_state, stored.operation_state) == (ReadyState.ERROR, OperationState.FAILED)
     assert stored.errors == ["agent ag2: m02: IPU-Link training failed on IPU 3"]
@@ -199,10 +212,15 @@ def test_the_reconciler_marks_agents_down_and_up_again(pod):
 
 def test_interrupted_operations_are_finished_after_a_restart(pod):
     created = pod.partitions.create(PartitionRequest("p1", 4))
-    pod.partitions.create(PartitionRequest("p2", 4))
+    removing = pod.partitions.create(PartitionRequest("p2", 4))
+    placed = pod.partitions.create(PartitionRequest("p3", 4))
+    pod.partitions.remove("p3")
+    # As a controller stopped half-way would leave them: a reset and a remove under way, and a
+    # create recorded but never pushed to its agents.
     with pod.store.transaction() as tx:
-        tx.set_partition_state("p1", ReadyState.PENDING, OperationState.CREATING)
-        tx.set_partition_state("p2", ReadyState.ACTIVE, OperationState.REMOVING)
+        tx.transition(created, "reset")
+        tx.transition(removing, "remove")
+        tx.add_partition(dataclasses.replace(placed, ready_state=ReadyState.PENDING, operation_state=OperationState.CREATING))
     pod.gateway.restart(*pod.address(created.agent_ids[0]))
     pod.reconciler.recover()
     assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE
@@ -210,6 +228,19 @@ def test_interrupted_operations_are_finished_after_a_restart(pod):
     with pytest.raises(NotFound):
         pod.partitions.get("p2")
     assert pod.held_anywhere("p2") == []
+    assert pod.partitions.get("p3").ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p3") == placed.agent_ids
+
+
+def test_a_health_pass_leaves_an_operation_under_way_alone_and_finishes_one_nobody_owns(pod):
+    created = pod.partitions.create(PartitionRequest("p1", 4))
+    with pod.store.transaction() as tx:
+        tx.transition(created, "reset")
+    with pod.partitions.holds.hold("p1", "resetting"):  # its reset is under way
+        pod.reconciler.check_all()
+        assert pod.partitions.get("p1").operation_state is OperationState.RESETTING
+    pod.reconciler.check_all()  # its owner is gone (its last store write failed, say)
+    assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE
 
 
 def test_concurrent_requests_get_exactly_the_capacity(pod):
@@ -327,6 +358,6 @@ def test_partitions_of_a_lost_agent_are_reset_when_it_returns_as_often_as_their_
 def test_a_partition_in_error_for_a_hardware_fault_is_not_reset_automatically(pod):
     pod.fault("m01", "IPU-Link training failed on IPU 3")
     with pytest.raises(HardwareFailure):
-        pod.partitions.create(PartitionRequest("p1", 4))
+        pod.partitions.create(PartitionRequest("p1", 4), keep_on_error=True)
     pod.reconciler.check_all()
     assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").auto_reset_count) == (ReadyState.ERROR, 0)

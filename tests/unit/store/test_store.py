@@ -24,7 +24,7 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Unavailable
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import Store, normalise_url
 
@@ -85,7 +85,7 @@ def test_partitions_round_trip_and_change_state(populated):
     with populated.transaction() as tx:
         tx.add_partition(p)
     with populated.transaction() as tx:
-        tx.set_partition_state("p1", ReadyState.ERROR, OperationState.FAILED, errors=["agent ag1: broken"])
+        tx.transition(p, "fail", errors=["agent ag1: broken"])
     with populated.reading() as tx:
         stored = tx.get_partition("p1")
         assert stored.ipus == p.ipus
@@ -94,6 +94,49 @@ def test_partitions_round_trip_and_change_state(populated):
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}}
         assert [x.id for x in tx.partitions_on_agent("ag1")] == ["p1"]
         assert tx.partitions_on_agent("ag2") == []
+
+
+def test_a_transition_is_a_compare_and_set_on_the_state_it_was_read_in(populated):
+    with populated.transaction() as tx:
+        tx.add_partition(partition("p1", "ag1"))
+    with populated.reading() as tx:
+        first, second = tx.get_partition("p1"), tx.get_partition("p1")  # two operations' readings
+    with populated.transaction() as tx:
+        tx.transition(first, "configured", errors=[])
+    assert (first.ready_state, first.operation_state) == (ReadyState.ACTIVE, OperationState.IDLE)
+    with pytest.raises(Conflict, match="partition p1 is ACTIVE/IDLE, not PENDING/CREATING as 'fail' expected"):
+        with populated.transaction() as tx:
+            tx.transition(second, "fail", errors=["late"])
+    with pytest.raises(Conflict, match="partition p1 is ACTIVE/IDLE: 'removed' applies only to a partition that is"):
+        with populated.transaction() as tx:
+            tx.transition(first, "removed")
+    with populated.reading() as tx:
+        stored = tx.get_partition("p1")
+        assert (stored.ready_state, stored.operation_state, stored.errors) == (ReadyState.ACTIVE, OperationState.IDLE, [])
+
+
+def test_removal_is_the_transition_to_absent_and_frees_the_ipus(populated):
+    p = partition("p1", "ag1")
+    with populated.transaction() as tx:
+        tx.add_partition(p)
+        tx.transition(p, "configured", errors=[])
+        tx.transition(p, "remove")
+    stale = partition("p1", "ag1")  # a reading from before the remove began
+    with populated.transaction() as tx:
+        tx.transition(p, "removed")
+    with pytest.raises(Conflict, match="partition p1 is absent, not PENDING/CREATING"):
+        with populated.transaction() as tx:
+            tx.transition(stale, "abandon")
+    with populated.reading() as tx:
+        assert tx.get_partition("p1") is None and tx.used_ipus("a1") == {}
+
+
+def test_a_new_partition_enters_by_create_only(populated):
+    settled = partition("p1", "ag1")
+    settled.ready_state, settled.operation_state = ReadyState.ACTIVE, OperationState.IDLE
+    with pytest.raises(ValueError, match="a new partition is PENDING/CREATING, not ACTIVE/IDLE"):
+        with populated.transaction() as tx:
+            tx.add_partition(settled)
 
 
 def test_a_failed_transaction_leaves_nothing_behind(populated):

@@ -114,3 +114,8 @@ def silence(rack: Rack, machine: str) -> None:
 def fail_configuration(rack: Rack, machine: str, reason: str) -> None:
     """A machine whose every partition apply fails with `reason`."""
     rack.machine(machine).faults.configure = reason
+
+
+def slow_down(rack: Rack, machine: str, delay_ms: int) -> None:
+    """A machine whose every partition apply and clear takes `delay_ms`."""
+    rack.machine(machine).faults.apply_delay_ms = delay_ms

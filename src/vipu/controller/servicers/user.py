@@ -28,7 +28,7 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.ListIPUAttributesReply(entries=entries)
 
     def CreatePartition(self, request, context):
-        partition = self.partitions.create(convert.requirements_from_proto(request), caller())
+        partition = self.partitions.create(convert.requirements_from_proto(request), caller(), keep_on_error=request.keep_on_error)
         return pb.CreatePartitionReply(partition_id=partition.id)
 
     def RemovePartition(self, request, context):

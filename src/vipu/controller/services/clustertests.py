@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.hardware import Hardware, Work
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
     DISRUPTIVE,
@@ -181,7 +181,8 @@ class ClusterTestService:
 
     def _observe(self, agents: list[Agent], probe: Probe) -> judge.Observations:
         gateway = self.hardware.gateway
-        return self._as_observations(agents, self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0)))
+        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0), Work.TESTS)
+        return self._as_observations(agents, replies)
 
     @staticmethod
     def _as_observations(agents: list[Agent], replies: list) -> judge.Observations:
@@ -221,7 +222,7 @@ class ClusterTestService:
                 requests[agent] = ({i: position * IPUS_PER_MACHINE + i for i in range(IPUS_PER_MACHINE)}, number)
         gateway = self.hardware.gateway
         agents = [c.agents[a] for a in requests]
-        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]))
+        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]), Work.TESTS)
         observations = self._as_observations(agents, replies)
         return {
             number: judge.judge_traffic_window(number, windows[number - 1], c.layout, observations, c.serials, c.chips, number)
@@ -235,7 +236,7 @@ class ClusterTestService:
 
     def _versions(self, c: _Context) -> Outcome:
         agents = list(c.agents.values())
-        results = self.hardware.each(agents, lambda a: self.hardware.gateway.inventory(a.host, a.port))
+        results = self.hardware.each(agents, lambda a: self.hardware.gateway.inventory(a.host, a.port), Work.TESTS)
         versions = {a.id: (None if isinstance(r, VipuError) else r.versions) for a, r in zip(agents, results, strict=True)}
         return judge.judge_versions(c.layout.agent_ids, versions)
 

@@ -1,10 +1,14 @@
-"""Pushing settings to agents: in parallel, and never interleaved with a reconciliation.
+"""Pushing settings to agents: in parallel, never interleaved with a reconciliation, and never
+waiting without a deadline.
 
 Every hardware operation on an agent holds that agent's lock: partition operations share it
-(each touches only its own partition, and machines hold several), a reconciliation pass holds
-it alone, since it compares everything the agent holds with the store. Operations spanning
-several agents take their locks in sorted order; a reconciliation holds one agent at a time,
-so they never deadlock.
+(each touches only its own partition, and machines hold several), a reconciliation holds it alone,
+since it compares everything the agent holds with the store. Operations spanning several agents
+take their locks in sorted order, each within a deadline; a reconciliation takes one agent at a
+time and only when nobody holds it (a busy agent is skipped, and comes back at the next pass).
+
+Each kind of work has its own pool of threads for its agent calls, so that one kind filling its
+pool (a health pass over a thousand agents) never starves another (a user's create).
 """
 
 from __future__ import annotations
@@ -13,30 +17,43 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from enum import Enum
 from typing import TypeVar
 
 from vipu.controller.services.gateway import AgentGateway
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent
-from vipu.model.errors import VipuError
+from vipu.model.errors import Unavailable, VipuError
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+# How long an operation waits for an agent that a reconciliation holds alone; a reconciliation
+# of one agent takes a few of its calls, each bounded by the agent timeout.
+SHARED_WAIT_SECONDS = 30.0
+
+
+class Work(Enum):
+    """The kinds of work that call agents, each with a pool of its own."""
+
+    OPERATIONS = "operations"  # users' creates, resets and removes
+    HEALTH = "health"  # health passes and reconciliation
+    TESTS = "tests"  # cluster tests
+
 
 class SharedLock:
-    """Held by many at once in shared mode, or by one alone; a waiting sole holder goes first."""
+    """Held by many at once in shared mode, or by one alone; taken alone only when free."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._changed = threading.Condition()
         self._sharers = 0
         self._sole = False
-        self._sole_waiting = 0
 
     @contextmanager
-    def shared(self) -> Iterator[None]:
+    def shared(self, timeout: float, what: str) -> Iterator[None]:
         with self._changed:
-            self._changed.wait_for(lambda: not self._sole and not self._sole_waiting)
+            if not self._changed.wait_for(lambda: not self._sole, timeout):
+                raise Unavailable(f"{what} is being reconciled and did not come free within {timeout:g} s; try again")
             self._sharers += 1
         try:
             yield
@@ -45,19 +62,18 @@ class SharedLock:
                 self._sharers -= 1
                 self._changed.notify_all()
 
-    @contextmanager
-    def sole(self) -> Iterator[None]:
+    def try_sole(self) -> bool:
+        """Take the lock alone if nobody holds it; never waits."""
         with self._changed:
-            self._sole_waiting += 1
-            self._changed.wait_for(lambda: not self._sole and not self._sharers)
-            self._sole_waiting -= 1
+            if self._sole or self._sharers:
+                return False
             self._sole = True
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._sole = False
-                self._changed.notify_all()
+            return True
+
+    def release_sole(self) -> None:
+        with self._changed:
+            self._sole = False
+            self._changed.notify_all()
 
 
 class AgentLocks:
@@ -70,26 +86,35 @@ class AgentLocks:
             return self._locks.setdefault(agent_id, SharedLock())
 
     @contextmanager
-    def hold(self, agent_ids: Iterable[str]) -> Iterator[None]:
-        """Shared hold of several agents, for an operation on one partition."""
+    def hold(self, agent_ids: Iterable[str], timeout: float = SHARED_WAIT_SECONDS) -> Iterator[None]:
+        """Shared hold of several agents, for an operation on one partition; `Unavailable` when
+        one stays held alone past the deadline."""
         with ExitStack() as stack:
             for agent_id in sorted(set(agent_ids)):
-                stack.enter_context(self._lock(agent_id).shared())
+                stack.enter_context(self._lock(agent_id).shared(timeout, f"agent {agent_id}"))
             yield
 
-    def hold_alone(self, agent_id: str):
-        """Sole hold of one agent, for comparing all it holds with the store."""
-        return self._lock(agent_id).sole()
+    @contextmanager
+    def hold_alone(self, agent_id: str) -> Iterator[bool]:
+        """Sole hold of one agent if nobody holds it; yields whether it was taken."""
+        lock = self._lock(agent_id)
+        taken = lock.try_sole()
+        try:
+            yield taken
+        finally:
+            if taken:
+                lock.release_sole()
 
 
 class Hardware:
     def __init__(self, gateway: AgentGateway, workers: int = 32):
         self.gateway = gateway
         self.locks = AgentLocks()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent-call")
+        self._pools = {work: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"agent-call-{work.value}") for work in Work}
 
-    def each(self, items: Iterable[T], call: Callable[[T], R]) -> list[R | VipuError]:
-        """Run `call` on every item in parallel; each result, or the VipuError it raised, in order."""
+    def each(self, items: Iterable[T], call: Callable[[T], R], work: Work = Work.OPERATIONS) -> list[R | VipuError]:
+        """Run `call` on every item in parallel, in the pool of `work`; each result, or the
+        VipuError it raised, in order."""
 
         def attempt(item: T) -> R | VipuError:
             try:
@@ -100,7 +125,7 @@ class Hardware:
         items = list(items)
         if len(items) == 1:
             return [attempt(items[0])]
-        return list(self._pool.map(attempt, items))
+        return list(self._pools[work].map(attempt, items))
 
     def apply(self, agents: dict[str, Agent], settings: dict[str, AgentSettings]) -> dict[str, VipuError]:
         """Apply each agent's settings; the failures, by agent id. Caller holds the agents' locks."""
@@ -115,4 +140,5 @@ class Hardware:
         return {a.id: r for a, r in zip(agents, results, strict=True) if isinstance(r, VipuError)}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)

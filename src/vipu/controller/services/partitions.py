@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.holds import Capacity, PartitionHolds
+from vipu.model import lifecycle
 from vipu.model.configuration import (
     IPUOF_SERVER_VERSION_KEY,
     GcdConfig,
@@ -53,8 +55,14 @@ from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
 
-BUSY = (OperationState.CREATING, OperationState.REMOVING, OperationState.RESETTING)
 PLACEMENT_ATTEMPTS = 3
+# How long a forced remove waits for the operation under way on its partition: that operation's
+# agent calls are each bounded by the agent timeout.
+FORCED_REMOVE_WAIT_SECONDS = 60.0
+# Partition operations under way at once; past that a request waits OPERATION_WAIT_SECONDS for
+# room, then is refused as temporarily unavailable rather than queued for ever.
+MAX_OPERATIONS = 64
+OPERATION_WAIT_SECONDS = 5.0
 
 
 @dataclass
@@ -69,6 +77,8 @@ class PartitionService:
         self.hardware = hardware
         self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
         self._placing = threading.Lock()
+        self.holds = PartitionHolds()
+        self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
 
     # Reading
 
@@ -127,109 +137,145 @@ class PartitionService:
 
     # Changing
 
-    def create(self, request: PartitionRequest, access: Access = OPEN_ACCESS) -> Partition:
+    def create(self, request: PartitionRequest, access: Access = OPEN_ACCESS, keep_on_error: bool = False) -> Partition:
+        """Place and configure a partition. One that fails at an agent leaves nothing behind, unless
+        `keep_on_error` keeps it in ERROR, holding its IPUs, for inspection."""
         self._check_request(request)
-        for attempt in range(PLACEMENT_ATTEMPTS):
-            try:
-                with self._placing, self.store.transaction() as tx:
-                    if tx.get_partition(request.id) is not None:
-                        raise AlreadyExists(f"partition {request.id} already exists")
-                    partition, layout = self._place(tx, request, access)
-                    tx.add_partition(partition)
-                    agents = {a: self._agent(tx, a) for a in partition.agent_ids}
-                break
-            except ConcurrentUpdate:
-                # Another controller took the IPUs between our read and our write: place again.
-                if attempt == PLACEMENT_ATTEMPTS - 1:
-                    raise
-        log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
-        return self._configure(partition, layout, agents)
+        taken = AlreadyExists(f"partition {request.id} already exists")
+        with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
+            for attempt in range(PLACEMENT_ATTEMPTS):
+                try:
+                    with self._placing, self.store.transaction() as tx:
+                        if tx.get_partition(request.id) is not None:
+                            raise AlreadyExists(f"partition {request.id} already exists")
+                        partition, layout = self._place(tx, request, access)
+                        tx.add_partition(partition)
+                        agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+                    break
+                except ConcurrentUpdate:
+                    # Another controller took the IPUs between our read and our write: place again.
+                    if attempt == PLACEMENT_ATTEMPTS - 1:
+                        raise
+            log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
+            return self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
-        with self.store.transaction() as tx:
-            partition = self._partition(tx, partition_id, access)
-            self._refuse_if_busy(partition)
-            count = partition.auto_reset_count + 1 if automatic else None
-            tx.set_partition_state(partition.id, ReadyState.PENDING, OperationState.RESETTING, auto_reset_count=count)
-            if count is not None:  # automatic
-                partition.auto_reset_count = count
-            layout, agents = self._where(tx, partition)
-        with self.hardware.locks.hold(agents):
-            failures = self.hardware.clear(agents.values(), partition.id)
-        if failures:
-            raise self._fail(partition, failures, f"cannot reset partition {partition.id}")
-        return self._configure(partition, layout, agents)
+        with self.operations.admitted(), self.holds.hold(partition_id, "resetting"):
+            with self.store.transaction() as tx:
+                partition = self._partition(tx, partition_id, access)
+                self._refuse_if_busy(partition)
+                tx.transition(partition, "reset", auto_reset_count=partition.auto_reset_count + 1 if automatic else None)
+                layout, agents = self._where(tx, partition)
+            with self.hardware.locks.hold(agents):
+                failures = self.hardware.clear(agents.values(), partition.id)
+            if failures:
+                raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
+            return self._configure(partition, layout, agents, on_failure="fail")
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
-        with self.store.transaction() as tx:
-            partition = self._partition(tx, partition_id, access)
-            if not access.unrestricted and partition.owner and partition.owner != access.user_id:
-                raise PermissionDenied(
-                    f"partition {partition_id} belongs to user {partition.owner}; only its owner or an administrator removes it"
-                )
-            if not force:
-                self._refuse_if_busy(partition)
-            tx.set_partition_state(partition.id, partition.ready_state, OperationState.REMOVING)
-            agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+        """Clear a partition from its agents and forget it. A forced remove of a partition under
+        another operation waits for that operation to end, so that once it returns no agent holds
+        the partition; it also forgets one whose agents cannot be reached."""
+        wait = FORCED_REMOVE_WAIT_SECONDS if force else 0.0
+        with self.operations.admitted(), self.holds.hold(partition_id, "removing", wait=wait):
+            with self.store.transaction() as tx:
+                partition = self._partition(tx, partition_id, access)
+                if not access.unrestricted and partition.owner and partition.owner != access.user_id:
+                    raise PermissionDenied(
+                        f"partition {partition_id} belongs to user {partition.owner}; only its owner or an administrator removes it"
+                    )
+                if not force:
+                    self._refuse_if_busy(partition)
+                self._begin_remove(tx, partition)
+                agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+            self._finish_remove(partition, agents, force)
+
+    def finish_interrupted(self) -> None:
+        """Complete the operations that no operation of this controller owns any more: after a
+        restart or a takeover, those a stopped controller left half-done; later, those whose
+        last store write failed. Run at start-up and on every health pass."""
+        with self.store.reading() as tx:
+            stale = [p.id for p in tx.list_partitions() if lifecycle.state_of(p) in lifecycle.BUSY]
+        for partition_id in stale:
+            try:
+                with self.holds.hold(partition_id, "finishing"):
+                    self._finish_one(partition_id)
+            except VipuError as error:
+                log.warning("partition %s: %s", partition_id, error.message)
+
+    def _finish_one(self, partition_id: str) -> None:
+        """Finish the interrupted operation of one partition, which the caller holds."""
+        with self.store.reading() as tx:
+            partition = tx.get_partition(partition_id)
+            if partition is None or lifecycle.state_of(partition) not in lifecycle.BUSY:
+                return  # its operation ended meanwhile
+            layout, agents = self._where(tx, partition)
+        interrupted = partition.operation_state
+        if interrupted is OperationState.REMOVING:
+            self._finish_remove(partition, agents, force=True)
+        else:
+            self._configure(partition, layout, agents, on_failure="abandon" if interrupted is OperationState.CREATING else "fail")
+        log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
+
+    # Helpers
+
+    @staticmethod
+    def _begin_remove(tx: Transaction, partition: Partition) -> None:
+        """Record that the partition is being removed. One that an interrupted create or reset left
+        PENDING is failed first, as the life cycle removes only settled partitions."""
+        state = lifecycle.state_of(partition)
+        if state in (lifecycle.ACTIVE_REMOVING, lifecycle.ERROR_REMOVING):
+            return  # a remove interrupted earlier: this one finishes it
+        if state in lifecycle.BUSY:
+            tx.transition(partition, "fail", errors=[f"its {partition.operation_state.value.lower()} was interrupted"])
+        tx.transition(partition, "remove")
+
+    def _finish_remove(self, partition: Partition, agents: dict[str, Agent], force: bool) -> None:
         with self.hardware.locks.hold(agents):
             failures = self.hardware.clear(agents.values(), partition.id)
         if failures and not force:
-            raise self._fail(partition, failures, f"cannot remove partition {partition.id}",
+            raise self._fail(partition, failures, f"cannot remove partition {partition.id}", "fail",
                              hint="; remove it with --force to forget it anyway")
         for agent_id, error in failures.items():
             log.warning("partition %s forgotten while agent %s still may hold it: %s", partition.id, agent_id, error.message)
         with self.store.transaction() as tx:
-            tx.delete_partition(partition.id)
+            tx.transition(partition, "removed")
         log.info("partition %s removed", partition.id)
 
-    def finish_interrupted(self) -> None:
-        """After a restart: complete the operations a stopped controller left half-done."""
-        with self.store.reading() as tx:
-            stale = [p for p in tx.list_partitions() if p.operation_state in BUSY]
-        for partition in stale:
-            interrupted = partition.operation_state
-            try:
-                if interrupted is OperationState.REMOVING:
-                    self.remove(partition.id, force=True)
-                else:
-                    with self.store.reading() as tx:
-                        layout, agents = self._where(tx, partition)
-                    self._configure(partition, layout, agents)
-                log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
-            except VipuError as error:
-                log.warning("partition %s: %s", partition.id, error.message)
-
-    # Helpers
-
-    def _configure(self, partition: Partition, layout: ClusterLayout, agents: dict[str, Agent]) -> Partition:
+    def _configure(self, partition: Partition, layout: ClusterLayout, agents: dict[str, Agent], on_failure: str) -> Partition:
+        """Apply the partition's settings to its agents and make it ACTIVE. If any agent fails, what
+        was applied is cleared again and the partition takes the transition `on_failure`
+        ('abandon': it is forgotten, its IPUs free; 'fail': it stays in ERROR)."""
         settings = agent_settings(partition, layout, {a.id: a.inventory.serial for a in agents.values()})
         with self.hardware.locks.hold(agents):
             failures = self.hardware.apply(agents, settings)
             if failures:
-                applied = [agents[a] for a in settings if a not in failures]
-                for agent_id, error in self.hardware.clear(applied, partition.id).items():
-                    log.warning("could not undo partition %s on agent %s: %s", partition.id, agent_id, error.message)
-                raise self._fail(partition, failures, f"partition {partition.id} is in ERROR")
+                for agent_id, error in self.hardware.clear(agents.values(), partition.id).items():
+                    if agent_id not in failures:
+                        log.warning("could not undo partition %s on agent %s: %s", partition.id, agent_id, error.message)
+                summary = (f"partition {partition.id} is in ERROR" if on_failure == "fail"
+                           else f"partition {partition.id} could not be created and was not kept")
+                raise self._fail(partition, failures, summary, on_failure)
             with self.store.transaction() as tx:
-                tx.set_partition_state(partition.id, ReadyState.ACTIVE, OperationState.IDLE, errors=[])
-        partition.ready_state, partition.operation_state, partition.errors = ReadyState.ACTIVE, OperationState.IDLE, []
+                tx.transition(partition, "configured", errors=[])
         log.info("partition %s is ACTIVE", partition.id)
         return partition
 
-    def _fail(self, partition: Partition, failures: dict[str, VipuError], summary: str, hint: str = "") -> VipuError:
-        """Record the agents' reasons on the partition (now ERROR); the error to raise, `summary: reasons`."""
+    def _fail(self, partition: Partition, failures: dict[str, VipuError], summary: str, transition: str,
+              hint: str = "") -> VipuError:
+        """Record the agents' reasons by the transition 'fail' (ERROR) or 'abandon' (gone); the error
+        to raise, `summary: reasons`."""
         reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
         with self.store.transaction() as tx:
-            tx.set_partition_state(partition.id, ReadyState.ERROR, OperationState.FAILED, errors=reasons)
-        partition.ready_state, partition.operation_state, partition.errors = ReadyState.ERROR, OperationState.FAILED, reasons
+            tx.transition(partition, transition, errors=reasons if transition == "fail" else None)
         family = Unavailable if all(e.temporary for e in failures.values()) else HardwareFailure
         log.warning("partition %s: %s", partition.id, "; ".join(reasons))
         return family(f"{summary}: {'; '.join(reasons)}{hint}")
 
     @staticmethod
     def _refuse_if_busy(partition: Partition) -> None:
-        if partition.operation_state in BUSY:
+        if lifecycle.state_of(partition) in lifecycle.BUSY:
             raise Conflict(f"partition {partition.id} is busy ({partition.operation_state.value.lower()})")
 
     @staticmethod

@@ -21,8 +21,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.partitions import BUSY, PartitionService
+from vipu.controller.services.hardware import Hardware, Work
+from vipu.controller.services.partitions import PartitionService
+from vipu.model import lifecycle
 from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import (
     MAX_AUTO_RESETS,
@@ -32,7 +33,7 @@ from vipu.model.entities import (
     Partition,
     ReadyState,
 )
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -53,7 +54,7 @@ class Expectation:
         """(partitions the agent holds but should not, (partition, settings) it should hold but does not)."""
         stray = [
             partition_id for partition_id in held
-            if (p := self.known.get(partition_id)) is None or (p.ready_state is ReadyState.ERROR and p.operation_state not in BUSY)
+            if (p := self.known.get(partition_id)) is None or lifecycle.state_of(p) == lifecycle.ERROR_FAILED
         ]
         lost = []
         for partition in self.known.values():
@@ -73,20 +74,28 @@ class Reconciler:
 
     def recover(self) -> None:
         """At start-up: finish interrupted operations, then reconcile every agent."""
-        self.partitions.finish_interrupted()
         self.check_all()
 
     def check_all(self) -> None:
-        """One health pass over every agent.
+        """One health pass: finish the operations nobody owns any more, then check every agent.
 
-        The store is read once for all of them; an agent whose holdings agree with that reading
+        The store is read once for all agents; an agent whose holdings agree with that reading
         needs nothing. One that disagrees is compared again with a fresh reading taken while the
-        agent is held, since the first may predate an operation that finished since.
+        agent is held, since the first may predate an operation that finished since. An agent a
+        partition operation holds is skipped and tried again once the others are done; one still
+        held then is checked at the next pass.
         """
+        self.partitions.finish_interrupted()
         with self.store.reading() as tx:
             agents = tx.list_agents()
             expected = self._expectations(tx, [a.id for a in agents])
-        self.hardware.each(agents, lambda agent: self.check_agent(agent, expected))
+        for _ in range(2):
+            checked = self.hardware.each(agents, lambda agent: self.check_agent(agent, expected), Work.HEALTH)
+            agents = [agent for agent, done in zip(agents, checked, strict=True) if done is False]
+            if not agents:
+                break
+        if agents:
+            log.debug("health pass: agents %s are busy with partition operations; next pass", ", ".join(a.id for a in agents))
         self.reset_failed()
 
     def reset_failed(self) -> None:
@@ -94,7 +103,7 @@ class Reconciler:
         with self.store.reading() as tx:
             up = {a.id for a in tx.list_agents() if a.status is AgentStatus.UP}
             due = [p for p in tx.list_partitions()
-                   if p.ready_state is ReadyState.ERROR and p.operation_state not in BUSY and not p.disable_auto_reset
+                   if lifecycle.state_of(p) == lifecycle.ERROR_FAILED and not p.disable_auto_reset
                    and p.errors and all(LOST in e for e in p.errors)  # a fault of the hardware would only fail again
                    and p.auto_reset_count < MAX_AUTO_RESETS and set(p.agent_ids) <= up]
         for partition in due:
@@ -104,9 +113,12 @@ class Reconciler:
             except VipuError as error:
                 log.warning("partition %s: automatic reset failed: %s", partition.id, error.message)
 
-    def check_agent(self, agent: Agent, expected: dict[str, Expectation] | None = None) -> None:
+    def check_agent(self, agent: Agent, expected: dict[str, Expectation] | None = None) -> bool:
+        """Check one agent if no partition operation holds it; whether it was checked."""
         gateway = self.hardware.gateway
-        with self.hardware.locks.hold_alone(agent.id):
+        with self.hardware.locks.hold_alone(agent.id) as taken:
+            if not taken:
+                return False
             returning = agent.status is AgentStatus.DOWN
             try:
                 held = {s.partition_id: s for s in gateway.partitions(agent.host, agent.port)}
@@ -115,7 +127,7 @@ class Reconciler:
             except Unavailable as error:
                 self._set_status(agent, AgentStatus.DOWN, error.message)
                 self._lost_with(agent, error.message)
-                return
+                return True
             stray, lost = expected[agent.id].differences(agent.id, held) if expected else ([], [])
             if expected is None or stray or lost:
                 with self.store.reading() as tx:
@@ -125,6 +137,7 @@ class Reconciler:
             for partition, wanted in lost:
                 self._reapply(agent, partition, wanted)
             self._set_status(agent, AgentStatus.UP, "", inventory_changed=returning)
+            return True
 
     @staticmethod
     def _expectations(tx, agent_ids: list[str]) -> dict[str, Expectation]:
@@ -143,9 +156,9 @@ class Reconciler:
         """The ACTIVE partitions on an agent that stopped answering go to ERROR, saying why."""
         with self.store.transaction() as tx:
             for partition in tx.partitions_on_agent(agent.id):
-                if partition.ready_state is ReadyState.ACTIVE and partition.operation_state is OperationState.IDLE:
+                if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE:
                     message = f"agent {agent.id}{LOST}{reason}"
-                    tx.set_partition_state(partition.id, ReadyState.ERROR, OperationState.FAILED, errors=[message])
+                    tx.transition(partition, "lost", errors=[message])
                     log.warning("partition %s goes to ERROR: %s", partition.id, message)
 
     def _clear(self, agent: Agent, partition_id: str) -> None:
@@ -161,9 +174,13 @@ class Reconciler:
             log.info("agent %s: re-applied partition %s", agent.id, partition.id)
         except VipuError as error:
             reason = f"agent {agent.id}: {error.message}"
+            try:
+                with self.store.transaction() as tx:
+                    tx.transition(partition, "lost", errors=[reason])
+            except Conflict as moved:  # an operation took the partition over since it was read
+                log.info("partition %s: not marked lost: %s", partition.id, moved.message)
+                return
             log.warning("partition %s goes to ERROR: %s", partition.id, reason)
-            with self.store.transaction() as tx:
-                tx.set_partition_state(partition.id, ReadyState.ERROR, OperationState.FAILED, errors=[reason])
 
     def _set_status(self, agent: Agent, status: AgentStatus, reason: str, inventory_changed: bool = False) -> None:
         """Record an agent's status; the store is written only when something changed."""

@@ -1,0 +1,65 @@
+"""Who may work on what, and how much at once: the exclusions and capacities of the controller.
+
+`PartitionHolds` gives one operation at a time a partition: a create from the moment it claims
+the id, a reset or a remove from before it reads the partition, until its last write. The store's
+compare-and-set transitions keep controllers sharing a store honest; the holds keep this
+controller's own operations from racing each other, and let a forced remove wait for the
+operation under way instead of tearing the partition down beside it.
+
+`Capacity` bounds the operations of one kind under way at once; a request that finds it full
+waits briefly and is then refused as temporarily unavailable, never queued without end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from vipu.model.errors import Conflict, Unavailable, VipuError
+
+
+class PartitionHolds:
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._held: dict[str, str] = {}  # partition id -> what the holder is doing
+
+    @contextmanager
+    def hold(self, partition_id: str, doing: str, wait: float = 0.0, busy: VipuError | None = None) -> Iterator[None]:
+        """Hold the partition for an operation `doing` (e.g. "removing"). If another holds it, wait
+        up to `wait` seconds for it; then refuse with `busy`, or a Conflict saying what is under way."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: partition_id not in self._held, wait):
+                if busy is not None:
+                    raise busy
+                under_way = self._held[partition_id]
+                if wait:
+                    raise Unavailable(f"partition {partition_id} is still busy ({under_way}) after {wait:g} s; try again")
+                raise Conflict(f"partition {partition_id} is busy ({under_way})")
+            self._held[partition_id] = doing
+        try:
+            yield
+        finally:
+            with self._changed:
+                del self._held[partition_id]
+                self._changed.notify_all()
+
+    def held(self) -> dict[str, str]:
+        """The partitions held now, with what their holders are doing."""
+        with self._changed:
+            return dict(self._held)
+
+
+class Capacity:
+    def __init__(self, name: str, limit: int, wait: float):
+        self.name, self.limit, self.wait = name, limit, wait
+        self._slots = threading.BoundedSemaphore(limit)
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        if not self._slots.acquire(timeout=self.wait):
+            raise Unavailable(f"this vipu-server has {self.limit} {self.name} under way, its limit; try again shortly")
+        try:
+            yield
+        finally:
+            self._slots.release()

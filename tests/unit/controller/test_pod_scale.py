@@ -1,0 +1,90 @@
+"""User operations and health passes at pod scale, on SQLite and PostgreSQL: nothing waits on
+anything else without a deadline.
+
+256 real simulated machines reached in memory, each answering every call in 20 ms (a test double
+of the agents' network only). Large creates hold many agents at once while a health pass wants
+each of them alone: before the ledger work this hung, creates and pass together.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.unit.controller.test_services import InMemoryGateway
+from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.controller.services.agents import AgentService
+from vipu.controller.services.allocations import AllocationService
+from vipu.controller.services.clusters import ClusterService
+from vipu.controller.services.hardware import Hardware
+from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.reconcile import Reconciler
+from vipu.model.entities import Cluster, IldTopology, PartitionRequest, ReadyState
+from vipu.model.errors import VipuError
+from vipu.store.store import Store
+
+MACHINES = 256
+ANSWER_SECONDS = 0.020
+
+
+class SlowGateway(InMemoryGateway):
+    """Every call takes ANSWER_SECONDS once `slow` is set, as an agent across a network would."""
+
+    def __init__(self, rack_path):
+        super().__init__(rack_path)
+        self.slow = False
+
+    def machine(self, host, port):
+        if self.slow:
+            time.sleep(ANSWER_SECONDS)
+        return super().machine(host, port)
+
+
+@pytest.fixture
+def large_pod(tmp_path, store_url):
+    rack_path = tmp_path / "rack.yaml"
+    rack = generate_rack(MACHINES, topology=IldTopology.TORUS)
+    save_rack(rack, rack_path)
+    gateway = SlowGateway(rack_path)
+    store = Store(store_url)
+    hardware = Hardware(gateway, workers=32)
+    partitions = PartitionService(store, hardware, set())
+    allocations = AllocationService(store, partitions)
+    clusters = ClusterService(store, allocations, set())
+    agents = AgentService(store, gateway, clusters)
+    for n, machine in enumerate(rack.machines, start=1):
+        agents.create(f"ag{n}", machine.host, machine.port)
+    clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), IldTopology.TORUS))
+    allocations.create("a1", "cl0", size=MACHINES * 4)
+    gateway.slow = True
+    yield partitions, Reconciler(store, hardware, partitions)
+    hardware.close()
+    store.close()
+
+
+def test_a_health_pass_and_four_large_creates_all_end_within_ten_seconds(large_pod):
+    partitions, reconciler = large_pod
+    outcomes: dict[str, object] = {}
+
+    def run(name, work):
+        try:
+            outcomes[name] = work()
+        except VipuError as error:
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=("health pass", reconciler.check_all), daemon=True)]
+    threads += [threading.Thread(target=run, args=(f"p{n}", lambda n=n: partitions.create(PartitionRequest(f"p{n}", 64))),
+                                 daemon=True) for n in range(4)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, 10 - (time.monotonic() - started)))
+    stuck = [thread for thread in threads if thread.is_alive()]
+    assert not stuck, f"{len(stuck)} of 5 still running after 10 s; ended: {sorted(outcomes)}"
+    for n in range(4):
+        created = outcomes[f"p{n}"]
+        assert not isinstance(created, VipuError), created
+        assert created.ready_state is ReadyState.ACTIVE
