@@ -131,6 +131,11 @@ def save(name: str, data: dict) -> Path:
     return path
 
 
+def split(text: str) -> list[str]:
+    """The items of a comma-separated option."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def table(headings: list[str], rows: list[list]) -> str:
     """A plain fixed-width table for the terminal."""
     cells = [[str(c) for c in row] for row in [headings, *rows]]

@@ -19,8 +19,8 @@ import time
 
 import click
 
-from bench.common import ProcessCost, running_pod, save, table
-from bench.partitions import measure, split
+from bench.common import ProcessCost, running_pod, save, split, table
+from bench.partitions import measure
 
 HEALTH_INTERVAL = 10.0
 

@@ -10,18 +10,28 @@ pairs per second over all clients.
 
 `--ha` runs the controller as a lone `--ha` replica, to measure what leading costs: every write
 transaction then also checks the lease.
+
+With N closed-loop clients, mean latency is N divided by throughput whatever the design, so a
+percentile at saturation measures throughput. `--rate R1,R2` measures latency at a given load
+instead (open loop): pairs arrive at R per second in all, at Poisson-distributed times, spread over
+the `--clients` processes; each pair starts at its arrival time whether or not earlier ones have
+ended, and its create latency counts from that time (a controller that falls behind shows it).
+
+    python -m bench.partitions --machines 64 --stores sqlite --clients 4 --rate 100,150
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import random
+import threading
 import time
 from queue import Empty
 
 import click
 import grpc
 
-from bench.common import ProcessCost, running_pod, save, settle, summarise_ms, table
+from bench.common import ProcessCost, running_pod, save, settle, split, summarise_ms, table
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
 
 WARM_UP_PAIRS = 3
@@ -59,12 +69,77 @@ def client(port: int, number: int, size: int, ready, start, duration: float, res
     channel.close()
 
 
-def measure(pod, clients: int, size: int, duration: float) -> dict:
+def open_loop_client(port: int, number: int, size: int, rate: float, ready, start, duration: float, results) -> None:
+    """One generator of an open-loop load: pairs at Poisson-distributed times, `rate` per second,
+    each sent without waiting for the earlier ones; its create latency counts from its arrival."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    api = vipuuser_pb2_grpc.UserServiceStub(channel)
+    for n in range(WARM_UP_PAIRS):
+        name = f"warm{number}-{n}"
+        api.CreatePartition(vipuuser_pb2.CreatePartitionRequest(requirements=vipuuser_pb2.PartitionRequirements(id=name, size=size)),
+                            timeout=60)
+        api.RemovePartition(vipuuser_pb2.RemovePartitionRequest(partition_id=name), timeout=60)
+    creates: list[float] = []
+    removes: list[float] = []
+    failures: list[str] = []
+    finished = threading.Semaphore(0)
+
+    def launch(name: str, arrival: float) -> None:
+        request = vipuuser_pb2.CreatePartitionRequest(requirements=vipuuser_pb2.PartitionRequirements(id=name, size=size))
+
+        def created(future) -> None:
+            try:
+                future.result()
+            except grpc.RpcError as error:
+                failures.append(error.details())
+                finished.release()
+                return
+            at = time.perf_counter()
+            creates.append(at - arrival)
+
+            def removed(future) -> None:
+                try:
+                    future.result()
+                    removes.append(time.perf_counter() - at)
+                except grpc.RpcError as error:
+                    failures.append(error.details())
+                finished.release()
+
+            api.RemovePartition.future(vipuuser_pb2.RemovePartitionRequest(partition_id=name), timeout=60).add_done_callback(removed)
+
+        api.CreatePartition.future(request, timeout=60).add_done_callback(created)
+
+    arrivals = random.Random(number)
+    ready.put(number)
+    start.wait()
+    arrival = time.perf_counter()
+    end = arrival + duration
+    sent = 0
+    while (arrival := arrival + arrivals.expovariate(rate)) < end:
+        time.sleep(max(0.0, arrival - time.perf_counter()))
+        launch(f"o{number}-{sent}", arrival)
+        sent += 1
+    deadline = time.monotonic() + 120
+    for _ in range(sent):
+        if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            failures.append("a pair did not finish within 120 s of the end")
+            break
+    results.put((creates, removes, failures))
+    channel.close()
+
+
+def measure(pod, clients: int, size: int, duration: float, rate: float | None = None) -> dict:
+    """Closed loop (`rate` None): `clients` clients each repeating pairs as fast as answered.
+    Open loop: `rate` pairs per second in all, offered by `clients` generators."""
     busy_before = settle()
     spawn = multiprocessing.get_context("spawn")
     ready, start, results = spawn.Queue(), spawn.Event(), spawn.Queue()
-    workers = [spawn.Process(target=client, args=(pod.user_port, n, size, ready, start, duration, results))
-               for n in range(clients)]
+    if rate is None:
+        workers = [spawn.Process(target=client, args=(pod.user_port, n, size, ready, start, duration, results))
+                   for n in range(clients)]
+    else:
+        workers = [spawn.Process(target=open_loop_client, args=(pod.user_port, n, size, rate / clients, ready, start, duration, results))
+                   for n in range(clients)]
     for worker in workers:
         worker.start()
     for _ in workers:
@@ -82,6 +157,7 @@ def measure(pod, clients: int, size: int, duration: float) -> dict:
     failures = [f for _, _, fs in collected for f in fs]
     return {
         "clients": clients,
+        "offered_pairs_per_s": rate,
         "create": summarise_ms(creates),
         "remove": summarise_ms(removes),
         "pairs_per_s": round(len(creates) / elapsed, 1),
@@ -107,10 +183,6 @@ def _collect(queue, workers, timeout: float):
                 raise RuntimeError("the benchmark clients did not report in time") from None
 
 
-def split(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 @click.command()
 @click.option("--machines", default="16,64,256", show_default=True, help="Pod sizes, comma separated.")
 @click.option("--clients", default="1,8,32", show_default=True, help="Numbers of concurrent clients, comma separated.")
@@ -118,25 +190,32 @@ def split(text: str) -> list[str]:
 @click.option("--size", default=1, show_default=True, help="IPUs per partition.")
 @click.option("--duration", default=10.0, show_default=True, help="Seconds of load per measurement.")
 @click.option("--ha", is_flag=True, help="Run the controller as a (lone) highly available replica.")
+@click.option("--rate", "rates", default="", help="Open loop: offered pairs per second in all, comma separated "
+                                                    "(Poisson arrivals over the --clients processes). Default: closed loop.")
 @click.option("--name", default="partitions", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(machines, clients, stores, size, duration, ha, name):
+def main(machines, clients, stores, size, duration, ha, rates, name):
     """Create+remove latency and throughput over the user API, by store, pod size and clients."""
     runs = []
+    loads = [float(r) for r in split(rates)] or [None]
     for store in split(stores):
         for pod_size in map(int, split(machines)):
             with running_pod(pod_size, store, server_options=("--ha",) if ha else ()) as pod:
                 for count in map(int, split(clients)):
-                    result = {"store": f"{store} --ha" if ha else store, "machines": pod_size, "ipus": pod_size * 4, "size": size,
-                              **measure(pod, count, size, duration)}
-                    runs.append(result)
-                    click.echo(f"{store:8} {pod_size:5} machines {count:3} clients: create p50 {result['create'].get('p50_ms')} ms "
-                               f"p99 {result['create'].get('p99_ms')} ms, {result['pairs_per_s']} pairs/s", err=True)
+                    for rate in loads:
+                        result = {"store": f"{store} --ha" if ha else store, "machines": pod_size, "ipus": pod_size * 4, "size": size,
+                                  **measure(pod, count, size, duration, rate)}
+                        runs.append(result)
+                        offered = f", offered {rate:g}/s" if rate is not None else ""
+                        click.echo(f"{store:8} {pod_size:5} machines {count:3} clients{offered}: create p50 "
+                                   f"{result['create'].get('p50_ms')} ms p99 {result['create'].get('p99_ms')} ms, "
+                                   f"{result['pairs_per_s']} pairs/s", err=True)
     path = save(name, {"benchmark": "partitions", "duration_s": duration, "runs": runs})
-    rows = [[r["store"], r["machines"], r["clients"], r["create"].get("p50_ms"), r["create"].get("p99_ms"),
-             r["remove"].get("p50_ms"), r["remove"].get("p99_ms"), r["pairs_per_s"], r["refused"], r["server_cpu_percent"]]
+    rows = [[r["store"], r["machines"], r["clients"], r["offered_pairs_per_s"] or "closed", r["create"].get("p50_ms"),
+             r["create"].get("p99_ms"), r["remove"].get("p50_ms"), r["remove"].get("p99_ms"), r["pairs_per_s"], r["refused"],
+             r["server_cpu_percent"]]
             for r in runs]
-    click.echo(table(["store", "machines", "clients", "create p50 ms", "create p99 ms", "remove p50 ms", "remove p99 ms",
-                      "pairs/s", "refused", "server CPU %"], rows))
+    click.echo(table(["store", "machines", "clients", "offered/s", "create p50 ms", "create p99 ms", "remove p50 ms",
+                      "remove p99 ms", "pairs/s", "refused", "server CPU %"], rows))
     click.echo(f"written: {path}")
 
 

@@ -28,8 +28,7 @@ import time
 import click
 import grpc
 
-from bench.common import percentile, running_pod, save, table
-from bench.partitions import split
+from bench.common import percentile, running_pod, save, split, table
 from tests.functional.harness import BIN
 from tests.slurm import SlurmCluster
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc

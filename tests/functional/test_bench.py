@@ -42,6 +42,23 @@ def test_the_partition_benchmark_measures_pairs_through_the_user_api(tmp_path):
 
 
 @pytest.mark.functional
+def test_the_partition_benchmark_offers_an_open_loop_load_at_a_rate(tmp_path):
+    result = bench(tmp_path, "partitions", "--machines", "2", "--clients", "2", "--stores", "sqlite", "--duration", "2",
+                   "--rate", "20")
+    (run,) = result["runs"]
+    assert run["offered_pairs_per_s"] == 20 and run["refused"] == 0
+    assert 10 <= run["create"]["count"] <= 80  # Poisson arrivals at 20/s for 2 s: about 40
+    assert run["create"]["count"] == run["remove"]["count"]
+
+
+@pytest.mark.functional
+def test_the_crash_benchmark_counts_rounds_operations_and_violations(tmp_path):
+    result = bench(tmp_path, "crashes", "--rounds", "2", "--stores", "sqlite", "--machines", "2")
+    (run,) = result["runs"]
+    assert run["rounds"] == 2 and run["violations"] == 0 and run["answered"] > 0
+
+
+@pytest.mark.functional
 def test_the_slurm_comparison_times_both_systems_in_one_run(tmp_path):
     result = bench(tmp_path, "slurm_compare", "--sizes", "4", "--samples", "2", "--machines", "2")
     (run,) = result["runs"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
 from tests.functional.harness import failed_line, pairs, rows
-from vipu.api.protos import admin_pb2
+from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 
 
 def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):
@@ -175,3 +176,26 @@ def test_a_whole_domain_partition_uses_the_loop_back_links_only_in_a_torus(pod, 
     expected = [1, 2, 3, 4, 5, 6, 7, 8] if topology == "torus" else [1, 2, 3, 4]
     assert [link.port for link in top.ipulinks] == expected
     assert {link.peer_serial for link in top.ipulinks if link.port > 4} <= {pod.rack.machines[0].serial}
+
+
+def requests_of(pod, method: str) -> float:
+    """How many calls of a user API method the controller has answered (its metrics)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vipu_requests_total{") and f'method="{method}"' in line)
+
+
+def test_the_create_reply_carries_the_ipuof_configuration_and_the_cli_makes_one_call(registered_pod):
+    pod = registered_pod
+    api = vipuuser_pb2_grpc.UserServiceStub(pod._channel(pod.user_port))
+    request = vipuuser_pb2.CreatePartitionRequest(requirements=vipuuser_pb2.PartitionRequirements(id="p1", size=8, num_gcds=2))
+    created = api.CreatePartition(request, timeout=60)
+    asked = api.GetPartitionIpuofConfig(vipuuser_pb2.GetPartitionIpuofConfigRequest(partition_id="p1"), timeout=60)
+    assert created.HasField("ipuof_config") and created.ipuof_config == asked.ipuof_config
+    assert len(created.ipuof_config.gcd_configs) == 2
+
+    asked_before, created_before = requests_of(pod, "GetPartitionIpuofConfig"), requests_of(pod, "CreatePartition")
+    assert pod.user("create", "partition", "p2", "--size", "4").code == 0
+    assert requests_of(pod, "GetPartitionIpuofConfig") == asked_before
+    assert requests_of(pod, "CreatePartition") == created_before + 1
+    assert json.loads((pod.ipuof_dir / "p2_ipuof.conf").read_text())["attributes"]["Partition Id"] == "p2"

@@ -92,11 +92,15 @@ def reset():
     """Reset a partition."""
 
 
-def write_ipuof_files(user: Endpoint, partition_id: str, directory: Path) -> list[Path]:
-    """Write a new partition's IPUoF files; if they cannot be written, remove the partition again."""
-    reply = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id))
+def write_ipuof_files(user: Endpoint, created: pb.CreatePartitionReply, partition_id: str, directory: Path) -> list[Path]:
+    """Write a new partition's IPUoF files, from the create's reply (or, from a server that does not
+    send them there, a second call); if they cannot be written, remove the partition again."""
+    if created.HasField("ipuof_config"):
+        config = created.ipuof_config
+    else:
+        config = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)).ipuof_config
     try:
-        return ipuof_files.write(directory, partition_id, reply.ipuof_config)
+        return ipuof_files.write(directory, partition_id, config)
     except OSError as error:
         user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id))
         raise InvalidArgument(
@@ -140,9 +144,9 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
         num_ipulink_segments=num_segments,
     )
     with reporting("create partition", partition_id):
-        user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset,
-                                                          keep_on_error=keep_on_error))
-        write_ipuof_files(user, partition_id, ipuof_dir or ipuof_files.default_dir())
+        created = user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset,
+                                                                    keep_on_error=keep_on_error))
+        write_ipuof_files(user, created, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import logging
+import logging.handlers
+import queue
 import signal
 import socket
 import sys
@@ -24,6 +27,20 @@ from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
 
 log = logging.getLogger("vipu.server")
+
+
+def log_off_the_request_path(level: str) -> None:
+    """Log lines go through a queue to a thread of their own that writes them, so that no request
+    waits for standard error; the thread writes what is left when the process exits."""
+    records: queue.SimpleQueue = queue.SimpleQueue()
+    writer = logging.StreamHandler()
+    writer.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    listener = logging.handlers.QueueListener(records, writer)
+    root = logging.getLogger()
+    root.setLevel(level)
+    root.addHandler(logging.handlers.QueueHandler(records))
+    listener.start()
+    atexit.register(listener.stop)
 
 DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
 
@@ -106,7 +123,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, ha, ha_lease_seconds, advertise_address,
          log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
     try:

@@ -117,11 +117,14 @@ class JobPartitions:
         try:
             self._forget_finished_jobs()
             try:
-                self._call("CreatePartition", request)
+                created = self._call("CreatePartition", request)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
                 self._remove(name)
-                self._call("CreatePartition", request)
-            config = self._call("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=name)).ipuof_config
+                created = self._call("CreatePartition", request)
+            if created.HasField("ipuof_config"):
+                config = created.ipuof_config
+            else:  # a controller from before the reply carried it
+                config = self._call("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=name)).ipuof_config
         except PERMANENT as error:
             raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}", permanent=True) from None
         except VipuError as error:

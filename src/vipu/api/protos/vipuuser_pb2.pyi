@@ -236,10 +236,12 @@ class PartitionConfig(_message.Message):
     def __init__(self, ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., reconfigurable: _Optional[bool] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gcd_configs: _Optional[_Iterable[_Union[PartitionConfig.Gcd, _Mapping]]] = ..., ipuof_server_version: _Optional[str] = ...) -> None: ...
 
 class CreatePartitionReply(_message.Message):
-    __slots__ = ("partition_id",)
+    __slots__ = ("partition_id", "ipuof_config")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
-    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+    ipuof_config: PartitionConfig
+    def __init__(self, partition_id: _Optional[str] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class ResetPartitionRequest(_message.Message):
     __slots__ = ("partition_id", "relocatable")

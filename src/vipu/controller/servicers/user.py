@@ -28,8 +28,9 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.ListIPUAttributesReply(entries=entries)
 
     def CreatePartition(self, request, context):
-        partition = self.partitions.create(convert.requirements_from_proto(request), caller(), keep_on_error=request.keep_on_error)
-        return pb.CreatePartitionReply(partition_id=partition.id)
+        partition, gcds, version = self.partitions.create_with_ipuof(convert.requirements_from_proto(request), caller(),
+                                                                     keep_on_error=request.keep_on_error)
+        return pb.CreatePartitionReply(partition_id=partition.id, ipuof_config=convert.config_to_proto(partition, gcds, version))
 
     def RemovePartition(self, request, context):
         self.partitions.remove(request.partition_id, force=request.force, access=caller())

@@ -13,10 +13,16 @@ waits briefly and is then refused as temporarily unavailable, never queued witho
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from vipu.model.errors import Conflict, Unavailable, VipuError
+
+FINISHING = "finishing"  # what a health pass holds a partition for: finishing an interrupted operation
+# How long an operation waits for a health pass finishing its partition; that work's agent calls
+# are each bounded by the agent timeout.
+FINISHING_WAIT_SECONDS = 30.0
 
 
 class PartitionHolds:
@@ -28,14 +34,21 @@ class PartitionHolds:
     def hold(self, partition_id: str, doing: str, wait: float = 0.0, busy: VipuError | None = None) -> Iterator[None]:
         """Hold the partition for an operation `doing` (e.g. "removing"). If another holds it, wait
         up to `wait` seconds for it; then refuse with `busy`, or a Conflict saying what is under way."""
+        began = time.monotonic()
         with self._changed:
-            if not self._changed.wait_for(lambda: partition_id not in self._held, wait):
-                if busy is not None:
-                    raise busy
+            while partition_id in self._held:
                 under_way = self._held[partition_id]
-                if wait:
-                    raise Unavailable(f"partition {partition_id} is still busy ({under_way}) after {wait:g} s; try again")
-                raise Conflict(f"partition {partition_id} is busy ({under_way})")
+                # A health pass finishing an interrupted operation is brief, and finishes what the
+                # partition's last operation began: a user's operation waits for it in any case.
+                limit = max(wait, FINISHING_WAIT_SECONDS) if under_way == FINISHING else wait
+                remaining = began + limit - time.monotonic()
+                if remaining <= 0:
+                    if busy is not None:
+                        raise busy
+                    if limit:
+                        raise Unavailable(f"partition {partition_id} is still busy ({under_way}) after {limit:g} s; try again")
+                    raise Conflict(f"partition {partition_id} is busy ({under_way})")
+                self._changed.wait(remaining)
             self._held[partition_id] = doing
         try:
             yield
@@ -44,10 +57,20 @@ class PartitionHolds:
                 del self._held[partition_id]
                 self._changed.notify_all()
 
-    def held(self) -> dict[str, str]:
-        """The partitions held now, with what their holders are doing."""
+    @contextmanager
+    def held_if_free(self, partition_id: str, doing: str) -> Iterator[bool]:
+        """Hold the partition if nobody does, never waiting; yields whether it is held."""
         with self._changed:
-            return dict(self._held)
+            free = partition_id not in self._held
+            if free:
+                self._held[partition_id] = doing
+        try:
+            yield free
+        finally:
+            if free:
+                with self._changed:
+                    del self._held[partition_id]
+                    self._changed.notify_all()
 
 
 class Capacity:

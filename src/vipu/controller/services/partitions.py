@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.holds import Capacity, PartitionHolds
+from vipu.controller.services.holds import FINISHING, Capacity, PartitionHolds
 from vipu.model import lifecycle
 from vipu.model.configuration import (
     IPUOF_SERVER_VERSION_KEY,
@@ -140,6 +140,12 @@ class PartitionService:
     def create(self, request: PartitionRequest, access: Access = OPEN_ACCESS, keep_on_error: bool = False) -> Partition:
         """Place and configure a partition. One that fails at an agent leaves nothing behind, unless
         `keep_on_error` keeps it in ERROR, holding its IPUs, for inspection."""
+        return self.create_with_ipuof(request, access, keep_on_error)[0]
+
+    def create_with_ipuof(self, request: PartitionRequest, access: Access = OPEN_ACCESS,
+                          keep_on_error: bool = False) -> tuple[Partition, builtins.list[GcdConfig], str]:
+        """`create`, and the new partition's IPUoF configuration of every GCD with the IPUoF server
+        version, from what the create already read (as `ipuof_config` gives them)."""
         self._check_request(request)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
@@ -157,7 +163,9 @@ class PartitionService:
                     if attempt == PLACEMENT_ATTEMPTS - 1:
                         raise
             log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
-            return self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
+            self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
+            inventories = {a: agent.inventory for a, agent in agents.items()}
+            return partition, gcd_configs(partition, inventories), self._ipuof_version(inventories.values())
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
@@ -199,8 +207,9 @@ class PartitionService:
             stale = [p.id for p in tx.list_partitions() if lifecycle.state_of(p) in lifecycle.BUSY]
         for partition_id in stale:
             try:
-                with self.holds.hold(partition_id, "finishing"):
-                    self._finish_one(partition_id)
+                with self.holds.held_if_free(partition_id, FINISHING) as free:
+                    if free:  # else its operation is under way
+                        self._finish_one(partition_id)
             except VipuError as error:
                 log.warning("partition %s: %s", partition_id, error.message)
 
