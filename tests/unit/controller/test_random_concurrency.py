@@ -25,11 +25,8 @@ ROUNDS = 30
 
 
 @pytest.fixture
-def pod(tmp_path, store_url):
-    pod = Pod(tmp_path, store_url=store_url)
-    yield pod
-    pod.hardware.close()
-    pod.store.close()
+def pod(pod_on_store):
+    return pod_on_store
 
 
 class Client:

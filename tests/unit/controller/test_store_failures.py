@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import Delete, Engine, Update, event
 from sqlalchemy.exc import OperationalError
 
-from tests.unit.controller.test_services import Pod
 from vipu.model.entities import OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import NotFound, Unavailable
 
@@ -23,11 +22,8 @@ DISK_FULL = "database or disk is full"
 
 
 @pytest.fixture
-def pod(tmp_path, store_url):
-    pod = Pod(tmp_path, store_url=store_url)
-    yield pod
-    pod.hardware.close()
-    pod.store.close()
+def pod(pod_on_store):
+    return pod_on_store
 
 
 @contextmanager
