@@ -47,7 +47,19 @@ def test_a_client_of_the_published_api_creates_inspects_and_removes_a_partition(
     pod = registered_pod
     # CreatePartitionRequest { requirements (2) { id (1): "w1", size (2): 8, num_gcds (8): 2 } }
     reply = call(pod, "CreatePartition", nested(2, text(1, "w1") + varint(2, 8) + varint(8, 2)))
-    assert reply == text(1, "w1")  # CreatePartitionReply { partition_id (1): "w1" }
+    # CreatePartitionReply { partition_id (1): "w1" }, then only our extension ipuof_config (100),
+    # one length-delimited field that a client of the published protos skips as unknown.
+    assert reply.startswith(text(1, "w1"))
+    extension = reply[len(text(1, "w1")):]
+    tag = leb128(100 << 3 | 2)
+    assert extension.startswith(tag)
+    length, size_bytes = 0, 0
+    for shift, byte in enumerate(extension[len(tag):]):
+        length |= (byte & 0x7F) << (7 * shift)
+        size_bytes += 1
+        if not byte & 0x80:
+            break
+    assert len(extension) == len(tag) + size_bytes + length
 
     # GetPartitionStatusReply { status (1) { partition_id (1), ready_state (2): PS_ACTIVE = 2, operation_state (3): POS_IDLE = 1, ... } }
     status = call(pod, "GetPartitionStatus", text(1, "w1"))

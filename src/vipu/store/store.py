@@ -499,10 +499,11 @@ class Transaction:
             raise ConcurrentUpdate(f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request") from error
 
     def transition(self, partition: Partition, name: str, errors: list[str] | None = None,
-                   auto_reset_count: int | None = None) -> None:
+                   auto_reset_count: int | None = None) -> lifecycle.State | None:
         """Apply the life cycle's transition `name` to a partition, as a compare-and-set on the state
         it was read in; the partition object follows. Refused with a `Conflict` naming both states
-        when the table has no such move or another operation changed the partition meanwhile."""
+        when the table has no such move or another operation changed the partition meanwhile.
+        Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
@@ -527,6 +528,7 @@ class Transaction:
                 partition.errors = list(errors)
             if auto_reset_count is not None:
                 partition.auto_reset_count = auto_reset_count
+        return target
 
     def get_user(self, user_id: str) -> User | None:
         row = self.session.get(UserRow, user_id)

@@ -236,6 +236,7 @@ def test_a_health_pass_leaves_an_operation_under_way_alone_and_finishes_one_nobo
     created = pod.partitions.create(PartitionRequest("p1", 4))
     with pod.store.transaction() as tx:
         tx.transition(created, "reset")
+    pod.partitions.load()  # as the controller found it on taking over
     with pod.partitions.holds.hold("p1", "resetting"):  # its reset is under way
         pod.reconciler.check_all()
         assert pod.partitions.get("p1").operation_state is OperationState.RESETTING

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import builtins
 import logging
-import threading
 from dataclasses import dataclass
 
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.holds import FINISHING, Capacity, PartitionHolds
+from vipu.controller.services.ledger import Ledger
 from vipu.model import lifecycle
 from vipu.model.configuration import (
     IPUOF_SERVER_VERSION_KEY,
@@ -76,28 +76,32 @@ class PartitionService:
         self.store = store
         self.hardware = hardware
         self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
-        self._placing = threading.Lock()
         self.holds = PartitionHolds()
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
+        self.ledger = Ledger()
+        self.load()
+
+    def load(self) -> None:
+        """Take every partition from the store: at start-up, and when this controller takes the lead."""
+        with self.store.reading() as tx:
+            self.ledger.load(tx.list_partitions())
 
     # Reading
 
     def list(self, allocation_id: str = "", access: Access = OPEN_ACCESS) -> list[Partition]:
-        with self.store.reading() as tx:
-            if allocation_id:
+        if allocation_id:
+            with self.store.reading() as tx:
                 self._allocation(tx, allocation_id, access)
-            partitions = tx.list_partitions(allocation_id=allocation_id or None)
-        return [p for p in partitions if access.may_use(p.allocation_id)]
+        return [p for p in self.ledger.list(allocation_id or None) if access.may_use(p.allocation_id)]
 
     def get(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
-        with self.store.reading() as tx:
-            return self._partition(tx, partition_id, access)
+        return self._partition(partition_id, access)
 
     def ipuof_config(self, partition_id: str, gcd: int | None = None,
                      access: Access = OPEN_ACCESS) -> tuple[Partition, builtins.list[GcdConfig], str]:
         """The partition, the IPUoF configuration of one GCD or all, and the IPUoF server version."""
+        partition = self._partition(partition_id, access)
         with self.store.reading() as tx:
-            partition = self._partition(tx, partition_id, access)
             inventories = {a: self._agent(tx, a).inventory for a in partition.agent_ids}
         if partition.ready_state is not ReadyState.ACTIVE:
             raise Conflict(f"partition {partition_id} is {partition.ready_state.value}, so it has no usable IPUoF configuration")
@@ -149,19 +153,18 @@ class PartitionService:
         self._check_request(request)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
+            if self.ledger.get(request.id) is not None:
+                raise taken
             for attempt in range(PLACEMENT_ATTEMPTS):
                 try:
-                    with self._placing, self.store.transaction() as tx:
-                        if tx.get_partition(request.id) is not None:
-                            raise AlreadyExists(f"partition {request.id} already exists")
-                        partition, layout = self._place(tx, request, access)
-                        tx.add_partition(partition)
-                        agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+                    partition, layout, agents = self._place(request, access)
                     break
                 except ConcurrentUpdate:
-                    # Another controller took the IPUs between our read and our write: place again.
+                    # The store holds what this controller did not know (another wrote to it): start
+                    # again from what it holds.
                     if attempt == PLACEMENT_ATTEMPTS - 1:
                         raise
+                    self.load()
             log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
             self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
             inventories = {a: agent.inventory for a, agent in agents.items()}
@@ -170,11 +173,10 @@ class PartitionService:
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
         with self.operations.admitted(), self.holds.hold(partition_id, "resetting"):
-            with self.store.transaction() as tx:
-                partition = self._partition(tx, partition_id, access)
-                self._refuse_if_busy(partition)
-                tx.transition(partition, "reset", auto_reset_count=partition.auto_reset_count + 1 if automatic else None)
-                layout, agents = self._where(tx, partition)
+            partition = self._partition(partition_id, access)
+            self._refuse_if_busy(partition)
+            self._apply(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
+            layout, agents = self._where(partition)
             with self.hardware.locks.hold(agents):
                 failures = self.hardware.clear(agents.values(), partition.id)
             if failures:
@@ -187,17 +189,15 @@ class PartitionService:
         the partition; it also forgets one whose agents cannot be reached."""
         wait = FORCED_REMOVE_WAIT_SECONDS if force else 0.0
         with self.operations.admitted(), self.holds.hold(partition_id, "removing", wait=wait):
-            with self.store.transaction() as tx:
-                partition = self._partition(tx, partition_id, access)
-                if not access.unrestricted and partition.owner and partition.owner != access.user_id:
-                    raise PermissionDenied(
-                        f"partition {partition_id} belongs to user {partition.owner}; only its owner or an administrator removes it"
-                    )
-                if not force:
-                    self._refuse_if_busy(partition)
-                self._begin_remove(tx, partition)
-                agents = {a: self._agent(tx, a) for a in partition.agent_ids}
-            self._finish_remove(partition, agents, force)
+            partition = self._partition(partition_id, access)
+            if not access.unrestricted and partition.owner and partition.owner != access.user_id:
+                raise PermissionDenied(
+                    f"partition {partition_id} belongs to user {partition.owner}; only its owner or an administrator removes it"
+                )
+            if not force:
+                self._refuse_if_busy(partition)
+            self._begin_remove(partition)
+            self._finish_remove(partition, self._where(partition)[1], force)
 
     def finish_interrupted(self) -> None:
         """Complete the operations that no operation of this controller owns any more: after a
@@ -217,9 +217,10 @@ class PartitionService:
         """Finish the interrupted operation of one partition, which the caller holds."""
         with self.store.reading() as tx:
             partition = tx.get_partition(partition_id)
-            if partition is None or lifecycle.state_of(partition) not in lifecycle.BUSY:
-                return  # its operation ended meanwhile
-            layout, agents = self._where(tx, partition)
+        if partition is None or lifecycle.state_of(partition) not in lifecycle.BUSY:
+            return  # its operation ended meanwhile
+        self.ledger.record(partition)  # as the store has it: the operation's last write may have failed
+        layout, agents = self._where(partition)
         interrupted = partition.operation_state
         if interrupted is OperationState.REMOVING:
             self._finish_remove(partition, agents, force=True)
@@ -229,16 +230,41 @@ class PartitionService:
 
     # Helpers
 
-    @staticmethod
-    def _begin_remove(tx: Transaction, partition: Partition) -> None:
+    def _begin_remove(self, partition: Partition) -> None:
         """Record that the partition is being removed. One that an interrupted create or reset left
         PENDING is failed first, as the life cycle removes only settled partitions."""
         state = lifecycle.state_of(partition)
         if state in (lifecycle.ACTIVE_REMOVING, lifecycle.ERROR_REMOVING):
             return  # a remove interrupted earlier: this one finishes it
         if state in lifecycle.BUSY:
-            tx.transition(partition, "fail", errors=[f"its {partition.operation_state.value.lower()} was interrupted"])
-        tx.transition(partition, "remove")
+            self._apply(partition, ("fail", {"errors": [f"its {partition.operation_state.value.lower()} was interrupted"]}),
+                        ("remove", {}))
+        else:
+            self._apply(partition, ("remove", {}))
+
+    def _apply(self, partition: Partition, *transitions: tuple[str, dict]) -> None:
+        """Apply life-cycle transitions to a partition in one store transaction, then to the ledger."""
+        with self.store.transaction() as tx:
+            for name, fields in transitions:
+                gone = tx.transition(partition, name, **fields) is lifecycle.ABSENT
+        if gone:
+            self.ledger.forget(partition.id)
+        else:
+            self.ledger.record(partition)
+
+    def mark_lost(self, partition_id: str, reason: str) -> bool:
+        """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to
+        ERROR with the reason; whether it did (not if it was not ACTIVE, or changed meanwhile)."""
+        partition = self.ledger.get(partition_id)
+        if partition is None or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+            return False
+        try:
+            self._apply(partition, ("lost", {"errors": [reason]}))
+        except Conflict as moved:  # an operation took it over since
+            log.info("partition %s: not marked lost: %s", partition_id, moved.message)
+            return False
+        log.warning("partition %s goes to ERROR: %s", partition_id, reason)
+        return True
 
     def _finish_remove(self, partition: Partition, agents: dict[str, Agent], force: bool) -> None:
         with self.hardware.locks.hold(agents):
@@ -248,8 +274,7 @@ class PartitionService:
                              hint="; remove it with --force to forget it anyway")
         for agent_id, error in failures.items():
             log.warning("partition %s forgotten while agent %s still may hold it: %s", partition.id, agent_id, error.message)
-        with self.store.transaction() as tx:
-            tx.transition(partition, "removed")
+        self._apply(partition, ("removed", {}))
         log.info("partition %s removed", partition.id)
 
     def _configure(self, partition: Partition, layout: ClusterLayout, agents: dict[str, Agent], on_failure: str) -> Partition:
@@ -266,8 +291,7 @@ class PartitionService:
                 summary = (f"partition {partition.id} is in ERROR" if on_failure == "fail"
                            else f"partition {partition.id} could not be created and was not kept")
                 raise self._fail(partition, failures, summary, on_failure)
-            with self.store.transaction() as tx:
-                tx.transition(partition, "configured", errors=[])
+            self._apply(partition, ("configured", {"errors": []}))
         log.info("partition %s is ACTIVE", partition.id)
         return partition
 
@@ -276,8 +300,7 @@ class PartitionService:
         """Record the agents' reasons by the transition 'fail' (ERROR) or 'abandon' (gone); the error
         to raise, `summary: reasons`."""
         reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
-        with self.store.transaction() as tx:
-            tx.transition(partition, transition, errors=reasons if transition == "fail" else None)
+        self._apply(partition, (transition, {"errors": reasons if transition == "fail" else None}))
         family = Unavailable if all(e.temporary for e in failures.values()) else HardwareFailure
         log.warning("partition %s: %s", partition.id, "; ".join(reasons))
         return family(f"{summary}: {'; '.join(reasons)}{hint}")
@@ -302,7 +325,36 @@ class PartitionService:
         if request.explicit_ipus and not request.cluster_id:
             raise InvalidArgument("naming the IPUs of a partition needs its cluster id too")
 
-    def _place(self, tx: Transaction, request: PartitionRequest, access: Access) -> tuple[Partition, ClusterLayout]:
+    def _place(self, request: PartitionRequest, access: Access) -> tuple[Partition, ClusterLayout, dict[str, Agent]]:
+        """Place the partition in the first allocation it fits, against the ledger's IPUs in use,
+        and record it there and in the store under that allocation's lock (no other lock)."""
+        with self.store.reading() as tx:
+            candidates = self._candidates(tx, request, access)
+            layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in candidates}}
+        refusals: list[Conflict] = []
+        for allocation in candidates:
+            if allocation.cluster_id in self.under_test:
+                refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; "
+                                         "no partition can be created in it until the test ends"))
+                continue
+            layout = layouts[allocation.cluster_id]
+            with self.ledger.placing(allocation.id):
+                try:
+                    partition = self._fit(request, access, allocation, layout)
+                except Conflict as refusal:
+                    refusals.append(refusal)
+                    continue
+                with self.store.transaction() as tx:
+                    tx.add_partition(partition)
+                    agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+                self.ledger.record(partition)
+            return partition, layout, agents
+        if len(refusals) == 1:
+            raise refusals[0]
+        raise Conflict(f"no allocation has room for a partition of {request.size} IPUs ({'; '.join(r.message for r in refusals)})")
+
+    def _candidates(self, tx: Transaction, request: PartitionRequest, access: Access) -> builtins.list[Allocation]:
+        """The allocations the request may take its IPUs from, in order; a Conflict if there are none."""
         if request.allocation_id:
             candidates = [self._allocation(tx, request.allocation_id, access)]
             if request.cluster_id and candidates[0].cluster_id != request.cluster_id:
@@ -320,56 +372,45 @@ class PartitionService:
                                "'vipu-admin update user --give'")
             raise Conflict(f"there is no allocation to create partitions in, in {where}; an administrator creates one with "
                            "'vipu-admin create allocation'")
+        return candidates
 
-        refusals: list[Conflict] = []
-        for allocation in candidates:
-            if allocation.cluster_id in self.under_test:
-                refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; "
-                                         "no partition can be created in it until the test ends"))
-                continue
-            layout = ClusterLayout.of(self._cluster(tx, allocation.cluster_id))
-            try:
-                placement = place_partition(
-                    layout,
-                    set(allocation.agent_ids),
-                    tx.used_ipus(allocation.id),
-                    request.size,
-                    num_gcds=request.num_gcds,
-                    num_segments=request.num_segments,
-                    ipulink_routing=request.ipulink_routing,
-                    gw_routing=request.gw_routing,
-                    explicit=request.explicit_ipus,
-                    where=f"allocation {allocation.id}",
-                )
-            except Conflict as refusal:
-                refusals.append(refusal)
-                continue
-            sync = request.sync_type or (SyncType.GS2_DEFAULT if request.reconfigurable else SyncType.POD_NATIVE_DEFAULT)
-            partition = Partition(
-                id=request.id,
-                cluster_id=allocation.cluster_id,
-                allocation_id=allocation.id,
-                size=request.size,
-                num_gcds=request.num_gcds,
-                num_replicas=request.num_replicas or request.num_gcds,
-                reconfigurable=request.reconfigurable,
-                sync_type=sync,
-                ipulink_routing=placement.ipulink_routing,
-                gw_routing=placement.gw_routing,
-                num_segments=placement.num_segments,
-                ipus=list(placement.ipus),
-                disable_auto_reset=request.disable_auto_reset,
-                owner=access.user_id,
-            )
-            return partition, layout
-        if len(refusals) == 1:
-            raise refusals[0]
-        raise Conflict(f"no allocation has room for a partition of {request.size} IPUs ({'; '.join(r.message for r in refusals)})")
+    def _fit(self, request: PartitionRequest, access: Access, allocation: Allocation, layout: ClusterLayout) -> Partition:
+        """The partition placed in the allocation's free IPUs; a Conflict saying why it does not fit."""
+        placement = place_partition(
+            layout,
+            set(allocation.agent_ids),
+            self.ledger.used_ipus(allocation.id),
+            request.size,
+            num_gcds=request.num_gcds,
+            num_segments=request.num_segments,
+            ipulink_routing=request.ipulink_routing,
+            gw_routing=request.gw_routing,
+            explicit=request.explicit_ipus,
+            where=f"allocation {allocation.id}",
+        )
+        sync = request.sync_type or (SyncType.GS2_DEFAULT if request.reconfigurable else SyncType.POD_NATIVE_DEFAULT)
+        return Partition(
+            id=request.id,
+            cluster_id=allocation.cluster_id,
+            allocation_id=allocation.id,
+            size=request.size,
+            num_gcds=request.num_gcds,
+            num_replicas=request.num_replicas or request.num_gcds,
+            reconfigurable=request.reconfigurable,
+            sync_type=sync,
+            ipulink_routing=placement.ipulink_routing,
+            gw_routing=placement.gw_routing,
+            num_segments=placement.num_segments,
+            ipus=list(placement.ipus),
+            disable_auto_reset=request.disable_auto_reset,
+            owner=access.user_id,
+        )
 
-    @staticmethod
-    def _where(tx: Transaction, partition: Partition) -> tuple[ClusterLayout, dict[str, Agent]]:
-        layout = ClusterLayout.of(PartitionService._cluster(tx, partition.cluster_id))
-        return layout, {a: PartitionService._agent(tx, a) for a in partition.agent_ids}
+    def _where(self, partition: Partition) -> tuple[ClusterLayout, dict[str, Agent]]:
+        """The partition's cluster layout and agents."""
+        with self.store.reading() as tx:
+            layout = ClusterLayout.of(self._cluster(tx, partition.cluster_id))
+            return layout, {a: self._agent(tx, a) for a in partition.agent_ids}
 
     @staticmethod
     def _agent(tx: Transaction, agent_id: str) -> Agent:
@@ -396,9 +437,9 @@ class PartitionService:
             raise PermissionDenied(f"allocation {allocation_id} is not given to user {access.user_id}")
         return allocation
 
-    @staticmethod
-    def _partition(tx: Transaction, partition_id: str, access: Access) -> Partition:
-        partition = tx.get_partition(partition_id)
+    def _partition(self, partition_id: str, access: Access) -> Partition:
+        """The ledger's partition, if the caller may see it."""
+        partition = self.ledger.get(partition_id)
         if partition is None:
             raise NotFound(f"partition {partition_id} does not exist")
         if not access.may_use(partition.allocation_id):

@@ -33,7 +33,7 @@ from vipu.model.entities import (
     Partition,
     ReadyState,
 )
-from vipu.model.errors import Conflict, Unavailable, VipuError
+from vipu.model.errors import Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -73,7 +73,9 @@ class Reconciler:
         self.partitions = partitions
 
     def recover(self) -> None:
-        """At start-up: finish interrupted operations, then reconcile every agent."""
+        """On starting to serve: take the partitions from the store, finish interrupted operations,
+        then reconcile every agent."""
+        self.partitions.load()
         self.check_all()
 
     def check_all(self) -> None:
@@ -154,12 +156,9 @@ class Reconciler:
 
     def _lost_with(self, agent: Agent, reason: str) -> None:
         """The ACTIVE partitions on an agent that stopped answering go to ERROR, saying why."""
-        with self.store.transaction() as tx:
-            for partition in tx.partitions_on_agent(agent.id):
-                if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE:
-                    message = f"agent {agent.id}{LOST}{reason}"
-                    tx.transition(partition, "lost", errors=[message])
-                    log.warning("partition %s goes to ERROR: %s", partition.id, message)
+        for partition in self.partitions.ledger.list():
+            if agent.id in partition.agent_ids:
+                self.partitions.mark_lost(partition.id, f"agent {agent.id}{LOST}{reason}")
 
     def _clear(self, agent: Agent, partition_id: str) -> None:
         try:
@@ -173,14 +172,7 @@ class Reconciler:
             self.hardware.gateway.apply(agent.host, agent.port, wanted)
             log.info("agent %s: re-applied partition %s", agent.id, partition.id)
         except VipuError as error:
-            reason = f"agent {agent.id}: {error.message}"
-            try:
-                with self.store.transaction() as tx:
-                    tx.transition(partition, "lost", errors=[reason])
-            except Conflict as moved:  # an operation took the partition over since it was read
-                log.info("partition %s: not marked lost: %s", partition.id, moved.message)
-                return
-            log.warning("partition %s goes to ERROR: %s", partition.id, reason)
+            self.partitions.mark_lost(partition.id, f"agent {agent.id}: {error.message}")
 
     def _set_status(self, agent: Agent, status: AgentStatus, reason: str, inventory_changed: bool = False) -> None:
         """Record an agent's status; the store is written only when something changed."""

@@ -1,0 +1,81 @@
+"""The serving controller's own copy of every partition, which its decisions are made from.
+
+It is loaded from the store when the controller starts to serve (at start-up, or when it takes
+the lead) and changed only after the store has committed the same change (write-through), so it
+is never ahead of the store and a crash loses nothing it said. Placement reads the IPUs in use
+from here rather than from the store, each allocation under a lock of its own; operations read
+the partition they work on from here. Callers get copies, never the entries themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable
+
+from vipu.model.entities import Partition
+
+
+def _copy(partition: Partition) -> Partition:
+    return dataclasses.replace(partition, ipus=list(partition.ipus), errors=list(partition.errors))
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._partitions: dict[str, Partition] = {}
+        self._used: dict[str, dict[str, set[int]]] = {}  # allocation id -> agent id -> IPU indices
+        self._placing: dict[str, threading.Lock] = {}
+
+    def load(self, partitions: Iterable[Partition]) -> None:
+        """Start afresh from what the store holds."""
+        with self._lock:
+            self._partitions, self._used = {}, {}
+            for partition in partitions:
+                self._add(_copy(partition))
+
+    def get(self, partition_id: str) -> Partition | None:
+        with self._lock:
+            partition = self._partitions.get(partition_id)
+            return None if partition is None else _copy(partition)
+
+    def list(self, allocation_id: str | None = None) -> list[Partition]:
+        """The partitions (of one allocation), in id order."""
+        with self._lock:
+            chosen = [p for p in self._partitions.values() if allocation_id is None or p.allocation_id == allocation_id]
+            return [_copy(p) for p in sorted(chosen, key=lambda p: p.id)]
+
+    def used_ipus(self, allocation_id: str) -> dict[str, set[int]]:
+        """The IPUs the allocation's partitions take, by agent."""
+        with self._lock:
+            return {agent: set(indices) for agent, indices in self._used.get(allocation_id, {}).items()}
+
+    def placing(self, allocation_id: str) -> threading.Lock:
+        """The lock under which partitions are placed in one allocation and recorded."""
+        with self._lock:
+            return self._placing.setdefault(allocation_id, threading.Lock())
+
+    def record(self, partition: Partition) -> None:
+        """A partition the store has just committed, new or changed."""
+        with self._lock:
+            self._remove(partition.id)
+            self._add(_copy(partition))
+
+    def forget(self, partition_id: str) -> None:
+        """A partition the store has just deleted; its IPUs are free."""
+        with self._lock:
+            self._remove(partition_id)
+
+    def _add(self, partition: Partition) -> None:
+        self._partitions[partition.id] = partition
+        used = self._used.setdefault(partition.allocation_id, {})
+        for ipu in partition.ipus:
+            used.setdefault(ipu.agent_id, set()).add(ipu.index)
+
+    def _remove(self, partition_id: str) -> None:
+        partition = self._partitions.pop(partition_id, None)
+        if partition is None:
+            return
+        used = self._used.get(partition.allocation_id, {})
+        for ipu in partition.ipus:
+            used.get(ipu.agent_id, set()).discard(ipu.index)
