@@ -362,3 +362,12 @@ def test_a_partition_in_error_for_a_hardware_fault_is_not_reset_automatically(po
         pod.partitions.create(PartitionRequest("p1", 4), keep_on_error=True)
     pod.reconciler.check_all()
     assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").auto_reset_count) == (ReadyState.ERROR, 0)
+
+
+def test_a_transition_the_store_refuses_brings_the_ledger_up_to_date(pod):
+    created = pod.partitions.create(PartitionRequest("p1", 4))
+    with pod.store.transaction() as tx:  # a change the ledger never saw (say, a deposed leader's)
+        tx.transition(created, "remove")
+    with pytest.raises(Conflict, match="partition p1 is ACTIVE/REMOVING, not ACTIVE/IDLE as 'reset' expected"):
+        pod.partitions.reset("p1")
+    assert pod.partitions.get("p1").operation_state is OperationState.REMOVING

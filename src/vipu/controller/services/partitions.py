@@ -243,10 +243,20 @@ class PartitionService:
             self._apply(partition, ("remove", {}))
 
     def _apply(self, partition: Partition, *transitions: tuple[str, dict]) -> None:
-        """Apply life-cycle transitions to a partition in one store transaction, then to the ledger."""
-        with self.store.transaction() as tx:
-            for name, fields in transitions:
-                gone = tx.transition(partition, name, **fields) is lifecycle.ABSENT
+        """Apply life-cycle transitions to a partition in one store transaction, then to the ledger.
+        A refusal because the store holds another state brings the ledger's entry up to date."""
+        try:
+            with self.store.transaction() as tx:
+                for name, fields in transitions:
+                    gone = tx.transition(partition, name, **fields) is lifecycle.ABSENT
+        except Conflict:
+            with self.store.reading() as tx:
+                current = tx.get_partition(partition.id)
+            if current is None:
+                self.ledger.forget(partition.id)
+            else:
+                self.ledger.record(current)
+            raise
         if gone:
             self.ledger.forget(partition.id)
         else:
