@@ -132,7 +132,7 @@ class Controller:
         """Elected: recover the store's state as after a restart, then serve."""
         try:
             self._recover()
-        except Exception as error:
+        except Exception as error:  # a leader that cannot recover must not serve
             log.exception("taking over failed")
             self._deposed(f"taking over failed: {error}")
             return

@@ -1,12 +1,17 @@
 """Partitions: create, inspect, reset and remove, and configure their agents.
 
-Creating a partition is two steps. One store transaction checks the request, places it (pure
-`vipu.model.placement`) and records it PENDING/CREATING, so its IPUs are taken before any agent
-is touched. Then the settings go to every agent concerned, in parallel. If all succeed the
-partition becomes ACTIVE; if any fails, what was applied is cleared again and the partition is
-left in ERROR with each agent's reason, holding its IPUs until it is reset or removed. An ERROR
+Every change of a partition's state is a transition of `vipu.model.lifecycle`, written to the
+store as a compare-and-set and then to the ledger, the serving controller's in-memory copy that
+reads and placement use. One operation at a time holds a partition (`holds`).
+
+Creating a partition places it against the ledger, under its allocation's lock, and records it
+PENDING/CREATING in the store, so its IPUs are taken before any agent is touched. Then the
+settings go to every agent concerned, in parallel. If all succeed the partition becomes ACTIVE;
+if any fails, what was applied is cleared again and the partition is abandoned (its IPUs free at
+once), or kept in ERROR with each agent's reason when the caller asked for that. An ERROR
 partition is never configured on any agent; the reconciler clears what an unreachable agent
-still held once it answers again.
+still held once it answers again. An operation whose last store write failed is finished by the
+next health pass (`finish_interrupted`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ The store is the truth. For each agent, the reconciler asks what the machine hol
 - re-applies ACTIVE partitions the machine lost (it restarted) or holds differently;
 - leaves alone partitions whose create, reset or remove is under way: their operation owns them.
 
-It runs once at start-up, after interrupted operations are finished, and then on every health
-pass, which also records each agent as Up or Down. An agent that stops answering puts its ACTIVE
+It runs once when the controller starts to serve and then on every health pass, which first
+finishes the partition operations nobody owns any more and also records each agent as Up or
+Down. An agent a partition operation holds is skipped, never waited for. An agent that stops answering puts its ACTIVE
 partitions in ERROR with the reason. Once every agent of such a partition answers again, the
 pass resets it, unless it was created with automatic reset disabled, up to MAX_AUTO_RESETS times
 (the partition's status counts them). Partitions in ERROR for a fault of the hardware are left
