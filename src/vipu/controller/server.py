@@ -117,7 +117,9 @@ class Controller:
             self.leadership.start()
 
     def _recover(self) -> None:
-        """Finish what a stopped controller left half-done, and start listening for agents."""
+        """Finish what a stopped controller left half-done, and start listening for agents. From
+        now on this controller is the store's only writer (a standby writes nothing)."""
+        self.store.own()
         self.reconciler.recover()
         self.clustertests.recover()
         if self.discovery is not None:
@@ -143,6 +145,7 @@ class Controller:
 
     def _deposed(self, reason: str) -> None:
         self._stop.set()
+        self.store.own(False)
         self._on_deposed(reason)
 
     @contextmanager

@@ -37,7 +37,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -280,32 +280,99 @@ class ConfigurationCache:
     rarely. The store keeps a generation counter that every transaction changing them increments;
     a transaction reads the counter (one small query) and reuses the entities loaded at that
     generation, so several controllers on one database never see each other's stale copies.
+
+    A controller that serves is the store's only writer (replicas standing by write nothing), so
+    once it says so (`own`) the cache trusts itself: it counts the changes this process commits
+    and reads nothing, not even the counter, until one of them empties it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: Configuration | None = None
+        self._owned = False
+        self._commits = 0  # configuration changes committed by this process while it owns the store
 
-    def current(self, session: Session) -> Configuration:
-        generation = int(session.connection().execute(CONFIGURATION_GENERATION).scalar_one())
+    def own(self, owned: bool) -> None:
+        with self._lock:
+            self._owned, self._latest = owned, None
+            self._commits += 1
+
+    def changed(self) -> None:
+        """A transaction of this process that changed the configuration has committed."""
+        with self._lock:
+            self._commits += 1
+            self._latest = None
+
+    def current(self, transaction: Transaction) -> Configuration:
         latest = self._latest
+        if self._owned:
+            if latest is not None:
+                return latest
+            commits = self._commits
+            loaded = Configuration.load(transaction.session, commits)
+            with self._lock:  # kept only if no change committed while it was read
+                if self._owned and self._commits == commits:
+                    self._latest = loaded
+            return loaded
+        generation = int(transaction.connection.execute(CONFIGURATION_GENERATION).scalar_one())
         if latest is not None and latest.generation == generation:
             return latest
-        loaded = Configuration.load(session, generation)
+        loaded = Configuration.load(transaction.session, generation)
         with self._lock:
-            if self._latest is None or self._latest.generation <= generation:
+            if not self._owned and (self._latest is None or self._latest.generation <= generation):
                 self._latest = loaded
         return loaded
 
 
 class Transaction:
-    """One unit of work on the store, speaking in domain entities."""
+    """One unit of work on the store, speaking in domain entities.
 
-    def __init__(self, session: Session, cache: ConfigurationCache):
-        self.session = session
+    It opens its database connection only when a statement needs one, and an ORM session on
+    that connection only for the entities written through the ORM: the partitions, the hot path,
+    are plain statements, and a unit of work that the configuration cache serves touches no
+    database at all.
+    """
+
+    def __init__(self, engine: Engine, cache: ConfigurationCache):
+        self._engine = engine
         self._cache = cache
+        self._connection: Connection | None = None
+        self._session: Session | None = None
         self._seen: Configuration | None = None
         self._changed_configuration = False
+
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None:
+            connection = self._engine.connect()
+            try:
+                connection.begin()
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
+        return self._connection
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            self._session = Session(bind=self.connection, expire_on_commit=False)
+        return self._session
+
+    def _commit(self) -> None:
+        if self._session is not None:
+            self._session.flush()
+        if self._connection is not None:
+            self._connection.commit()
+        if self._changed_configuration:
+            self._cache.changed()
+
+    def _close(self) -> None:
+        """Release the session and the connection; what was not committed is rolled back."""
+        if self._session is not None:
+            self._session.close()
+        if self._connection is not None:
+            self._connection.close()
 
     # Agents, clusters and allocations: served from the configuration cache
 
@@ -313,7 +380,7 @@ class Transaction:
         """This transaction's view of the slow-changing entities: the shared cache's, or, once
         the transaction has changed them itself, its own reading of them."""
         if self._seen is None:
-            self._seen = Configuration.load(self.session, -1) if self._changed_configuration else self._cache.current(self.session)
+            self._seen = Configuration.load(self.session, -1) if self._changed_configuration else self._cache.current(self)
         return self._seen
 
     def _configuration_changes(self) -> None:
@@ -321,7 +388,7 @@ class Transaction:
         self._seen = None
         if not self._changed_configuration:
             self._changed_configuration = True
-            self.session.execute(
+            self.connection.execute(
                 update(MetaRow).where(MetaRow.key == GENERATION_KEY).values(value=cast(cast(MetaRow.value, Integer) + 1, String))
             )
 
@@ -427,7 +494,7 @@ class Transaction:
     # Partitions: SQLAlchemy Core rather than the ORM, as they are the hot path
 
     def get_partition(self, partition_id: str) -> Partition | None:
-        connection = self.session.connection()
+        connection = self.connection
         row = connection.execute(ONE_PARTITION, {"id": partition_id}).first()
         if row is None:
             return None
@@ -446,7 +513,7 @@ class Transaction:
 
     def _partitions(self, *conditions) -> list[Partition]:
         """The partitions meeting all `conditions`, in id order, each with its IPUs in routing order."""
-        connection = self.session.connection()
+        connection = self.connection
         rows = connection.execute(select(PARTITIONS).where(*conditions).order_by(PARTITIONS.c.id)).all()
         if not rows:
             return []
@@ -459,7 +526,7 @@ class Transaction:
         """The IPUs taken in an allocation's machines, by agent: those of its partitions, since a
         machine belongs to one allocation at a time (found from the partitions, not the machines)."""
         used: dict[str, set[int]] = {}
-        for agent_id, index in self.session.connection().execute(IPUS_IN_ALLOCATION, {"allocation": allocation_id}):
+        for agent_id, index in self.connection.execute(IPUS_IN_ALLOCATION, {"allocation": allocation_id}):
             used.setdefault(agent_id, set()).add(index)
         return used
 
@@ -469,7 +536,7 @@ class Transaction:
         created = lifecycle.target(partition.id, "create", lifecycle.ABSENT)
         if (state := lifecycle.state_of(partition)) != created:
             raise ValueError(f"a new partition is {lifecycle.named(created)}, not {lifecycle.named(state)}")
-        connection = self.session.connection()
+        connection = self.connection
         try:
             connection.execute(NEW_PARTITION, dict(
                 id=partition.id,
@@ -507,7 +574,7 @@ class Transaction:
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
-        connection = self.session.connection()
+        connection = self.connection
         if target is lifecycle.ABSENT:
             changed = connection.execute(DELETE_PARTITION_IN_STATE, expected).rowcount
         else:
@@ -695,16 +762,23 @@ class Store:
         lease row would do the same, but writes to the row and the WAL in every transaction: it
         halved throughput.) SQLite runs one write transaction at a time anyway.
         """
-        with self._write_turn, self._writes() as session:
+        with self._write_turn:
+            tx = Transaction(self._write_engine, self._cache)
             try:
-                with session.begin():
-                    if self._fence is not None:
-                        self._check_fence(session, self._fence)
-                    yield Transaction(session, self._cache)
+                if self._fence is not None:
+                    self._check_fence(tx.connection, self._fence)
+                yield tx
+                tx._commit()
             except IntegrityError as error:
                 raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
             except OperationalError as error:  # the disk is full, the database went away, ...
                 raise Unavailable(f"the store at {self.describe()} could not record the change: {_first_line(error)}") from error
+            finally:
+                tx._close()
+
+    def own(self, owned: bool = True) -> None:
+        """Say whether this process serves, and so is the store's only writer (see ConfigurationCache)."""
+        self._cache.own(owned)
 
     # Leases: one leader among the controllers sharing this store
 
@@ -756,21 +830,23 @@ class Store:
         """From now on, commit writes only while `lease` is held in its present term."""
         self._fence = Fence(lease.name, lease.holder, lease.term)
 
-    def _check_fence(self, session: Session, fence: Fence) -> None:
+    def _check_fence(self, connection: Connection, fence: Fence) -> None:
         if self.is_sqlite:
-            current = session.execute(select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == fence.name)).one_or_none()
+            current = connection.execute(select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == fence.name)).one_or_none()
             held = current is not None and tuple(current) == (fence.holder, fence.term)
         else:
-            held = session.execute(HOLDS_LEASE, {"name": fence.name, "holder": fence.holder, "term": fence.term}).scalar_one()
+            held = connection.execute(HOLDS_LEASE, {"name": fence.name, "holder": fence.holder, "term": fence.term}).scalar_one()
         if not held:
             raise Unavailable("this vipu-server is no longer the leader; another replica has taken over")
 
     @contextmanager
     def reading(self) -> Iterator[Transaction]:
         """A read-only unit of work that never blocks writers."""
-        with self._reads() as session:
-            with session.begin():
-                yield Transaction(session, self._cache)
+        tx = Transaction(self._read_engine, self._cache)
+        try:
+            yield tx
+        finally:
+            tx._close()
 
     def close(self) -> None:
         self._write_engine.dispose()

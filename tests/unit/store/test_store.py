@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import event
 
 from vipu.model.entities import (
     Agent,
@@ -304,6 +305,39 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:
         reopened.close()
+
+
+def test_an_owning_controller_reads_its_configuration_from_memory_and_sees_its_own_changes(populated, store_url):
+    statements = []
+    event.listen(populated._read_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    populated.own()
+    with populated.reading() as tx:
+        tx.list_allocations()  # loads the configuration once
+    statements.clear()
+    with populated.reading() as tx:
+        assert [a.id for a in tx.list_allocations()] == ["a1"]
+        assert tx.get_agent("ag1") == agent(1)
+    assert statements == []  # not even the generation counter
+    with populated.transaction() as tx:
+        tx.add_allocation(Allocation("a2", "cl0", ("ag3", "ag4")))
+    with populated.reading() as tx:
+        assert [a.id for a in tx.list_allocations()] == ["a1", "a2"]
+    with pytest.raises(AlreadyExists), populated.transaction() as tx:  # a failed transaction changes neither store nor cache
+        tx.delete_allocation("a2")
+        raise AlreadyExists("given up")
+    with populated.reading() as tx:
+        assert [a.id for a in tx.list_allocations()] == ["a1", "a2"]
+    other = Store(store_url)  # a writer it was told does not exist is not seen ...
+    try:
+        with other.transaction() as tx:
+            tx.delete_allocation("a2")
+    finally:
+        other.close()
+    with populated.reading() as tx:
+        assert [a.id for a in tx.list_allocations()] == ["a1", "a2"]
+    populated.own(False)  # ... until it stops owning the store
+    with populated.reading() as tx:
+        assert [a.id for a in tx.list_allocations()] == ["a1"]
 
 
 def test_another_controller_on_the_same_database_sees_every_configuration_change(populated, store_url):
