@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sqlite3
 import threading
+import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -138,6 +140,21 @@ DELETE_PARTITION_IN_STATE = delete(PARTITIONS).where(_in_state())
 def _first_line(error: OperationalError) -> str:
     """What the database said, without SQLAlchemy's statement and background link."""
     return (str(error.orig).splitlines() or ["no reason given"])[0]
+
+
+def _set_wal_mode(cursor, deadline_seconds: float = 30.0) -> None:
+    """Put a SQLite database in WAL mode. Replicas opening a new database at once can find it
+    locked: SQLite answers a change of journal mode at once rather than through the busy handler,
+    so it is tried again until the deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def normalise_url(url: str) -> str:
@@ -665,6 +682,25 @@ class Transaction:
             raise ConcurrentUpdate(conflict_message) from error
 
 
+T = typing.TypeVar("T")
+
+
+class _GroupedWrite:
+    """One caller's part of a group commit: its work, then its result or its error."""
+
+    def __init__(self, work: Callable[[Transaction], typing.Any]):
+        self.work = work
+        self.result: typing.Any = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def run(self, tx: Transaction) -> None:
+        try:
+            self.result = self.work(tx)
+        except Exception as error:  # noqa: BLE001 - raised in its own caller, by `write`
+            self.error = error
+
+
 class Store:
     """Opens the database named by a URL and hands out transactions on it."""
 
@@ -687,6 +723,10 @@ class Store:
         # SQLite takes one writer at a time; waiting in-process is fair and fast, where its own
         # busy handler sleeps in steps of up to 100 ms.
         self._write_turn = threading.Lock() if self.is_sqlite else contextlib.nullcontext()
+        # Grouped writes (`write`) take turns; on SQLite, with the other writers.
+        self._group_turn = self._write_turn if self.is_sqlite else threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: list[_GroupedWrite] = []
         self._cache = ConfigurationCache()
         self._fence: Fence | None = None
         # The database's clock, so that controllers on several hosts agree on when a lease ends.
@@ -705,7 +745,7 @@ class Store:
         def _configure(dbapi_connection, _record):
             dbapi_connection.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _set_wal_mode(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
@@ -762,19 +802,80 @@ class Store:
         lease row would do the same, but writes to the row and the WAL in every transaction: it
         halved throughput.) SQLite runs one write transaction at a time anyway.
         """
-        with self._write_turn:
-            tx = Transaction(self._write_engine, self._cache)
-            try:
-                if self._fence is not None:
-                    self._check_fence(tx.connection, self._fence)
-                yield tx
-                tx._commit()
-            except IntegrityError as error:
-                raise ConcurrentUpdate("a concurrent change conflicted with this one; try again") from error
-            except OperationalError as error:  # the disk is full, the database went away, ...
-                raise Unavailable(f"the store at {self.describe()} could not record the change: {_first_line(error)}") from error
-            finally:
-                tx._close()
+        with self._write_turn, self._writing() as tx:
+            yield tx
+
+    @contextmanager
+    def _writing(self) -> Iterator[Transaction]:
+        """A fenced write transaction, committed if the block ends normally; the caller holds the turn."""
+        tx = Transaction(self._write_engine, self._cache)
+        try:
+            if self._fence is not None:
+                self._check_fence(tx.connection, self._fence)
+            yield tx
+            tx._commit()
+        except (IntegrityError, OperationalError) as error:
+            raise self._refusal(error) from error
+        finally:
+            tx._close()
+
+    def _refusal(self, error: IntegrityError | OperationalError) -> VipuError:
+        """What the caller of a write the database refused is told."""
+        if isinstance(error, IntegrityError):
+            return ConcurrentUpdate("a concurrent change conflicted with this one; try again")
+        # The disk is full, the database went away, ...
+        return Unavailable(f"the store at {self.describe()} could not record the change: {_first_line(error)}")
+
+    def write(self, work: Callable[[Transaction], T]) -> T:
+        """Run `work` in a write transaction shared with the writes that arrive while another
+        commits: one commit for the group (group commit), each caller answered only after it.
+
+        The thread whose turn comes commits every write waiting by then; each runs under a
+        savepoint of its own, so one that fails (a refused transition, a lost race) is rolled back
+        alone and raises in its own caller. If the commit fails, every write of the group fails
+        with it. `work` may be run by another thread: it must only use the transaction, with
+        plain statements (the partitions), not the ORM session.
+        """
+        mine = _GroupedWrite(work)
+        with self._pending_lock:
+            self._pending.append(mine)
+        with self._group_turn:
+            if not mine.finished:  # else an earlier turn committed it with its own group
+                with self._pending_lock:
+                    group, self._pending = self._pending, []
+                self._commit_group(group)
+        if isinstance(mine.error, IntegrityError | OperationalError):
+            raise self._refusal(mine.error) from mine.error
+        if mine.error is not None:
+            raise mine.error
+        return typing.cast(T, mine.result)
+
+    def _commit_group(self, group: list[_GroupedWrite]) -> None:
+        committed = False
+        try:
+            with self._writing() as tx:
+                if len(group) == 1:
+                    group[0].run(tx)
+                    if group[0].error is not None:
+                        raise group[0].error  # rolls the transaction back
+                else:
+                    for write in group:
+                        savepoint = tx.connection.begin_nested()
+                        write.run(tx)
+                        if write.error is None:
+                            savepoint.commit()
+                        else:
+                            savepoint.rollback()
+            committed = True
+        except Exception as error:  # noqa: BLE001 - it is raised in every caller whose write it undid
+            for write in group:
+                if write.error is None:
+                    write.error = error
+        finally:
+            for write in group:
+                if not committed and write.error is None:  # the committing thread was interrupted
+                    write.error = Unavailable("the store write was interrupted; try again")
+                write.finished = True
 
     def own(self, owned: bool = True) -> None:
         """Say whether this process serves, and so is the store's only writer (see ConfigurationCache)."""

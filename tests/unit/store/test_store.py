@@ -25,7 +25,7 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable, VipuError
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import Store, normalise_url
 
@@ -114,6 +114,48 @@ def test_a_transition_is_a_compare_and_set_on_the_state_it_was_read_in(populated
     with populated.reading() as tx:
         stored = tx.get_partition("p1")
         assert (stored.ready_state, stored.operation_state, stored.errors) == (ReadyState.ACTIVE, OperationState.IDLE, [])
+
+
+def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alone(populated):
+    with populated.transaction() as tx:
+        tx.add_partition(partition("taken", "ag2"))
+    commits = []
+    event.listen(populated._write_engine, "commit", lambda connection: commits.append(connection))
+    first_began, let_first_end = threading.Event(), threading.Event()
+
+    def first(tx):
+        first_began.set()
+        assert let_first_end.wait(10)
+        tx.add_partition(partition("p0", "ag1", (0,)))
+
+    outcomes: dict[str, object] = {}
+
+    def write(name, work):
+        try:
+            outcomes[name] = populated.write(work)
+        except VipuError as error:
+            outcomes[name] = error
+
+    def adding(name, agent_id, index):
+        return lambda tx: tx.add_partition(partition(name, agent_id, (index,)))
+
+    writers = [threading.Thread(target=write, args=("p0", first))]
+    writers[0].start()
+    assert first_began.wait(10)
+    writers += [threading.Thread(target=write, args=(f"p{n}", adding(f"p{n}", "ag1", n))) for n in (1, 2, 3)]
+    writers.append(threading.Thread(target=write, args=("clash", adding("clash", "ag2", 0))))  # ag2's IPU 0 is taken
+    for writer in writers[1:]:
+        writer.start()
+    wait_for(lambda: len(populated._pending) == 4)
+    let_first_end.set()
+    for writer in writers:
+        writer.join(10)
+    assert len(commits) == 2  # the first write's, then one for the four that waited meanwhile
+    assert isinstance(outcomes.pop("clash"), ConcurrentUpdate)
+    assert outcomes == {"p0": None, "p1": None, "p2": None, "p3": None}
+    with populated.reading() as tx:
+        assert [p.id for p in tx.list_partitions()] == ["p0", "p1", "p2", "p3", "taken"]
+        assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}, "ag2": {0, 1, 2, 3}}
 
 
 def test_removal_is_the_transition_to_absent_and_frees_the_ipus(populated):

@@ -1,10 +1,12 @@
 """The serving controller's own copy of every partition, which its decisions are made from.
 
 It is loaded from the store when the controller starts to serve (at start-up, or when it takes
-the lead) and changed only after the store has committed the same change (write-through), so it
-is never ahead of the store and a crash loses nothing it said. Placement reads the IPUs in use
-from here rather than from the store, each allocation under a lock of its own; operations read
-the partition they work on from here. Callers get copies, never the entries themselves.
+the lead) and changed only after the store has committed the same change (write-through), so a
+crash loses nothing it said. The one exception is a new partition: placement reserves its IPUs
+here, under its allocation's lock, before the store records it, so that the next placement in
+the allocation need not wait for that commit; a reservation the store refuses is forgotten.
+Placement reads the IPUs in use from here rather than from the store; operations read the
+partition they work on from here. Callers get copies, never the entries themselves.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class Ledger:
         """The lock under which partitions are placed in one allocation and recorded."""
         with self._lock:
             return self._placing.setdefault(allocation_id, threading.Lock())
+
+    def reserve(self, partition: Partition) -> None:
+        """A new partition placed under its allocation's lock, before the store records it."""
+        self.record(partition)
 
     def record(self, partition: Partition) -> None:
         """A partition the store has just committed, new or changed."""

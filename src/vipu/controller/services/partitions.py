@@ -250,10 +250,15 @@ class PartitionService:
     def _apply(self, partition: Partition, *transitions: tuple[str, dict]) -> None:
         """Apply life-cycle transitions to a partition in one store transaction, then to the ledger.
         A refusal because the store holds another state brings the ledger's entry up to date."""
+        def transit(tx: Transaction) -> bool:
+            """Whether the partition is gone."""
+            target = None
+            for name, fields in transitions:
+                target = tx.transition(partition, name, **fields)
+            return target is lifecycle.ABSENT
+
         try:
-            with self.store.transaction() as tx:
-                for name, fields in transitions:
-                    gone = tx.transition(partition, name, **fields) is lifecycle.ABSENT
+            gone = self.store.write(transit)
         except Conflict:
             with self.store.reading() as tx:
                 current = tx.get_partition(partition.id)
@@ -342,7 +347,8 @@ class PartitionService:
 
     def _place(self, request: PartitionRequest, access: Access) -> tuple[Partition, ClusterLayout, dict[str, Agent]]:
         """Place the partition in the first allocation it fits, against the ledger's IPUs in use,
-        and record it there and in the store under that allocation's lock (no other lock)."""
+        under that allocation's lock (no other lock), and reserve its IPUs there; then record it
+        in the store, outside the lock, so that its commit can join others (`Store.write`)."""
         with self.store.reading() as tx:
             candidates = self._candidates(tx, request, access)
             layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in candidates}}
@@ -359,10 +365,14 @@ class PartitionService:
                 except Conflict as refusal:
                     refusals.append(refusal)
                     continue
-                with self.store.transaction() as tx:
-                    tx.add_partition(partition)
-                    agents = {a: self._agent(tx, a) for a in partition.agent_ids}
-                self.ledger.record(partition)
+                self.ledger.reserve(partition)
+            try:
+                self.store.write(lambda tx: tx.add_partition(partition))  # noqa: B023 - called before the loop goes on
+            except BaseException:
+                self.ledger.forget(partition.id)
+                raise
+            with self.store.reading() as tx:
+                agents = {a: self._agent(tx, a) for a in partition.agent_ids}
             return partition, layout, agents
         if len(refusals) == 1:
             raise refusals[0]
