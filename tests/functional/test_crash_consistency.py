@@ -26,7 +26,7 @@ from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.functional
 
-ROUNDS = 10
+ROUNDS = 50  # per store, as the issue that made the controller crash-safe asks
 CLIENTS = 6
 SIZES = (1, 2, 4, 8)
 

@@ -170,7 +170,6 @@ class PartitionService:
                     if attempt == PLACEMENT_ATTEMPTS - 1:
                         raise
                     self.load()
-            log.info("partition %s placed on %s", partition.id, ", ".join(partition.agent_ids))
             self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
             inventories = {a: agent.inventory for a, agent in agents.items()}
             return partition, gcd_configs(partition, inventories), self._ipuof_version(inventories.values())
@@ -312,7 +311,7 @@ class PartitionService:
                            else f"partition {partition.id} could not be created and was not kept")
                 raise self._fail(partition, failures, summary, on_failure)
             self._apply(partition, ("configured", {"errors": []}))
-        log.info("partition %s is ACTIVE", partition.id)
+        log.info("partition %s is ACTIVE on %s", partition.id, ", ".join(partition.agent_ids))
         return partition
 
     def _fail(self, partition: Partition, failures: dict[str, VipuError], summary: str, transition: str,
