@@ -52,6 +52,18 @@ def test_the_partition_benchmark_offers_an_open_loop_load_at_a_rate(tmp_path):
 
 
 @pytest.mark.functional
+def test_the_comparison_runs_an_older_revision_and_this_tree_alternately(tmp_path):
+    result = bench(tmp_path, "compare", "--before", "HEAD~1", "--machines", "2", "--clients", "1", "--stores", "sqlite",
+                   "--duration", "1", "--repeats", "1")
+    assert result["before"] == "HEAD~1" and result["repeats"] == 1
+    for side in ("before", "after"):
+        (run,) = result["runs"][side][0]
+        assert run["machines"] == 2 and run["clients"] == 1 and run["create"]["count"] > 0
+        (row,) = result["medians"][side]
+        assert row["pairs/s"] == run["pairs_per_s"]
+
+
+@pytest.mark.functional
 def test_the_crash_benchmark_counts_rounds_operations_and_violations(tmp_path):
     result = bench(tmp_path, "crashes", "--rounds", "2", "--stores", "sqlite", "--machines", "2")
     (run,) = result["runs"]
