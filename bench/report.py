@@ -69,8 +69,34 @@ def profile(data: dict) -> list[str]:
     rows = [[layer, share] for layer, share in data["share_percent"].items()]
     load = data["load"]
     return [f"**Profile** (`bench.profile`, {data['machines']} machines, {data['clients']} clients: {load['pairs_per_s']} pairs/s, "
-            f"controller CPU {load['server_cpu_percent']} %; flame graph in `results/profile.svg`):", "",
-            *markdown(["where the controller's busy samples are", "%"], rows)]
+            f"controller CPU {load['server_cpu_percent']} %, interpreter lock held {data.get('lock_held_percent', '(not measured)')} % "
+            "of the time; flame graph in `results/profile.svg`):", "",
+            *markdown(["where the thread holding the interpreter lock is", "%"], rows)]
+
+
+def compare(data: dict) -> list[str]:
+    rows = [[old["store"], old["machines"], old["clients"], *(f"{old[f]} → {new[f]}" for f in ("create p50 ms", "create p99 ms",
+                                                                                                "pairs/s", "server CPU %")),
+             round(new["pairs/s"] / old["pairs/s"], 2)]
+            for old, new in zip(data["medians"]["before"], data["medians"]["after"], strict=True)]
+    return [f"**Before and after** (`bench.compare`: revision {data['before']} → {data['after']}, medians of {data['repeats']} "
+            f"alternated runs of {data['duration_s']:.0f} s each, 1-IPU partitions):", "",
+            *markdown(["store", "machines", "clients", "create p50 ms", "create p99 ms", "pairs/s", "controller CPU %",
+                       "pairs/s after ÷ before"], rows)]
+
+
+def roundtrips(data: dict) -> list[str]:
+    rows = [[call, ms] for call, ms in data["median_ms"].items()]
+    return [f"**Round trips of one create** (`bench.roundtrips`, {data['machines']} machines, {data['store']}, one client, medians of "
+            f"{data['samples']} calls each):", "", *markdown(["call", "median ms"], rows)]
+
+
+def crashes(data: dict) -> list[str]:
+    rows = [[r["store"], r["rounds"], r["answered"], r["interrupted_operations_finished"], r["violations"], round(r["seconds"] / 60)]
+            for r in data["runs"]]
+    return [f"**Crash consistency** (`bench.crashes`, recorded {data['machine']['when']} at revision {data['revision']}: SIGKILL of "
+            "the controller at a random point of a storm of creates and removes, every round):", "",
+            *markdown(["store", "rounds", "calls answered", "interrupted operations finished", "violations", "minutes"], rows)]
 
 
 def soak(data: dict) -> list[str]:
@@ -89,8 +115,8 @@ def main():
     """Render bench/results/*.json as the README's last recorded results."""
     parts: list[str] = []
     first = None
-    for name, render in (("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                         ("slurm-compare", slurm), ("profile", profile), ("soak", soak)):
+    for name, render in (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
+                         ("slurm-compare", slurm), ("profile", profile), ("roundtrips", roundtrips), ("crashes", crashes), ("soak", soak)):
         data = load(name)
         if data is not None:
             first = first or data
