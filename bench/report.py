@@ -120,11 +120,12 @@ def main():
         data = load(name)
         if data is not None:
             first = first or data
-            parts += [*render(data), ""]
+            parts += [*render(data), "", f"_Recorded {data['machine']['when']} at revision {data['revision']}._", ""]
     if first is None:
         raise click.ClickException("no results yet; run bench/run")
     m = first["machine"]
-    header = [f"Recorded {m['when']} at revision {first['revision']} on {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}.", ""]
+    header = [f"On {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}; each table says when and at which revision it was "
+              "recorded (`bench/run` records them all at once).", ""]
     text = README.read_text()
     before, _, rest = text.partition(START)
     _, _, after = rest.partition(END)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.functional.harness import failed_line, pairs, rows
 from vipu.api.protos import admin_pb2
+from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
+from vipu.backends.sim import faults
 
 
 def test_a_missing_cable_fails_the_create_leaving_nothing_and_saying_why(pod):
@@ -64,3 +69,18 @@ def test_an_agent_that_stops_answering_is_shown_down_and_blocks_its_partitions(p
     assert pod.user("remove", "partition", "p1", "--force").code == 0
     pod.start_agent("m01")
     pod.wait_for_status("ag1", "Up")
+
+
+def test_the_machines_of_a_partition_are_configured_and_cleared_together(pod):
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    delay = 0.5  # each machine's apply and clear; one after another, eight of them would take 4 s
+    pod.edit_rack(lambda rack: [faults.slow_down(rack, m.name, int(delay * 1000)) for m in rack.machines])
+    api = pb_grpc.UserServiceStub(pod._channel(pod.user_port))
+    began = time.monotonic()
+    api.CreatePartition(pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(id="wide", size=32)), timeout=30)
+    created = time.monotonic()
+    api.RemovePartition(pb.RemovePartitionRequest(partition_id="wide"), timeout=30)
+    removed = time.monotonic()
+    assert created - began < 4 * delay, f"the create took {created - began:.2f} s"
+    assert removed - created < 4 * delay, f"the remove took {removed - created:.2f} s"
+    assert pod.held_anywhere("wide") == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import grpc
 
@@ -13,6 +14,7 @@ from vipu.api.status import error_from_rpc
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
+from vipu.model.errors import VipuError
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
 # gRPC's own back-off would keep it Down, and its partitions in ERROR, long after it answers.
@@ -55,6 +57,34 @@ class GrpcAgentGateway:
 
     def clear(self, host: str, port: int, partition_id: str) -> None:
         self._call(host, port, "ClearPartition", agent_pb2.ClearPartitionRequest(partition_id=partition_id))
+
+    def apply_all(self, targets: Sequence[tuple[str, int, AgentSettings]]) -> list[VipuError | None]:
+        return self._fan_out([(host, port, "ApplyPartition", agent_pb2.ApplyPartitionRequest(settings=convert.settings_to_proto(s)))
+                              for host, port, s in targets])
+
+    def clear_all(self, targets: Sequence[tuple[str, int]], partition_id: str) -> list[VipuError | None]:
+        request = agent_pb2.ClearPartitionRequest(partition_id=partition_id)
+        return self._fan_out([(host, port, "ClearPartition", request) for host, port in targets])
+
+    def _fan_out(self, calls: list[tuple[str, int, str, object]]) -> list[VipuError | None]:
+        """Start every call, then collect each outcome: gRPC runs them together, with no thread
+        of ours per call; each is bounded by its own deadline."""
+        if len(calls) == 1:  # on the caller's own thread, with no hand-off at all
+            host, port, method, request = calls[0]
+            try:
+                self._call(host, port, method, request)
+            except VipuError as error:
+                return [error]
+            return [None]
+        started = [getattr(self._stub(host, port), method).future(request, timeout=self.timeout) for host, port, method, request in calls]
+        outcomes: list[VipuError | None] = []
+        for call in started:
+            try:
+                call.result()
+                outcomes.append(None)
+            except grpc.RpcError as error:
+                outcomes.append(error_from_rpc(error))
+        return outcomes
 
     def partitions(self, host: str, port: int) -> list[AgentSettings]:
         reply = self._call(host, port, "ListPartitions", agent_pb2.ListPartitionsRequest())

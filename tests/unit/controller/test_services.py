@@ -39,6 +39,7 @@ from vipu.model.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    VipuError,
 )
 from vipu.store.store import Store
 
@@ -73,6 +74,21 @@ class InMemoryGateway:
 
     def clear(self, host, port, partition_id):
         self.machine(host, port).clear(partition_id)
+
+    def apply_all(self, targets):
+        return [self._outcome(lambda h=host, p=port, s=settings: self.apply(h, p, s)) for host, port, settings in targets]
+
+    def clear_all(self, targets, partition_id):
+        return [self._outcome(lambda h=host, p=port: self.clear(h, p, partition_id)) for host, port in targets]
+
+    @staticmethod
+    def _outcome(call):
+        """One call's error, or None; the machines answer one after the other."""
+        try:
+            call()
+        except VipuError as error:
+            return error
+        return None
 
     def partitions(self, host, port):
         return self.machine(host, port).partitions()

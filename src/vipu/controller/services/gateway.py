@@ -8,11 +8,13 @@ it refuses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
+from vipu.model.errors import VipuError
 
 
 class AgentGateway(Protocol):
@@ -21,6 +23,15 @@ class AgentGateway(Protocol):
     def apply(self, host: str, port: int, settings: AgentSettings) -> None: ...
 
     def clear(self, host: str, port: int, partition_id: str) -> None: ...
+
+    def apply_all(self, targets: Sequence[tuple[str, int, AgentSettings]]) -> list[VipuError | None]:
+        """`apply` on several agents at once, (host, port, settings) each; each one's error, or
+        None where it succeeded, in order."""
+        ...
+
+    def clear_all(self, targets: Sequence[tuple[str, int]], partition_id: str) -> list[VipuError | None]:
+        """`clear` of one partition on several agents at once, (host, port) each; as `apply_all`."""
+        ...
 
     def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
 

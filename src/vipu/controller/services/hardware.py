@@ -7,8 +7,10 @@ since it compares everything the agent holds with the store. Operations spanning
 take their locks in sorted order, each within a deadline; a reconciliation takes one agent at a
 time and only when nobody holds it (a busy agent is skipped, and comes back at the next pass).
 
-Each kind of work has its own pool of threads for its agent calls, so that one kind filling its
-pool (a health pass over a thousand agents) never starves another (a user's create).
+A partition's settings go to its agents all at once through the gateway (`apply_all`: gRPC runs
+the calls together, with no thread per call). Health passes and cluster tests, which do more
+than one call per agent, run on pools of threads, one per kind of work, so that one kind filling
+its pool (a health pass over a thousand agents) never starves another.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ SHARED_WAIT_SECONDS = 30.0
 
 
 class Work(Enum):
-    """The kinds of work that call agents, each with a pool of its own."""
+    """The kinds of work that call agents on threads, each with a pool of its own (a partition's
+    operations fan out through the gateway instead)."""
 
-    OPERATIONS = "operations"  # users' creates, resets and removes
     HEALTH = "health"  # health passes and reconciliation
     TESTS = "tests"  # cluster tests
 
@@ -112,7 +114,7 @@ class Hardware:
         self.locks = AgentLocks()
         self._pools = {work: ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"agent-call-{work.value}") for work in Work}
 
-    def each(self, items: Iterable[T], call: Callable[[T], R], work: Work = Work.OPERATIONS) -> list[R | VipuError]:
+    def each(self, items: Iterable[T], call: Callable[[T], R], work: Work) -> list[R | VipuError]:
         """Run `call` on every item in parallel, in the pool of `work`; each result, or the
         VipuError it raised, in order."""
 
@@ -128,16 +130,16 @@ class Hardware:
         return list(self._pools[work].map(attempt, items))
 
     def apply(self, agents: dict[str, Agent], settings: dict[str, AgentSettings]) -> dict[str, VipuError]:
-        """Apply each agent's settings; the failures, by agent id. Caller holds the agents' locks."""
+        """Apply each agent's settings, all at once; the failures, by agent id. Caller holds the agents' locks."""
         ids = list(settings)
-        results = self.each(ids, lambda a: self.gateway.apply(agents[a].host, agents[a].port, settings[a]))
-        return {a: r for a, r in zip(ids, results, strict=True) if isinstance(r, VipuError)}
+        outcomes = self.gateway.apply_all([(agents[a].host, agents[a].port, settings[a]) for a in ids])
+        return {a: error for a, error in zip(ids, outcomes, strict=True) if error is not None}
 
     def clear(self, agents: Iterable[Agent], partition_id: str) -> dict[str, VipuError]:
-        """Clear a partition on each agent; the failures, by agent id. Caller holds the agents' locks."""
+        """Clear a partition on each agent, all at once; the failures, by agent id. Caller holds the agents' locks."""
         agents = list(agents)
-        results = self.each(agents, lambda a: self.gateway.clear(a.host, a.port, partition_id))
-        return {a.id: r for a, r in zip(agents, results, strict=True) if isinstance(r, VipuError)}
+        outcomes = self.gateway.clear_all([(a.host, a.port) for a in agents], partition_id)
+        return {a.id: error for a, error in zip(agents, outcomes, strict=True) if error is not None}
 
     def close(self) -> None:
         for pool in self._pools.values():
