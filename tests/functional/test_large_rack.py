@@ -35,7 +35,7 @@ def test_the_full_suite_on_64_machines_in_two_domains(pod, capsys):
     assert table["IPU-Link"][0] == f"{2 * 32 * 4 + 64 * 16}/{2 * 32 * 4 + 64 * 16}"
     assert table["Traffic"][0] == "32/32"
     assert table["GW-Link"] == ("64/64", ["GW Link test passed"])
-    assert table["PFC-settings"][0] == "64/64"
+    assert "PFC-settings" not in table  # run by name only
     with capsys.disabled():
         print(f"\n  full cluster test of {MACHINES} machines at time scale 0.01: {elapsed:.1f}s")
 
