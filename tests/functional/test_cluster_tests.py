@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.functional.harness import failed_line, rows
 from vipu.backends.sim import faults
 from vipu.model.topology import LinkKind
@@ -35,6 +37,9 @@ def test_a_healthy_rack_passes_every_test_with_the_seeds_counts(registered_pod):
     }
     pfc = registered_pod.admin("test", "cluster", "cl0", "--pfc-settings")
     assert results(pfc.out) == {"PFC-settings": ("8/8", ["All PFC settings as expected"])}
+    scripted = json.loads(registered_pod.admin("test", "cluster", "--status", "--json").out)  # pure JSON
+    assert scripted["cluster_id"] == "cl0"
+    assert [(r["test"], r["status"], r["passed"]) for r in scripted["results"]] == [("PFC-settings", "passed", 8)]
 
 
 def test_every_fault_class_fails_its_test_with_the_seeds_lines(registered_pod):
@@ -47,6 +52,9 @@ def test_every_fault_class_fails_its_test_with_the_seeds_lines(registered_pod):
     ))
     result = pod.admin("test", "cluster", "cl0")
     assert result.err == "test cluster (cl0): failed: Some tests failed.\n" and result.code == 1
+    scripted = pod.admin("test", "cluster", "cl0", "--versions", "--json")
+    assert scripted.code == 1 and scripted.err == "test cluster (cl0): failed: Some tests failed.\n"
+    assert [(r["test"], r["passed"], r["total"]) for r in json.loads(scripted.out)["results"]] == [("Version", 5, 6)]
     table = results(result.out)
     assert table["Sync-Link"] == ("13/14", ["Failed Sync Links:", "ag1:6 <--> 2:ag2"])
     assert table["Cabling"] == ("27/28", ["ag2:5 [IPU-Link] <--> ag3:1 [IPU-Link] (failed)"])

@@ -67,6 +67,10 @@ def test_a_multi_gcd_partition_gets_one_configuration_file_per_gcd(registered_po
     assert json.loads(body) == second
     both = pod.user("get", "partition", "mg", "--ipu-configs")
     assert both.out.count("IPUoF configuration of partition mg") == 2
+    scripted = json.loads(pod.user("get", "partition", "mg", "--ipu-configs", "--json").out)  # pure JSON
+    assert [g["gcd"] for g in scripted] == [0, 1] and scripted[1]["ipuof_config"] == second
+    assert json.loads(pod.user("get", "partition", "mg", "--ipu-configs", "--gcd", "1", "--json").out) == [
+        {"gcd": 1, "ipuof_config": second}]
     failed_line(pod.user("get", "partition", "mg", "--ipu-configs", "--gcd", "2"), "get partition", "mg", "GCDs 0 to 1, not 2")
     assert pod.user("remove", "partition", "mg").code == 0
     assert list(pod.ipuof_dir.iterdir()) == []

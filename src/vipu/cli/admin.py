@@ -427,11 +427,14 @@ def test():
     """Test a cluster's cabling, links, versions and settings."""
 
 
-def print_test_report(report: pb.ClusterTestReport) -> None:
-    """The seed's results table; a failed test makes the command fail after it."""
-    click.echo(f"Showing test results for cluster {report.cluster_id}")
-    rows = [[r.test, f"{r.duration_seconds:.2f}s", f"{r.passed}/{r.total}", list(r.summary)] for r in report.results]
-    click.echo(render_table(["Test Type", "Duration", "Passed", "Summary"], rows, top_rule=False))
+def print_test_report(report: pb.ClusterTestReport, as_json: bool = False) -> None:
+    """The seed's results table, or the report as JSON; a failed test makes the command fail after it."""
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(f"Showing test results for cluster {report.cluster_id}")
+        rows = [[r.test, f"{r.duration_seconds:.2f}s", f"{r.passed}/{r.total}", list(r.summary)] for r in report.results]
+        click.echo(render_table(["Test Type", "Duration", "Passed", "Summary"], rows, top_rule=False))
     if any(r.status != "passed" for r in report.results):
         fail("test cluster", report.cluster_id, "Some tests failed")
 
@@ -448,13 +451,14 @@ def print_test_report(report: pb.ClusterTestReport) -> None:
 @click.option("--start", "mode", flag_value="start", help="Start the test and return at once.")
 @click.option("--status", "mode", flag_value="status", help="Show the results of the last test.")
 @click.option("--stop", "mode", flag_value="stop", help="Stop the test in progress.")
+@json_option
 @pass_endpoint
-def test_cluster(admin, cluster_id, mode, **options):
+def test_cluster(admin, cluster_id, mode, as_json, **options):
     """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say)."""
     if mode == "status":
         with reporting("test cluster", "status"):
             report = admin("GetClusterTestStatus", pb.ListRequest())
-        return print_test_report(report)
+        return print_test_report(report, as_json)
     if mode == "stop":
         with reporting("test cluster", "stop"):
             admin("StopClusterTest", pb.ListRequest())
@@ -466,7 +470,7 @@ def test_cluster(admin, cluster_id, mode, **options):
     with reporting("test cluster", cluster_id):
         report = admin.connection.call(pb_grpc.AdminServiceStub, "TestCluster", request, no_deadline=True)
     if mode != "start":  # a started test says nothing, as seed 002 shows
-        print_test_report(report)
+        print_test_report(report, as_json)
 
 
 # Discovery

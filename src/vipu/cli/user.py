@@ -217,10 +217,12 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
                 raise NotFound(f"partition {partition_id} does not exist")
             partition = found
     if ipu_configs:
-        for index, gcd_config in enumerate(config.gcd_configs):
-            number = gcd if gcd is not None else index
+        numbered = [(gcd if gcd is not None else index, ipuof_files.document(c)) for index, c in enumerate(config.gcd_configs)]
+        if as_json:  # one JSON document, nothing around it
+            return click.echo(json.dumps([{"gcd": number, "ipuof_config": document} for number, document in numbered], indent=2))
+        for number, document in numbered:
             click.echo(f"IPUoF configuration of partition {partition_id}, GCD {number}:")
-            click.echo(json.dumps(ipuof_files.document(gcd_config), indent=2))
+            click.echo(json.dumps(document, indent=2))
         return
     if as_json:
         return echo_json({"partition": partition, "status": status})
