@@ -9,7 +9,9 @@ reaches the user.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,24 +183,42 @@ class CommandGroup(click.Group):
 BARE_GROUP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click 8.2 and later
 
 
-def run(group: click.Group, prog: str) -> None:
-    """Run a CLI so that every usage mistake is one line on standard error and exit status 2."""
+def run(group: click.Group, prog: str) -> typing.NoReturn:
+    """Run a CLI so that every usage mistake is one line on standard error and exit status 2; then
+    end the process at once, its output flushed: the interpreter's teardown (gRPC's threads, every
+    module) would take longer than most commands."""
+    code = exit_status(group, prog)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away: what is unwritten is lost either way
+        code = code or 1
+    os._exit(code)
+
+
+def exit_status(group: click.Group, prog: str) -> int:
+    """What `run` does short of ending the process: run the CLI; its exit status."""
     try:
         group.main(prog_name=prog, standalone_mode=False)
     except BARE_GROUP as bare:  # `vipu create` alone asks what it can create: its help, as `vipu` alone gives
         click.echo(bare.ctx.get_help())
-        sys.exit(0)
     except click.UsageError as error:
         where = error.ctx.command_path if error.ctx else prog
         click.echo(f"{where}: {one_line(error.format_message())} (see '{where} --help')", err=True)
-        sys.exit(2)
+        return 2
     except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
+        return done.exit_code
     except click.Abort:
-        sys.exit(130)
+        return 130
     except click.ClickException as error:
         click.echo(f"{prog}: {one_line(error.format_message())}", err=True)
-        sys.exit(error.exit_code)
+        return error.exit_code
+    except SystemExit as done:  # a command that ended itself (a failure is exit status 1)
+        if isinstance(done.code, str):
+            click.echo(done.code, err=True)
+            return 1
+        return done.code or 0
+    return 0
 
 
 def print_server_version(connection: Connection) -> None:

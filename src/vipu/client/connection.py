@@ -8,7 +8,6 @@ from vipu.api import credentials
 from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.status import error_from_rpc, never_reached
-from vipu.api.tls import client_credentials
 from vipu.client.settings import ClientSettings
 from vipu.model.errors import InvalidArgument, Standby, Unavailable, VipuError
 
@@ -40,6 +39,8 @@ class Connection:
             if s.server_cert is not None:  # s.tls
                 if s.client_cert is None or s.client_key is None:  # client_settings refuses this; a hand-built one might not
                     raise InvalidArgument("mutual TLS needs a client certificate and its key besides the server's certificate authority")
+                from vipu.api.tls import client_credentials  # cryptography: only for TLS, a tenth of a plain command's start
+
                 transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
                 self._channels[address] = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
             else:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vipu.cli import admin, user
-from vipu.cli.common import run
+from vipu.cli.common import exit_status
 
 WORDS = st.one_of(
     st.sampled_from(["create", "remove", "get", "list", "reset", "partition", "partitions", "agent", "agents", "cluster",
@@ -28,11 +28,7 @@ def invoke(group, prog: str, arguments: list[str]) -> tuple[int, str, str]:
     sys.argv = [prog, "--api-host", "127.0.0.1", "--api-port", "1", "--api-timeout", "2", *arguments]
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            try:
-                run(group, prog)
-                code = 0
-            except SystemExit as done:
-                code = done.code if isinstance(done.code, int) else 1
+            code = exit_status(group, prog)
     finally:
         sys.argv = argv
     return code, out.getvalue(), err.getvalue()
