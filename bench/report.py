@@ -91,6 +91,14 @@ def roundtrips(data: dict) -> list[str]:
             f"{data['samples']} calls each):", "", *markdown(["call", "median ms"], rows)]
 
 
+def cli_speed(data: dict) -> list[str]:
+    sides = [side for side in ("before", "after") if side in next(iter(data["commands"].values()))]
+    rows = [[command, *(m[side]["median_ms"] for side in sides)] for command, m in data["commands"].items()]
+    against = f", against revision {data['before']}" if data.get("before") else ""
+    return [f"**The `vipu` command, whole process** (`bench.cli_speed`, hyperfine, {data['runs']} runs each{against}):", "",
+            *markdown(["command", *(f"{side}: median ms" for side in sides)], rows)]
+
+
 def crashes(data: dict) -> list[str]:
     rows = [[r["store"], r["rounds"], r["answered"], r["interrupted_operations_finished"], r["violations"], round(r["seconds"] / 60)]
             for r in data["runs"]]
@@ -115,8 +123,10 @@ def main():
     """Render bench/results/*.json as the README's last recorded results."""
     parts: list[str] = []
     first = None
-    for name, render in (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                         ("slurm-compare", slurm), ("profile", profile), ("roundtrips", roundtrips), ("crashes", crashes), ("soak", soak)):
+    renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
+                 ("slurm-compare", slurm), ("profile", profile), ("roundtrips", roundtrips), ("cli-speed", cli_speed),
+                 ("crashes", crashes), ("soak", soak))
+    for name, render in renderers:
         data = load(name)
         if data is not None:
             first = first or data
