@@ -65,6 +65,12 @@ def slurm(data: dict) -> list[str]:
                        "Slurm / vipu CLI", "Slurm / vipu API"], rows)]
 
 
+def slurm_jobs(data: dict) -> list[str]:
+    rows = [[label, rate, data["share_of_plain"][label]] for label, rate in data["jobs_per_s"].items()]
+    return [f"**Slurm's job throughput with vipu** (`bench.slurm_jobs`, {data['slurm_version']}, {data['jobs']} jobs each):", "",
+            *markdown(["jobs", "jobs/s", "share of plain Slurm"], rows)]
+
+
 def profile(data: dict) -> list[str]:
     rows = [[layer, share] for layer, share in data["share_percent"].items()]
     load = data["load"]
@@ -124,8 +130,8 @@ def main():
     parts: list[str] = []
     first = None
     renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                 ("slurm-compare", slurm), ("profile", profile), ("roundtrips", roundtrips), ("cli-speed", cli_speed),
-                 ("crashes", crashes), ("soak", soak))
+                 ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
+                 ("cli-speed", cli_speed), ("crashes", crashes), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

@@ -73,6 +73,13 @@ def test_the_command_timing_runs_hyperfine_on_both_revisions(tmp_path):
 
 
 @pytest.mark.functional
+def test_the_slurm_throughput_benchmark_runs_every_configuration(tmp_path):
+    result = bench(tmp_path, "slurm_jobs", "--jobs", "2")
+    assert list(result["jobs_per_s"]) == ["plain Slurm", "no IPUs, Python prolog and epilog", "no IPUs", "1 IPU each"]
+    assert all(rate > 0 for rate in result["jobs_per_s"].values()) and result["share_of_plain"]["plain Slurm"] == 1
+
+
+@pytest.mark.functional
 def test_the_crash_benchmark_counts_rounds_operations_and_violations(tmp_path):
     result = bench(tmp_path, "crashes", "--rounds", "2", "--stores", "sqlite", "--machines", "2")
     (run,) = result["runs"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.functional.harness import BIN, Pod, wait_until
-from tests.slurm import SlurmCluster, build_spank_plugin
+from tests.slurm import ROOT, SlurmCluster, build_spank_plugin
 from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
 
 pytestmark = pytest.mark.functional
@@ -38,8 +38,10 @@ def slurm_world(tmp_path_factory):
     directory = tmp_path_factory.mktemp("slurm-pod")
     pod = Pod(directory, machines=MACHINES).start().register()
     ipuof_dir = directory / "shared-ipuof"
-    # slurmctld gives its scripts a bare environment: this slurm.conf is not where they would look.
-    wrappers = {f"{step}.sh": f"#!/bin/sh\nexport SLURM_CONF={{dir}}/slurm.conf\nexec {BIN / f'vipu-slurm-{step}'}\n"
+    # slurmctld gives its scripts a bare environment: this slurm.conf and vipu's programs are not
+    # where they would look. The scripts then go through the repository's shell front doors, as
+    # the README has an installation do.
+    wrappers = {f"{step}.sh": f"#!/bin/sh\nexport SLURM_CONF={{dir}}/slurm.conf VIPU_BIN={BIN}\nexec {ROOT}/slurm/vipu-slurm-{step}\n"
                 for step in ("prolog", "epilog")}
     slurm = SlurmCluster(
         files={"vipu.conf": vipu_conf(pod.user_port, ipuof_dir), **wrappers},
