@@ -8,7 +8,7 @@ configurations, in the same run:
 - no IPUs, Python: vipu's SPANK plugin, and slurm.conf's PrologSlurmctld and EpilogSlurmctld
   naming vipu's Python programs directly (how vipu was set up before its shell front doors);
 - no IPUs: the same with the shell front doors of `slurm/`, as the README sets it up;
-- 1 IPU: the front doors, and every job asks for one IPU of a simulated pod.
+- 1 IPU: the front doors, and every job asks for one IPU of a simulated pod with room for all.
 
 Reported: jobs/s of each, and each as a share of plain Slurm's (the targets: 0.9 for jobs without
 IPUs, 0.5 for 1-IPU jobs).
@@ -65,7 +65,7 @@ def main(jobs, name):
         version = plain.run("sinfo", "--version").stdout.strip()
     finally:
         plain.stop()
-    with running_pod(4, "sqlite") as pod:
+    with running_pod(max(4, -(-jobs // 4)), "sqlite") as pod:  # room for every 1-IPU job at once: none waits for IPUs
         for label, front_doors, options in (("no IPUs, Python prolog and epilog", False, []), ("no IPUs", True, []),
                                             ("1 IPU each", True, ["--ipus=1"])):
             slurm = vipu_slurm(pod.user_port, pod.ipuof_dir, front_doors)
