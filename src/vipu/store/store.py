@@ -90,6 +90,9 @@ from vipu.store.schema import (
 )
 
 LAST_TEST_RUN = "last"
+# The longest a statement may wait or run, on either database: it bounds how long a write holds
+# the write turn (`Store.transaction`, `Store.write`), so no writer waits without a deadline.
+STATEMENT_DEADLINE_SECONDS = 30
 GENERATION_KEY = "configuration_generation"
 PARTITIONS = typing.cast(Table, PartitionRow.__table__)  # declared as a FromClause
 IPUS = typing.cast(Table, PartitionIpuRow.__table__)
@@ -738,8 +741,11 @@ class Store:
 
     def _engine(self, immediate: bool) -> Engine:
         if not self.is_sqlite:
-            return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20)
-        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 30})
+            # No statement, lock wait included, outlasts the deadline: a wedged database makes a
+            # write fail as Unavailable instead of holding the write turn, and every writer behind it.
+            return create_engine(self.url, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                                 connect_args={"options": f"-c statement_timeout={STATEMENT_DEADLINE_SECONDS * 1000}"})
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": STATEMENT_DEADLINE_SECONDS})
 
         @event.listens_for(engine, "connect")
         def _configure(dbapi_connection, _record):
@@ -748,7 +754,7 @@ class Store:
             _set_wal_mode(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={STATEMENT_DEADLINE_SECONDS * 1000}")
             cursor.close()
 
         @event.listens_for(engine, "begin")

@@ -27,7 +27,7 @@ from vipu.model.entities import (
 )
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable, VipuError
 from vipu.store.schema import SCHEMA_VERSION
-from vipu.store.store import Store, normalise_url
+from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store, normalise_url
 
 
 def agent(n: int) -> Agent:
@@ -156,6 +156,15 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
     with populated.reading() as tx:
         assert [p.id for p in tx.list_partitions()] == ["p0", "p1", "p2", "p3", "taken"]
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}, "ag2": {0, 1, 2, 3}}
+
+
+def test_no_statement_waits_past_the_stores_deadline(store):
+    with store.transaction() as tx:
+        if store.is_sqlite:
+            waited = tx.connection.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
+            assert waited == STATEMENT_DEADLINE_SECONDS * 1000
+        else:
+            assert tx.connection.exec_driver_sql("SHOW statement_timeout").scalar_one() == f"{STATEMENT_DEADLINE_SECONDS}s"
 
 
 def test_removal_is_the_transition_to_absent_and_frees_the_ipus(populated):
