@@ -162,9 +162,21 @@ class Pod:
             wait_until(self._leads, what="vipu-server to lead")
 
     def stop_server(self, sig: int = signal.SIGTERM) -> None:
-        self.server.send_signal(sig)
-        self.server.wait(timeout=30)
-        self.server = None
+        """Signal the controller and wait for it to exit; if it does not, fail with what each of its
+        threads was doing (vipu-server writes its stacks on SIGUSR1) and kill it."""
+        server, self.server = self.server, None
+        server.send_signal(sig)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGUSR1)
+            try:
+                wait_until(lambda: "Thread 0x" in (self.directory / "server.log").read_text(), timeout=5, what="stacks")
+            finally:
+                server.kill()
+            server.wait()
+            log = (self.directory / "server.log").read_text()[-6000:]
+            raise AssertionError(f"vipu-server did not stop within 30 s of signal {sig}:\n{log}") from None
 
     def stop(self) -> None:
         if self.server is not None:

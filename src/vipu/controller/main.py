@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import getpass
 import logging
 import logging.handlers
@@ -43,6 +44,28 @@ def log_off_the_request_path(level: str) -> None:
     atexit.register(listener.stop)
 
 DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
+
+
+SIGNAL_POLL_SECONDS = 0.5
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM or SIGINT sets, installed before any thread starts so that a signal
+    during start-up is not lost. SIGUSR1 writes every thread's stack to stderr, for a controller
+    that seems stuck."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    return stop
+
+
+def wait_for_signal(stop: threading.Event) -> None:
+    """Until `stop` is set. The wait must wake now and then: the kernel may hand the signal to any
+    thread (gRPC's included), and then nothing interrupts the main thread's wait, while Python runs
+    the handler only on the main thread, once it runs again."""
+    while not stop.wait(SIGNAL_POLL_SECONDS):
+        pass
 
 
 def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, tls_dir: Path, tls_hosts: str | None,
@@ -126,6 +149,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
+    stop = stop_on_signals()
     try:
         if ha and sim_machines:
             raise InvalidArgument("--sim starts a pod for one controller; it cannot be combined with --ha")
@@ -148,7 +172,6 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             ha_lease_seconds=ha_lease_seconds if ha else 0.0,
             advertise_address=advertise_address or (listen_address if listen_address not in ("0.0.0.0", "::") else socket.getfqdn()),
         )
-        stop = threading.Event()
         deposed: list[str] = []
 
         def end_when_deposed(reason: str) -> None:
@@ -199,9 +222,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
 
     if ha:
         log.info("high availability: this replica serves while it holds the store's lease, and stands by otherwise")
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+    wait_for_signal(stop)
     log.info("stopping")
     controller.stop()  # first, so that no health pass sees the simulated pod's agents go
     if pod is not None:
