@@ -45,8 +45,13 @@ def code_for(error: errors.VipuError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-# Trailing metadata marking an error a vipu service raised, as opposed to one of the transport.
+# Trailing metadata marking an error a vipu service raised, as opposed to one of the transport;
+# its value names the error's family, which a status code alone does not always tell (a lost race
+# and a refusal are both FAILED_PRECONDITION, for the vendor's clients' sake). Older servers send "1".
 SERVICE_ERROR_KEY = "vipu-error"
+_FAMILIES = {family.__name__: family for family in (
+    errors.InvalidArgument, errors.NotFound, errors.AlreadyExists, errors.Conflict, errors.ConcurrentUpdate,
+    errors.Unavailable, errors.HardwareFailure, errors.PermissionDenied, errors.Unauthenticated)}
 # Trailing metadata of a standby replica's refusal: where the leader is, if it knows.
 STANDBY_KEY = "vipu-standby-leader"
 # grpc's metadata are (key, value) pairs, which types-grpcio declares as a class that is not one; ours have str values.
@@ -54,9 +59,10 @@ _Pairs = Iterable[tuple[str, str]]
 
 
 def _trailers(error: errors.VipuError) -> tuple[tuple[str, str], ...]:
+    family = next((f for f in type(error).__mro__ if f.__name__ in _FAMILIES), errors.VipuError).__name__
     if isinstance(error, errors.Standby):
-        return ((SERVICE_ERROR_KEY, "1"), (STANDBY_KEY, error.leader))
-    return ((SERVICE_ERROR_KEY, "1"),)
+        return ((SERVICE_ERROR_KEY, family), (STANDBY_KEY, error.leader))
+    return ((SERVICE_ERROR_KEY, family),)
 
 
 def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
@@ -74,6 +80,9 @@ def error_from_rpc(error: grpc.RpcError, peer: str = "") -> errors.VipuError:
             return errors.Unavailable(f"{where}does not offer this service ({details})")
     if STANDBY_KEY in metadata:
         return errors.Standby(details, metadata[STANDBY_KEY])
+    named = _FAMILIES.get(metadata.get(SERVICE_ERROR_KEY, ""))
+    if named is not None and code_for(named("")) == code:  # the name refines the code; it never contradicts it
+        return named(details)
     family = next((f for f, c in _CODES if c == code), errors.VipuError)
     return family(details)
 

@@ -10,9 +10,9 @@ from vipu.model import errors
 
 
 class FailedCall(grpc.RpcError):
-    def __init__(self, code, details, service=True):
+    def __init__(self, code, details, service=True, family="1"):
         self._code, self._details = code, details
-        self._metadata = ((SERVICE_ERROR_KEY, "1"),) if service else ()
+        self._metadata = ((SERVICE_ERROR_KEY, family),) if service else ()
 
     def code(self):
         return self._code
@@ -42,3 +42,16 @@ def test_a_transport_failure_names_the_peer_and_keeps_the_useful_part():
 
 def test_a_conflict_of_a_concurrent_update_is_still_a_conflict():
     assert code_for(errors.ConcurrentUpdate("x")) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_lost_race_comes_back_as_a_concurrent_update_which_may_be_retried():
+    """The trailer names the family where the status code, kept as the vendor's clients expect it, cannot."""
+    back = error_from_rpc(FailedCall(grpc.StatusCode.FAILED_PRECONDITION, "p1 changed meanwhile", family="ConcurrentUpdate"))
+    assert type(back) is errors.ConcurrentUpdate and back.temporary
+    older_server = error_from_rpc(FailedCall(grpc.StatusCode.FAILED_PRECONDITION, "p1 changed meanwhile"))
+    assert type(older_server) is errors.Conflict and not older_server.temporary
+
+
+def test_a_family_name_that_contradicts_the_status_code_is_not_believed():
+    back = error_from_rpc(FailedCall(grpc.StatusCode.NOT_FOUND, "no p1", family="Unavailable"))
+    assert type(back) is errors.NotFound
