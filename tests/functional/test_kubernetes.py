@@ -305,6 +305,21 @@ def test_jobs_that_together_exceed_the_pod_queue_instead_of_oversubscribing(clus
     assert cluster.post("/query", {"size": 8})["numOfPartitions"] == 0
 
 
+def test_a_create_failed_by_the_machines_leaves_no_partition_and_the_job_is_told_why(cluster):
+    """The proxy cleans up after a create that reached the controller and failed, and tells the
+    launcher that asking again will not help; nothing is left holding IPUs or in the tracker."""
+    for machine in cluster.pod.rack.machines:
+        cluster.pod.fault(machine.name, "IPU-Link training failed")
+    try:
+        cluster.submit("faulty", replicas=4)
+        cluster.wait_for("faulty", "Failed")
+        init = cluster.launcher_log("faulty", "launcher-init")
+        assert "partition p-default-faulty refused" in init and "IPU-Link training failed" in init, init
+        assert cluster.partitions() == {} and "p-default-faulty" not in cluster.tracked()
+    finally:
+        cluster.pod.wipe_rack_only()
+
+
 def test_the_tracker_survives_the_proxy_and_a_new_proxy_picks_it_up(cluster):
     cluster.submit("kept", interactive={"ttl": 3600})
     cluster.wait_for("kept", "Running")

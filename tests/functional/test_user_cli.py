@@ -203,3 +203,19 @@ def test_the_create_reply_carries_the_ipuof_configuration_and_the_cli_makes_one_
     assert requests_of(pod, "GetPartitionIpuofConfig") == asked_before
     assert requests_of(pod, "CreatePartition") == created_before + 1
     assert json.loads((pod.ipuof_dir / "p2_ipuof.conf").read_text())["attributes"]["Partition Id"] == "p2"
+
+
+def test_list_capacity_shows_the_room_placement_sees(registered_pod):
+    """Free and used IPUs per allocation, the largest partition that fits and how many of a size fit side by side."""
+    pod = registered_pod
+    empty = json.loads(pod.user("list", "capacity", "--size", "8", "--json").out)
+    assert empty["allocations"][0] | {"blocked": ""} == {
+        "allocation_id": "alloc-1", "cluster_id": "cl0", "total_ipus": 32, "used_ipus": 0, "free_ipus": 32,
+        "fitting": 4, "largest": 32, "blocked": ""}
+    assert pod.user("create", "partition", "small", "--size", "2").code == 0
+    assert pod.user("create", "partition", "big", "--size", "16").code == 0  # m05-m08, leaving m02-m04 a run of three
+    table = rows(pod.user("list", "capacity", "--size", "8").out)
+    assert table == [["alloc-1", "cl0", "32", "18", "14", "8", "1", "-"]]
+    pairs_fit = json.loads(pod.admin("list", "capacity", "--size", "2", "--json").out)
+    assert (pairs_fit["fitting"], pairs_fit["largest"]) == (7, 8)  # the rest of m01, and m02-m04 in twos
+    failed_line(pod.user("list", "capacity", "--size", "6"), "list capacity", None, "partition size must be a power of two, not 6.")

@@ -7,18 +7,17 @@ from pathlib import Path
 import click
 
 from vipu.api.protos import admin_pb2 as pb
-from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
-    Endpoint,
+    capacity_command,
     connection_options,
     echo_json,
     fail,
     given,
     json_option,
-    open_endpoint,
-    pass_endpoint,
+    open_client,
+    pass_client,
     render_pairs,
     render_table,
     reporting,
@@ -26,6 +25,7 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
+from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.entities import IPUS_PER_MACHINE
 
@@ -44,7 +44,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Administer a V-IPU controller: agents, clusters, allocations, users and cluster tests."""
     with reporting("vipu-admin"):
         settings = client_settings(given(options), port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
-    open_endpoint(ctx, settings, api_timeout, pb_grpc.AdminServiceStub, server_version)
+    open_client(ctx, AdminClient(settings, api_timeout), server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -67,10 +67,10 @@ def remove():
     """Remove an agent, cluster, allocation or user."""
 
 
-def report_removal(kind: str, entity_id: str, reply: pb.RemoveReply) -> None:
+def report_removal(kind: str, entity_id: str, removed: list[str]) -> None:
     succeed(f"remove {kind}", entity_id)
-    if reply.removed:
-        click.echo(f"removed with it: {', '.join(reply.removed)}")
+    if removed:
+        click.echo(f"removed with it: {', '.join(removed)}")
 
 
 # Agents
@@ -80,24 +80,24 @@ def report_removal(kind: str, entity_id: str, reply: pb.RemoveReply) -> None:
 @click.argument("agent_id")
 @click.option("--host", required=True, help="Host or IP address of the agent (the IPU-Gateway management interface).")
 @click.option("--port", required=True, type=click.IntRange(1, 65535), help="Port the agent listens on.")
-@pass_endpoint
+@pass_client
 def create_agent(admin, agent_id, host, port):
     """Register the agent of an IPU-Machine."""
     with reporting("create agent", agent_id):
-        admin("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port))
+        admin.create_agent(agent_id, host, port)
     succeed("create agent", agent_id)
 
 
 @list_.command("agents")
 @json_option
-@pass_endpoint
+@pass_client
 def list_agents(admin, as_json):
     """List the agents."""
     with reporting("list agents"):
-        reply = admin("ListAgents", pb.ListRequest())
+        agents = admin.list_agents()
     if as_json:
-        return echo_json(reply)
-    rows = [[a.id, a.host, str(a.port), a.status, a.cluster_id or "-", a.allocation_id or "-"] for a in reply.agents]
+        return echo_json({"agents": agents})
+    rows = [[a.id, a.host, str(a.port), a.status, a.cluster_id or "-", a.allocation_id or "-"] for a in agents]
     click.echo(render_table(["Agent ID", "Host", "Port", "Status", "Cluster", "Allocation"], rows))
 
 
@@ -109,11 +109,11 @@ def _version_label(component: str) -> str:
 @get.command("agent")
 @click.argument("agent_id")
 @json_option
-@pass_endpoint
+@pass_client
 def get_agent(admin, agent_id, as_json):
     """Show an agent, its machine and which partition holds each IPU."""
     with reporting("get agent", agent_id):
-        agent = admin("GetAgent", pb.GetRequest(id=agent_id))
+        agent = admin.get_agent(agent_id)
     if as_json:
         return echo_json(agent)
     inv = agent.inventory
@@ -151,12 +151,12 @@ def get_agent(admin, agent_id, as_json):
 @remove.command("agent")
 @click.argument("agent_id")
 @force_option
-@pass_endpoint
+@pass_client
 def remove_agent(admin, agent_id, force):
     """Remove an agent (with --force, also its cluster, allocations and partitions)."""
     with reporting("remove agent", agent_id):
-        reply = admin("RemoveAgent", pb.RemoveRequest(id=agent_id, force=force))
-    report_removal("agent", agent_id, reply)
+        removed = admin.remove_agent(agent_id, force)
+    report_removal("agent", agent_id, removed)
 
 
 # Clusters
@@ -171,18 +171,12 @@ def remove_agent(admin, agent_id, force):
               help="IPU-Link domains the agents form, in equal consecutive groups.")
 @click.option("--cluster-topology", type=click.Choice(["looped"]), default=None,
               help="How IPU-Link domains are joined by GW-Links (looped, the default with several domains).")
-@pass_endpoint
+@pass_client
 def create_cluster(admin, cluster_id, agents, topology, num_ipulinkdomains, cluster_topology):
     """Group agents into a cluster with a known cabling topology."""
-    request = pb.CreateClusterRequest(
-        id=cluster_id,
-        agent_ids=split_list(agents),
-        topology=TOPOLOGIES[topology],
-        num_ipulinkdomains=num_ipulinkdomains,
-        cluster_topology=pb.GW_TOPOLOGY_LOOPED if cluster_topology else pb.GW_TOPOLOGY_UNSPECIFIED,
-    )
     with reporting("create cluster", cluster_id):
-        admin("CreateCluster", request)
+        admin.create_cluster(cluster_id, split_list(agents), topology=TOPOLOGIES[topology], num_ipulinkdomains=num_ipulinkdomains,
+                             cluster_topology=pb.GW_TOPOLOGY_LOOPED if cluster_topology else pb.GW_TOPOLOGY_UNSPECIFIED)
     succeed("create cluster", cluster_id)
 
 
@@ -193,15 +187,15 @@ def _cluster_shape(cluster: pb.Cluster) -> tuple[str, str]:
 
 @list_.command("clusters")
 @json_option
-@pass_endpoint
+@pass_client
 def list_clusters(admin, as_json):
     """List the clusters."""
     with reporting("list clusters"):
-        reply = admin("ListClusters", pb.ListRequest())
+        clusters = admin.list_clusters()
     if as_json:
-        return echo_json(reply)
+        return echo_json({"clusters": clusters})
     rows = []
-    for c in reply.clusters:
+    for c in clusters:
         topology, looped = _cluster_shape(c)
         rows.append([c.id, " ".join(c.agent_ids), topology, str(c.num_ipulinkdomains), looped,
                      " ".join(c.allocation_ids) or "-"])
@@ -211,11 +205,11 @@ def list_clusters(admin, as_json):
 @get.command("cluster")
 @click.argument("cluster_id")
 @json_option
-@pass_endpoint
+@pass_client
 def get_cluster(admin, cluster_id, as_json):
     """Show a cluster and its IPU-Link domains."""
     with reporting("get cluster", cluster_id):
-        cluster = admin("GetCluster", pb.GetRequest(id=cluster_id))
+        cluster = admin.get_cluster(cluster_id)
     if as_json:
         return echo_json(cluster)
     topology, looped = _cluster_shape(cluster)
@@ -236,12 +230,12 @@ def get_cluster(admin, cluster_id, as_json):
 @remove.command("cluster")
 @click.argument("cluster_id")
 @force_option
-@pass_endpoint
+@pass_client
 def remove_cluster(admin, cluster_id, force):
     """Remove a cluster (with --force, also its allocations and their partitions)."""
     with reporting("remove cluster", cluster_id):
-        reply = admin("RemoveCluster", pb.RemoveRequest(id=cluster_id, force=force))
-    report_removal("cluster", cluster_id, reply)
+        removed = admin.remove_cluster(cluster_id, force)
+    report_removal("cluster", cluster_id, removed)
 
 
 # Allocations
@@ -253,38 +247,37 @@ def remove_cluster(admin, cluster_id, force):
 @click.option("--agents", default=None, help="These physically consecutive agents, in order: ag1,ag2,...")
 @click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None,
               help="Or this many IPUs, on consecutive free machines the controller picks.")
-@pass_endpoint
+@pass_client
 def create_allocation(admin, allocation_id, cluster_id, agents, size):
     """Make consecutive machines of a cluster available for partitions."""
     if (agents is None) == (size is None):
         raise click.UsageError("give either --agents or --size")
-    request = pb.CreateAllocationRequest(id=allocation_id, cluster_id=cluster_id, agent_ids=split_list(agents), size=size or 0)
     with reporting("create allocation", allocation_id):
-        admin("CreateAllocation", request)
+        admin.create_allocation(allocation_id, cluster_id, agent_ids=split_list(agents), size=size or 0)
     succeed("create allocation", allocation_id)
 
 
 @list_.command("allocations")
 @json_option
-@pass_endpoint
+@pass_client
 def list_allocations(admin, as_json):
     """List the allocations."""
     with reporting("list allocations"):
-        reply = admin("ListAllocations", pb.ListRequest())
+        allocations = admin.list_allocations()
     if as_json:
-        return echo_json(reply)
-    rows = [[a.id, a.cluster_id, " ".join(a.agent_ids), " ".join(a.partition_ids) or "-"] for a in reply.allocations]
+        return echo_json({"allocations": allocations})
+    rows = [[a.id, a.cluster_id, " ".join(a.agent_ids), " ".join(a.partition_ids) or "-"] for a in allocations]
     click.echo(render_table(["Allocation ID", "Cluster", "Agents", "Partitions"], rows))
 
 
 @get.command("allocation")
 @click.argument("allocation_id")
 @json_option
-@pass_endpoint
+@pass_client
 def get_allocation(admin, allocation_id, as_json):
     """Show an allocation."""
     with reporting("get allocation", allocation_id):
-        allocation = admin("GetAllocation", pb.GetRequest(id=allocation_id))
+        allocation = admin.get_allocation(allocation_id)
     if as_json:
         return echo_json(allocation)
     click.echo(render_pairs([
@@ -299,20 +292,20 @@ def get_allocation(admin, allocation_id, as_json):
 @remove.command("allocation")
 @click.argument("allocation_id")
 @force_option
-@pass_endpoint
+@pass_client
 def remove_allocation(admin, allocation_id, force):
     """Remove an allocation (with --force, also its partitions)."""
     with reporting("remove allocation", allocation_id):
-        reply = admin("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force))
-    report_removal("allocation", allocation_id, reply)
+        removed = admin.remove_allocation(allocation_id, force)
+    report_removal("allocation", allocation_id, removed)
 
 
 # Users
 
 
-def write_user_config(admin: Endpoint, reply: pb.UserKeyReply, directory: Path) -> Path:
+def write_user_config(admin: AdminClient, reply: pb.UserKeyReply, directory: Path) -> Path:
     """The new key's configuration file for `vipu`: this controller, this user, our TLS files."""
-    mine = admin.connection.settings
+    mine = admin.settings
     settings = ClientSettings(mine.host, reply.user_port, reply.user.id, reply.access_key,
                               mine.server_cert, mine.client_cert, mine.client_key)
     path = directory / f"{reply.user.id}.vipu-cli.hcl"
@@ -323,7 +316,7 @@ def write_user_config(admin: Endpoint, reply: pb.UserKeyReply, directory: Path) 
     return path
 
 
-def report_key(admin: Endpoint, action: str, reply: pb.UserKeyReply, directory: Path) -> None:
+def report_key(admin: AdminClient, action: str, reply: pb.UserKeyReply, directory: Path) -> None:
     """The key, shown this once, and the configuration file that holds it."""
     user_id = reply.user.id
     click.echo(f"{action} ({user_id}): success. Access key is '{reply.access_key}'.")
@@ -343,36 +336,35 @@ config_dir_option = click.option(
 @click.option("--allocations", default=None, help="Allocations the user may create partitions in: A1,A2,...")
 @click.option("--admin", "administrator", is_flag=True, help="Make the user an administrator.")
 @config_dir_option
-@pass_endpoint
+@pass_client
 def create_user(admin, user_id, allocations, administrator, config_dir):
     """Create a user; print their access key, once, and write their vipu configuration file."""
-    request = pb.CreateUserRequest(id=user_id, allocation_ids=split_list(allocations), admin=administrator)
     with reporting("create user", user_id):
-        reply = admin("CreateUser", request)
+        reply = admin.create_user(user_id, split_list(allocations), administrator)
     report_key(admin, "create user", reply, config_dir)
 
 
 @list_.command("users")
 @json_option
-@pass_endpoint
+@pass_client
 def list_users(admin, as_json):
     """List the users."""
     with reporting("list users"):
-        reply = admin("ListUsers", pb.ListRequest())
+        users = admin.list_users()
     if as_json:
-        return echo_json(reply)
-    rows = [[u.id, "admin" if u.admin else "user", " ".join(u.allocation_ids) or "-"] for u in reply.users]
+        return echo_json({"users": users})
+    rows = [[u.id, "admin" if u.admin else "user", " ".join(u.allocation_ids) or "-"] for u in users]
     click.echo(render_table(["User", "Role", "Allocations"], rows))
 
 
 @get.command("user")
 @click.argument("user_id")
 @json_option
-@pass_endpoint
+@pass_client
 def get_user(admin, user_id, as_json):
     """Show a user."""
     with reporting("get user", user_id):
-        user = admin("GetUser", pb.GetRequest(id=user_id))
+        user = admin.get_user(user_id)
     if as_json:
         return echo_json(user)
     click.echo(render_pairs([("User ID", user.id), ("Role", "admin" if user.admin else "user"),
@@ -390,15 +382,13 @@ def update():
 @click.option("--deny", default=None, help="Take these allocations from the user: A1,A2,...")
 @click.option("--rotate-key", is_flag=True, help="Replace the user's access key; the old one stops working at once.")
 @config_dir_option
-@pass_endpoint
+@pass_client
 def update_user(admin, user_id, give, deny, rotate_key, config_dir):
     """Give or deny a user allocations, or replace their access key."""
     if not (give or deny or rotate_key):
         raise click.UsageError("say what changes: --give, --deny or --rotate-key")
-    request = pb.UpdateUserRequest(id=user_id, give_allocations=split_list(give), deny_allocations=split_list(deny),
-                                   rotate_key=rotate_key)
     with reporting("update user", user_id):
-        reply = admin("UpdateUser", request)
+        reply = admin.update_user(user_id, give=split_list(give), deny=split_list(deny), rotate_key=rotate_key)
     if reply.access_key:
         return report_key(admin, "update user", reply, config_dir)
     succeed("update user", user_id)
@@ -406,11 +396,11 @@ def update_user(admin, user_id, give, deny, rotate_key, config_dir):
 
 @remove.command("user")
 @click.argument("user_id")
-@pass_endpoint
+@pass_client
 def remove_user(admin, user_id):
     """Remove a user; their access key stops working at once."""
     with reporting("remove user", user_id):
-        admin("RemoveUser", pb.RemoveRequest(id=user_id))
+        admin.remove_user(user_id)
     succeed("remove user", user_id)
 
 
@@ -452,23 +442,22 @@ def print_test_report(report: pb.ClusterTestReport, as_json: bool = False) -> No
 @click.option("--status", "mode", flag_value="status", help="Show the results of the last test.")
 @click.option("--stop", "mode", flag_value="stop", help="Stop the test in progress.")
 @json_option
-@pass_endpoint
+@pass_client
 def test_cluster(admin, cluster_id, mode, as_json, **options):
     """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say)."""
     if mode == "status":
         with reporting("test cluster", "status"):
-            report = admin("GetClusterTestStatus", pb.ListRequest())
+            report = admin.cluster_test_status()
         return print_test_report(report, as_json)
     if mode == "stop":
         with reporting("test cluster", "stop"):
-            admin("StopClusterTest", pb.ListRequest())
+            admin.stop_cluster_test()
         return None  # silent on success, as seed 002 shows
     if not cluster_id:
         raise click.UsageError("name the cluster to test, or use --status or --stop")
     tests = [name for option, name in TEST_OPTIONS.items() if options[option]]
-    request = pb.TestClusterRequest(cluster_id=cluster_id, tests=tests, wait=mode != "start")
     with reporting("test cluster", cluster_id):
-        report = admin.connection.call(pb_grpc.AdminServiceStub, "TestCluster", request, no_deadline=True)
+        report = admin.test_cluster(cluster_id, tuple(tests), wait=mode != "start")
     if mode != "start":  # a started test says nothing, as seed 002 shows
         print_test_report(report, as_json)
 
@@ -484,11 +473,11 @@ def discover():
 @discover.command("agents")
 @click.option("--auto-add", is_flag=True, help="Add every discovered agent that is not registered yet, as HOST-PORT.")
 @json_option
-@pass_endpoint
+@pass_client
 def discover_agents(admin, auto_add, as_json):
     """List the agents heard on the interfaces vipu-server listens on (vipu-server -a)."""
     with reporting("discover agents"):
-        reply = admin("DiscoverAgents", pb.DiscoverAgentsRequest(auto_add=auto_add))
+        reply = admin.discover_agents(auto_add)
     if as_json:
         return echo_json(reply)
     if auto_add:
@@ -501,6 +490,9 @@ def discover_agents(admin, auto_add, as_json):
         return
     rows = [[a.host, str(a.port), a.interface, f"{a.seconds_since_seen:.9f}s", a.auto_add_id] for a in reply.agents]
     click.echo(render_table(["Host", "Port", "Network Interface", "Time Since Last Seen", "Agent Auto-Add ID"], rows, top_rule=False))
+
+
+capacity_command(list_)
 
 
 def main() -> None:

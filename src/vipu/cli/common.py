@@ -21,33 +21,23 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from vipu.api.status import one_line
+from vipu.client.base import EndpointClient
 from vipu.client.connection import Connection
-from vipu.client.settings import ClientSettings, Given
+from vipu.client.settings import Given
 from vipu.model.errors import VipuError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
-class Endpoint:
-    """One end-point of vipu-server: `endpoint("Method", request)` calls it."""
-
-    def __init__(self, connection: Connection, stub_class):
-        self.connection = connection
-        self.stub_class = stub_class
-
-    def __call__(self, method: str, request):
-        return self.connection.call(self.stub_class, method, request)
+pass_client = click.make_pass_decorator(EndpointClient)
 
 
-pass_endpoint = click.make_pass_decorator(Endpoint)
-
-
-def open_endpoint(ctx: click.Context, settings: ClientSettings, timeout: float, stub_class, server_version: bool) -> None:
-    """What a CLI's root does: connect, and answer --server-version or a bare command."""
-    ctx.obj = Endpoint(Connection(settings, timeout), stub_class)
+def open_client(ctx: click.Context, client: EndpointClient, server_version: bool) -> None:
+    """What a CLI's root does: keep the client for the command, and answer --server-version or a bare command."""
+    ctx.obj = client
     if server_version:
-        print_server_version(ctx.obj.connection)
+        print_server_version(client.connection)
         ctx.exit(0)
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
@@ -226,3 +216,25 @@ def print_server_version(connection: Connection) -> None:
         version = connection.server_version()
     click.echo(f"version: {version}")
     click.echo(f"host: {connection.address}")
+
+
+def capacity_command(group: click.Group) -> None:
+    """`list capacity`, the same in both CLIs: free and used IPUs per allocation, as `sinfo` shows free nodes."""
+
+    @group.command("capacity")
+    @click.option("--size", type=click.IntRange(0, 2**32 - 1), default=0, help="Also count the partitions of this size that fit now.")
+    @click.option("--allocation", "allocation_id", default="", help="Only this allocation.")
+    @click.option("--cluster", "cluster_id", default="", help="Only the allocations of this cluster.")
+    @json_option
+    @pass_client
+    def list_capacity(client, size, allocation_id, cluster_id, as_json):
+        """Show the IPUs used and free in each allocation, the largest partition that fits now and,
+        with --size, how many of that size fit side by side."""
+        with reporting("list capacity"):
+            reply = client.capacity(size, allocation_id=allocation_id, cluster_id=cluster_id)
+        if as_json:
+            return echo_json(reply)
+        headers = ["Allocation", "Cluster", "IPUs", "Used", "Free", "Largest Fit", *([f"Fit of {size}"] if size else []), "Note"]
+        rows = [[a.allocation_id, a.cluster_id, str(a.total_ipus), str(a.used_ipus), str(a.free_ipus), str(a.largest),
+                 *([str(a.fitting)] if size else []), a.blocked or "-"] for a in reply.allocations]
+        click.echo(render_table(headers, rows))

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import click
 
-from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import CONTEXT, CommandGroup, ipuof_dir_option, reporting, run
-from vipu.client.connection import Connection
 from vipu.client.settings import ClientSettings
+from vipu.client.user import UserClient
 from vipu.ipuof import client as ipuof_client
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument
@@ -71,10 +69,10 @@ def _from_controller(env) -> list[ipuof_client.GcdFile]:
     if not port.isdigit() or not (gcd == "" or gcd.isdigit()) or not timeout.replace(".", "", 1).isdigit():
         raise InvalidArgument(f"IPUOF_VIPU_API_PORT ({port!r}), IPUOF_VIPU_API_GCD_ID ({gcd!r}) and "
                               f"IPUOF_VIPU_API_TIMEOUT ({timeout!r}) must be numbers")
-    connection = Connection(ClientSettings(host=host, port=int(port)), float(timeout))
-    config = connection.call(pb_grpc.UserServiceStub, "GetPartitionIpuofConfig",
-                             pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)).ipuof_config
-    gcds = [ipuof_client.parse(ipuof_files.document(g), f"GCD {n} of partition {partition_id} from {connection.address}")
+    with UserClient(ClientSettings(host=host, port=int(port)), float(timeout)) as user:
+        config = user.ipuof_config(partition_id)
+        where = user.connection.address
+    gcds = [ipuof_client.parse(ipuof_files.document(g), f"GCD {n} of partition {partition_id} from {where}")
             for n, g in enumerate(config.gcd_configs)]
     if gcd:
         gcds = [g for g in gcds if g.gcd_id == int(gcd)]

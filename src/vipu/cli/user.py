@@ -8,18 +8,17 @@ from pathlib import Path
 import click
 
 from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
-    Endpoint,
+    capacity_command,
     connection_options,
     echo_json,
     given,
     ipuof_dir_option,
     json_option,
-    open_endpoint,
-    pass_endpoint,
+    open_client,
+    pass_client,
     render_pairs,
     render_table,
     reporting,
@@ -28,8 +27,9 @@ from vipu.cli.common import (
     succeed,
 )
 from vipu.client.settings import client_settings
+from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import InvalidArgument, NotFound
+from vipu.model.errors import InvalidArgument
 
 SYNC_TYPES = {
     "c2-compatible": pb.ST_GS2_DEFAULT,
@@ -64,7 +64,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Request and release IPU partitions from a V-IPU controller."""
     with reporting("vipu"):
         settings = client_settings(given(options))
-    open_endpoint(ctx, settings, api_timeout, pb_grpc.UserServiceStub, server_version)
+    open_client(ctx, UserClient(settings, api_timeout), server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -92,17 +92,12 @@ def reset():
     """Reset a partition."""
 
 
-def write_ipuof_files(user: Endpoint, created: pb.CreatePartitionReply, partition_id: str, directory: Path) -> list[Path]:
-    """Write a new partition's IPUoF files, from the create's reply (or, from a server that does not
-    send them there, a second call); if they cannot be written, remove the partition again."""
-    if created.HasField("ipuof_config"):
-        config = created.ipuof_config
-    else:
-        config = user("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)).ipuof_config
+def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id: str, directory: Path) -> list[Path]:
+    """Write a new partition's IPUoF files; if they cannot be written, remove the partition again."""
     try:
         return ipuof_files.write(directory, partition_id, config)
     except OSError as error:
-        user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id))
+        user.remove_partition(partition_id)
         raise InvalidArgument(
             f"cannot write its IPUoF configuration to {directory}: {error.strerror}; the partition was removed again"
         ) from error
@@ -125,28 +120,20 @@ def write_ipuof_files(user: Endpoint, created: pb.CreatePartitionReply, partitio
 @click.option("--keep-on-error", is_flag=True,
               help="If an agent fails, keep the partition in ERROR, holding its IPUs, for inspection. Default: leave nothing.")
 @ipuof_dir_option
-@pass_endpoint
+@pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
                      sync_type, ipulink_routing, num_segments, disable_auto_reset, keep_on_error, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
-    requirements = pb.PartitionRequirements(
-        id=partition_id,
-        size=size,
-        cluster_id=cluster_id,
-        allocation_id=allocation_id,
-        num_gcds=num_gcds,
-        num_replicas=num_replicas,
-        reconfigurable=reconfigurable,
-        sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
-        ipulink_routing_type=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
-        num_ipulink_segments=num_segments,
-    )
     with reporting("create partition", partition_id):
-        created = user("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, disable_auto_reset=disable_auto_reset,
-                                                                    keep_on_error=keep_on_error))
-        write_ipuof_files(user, created, partition_id, ipuof_dir or ipuof_files.default_dir())
+        config = user.create_partition(
+            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
+            allocation_id=allocation_id, reconfigurable=reconfigurable,
+            sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
+            ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
+            num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error)
+        write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 
 
@@ -154,12 +141,12 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
 @click.argument("partition_id")
 @click.option("--force", is_flag=True, help="Forget the partition even if its agents cannot be cleared.")
 @ipuof_dir_option
-@pass_endpoint
+@pass_client
 def remove_partition(user, partition_id, force, ipuof_dir):
     """Remove a partition and delete its IPUoF configuration."""
     directory = ipuof_dir or ipuof_files.default_dir()
     with reporting("remove partition", partition_id):
-        user("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
+        user.remove_partition(partition_id, force=force)
         try:
             ipuof_files.remove(directory, partition_id)
         except OSError as error:
@@ -169,28 +156,28 @@ def remove_partition(user, partition_id, force, ipuof_dir):
 
 @reset.command("partition")
 @click.argument("partition_id")
-@pass_endpoint
+@pass_client
 def reset_partition(user, partition_id):
     """Reset a partition: clear and re-apply its configuration."""
     with reporting("reset partition", partition_id):
-        user("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
+        user.reset_partition(partition_id)
     succeed("reset partition", partition_id)
 
 
 @list_.command("partitions")
 @click.option("--allocation", "allocation_id", default="", help="Only the partitions of this allocation.")
 @json_option
-@pass_endpoint
+@pass_client
 def list_partitions(user, allocation_id, as_json):
     """List the partitions."""
     with reporting("list partitions"):
-        reply = user("ListPartitions", pb.ListPartitionsRequest(allocation_id=allocation_id))
+        partitions = user.list_partitions(allocation_id)
     if as_json:
-        return echo_json(reply)
+        return echo_json({"partitions": partitions})
     rows = [
         [p.id, p.spec.cluster_id, str(p.spec.num_ipulink_segments), gw_routing(p.spec.gw_routing_type),
          ild_routing(p.spec.ipulink_routing_type), str(len(p.spec.ipus)), str(p.spec.num_gcds), ready_state(p.ready_state)]
-        for p in reply.partitions
+        for p in partitions
     ]
     click.echo(render_table(["Partition", "Cluster", "ILDs", "GW Routing", "ILD Routing", "Size", "GCDs", "State"], rows))
 
@@ -200,22 +187,15 @@ def list_partitions(user, allocation_id, as_json):
 @click.option("--ipu-configs", is_flag=True, help="Print the IPUoF configuration as JSON.")
 @click.option("--gcd", type=click.IntRange(min=0), default=None, help="Only this GCD's IPUoF configuration.")
 @json_option
-@pass_endpoint
+@pass_client
 def get_partition(user, partition_id, ipu_configs, gcd, as_json):
     """Show a partition: its shape, state and IPUs, or its IPUoF configuration."""
     with reporting("get partition", partition_id):
         if ipu_configs:
-            request = pb.GetPartitionIpuofConfigRequest(partition_id=partition_id)
-            if gcd is not None:
-                request.gcd_id.id = gcd
-            config = user("GetPartitionIpuofConfig", request).ipuof_config
+            config = user.ipuof_config(partition_id, gcd)
         else:
-            listing = user("ListPartitions", pb.ListPartitionsRequest())
-            status = user("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=partition_id)).status
-            found = next((p for p in listing.partitions if p.id == partition_id), None)
-            if found is None:
-                raise NotFound(f"partition {partition_id} does not exist")
-            partition = found
+            status = user.partition_status(partition_id)  # first: its refusal says why another's partition is not shown
+            partition = user.get_partition(partition_id)
     if ipu_configs:
         numbered = [(gcd if gcd is not None else index, ipuof_files.document(c)) for index, c in enumerate(config.gcd_configs)]
         if as_json:  # one JSON document, nothing around it
@@ -251,33 +231,36 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
 
 @list_.command("allocations")
 @json_option
-@pass_endpoint
+@pass_client
 def list_allocations(user, as_json):
     """List the allocations you can create partitions in."""
     with reporting("list allocations"):
-        reply = user("ListAllocations", pb.ListAllocationsRequest())
+        allocations = user.list_allocations()
     if as_json:
-        return echo_json(reply)
-    click.echo(render_table(["Allocation ID", "Agents"], [[a.id, " ".join(a.spec.agent_ids)] for a in reply.allocations]))
+        return echo_json({"allocations": allocations})
+    click.echo(render_table(["Allocation ID", "Agents"], [[a.id, " ".join(a.spec.agent_ids)] for a in allocations]))
 
 
 @list_.command("ipu-attrs")
 @click.option("--agents", default=None, help="Only these agents: ag1,ag2,...")
 @json_option
-@pass_endpoint
+@pass_client
 def list_ipu_attrs(user, agents, as_json):
     """List the attributes of the IPUs you can use."""
     with reporting("list ipu-attrs"):
-        reply = user("ListIPUAttributes", pb.ListIPUAttributesRequest(agents=split_list(agents)))
+        entries = user.ipu_attributes(split_list(agents))
     if as_json:
-        return echo_json(reply)
+        return echo_json({"entries": entries})
     rows = []
-    for entry in reply.entries:
+    for entry in entries:
         for n, index in enumerate(sorted(entry.ipu_attributes)):
             attributes = entry.ipu_attributes[index].attributes
             names = sorted(attributes)
             rows.append([entry.agent if n == 0 else "", str(index), names, [attributes[k] for k in names]])
     click.echo(render_table(["Agent", "IPU", "Attribute", "Value"], rows, top_rule=False))
+
+
+capacity_command(list_)
 
 
 def main() -> None:

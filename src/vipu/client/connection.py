@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from vipu.api import credentials
 from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.status import error_from_rpc, never_reached
+from vipu.client.retry import RetryPolicy
 from vipu.client.settings import ClientSettings
-from vipu.model.errors import InvalidArgument, Standby, Unavailable, VipuError
+from vipu.model.errors import ConcurrentUpdate, InvalidArgument, Standby, Unavailable, VipuError
 
 
 class Connection:
@@ -18,12 +21,14 @@ class Connection:
     With several addresses (the replicas of a highly available controller) a call goes to the
     one that answered last, and moves on to the next when a replica says it stands by or cannot
     be connected to at all. A call that reached a server and then lost it is not sent again: it
-    may have been carried out.
+    may have been carried out. One that lost a race with another request (ConcurrentUpdate) was
+    refused before it changed anything, and is tried again as `retry` says.
     """
 
-    def __init__(self, settings: ClientSettings, timeout: float):
+    def __init__(self, settings: ClientSettings, timeout: float, retry: RetryPolicy | None = None):
         self.settings = settings
         self.timeout = timeout
+        self.retry = retry or RetryPolicy()
         self.addresses = settings.addresses
         self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
@@ -48,7 +53,15 @@ class Connection:
         return self._channels[address]
 
     def call(self, stub_class, method: str, request, no_deadline: bool = False):
-        """Call a method within the connection's deadline, or as long as it takes."""
+        """Call a method within the connection's deadline (each try), or as long as it takes."""
+        for delay in self.retry.delays():
+            try:
+                return self._call_a_replica(stub_class, method, request, no_deadline)
+            except ConcurrentUpdate:
+                time.sleep(delay)
+        return self._call_a_replica(stub_class, method, request, no_deadline)
+
+    def _call_a_replica(self, stub_class, method: str, request, no_deadline: bool):
         passed_over = []
         for step in range(len(self.addresses)):
             index = (self._current + step) % len(self.addresses)
@@ -85,3 +98,8 @@ class Connection:
 
     def server_version(self) -> str:
         return self.call(version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest()).version
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()

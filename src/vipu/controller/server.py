@@ -162,7 +162,7 @@ class Controller:
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
-                                 self.users, self.config.port)
+                                 self.users, self.config.port, self.partitions)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 
 from kubernetes import client, watch
 
+from vipu.client.retry import RetryPolicy, Verdict, verdict_of_http
 from vipu.k8s import kube, rest
 from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
 
 log = logging.getLogger("vipu-ipujob-init")
 
-PERMANENT = (400, 403, 404, 422)  # asking again will not help (404: the job is gone)
-FIRST_WAIT, LONGEST_WAIT = 1.0, 30.0
+WAITING = RetryPolicy(attempts=None, first_delay=1.0, longest_delay=30.0)  # as long as the IPUs are taken
 
 
 def _ready(pod: client.V1Pod) -> bool:
@@ -62,19 +62,18 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
             "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0")),
             "controller": env.get("IPUJOB_CONTROLLER", "")}
     url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
-    wait = FIRST_WAIT
-    while True:
+    for wait in WAITING.delays():
         try:
             status, reply = rest.call("POST", url, body)
         except OSError as error:
             status, reply = 503, {"detail": f"the proxy at {url} cannot be reached ({getattr(error, 'reason', error)})"}
         if status in (200, 201):
             return reply
-        if status in PERMANENT:
+        if verdict_of_http(status) is Verdict.NEVER:  # 404: the job is gone; 422: the hardware failed it
             raise Refused(reply.get("detail", f"HTTP {status}"))
         log.info("waiting for partition %s of %d IPUs: %s", body["id"], body["size"], reply.get("detail", f"HTTP {status}"))
         time.sleep(wait)
-        wait = min(wait * 2, LONGEST_WAIT)
+    raise AssertionError("WAITING has no last attempt")
 
 
 def main() -> None:

@@ -38,14 +38,12 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
 from pydantic import BaseModel, Field
 
-from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
-from vipu.client.connection import Connection
+from vipu.client.retry import http_status
 from vipu.client.settings import ClientSettings
+from vipu.client.user import UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
-from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -53,14 +51,13 @@ from vipu.model.errors import (
     NotFound,
     PermissionDenied,
     Unauthenticated,
-    Unavailable,
     VipuError,
 )
 
 log = logging.getLogger("vipu.k8s.proxy")
 
-HTTP_STATUS = ((InvalidArgument, 400), (Unauthenticated, 403), (PermissionDenied, 403), (NotFound, 404),
-               (AlreadyExists, 409), (Conflict, 409), (Unavailable, 503))
+# Refusals of a create that the controller gives before it makes anything: nothing to clean up.
+REFUSED_BEFORE_MAKING = (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Conflict)
 
 
 class JobRequest(BaseModel):
@@ -83,13 +80,13 @@ class Query(BaseModel):
 class Partitions:
     """The proxy's work, apart from HTTP: the listed controllers and one tracker."""
 
-    def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], Connection],
+    def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], UserClient],
                  tracker: Tracker, cluster_id: str = "", job_alive: Callable[[str, str, str], bool] = lambda *_: True):
         """`job_alive(namespace, name, uid)`: whether that IPUJob exists and is not being deleted."""
         self.job_alive = job_alive
         self.controllers = controllers
         self._connect = connect
-        self._connections: dict[str, Connection] = {}
+        self._clients: dict[str, UserClient] = {}
         self.tracker = tracker
         self.cluster_id = cluster_id
         self._lock = threading.Lock()  # one partition change at a time keeps the tracker true
@@ -103,10 +100,10 @@ class Partitions:
             raise InvalidArgument(f"V-IPU controller {address} is not in the proxy's list ({', '.join(c.address for c in listed)})")
         return found
 
-    def _call(self, controller: Controller, method: str, request):
-        if controller.address not in self._connections:
-            self._connections[controller.address] = self._connect(controller)
-        return self._connections[controller.address].call(pb_grpc.UserServiceStub, method, request)
+    def _user(self, controller: Controller) -> UserClient:
+        if controller.address not in self._clients:
+            self._clients[controller.address] = self._connect(controller)
+        return self._clients[controller.address]
 
     def _owned(self, partition_id: str) -> tuple[Entry, Controller]:
         entry = self.tracker.get(partition_id)
@@ -122,7 +119,7 @@ class Partitions:
         refusals = []
         for controller in self.controllers():
             try:
-                fits = self._fitting(controller, request.size)
+                fits = self._room(controller, request.size).fitting
             except VipuError as error:
                 refusals.append(f"{controller.address}: {error.message}")
                 continue
@@ -141,10 +138,10 @@ class Partitions:
             owner = self.tracker.get(request.id)
             if owner is not None and owner.uid == request.uid:
                 try:
-                    self._call(self._owned_controller(owner), "ResetPartition", pb.ResetPartitionRequest(partition_id=request.id))
+                    self._user(self._owned_controller(owner)).reset_partition(request.id)
                     log.info("partition %s of job %s/%s reset", request.id, request.namespace, request.job)
                     return 200, {"id": request.id, "reset": True}
-                except NotFound:  # removed behind the proxy's back: make it again
+                except NotFound:  # removed behind the proxy's back, or released after a failed create: make it again
                     self.tracker.drop(request.id)
                     owner = None
             if owner is not None:
@@ -157,55 +154,59 @@ class Partitions:
                           datetime.now(UTC).isoformat(timespec="seconds"))
             self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
             try:
-                self._call(controller, "CreatePartition", pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
-                    id=request.id, size=request.size, cluster_id=self.cluster_id, num_gcds=1,
-                    num_replicas=request.replicas)))
+                self._user(controller).create_partition(request.id, request.size, cluster_id=self.cluster_id,
+                                                        num_replicas=request.replicas)
             except AlreadyExists:
                 self.tracker.drop(request.id)
                 raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "
                                     f"for job {request.namespace}/{request.job}") from None
-            except BaseException:
+            except REFUSED_BEFORE_MAKING:
                 self.tracker.drop(request.id)
+                raise
+            except BaseException as failure:
+                self._release_after_failed_create(request.id, controller, failure)
                 raise
             log.info("partition %s of %d IPUs created on %s for job %s/%s", request.id, request.size, controller.address,
                      request.namespace, request.job)
             return 201, {"id": request.id, "created": True, "controller": controller.address}
 
+    def _release_after_failed_create(self, partition_id: str, controller: Controller, failure: BaseException) -> None:
+        """A create that reached the controller and failed may have left the partition (in ERROR,
+        or made after the answer was lost): remove it, and stop tracking it only once it is gone.
+        Until then the tracker keeps it, so that the job's finaliser or its next try releases it."""
+        try:
+            self._user(controller).remove_partition(partition_id, force=True)
+        except NotFound:
+            pass
+        except VipuError as error:
+            log.warning("partition %s failed to be created (%s) and cannot be removed yet (%s); still tracked, so that "
+                        "the job's deletion removes it", partition_id, failure, error.message)
+            return
+        self.tracker.drop(partition_id)
+        log.info("partition %s failed to be created on %s and nothing of it is left: %s", partition_id, controller.address, failure)
+
     def reset(self, partition_id: str) -> dict:
         _, controller = self._owned(partition_id)
-        self._call(controller, "ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
+        self._user(controller).reset_partition(partition_id)
         return {"id": partition_id, "reset": True}
 
     def remove(self, partition_id: str) -> dict:
         with self._lock:
             _, controller = self._owned(partition_id)
             with contextlib.suppress(NotFound):  # gone already: forget it all the same
-                self._call(controller, "RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=True))
+                self._user(controller).remove_partition(partition_id, force=True)
             self.tracker.drop(partition_id)
             log.info("partition %s removed from %s", partition_id, controller.address)
             return {"id": partition_id, "removed": True}
 
-    def _capacity(self, controller: Controller) -> tuple[list[tuple[str, ...]], dict[str, set[int]]]:
-        """The machines of each allocation in order, and the IPUs in use on each machine."""
-        allocations = [tuple(a.spec.agent_ids)
-                       for a in self._call(controller, "ListAllocations", pb.ListAllocationsRequest()).allocations
-                       if not self.cluster_id or a.spec.cluster_id == self.cluster_id]
-        used: dict[str, set[int]] = {}
-        for partition in self._call(controller, "ListPartitions", pb.ListPartitionsRequest()).partitions:
-            for ipu in partition.spec.ipus:
-                used.setdefault(ipu.agent_id, set()).add(ipu.agent_ipu_index)
-        return allocations, used
-
-    def _fitting(self, controller: Controller, size: int) -> int:
-        allocations, used = self._capacity(controller)
-        return sum(fitting_partitions(allocation, used, size) for allocation in allocations)
+    def _room(self, controller: Controller, size: int = 0):
+        """The controller's room in the proxy's cluster (or all its allocations): one call."""
+        return self._user(controller).capacity(size, cluster_id=self.cluster_id)
 
     def usage(self, controller: Controller) -> tuple[int, int]:
         """IPUs in use and free in the controller's allocations."""
-        allocations, used = self._capacity(controller)
-        machines = {agent for allocation in allocations for agent in allocation}
-        busy = sum(len(used.get(agent, ())) for agent in machines)
-        return busy, len(machines) * IPUS_PER_MACHINE - busy
+        allocations = self._room(controller).allocations
+        return sum(a.used_ipus for a in allocations), sum(a.free_ipus for a in allocations)
 
     def stats(self) -> dict:
         in_use = available = 0
@@ -220,24 +221,31 @@ class Partitions:
         report["total"] = {"used": in_use, "available": available}
         return report
 
-    def node_room(self, labels: dict[str, str], size: int) -> tuple[int, str]:
-        """How many partitions of `size` fit now on the controllers whose label a node carries, and
-        if none, why not."""
+    def rooms(self, size: int) -> dict[str, int]:
+        """How many partitions of `size` fit now on each listed controller, by address: one call each,
+        made once for all the nodes of a scheduler's question."""
+        rooms = {}
+        for controller in self.controllers():
+            try:
+                rooms[controller.address] = self._room(controller, size).fitting
+            except VipuError as error:
+                log.warning("cannot ask %s for room: %s", controller.address, error.message)
+                rooms[controller.address] = 0
+        return rooms
+
+    def node_room(self, labels: dict[str, str], size: int, rooms: dict[str, int]) -> tuple[int, str]:
+        """How many partitions of `size` fit now on the controllers whose label a node carries (from
+        `rooms`), and if none, why not."""
         mine = [c for c in self.controllers() if c.label_key and labels.get(c.label_key) == c.label_value]
         if not mine:
             return 0, "the node carries no V-IPU controller's label"
-        count = 0
-        for controller in mine:
-            try:
-                count += self._fitting(controller, size)
-            except VipuError as error:
-                log.warning("cannot ask %s for room: %s", controller.address, error.message)
+        count = sum(rooms.get(c.address, 0) for c in mine)
         return count, "" if count else f"no room for {size} IPUs on {', '.join(c.address for c in mine)}"
 
     def query(self, size: int) -> dict:
         if size & (size - 1):
             return {"available": False, "numOfPartitions": 0, "message": f"size must be a power of two, not {size}"}
-        count = sum(self._fitting(controller, size) for controller in self.controllers())
+        count = sum(self._room(controller, size).fitting for controller in self.controllers())
         return {"available": count > 0, "numOfPartitions": count, "message": ""}
 
 
@@ -248,23 +256,6 @@ def requested_ipus(pod: dict) -> int:
     """The IPUs a pod asks for in its `graphcore.ai/ipus` annotation; 0 when it asks for none."""
     text = str(((pod.get("metadata") or {}).get("annotations") or {}).get(IPUS_ANNOTATION, "")).strip()
     return int(text) if text.isdigit() else 0
-
-
-def fitting_partitions(machines: tuple[str, ...], used: dict[str, set[int]], size: int) -> int:
-    """How many partitions of `size` IPUs fit side by side in the free IPUs of one allocation.
-
-    Within a machine a partition takes an aligned group of IPUs; a larger one takes whole machines
-    in a row, as the controller places them.
-    """
-    if size <= IPUS_PER_MACHINE:
-        return sum(all(ipu not in used.get(machine, ()) for ipu in range(start, start + size))
-                   for machine in machines for start in range(0, IPUS_PER_MACHINE, size))
-    per_partition, count, run = size // IPUS_PER_MACHINE, 0, 0
-    for machine in machines:
-        run = run + 1 if not used.get(machine) else 0
-        if run == per_partition:
-            count, run = count + 1, 0
-    return count
 
 
 AVAILABLE_ANNOTATION = "graphcore.ai/ipus-available"
@@ -314,8 +305,7 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
         try:
             return action()
         except VipuError as error:
-            status = next((code for family, code in HTTP_STATUS if isinstance(error, family)), 500)
-            raise HTTPException(status_code=status, detail=error.message) from None
+            raise HTTPException(status_code=http_status(error), detail=error.message) from None
 
     @app.post("/controllers/choose")
     def choose_controller(request: JobRequest):
@@ -349,9 +339,9 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
         nodes = (arguments.get("Nodes") or {}).get("items") or []
         if not size:
             return {"Nodes": {"items": nodes}, "FailedNodes": {}, "Error": ""}
-        passing, failed = [], {}
+        passing, failed, rooms = [], {}, partitions.rooms(size)
         for node in nodes:
-            room, why = partitions.node_room(node["metadata"].get("labels") or {}, size)
+            room, why = partitions.node_room(node["metadata"].get("labels") or {}, size, rooms)
             if room:
                 passing.append(node)
             else:
@@ -363,8 +353,9 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
         """Nodes whose controllers have more room for the pod's IPUs score higher (0 to 10)."""
         size = requested_ipus(arguments.get("Pod") or {})
         nodes = (arguments.get("Nodes") or {}).get("items") or []
-        rooms = {n["metadata"]["name"]: partitions.node_room(n["metadata"].get("labels") or {}, size)[0] if size else 0
-                 for n in nodes}
+        per_controller = partitions.rooms(size) if size else {}
+        rooms = {n["metadata"]["name"]: partitions.node_room(n["metadata"].get("labels") or {}, size, per_controller)[0]
+                 if size else 0 for n in nodes}
         most = max(rooms.values(), default=0) or 1
         return [{"Host": name, "Score": round(10 * room / most)} for name, room in rooms.items()]
 
@@ -413,9 +404,9 @@ def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_
 
     controllers = ControllerList(read_list, [Controller(vipu_host, vipu_port)], controllers_refresh)
 
-    def connect(controller: Controller) -> Connection:
+    def connect(controller: Controller) -> UserClient:
         settings = ClientSettings(host=controller.host, port=controller.port, user_id=api_user_id, access_key=api_access_key)
-        return Connection(settings, api_timeout)
+        return UserClient(settings, api_timeout)
 
     jobs_api = client.CustomObjectsApi(core.api_client)
 

@@ -350,3 +350,42 @@ def check_allocation_machines(cluster_id: str, cluster_agents: tuple[str, ...], 
             f"agents {','.join(agents)} are not physically consecutive in cluster {cluster_id} "
             f"(its order is {','.join(cluster_agents)})"
         )
+
+
+def count_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int) -> int:
+    """How many partitions of `size` IPUs, with the default options, fit side by side in the free
+    IPUs of the `allowed` machines now: what a scheduler asks before it sends work here."""
+    if not is_power_of_two(size) or size > layout.ipus_per_ild * layout.num_ilds:
+        return 0
+    if size < IPUS_PER_MACHINE:  # a machine's groups of this size do not overlap
+        return sum(not any(i in used.get(agent, ()) for i in group)
+                   for agent in layout.agent_ids if agent in allowed for group in SUB_MACHINE_GROUPS[size])
+    machines = size // IPUS_PER_MACHINE
+    if machines <= layout.machines_per_ild and (layout.num_ilds == 1 or size < layout.num_ilds * IPUS_PER_MACHINE):
+        runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
+        distinct = {(d, start, length) for (d, _), (start, length) in runs.run_of.items()}
+        return sum(length // machines for _, _, length in distinct)
+    taken = {agent: set(ipus) for agent, ipus in used.items()}  # shapes that may span domains: place them one by one
+    count = 0
+    while True:
+        try:
+            placed = place_partition(layout, allowed, taken, size)
+        except Conflict:
+            return count
+        count += 1
+        for ipu in placed.ipus:
+            taken.setdefault(ipu.agent_id, set()).add(ipu.index)
+
+
+def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
+    """The largest partition, with the default options, that fits in the free IPUs now; 0 if none."""
+    size = 1
+    while size * 2 <= min(_free_ipu_count(layout, allowed, used), layout.ipus_per_ild * layout.num_ilds):
+        size *= 2
+    while size >= 1:
+        try:
+            place_partition(layout, allowed, used, size)
+            return size
+        except Conflict:
+            size //= 2
+    return 0

@@ -22,17 +22,10 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
-from vipu.client.connection import Connection
+from vipu.client.retry import Verdict, verdict
+from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import (
-    AlreadyExists,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    VipuError,
-)
+from vipu.model.errors import AlreadyExists, NotFound, VipuError
 from vipu.slurm.config import VipuSlurmConfig
 
 log = logging.getLogger(__name__)
@@ -40,8 +33,6 @@ log = logging.getLogger(__name__)
 PARTITION_PREFIX = "slurm-"
 SYSTEM_PATH = ("/usr/bin", "/bin", "/usr/local/bin")
 OVER = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
-# Refusals a later attempt would meet again: the job is cancelled rather than requeued.
-PERMANENT = (InvalidArgument, PermissionDenied)
 
 
 def partition_id(job_id: str) -> str:
@@ -79,13 +70,10 @@ class Scontrol:
 
 
 class JobPartitions:
-    def __init__(self, config: VipuSlurmConfig, slurm: Scontrol | None = None, connection: Connection | None = None):
+    def __init__(self, config: VipuSlurmConfig, slurm: Scontrol | None = None, user: UserClient | None = None):
         self.config = config
         self.slurm = slurm or Scontrol()
-        self.connection = connection or Connection(config.client_settings(), config.api_timeout)
-
-    def _call(self, method: str, request):
-        return self.connection.call(pb_grpc.UserServiceStub, method, request)
+        self.user = user or UserClient(config.client_settings(), config.api_timeout)
 
     def prolog(self, env: Mapping[str, str]) -> str | None:
         """Create the job's partition and its files; the partition's id, or None for a job without IPUs."""
@@ -112,22 +100,17 @@ class JobPartitions:
         if job is None:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
         gcds = int((job or {}).get("NumTasks") or 1)
-        request = pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(
-            id=name, size=ipus, num_gcds=gcds, num_replicas=replicas))
         try:
             self._forget_finished_jobs()
             try:
-                created = self._call("CreatePartition", request)
+                config = self._create_partition(name, ipus, gcds, replicas)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
                 self._remove(name)
-                created = self._call("CreatePartition", request)
-            if created.HasField("ipuof_config"):
-                config = created.ipuof_config
-            else:  # a controller from before the reply carried it
-                config = self._call("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=name)).ipuof_config
-        except PERMANENT as error:
-            raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}", permanent=True) from None
+                config = self._create_partition(name, ipus, gcds, replicas)
         except VipuError as error:
+            if verdict(error) is Verdict.NEVER:
+                raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}",
+                                permanent=True) from None
             self._remove_quietly(name)
             raise JobFailed(f"no partition of {ipus} IPUs yet, job requeued: {error.message}") from None
         try:
@@ -149,8 +132,11 @@ class JobPartitions:
         log.info("job %s: partition %s removed", env["SLURM_JOB_ID"], name)
         return True
 
+    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int):
+        return self.user.create_partition(name, ipus, num_gcds=gcds, num_replicas=replicas)
+
     def _remove(self, name: str) -> None:
-        self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=name, force=True))
+        self.user.remove_partition(name, force=True)
 
     def _remove_quietly(self, name: str) -> None:
         try:
@@ -160,8 +146,7 @@ class JobPartitions:
 
     def _forget_finished_jobs(self) -> None:
         """Remove the partitions of jobs that are over, whose epilog could not reach the controller."""
-        partitions = self._call("ListPartitions", pb.ListPartitionsRequest()).partitions
-        for partition in partitions:
+        for partition in self.user.list_partitions():
             job_id = partition.id.removeprefix(PARTITION_PREFIX)
             if not partition.id.startswith(PARTITION_PREFIX) or not job_id.isdigit():
                 continue

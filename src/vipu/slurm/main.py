@@ -15,8 +15,7 @@ from pathlib import Path
 
 import click
 
-from vipu.api.protos import version_pb2, version_pb2_grpc
-from vipu.client.connection import Connection
+from vipu.client.user import UserClient
 from vipu.model.errors import VipuError
 from vipu.slurm import config as slurm_config
 from vipu.slurm.jobs import JobPartitions, Scontrol
@@ -57,10 +56,10 @@ def check(path):
     """Check a vipu.conf (default: beside slurm.conf) and that its controller answers."""
     try:
         loaded = slurm_config.load(path)
-        version = Connection(loaded.client_settings(), loaded.api_timeout).call(
-            version_pb2_grpc.VersionServiceStub, "GetVersion", version_pb2.VersionRequest())
+        with UserClient(loaded.client_settings(), loaded.api_timeout) as user:
+            version = user.version()
     except VipuError as error:
         click.echo(f"vipu-slurm-check: failed: {error.message}", err=True)
         sys.exit(1)
-    click.echo(f"{loaded.path}: vipu-server {version.version} at {loaded.api_host}:{loaded.api_port} answers; "
+    click.echo(f"{loaded.path}: vipu-server {version} at {loaded.api_host}:{loaded.api_port} answers; "
                f"IPUoF files go to {loaded.ipuof_dir}")

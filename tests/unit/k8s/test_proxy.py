@@ -1,21 +1,89 @@
-"""The proxy's estimate of how many partitions of a size fit, as `/query` reports it."""
+"""The proxy never loses a partition: a create that reached the controller and failed is cleaned
+up, and tracked until it is (the controller and the tracker ConfigMap as test doubles here; the
+real ones in tests/functional/test_kubernetes.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from vipu.k8s.proxy import fitting_partitions
+from vipu.client.retry import Verdict, http_status, verdict_of_http
+from vipu.k8s.controllers import Controller
+from vipu.k8s.proxy import PartitionRequest, Partitions
+from vipu.model.errors import Conflict, HardwareFailure, NotFound, Unavailable, VipuError
 
-MACHINES = ("ag1", "ag2", "ag3", "ag4")
+CONTROLLER = Controller("ctl", 8090)
 
 
-@pytest.mark.parametrize("used, size, expected", [
-    ({}, 1, 16), ({}, 2, 8), ({}, 4, 4), ({}, 8, 2), ({}, 16, 1), ({}, 32, 0),
-    ({"ag1": {0}}, 2, 7),            # the pair holding IPU 0 is broken
-    ({"ag1": {0}}, 4, 3),
-    ({"ag2": {3}}, 8, 1),            # ag3+ag4 only: ag1 alone is no run of two
-    ({"ag1": {1}, "ag3": {2}}, 8, 0),
-    ({"ag1": {0, 1, 2, 3}}, 1, 12),
-])
-def test_partitions_fit_in_aligned_groups_and_runs_of_free_machines(used, size, expected):
-    assert fitting_partitions(MACHINES, used, size) == expected
+class Tracker:
+    def __init__(self):
+        self.tracked = {}
+
+    def entries(self):
+        return dict(self.tracked)
+
+    def get(self, partition_id):
+        return self.tracked.get(partition_id)
+
+    def put(self, partition_id, entry):
+        self.tracked[partition_id] = entry
+
+    def drop(self, partition_id):
+        self.tracked.pop(partition_id, None)
+
+
+class User:
+    """A controller whose create fails as told, leaving the partition behind (in ERROR) if told to."""
+
+    def __init__(self, create_fails_with: VipuError, leaves_partition: bool, removal_fails_with: VipuError | None = None):
+        self.create_fails_with, self.leaves_partition, self.removal_fails_with = create_fails_with, leaves_partition, removal_fails_with
+        self.partitions: set[str] = set()
+
+    def create_partition(self, partition_id, size, **_):
+        if self.leaves_partition:
+            self.partitions.add(partition_id)
+        raise self.create_fails_with
+
+    def remove_partition(self, partition_id, force=False):
+        if self.removal_fails_with is not None:
+            raise self.removal_fails_with
+        if partition_id not in self.partitions:
+            raise NotFound(f"partition {partition_id} does not exist")
+        self.partitions.remove(partition_id)
+
+
+def proxy(user: User) -> tuple[Partitions, Tracker]:
+    tracker = Tracker()
+    return Partitions(lambda: [CONTROLLER], lambda _: user, tracker), tracker  # type: ignore[arg-type]
+
+
+REQUEST = PartitionRequest(id="p-default-job", namespace="default", job="job", uid="u1", size=4)
+
+
+def test_a_create_failed_by_the_hardware_leaves_no_partition_and_the_job_is_told_why_for_good():
+    user = User(HardwareFailure("agent ag1: IPU 2 failed to apply"), leaves_partition=True)
+    partitions, tracker = proxy(user)
+    with pytest.raises(HardwareFailure) as failed:
+        partitions.create(REQUEST)
+    assert user.partitions == set() and tracker.tracked == {}
+    assert http_status(failed.value) == 422 and verdict_of_http(422) is Verdict.NEVER  # the launcher gives up, with the reason
+
+
+def test_a_partition_that_cannot_be_removed_yet_stays_tracked_for_the_finaliser():
+    user = User(Unavailable("vipu-server at ctl:8090: no answer before the deadline"), leaves_partition=True,
+                removal_fails_with=Unavailable("vipu-server at ctl:8090: unreachable (connection refused)"))
+    partitions, tracker = proxy(user)
+    with pytest.raises(Unavailable):
+        partitions.create(REQUEST)
+    assert "p-default-job" in tracker.tracked and user.partitions == {"p-default-job"}
+    user.removal_fails_with = None  # the controller is back: the job's deletion releases the IPUs
+    assert partitions.remove("p-default-job") == {"id": "p-default-job", "removed": True}
+    assert user.partitions == set() and tracker.tracked == {}
+
+
+def test_a_refusal_made_before_anything_was_created_is_simply_forgotten():
+    user = User(Conflict("no room for a partition of 4 IPUs"), leaves_partition=False,
+                removal_fails_with=AssertionError("no removal is needed"))  # type: ignore[arg-type]
+    partitions, tracker = proxy(user)
+    with pytest.raises(Conflict) as refused:
+        partitions.create(REQUEST)
+    assert tracker.tracked == {} and http_status(refused.value) == 409 and verdict_of_http(409) is Verdict.LATER

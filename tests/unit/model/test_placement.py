@@ -11,7 +11,9 @@ from vipu.model.errors import Conflict, InvalidArgument
 from vipu.model.placement import (
     check_allocation_machines,
     choose_allocation_machines,
+    count_fitting,
     is_power_of_two,
+    largest_fitting,
     place_partition,
 )
 from vipu.model.topology import ClusterLayout
@@ -274,3 +276,34 @@ def test_any_sequence_of_creates_and_removes_keeps_every_placement_linkable_and_
 
 def test_is_power_of_two():
     assert [n for n in range(0, 70) if is_power_of_two(n)] == [1, 2, 4, 8, 16, 32, 64]
+
+
+@settings(max_examples=150, deadline=None)
+@given(machines=st.sampled_from([1, 2, 4, 8, 16]), topology=st.sampled_from([IldTopology.MESH, IldTopology.TORUS]),
+       ilds=st.sampled_from([1, 2]), taken=st.lists(st.tuples(st.integers(0, 31), st.integers(0, 3)), max_size=20),
+       size=st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
+def test_the_capacity_reported_is_what_placing_one_partition_after_another_achieves(machines, topology, ilds, taken, size):
+    """count_fitting, computed from the free runs, agrees with placing partitions of the size until one is refused;
+    largest_fitting is a size that places, and twice it does not."""
+    if machines % ilds:
+        return
+    layout = pod(machines, topology, ilds)
+    allowed = set(layout.agent_ids)
+    used: dict[str, set[int]] = {}
+    for machine, ipu in taken:
+        if machine < machines:
+            used.setdefault(layout.agent_ids[machine], set()).add(ipu)
+    counted = count_fitting(layout, allowed, used, size)
+    placed, trial = 0, {agent: set(ipus) for agent, ipus in used.items()}
+    while True:
+        try:
+            take(trial, place_partition(layout, allowed, trial, size))
+        except (Conflict, InvalidArgument):
+            break
+        placed += 1
+    assert counted == placed
+    largest = largest_fitting(layout, allowed, used)
+    if largest:
+        place_partition(layout, allowed, used, largest)
+    with pytest.raises((Conflict, InvalidArgument)):
+        place_partition(layout, allowed, used, largest * 2 or 1)

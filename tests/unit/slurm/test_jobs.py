@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 
 from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.client.settings import ClientSettings
+from vipu.client.user import UserClient
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
+    HardwareFailure,
     InvalidArgument,
     NotFound,
     Unavailable,
@@ -68,7 +71,9 @@ def world(tmp_path: Path):
     controller = Controller()
     slurm = Slurm({"7": {"NumTasks": "2", "JobState": "CONFIGURING"}})
     config = VipuSlurmConfig(tmp_path / "vipu.conf", "ctl", tmp_path / "ipuof", max_ipus_per_job=16)
-    return JobPartitions(config, slurm, controller), controller, slurm, tmp_path / "ipuof"
+    user = UserClient(ClientSettings("localhost", 8090), 1.0)
+    user.connection = controller  # type: ignore[assignment] - the double answers the calls a Connection would make
+    return JobPartitions(config, slurm, user), controller, slurm, tmp_path / "ipuof"
 
 
 JOB = {"SLURM_JOB_ID": "7", "SPANK_VIPU_IPUS": "4", "SPANK_VIPU_NUM_REPLICAS": "2"}
@@ -113,6 +118,10 @@ def test_a_request_the_controller_can_never_satisfy_cancels_the_job(world):
     with pytest.raises(JobFailed, match="cannot create partition slurm-7 of 4 IPUs in 2 GCD"):
         jobs.prolog(JOB)
     assert slurm.cancelled == ["7"] and "3 replicas" in slurm.comments["7"]
+    controller.refuse["CreatePartition"] = [HardwareFailure("agent ag2: IPU 1 failed to apply")]
+    with pytest.raises(JobFailed):  # the same IPUs would fail it again: Slurm is told why rather than requeueing forever
+        jobs.prolog(JOB)
+    assert slurm.cancelled == ["7", "7"] and "IPU 1 failed to apply" in slurm.comments["7"]
     with pytest.raises(JobFailed, match="more than MaxIpusPerJob"):
         jobs.prolog({**JOB, "SPANK_VIPU_IPUS": "32"})
 

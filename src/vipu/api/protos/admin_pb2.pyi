@@ -1,4 +1,5 @@
 from vipu.api.protos import agent_pb2 as _agent_pb2
+from vipu.api.protos import vipuuser_pb2 as _vipuuser_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

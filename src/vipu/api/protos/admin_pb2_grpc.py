@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from vipu.api.protos import admin_pb2 as vipu_dot_api_dot_protos_dot_admin__pb2
+from vipu.api.protos import vipuuser_pb2 as vipu_dot_api_dot_protos_dot_vipuuser__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -93,6 +94,11 @@ class AdminServiceStub:
                 '/vipu.admin.v1.AdminService/RemoveAllocation',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+                _registered_method=True)
+        self.GetCapacity = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetCapacity',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
                 _registered_method=True)
         self.TestCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/TestCluster',
@@ -216,6 +222,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TestCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -332,6 +344,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveAllocation,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'GetCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapacity,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.SerializeToString,
             ),
             'TestCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.TestCluster,
@@ -703,6 +720,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/RemoveAllocation',
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetCapacity',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -379,3 +379,43 @@ class ListAllocationsReply(_message.Message):
     ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
     allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
     def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...
+
+class GetCapacityRequest(_message.Message):
+    __slots__ = ("size", "allocation_id", "cluster_id")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    allocation_id: str
+    cluster_id: str
+    def __init__(self, size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class AllocationCapacity(_message.Message):
+    __slots__ = ("allocation_id", "cluster_id", "total_ipus", "used_ipus", "free_ipus", "fitting", "largest", "blocked")
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_IPUS_FIELD_NUMBER: _ClassVar[int]
+    USED_IPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_IPUS_FIELD_NUMBER: _ClassVar[int]
+    FITTING_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    cluster_id: str
+    total_ipus: int
+    used_ipus: int
+    free_ipus: int
+    fitting: int
+    largest: int
+    blocked: str
+    def __init__(self, allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_ipus: _Optional[int] = ..., used_ipus: _Optional[int] = ..., free_ipus: _Optional[int] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ..., blocked: _Optional[str] = ...) -> None: ...
+
+class GetCapacityReply(_message.Message):
+    __slots__ = ("allocations", "fitting", "largest")
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    FITTING_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_FIELD_NUMBER: _ClassVar[int]
+    allocations: _containers.RepeatedCompositeFieldContainer[AllocationCapacity]
+    fitting: int
+    largest: int
+    def __init__(self, allocations: _Optional[_Iterable[_Union[AllocationCapacity, _Mapping]]] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,11 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsReply.FromString,
                 _registered_method=True)
+        self.GetCapacity = channel.unary_unary(
+                '/virmgrpc.UserService/GetCapacity',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
+                _registered_method=True)
 
 
 class UserServiceServicer:
@@ -128,6 +133,12 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UserServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +181,11 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.ListAllocations,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsReply.SerializeToString,
+            ),
+            'GetCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapacity,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +404,33 @@ class UserService:
             '/virmgrpc.UserService/ListAllocations',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListAllocationsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/GetCapacity',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
             options,
             channel_credentials,
             insecure,

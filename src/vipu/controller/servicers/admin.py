@@ -6,10 +6,12 @@ from vipu.api import convert
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.controller.discovery import DiscoveryListener
+from vipu.controller.servicers.user import capacity_reply
 from vipu.controller.services.agents import AgentService, AgentView
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
+from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
@@ -38,7 +40,8 @@ def _user(user: User) -> pb.User:
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
                  clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
-                 user_port: int):
+                 user_port: int, partitions: PartitionService):
+        self.partitions = partitions
         self.agents = agents
         self.clusters = clusters
         self.allocations = allocations
@@ -83,6 +86,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def ListAllocations(self, request, context):
         return pb.ListAllocationsReply(allocations=[convert.admin_allocation_to_proto(a, p) for a, p in self.allocations.list()])
+
+    def GetCapacity(self, request, context):
+        return capacity_reply(self.partitions.capacity(request.size, request.allocation_id, request.cluster_id))
 
     def GetAllocation(self, request, context):
         return convert.admin_allocation_to_proto(*self.allocations.get(request.id))

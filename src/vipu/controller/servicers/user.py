@@ -6,7 +6,7 @@ from vipu.api import convert
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.controller.auth import caller
-from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.partitions import AllocationRoom, PartitionService
 
 
 class UserServicer(pb_grpc.UserServiceServicer):
@@ -51,3 +51,16 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def ListAllocations(self, request, context):
         return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a) for a in self.partitions.allocations(caller())])
+
+    def GetCapacity(self, request, context):
+        return capacity_reply(self.partitions.capacity(request.size, request.allocation_id, request.cluster_id, caller()))
+
+
+def capacity_reply(rooms: list[AllocationRoom]) -> pb.GetCapacityReply:
+    return pb.GetCapacityReply(
+        allocations=[pb.AllocationCapacity(allocation_id=r.allocation_id, cluster_id=r.cluster_id, total_ipus=r.total_ipus,
+                                           used_ipus=r.used_ipus, free_ipus=r.free_ipus, fitting=r.fitting, largest=r.largest,
+                                           blocked=r.blocked) for r in rooms],
+        fitting=sum(r.fitting for r in rooms),
+        largest=max((r.largest for r in rooms), default=0),
+    )

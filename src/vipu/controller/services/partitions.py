@@ -31,6 +31,7 @@ from vipu.model.configuration import (
     gcd_configs,
 )
 from vipu.model.entities import (
+    IPUS_PER_MACHINE,
     OPEN_ACCESS,
     Access,
     Agent,
@@ -54,7 +55,7 @@ from vipu.model.errors import (
     Unavailable,
     VipuError,
 )
-from vipu.model.placement import place_partition
+from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting, place_partition
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store, Transaction
 
@@ -74,6 +75,23 @@ OPERATION_WAIT_SECONDS = 5.0
 class IpuAttributes:
     agent_id: str
     ipus: dict[int, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class AllocationRoom:
+    """What `PartitionService.capacity` reports of one allocation."""
+
+    allocation_id: str
+    cluster_id: str
+    total_ipus: int
+    used_ipus: int
+    fitting: int
+    largest: int
+    blocked: str = ""
+
+    @property
+    def free_ipus(self) -> int:
+        return self.total_ipus - self.used_ipus
 
 
 class PartitionService:
@@ -130,6 +148,32 @@ class PartitionService:
     def allocations(self, access: Access = OPEN_ACCESS) -> builtins.list[Allocation]:
         with self.store.reading() as tx:
             return [a for a in tx.list_allocations() if access.may_use(a.id)]
+
+    def capacity(self, size: int = 0, allocation_id: str = "", cluster_id: str = "",
+                 access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
+        """The room in each allocation the caller may use (or the one named, or a cluster's):
+        its IPUs in use and free, how many partitions of `size` fit side by side, the largest that fits."""
+        if size and not is_power_of_two(size):
+            raise InvalidArgument(f"partition size must be a power of two, not {size}")
+        with self.store.reading() as tx:
+            if allocation_id:
+                allocations = [self._allocation(tx, allocation_id, access)]
+            else:
+                if cluster_id and tx.get_cluster(cluster_id) is None:
+                    raise NotFound(f"cluster {cluster_id} does not exist")
+                allocations = [a for a in tx.list_allocations(cluster_id or None) if access.may_use(a.id)]
+            layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in allocations}}
+        rooms = []
+        for allocation in allocations:
+            layout, allowed = layouts[allocation.cluster_id], set(allocation.agent_ids)
+            used = self.ledger.used_ipus(allocation.id)
+            in_use = sum(len(ipus) for agent, ipus in used.items() if agent in allowed)
+            blocked = (f"cluster {allocation.cluster_id} is under test" if allocation.cluster_id in self.under_test else "")
+            rooms.append(AllocationRoom(
+                allocation.id, allocation.cluster_id, len(allowed) * IPUS_PER_MACHINE, in_use,
+                fitting=0 if blocked or not size else count_fitting(layout, allowed, used, size),
+                largest=0 if blocked else largest_fitting(layout, allowed, used), blocked=blocked))
+        return rooms
 
     def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:
         with self.store.reading() as tx:

@@ -1,0 +1,109 @@
+"""`AdminClient`: agents, clusters, allocations, users and cluster tests, through the admin end-point."""
+
+from __future__ import annotations
+
+from vipu.api.protos import admin_pb2 as pb
+from vipu.api.protos import admin_pb2_grpc as pb_grpc
+from vipu.api.protos import vipuuser_pb2 as user_pb
+from vipu.client.base import EndpointClient
+
+
+class AdminClient(EndpointClient):
+    """What an administrator does. Results are the API's messages (`vipu.api.protos.admin_pb2`);
+    failures raise the families of `vipu.model.errors`, which `vipu.client.retry.verdict` judges."""
+
+    PORT_KEY, PORT_ENV, DEFAULT_PORT = "api-admin-port", "VIPU_ADMIN_API_PORT", 8091
+
+    def _call(self, method: str, request, no_deadline: bool = False):
+        return self.connection.call(pb_grpc.AdminServiceStub, method, request, no_deadline=no_deadline)
+
+    # Agents
+
+    def create_agent(self, agent_id: str, host: str, port: int) -> pb.CreateAgentReply:
+        return self._call("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port))
+
+    def list_agents(self) -> list[pb.Agent]:
+        return list(self._call("ListAgents", pb.ListRequest()).agents)
+
+    def get_agent(self, agent_id: str) -> pb.Agent:
+        return self._call("GetAgent", pb.GetRequest(id=agent_id))
+
+    def remove_agent(self, agent_id: str, force: bool = False) -> list[str]:
+        """Remove an agent; with `force`, what depended on it too: what was removed."""
+        return list(self._call("RemoveAgent", pb.RemoveRequest(id=agent_id, force=force)).removed)
+
+    def discover_agents(self, auto_add: bool = False) -> pb.DiscoverAgentsReply:
+        return self._call("DiscoverAgents", pb.DiscoverAgentsRequest(auto_add=auto_add))
+
+    # Clusters
+
+    def create_cluster(self, cluster_id: str, agent_ids: tuple[str, ...], *, topology: int = pb.ILD_TOPOLOGY_MESH,
+                       num_ipulinkdomains: int = 1, cluster_topology: int = pb.GW_TOPOLOGY_UNSPECIFIED) -> pb.Cluster:
+        return self._call("CreateCluster", pb.CreateClusterRequest(
+            id=cluster_id, agent_ids=agent_ids, topology=topology,  # type: ignore[arg-type]
+            num_ipulinkdomains=num_ipulinkdomains, cluster_topology=cluster_topology))  # type: ignore[arg-type]
+
+    def list_clusters(self) -> list[pb.Cluster]:
+        return list(self._call("ListClusters", pb.ListRequest()).clusters)
+
+    def get_cluster(self, cluster_id: str) -> pb.Cluster:
+        return self._call("GetCluster", pb.GetRequest(id=cluster_id))
+
+    def remove_cluster(self, cluster_id: str, force: bool = False) -> list[str]:
+        return list(self._call("RemoveCluster", pb.RemoveRequest(id=cluster_id, force=force)).removed)
+
+    # Allocations
+
+    def create_allocation(self, allocation_id: str, cluster_id: str, *, agent_ids: tuple[str, ...] = (),
+                          size: int = 0) -> pb.Allocation:
+        """An allocation of these machines, or of `size` IPUs on consecutive free machines."""
+        return self._call("CreateAllocation", pb.CreateAllocationRequest(
+            id=allocation_id, cluster_id=cluster_id, agent_ids=agent_ids, size=size))
+
+    def list_allocations(self) -> list[pb.Allocation]:
+        return list(self._call("ListAllocations", pb.ListRequest()).allocations)
+
+    def capacity(self, size: int = 0, *, allocation_id: str = "", cluster_id: str = "") -> user_pb.GetCapacityReply:
+        """Room now in every allocation (or the one named, or a cluster's), as `UserClient.capacity`."""
+        return self._call("GetCapacity", user_pb.GetCapacityRequest(size=size, allocation_id=allocation_id, cluster_id=cluster_id))
+
+    def get_allocation(self, allocation_id: str) -> pb.Allocation:
+        return self._call("GetAllocation", pb.GetRequest(id=allocation_id))
+
+    def remove_allocation(self, allocation_id: str, force: bool = False) -> list[str]:
+        return list(self._call("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force)).removed)
+
+    # Users (secure mode)
+
+    def create_user(self, user_id: str, allocation_ids: tuple[str, ...] = (), admin: bool = False) -> pb.UserKeyReply:
+        """A user and their access key, which the reply carries this once."""
+        return self._call("CreateUser", pb.CreateUserRequest(id=user_id, allocation_ids=allocation_ids, admin=admin))
+
+    def list_users(self) -> list[pb.User]:
+        return list(self._call("ListUsers", pb.ListRequest()).users)
+
+    def get_user(self, user_id: str) -> pb.User:
+        return self._call("GetUser", pb.GetRequest(id=user_id))
+
+    def update_user(self, user_id: str, *, give: tuple[str, ...] = (), deny: tuple[str, ...] = (),
+                    rotate_key: bool = False) -> pb.UserKeyReply:
+        return self._call("UpdateUser", pb.UpdateUserRequest(
+            id=user_id, give_allocations=give, deny_allocations=deny, rotate_key=rotate_key))
+
+    def remove_user(self, user_id: str) -> None:
+        self._call("RemoveUser", pb.RemoveRequest(id=user_id))
+
+    # Cluster tests
+
+    def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True) -> pb.ClusterTestReport:
+        """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite). With
+        `wait`, the call lasts as long as the tests; without, it returns once they started."""
+        return self._call("TestCluster", pb.TestClusterRequest(cluster_id=cluster_id, tests=tests, wait=wait), no_deadline=wait)
+
+    def cluster_test_status(self) -> pb.ClusterTestReport:
+        """The results of the last finished test; a Conflict says why there are none."""
+        return self._call("GetClusterTestStatus", pb.ListRequest())
+
+    def stop_cluster_test(self) -> str:
+        """Stop the running test after its current step; the cluster it was testing."""
+        return self._call("StopClusterTest", pb.ListRequest()).cluster_id
