@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -322,6 +325,34 @@ class Pod:
         done = subprocess.run([str(BIN / program), "-H", "127.0.0.1", "--api-port", str(port), *options, *args],
                               capture_output=True, text=True, env=env, timeout=120, cwd=self.directory)
         return Result(done.returncode, done.stdout, done.stderr)
+
+    def admin_on_terminal(self, *args: str, timeout: float = 120.0) -> tuple[int, str]:
+        """vipu-admin with a terminal as its standard output and error: its exit status and what a
+        person would have seen, without the terminal's control sequences."""
+        primary, secondary = pty.openpty()
+        env = {**os.environ, "TERM": "xterm", "COLUMNS": "120"}
+        process = subprocess.Popen([str(BIN / "vipu-admin"), "-H", "127.0.0.1", "--api-port", str(self.admin_port), *args],
+                                   stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary, env=env, cwd=self.directory)
+        os.close(secondary)
+        seen, deadline = bytearray(), time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not select.select([primary], [], [], 0.5)[0]:
+                    continue
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:  # EIO: the command ended and the terminal closed
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            else:
+                process.kill()
+                raise AssertionError(f"vipu-admin {' '.join(args)} did not end within {timeout} s: {seen.decode()[-2000:]}")
+        finally:
+            os.close(primary)
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+        return process.wait(timeout=10), text.replace("\r\n", "\n").replace("\r", "\n")
 
     def admin(self, *args: str, config: Path | None = None) -> Result:
         return self._run("vipu-admin", self.admin_port, args, config)

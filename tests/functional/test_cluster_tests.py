@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tests.functional.harness import failed_line, rows
 from vipu.backends.sim import faults
@@ -26,7 +27,7 @@ def results(out: str) -> dict[str, tuple[str, list[str]]]:
 def test_a_healthy_rack_passes_every_test_with_the_seeds_counts(registered_pod):
     """cl0 is an 8-machine single-domain mesh, the cluster of seed 002's example."""
     result = registered_pod.admin("test", "cluster", "cl0")
-    assert result.code == 0, result.err
+    assert (result.code, result.err) == (0, "")  # piped: no progress, the seed's table alone
     assert results(result.out) == {
         "Sync-Link": ("14/14", ["Sync Link test passed"]),
         "Cabling": ("28/28", ["All cables connected as expected"]),
@@ -40,6 +41,16 @@ def test_a_healthy_rack_passes_every_test_with_the_seeds_counts(registered_pod):
     scripted = json.loads(registered_pod.admin("test", "cluster", "--status", "--json").out)  # pure JSON
     assert scripted["cluster_id"] == "cl0"
     assert [(r["test"], r["status"], r["passed"]) for r in scripted["results"]] == [("PFC-settings", "passed", 8)]
+
+
+def test_on_a_terminal_each_test_is_shown_as_it_ends_then_the_table(registered_pod):
+    code, seen = registered_pod.admin_on_terminal("test", "cluster", "cl0")
+    assert code == 0, seen
+    lines = [line.strip() for line in seen.splitlines() if line.strip()]
+    table = lines.index("Showing test results for cluster cl0")
+    ended = [line.split(":")[0] for line in lines[:table] if re.match(r"^[\w-]+: (passed|failed|skipped) \(", line)]
+    assert ended == ["Sync-Link", "Cabling", "IPU-Link", "Traffic", "GW-Link", "Version"], seen
+    assert "Sync-Link: passed (14/14, " in seen and results("\n".join(lines[table:]) + "\n")["Traffic"][0] == "3/3"
 
 
 def test_every_fault_class_fails_its_test_with_the_seeds_lines(registered_pod):

@@ -219,3 +219,22 @@ def test_list_capacity_shows_the_room_placement_sees(registered_pod):
     pairs_fit = json.loads(pod.admin("list", "capacity", "--size", "2", "--json").out)
     assert (pairs_fit["fitting"], pairs_fit["largest"]) == (7, 8)  # the rest of m01, and m02-m04 in twos
     failed_line(pod.user("list", "capacity", "--size", "6"), "list capacity", None, "partition size must be a power of two, not 6.")
+
+
+def test_an_index_places_a_reconfigurable_partition_at_that_run_of_its_allocation(registered_pod):
+    """vipu create partition --index I: the I-th run of SIZE IPUs of the allocation, machines in order."""
+    pod = registered_pod
+    assert pod.user("create", "partition", "r4", "--size", "4", "--reconfigurable", "--index", "2").code == 0
+    assert pod.held_anywhere("r4") == ["m03"]
+    placed = pod.user("create", "partition", "r2", "--size", "2", "--reconfigurable", "--index", "1",
+                      "--sync-type", "pod-native-default")  # the vendor's rule: with an index, c2-compatible all the same
+    assert placed.code == 0, placed.err
+    assert pod.held("m01") == {"r2": [2, 3]}
+    assert pairs(pod.user("get", "partition", "r2").out)["Sync Type"] == "c2-compatible"
+    failed_line(pod.user("create", "partition", "again", "--size", "4", "--reconfigurable", "--index", "2"),
+                "create partition", "again", "the named IPUs are not a free, linkable set of 4 in allocation alloc-1")
+    failed_line(pod.user("create", "partition", "far", "--size", "8", "--reconfigurable", "--index", "4"),
+                "create partition", "far", "allocation alloc-1 has 4 place(s) for a partition of 8 IPUs (indices 0 to 3), not index 4")
+    failed_line(pod.user("create", "partition", "plain", "--size", "4", "--index", "0"),
+                "create partition", "plain", "an index places a reconfigurable partition; ask for one (--reconfigurable)")
+    assert sorted(r[0] for r in rows(pod.user("list", "partitions").out)) == ["r2", "r4"]

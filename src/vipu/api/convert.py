@@ -233,6 +233,7 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
         gw_routing=_reverse(GW_ROUTING, req.gw_routing_type, "GW routing type") if req.gw_routing_type else None,
         num_segments=req.num_ipulink_segments,
         explicit_ipus=tuple((ipu.ipulink_domain_topology_id, ipu.topology_id) for ipu in req.ipus),
+        index=req.index if req.HasField("index") else None,
         disable_auto_reset=request.disable_auto_reset,
         relocatable=request.relocatable,
     )
@@ -332,10 +333,13 @@ def observation_from_proto(message: agent_pb2.DiagnoseReply) -> Observation:
     )
 
 
-def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome]) -> admin_pb2.ClusterTestReport:
+def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome], running_test: str = "",
+                         planned: tuple[str, ...] = ()) -> admin_pb2.ClusterTestReport:
     return admin_pb2.ClusterTestReport(
         cluster_id=cluster_id,
         state=state,
+        running_test=running_test,
+        planned=planned,
         results=[
             admin_pb2.ClusterTestResult(test=o.test.value, status=o.status.value, passed=o.passed, total=o.total,
                                         summary=o.summary, duration_seconds=o.duration)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import click
@@ -455,11 +457,44 @@ def test_cluster(admin, cluster_id, mode, as_json, **options):
         return None  # silent on success, as seed 002 shows
     if not cluster_id:
         raise click.UsageError("name the cluster to test, or use --status or --stop")
-    tests = [name for option, name in TEST_OPTIONS.items() if options[option]]
+    tests = tuple(name for option, name in TEST_OPTIONS.items() if options[option])
     with reporting("test cluster", cluster_id):
-        report = admin.test_cluster(cluster_id, tuple(tests), wait=mode != "start")
+        if mode is None and not as_json and sys.stdout.isatty():
+            report = run_showing_progress(admin, cluster_id, tests)
+        else:
+            report = admin.test_cluster(cluster_id, tests, wait=mode != "start")
     if mode != "start":  # a started test says nothing, as seed 002 shows
         print_test_report(report, as_json)
+
+
+PROGRESS_POLL_SECONDS = 0.25
+ENDED = {"stopped": "The test was stopped", "interrupted": "The test was interrupted by a restart of the controller"}
+
+
+def run_showing_progress(admin: AdminClient, cluster_id: str, tests: tuple[str, ...]) -> pb.ClusterTestReport:
+    """Start the tests and show, on standard error, each as it starts and ends; the final report.
+    Interrupting the command leaves the tests running (`--stop` stops them)."""
+    from rich.console import Console  # only on a terminal
+
+    console = Console(stderr=True, highlight=False)
+    admin.test_cluster(cluster_id, tests, wait=False)
+    shown = 0
+    try:
+        with console.status(f"testing cluster {cluster_id}") as status:
+            while True:
+                report = admin.cluster_test_progress()
+                for result in report.results[shown:]:
+                    console.print(f"{result.test}: {result.status} ({result.passed}/{result.total}, {result.duration_seconds:.2f}s)")
+                shown = len(report.results)
+                if report.state != "running":
+                    break
+                status.update(f"{report.running_test or 'starting'} ({shown + 1} of {len(report.planned)})")
+                time.sleep(PROGRESS_POLL_SECONDS)
+    except KeyboardInterrupt:
+        fail("test cluster", cluster_id, "interrupted; the tests go on ('vipu-admin test cluster --stop' stops them)")
+    if report.state in ENDED:
+        fail("test cluster", cluster_id, ENDED[report.state])
+    return report
 
 
 # Discovery

@@ -116,13 +116,16 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
               help="IPU-Link routing. Default: chosen from the partition's shape.")
 @click.option("--num-ipulinkdomains", "num_segments", type=COUNT, default=0,
               help="IPU-Link domains to span (over GW-Links). Default: one when it fits.")
+@click.option("--index", type=COUNT, default=None,
+              help="With --reconfigurable: place the partition at this index, the index-th run of SIZE IPUs of its allocation "
+                   "(its machines in order); the sync type is then c2-compatible.")
 @click.option("--disable-auto-reset", is_flag=True, help="Do not reset the partition automatically after errors.")
 @click.option("--keep-on-error", is_flag=True,
               help="If an agent fails, keep the partition in ERROR, holding its IPUs, for inspection. Default: leave nothing.")
 @ipuof_dir_option
 @pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
-                     sync_type, ipulink_routing, num_segments, disable_auto_reset, keep_on_error, ipuof_dir):
+                     sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
@@ -132,7 +135,8 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
             allocation_id=allocation_id, reconfigurable=reconfigurable,
             sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
             ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
-            num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error)
+            num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
+            index=index)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 

@@ -104,6 +104,11 @@ class AdminClient(EndpointClient):
         """The results of the last finished test; a Conflict says why there are none."""
         return self._call("GetClusterTestStatus", pb.ListRequest())
 
+    def cluster_test_progress(self) -> pb.ClusterTestReport:
+        """The run under way (its state running, the test it is at, the results so far), or else
+        the last run, however it ended."""
+        return self._call("GetClusterTestProgress", pb.ListRequest())
+
     def stop_cluster_test(self) -> str:
         """Stop the running test after its current step; the cluster it was testing."""
         return self._call("StopClusterTest", pb.ListRequest()).cluster_id

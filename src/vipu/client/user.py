@@ -19,12 +19,15 @@ class UserClient(EndpointClient):
                          cluster_id: str = "", allocation_id: str = "", reconfigurable: bool = False,
                          sync_type: int = pb.ST_UNDEFINED, ipulink_routing: int = pb.IRT_UNDEFINED,
                          num_ipulink_segments: int = 0, disable_auto_reset: bool = False,
-                         keep_on_error: bool = False) -> pb.PartitionConfig:
-        """Create a partition; its IPUoF configuration, every GCD (what `ipuof_files.write` takes)."""
+                         keep_on_error: bool = False, index: int | None = None) -> pb.PartitionConfig:
+        """Create a partition; its IPUoF configuration, every GCD (what `ipuof_files.write` takes).
+        `index` places a reconfigurable partition at the index-th run of `size` IPUs of its allocation."""
         requirements = pb.PartitionRequirements(
             id=partition_id, size=size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
             allocation_id=allocation_id, reconfigurable=reconfigurable, sync_type=sync_type,  # type: ignore[arg-type]
             ipulink_routing_type=ipulink_routing, num_ipulink_segments=num_ipulink_segments)  # type: ignore[arg-type]
+        if index is not None:
+            requirements.index = index
         created = self._call("CreatePartition", pb.CreatePartitionRequest(
             requirements=requirements, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error))
         if created.HasField("ipuof_config"):

@@ -205,6 +205,7 @@ class PartitionRequest:
     gw_routing: GwRouting | None = None
     num_segments: int = 0
     explicit_ipus: tuple[tuple[int, int], ...] = ()  # (ild, topology_id) pairs
+    index: int | None = None  # a reconfigurable partition's place: the index-th run of `size` IPUs of its allocation
     disable_auto_reset: bool = False
     relocatable: bool = False
 

@@ -202,14 +202,18 @@ class ClusterTestResult(_message.Message):
     def __init__(self, test: _Optional[str] = ..., status: _Optional[str] = ..., passed: _Optional[int] = ..., total: _Optional[int] = ..., summary: _Optional[_Iterable[str]] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
 
 class ClusterTestReport(_message.Message):
-    __slots__ = ("cluster_id", "state", "results")
+    __slots__ = ("cluster_id", "state", "results", "running_test", "planned")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TEST_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     state: str
     results: _containers.RepeatedCompositeFieldContainer[ClusterTestResult]
-    def __init__(self, cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ClusterTestResult, _Mapping]]] = ...) -> None: ...
+    running_test: str
+    planned: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ClusterTestResult, _Mapping]]] = ..., running_test: _Optional[str] = ..., planned: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StopClusterTestReply(_message.Message):
     __slots__ = ("cluster_id",)

@@ -115,6 +115,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.FromString,
                 _registered_method=True)
+        self.GetClusterTestProgress = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetClusterTestProgress',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
+                _registered_method=True)
         self.DiscoverAgents = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/DiscoverAgents',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DiscoverAgentsRequest.SerializeToString,
@@ -246,6 +251,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterTestProgress(self, request, context):
+        """The run under way, with the results so far, or else the last run, however it ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DiscoverAgents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -364,6 +376,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.StopClusterTest,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.SerializeToString,
+            ),
+            'GetClusterTestProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterTestProgress,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.SerializeToString,
             ),
             'DiscoverAgents': grpc.unary_unary_rpc_method_handler(
                     servicer.DiscoverAgents,
@@ -828,6 +845,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/StopClusterTest',
             vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.StopClusterTestReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterTestProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetClusterTestProgress',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ClusterTestReport.FromString,
             options,
             channel_credentials,
             insecure,

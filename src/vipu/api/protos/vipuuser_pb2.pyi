@@ -138,7 +138,7 @@ class ListPartitionsReply(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[Partition, _Mapping]]] = ...) -> None: ...
 
 class PartitionRequirements(_message.Message):
-    __slots__ = ("id", "size", "cluster_id", "ipulink_routing_type", "num_ipulink_segments", "gw_routing_type", "sync_type", "num_gcds", "reconfigurable", "num_replicas", "allocation_id", "ipus")
+    __slots__ = ("id", "size", "cluster_id", "ipulink_routing_type", "num_ipulink_segments", "gw_routing_type", "sync_type", "num_gcds", "reconfigurable", "num_replicas", "allocation_id", "ipus", "index")
     ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class PartitionRequirements(_message.Message):
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     IPUS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     id: str
     size: int
     cluster_id: str
@@ -163,7 +164,8 @@ class PartitionRequirements(_message.Message):
     num_replicas: int
     allocation_id: str
     ipus: _containers.RepeatedCompositeFieldContainer[PartitionIpu]
-    def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ...) -> None: ...
+    index: int
+    def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
     __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error")

@@ -103,6 +103,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def GetClusterTestStatus(self, request, context):
         return _report(self.clustertests.status())
 
+    def GetClusterTestProgress(self, request, context):
+        run, running_test = self.clustertests.progress()
+        return convert.test_report_to_proto(run.cluster_id, run.state.value, run.outcomes,
+                                            running_test.value if running_test else "", tuple(t.value for t in run.tests))
+
     def StopClusterTest(self, request, context):
         return pb.StopClusterTestReply(cluster_id=self.clustertests.stop())
 

@@ -52,6 +52,7 @@ class ClusterTestService:
         self.under_test = under_test  # the cluster being tested; the partition and cluster services read it
         self._lock = threading.Lock()
         self._run: TestRun | None = None
+        self._running_test: TestType | None = None  # the step of _run under way
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._shutting_down = False
@@ -114,6 +115,18 @@ class ClusterTestService:
             raise Conflict(f"No results available. {reasons[run.state]}")
         return run
 
+    def progress(self) -> tuple[TestRun, TestType | None]:
+        """The run under way with the test it is at, or else the last run, however it ended."""
+        with self._lock:
+            run, running_test = self._run, self._running_test
+            if run is not None:
+                return TestRun(run.cluster_id, run.state, list(run.tests), list(run.outcomes)), running_test
+        with self.store.reading() as tx:
+            last = tx.get_test_run()
+        if last is None:
+            raise Conflict("No results available. No cluster test has run.")
+        return last, None
+
     def stop(self) -> str:
         """Stop the running test after its current step; the cluster it was testing."""
         with self._lock:
@@ -153,6 +166,7 @@ class ClusterTestService:
                     outcome = judge.skipped(test, dependency)
                 else:
                     started = time.monotonic()
+                    self._running_test = test
                     outcome = self._steps[test](self, context)
                     outcome.duration = time.monotonic() - started
                 if self._stop.is_set():
@@ -170,7 +184,7 @@ class ClusterTestService:
             self._save(run)
             with self._lock:
                 self.under_test.discard(run.cluster_id)
-                self._run = self._thread = None
+                self._run = self._thread = self._running_test = None
             log.info("cluster test of %s %s", run.cluster_id, run.state.value)
 
     def _save(self, run: TestRun) -> None:

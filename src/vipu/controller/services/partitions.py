@@ -383,7 +383,12 @@ class PartitionService:
                 f"{request.num_replicas} replicas do not divide evenly into {request.num_gcds} GCD(s) "
                 f"of a partition of {request.size} IPUs"
             )
-        if request.reconfigurable and request.sync_type not in (None, SyncType.GS2_DEFAULT):
+        if request.index is not None:
+            if not request.reconfigurable:
+                raise InvalidArgument("an index places a reconfigurable partition; ask for one (--reconfigurable)")
+            if request.explicit_ipus:
+                raise InvalidArgument("give the partition's index or its IPUs, not both")
+        elif request.reconfigurable and request.sync_type not in (None, SyncType.GS2_DEFAULT):
             raise InvalidArgument("a reconfigurable partition supports only the c2-compatible sync type")
         if request.explicit_ipus and not request.cluster_id:
             raise InvalidArgument("naming the IPUs of a partition needs its cluster id too")
@@ -453,10 +458,13 @@ class PartitionService:
             num_segments=request.num_segments,
             ipulink_routing=request.ipulink_routing,
             gw_routing=request.gw_routing,
-            explicit=request.explicit_ipus,
+            explicit=request.explicit_ipus if request.index is None else self._slot(layout, allocation, request.size, request.index),
             where=f"allocation {allocation.id}",
         )
-        sync = request.sync_type or (SyncType.GS2_DEFAULT if request.reconfigurable else SyncType.POD_NATIVE_DEFAULT)
+        if request.index is not None:  # the vendor's rule: an indexed reconfigurable partition is c2-compatible, whatever was asked
+            sync = SyncType.GS2_DEFAULT
+        else:
+            sync = request.sync_type or (SyncType.GS2_DEFAULT if request.reconfigurable else SyncType.POD_NATIVE_DEFAULT)
         return Partition(
             id=request.id,
             cluster_id=allocation.cluster_id,
@@ -473,6 +481,17 @@ class PartitionService:
             disable_auto_reset=request.disable_auto_reset,
             owner=access.user_id,
         )
+
+    @staticmethod
+    def _slot(layout: ClusterLayout, allocation: Allocation, size: int, index: int) -> tuple[tuple[int, int], ...]:
+        """The (ILD, topology id) of the IPUs of slot `index`: the index-th run of `size` IPUs of the
+        allocation, its machines in order and each machine's IPUs in order."""
+        slots = len(allocation.agent_ids) * IPUS_PER_MACHINE // size
+        if index >= slots:
+            raise Conflict(f"allocation {allocation.id} has {slots} place(s) for a partition of {size} IPUs "
+                           f"(indices 0 to {slots - 1}), not index {index}")
+        ipus = [(agent, i) for agent in allocation.agent_ids for i in range(IPUS_PER_MACHINE)][index * size:(index + 1) * size]
+        return tuple((layout.locate(agent)[0], layout.topology_id(agent, i)) for agent, i in ipus)
 
     def _where(self, partition: Partition) -> tuple[ClusterLayout, dict[str, Agent]]:
         """The partition's cluster layout and agents."""
