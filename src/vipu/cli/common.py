@@ -22,7 +22,6 @@ from google.protobuf.message import Message
 
 from vipu.api.status import one_line
 from vipu.client.base import EndpointClient
-from vipu.client.connection import Connection
 from vipu.client.settings import Given
 from vipu.model.errors import VipuError
 
@@ -37,7 +36,7 @@ def open_client(ctx: click.Context, client: EndpointClient, server_version: bool
     """What a CLI's root does: keep the client for the command, and answer --server-version or a bare command."""
     ctx.obj = client
     if server_version:
-        print_server_version(client.connection)
+        print_server_version(client)
         ctx.exit(0)
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
@@ -211,11 +210,11 @@ def exit_status(group: click.Group, prog: str) -> int:
     return 0
 
 
-def print_server_version(connection: Connection) -> None:
+def print_server_version(client: EndpointClient) -> None:
     with reporting("server version"):
-        version = connection.server_version()
+        version = client.version()
     click.echo(f"version: {version}")
-    click.echo(f"host: {connection.address}")
+    click.echo(f"host: {client.connection.address}")
 
 
 def capacity_command(group: click.Group) -> None:
