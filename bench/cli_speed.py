@@ -22,7 +22,7 @@ from tempfile import TemporaryDirectory
 import click
 
 from bench.common import running_pod, save, table
-from bench.compare import extract
+from bench.compare import compile_sources, extract
 
 ROOT = Path(__file__).resolve().parent.parent
 VIPU = Path(sys.executable).parent / "vipu"
@@ -50,6 +50,7 @@ def main(before, runs, name):
         raise click.ClickException("hyperfine is not installed; scripts/system-deps installs it")
     with TemporaryDirectory(prefix="vipu-cli-speed-") as scratch:
         trees = {"after": ROOT}
+        compile_sources(ROOT)
         if before:
             trees = {"before": Path(scratch) / "before", **trees}
             trees["before"].mkdir()

@@ -7,6 +7,7 @@ attaches to its IPUs with `vipu-ipuof run`, the project's IPUoF client.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import textwrap
@@ -41,8 +42,8 @@ def slurm_world(tmp_path_factory):
     # slurmctld gives its scripts a bare environment: this slurm.conf and vipu's programs are not
     # where they would look. The scripts then go through the repository's shell front doors, as
     # the README has an installation do.
-    wrappers = {f"{step}.sh": f"#!/bin/sh\nexport SLURM_CONF={{dir}}/slurm.conf VIPU_BIN={BIN}\nexec {ROOT}/slurm/vipu-slurm-{step}\n"
-                for step in ("prolog", "epilog")}
+    wrappers = {f"{step}.sh": f"#!/bin/sh\nexport SLURM_CONF={{dir}}/slurm.conf VIPU_BIN={BIN} VIPU_SLURM_SOCKET={{dir}}/vipu-slurm.sock\n"
+                              f"exec {ROOT}/slurm/vipu-slurm-{step}\n" for step in ("prolog", "epilog")}
     slurm = SlurmCluster(
         files={"vipu.conf": vipu_conf(pod.user_port, ipuof_dir), **wrappers},
         plugstack=f"required {plugin} conf={{dir}}/vipu.conf\n",
@@ -280,6 +281,38 @@ def test_concurrent_jobs_of_different_sizes_each_get_and_release_their_partition
         assert out.count("success.") == gcds, out
         assert f"{ipus // gcds} IPUs in 1 GCD(s)" in out, out
     world.nothing_left()
+
+
+def test_vipu_slurm_service_does_the_work_of_jobs_with_ipus_and_leaves_nothing(world):
+    """With vipu-slurm-service on the front doors' socket, no Python program starts per job; the
+    jobs run on their partitions just the same, and the service's log shows it did the work."""
+    socket = world.slurm.directory / "vipu-slurm.sock"
+    log_path = world.directory / "vipu-slurm-service.log"
+    with open(log_path, "ab") as log:
+        service = subprocess.Popen([str(BIN / "vipu-slurm-service"), "--socket", str(socket),
+                                    "--conf", str(world.slurm.directory / "vipu.conf")], stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "SLURM_CONF": str(world.slurm.conf)})
+    try:
+        wait_until(socket.is_socket, what="vipu-slurm-service's socket")
+        jobs = []
+        for n, ipus in enumerate((1, 2, 4)):
+            script = world.script(f"served{n}", f"""
+                #SBATCH --ipus {ipus}
+                export PATH={BIN}:$PATH
+                {ATTACH}""")
+            jobs.append(world.submit(str(script)))
+        for job in jobs:
+            world.wait_done(job, timeout=120)
+            assert "success." in world.output(job)
+        world.nothing_left()
+        served = log_path.read_text()
+        for job, ipus in zip(jobs, (1, 2, 4), strict=True):
+            assert f"job {job}: partition slurm-{job} of {ipus} IPUs" in served, served
+            assert f"job {job}: partition slurm-{job} removed" in served, served
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+    assert not socket.exists()  # gone with the service: the front doors start the programs again
 
 
 def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):

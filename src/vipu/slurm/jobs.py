@@ -55,12 +55,14 @@ def _command(name: str) -> str:
 class Scontrol:
     """What the programs ask of slurmctld, through its own commands."""
 
-    def job(self, job_id: str) -> dict[str, str] | None:
-        """The job's fields (`scontrol show job -o`), or None if Slurm no longer knows it."""
-        done = subprocess.run([_command("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    def jobs(self) -> dict[str, dict[str, str]]:
+        """Every job slurmctld knows, by id, with its fields (`scontrol show job -o`): one call, however
+        many jobs, so that a prolog costs the same in a busy cluster. A job it forgot is over."""
+        done = subprocess.run([_command("scontrol"), "show", "job", "-o"], capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
-            return None
-        return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+            raise JobFailed(f"scontrol show job failed: {done.stderr.strip() or done.returncode}")
+        fields = (dict(re.findall(r"(\w+)=(\S*)", line)) for line in done.stdout.splitlines())
+        return {job["JobId"]: job for job in fields if "JobId" in job}
 
     def comment(self, job_id: str, text: str) -> None:
         subprocess.run([_command("scontrol"), "update", f"JobId={job_id}", f"Comment={text[:250]}"], capture_output=True, timeout=30)
@@ -96,12 +98,12 @@ class JobPartitions:
         if ipus > self.config.max_ipus_per_job:
             raise JobFailed(f"--ipus={ipus} is more than MaxIpusPerJob ({self.config.max_ipus_per_job})", permanent=True)
         replicas = _count(env["SPANK_VIPU_NUM_REPLICAS"], "--num-replicas") if env.get("SPANK_VIPU_NUM_REPLICAS") else 0
-        job = self.slurm.job(job_id)
-        if job is None:
+        jobs = self.slurm.jobs()
+        if job_id not in jobs:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
-        gcds = int((job or {}).get("NumTasks") or 1)
+        gcds = int(jobs.get(job_id, {}).get("NumTasks") or 1)
         try:
-            self._forget_finished_jobs()
+            self._forget_finished_jobs(jobs)
             try:
                 config = self._create_partition(name, ipus, gcds, replicas)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
@@ -144,13 +146,14 @@ class JobPartitions:
         except VipuError as error:
             log.warning("partition %s left behind for the next prolog to remove: %s", name, error.message)
 
-    def _forget_finished_jobs(self) -> None:
-        """Remove the partitions of jobs that are over, whose epilog could not reach the controller."""
+    def _forget_finished_jobs(self, jobs: Mapping[str, Mapping[str, str]]) -> None:
+        """Remove the partitions of jobs that are over (in `jobs`, what slurmctld knows), whose epilog
+        could not reach the controller."""
         for partition in self.user.list_partitions():
             job_id = partition.id.removeprefix(PARTITION_PREFIX)
             if not partition.id.startswith(PARTITION_PREFIX) or not job_id.isdigit():
                 continue
-            job = self.slurm.job(job_id)
+            job = jobs.get(job_id)
             if job is None or job.get("JobState") in OVER:
                 ipuof_files.remove(self.config.ipuof_dir, partition.id)
                 self._remove_quietly(partition.id)

@@ -2,8 +2,8 @@
 
 Slurm runs them without arguments, with the job in their environment (SLURM_JOB_ID, SLURM_CONF,
 SPANK_VIPU_*). They read vipu.conf beside slurm.conf (VIPU_SLURM_CONF names another) and write
-one line to standard error when something fails, exiting non-zero. `vipu-slurm-check` checks a
-vipu.conf and that its controller answers.
+one line to standard error when something fails, exiting non-zero. They import only what they
+use (no click): slurmctld starts one of them for every job with IPUs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-import click
-
-from vipu.client.user import UserClient
 from vipu.model.errors import VipuError
 from vipu.slurm import config as slurm_config
 from vipu.slurm.jobs import JobPartitions, Scontrol
@@ -48,18 +45,3 @@ def prolog() -> None:
 
 def epilog() -> None:
     _run("epilog", lambda jobs, env: jobs.epilog(env))
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", required=False, type=click.Path(path_type=Path))
-def check(path):
-    """Check a vipu.conf (default: beside slurm.conf) and that its controller answers."""
-    try:
-        loaded = slurm_config.load(path)
-        with UserClient(loaded.client_settings(), loaded.api_timeout) as user:
-            version = user.version()
-    except VipuError as error:
-        click.echo(f"vipu-slurm-check: failed: {error.message}", err=True)
-        sys.exit(1)
-    click.echo(f"{loaded.path}: vipu-server {version} at {loaded.api_host}:{loaded.api_port} answers; "
-               f"IPUoF files go to {loaded.ipuof_dir}")

@@ -51,13 +51,13 @@ class Controller:
 
 
 class Slurm:
-    def __init__(self, jobs: dict[str, dict[str, str]]):
-        self.jobs = jobs
+    def __init__(self, known: dict[str, dict[str, str]]):
+        self.known = known
         self.comments: dict[str, str] = {}
         self.cancelled: list[str] = []
 
-    def job(self, job_id):
-        return self.jobs.get(job_id)
+    def jobs(self):
+        return {job_id: {"JobId": job_id, **fields} for job_id, fields in self.known.items()}
 
     def comment(self, job_id, text):
         self.comments[job_id] = text
@@ -138,7 +138,7 @@ def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
     for job_id in ("3", "4", "5"):
         controller.partitions[f"slurm-{job_id}"] = pb.PartitionRequirements(id=f"slurm-{job_id}", size=1, num_gcds=1)
     controller.partitions["mine"] = pb.PartitionRequirements(id="mine", size=1, num_gcds=1)
-    slurm.jobs.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}})  # Slurm forgot job 3
+    slurm.known.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}})  # Slurm forgot job 3
     jobs.prolog(JOB)
     assert sorted(controller.partitions) == ["mine", "slurm-4", "slurm-7"]
 

@@ -1,0 +1,114 @@
+"""`vipu-slurm-service`: the prolog's and epilog's work, done by one long-lived process.
+
+Starting Python and gRPC for every job costs more than the job itself costs Slurm. On the
+slurmctld host, this service listens on a Unix socket (default /run/vipu/slurm.sock, readable
+and writable by its owner only: run it as SlurmUser). The shell front doors `slurm/vipu-slurm-prolog`
+and `-epilog` hand it each job with IPUs through `nc.openbsd -U`, and fall back to the
+Python programs when it does not answer, so that it is an accelerator, never a dependency.
+
+A request is the step (`prolog` or `epilog`) on the first line, then the job's variables as
+NAME=VALUE lines (SLURM_JOB_ID and the SPANK_VIPU_* ones), ended by closing the sending side.
+The reply is one line: `ok`, or `failed: REASON` (the job's comment says it too, as the programs
+do).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socketserver
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from vipu.model.errors import InvalidArgument, VipuError
+from vipu.slurm import config as slurm_config
+from vipu.slurm.jobs import JobPartitions
+
+log = logging.getLogger("vipu.slurm.service")
+
+DEFAULT_SOCKET = Path("/run/vipu/slurm.sock")
+REQUEST_DEADLINE_SECONDS = 10.0  # to send the request in; the work itself has the connection's deadlines
+MAX_REQUEST_BYTES = 8192
+PASSED_VARIABLES = ("SLURM_JOB_ID", "SPANK_VIPU_IPUS", "SPANK_VIPU_NUM_REPLICAS")
+
+
+def parse_request(data: bytes) -> tuple[str, dict[str, str]]:
+    """The step and the job's variables of a request; InvalidArgument for anything else."""
+    lines = data.decode(errors="replace").splitlines()
+    if not lines or lines[0] not in ("prolog", "epilog"):
+        raise InvalidArgument("a request starts with the step, prolog or epilog")
+    env = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+    if not env.get("SLURM_JOB_ID", "").isdigit():
+        raise InvalidArgument("a request names its job as SLURM_JOB_ID=N")
+    return lines[0], {name: env[name] for name in PASSED_VARIABLES if env.get(name)}
+
+
+class _Request(socketserver.StreamRequestHandler):
+    server: _Service
+
+    def handle(self) -> None:
+        self.request.settimeout(REQUEST_DEADLINE_SECONDS)
+        job = "?"
+        try:
+            step, env = parse_request(self.rfile.read(MAX_REQUEST_BYTES))
+            job = env["SLURM_JOB_ID"]
+            if step == "prolog":
+                self.server.jobs.prolog(env)
+            else:
+                self.server.jobs.epilog(env)
+            reply = "ok"
+        except VipuError as error:
+            log.warning("job %s: %s", job, error.message)
+            reply = f"failed: {error.message}"
+        except OSError as error:  # the front door gave up, or never finished its request
+            log.warning("request of job %s lost: %s", job, error)
+            return
+        self.wfile.write(f"{reply}\n".encode())
+
+
+class _Service(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: Path, jobs: JobPartitions):
+        self.jobs = jobs
+        super().__init__(str(path), _Request)
+
+
+def serve(path: Path, jobs: JobPartitions) -> _Service:
+    """The service, bound to `path` (a stale socket there is replaced), owner-only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+    old_mask = os.umask(0o177)
+    try:
+        return _Service(path, jobs)
+    finally:
+        os.umask(old_mask)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_SOCKET,
+              show_default=True, envvar="VIPU_SLURM_SOCKET", help="Where to listen; the front doors' VIPU_SLURM_SOCKET.")
+@click.option("--conf", "conf_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              envvar="VIPU_SLURM_CONF", help="vipu.conf. Default: beside slurm.conf.")
+def main(socket_path, conf_path):
+    """Do vipu's prolog and epilog work for slurmctld's jobs, handed over by the shell front doors."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-slurm-service: %(message)s", stream=sys.stderr)
+    try:
+        jobs = JobPartitions(slurm_config.load(conf_path))
+        service = serve(socket_path, jobs)
+    except (VipuError, OSError) as error:
+        click.echo(f"vipu-slurm-service: {getattr(error, 'message', None) or error}", err=True)
+        sys.exit(1)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # shutdown() waits for serve_forever, so from another thread
+        signal.signal(signum, lambda *_: threading.Thread(target=service.shutdown).start())
+    log.info("serving the prolog and epilog of jobs with IPUs on %s", socket_path)
+    try:
+        service.serve_forever(poll_interval=0.5)
+    finally:
+        service.server_close()
+        socket_path.unlink(missing_ok=True)
