@@ -75,7 +75,8 @@ def test_the_command_timing_runs_hyperfine_on_both_revisions(tmp_path):
 @pytest.mark.functional
 def test_the_slurm_throughput_benchmark_runs_every_configuration(tmp_path):
     result = bench(tmp_path, "slurm_jobs", "--jobs", "2")
-    assert list(result["jobs_per_s"]) == ["plain Slurm", "no IPUs, Python prolog and epilog", "no IPUs", "1 IPU each"]
+    assert list(result["jobs_per_s"]) == ["plain Slurm", "no IPUs, Python prolog and epilog", "no IPUs", "1 IPU each",
+                                           "1 IPU each, vipu-slurm-service"]
     assert all(rate > 0 for rate in result["jobs_per_s"].values()) and result["share_of_plain"]["plain Slurm"] == 1
 
 

@@ -30,6 +30,7 @@ from vipu.cli.common import (
 from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.entities import IPUS_PER_MACHINE
+from vipu.model.errors import VipuError
 
 TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
 TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
@@ -482,7 +483,14 @@ def run_showing_progress(admin: AdminClient, cluster_id: str, tests: tuple[str, 
     try:
         with console.status(f"testing cluster {cluster_id}") as status:
             while True:
-                report = admin.cluster_test_progress()
+                try:
+                    report = admin.cluster_test_progress()
+                except VipuError as error:
+                    fail("test cluster", cluster_id, f"{error.message}; the tests may go on "
+                                                     "('vipu-admin test cluster --status' shows their results)")
+                if report.cluster_id != cluster_id:  # ours ended and another began before this look
+                    fail("test cluster", cluster_id, f"a test of cluster {report.cluster_id} began after this one ended; "
+                                                     "'vipu-admin test cluster --status' shows the last results")
                 for result in report.results[shown:]:
                     console.print(f"{result.test}: {result.status} ({result.passed}/{result.total}, {result.duration_seconds:.2f}s)")
                 shown = len(report.results)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -32,6 +33,7 @@ class Connection:
         self.addresses = settings.addresses
         self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
+        self._opening = threading.Lock()  # a client may be shared by threads (vipu-slurm-service, the proxy)
 
     @property
     def address(self) -> str:
@@ -39,18 +41,22 @@ class Connection:
         return self.addresses[self._current]
 
     def _open(self, address: str) -> grpc.Channel:
-        if address not in self._channels:
-            s = self.settings
-            if s.server_cert is not None:  # s.tls
-                if s.client_cert is None or s.client_key is None:  # client_settings refuses this; a hand-built one might not
-                    raise InvalidArgument("mutual TLS needs a client certificate and its key besides the server's certificate authority")
-                from vipu.api.tls import client_credentials  # cryptography: only for TLS, a tenth of a plain command's start
+        with self._opening:
+            return self._channels.get(address) or self._new_channel(address)
 
-                transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
-                self._channels[address] = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
-            else:
-                self._channels[address] = grpc.insecure_channel(address, options=RECONNECT_PROMPTLY)
-        return self._channels[address]
+    def _new_channel(self, address: str) -> grpc.Channel:
+        s = self.settings
+        if s.server_cert is not None:  # s.tls
+            if s.client_cert is None or s.client_key is None:  # client_settings refuses this; a hand-built one might not
+                raise InvalidArgument("mutual TLS needs a client certificate and its key besides the server's certificate authority")
+            from vipu.api.tls import client_credentials  # cryptography: only for TLS, a tenth of a plain command's start
+
+            transport = client_credentials(s.server_cert, s.client_cert, s.client_key)
+            channel = grpc.secure_channel(address, transport, options=RECONNECT_PROMPTLY)
+        else:
+            channel = grpc.insecure_channel(address, options=RECONNECT_PROMPTLY)
+        self._channels[address] = channel
+        return channel
 
     def call(self, stub_class, method: str, request, no_deadline: bool = False):
         """Call a method within the connection's deadline (each try), or as long as it takes."""

@@ -10,6 +10,10 @@ recovers from the status code and the family the server names in its trailer:
 - `NEVER`: the request or the caller is wrong (invalid, not found, not permitted), or the
   hardware refused it: asking again cannot help, and the caller is told why.
 
+An error of no known family (an internal error, a reset stream) is judged `AGAIN`: nothing says
+the request was wrong. Credentials refused (`Unauthenticated`) are `LATER`: the same request
+succeeds once an administrator mends them.
+
 The Kubernetes proxy answers over HTTP; `http_status` and `verdict_of_http` carry the same
 verdicts across it, so that its clients decide as a gRPC client would.
 """
@@ -30,33 +34,39 @@ class Verdict(enum.Enum):
     NEVER = "never"
 
 
+_NEVER = (errors.InvalidArgument, errors.NotFound, errors.PermissionDenied, errors.HardwareFailure)
+
+
 def verdict(error: errors.VipuError) -> Verdict:
-    if error.temporary:
+    if error.temporary or type(error) is errors.VipuError:
         return Verdict.AGAIN
-    if isinstance(error, errors.Conflict | errors.AlreadyExists):
+    if isinstance(error, errors.Conflict | errors.AlreadyExists | errors.Unauthenticated):
         return Verdict.LATER
-    return Verdict.NEVER
+    if isinstance(error, _NEVER):
+        return Verdict.NEVER
+    return Verdict.AGAIN
 
 
-_HTTP_NEVER: tuple[tuple[type[errors.VipuError], int], ...] = (
+_HTTP_STATUS: tuple[tuple[type[errors.VipuError], int], ...] = (
     (errors.InvalidArgument, 400), (errors.Unauthenticated, 401), (errors.PermissionDenied, 403), (errors.NotFound, 404),
+    (errors.HardwareFailure, 422),  # a refusal without a closer status: the hardware failed the request
 )
-HTTP_UNPROCESSABLE = 422  # a refusal without a closer status: the hardware failed the request, say
 
 
 def http_status(error: errors.VipuError) -> int:
     """The HTTP status a service in front of vipu-server answers an error with."""
+    named = next((status for family, status in _HTTP_STATUS if isinstance(error, family)), None)
+    if named is not None:
+        return named
     judged = verdict(error)
-    if judged is Verdict.AGAIN:
-        return 503
     if judged is Verdict.LATER:
         return 409
-    return next((status for family, status in _HTTP_NEVER if isinstance(error, family)), HTTP_UNPROCESSABLE)
+    return 503 if error.temporary else 500
 
 
 def verdict_of_http(status: int) -> Verdict:
     """The verdict behind an HTTP error status from such a service (or from a proxy on the way)."""
-    if status == 409:
+    if status in (401, 409):
         return Verdict.LATER
     if 400 <= status < 500 and status not in (408, 429):
         return Verdict.NEVER
@@ -78,5 +88,3 @@ class RetryPolicy:
         for n in tries:
             yield min(self.first_delay * 2 ** (n - 1), self.longest_delay)
 
-
-NO_RETRY = RetryPolicy(attempts=1)

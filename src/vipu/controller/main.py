@@ -49,23 +49,30 @@ DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
 SIGNAL_POLL_SECONDS = 0.5
 
 
-def stop_on_signals() -> threading.Event:
-    """An event that SIGTERM or SIGINT sets, installed before any thread starts so that a signal
-    during start-up is not lost. SIGUSR1 writes every thread's stack to stderr, for a controller
-    that seems stuck."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    return stop
+class Stopping:
+    """What SIGTERM and SIGINT do, installed before any thread starts so that none is lost: during
+    start-up they abort it (SystemExit, so that whatever started is stopped again); once the
+    controller serves, they set `event`, which the main thread waits on. SIGUSR1 writes every
+    thread's stack to stderr, for a controller that seems stuck."""
 
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.serving = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._received)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
-def wait_for_signal(stop: threading.Event) -> None:
-    """Until `stop` is set. The wait must wake now and then: the kernel may hand the signal to any
-    thread (gRPC's included), and then nothing interrupts the main thread's wait, while Python runs
-    the handler only on the main thread, once it runs again."""
-    while not stop.wait(SIGNAL_POLL_SECONDS):
-        pass
+    def _received(self, signum: int, _frame) -> None:
+        self.event.set()
+        if not self.serving:
+            raise SystemExit(128 + signum)
+
+    def wait(self) -> None:
+        """Until a signal (or `event.set()`). The wait must wake now and then: the kernel may hand
+        the signal to any thread (gRPC's included), and then nothing interrupts the main thread's
+        wait, while Python runs the handler only on the main thread, once it runs again."""
+        while not self.event.wait(SIGNAL_POLL_SECONDS):
+            pass
 
 
 def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, tls_dir: Path, tls_hosts: str | None,
@@ -149,7 +156,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
-    stop = stop_on_signals()
+    stopping = Stopping()
     try:
         if ha and sim_machines:
             raise InvalidArgument("--sim starts a pod for one controller; it cannot be combined with --ha")
@@ -176,7 +183,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
 
         def end_when_deposed(reason: str) -> None:
             deposed.append(reason)
-            stop.set()
+            stopping.event.set()
 
         controller = Controller(config, on_deposed=end_when_deposed)
     except VipuError as error:
@@ -201,6 +208,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             raise
         click.echo(f"vipu-server: {error.message}", err=True)
         sys.exit(1)
+    stopping.serving = True
 
     if secure:
         log.info("secure mode: mutual TLS with the certificates in %s, and users with access keys", tls_dir)
@@ -222,7 +230,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
 
     if ha:
         log.info("high availability: this replica serves while it holds the store's lease, and stands by otherwise")
-    wait_for_signal(stop)
+    stopping.wait()
     log.info("stopping")
     controller.stop()  # first, so that no health pass sees the simulated pod's agents go
     if pod is not None:

@@ -6,8 +6,10 @@ REST end-points:
   nodes carrying that controller's label); 409 when none has.
 - `POST /partitions` {id, namespace, job, uid, size, replicas, controller}: create the job's partition, or
   reset it when the job already owns it (a restarted job starts on clean IPUs). 201 created,
-  200 reset; 409 when the IPUs are not free yet or the id belongs to someone else; 400 for a
-  request the controller will never satisfy; 503 when the controller cannot be reached.
+  200 reset; errors as `vipu.client.retry.http_status` says: 409 when the IPUs are not free yet
+  or the id belongs to someone else, 401 when the controller refuses the proxy's credentials
+  (try later), 400, 403, 404 or 422 (the hardware failed it) for what asking again cannot mend,
+  503 when the controller cannot be reached, 500 for anything else.
 - `POST /partitions/{id}/reset`, `DELETE /partitions/{id}` (the operator, when a job is deleted).
 - `GET /stats`: IPUs used per namespace by tracked partitions, and in total, with those available.
 - `POST /query` {size}: whether a partition of that size fits now, and how many would.
@@ -47,6 +49,7 @@ from vipu.k8s.tracker import Entry, Tracker
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
+    HardwareFailure,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -177,7 +180,10 @@ class Partitions:
         try:
             self._user(controller).remove_partition(partition_id, force=True)
         except NotFound:
-            pass
+            if not isinstance(failure, HardwareFailure):  # no answer came: the create may be queued still
+                log.warning("partition %s: no answer to its create (%s) and none there yet; still tracked, so that "
+                            "the job's next try or its deletion settles it", partition_id, failure)
+                return
         except VipuError as error:
             log.warning("partition %s failed to be created (%s) and cannot be removed yet (%s); still tracked, so that "
                         "the job's deletion removes it", partition_id, failure, error.message)

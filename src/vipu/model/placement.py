@@ -361,12 +361,17 @@ def count_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, S
         return sum(not any(i in used.get(agent, ()) for i in group)
                    for agent in layout.agent_ids if agent in allowed for group in SUB_MACHINE_GROUPS[size])
     machines = size // IPUS_PER_MACHINE
-    if machines <= layout.machines_per_ild and (layout.num_ilds == 1 or size < layout.num_ilds * IPUS_PER_MACHINE):
-        runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
-        distinct = {(d, start, length) for (d, _), (start, length) in runs.run_of.items()}
-        return sum(length // machines for _, _, length in distinct)
-    taken = {agent: set(ipus) for agent, ipus in used.items()}  # shapes that may span domains: place them one by one
-    count = 0
+    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
+    distinct = {(d, start, length) for (d, _), (start, length) in runs.run_of.items()} if machines <= layout.machines_per_ild else set()
+    count = sum(length // machines for _, _, length in distinct)
+    if layout.num_ilds == 1 or size < layout.num_ilds * IPUS_PER_MACHINE:
+        return count
+    # The shape may also span domains, which placement takes only once no single domain has room:
+    # fill each run as placement would, then place what spans domains one by one (few fit).
+    taken = {agent: set(ipus) for agent, ipus in used.items()}
+    for d, start, length in distinct:
+        for position in _filled_positions(layout, start, length, machines, upwards=size < LARGE_PARTITION_IPUS):
+            taken.setdefault(layout.agent_at(d, position), set()).update(range(IPUS_PER_MACHINE))
     while True:
         try:
             placed = place_partition(layout, allowed, taken, size)
@@ -375,6 +380,22 @@ def count_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, S
         count += 1
         for ipu in placed.ipus:
             taken.setdefault(ipu.agent_id, set()).add(ipu.index)
+
+
+def _filled_positions(layout: ClusterLayout, start: int, length: int, machines: int, upwards: bool) -> list[int]:
+    """The positions of one free run that partitions of `machines` machines take, placed one after
+    another as place_partition does: always at an end of what is left of the run, the end with the
+    lower start for small partitions and the higher for large ones."""
+    size, first, left, taken = layout.machines_per_ild, start, length, []
+    while left >= machines:
+        bottom, top = first % size, (first + left - machines) % size
+        if (bottom <= top) == upwards or bottom == top:
+            window, first = first, first + machines
+        else:
+            window = first + left - machines
+        taken += [(window + i) % size for i in range(machines)]
+        left -= machines
+    return taken
 
 
 def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:

@@ -15,6 +15,7 @@ partition whose job N is over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -55,14 +56,21 @@ def _command(name: str) -> str:
 class Scontrol:
     """What the programs ask of slurmctld, through its own commands."""
 
-    def jobs(self) -> dict[str, dict[str, str]]:
-        """Every job slurmctld knows, by id, with its fields (`scontrol show job -o`): one call, however
-        many jobs, so that a prolog costs the same in a busy cluster. A job it forgot is over."""
-        done = subprocess.run([_command("scontrol"), "show", "job", "-o"], capture_output=True, text=True, timeout=30)
+    def job(self, job_id: str) -> dict[str, str] | None:
+        """The job's fields (`scontrol show job -o`), or None if Slurm no longer knows it. Only
+        the job's own: its user names it, and a name may look like fields."""
+        done = subprocess.run([_command("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
-            raise JobFailed(f"scontrol show job failed: {done.stderr.strip() or done.returncode}")
-        fields = (dict(re.findall(r"(\w+)=(\S*)", line)) for line in done.stdout.splitlines())
-        return {job["JobId"]: job for job in fields if "JobId" in job}
+            return None
+        return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+
+    def job_states(self) -> dict[str, str]:
+        """The state of every job slurmctld knows, by id (`squeue`: ids and states only, nothing a
+        user wrote): one call however many jobs there are. A job it forgot is over."""
+        done = subprocess.run([_command("squeue"), "-h", "-t", "all", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise JobFailed(f"squeue failed: {done.stderr.strip() or done.returncode}")
+        return dict(line.split(None, 1) for line in done.stdout.splitlines() if len(line.split()) == 2)
 
     def comment(self, job_id: str, text: str) -> None:
         subprocess.run([_command("scontrol"), "update", f"JobId={job_id}", f"Comment={text[:250]}"], capture_output=True, timeout=30)
@@ -98,16 +106,17 @@ class JobPartitions:
         if ipus > self.config.max_ipus_per_job:
             raise JobFailed(f"--ipus={ipus} is more than MaxIpusPerJob ({self.config.max_ipus_per_job})", permanent=True)
         replicas = _count(env["SPANK_VIPU_NUM_REPLICAS"], "--num-replicas") if env.get("SPANK_VIPU_NUM_REPLICAS") else 0
-        jobs = self.slurm.jobs()
-        if job_id not in jobs:
+        job = self.slurm.job(job_id)
+        if job is None:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
-        gcds = int(jobs.get(job_id, {}).get("NumTasks") or 1)
+        gcds = int((job or {}).get("NumTasks") or 1)
         try:
-            self._forget_finished_jobs(jobs)
+            self._forget_finished_jobs()
             try:
                 config = self._create_partition(name, ipus, gcds, replicas)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
-                self._remove(name)
+                with contextlib.suppress(NotFound):  # removed meanwhile by the operation that held it
+                    self._remove(name)
                 config = self._create_partition(name, ipus, gcds, replicas)
         except VipuError as error:
             if verdict(error) is Verdict.NEVER:
@@ -146,18 +155,21 @@ class JobPartitions:
         except VipuError as error:
             log.warning("partition %s left behind for the next prolog to remove: %s", name, error.message)
 
-    def _forget_finished_jobs(self, jobs: Mapping[str, Mapping[str, str]]) -> None:
-        """Remove the partitions of jobs that are over (in `jobs`, what slurmctld knows), whose epilog
-        could not reach the controller."""
-        for partition in self.user.list_partitions():
-            job_id = partition.id.removeprefix(PARTITION_PREFIX)
-            if not partition.id.startswith(PARTITION_PREFIX) or not job_id.isdigit():
-                continue
-            job = jobs.get(job_id)
-            if job is None or job.get("JobState") in OVER:
-                ipuof_files.remove(self.config.ipuof_dir, partition.id)
-                self._remove_quietly(partition.id)
-                log.info("removed partition %s of finished job %s", partition.id, job_id)
+    def _forget_finished_jobs(self) -> None:
+        """Remove the partitions of jobs that are over, whose epilog could not reach the controller.
+        The partitions are listed before the jobs' states are asked: a job whose partition is listed
+        was submitted before the states were taken, so a job missing from them is over."""
+        ours = [p.id for p in self.user.list_partitions()
+                if p.id.startswith(PARTITION_PREFIX) and p.id.removeprefix(PARTITION_PREFIX).isdigit()]
+        if not ours:
+            return
+        states = self.slurm.job_states()
+        for name in ours:
+            job_id = name.removeprefix(PARTITION_PREFIX)
+            if states.get(job_id, "COMPLETED") in OVER:
+                ipuof_files.remove(self.config.ipuof_dir, name)
+                self._remove_quietly(name)
+                log.info("removed partition %s of finished job %s", name, job_id)
 
 
 def _count(text: str, option: str) -> int:

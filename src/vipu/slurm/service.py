@@ -7,9 +7,13 @@ and `-epilog` hand it each job with IPUs through `nc.openbsd -U`, and fall back 
 Python programs when it does not answer, so that it is an accelerator, never a dependency.
 
 A request is the step (`prolog` or `epilog`) on the first line, then the job's variables as
-NAME=VALUE lines (SLURM_JOB_ID and the SPANK_VIPU_* ones), ended by closing the sending side.
-The reply is one line: `ok`, or `failed: REASON` (the job's comment says it too, as the programs
-do).
+NAME=VALUE lines (SLURM_JOB_ID and the SPANK_VIPU_* ones, each once), ended by closing the
+sending side. The reply is `working` as soon as the request is taken, then, when the work is
+done, `ok` or `failed: REASON` (the job's comment says it too, as the programs do). A front door
+that got no `working` starts the program instead; one that got `working` and nothing more fails
+the step, since the work may be half done.
+
+vipu.conf is read when the service starts: restart it after changing the file.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import socketserver
 import sys
 import threading
@@ -41,7 +46,12 @@ def parse_request(data: bytes) -> tuple[str, dict[str, str]]:
     lines = data.decode(errors="replace").splitlines()
     if not lines or lines[0] not in ("prolog", "epilog"):
         raise InvalidArgument("a request starts with the step, prolog or epilog")
-    env = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+    pairs = [line.split("=", 1) for line in lines[1:] if "=" in line]
+    names = [name for name, _ in pairs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:  # a value with a line break in it would otherwise speak for another job
+        raise InvalidArgument(f"a request names {', '.join(repeated)} more than once")
+    env = dict(pairs)
     if not env.get("SLURM_JOB_ID", "").isdigit():
         raise InvalidArgument("a request names its job as SLURM_JOB_ID=N")
     return lines[0], {name: env[name] for name in PASSED_VARIABLES if env.get(name)}
@@ -52,21 +62,33 @@ class _Request(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         self.request.settimeout(REQUEST_DEADLINE_SECONDS)
-        job = "?"
         try:
-            step, env = parse_request(self.rfile.read(MAX_REQUEST_BYTES))
-            job = env["SLURM_JOB_ID"]
+            request = self.rfile.read(MAX_REQUEST_BYTES)
+            self.request.settimeout(None)  # the work has the deadlines of its calls
+            self._answer(request)
+        except OSError as error:  # the front door went away, or never finished its request
+            log.warning("a request was lost: %s", error)
+
+    def _answer(self, request: bytes) -> None:
+        try:
+            step, env = parse_request(request)
+        except InvalidArgument as refusal:
+            self.wfile.write(f"working\nfailed: {refusal.message}\n".encode())
+            return
+        self.wfile.write(b"working\n")
+        self.wfile.flush()
+        try:
             if step == "prolog":
                 self.server.jobs.prolog(env)
             else:
                 self.server.jobs.epilog(env)
             reply = "ok"
         except VipuError as error:
-            log.warning("job %s: %s", job, error.message)
+            log.warning("job %s: %s", env["SLURM_JOB_ID"], error.message)
             reply = f"failed: {error.message}"
-        except OSError as error:  # the front door gave up, or never finished its request
-            log.warning("request of job %s lost: %s", job, error)
-            return
+        except Exception:  # a bug, or a Slurm command that hung: the job fails its step rather than the service
+            log.exception("job %s: %s failed", env["SLURM_JOB_ID"], step)
+            reply = "failed: internal error of vipu-slurm-service; its log has the details"
         self.wfile.write(f"{reply}\n".encode())
 
 
@@ -79,9 +101,12 @@ class _Service(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def serve(path: Path, jobs: JobPartitions) -> _Service:
-    """The service, bound to `path` (a stale socket there is replaced), owner-only."""
+    """The service, bound to `path` (a stale socket there is replaced; a live one is not), owner-only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_socket():
+        with socket.socket(socket.AF_UNIX) as probe:
+            if probe.connect_ex(str(path)) == 0:
+                raise OSError(f"another vipu-slurm-service serves {path}")
         path.unlink()
     old_mask = os.umask(0o177)
     try:

@@ -19,8 +19,9 @@ from vipu.model import errors
     (errors.InvalidArgument("size 3"), Verdict.NEVER),
     (errors.NotFound("no p1"), Verdict.NEVER),
     (errors.PermissionDenied("not yours"), Verdict.NEVER),
-    (errors.Unauthenticated("who?"), Verdict.NEVER),
+    (errors.Unauthenticated("who?"), Verdict.LATER),  # an administrator mends the credentials
     (errors.HardwareFailure("IPU 2 failed"), Verdict.NEVER),
+    (errors.VipuError("internal error; the server log has the details"), Verdict.AGAIN),  # nothing says the request was wrong
 ])
 def test_each_family_has_one_verdict_and_http_carries_it_unchanged(error, expected):
     assert verdict(error) is expected

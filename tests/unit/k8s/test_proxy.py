@@ -80,6 +80,17 @@ def test_a_partition_that_cannot_be_removed_yet_stays_tracked_for_the_finaliser(
     assert user.partitions == set() and tracker.tracked == {}
 
 
+def test_a_create_whose_answer_was_lost_stays_tracked_though_nothing_is_there_yet():
+    """The create may still be queued at the controller: only the job's next try or its deletion settles it."""
+    user = User(Unavailable("vipu-server at ctl:8090: no answer before the deadline"), leaves_partition=False)
+    partitions, tracker = proxy(user)
+    with pytest.raises(Unavailable):
+        partitions.create(REQUEST)
+    assert "p-default-job" in tracker.tracked
+    assert partitions.remove("p-default-job") == {"id": "p-default-job", "removed": True}  # the job's deletion
+    assert tracker.tracked == {}
+
+
 def test_a_refusal_made_before_anything_was_created_is_simply_forgotten():
     user = User(Conflict("no room for a partition of 4 IPUs"), leaves_partition=False,
                 removal_fails_with=AssertionError("no removal is needed"))  # type: ignore[arg-type]

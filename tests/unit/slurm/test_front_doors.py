@@ -4,6 +4,7 @@ environment and gets that program's exit status."""
 
 from __future__ import annotations
 
+import socket
 import stat
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_a_running_service_does_the_work_without_the_program_and_its_absence_fal
 def test_requests_are_checked_before_anything_is_done():
     request = b"prolog\nSLURM_JOB_ID=7\nSPANK_VIPU_IPUS=4\nPATH=/x\n"  # only the job's own variables are taken
     assert parse_request(request) == ("prolog", {"SLURM_JOB_ID": "7", "SPANK_VIPU_IPUS": "4"})
-    for bad in (b"", b"rm -rf\nSLURM_JOB_ID=7\n", b"epilog\nSLURM_JOB_ID=../7\n"):
+    smuggled = b"epilog\nSLURM_JOB_ID=7\nSPANK_VIPU_IPUS=4\nSLURM_JOB_ID=123\nSPANK_VIPU_NUM_REPLICAS=\n"  # a value with a line break
+    for bad in (b"", b"rm -rf\nSLURM_JOB_ID=7\n", b"epilog\nSLURM_JOB_ID=../7\n", smuggled):
         with pytest.raises(InvalidArgument):
             parse_request(bad)
+
+
+def test_a_service_that_took_the_job_and_went_silent_fails_the_step_without_starting_the_program(tmp_path):
+    """The work may be half done: Slurm requeues the job rather than two prologs racing."""
+    path = tmp_path / "slurm.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def take_and_die():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"working\n")
+
+    threading.Thread(target=take_and_die, daemon=True).start()
+    try:
+        done = subprocess.run([ROOT / "slurm" / "vipu-slurm-prolog"], capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "VIPU_BIN": str(tmp_path / "nowhere"), "VIPU_SLURM_SOCKET": str(path),
+                                   "SLURM_JOB_ID": "8", "SPANK_VIPU_IPUS": "1"})
+    finally:
+        listener.close()
+    assert (done.returncode, done.stderr) == (
+        1, "vipu-slurm prolog (job 8): failed: vipu-slurm-service took the job and gave no answer\n")

@@ -56,8 +56,11 @@ class Slurm:
         self.comments: dict[str, str] = {}
         self.cancelled: list[str] = []
 
-    def jobs(self):
-        return {job_id: {"JobId": job_id, **fields} for job_id, fields in self.known.items()}
+    def job(self, job_id):
+        return self.known.get(job_id)
+
+    def job_states(self):
+        return {job_id: fields.get("JobState", "PENDING") for job_id, fields in self.known.items()}
 
     def comment(self, job_id, text):
         self.comments[job_id] = text

@@ -458,7 +458,7 @@ class PartitionService:
             num_segments=request.num_segments,
             ipulink_routing=request.ipulink_routing,
             gw_routing=request.gw_routing,
-            explicit=request.explicit_ipus if request.index is None else self._slot(layout, allocation, request.size, request.index),
+            explicit=request.explicit_ipus if request.index is None else self._slot(layout, allocation, request),
             where=f"allocation {allocation.id}",
         )
         if request.index is not None:  # the vendor's rule: an indexed reconfigurable partition is c2-compatible, whatever was asked
@@ -483,13 +483,15 @@ class PartitionService:
         )
 
     @staticmethod
-    def _slot(layout: ClusterLayout, allocation: Allocation, size: int, index: int) -> tuple[tuple[int, int], ...]:
-        """The (ILD, topology id) of the IPUs of slot `index`: the index-th run of `size` IPUs of the
-        allocation, its machines in order and each machine's IPUs in order."""
+    def _slot(layout: ClusterLayout, allocation: Allocation, request: PartitionRequest) -> tuple[tuple[int, int], ...]:
+        """The (ILD, topology id) of the IPUs at the request's index: the index-th run of its size
+        of the allocation's IPUs, its machines in order and each machine's IPUs in order."""
+        size, index = request.size, request.index or 0
         slots = len(allocation.agent_ids) * IPUS_PER_MACHINE // size
-        if index >= slots:
-            raise Conflict(f"allocation {allocation.id} has {slots} place(s) for a partition of {size} IPUs "
-                           f"(indices 0 to {slots - 1}), not index {index}")
+        if index >= slots:  # never there, in the allocation named; another of the caller's may have it
+            family = InvalidArgument if request.allocation_id else Conflict
+            raise family(f"allocation {allocation.id} has {slots} place(s) for a partition of {size} IPUs "
+                         f"(indices 0 to {slots - 1}), not index {index}")
         ipus = [(agent, i) for agent in allocation.agent_ids for i in range(IPUS_PER_MACHINE)][index * size:(index + 1) * size]
         return tuple((layout.locate(agent)[0], layout.topology_id(agent, i)) for agent, i in ipus)
 
