@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import grpc
 import pytest
 
 from tests.functional.harness import failed_line, pairs, rows
@@ -238,3 +239,37 @@ def test_an_index_places_a_reconfigurable_partition_at_that_run_of_its_allocatio
     failed_line(pod.user("create", "partition", "plain", "--size", "4", "--index", "0"),
                 "create partition", "plain", "an index places a reconfigurable partition; ask for one (--reconfigurable)")
     assert sorted(r[0] for r in rows(pod.user("list", "partitions").out)) == ["r2", "r4"]
+
+
+def test_ids_are_matched_whole_and_a_long_one_is_refused_in_a_short_line(registered_pod):
+    """`p1` followed by a line break is not `p1`; a 100,000-character id gets INVALID_ARGUMENT with
+    its reason, not RESOURCE_EXHAUSTED from a refusal too long to send."""
+    api = vipuuser_pb2_grpc.UserServiceStub(registered_pod._channel(registered_pod.user_port))
+    for partition_id in ("p1\n", "x" * 100_000):
+        with pytest.raises(grpc.RpcError) as refused:
+            api.CreatePartition(vipuuser_pb2.CreatePartitionRequest(
+                requirements=vipuuser_pb2.PartitionRequirements(id=partition_id, size=1)), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("invalid partition id ") and len(refused.value.details()) < 300
+    with pytest.raises(grpc.RpcError) as missing:
+        api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="y" * 100_000), timeout=10)
+    assert missing.value.code() != grpc.StatusCode.RESOURCE_EXHAUSTED and len(missing.value.details()) < 1100
+    assert rows(registered_pod.user("list", "partitions").out) == []
+
+
+def test_a_partition_id_that_would_take_another_partitions_ipuof_file_is_refused(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "q", "--size", "2", "--num-gcds", "2").code == 0
+    failed_line(pod.user("create", "partition", "q_gcd0", "--size", "1"), "create partition", "q_gcd0",
+                "it may not end in _gcd and a number, which names the IPUoF file of a GCD of partition 'q'")
+    assert sorted(p.name for p in pod.ipuof_dir.iterdir()) == ["q_gcd0_ipuof.conf", "q_gcd1_ipuof.conf"]
+
+
+def test_a_forced_removal_by_the_administrator_deletes_the_ipuof_files_of_what_it_removed(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "one", "--size", "1").code == 0
+    assert pod.user("create", "partition", "two", "--size", "2", "--num-gcds", "2").code == 0
+    assert len(list(pod.ipuof_dir.iterdir())) == 3
+    removed = pod.admin("remove", "allocation", "alloc-1", "--force")
+    assert removed.code == 0 and "partition one" in removed.out and "partition two" in removed.out
+    assert list(pod.ipuof_dir.iterdir()) == []

@@ -10,6 +10,7 @@ error a service raised, whatever process it came from.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,17 @@ _CODES: list[tuple[type[errors.VipuError], grpc.StatusCode]] = [
 def one_line(message: str) -> str:
     """The message with control characters (from names a caller sent, say) escaped: a refusal is one line."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+
+
+# A refusal's message travels in a trailer, which HTTP/2 bounds (8 KB by default): a longer one
+# would turn the refusal into RESOURCE_EXHAUSTED. Messages quoting what a caller sent are cut here.
+MAX_DETAILS = 1000
+
+
+def bounded(message: str) -> str:
+    """The message as one line of at most MAX_DETAILS characters."""
+    line = one_line(message)
+    return line if len(line) <= MAX_DETAILS else f"{line[:MAX_DETAILS]}... (shortened from {len(line)} characters)"
 
 
 def code_for(error: errors.VipuError) -> grpc.StatusCode:
@@ -118,12 +130,57 @@ Observer = Callable[[str, str, float], None]
 Authenticate = Callable[[str, Mapping[str, str]], AbstractContextManager]
 
 
+class _Malformed:
+    """What a request whose bytes are not its message deserializes to, so that the call is refused
+    as INVALID_ARGUMENT in one line rather than failing inside gRPC with a logged traceback."""
+
+    def __init__(self, size: int, reason: str):
+        self.size, self.reason = size, reason
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as error:  # noqa: BLE001 - whatever the bytes make the parser raise, the caller is told
+            return _Malformed(len(data), type(error).__name__)
+
+    return parse
+
+
+class RateLimitedLog:
+    """A warning at most once per `interval` seconds, saying how many were left out meanwhile: a
+    storm of bad requests from one client must not fill the log."""
+
+    def __init__(self, interval: float = 10.0):
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._left_out = 0
+
+    def warning(self, message: str, *args) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._next = self._left_out, 0, now + self.interval
+        suffix = f" ({left_out} more like it in the last {self.interval:.0f} s not logged)" if left_out else ""
+        log.warning(message + suffix, *args)
+
+
 class GuardInterceptor(grpc.ServerInterceptor):
-    """Checks the caller, maps service errors to status codes, and reports (method, code, seconds)."""
+    """Checks the caller, maps service errors to status codes, and reports (method, code, seconds).
+    A request whose bytes are not a valid message is refused as INVALID_ARGUMENT, before any
+    credential is looked at, and logged at a bounded rate."""
 
     def __init__(self, observe: Observer | None = None, authenticate: Authenticate | None = None):
         self.observe = observe
         self.authenticate = authenticate
+        self.malformed_log = RateLimitedLog()
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -136,6 +193,10 @@ class GuardInterceptor(grpc.ServerInterceptor):
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                if isinstance(request, _Malformed):
+                    self.malformed_log.warning("%s: a malformed request of %d bytes from %s (%s)", method, request.size,
+                                               context.peer(), request.reason)
+                    raise errors.InvalidArgument(f"malformed request: its {request.size} bytes are not a {method} request")
                 if self.authenticate is None:
                     return inner(request, context)
                 with self.authenticate(method, dict(context.invocation_metadata())):
@@ -143,7 +204,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
             except errors.VipuError as error:
                 code = code_for(error)
                 context.set_trailing_metadata(_trailers(error))
-                context.abort(code, one_line(error.message))
+                context.abort(code, bounded(error.message))
             except Exception:
                 code = grpc.StatusCode.INTERNAL
                 log.exception("%s failed", method)
@@ -154,6 +215,6 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )

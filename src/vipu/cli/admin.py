@@ -17,6 +17,7 @@ from vipu.cli.common import (
     echo_json,
     fail,
     given,
+    ipuof_dir_option,
     json_option,
     open_client,
     pass_client,
@@ -29,6 +30,7 @@ from vipu.cli.common import (
 )
 from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
+from vipu.ipuof import files as ipuof_files
 from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import VipuError
 
@@ -36,7 +38,10 @@ TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
 TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
 
 
-force_option = click.option("--force", is_flag=True, help="Also remove everything that depends on it, and say what.")
+def force_option(command):
+    """--force, and where the IPUoF files of the partitions it removes are, to delete them too."""
+    command = ipuof_dir_option(command)
+    return click.option("--force", is_flag=True, help="Also remove everything that depends on it, and say what.")(command)
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
@@ -70,10 +75,18 @@ def remove():
     """Remove an agent, cluster, allocation or user."""
 
 
-def report_removal(kind: str, entity_id: str, removed: list[str]) -> None:
+def report_removal(kind: str, entity_id: str, removed: list[str], ipuof_dir: Path | None) -> None:
+    """The success line and what went with it; the IPUoF files of the partitions that went are
+    deleted from the IPUoF directory, as `vipu remove partition` deletes them."""
     succeed(f"remove {kind}", entity_id)
     if removed:
         click.echo(f"removed with it: {', '.join(removed)}")
+    directory = ipuof_dir or ipuof_files.default_dir()
+    for partition_id in (item.removeprefix("partition ") for item in removed if item.startswith("partition ")):
+        try:
+            ipuof_files.remove(directory, partition_id)
+        except OSError as error:
+            click.echo(f"the IPUoF files of partition {partition_id} in {directory} are left: {error.strerror}", err=True)
 
 
 # Agents
@@ -155,11 +168,11 @@ def get_agent(admin, agent_id, as_json):
 @click.argument("agent_id")
 @force_option
 @pass_client
-def remove_agent(admin, agent_id, force):
+def remove_agent(admin, agent_id, force, ipuof_dir):
     """Remove an agent (with --force, also its cluster, allocations and partitions)."""
     with reporting("remove agent", agent_id):
         removed = admin.remove_agent(agent_id, force)
-    report_removal("agent", agent_id, removed)
+    report_removal("agent", agent_id, removed, ipuof_dir)
 
 
 # Clusters
@@ -234,11 +247,11 @@ def get_cluster(admin, cluster_id, as_json):
 @click.argument("cluster_id")
 @force_option
 @pass_client
-def remove_cluster(admin, cluster_id, force):
+def remove_cluster(admin, cluster_id, force, ipuof_dir):
     """Remove a cluster (with --force, also its allocations and their partitions)."""
     with reporting("remove cluster", cluster_id):
         removed = admin.remove_cluster(cluster_id, force)
-    report_removal("cluster", cluster_id, removed)
+    report_removal("cluster", cluster_id, removed, ipuof_dir)
 
 
 # Allocations
@@ -296,11 +309,11 @@ def get_allocation(admin, allocation_id, as_json):
 @click.argument("allocation_id")
 @force_option
 @pass_client
-def remove_allocation(admin, allocation_id, force):
+def remove_allocation(admin, allocation_id, force, ipuof_dir):
     """Remove an allocation (with --force, also its partitions)."""
     with reporting("remove allocation", allocation_id):
         removed = admin.remove_allocation(allocation_id, force)
-    report_removal("allocation", allocation_id, removed)
+    report_removal("allocation", allocation_id, removed, ipuof_dir)
 
 
 # Users

@@ -14,16 +14,42 @@ from vipu.model.errors import InvalidArgument
 
 IPUS_PER_MACHINE = 4
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$")
+# Every id (partition, agent, cluster, allocation, user): 1 to 63 of these, the first a letter or
+# digit, matched whole (a trailing line break is not part of an id).
+ID_MAX_LENGTH = 63
+_ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{ID_MAX_LENGTH - 1}}}")
+QUOTED_MAX = 40
+
+
+def quoted(value: str) -> str:
+    """`value` quoted for a message, shortened when long: errors must stay one short line."""
+    if len(value) <= QUOTED_MAX:
+        return repr(value)
+    return f"{value[:QUOTED_MAX]!r}... ({len(value)} characters)"
 
 
 def check_id(kind: str, value: str) -> str:
     """Return `value` if it is a usable id for an entity of `kind`, else raise InvalidArgument."""
-    if not _ID_PATTERN.match(value or ""):
+    if not _ID_PATTERN.fullmatch(value or ""):
         raise InvalidArgument(
-            f"invalid {kind} id {value!r}: use 1 to 63 letters, digits, '.', '_', ':' or '-', "
+            f"invalid {kind} id {quoted(value or '')}: use 1 to {ID_MAX_LENGTH} letters, digits, '.', '_', ':' or '-', "
             "starting with a letter or digit"
         )
+    return value
+
+
+_GCD_FILE_SUFFIX = re.compile(r"_gcd[0-9]+")
+
+
+def check_partition_id(value: str) -> str:
+    """An id, and not one ending in `_gcd` and a number: partition P's GCD files are named
+    P_gcdN_ipuof.conf, so a partition with such an id would take another's file (or lose its own)."""
+    check_id("partition", value)
+    suffix = _GCD_FILE_SUFFIX.search(value)
+    if suffix is not None and suffix.end() == len(value):
+        owner = value[: suffix.start()]
+        raise InvalidArgument(f"invalid partition id {quoted(value)}: it may not end in _gcd and a number, which names "
+                              f"the IPUoF file of a GCD of partition {quoted(owner)}")
     return value
 
 

@@ -244,8 +244,11 @@ def place_partition(
         raise InvalidArgument(f"the number of GCDs must be a power of two no larger than the size, not {num_gcds}")
     if gw_routing is GwRouting.SWRING:
         raise InvalidArgument("SWRING needs switched GW-Links; vipu clusters have looped GW-Links")
-    if explicit and len(set(explicit)) != size:
-        raise InvalidArgument(f"{len(set(explicit))} distinct IPUs were named for a partition of size {size}")
+    if explicit and len(set(explicit)) != len(explicit):
+        twice = sorted({ipu for ipu in explicit if explicit.count(ipu) > 1})
+        raise InvalidArgument(f"IPU {twice[0][1]} of IPU-Link domain {twice[0][0]} is named more than once")
+    if explicit and len(explicit) != size:
+        raise InvalidArgument(f"{len(explicit)} IPUs were named for a partition of size {size}")
     capacity = layout.ipus_per_ild * layout.num_ilds
     if size > capacity:
         raise InvalidArgument(f"partition size {size} is larger than the cluster's {capacity} IPUs")

@@ -292,6 +292,9 @@ def test_requests_are_checked_before_anything_changes(pod):
         (PartitionRequest("p1", 4, cluster_id="nope"), NotFound, "cluster nope does not exist"),
         (PartitionRequest("p1", 4, num_gcds=2, num_replicas=3), InvalidArgument, "replicas"),
         (PartitionRequest("p1", 4, reconfigurable=True, sync_type=SyncType.POD_NATIVE_DEFAULT), InvalidArgument, "c2-compatible"),
+        (PartitionRequest("p1", 4, sync_type=SyncType.GS2_INDEPENDENT_RAILS), InvalidArgument, "c2-independent-rails .* not supported"),
+        (PartitionRequest("p1\n", 4), InvalidArgument, "invalid partition id"),
+        (PartitionRequest("p1_gcd0", 4), InvalidArgument, "may not end in _gcd and a number"),
     ]
     for request, family, message in cases:
         with pytest.raises(family, match=message):

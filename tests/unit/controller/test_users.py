@@ -68,3 +68,31 @@ def test_allocations_given_must_exist(users):
         users.create("alice", ("a9",))
     with pytest.raises(NotFound):
         users.get("alice")
+
+
+def test_every_refusal_costs_one_full_scrypt_so_time_tells_nothing(users, monkeypatch, caplog):
+    """An unknown user, a known user's wrong key, and a wrong key after that user's good login each
+    cost exactly one scrypt, as a first good login does; only a remembered good key skips it."""
+    _, key = users.create("alice")
+    users.authenticate("alice", key)  # remembered from now on
+    real = users_module.digest
+    calls: list[str] = []
+
+    def counted(*args):
+        calls.append("scrypt")
+        return real(*args)
+
+    monkeypatch.setattr(users_module, "digest", counted)
+    for user_id, attempt in (("nobody", key), ("alice", "wrong"), ("alice", key + "x")):
+        calls.clear()
+        with pytest.raises(Unauthenticated, match=f"invalid user id or access key for user {user_id}"):
+            users.authenticate(user_id, attempt)
+        assert calls == ["scrypt"], user_id
+    calls.clear()
+    users.authenticate("alice", key)
+    assert calls == []
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refusals == ["authentication of user 'nobody' refused: no such user",
+                        "authentication of user 'alice' refused: wrong access key",
+                        "authentication of user 'alice' refused: wrong access key"]
+    assert not any(key in r.getMessage() for r in caplog.records)

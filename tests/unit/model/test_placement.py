@@ -211,6 +211,8 @@ def test_explicit_ipus_are_honoured_when_they_form_a_free_block():
     assert {i.agent_id for i in placement.ipus} == {"ag3", "ag4"}
     with pytest.raises(Conflict, match="not a free, linkable set"):
         place_partition(layout, set(layout.agent_ids), {}, 8, explicit=tuple((0, t) for t in (0, 1, 2, 3, 8, 9, 10, 11)))
+    with pytest.raises(InvalidArgument, match="IPU 1 of IPU-Link domain 0 is named more than once"):
+        place_partition(layout, set(layout.agent_ids), {}, 2, explicit=((0, 0), (0, 1), (0, 1)))
 
 
 def test_only_machines_of_the_allocation_are_used():

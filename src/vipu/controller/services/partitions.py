@@ -42,7 +42,7 @@ from vipu.model.entities import (
     PartitionRequest,
     ReadyState,
     SyncType,
-    check_id,
+    check_partition_id,
 )
 from vipu.model.errors import (
     AlreadyExists,
@@ -375,7 +375,7 @@ class PartitionService:
 
     @staticmethod
     def _check_request(request: PartitionRequest) -> None:
-        check_id("partition", request.id)
+        check_partition_id(request.id)
         if request.size <= 0:
             raise InvalidArgument(f"partition size must be a power of two, not {request.size}")
         if request.num_replicas and (request.num_replicas % request.num_gcds or request.size % request.num_replicas):
@@ -383,6 +383,8 @@ class PartitionService:
                 f"{request.num_replicas} replicas do not divide evenly into {request.num_gcds} GCD(s) "
                 f"of a partition of {request.size} IPUs"
             )
+        if request.sync_type is SyncType.GS2_INDEPENDENT_RAILS:
+            raise InvalidArgument("the c2-independent-rails sync type is not supported (the published API marks it so)")
         if request.index is not None:
             if not request.reconfigurable:
                 raise InvalidArgument("an index places a reconfigurable partition; ask for one (--reconfigurable)")

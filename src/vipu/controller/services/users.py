@@ -3,17 +3,22 @@
 An access key is shown once, when it is made, and stored only as a salted scrypt hash. Checking
 one costs tens of milliseconds, so a successful check is remembered in memory by the key's
 SHA-256 and the credential's version; rotating or removing a key changes the version and so
-forgets it. Keys are never logged.
+forgets it. Only a key that matches what is remembered takes that short cut: every refusal costs
+a full scrypt, for an unknown user too (against a decoy credential), so that neither a user's
+existence nor a wrong key shows in the time an answer takes. Refusals are logged (the user id,
+never the key); keys are never logged.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
+import typing
 
-from vipu.model.entities import Access, Role, User, check_id
+from vipu.model.entities import Access, Role, User, check_id, quoted
 from vipu.model.errors import (
     Conflict,
     InvalidArgument,
@@ -22,6 +27,8 @@ from vipu.model.errors import (
     Unauthenticated,
 )
 from vipu.store.store import Credential, Store
+
+log = logging.getLogger(__name__)
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 
@@ -43,6 +50,7 @@ class UserService:
     def __init__(self, store: Store):
         self.store = store
         self._verified: dict[str, tuple[int, bytes]] = {}  # user -> (credential version, SHA-256 of its key)
+        self._decoy = credential_for(new_key(), 0)  # what an unknown user's key is checked against
         self._lock = threading.Lock()
 
     def create(self, user_id: str, allocation_ids: tuple[str, ...] = (), admin: bool = False) -> tuple[User, str]:
@@ -113,20 +121,28 @@ class UserService:
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
             credential = tx.get_credential(user_id)
-        if user is None or credential is None or not self._matches(user_id, key, credential):
-            raise Unauthenticated(f"invalid user id or access key for user {user_id}")
+        if user is None or credential is None:
+            self._matches("", key, self._decoy)  # as long as a known user's wrong key takes
+            self._refuse(user_id, "no such user")
+        if not self._matches(user_id, key, credential):
+            self._refuse(user_id, "wrong access key")
         if user.role is Role.ADMIN:
             return Access(user.id, None)
         if admin_only:
             raise PermissionDenied(f"user {user.id} is not an administrator; the admin end-point answers administrators only")
         return Access(user.id, frozenset(user.allocation_ids))
 
+    @staticmethod
+    def _refuse(user_id: str, reason: str) -> typing.NoReturn:
+        log.warning("authentication of user %s refused: %s", quoted(user_id), reason)
+        raise Unauthenticated(f"invalid user id or access key for user {user_id}")
+
     def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
         fingerprint = hashlib.sha256(key.encode()).digest()
         with self._lock:
             remembered = self._verified.get(user_id)
-        if remembered is not None and remembered[0] == credential.version:
-            return hmac.compare_digest(remembered[1], fingerprint)
+        if remembered is not None and remembered[0] == credential.version and hmac.compare_digest(remembered[1], fingerprint):
+            return True
         if not hmac.compare_digest(digest(key, credential.salt), credential.digest):
             return False
         with self._lock:
