@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -115,6 +116,9 @@ def test_a_lost_agent_puts_its_partitions_in_error_and_on_its_return_they_are_re
     pod.wait_for_status(agent_of[kept_machine], "Up")  # the controller reaches it again (p1 may not need it)
     status = partition_status(pod, "p1")
     assert (status.auto_reset_retry_count, list(status.errors)) == (1, [])
+    assert status.HasField("last_auto_reset_time")  # when the controller reset it, in the published field
+    assert abs(time.time() - status.last_auto_reset_time.ToSeconds()) < 120
+    assert pairs(pod.user("get", "partition", "p1").out)["Last Auto-reset"].endswith(" UTC")
     assert [m.name for m in pod.rack.machines if "p1" in pod.held(m.name)][-1] == lost  # configured there again
     kept = partition_status(pod, "kept")  # its policy: no automatic reset; its user resets it
     assert (kept.ready_state, kept.max_auto_reset_retries, kept.auto_reset_retry_count) == (error, 0, 0)

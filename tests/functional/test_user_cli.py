@@ -27,6 +27,7 @@ def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):
     fields = pairs(shown.out)
     assert (fields["State"], fields["Operation"], fields["Allocation"], fields["Size"]) == ("ACTIVE", "IDLE", "alloc-1", "4")
     assert fields["Auto-reset Retries"] == "0/3"  # none used yet, of the three a lost agent may cost
+    assert fields["Last Auto-reset"] == "-"
     assert [row[2:4] for row in rows(shown.out)] == [["ag1", str(i)] for i in range(4)]
 
     assert pod.user("reset", "partition", "p1").out == "reset partition (p1): success.\n"
@@ -134,7 +135,8 @@ def test_bad_requests_are_refused_in_one_line_and_change_nothing(registered_pod)
         (["create", "partition", "p2", "--size", "4", "--cluster", "nope"], "cluster nope does not exist"),
         (["create", "partition", "p2", "--size", "4", "--num-gcds", "3"], "number of GCDs must be a power of two"),
         (["create", "partition", "bad/id", "--size", "4"], "invalid partition id"),
-        (["create", "partition", "p2", "--size", "8", "--ipulink-routing", "ringswnc"], "no room for a partition of 8 IPUs"),
+        (["create", "partition", "p2", "--size", "8", "--ipulink-routing", "ringswnc"],
+         "RINGSWNC routing needs a partition that takes whole IPU-Link domains of a torus cluster, and this one is a mesh"),
         (["create", "partition", "p2", "--size", "4", "--reconfigurable", "--sync-type", "pod-native-default"], "c2-compatible"),
         (["remove", "partition", "nope"], "partition nope does not exist"),
         (["reset", "partition", "nope"], "partition nope does not exist"),

@@ -270,7 +270,7 @@ def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> 
 
 
 def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
-    return user_pb2.PartitionStatus(
+    status = user_pb2.PartitionStatus(
         partition_id=partition.id,
         ready_state=READY_STATE[partition.ready_state],
         operation_state=OPERATION_STATE[partition.operation_state],
@@ -278,6 +278,9 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
         max_auto_reset_retries=0 if partition.disable_auto_reset else MAX_AUTO_RESETS,
         auto_reset_retry_count=partition.auto_reset_count,
     )
+    if partition.last_auto_reset is not None:
+        status.last_auto_reset_time.FromDatetime(partition.last_auto_reset)
+    return status
 
 
 def config_to_proto(partition: Partition, gcds: list[GcdConfig], ipuof_server_version: str) -> user_pb2.PartitionConfig:

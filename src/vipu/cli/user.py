@@ -226,6 +226,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("State", ready_state(status.ready_state)),
         ("Operation", pb.PartitionOperationState.Name(status.operation_state).removeprefix("POS_")),
         ("Auto-reset Retries", f"{status.auto_reset_retry_count}/{status.max_auto_reset_retries}"),
+        ("Last Auto-reset", status.last_auto_reset_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
+         if status.HasField("last_auto_reset_time") else "-"),
         ("Errors", list(status.errors) or "-"),
     ]))
     rows = [[str(i.routing_id), str(i.routing_id // (len(spec.ipus) // spec.num_gcds)), i.agent_id, str(i.agent_ipu_index),

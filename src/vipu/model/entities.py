@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 
 from vipu.model.errors import InvalidArgument
@@ -258,6 +259,7 @@ class Partition:
     errors: list[str] = field(default_factory=list)
     disable_auto_reset: bool = False
     auto_reset_count: int = 0
+    last_auto_reset: datetime | None = None  # when the controller last reset it on its own, UTC
     owner: str = ""  # the user who created it; empty in open mode
 
     @property

@@ -132,6 +132,21 @@ def _routing_allows(layout: ClusterLayout, routing: IpuLinkRouting, machines_per
     return True
 
 
+def _check_routing_can_fit(layout: ClusterLayout, size: int, num_segments: int, routing: IpuLinkRouting) -> None:
+    """InvalidArgument naming the rule when no shape of this size could have the routing asked,
+    however empty the cluster: that is no question of room."""
+    machines = size // IPUS_PER_MACHINE
+    shapes = [machines // count for count in _segment_counts(layout, size, num_segments) if machines % count == 0]
+    if any(_routing_allows(layout, routing, per_segment) for per_segment in shapes if per_segment):
+        return
+    if routing is IpuLinkRouting.RINGSWNC:
+        where = (f"whole IPU-Link domains of {layout.machines_per_ild} machines ({layout.ipus_per_ild} IPUs) each"
+                 if layout.is_torus else "whole IPU-Link domains of a torus cluster, and this one is a mesh")
+        raise InvalidArgument(f"RINGSWNC routing needs a partition that takes {where}, not {size} IPUs")
+    raise InvalidArgument(f"{routing.value} routing needs two machines or more in each IPU-Link domain of the partition, "
+                          f"not {size} IPUs")
+
+
 def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[int]:
     if requested:
         if not is_power_of_two(requested):
@@ -253,6 +268,8 @@ def place_partition(
     if size > capacity:
         raise InvalidArgument(f"partition size {size} is larger than the cluster's {capacity} IPUs")
 
+    if size >= IPUS_PER_MACHINE and ipulink_routing is not None:
+        _check_routing_can_fit(layout, size, num_segments, ipulink_routing)
     free = _free_ipu_count(layout, allowed, used)
     if size > free:
         raise Conflict(f"not enough free IPUs in {where}: {size} requested, {free} free")

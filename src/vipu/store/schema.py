@@ -28,11 +28,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 4  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases
+SCHEMA_VERSION = 5  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+# 5: partitions.last_auto_reset_at
 
 # What turns a store of one version into the next, beyond the tables create_all adds.
 MIGRATIONS = {
     3: ["ALTER TABLE partitions ADD COLUMN owner VARCHAR(64) NOT NULL DEFAULT ''"],
+    5: ["ALTER TABLE partitions ADD COLUMN last_auto_reset_at TIMESTAMP WITH TIME ZONE"],
 }
 
 ID = String(64)
@@ -112,6 +114,7 @@ class PartitionRow(Base):
     errors: Mapped[list] = mapped_column(JSON, default=list)
     disable_auto_reset: Mapped[bool] = mapped_column(Boolean, default=False)
     auto_reset_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_auto_reset_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(

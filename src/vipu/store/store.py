@@ -21,6 +21,7 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -234,8 +235,16 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         errors=list(row.errors or []),
         disable_auto_reset=row.disable_auto_reset,
         auto_reset_count=row.auto_reset_count,
+        last_auto_reset=_utc(row.last_auto_reset_at),
         owner=row.owner or "",
     )
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """A stored moment as an aware UTC datetime (SQLite gives it back without its zone)."""
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -603,6 +612,7 @@ class Transaction:
                 values["errors"] = list(errors)
             if auto_reset_count is not None:
                 values["auto_reset_count"] = auto_reset_count
+                values["last_auto_reset_at"] = datetime.now(UTC)
             parameters = {f"new_{column}": value for column, value in values.items()}
             changed = connection.execute(_partition_update(tuple(values)), {**expected, **parameters}).rowcount
         if changed != 1:
@@ -615,6 +625,7 @@ class Transaction:
                 partition.errors = list(errors)
             if auto_reset_count is not None:
                 partition.auto_reset_count = auto_reset_count
+                partition.last_auto_reset = values["last_auto_reset_at"]
         return target
 
     def get_user(self, user_id: str) -> User | None:

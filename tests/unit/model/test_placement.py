@@ -136,8 +136,11 @@ def test_routing_follows_the_shape_unless_asked():
     assert place_partition(torus, allowed, {}, 4).ipulink_routing is IpuLinkRouting.DNC
     assert place_partition(pod(4), set(pod(4).agent_ids), {}, 16).ipulink_routing is IpuLinkRouting.SWNC
     assert place_partition(torus, allowed, {}, 8, ipulink_routing=IpuLinkRouting.BTNC).ipulink_routing is IpuLinkRouting.BTNC
-    with pytest.raises(Conflict):
-        place_partition(torus, allowed, {}, 8, ipulink_routing=IpuLinkRouting.RINGSWNC)
+    with pytest.raises(InvalidArgument, match=r"RINGSWNC routing needs a partition that takes whole IPU-Link domains "
+                                              r"of 4 machines \(16 IPUs\) each, not 8 IPUs"):  # a rule, not a question of room
+        place_partition(torus, allowed, {"ag1": {0}}, 8, ipulink_routing=IpuLinkRouting.RINGSWNC)
+    with pytest.raises(InvalidArgument, match="torus cluster, and this one is a mesh"):
+        place_partition(pod(4), set(pod(4).agent_ids), {}, 16, ipulink_routing=IpuLinkRouting.RINGSWNC)
     with pytest.raises(InvalidArgument, match="two machines or more"):
         place_partition(torus, allowed, {}, 2, ipulink_routing=IpuLinkRouting.SWNC)
 

@@ -529,12 +529,9 @@ class PartitionService:
         return allocation
 
     def _partition(self, partition_id: str, access: Access) -> Partition:
-        """The ledger's partition, if the caller may see it."""
+        """The ledger's partition, if the caller may see it: another tenant's looks like one that does
+        not exist, so that its existence tells nothing."""
         partition = self.ledger.get(partition_id)
-        if partition is None:
+        if partition is None or not access.may_use(partition.allocation_id):
             raise NotFound(f"partition {partition_id} does not exist")
-        if not access.may_use(partition.allocation_id):
-            raise PermissionDenied(
-                f"partition {partition_id} is in allocation {partition.allocation_id}, which is not given to user {access.user_id}"
-            )
         return partition
