@@ -125,9 +125,9 @@ def _transport_reason(details: str) -> str:
 
 
 Observer = Callable[[str, str, float], None]
-# Given the method and the call's metadata, a context manager inside which the call is handled;
-# entering it raises a VipuError for a caller who may not make the call.
-Authenticate = Callable[[str, Mapping[str, str]], AbstractContextManager]
+# Given the method, the call's metadata and the caller's address, a context manager inside which
+# the call is handled; entering it raises a VipuError for a caller who may not make the call.
+Authenticate = Callable[[str, Mapping[str, str], str], AbstractContextManager]
 
 
 class _Malformed:
@@ -199,7 +199,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
                     raise errors.InvalidArgument(f"malformed request: its {request.size} bytes are not a {method} request")
                 if self.authenticate is None:
                     return inner(request, context)
-                with self.authenticate(method, dict(context.invocation_metadata())):
+                with self.authenticate(method, dict(context.invocation_metadata()), context.peer()):
                     return inner(request, context)
             except errors.VipuError as error:
                 code = code_for(error)

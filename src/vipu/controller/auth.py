@@ -31,11 +31,12 @@ class Authenticator:
         self.admin_only = admin_only
 
     @contextmanager
-    def __call__(self, method: str, metadata: Mapping[str, str]) -> Iterator[None]:
+    def __call__(self, method: str, metadata: Mapping[str, str], peer: str = "") -> Iterator[None]:
         if self.users is None or method in UNAUTHENTICATED_METHODS:
             access = OPEN_ACCESS
         else:
-            access = self.users.authenticate(metadata.get(USER_ID_KEY, ""), metadata.get(ACCESS_KEY_KEY, ""), self.admin_only)
+            access = self.users.authenticate(metadata.get(USER_ID_KEY, ""), metadata.get(ACCESS_KEY_KEY, ""), self.admin_only,
+                                             peer)
         token = _caller.set(access)
         try:
             yield

@@ -127,6 +127,10 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--init", "init_only", is_flag=True,
               help="Initialise the store and exit; with --secure, also the TLS certificates and a default administrator.")
 @click.option("--secure", is_flag=True, help="Mutual TLS on both end-points, and users who prove themselves with access keys.")
+@click.option("--login-failures", type=click.IntRange(0, 10_000), default=10, show_default=True,
+              help="With --secure: failed logins from one address that lock it out for --login-lockout seconds; 0: never.")
+@click.option("--login-lockout", type=click.FloatRange(1, 86_400), default=60.0, show_default=True,
+              help="With --secure: seconds an address is refused after --login-failures failed logins within as many seconds.")
 @click.option("--tls-init", is_flag=True, help="Generate a certificate authority and server and client certificates, and exit.")
 @click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIRECTORY, show_default=True,
               help="Where the TLS certificates are (server/, client/, ca/).")
@@ -149,7 +153,8 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
-         health_interval, discovery_interfaces, discovery_port, init_only, secure, tls_init, tls_dir, tls_hosts,
+         health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_lockout, tls_init, tls_dir,
+         tls_hosts,
          default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, ha, ha_lease_seconds, advertise_address,
          log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
@@ -175,6 +180,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             discovery_interfaces=tuple(i.strip() for i in discovery_interfaces.split(",") if i.strip()),
             discovery_port=discovery_port,
             secure=secure,
+            login_failures=login_failures,
+            login_lockout=login_lockout,
             tls_dir=tls_dir,
             ha_lease_seconds=ha_lease_seconds if ha else 0.0,
             advertise_address=advertise_address or (listen_address if listen_address not in ("0.0.0.0", "::") else socket.getfqdn()),

@@ -35,7 +35,7 @@ from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
-from vipu.controller.services.users import UserService
+from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
 
@@ -62,6 +62,8 @@ class ServerConfig:
     tls_dir: Path = DEFAULT_DIRECTORY
     ha_lease_seconds: float = 0.0  # above 0: one of several replicas, leading while it holds the store's lease
     advertise_address: str = ""  # how clients reach this replica, as a standby tells them of the leader
+    login_failures: int = 10  # failed logins from one address within login_lockout seconds that lock it out; 0: never
+    login_lockout: float = 60.0
 
 
 class Controller:
@@ -85,7 +87,7 @@ class Controller:
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
         self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
-        self.users = UserService(self.store) if config.secure else None
+        self.users = UserService(self.store, LoginThrottle(config.login_failures, config.login_lockout)) if config.secure else None
         self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
                           if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
@@ -149,11 +151,11 @@ class Controller:
         self._on_deposed(reason)
 
     @contextmanager
-    def _admitting(self, authenticate: Authenticator, method: str, metadata: Mapping[str, str]) -> Iterator[None]:
+    def _admitting(self, authenticate: Authenticator, method: str, metadata: Mapping[str, str], peer: str) -> Iterator[None]:
         """Authenticate the caller, after refusing the call if this replica stands by."""
         if self.leadership is not None and method not in UNAUTHENTICATED_METHODS:
             self.leadership.admit()
-        with authenticate(method, metadata):
+        with authenticate(method, metadata, peer):
             yield
 
     def _register_user(self, server: grpc.Server) -> None:
@@ -168,7 +170,8 @@ class Controller:
 
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
         authenticate = Authenticator(self.users, admin_only)
-        guard = GuardInterceptor(self.metrics.observe, lambda method, metadata: self._admitting(authenticate, method, metadata))
+        guard = GuardInterceptor(self.metrics.observe,
+                                 lambda method, metadata, peer: self._admitting(authenticate, method, metadata, peer))
         credentials = server_credentials(TlsFiles(self.config.tls_dir)) if self.config.secure else None
         return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vipu.controller.services import users as users_module
-from vipu.controller.services.users import UserService
+from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.entities import Allocation, Cluster, Role
 from vipu.model.errors import Conflict, NotFound, PermissionDenied, Unauthenticated
 from vipu.store.store import Store
@@ -92,7 +92,28 @@ def test_every_refusal_costs_one_full_scrypt_so_time_tells_nothing(users, monkey
     users.authenticate("alice", key)
     assert calls == []
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert refusals == ["authentication of user 'nobody' refused: no such user",
-                        "authentication of user 'alice' refused: wrong access key",
-                        "authentication of user 'alice' refused: wrong access key"]
+    assert refusals == ["authentication of user 'nobody' from ? refused: no such user",
+                        "authentication of user 'alice' from ? refused: wrong access key",
+                        "authentication of user 'alice' from ? refused: wrong access key"]
     assert not any(key in r.getMessage() for r in caplog.records)
+
+
+def test_an_address_that_keeps_failing_is_locked_out_for_a_while_and_others_are_not(tmp_path, caplog):
+    now = [1000.0]
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    users = UserService(store, LoginThrottle(limit=3, lockout=60, clock=lambda: now[0]))
+    try:
+        _, key = users.create("alice")
+        attacker, neighbour = "ipv4:10.0.0.9:51000", "ipv4:10.0.0.7:40000"
+        for port in (51000, 51001, 51002):  # a new port each time is the same address
+            with pytest.raises(Unauthenticated, match="invalid user id or access key"):
+                users.authenticate("alice", "guess", peer=f"ipv4:10.0.0.9:{port}")
+        with pytest.raises(Unauthenticated, match="too many failed logins from this address; try again in 60 s"):
+            users.authenticate("alice", key, peer=attacker)  # even the right key, until the lockout ends
+        assert users.authenticate("alice", key, peer=neighbour).user_id == "alice"
+        now[0] += 61
+        assert users.authenticate("alice", key, peer=attacker).user_id == "alice"
+        assert any("logins from ipv4:10.0.0.9 refused for 60 s after 3 failures" in r.getMessage() for r in caplog.records)
+        assert any("from ipv4:10.0.0.9:51001 refused: wrong access key" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()

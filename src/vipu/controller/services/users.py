@@ -11,11 +11,13 @@ never the key); keys are never logged.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import logging
 import secrets
 import threading
+import time
 import typing
 
 from vipu.model.entities import Access, Role, User, check_id, quoted
@@ -46,9 +48,64 @@ def credential_for(key: str, version: int) -> Credential:
     return Credential(salt, digest(key, salt), version)
 
 
+class LoginThrottle:
+    """Failed logins by the caller's address: after `limit` of them within `lockout` seconds, the
+    address is refused for `lockout` seconds without its key being checked. A success forgets its
+    failures. `limit` 0 turns it off. `clock` is for tests."""
+
+    TRACKED_ADDRESSES = 10_000  # beyond this, addresses whose failures have all expired are forgotten
+
+    def __init__(self, limit: int = 10, lockout: float = 60.0, clock: typing.Callable[[], float] = time.monotonic):
+        self.limit, self.lockout, self.clock = limit, lockout, clock
+        self._failures: dict[str, collections.deque[float]] = {}
+        self._locked_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def address(peer: str) -> str:
+        """gRPC's peer ('ipv4:10.0.0.5:51234', 'ipv6:[::1]:51234') without its port."""
+        return peer.rpartition(":")[0] or peer
+
+    def check(self, peer: str) -> None:
+        if not self.limit or not peer:
+            return
+        with self._lock:
+            until = self._locked_until.get(self.address(peer), 0.0)
+        wait = until - self.clock()
+        if wait > 0:
+            raise Unauthenticated(f"too many failed logins from this address; try again in {wait:.0f} s")
+
+    def failed(self, peer: str) -> None:
+        if not self.limit or not peer:
+            return
+        address, now = self.address(peer), self.clock()
+        with self._lock:
+            recent = self._failures.setdefault(address, collections.deque())
+            recent.append(now)
+            while recent and recent[0] <= now - self.lockout:
+                recent.popleft()
+            if len(recent) >= self.limit:
+                self._locked_until[address] = now + self.lockout
+                recent.clear()
+                log.warning("logins from %s refused for %.0f s after %d failures", address, self.lockout, self.limit)
+            if len(self._failures) > self.TRACKED_ADDRESSES:
+                self._forget_expired(now)
+
+    def succeeded(self, peer: str) -> None:
+        with self._lock:
+            self._failures.pop(self.address(peer), None)
+
+    def _forget_expired(self, now: float) -> None:
+        for address in [a for a, times in self._failures.items() if not times or times[-1] <= now - self.lockout]:
+            del self._failures[address]
+        for address in [a for a, until in self._locked_until.items() if until <= now]:
+            del self._locked_until[address]
+
+
 class UserService:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, throttle: LoginThrottle | None = None):
         self.store = store
+        self.throttle = throttle or LoginThrottle()
         self._verified: dict[str, tuple[int, bytes]] = {}  # user -> (credential version, SHA-256 of its key)
         self._decoy = credential_for(new_key(), 0)  # what an unknown user's key is checked against
         self._lock = threading.Lock()
@@ -114,27 +171,30 @@ class UserService:
         with self.store.reading() as tx:
             return any(u.role is Role.ADMIN for u in tx.list_users())
 
-    def authenticate(self, user_id: str, key: str, admin_only: bool = False) -> Access:
-        """What the holder of this key may do; Unauthenticated or PermissionDenied otherwise."""
+    def authenticate(self, user_id: str, key: str, admin_only: bool = False, peer: str = "") -> Access:
+        """What the holder of this key may do; Unauthenticated or PermissionDenied otherwise. `peer`
+        is the caller's address, for the log and the throttle of failed logins."""
         if not user_id or not key:
             raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
+        self.throttle.check(peer)
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
             credential = tx.get_credential(user_id)
         if user is None or credential is None:
             self._matches("", key, self._decoy)  # as long as a known user's wrong key takes
-            self._refuse(user_id, "no such user")
+            self._refuse(user_id, "no such user", peer)
         if not self._matches(user_id, key, credential):
-            self._refuse(user_id, "wrong access key")
+            self._refuse(user_id, "wrong access key", peer)
+        self.throttle.succeeded(peer)
         if user.role is Role.ADMIN:
             return Access(user.id, None)
         if admin_only:
             raise PermissionDenied(f"user {user.id} is not an administrator; the admin end-point answers administrators only")
         return Access(user.id, frozenset(user.allocation_ids))
 
-    @staticmethod
-    def _refuse(user_id: str, reason: str) -> typing.NoReturn:
-        log.warning("authentication of user %s refused: %s", quoted(user_id), reason)
+    def _refuse(self, user_id: str, reason: str, peer: str) -> typing.NoReturn:
+        log.warning("authentication of user %s from %s refused: %s", quoted(user_id), peer or "?", reason)
+        self.throttle.failed(peer)
         raise Unauthenticated(f"invalid user id or access key for user {user_id}")
 
     def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
