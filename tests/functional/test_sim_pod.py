@@ -102,3 +102,48 @@ def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restar
     second_run = sim_server.log_path.read_text()
     assert "re-applied partition p1" in second_run and "automatic reset" not in second_run
     assert rows(sim_server.run("vipu-admin", sim_server.admin_port, "get", "agent", "ag1").out)[0][2] == "p1"
+
+
+def test_the_simulated_pod_restarts_after_a_kill_and_keeps_what_an_administrator_changed(sim_server, tmp_path):
+    sim_server.start()
+    admin = sim_server.admin_port
+    assert sim_server.run("vipu-admin", admin, "remove", "allocation", "alloc-1").code == 0
+    assert sim_server.run("vipu-admin", admin, "create", "allocation", "mine", "--cluster", "cl0", "--agents", "ag1,ag2").code == 0
+    sim_server.process.send_signal(signal.SIGKILL)  # no clean-up: its agents go on, holding their ports
+    sim_server.process.wait(timeout=30)
+    sim_server.log.close()
+    assert agent_processes(tmp_path) == MACHINES
+
+    sim_server.start()
+    assert agent_processes(tmp_path) == MACHINES  # the orphans were stopped, new agents serve their ports
+    assert "registered on an earlier start, kept as the store has it" in sim_server.log_path.read_text()
+    allocations = rows(sim_server.run("vipu-admin", admin, "list", "allocations").out)
+    assert [a[0] for a in allocations] == ["mine"]  # alloc-1 was not made again
+    assert {a[3] for a in rows(sim_server.run("vipu-admin", admin, "list", "agents").out)} == {"Up"}
+    sim_server.stop()
+
+
+def test_another_pod_shape_on_an_existing_data_directory_is_refused_unless_rebuilt(sim_server, tmp_path):
+    sim_server.start()
+    sim_server.stop()
+    command = [str(BIN / "vipu-server"), "--sim", str(MACHINES), "--sim-topology", "mesh", "--data-dir", str(tmp_path),
+               "--listen-address", "127.0.0.1", "--port", str(sim_server.user_port), "--admin-port", str(sim_server.admin_port),
+               "--metrics-port", "0", "--sim-base-port", str(sim_server.base)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"vipu-server: {tmp_path} holds a simulated pod of {MACHINES} machines (torus, 1 IPU-Link domain(s), agents from port "
+        f"{sim_server.base}), not {MACHINES} machines (mesh, 1 IPU-Link domain(s), agents from port {sim_server.base}); "
+        "give --sim-rebuild to replace it (its partitions go with it), or use another --data-dir")
+    assert agent_processes(tmp_path) == 0
+    with open(tmp_path / "rebuilt.log", "ab") as log:
+        rebuilt = subprocess.Popen([*command, "--sim-rebuild"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "try: vipu create partition" in (tmp_path / "rebuilt.log").read_text() or rebuilt.poll() is not None,
+                   timeout=60, what="the rebuilt pod")
+        assert rebuilt.poll() is None, (tmp_path / "rebuilt.log").read_text()
+        assert f"as agents ag1..ag{MACHINES} in cluster cl0" in (tmp_path / "rebuilt.log").read_text()
+        assert pairs(sim_server.run("vipu-admin", sim_server.admin_port, "get", "cluster", "cl0").out)["Topology"] == "mesh"
+    finally:
+        rebuilt.send_signal(signal.SIGTERM)
+        rebuilt.wait(timeout=30)

@@ -140,6 +140,8 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
               help="Also start a simulated pod of this many IPU-Machines and register it (cluster cl0, allocation alloc-1).")
 @click.option("--sim-topology", type=click.Choice(["mesh", "torus"]), default="torus", show_default=True)
 @click.option("--sim-ilds", type=click.IntRange(1, 64), default=1, show_default=True, help="IPU-Link domains of the simulated pod.")
+@click.option("--sim-rebuild", is_flag=True,
+              help="Replace a simulated pod of another shape in --data-dir (its partitions go with it) instead of refusing.")
 @click.option("--sim-base-port", type=click.IntRange(1024, 65535 - 6 * 4096), default=18101, show_default=True,
               help="Port of the first simulated agent; the others follow, and IPUoF ports sit 2000 and 4000 above.")
 @click.option("--ha", is_flag=True,
@@ -155,7 +157,7 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_lockout, tls_init, tls_dir,
          tls_hosts,
-         default_user_id, sim_machines, sim_topology, sim_ilds, sim_base_port, ha, ha_lease_seconds, advertise_address,
+         default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild, sim_base_port, ha, ha_lease_seconds, advertise_address,
          log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_off_the_request_path(log_level.upper())
@@ -198,15 +200,16 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         sys.exit(2)
 
     pod = None
+    registered_now = False
     try:
         if sim_machines:
-            pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port)
+            pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port, rebuild=sim_rebuild)
             rack = pod.rack()
             pod.start(rack)
             pod.wait_ready(controller, rack)
         controller.start()
         if pod is not None:
-            pod.register(controller, rack)
+            registered_now = pod.register(controller, rack)
     except BaseException as error:
         controller.stop()
         if pod is not None:
@@ -227,10 +230,11 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         err=True,
     )
     if pod is not None:
+        registration = (f"as agents ag1..ag{sim_machines} in cluster {CLUSTER_ID}, allocation {ALLOCATION_ID}" if registered_now
+                        else "registered on an earlier start, kept as the store has it ('vipu-admin list agents')")
         click.echo(
             f"simulated pod: {sim_machines} IPU-Machines ({sim_machines * IPUS_PER_MACHINE} IPUs, {sim_topology}, "
-            f"{sim_ilds} IPU-Link domain(s)) as agents ag1..ag{sim_machines} in cluster {CLUSTER_ID}, "
-            f"allocation {ALLOCATION_ID}; rack description {pod.rack_path}\n"
+            f"{sim_ilds} IPU-Link domain(s)) {registration}; rack description {pod.rack_path}\n"
             f"try: vipu create partition p1 --size 4",
             err=True,
         )

@@ -4,14 +4,24 @@ The pod is real processes on loopback: one `vipu-agent` per machine, serving the
 machines of a rack description kept in the data directory (edit it to inject faults), each
 with its OpenMetrics exporter 6000 ports above its agent port. The
 machines are registered as agents ag1..agN in rack order, formed into cluster cl0 and given to
-allocation alloc-1, so `vipu create partition p1 --size 4` works at once. Restarting with the
-same data directory reuses the rack and the entities, and reconciles the fresh agents with the
-partitions the store remembers.
+allocation alloc-1, so `vipu create partition p1 --size 4` works at once.
+
+Restarting with the same data directory reuses the rack, and keeps the store's agents, clusters
+and allocations as they are (an administrator may have changed them); the fresh agents are
+reconciled with the partitions the store remembers. Agents a killed server left running are
+stopped first (their ids are in sim-agents.pid). A restart asking for another pod shape than the
+directory holds (sim-pod.json) is refused unless told to rebuild, which forgets the old pod: its
+rack, and in the store its agents with everything on them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -34,31 +44,79 @@ def agent_id(position: int) -> str:
 
 
 class SimPod:
-    def __init__(self, data_dir: Path, machines: int, topology: IldTopology, num_ilds: int, base_port: int = 18101):
+    def __init__(self, data_dir: Path, machines: int, topology: IldTopology, num_ilds: int, base_port: int = 18101,
+                 rebuild: bool = False):
         self.rack_path = data_dir / "sim-rack.yaml"
+        self.shape_path = data_dir / "sim-pod.json"
+        self.pid_path = data_dir / "sim-agents.pid"
         self.base_port = base_port
         self.log_dir = data_dir / "logs"
         self.machines = machines
         self.topology = topology
         self.num_ilds = num_ilds
+        self.rebuild = rebuild
+        self.rebuilt = False
         self.processes: list[subprocess.Popen] = []
 
+    @property
+    def shape(self) -> dict:
+        return {"machines": self.machines, "topology": self.topology.value, "ilds": self.num_ilds, "base_port": self.base_port}
+
+    @staticmethod
+    def describe(shape: dict) -> str:
+        return (f"{shape['machines']} machines ({shape['topology']}, {shape['ilds']} IPU-Link domain(s), "
+                f"agents from port {shape['base_port']})")
+
     def rack(self) -> Rack:
-        """The pod's rack: the one on disk if it matches, else a freshly generated one."""
+        """The pod's rack: the one on disk if it is of this shape, else a freshly generated one."""
         if self.rack_path.exists():
-            rack = load_rack(self.rack_path)
-            if len(rack.machines) != self.machines:
+            recorded = json.loads(self.shape_path.read_text()) if self.shape_path.exists() else None
+            if recorded is None:  # a directory from before the shape was recorded: its size is all that is known
+                rack = load_rack(self.rack_path)
+                recorded = {**self.shape, "machines": len(rack.machines)}
+            if recorded == self.shape:
+                self.shape_path.write_text(json.dumps(self.shape) + "\n")
+                return load_rack(self.rack_path)
+            if not self.rebuild:
                 raise InvalidArgument(
-                    f"{self.rack_path} describes {len(rack.machines)} machines, not {self.machines}; "
-                    "use another --data-dir for a pod of a different size"
+                    f"{self.rack_path.parent} holds a simulated pod of {self.describe(recorded)}, not {self.describe(self.shape)}; "
+                    "give --sim-rebuild to replace it (its partitions go with it), or use another --data-dir"
                 )
-            return rack
+            log.warning("rebuilding the simulated pod: %s replaces %s", self.describe(self.shape), self.describe(recorded))
+            self.rebuilt = True
         rack = generate_rack(self.machines, name=f"sim{self.machines}", topology=self.topology, num_ilds=self.num_ilds,
                              agent_base_port=self.base_port, with_exporters=True, time_scale=DEMO_TIME_SCALE)
         save_rack(rack, self.rack_path)
+        self.shape_path.write_text(json.dumps(self.shape) + "\n")
         return rack
 
+    def stop_orphans(self) -> None:
+        """Stop the agents a server killed without its clean-up left running: they hold the ports."""
+        if not self.pid_path.exists():
+            return
+        orphans = []
+        for pid in (int(line) for line in self.pid_path.read_text().split() if line.isdigit()):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # gone
+            if "vipu.agent" in command and str(self.rack_path) in command:
+                orphans.append(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        if orphans:
+            log.info("stopping the %d agents a previous vipu-server left running", len(orphans))
+        deadline = time.monotonic() + 10
+        while orphans and time.monotonic() < deadline:
+            orphans = [pid for pid in orphans if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+            time.sleep(0.05)
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.pid_path.unlink(missing_ok=True)
+
     def start(self, rack: Rack) -> None:
+        self.stop_orphans()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for machine in rack.machines:
             with open(self.log_dir / f"agent-{machine.name}.log", "ab") as log_file:
@@ -70,6 +128,7 @@ class SimPod:
                         stdin=subprocess.DEVNULL,
                     )
                 )
+        self.pid_path.write_text("".join(f"{process.pid}\n" for process in self.processes))
 
     def wait_ready(self, controller: Controller, rack: Rack, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -85,26 +144,31 @@ class SimPod:
                         raise Unavailable(f"the agent of {machine.name} did not answer within {timeout:.0f}s") from None
                     time.sleep(0.05)
 
-    def register(self, controller: Controller, rack: Rack) -> None:
-        """Create the pod's agents, cluster and allocation, keeping any that already exist."""
-        known = {view.agent.id for view in controller.agents.list()}
+    def register(self, controller: Controller, rack: Rack) -> bool:
+        """Create the pod's agents, cluster and allocation on its first start (or after a rebuild,
+        having removed the old pod's agents with everything on them); whether it did. On later
+        starts the store's entities are kept as they are: an administrator may have changed them."""
+        known = [view.agent.id for view in controller.agents.list()]
+        if self.rebuilt:
+            for old in (agent for agent in known if re.fullmatch(r"ag[0-9]+", agent)):
+                if any(view.agent.id == old for view in controller.agents.list()):
+                    controller.agents.remove(old, force=True)
+            known = [view.agent.id for view in controller.agents.list()]
+        if known or any(True for _ in controller.clusters.list()):
+            return False
         for position, machine in enumerate(rack.machines):
-            if agent_id(position) not in known:
-                controller.agents.create(agent_id(position), machine.host, machine.port)
-        clusters = {cluster.id for cluster, _ in controller.clusters.list()}
-        if CLUSTER_ID not in clusters:
-            controller.clusters.create(
-                Cluster(
-                    CLUSTER_ID,
-                    tuple(agent_id(p) for p in range(len(rack.machines))),
-                    self.topology,
-                    self.num_ilds,
-                    GwTopology.LOOPED if self.num_ilds > 1 else None,
-                )
+            controller.agents.create(agent_id(position), machine.host, machine.port)
+        controller.clusters.create(
+            Cluster(
+                CLUSTER_ID,
+                tuple(agent_id(p) for p in range(len(rack.machines))),
+                self.topology,
+                self.num_ilds,
+                GwTopology.LOOPED if self.num_ilds > 1 else None,
             )
-        allocations = {allocation.id for allocation, _ in controller.allocations.list()}
-        if ALLOCATION_ID not in allocations:
-            controller.allocations.create(ALLOCATION_ID, CLUSTER_ID, size=len(rack.machines) * IPUS_PER_MACHINE)
+        )
+        controller.allocations.create(ALLOCATION_ID, CLUSTER_ID, size=len(rack.machines) * IPUS_PER_MACHINE)
+        return True
 
     def stop(self) -> None:
         for process in self.processes:
@@ -114,3 +178,12 @@ class SimPod:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+        self.pid_path.unlink(missing_ok=True)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether the process has ended and waits only to be reaped (by its parent, or by init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
