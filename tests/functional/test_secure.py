@@ -126,6 +126,11 @@ def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_pat
                 "list partitions", None, "does not accept the client certificate")
     failed_line(pod.user("--tls-server-cert", str(foreign.ca_for(foreign.client_dir)), "list", "partitions", config=alice),
                 "list partitions", None, "its certificate is not signed by the certificate authority in")
+    failed_line(pod.user("--tls-client-key", str(tls.server_key), "list", "partitions", config=alice),
+                "list partitions", None, f"the client key {tls.server_key} does not belong to the client certificate")
+    failed_line(pod.user("--tls-client-cert", str(tls.server_cert), "--tls-client-key", str(tls.server_key), "list", "partitions",
+                         config=alice),
+                "list partitions", None, f"the client certificate {tls.server_cert} is not made for client authentication")
 
     now = datetime.datetime.now(datetime.UTC)
     key, cert = issue(tls.ca_key.read_bytes(), tls.ca_cert.read_bytes(), "stale",

@@ -199,8 +199,30 @@ def check_validity(path: Path, what: str = "client certificate") -> None:
         raise InvalidArgument(f"the {what} {path} is not valid before {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
 
 
+def check_client_pair(client_cert: Path, client_key: Path) -> None:
+    """Refuse, with the real reason, a client certificate the server would reject without one: a
+    key that is not the certificate's, or a certificate not made for client authentication."""
+    certificate = x509.load_pem_x509_certificate(_read(client_cert, "client certificate"))
+    try:
+        key = serialization.load_pem_private_key(_read(client_key, "client key"), password=None)
+    except (ValueError, TypeError) as error:
+        raise InvalidArgument(f"the client key {client_key} is not an unencrypted PEM private key ({error})") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, public) != \
+            certificate.public_key().public_bytes(serialization.Encoding.DER, public):
+        raise InvalidArgument(f"the client key {client_key} does not belong to the client certificate {client_cert}")
+    try:
+        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return  # no restriction: any use
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise InvalidArgument(f"the client certificate {client_cert} is not made for client authentication "
+                              "(its extended key usage lacks clientAuth)")
+
+
 def client_credentials(server_ca: Path, client_cert: Path, client_key: Path) -> grpc.ChannelCredentials:
     check_validity(client_cert)
+    check_client_pair(client_cert, client_key)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(server_ca, "server certificate authority"),
         private_key=_read(client_key, "client key"),
