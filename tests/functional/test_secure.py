@@ -153,6 +153,9 @@ def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_pat
 
     failed_line(pod.admin("list", "agents", config=alice), "list agents", None,
                 "user alice is not an administrator; the admin end-point answers administrators only")
+    alone = subprocess.run([str(BIN / "vipu-admin"), "--config", str(alice), "list", "agents"], capture_output=True, text=True,
+                           timeout=60)  # the user's file names this controller's admin port too, not the default 8091
+    failed_line(Result(alone.returncode, alone.stdout, alone.stderr), "list agents", None, "user alice is not an administrator")
     failed_line(pod.admin("create", "user", "mallory", "--admin", config=alice), "create user", "mallory", "not an administrator")
     failed_line(pod.user("remove", "partition", "p1", config=tenants["carol"]), "remove partition", "p1",
                 "partition p1 does not exist")  # another tenant's partition looks like one that does not exist

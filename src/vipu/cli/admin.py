@@ -326,7 +326,7 @@ def write_user_config(admin: AdminClient, reply: pb.UserKeyReply, directory: Pat
                               mine.server_cert, mine.client_cert, mine.client_key)
     path = directory / f"{reply.user.id}.vipu-cli.hcl"
     try:
-        write_client_config(path, settings)
+        write_client_config(path, settings, admin_port=mine.port)  # so that vipu-admin --config finds this controller too
     except OSError as error:
         fail("write configuration", str(path), error.strerror or str(error))
     return path
