@@ -4,11 +4,15 @@ the controller as it was."""
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.functional.harness import wait_until
+from vipu.api.protos import admin_pb2, admin_pb2_grpc
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 
@@ -73,3 +77,45 @@ def test_malformed_bytes_are_refused_in_one_line_and_a_storm_of_them_barely_touc
     grown = log.read_text()[before:]
     assert "Traceback" not in grown and grown.count("malformed request") <= 4, grown[-2000:]
     assert len(grown) < 2000
+
+
+ADMIN_IDS = st.one_of(st.text(max_size=70), st.sampled_from(["ag1", "ag9", "cl0", "cl9", "alloc-1", "a9", "", "x" * 64]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(entity_id=ADMIN_IDS, agents=st.lists(ADMIN_IDS, max_size=5), port=UINT, size=UINT, ilds=UINT, topology=st.integers(0, 5),
+       tests=st.lists(st.sampled_from(["Sync-Link", "Cabling", "Traffic", "nonsense", ""]), max_size=3), force=st.booleans())
+def test_random_admin_requests_are_served_or_refused_cleanly(registered_pod, entity_id, agents, port, size, ilds, topology, tests,
+                                                            force):
+    """The admin end-point too: every refusal a proper status and one line, the pod as it was, and
+    nothing in the server's log that looks like a crash."""
+    pod = registered_pod
+    api = admin_pb2_grpc.AdminServiceStub(pod._channel(pod.admin_port))
+    log = pod.directory / "server.log"
+    logged = log.stat().st_size
+    before = pod.snapshot()
+    calls = [
+        ("CreateAgent", admin_pb2.CreateAgentRequest(id=entity_id, host="127.0.0.1", port=port)),
+        ("CreateCluster", admin_pb2.CreateClusterRequest(id=entity_id, agent_ids=agents, topology=topology, num_ipulinkdomains=ilds)),
+        ("CreateAllocation", admin_pb2.CreateAllocationRequest(id=entity_id, cluster_id="cl0", agent_ids=agents, size=size)),
+        ("GetAgent", admin_pb2.GetRequest(id=entity_id)),
+        ("GetCluster", admin_pb2.GetRequest(id=entity_id)),
+        ("GetAllocation", admin_pb2.GetRequest(id=entity_id)),
+        ("CreateUser", admin_pb2.CreateUserRequest(id=entity_id)),
+        ("TestCluster", admin_pb2.TestClusterRequest(cluster_id=entity_id, tests=tests, wait=False)),
+    ]
+    for method, request in calls:
+        try:
+            getattr(api, method)(request, timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() in REFUSALS | {grpc.StatusCode.UNAVAILABLE}, (method, request, error.code(), error.details())
+            assert error.details() and "\n" not in error.details()
+    after = pod.snapshot()
+    if after != before:  # something was made: take it away again, by the API, and compare
+        made = [m for m, _ in calls if m.startswith("Create")]
+        for kind in ("Allocation", "Cluster", "Agent"):
+            if f"Create{kind}" in made:
+                with contextlib.suppress(grpc.RpcError):
+                    getattr(api, f"Remove{kind}")(admin_pb2.RemoveRequest(id=entity_id, force=force), timeout=30)
+        wait_until(lambda: pod.snapshot() == before, timeout=30, what="the pod as it was")
+    assert "Traceback" not in log.read_text()[logged:]
