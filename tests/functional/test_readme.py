@@ -47,12 +47,19 @@ def as_pattern(shown: str) -> str:
     return pattern.replace(re.escape("sqlite:////root/.local/share/vipu/vipu.db"), "sqlite:///.*/vipu\\.db")
 
 
-def ports_free(*ports: int) -> bool:
+def busy(ports) -> list[int]:
+    """Those of the ports something on this machine answers on."""
+    taken = []
     for port in ports:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return False
-    return True
+                taken.append(port)
+    return taken
+
+
+def simulated_pod_ports(machines: int, base: int = 18101) -> list[int]:
+    """What the simulated machines of the default rack listen on: agents, IPUoF, RDMA and exporters."""
+    return [base + offset + n for n in range(machines) for offset in (0, 2000, 4000, 6000)]
 
 
 @pytest.fixture
@@ -100,13 +107,15 @@ def run_walkthrough(block: list[str], directory: Path, env: dict, background: li
 
 def test_the_secure_mode_walkthrough_works_as_written(scratch):
     directory, env, background = scratch
-    assert ports_free(8090, 8091, 8092, 18101), "the walk-through uses the default ports, which something else holds"
+    taken = busy([8090, 8091, 8092, *simulated_pod_ports(4)])
+    assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
     run_walkthrough(first_block(section("Secure mode")), directory, env, background, "try: vipu create partition")
 
 
 def test_the_simulated_hardware_walkthrough_works_as_written(scratch):
     directory, env, background = scratch
-    assert ports_free(18101), "the walk-through's agents use the default ports, which something else holds"
+    taken = busy(simulated_pod_ports(64))
+    assert not taken, f"the walk-through's agents use the default ports; something else holds {taken}"
     block = first_block(section("The simulated hardware"), "faults into them:")
     commands = [f"$ {line}" + (" &" if line.startswith("vipu-agent") else "") for line in block]
     run_walkthrough(commands, directory, env, background, "served on", outputs_shown=False)

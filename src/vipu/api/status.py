@@ -39,15 +39,19 @@ def one_line(message: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
 
 
-# A refusal's message travels in a trailer, which HTTP/2 bounds (8 KB by default): a longer one
-# would turn the refusal into RESOURCE_EXHAUSTED. Messages quoting what a caller sent are cut here.
-MAX_DETAILS = 1000
+# A refusal's message travels in a trailer, which HTTP/2 bounds (8 KB by default, after gRPC
+# percent-encodes every byte beyond ASCII): a longer one would turn the refusal into
+# RESOURCE_EXHAUSTED. Messages quoting what a caller sent are cut here, by their UTF-8 bytes.
+MAX_DETAILS_BYTES = 1000
 
 
 def bounded(message: str) -> str:
-    """The message as one line of at most MAX_DETAILS characters."""
+    """The message as one line of at most MAX_DETAILS_BYTES bytes of UTF-8."""
     line = one_line(message)
-    return line if len(line) <= MAX_DETAILS else f"{line[:MAX_DETAILS]}... (shortened from {len(line)} characters)"
+    encoded = line.encode()
+    if len(encoded) <= MAX_DETAILS_BYTES:
+        return line
+    return f"{encoded[:MAX_DETAILS_BYTES].decode(errors='ignore')}... (shortened from {len(line)} characters)"
 
 
 def code_for(error: errors.VipuError) -> grpc.StatusCode:

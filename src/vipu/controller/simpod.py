@@ -8,10 +8,11 @@ allocation alloc-1, so `vipu create partition p1 --size 4` works at once.
 
 Restarting with the same data directory reuses the rack, and keeps the store's agents, clusters
 and allocations as they are (an administrator may have changed them); the fresh agents are
-reconciled with the partitions the store remembers. Agents a killed server left running are
-stopped first (their ids are in sim-agents.pid). A restart asking for another pod shape than the
-directory holds (sim-pod.json) is refused unless told to rebuild, which forgets the old pod: its
-rack, and in the store its agents with everything on them.
+reconciled with the partitions the store remembers. Until a start has registered them all
+(sim-pod.json says when), a start creates whichever are missing. Agents a killed server left
+running are stopped first (their process ids are in sim-agents.pid). A restart asking for another
+pod shape than the directory holds (sim-pod.json) is refused unless told to rebuild, which
+forgets the old pod: its rack, and in the store its agents with everything on them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def agent_id(position: int) -> str:
 class SimPod:
     def __init__(self, data_dir: Path, machines: int, topology: IldTopology, num_ilds: int, base_port: int = 18101,
                  rebuild: bool = False):
+        data_dir = data_dir.resolve()  # the agents' command lines name the rack by it: one spelling
         self.rack_path = data_dir / "sim-rack.yaml"
         self.shape_path = data_dir / "sim-pod.json"
         self.pid_path = data_dir / "sim-agents.pid"
@@ -55,7 +57,6 @@ class SimPod:
         self.topology = topology
         self.num_ilds = num_ilds
         self.rebuild = rebuild
-        self.rebuilt = False
         self.processes: list[subprocess.Popen] = []
 
     @property
@@ -69,13 +70,14 @@ class SimPod:
 
     def rack(self) -> Rack:
         """The pod's rack: the one on disk if it is of this shape, else a freshly generated one."""
-        if self.rack_path.exists():
-            recorded = json.loads(self.shape_path.read_text()) if self.shape_path.exists() else None
-            if recorded is None:  # a directory from before the shape was recorded: its size is all that is known
-                rack = load_rack(self.rack_path)
-                recorded = {**self.shape, "machines": len(rack.machines)}
+        had_pod = self.rack_path.exists()
+        if had_pod:
+            state = self._state()
+            if not state:  # a directory from before the shape was recorded: its size is all that is known
+                state = {**self.shape, "machines": len(load_rack(self.rack_path).machines), "registered": True}
+            recorded = {key: state.get(key) for key in self.shape}
             if recorded == self.shape:
-                self.shape_path.write_text(json.dumps(self.shape) + "\n")
+                self._save_state(registered=state.get("registered", False), replaced=state.get("replaced", False))
                 return load_rack(self.rack_path)
             if not self.rebuild:
                 raise InvalidArgument(
@@ -83,12 +85,19 @@ class SimPod:
                     "give --sim-rebuild to replace it (its partitions go with it), or use another --data-dir"
                 )
             log.warning("rebuilding the simulated pod: %s replaces %s", self.describe(self.shape), self.describe(recorded))
-            self.rebuilt = True
         rack = generate_rack(self.machines, name=f"sim{self.machines}", topology=self.topology, num_ilds=self.num_ilds,
                              agent_base_port=self.base_port, with_exporters=True, time_scale=DEMO_TIME_SCALE)
         save_rack(rack, self.rack_path)
-        self.shape_path.write_text(json.dumps(self.shape) + "\n")
+        self._save_state(registered=False, replaced=had_pod)
         return rack
+
+    def _state(self) -> dict:
+        return json.loads(self.shape_path.read_text()) if self.shape_path.exists() else {}
+
+    def _save_state(self, registered: bool, replaced: bool) -> None:
+        """The pod's shape, whether its entities are all registered, and whether an old pod's agents
+        still have to be removed from the store (a rebuild not finished)."""
+        self.shape_path.write_text(json.dumps({**self.shape, "registered": registered, "replaced": replaced}) + "\n")
 
     def stop_orphans(self) -> None:
         """Stop the agents a server killed without its clean-up left running: they hold the ports."""
@@ -100,7 +109,7 @@ class SimPod:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue  # gone
-            if "vipu.agent" in command and str(self.rack_path) in command:
+            if "vipu.agent" in command.split() and f"--rack {self.rack_path} " in f"{command} ":
                 orphans.append(pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
@@ -145,29 +154,35 @@ class SimPod:
                     time.sleep(0.05)
 
     def register(self, controller: Controller, rack: Rack) -> bool:
-        """Create the pod's agents, cluster and allocation on its first start (or after a rebuild,
-        having removed the old pod's agents with everything on them); whether it did. On later
-        starts the store's entities are kept as they are: an administrator may have changed them."""
-        known = [view.agent.id for view in controller.agents.list()]
-        if self.rebuilt:
-            for old in (agent for agent in known if re.fullmatch(r"ag[0-9]+", agent)):
-                if any(view.agent.id == old for view in controller.agents.list()):
-                    controller.agents.remove(old, force=True)
-            known = [view.agent.id for view in controller.agents.list()]
-        if known or any(True for _ in controller.clusters.list()):
+        """Create the pod's agents, cluster and allocation, whichever are missing, until a start has
+        registered them all (after a rebuild, having removed the old pod's agents with everything on
+        them first); whether it did. Once registered, the store's entities are kept as they are: an
+        administrator may have changed them."""
+        state = self._state()
+        if state.get("registered"):
             return False
+        if state.get("replaced"):
+            for old in [view.agent.id for view in controller.agents.list() if re.fullmatch(r"ag[0-9]+", view.agent.id)]:
+                if any(view.agent.id == old for view in controller.agents.list()):  # a force may have taken it already
+                    controller.agents.remove(old, force=True)
+            self._save_state(registered=False, replaced=False)
+        known = {view.agent.id for view in controller.agents.list()}
         for position, machine in enumerate(rack.machines):
-            controller.agents.create(agent_id(position), machine.host, machine.port)
-        controller.clusters.create(
-            Cluster(
-                CLUSTER_ID,
-                tuple(agent_id(p) for p in range(len(rack.machines))),
-                self.topology,
-                self.num_ilds,
-                GwTopology.LOOPED if self.num_ilds > 1 else None,
+            if agent_id(position) not in known:
+                controller.agents.create(agent_id(position), machine.host, machine.port)
+        if CLUSTER_ID not in {cluster.id for cluster, _ in controller.clusters.list()}:
+            controller.clusters.create(
+                Cluster(
+                    CLUSTER_ID,
+                    tuple(agent_id(p) for p in range(len(rack.machines))),
+                    self.topology,
+                    self.num_ilds,
+                    GwTopology.LOOPED if self.num_ilds > 1 else None,
+                )
             )
-        )
-        controller.allocations.create(ALLOCATION_ID, CLUSTER_ID, size=len(rack.machines) * IPUS_PER_MACHINE)
+        if ALLOCATION_ID not in {allocation.id for allocation, _ in controller.allocations.list()}:
+            controller.allocations.create(ALLOCATION_ID, CLUSTER_ID, size=len(rack.machines) * IPUS_PER_MACHINE)
+        self._save_state(registered=True, replaced=False)
         return True
 
     def stop(self) -> None:

@@ -39,7 +39,7 @@ def check_id(kind: str, value: str) -> str:
     return value
 
 
-_GCD_FILE_SUFFIX = re.compile(r"_gcd[0-9]+")
+_GCD_FILE_SUFFIX = re.compile(r"_gcd[0-9]+\Z")
 
 
 def check_partition_id(value: str) -> str:
@@ -47,7 +47,7 @@ def check_partition_id(value: str) -> str:
     P_gcdN_ipuof.conf, so a partition with such an id would take another's file (or lose its own)."""
     check_id("partition", value)
     suffix = _GCD_FILE_SUFFIX.search(value)
-    if suffix is not None and suffix.end() == len(value):
+    if suffix is not None:
         owner = value[: suffix.start()]
         raise InvalidArgument(f"invalid partition id {quoted(value)}: it may not end in _gcd and a number, which names "
                               f"the IPUoF file of a GCD of partition {quoted(owner)}")

@@ -25,7 +25,7 @@ class Replica(version_pb2_grpc.VersionServiceServicer):
         self.calls = 0
 
     @contextmanager
-    def admit(self, method, metadata):
+    def admit(self, method, metadata, peer):
         self.calls += 1
         if self.refusal is not None:
             raise self.refusal

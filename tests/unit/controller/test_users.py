@@ -98,22 +98,25 @@ def test_every_refusal_costs_one_full_scrypt_so_time_tells_nothing(users, monkey
     assert not any(key in r.getMessage() for r in caplog.records)
 
 
-def test_an_address_that_keeps_failing_is_locked_out_for_a_while_and_others_are_not(tmp_path, caplog):
+def test_a_user_guessed_at_from_one_address_is_locked_out_there_for_a_while_and_nobody_else_is(tmp_path, caplog):
     now = [1000.0]
     store = Store(f"sqlite:///{tmp_path / 'v.db'}")
     users = UserService(store, LoginThrottle(limit=3, lockout=60, clock=lambda: now[0]))
     try:
         _, key = users.create("alice")
+        _, bobs = users.create("bob")
         attacker, neighbour = "ipv4:10.0.0.9:51000", "ipv4:10.0.0.7:40000"
         for port in (51000, 51001, 51002):  # a new port each time is the same address
             with pytest.raises(Unauthenticated, match="invalid user id or access key"):
                 users.authenticate("alice", "guess", peer=f"ipv4:10.0.0.9:{port}")
-        with pytest.raises(Unauthenticated, match="too many failed logins from this address; try again in 60 s"):
+        with pytest.raises(Unauthenticated, match="too many failed logins for user alice from this address; try again in 60 s"):
             users.authenticate("alice", key, peer=attacker)  # even the right key, until the lockout ends
-        assert users.authenticate("alice", key, peer=neighbour).user_id == "alice"
+        assert users.authenticate("bob", bobs, peer=attacker).user_id == "bob"  # another user behind the same address
+        assert users.authenticate("alice", key, peer=neighbour).user_id == "alice"  # the same user from elsewhere
         now[0] += 61
         assert users.authenticate("alice", key, peer=attacker).user_id == "alice"
-        assert any("logins from ipv4:10.0.0.9 refused for 60 s after 3 failures" in r.getMessage() for r in caplog.records)
+        assert any("logins of user 'alice' from ipv4:10.0.0.9 refused for 60 s after 3 failures" in r.getMessage()
+                   for r in caplog.records)
         assert any("from ipv4:10.0.0.9:51001 refused: wrong access key" in r.getMessage() for r in caplog.records)
     finally:
         store.close()

@@ -220,6 +220,7 @@ class PartitionService:
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
+        self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
         with self.operations.admitted(), self.holds.hold(partition_id, "resetting"):
             partition = self._partition(partition_id, access)
             self._refuse_if_busy(partition)
@@ -236,6 +237,7 @@ class PartitionService:
         another operation waits for that operation to end, so that once it returns no agent holds
         the partition; it also forgets one whose agents cannot be reached."""
         wait = FORCED_REMOVE_WAIT_SECONDS if force else 0.0
+        self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
         with self.operations.admitted(), self.holds.hold(partition_id, "removing", wait=wait):
             partition = self._partition(partition_id, access)
             if not access.unrestricted and partition.owner and partition.owner != access.user_id:

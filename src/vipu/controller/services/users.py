@@ -49,9 +49,11 @@ def credential_for(key: str, version: int) -> Credential:
 
 
 class LoginThrottle:
-    """Failed logins by the caller's address: after `limit` of them within `lockout` seconds, the
-    address is refused for `lockout` seconds without its key being checked. A success forgets its
-    failures. `limit` 0 turns it off. `clock` is for tests."""
+    """Failed logins by the caller's address and the user named: after `limit` of them within
+    `lockout` seconds, that user is refused from that address for `lockout` seconds without the key
+    being checked, so that guessing one user's key is slowed while other users behind the same
+    address (a NAT, the Kubernetes proxy) go on. A success forgets that pair's failures. `limit`
+    0 turns it off. `clock` is for tests."""
 
     TRACKED_ADDRESSES = 10_000  # beyond this, addresses whose failures have all expired are forgotten
 
@@ -66,34 +68,37 @@ class LoginThrottle:
         """gRPC's peer ('ipv4:10.0.0.5:51234', 'ipv6:[::1]:51234') without its port."""
         return peer.rpartition(":")[0] or peer
 
-    def check(self, peer: str) -> None:
+    def _key(self, peer: str, user_id: str) -> str:
+        return f"{self.address(peer)} {user_id}"
+
+    def check(self, peer: str, user_id: str) -> None:
         if not self.limit or not peer:
             return
         with self._lock:
-            until = self._locked_until.get(self.address(peer), 0.0)
+            until = self._locked_until.get(self._key(peer, user_id), 0.0)
         wait = until - self.clock()
         if wait > 0:
-            raise Unauthenticated(f"too many failed logins from this address; try again in {wait:.0f} s")
+            raise Unauthenticated(f"too many failed logins for user {user_id} from this address; try again in {wait:.0f} s")
 
-    def failed(self, peer: str) -> None:
+    def failed(self, peer: str, user_id: str) -> None:
         if not self.limit or not peer:
             return
-        address, now = self.address(peer), self.clock()
+        key, now = self._key(peer, user_id), self.clock()
         with self._lock:
-            recent = self._failures.setdefault(address, collections.deque())
+            recent = self._failures.setdefault(key, collections.deque())
             recent.append(now)
             while recent and recent[0] <= now - self.lockout:
                 recent.popleft()
             if len(recent) >= self.limit:
-                self._locked_until[address] = now + self.lockout
-                recent.clear()
-                log.warning("logins from %s refused for %.0f s after %d failures", address, self.lockout, self.limit)
+                self._locked_until[key] = now + self.lockout
+                log.warning("logins of user %s from %s refused for %.0f s after %d failures", quoted(user_id), self.address(peer),
+                            self.lockout, len(recent))
             if len(self._failures) > self.TRACKED_ADDRESSES:
                 self._forget_expired(now)
 
-    def succeeded(self, peer: str) -> None:
+    def succeeded(self, peer: str, user_id: str) -> None:
         with self._lock:
-            self._failures.pop(self.address(peer), None)
+            self._failures.pop(self._key(peer, user_id), None)
 
     def _forget_expired(self, now: float) -> None:
         for address in [a for a, times in self._failures.items() if not times or times[-1] <= now - self.lockout]:
@@ -176,7 +181,7 @@ class UserService:
         is the caller's address, for the log and the throttle of failed logins."""
         if not user_id or not key:
             raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
-        self.throttle.check(peer)
+        self.throttle.check(peer, user_id)
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
             credential = tx.get_credential(user_id)
@@ -185,7 +190,7 @@ class UserService:
             self._refuse(user_id, "no such user", peer)
         if not self._matches(user_id, key, credential):
             self._refuse(user_id, "wrong access key", peer)
-        self.throttle.succeeded(peer)
+        self.throttle.succeeded(peer, user_id)
         if user.role is Role.ADMIN:
             return Access(user.id, None)
         if admin_only:
@@ -194,7 +199,7 @@ class UserService:
 
     def _refuse(self, user_id: str, reason: str, peer: str) -> typing.NoReturn:
         log.warning("authentication of user %s from %s refused: %s", quoted(user_id), peer or "?", reason)
-        self.throttle.failed(peer)
+        self.throttle.failed(peer, user_id)
         raise Unauthenticated(f"invalid user id or access key for user {user_id}")
 
     def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
