@@ -28,7 +28,7 @@ from vipu.api.protos import (
     vipuuser_pb2,
     vipuuser_pb2_grpc,
 )
-from vipu.api.tls import TlsFiles, client_credentials
+from vipu.api.tls import TlsFiles, agent_channel_credentials, client_credentials
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
 from vipu.model.entities import IldTopology
@@ -128,7 +128,7 @@ class Pod:
         with open(self.directory / f"agent-{names[0]}.log", "ab") as log:
             self.agents[names[0]] = subprocess.Popen(
                 dying_with_parent([sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), *machines,
-                                   "--announce-interval", "0"]),
+                                   "--announce-interval", "0", *(("--tls-dir", str(self.tls.agents_dir)) if self.secure else ())]),
                 stdout=log, stderr=subprocess.STDOUT,
             )
 
@@ -232,7 +232,13 @@ class Pod:
         return self._channels[key]
 
     def agent_stub_at(self, port: int):
-        return agent_pb2_grpc.AgentServiceStub(self._channel(port))
+        """An agent's service as the controller reaches it: over the agent link's mutual TLS in secure mode."""
+        if not self.secure:
+            return agent_pb2_grpc.AgentServiceStub(self._channel(port))
+        key = ("agent", port)
+        if key not in self._channels:
+            self._channels[key] = grpc.secure_channel(f"127.0.0.1:{port}", agent_channel_credentials(self.tls))
+        return agent_pb2_grpc.AgentServiceStub(self._channels[key])
 
     def held(self, machine_name: str) -> dict[str, list[int]]:
         """What a machine's agent holds: partition id -> its IPU indices there."""

@@ -8,6 +8,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.functional.harness import (
@@ -20,8 +21,8 @@ from tests.functional.harness import (
     wait_until,
 )
 from tests.ports import free_port
-from vipu.api.protos import admin_pb2
-from vipu.api.tls import TlsFiles, generate, issue
+from vipu.api.protos import admin_pb2, agent_pb2, agent_pb2_grpc
+from vipu.api.tls import TlsFiles, agent_channel_credentials, generate, issue
 from vipu.client.settings import parse_hcl
 
 
@@ -54,11 +55,14 @@ def test_init_makes_the_store_the_certificates_and_an_administrator(tmp_path):
                            "--default-user-id", "ops"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and lines[0] == f"Initialised storage: sqlite:///{tmp_path / 'v.db'}"
-    assert lines[1:4] == ["Generated server TLS certificates in the directory: vipu-certs/server",
-                          "Generated client TLS certificates in the directory: vipu-certs/client", "Default user is: ops"]
-    assert lines[4].startswith("Access key is '") and lines[5].endswith("written: ops.vipu-cli.hcl")
+    assert lines[1:5] == ["Generated server TLS certificates in the directory: vipu-certs/server",
+                          "Generated client TLS certificates in the directory: vipu-certs/client",
+                          "Generated agent link TLS certificates in the directories: vipu-certs/agents, vipu-certs/controller",
+                          "Default user is: ops"]
+    assert lines[5].startswith("Access key is '") and lines[6].endswith("written: ops.vipu-cli.hcl")
     files = TlsFiles(tmp_path / "vipu-certs")
-    for private in (files.ca_key, files.server_key, files.client_key, tmp_path / "ops.vipu-cli.hcl"):
+    for private in (files.ca_key, files.server_key, files.client_key, files.link_ca_key, files.agent_key, files.controller_key,
+                    tmp_path / "ops.vipu-cli.hcl"):
         assert stat.S_IMODE(os.stat(private).st_mode) == 0o600, private
     again = subprocess.run([str(BIN / "vipu-server"), "--tls-init"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.splitlines()) == 1
@@ -251,3 +255,25 @@ def test_the_slurm_prolog_and_epilog_reach_a_secure_controller_as_their_api_user
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().splitlines()[-1].startswith("vipu-slurm prolog (job 42): failed: ")
     assert not [p for p in pod.snapshot()["partitions"] if p.id == "slurm-42"]
+
+
+def test_in_secure_mode_an_agent_answers_its_controller_alone(pod, tenants, tmp_path):
+    """The agent link has its own authority: a plaintext client, a user's client certificate and
+    another site's controller are each refused at the handshake, and the machine is left as it was."""
+    assert pod.user("create", "partition", "held", "--size", "4", config=tenants["alice"]).code == 0
+    machine = next(m for m in pod.rack.machines if "held" in pod.held(m.name))
+    before = {m.name: pod.held(m.name) for m in pod.rack.machines}
+    address = f"127.0.0.1:{machine.port}"
+    clear = agent_pb2.ClearPartitionRequest(partition_id="held")
+    other_site = TlsFiles(tmp_path / "other-site")
+    generate(other_site, ["localhost", "127.0.0.1"])
+    users_own = grpc.ssl_channel_credentials(pod.tls.ca_for(pod.tls.controller_dir).read_bytes(),
+                                             pod.tls.client_key.read_bytes(), pod.tls.client_cert.read_bytes())
+    for name, channel in (("plaintext", grpc.insecure_channel(address)),
+                          ("a user's certificate", grpc.secure_channel(address, users_own)),
+                          ("another site's controller", grpc.secure_channel(address, agent_channel_credentials(other_site)))):
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            agent_pb2_grpc.AgentServiceStub(channel).ClearPartition(clear, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, name
+    assert {m.name: pod.held(m.name) for m in pod.rack.machines} == before
+    assert pod.user("remove", "partition", "held", config=tenants["alice"]).code == 0  # the controller itself gets through

@@ -75,6 +75,39 @@ class TlsFiles:
     def ca_for(self, directory: Path) -> Path:
         return directory / "ca.pem"
 
+    # The link between the controller and its agents has an authority of its own, so that the
+    # client certificates users hold (from the authority above) open no agent.
+
+    @property
+    def agents_dir(self) -> Path:
+        """What each agent needs: its certificate and key, and the link's authority (ca.pem)."""
+        return self.root / "agents"
+
+    @property
+    def controller_dir(self) -> Path:
+        """What the controller needs to reach its agents: its certificate and key, and the link's authority."""
+        return self.root / "controller"
+
+    @property
+    def link_ca_key(self) -> Path:
+        return self.root / "ca" / "agent-link-ca-key.pem"
+
+    @property
+    def agent_cert(self) -> Path:
+        return self.agents_dir / "agent.pem"
+
+    @property
+    def agent_key(self) -> Path:
+        return self.agents_dir / "agent-key.pem"
+
+    @property
+    def controller_cert(self) -> Path:
+        return self.controller_dir / "controller.pem"
+
+    @property
+    def controller_key(self) -> Path:
+        return self.controller_dir / "controller-key.pem"
+
 
 def default_hosts() -> list[str]:
     names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
@@ -171,6 +204,44 @@ def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> Non
         _write(files.ca_for(directory), ca_cert)
         _write(key_path, key, private=True)
         _write(cert_path, cert)
+    generate_agent_link(files, hosts, days)
+
+
+def generate_agent_link(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> None:
+    """The controller-agent link's own authority, a certificate for the agents (for `hosts`) and
+    one for the controller; refuse to overwrite any."""
+    if files.agent_cert.exists() or files.controller_cert.exists():
+        raise AlreadyExists(f"{files.agent_cert} already exists; remove {files.agents_dir} and {files.controller_dir} first")
+    link_key, link_cert = make_authority("vipu agent link authority")
+    agent_key, agent_cert = issue(link_key, link_cert, "vipu-agent", server_names=hosts, days=days)
+    controller_key, controller_cert = issue(link_key, link_cert, "vipu-controller", days=days)
+    _write(files.link_ca_key, link_key, private=True)
+    for directory, key, cert, key_path, cert_path in (
+        (files.agents_dir, agent_key, agent_cert, files.agent_key, files.agent_cert),
+        (files.controller_dir, controller_key, controller_cert, files.controller_key, files.controller_cert),
+    ):
+        _write(files.ca_for(directory), link_cert)
+        _write(key_path, key, private=True)
+        _write(cert_path, cert)
+
+
+def agent_server_credentials(agents_dir: Path) -> grpc.ServerCredentials:
+    """An agent's end-point: it answers only a client with a certificate from the link's authority,
+    which only the controller holds."""
+    return grpc.ssl_server_credentials(
+        [(_read(agents_dir / "agent-key.pem", "agent key"), _read(agents_dir / "agent.pem", "agent certificate"))],
+        root_certificates=_read(agents_dir / "ca.pem", "agent link authority"),
+        require_client_auth=True,
+    )
+
+
+def agent_channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    """The controller's side of the agent link."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(files.ca_for(files.controller_dir), "agent link authority"),
+        private_key=_read(files.controller_key, "controller key"),
+        certificate_chain=_read(files.controller_cert, "controller certificate"),
+    )
 
 
 def _read(path: Path, what: str) -> bytes:

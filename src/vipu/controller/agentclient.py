@@ -27,9 +27,11 @@ class GrpcAgentGateway:
     Cluster-test steps get a deadline of their own: on real hardware one takes up to a minute.
     """
 
-    def __init__(self, timeout: float = 10.0, test_timeout: float = 600.0):
+    def __init__(self, timeout: float = 10.0, test_timeout: float = 600.0, credentials: grpc.ChannelCredentials | None = None):
+        """`credentials`: the agent link's mutual TLS (secure mode); plaintext without."""
         self.timeout = timeout
         self.test_timeout = test_timeout
+        self.credentials = credentials
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentServiceStub]] = {}
 
@@ -38,7 +40,8 @@ class GrpcAgentGateway:
         with self._lock:
             entry = self._stubs.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = (grpc.insecure_channel(address, options=CHANNEL_OPTIONS) if self.credentials is None
+                           else grpc.secure_channel(address, self.credentials, options=CHANNEL_OPTIONS))
                 entry = (channel, agent_pb2_grpc.AgentServiceStub(channel))
                 self._stubs[address] = entry
             return entry[1]

@@ -18,7 +18,7 @@ import click
 
 from vipu import __version__
 from vipu.api.announcements import DISCOVERY_PORT
-from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate, generate_agent_link
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.services.users import UserService
@@ -83,13 +83,17 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
         click.echo(f"Initialised storage: {store.describe()}")
     files = TlsFiles(tls_dir)
     if certificates or (store_too and secure):
+        hosts = [h.strip() for h in tls_hosts.split(",") if h.strip()] if tls_hosts else default_hosts()
         if certificates or not files.server_cert.exists():
-            hosts = [h.strip() for h in tls_hosts.split(",") if h.strip()] if tls_hosts else default_hosts()
             generate(files, hosts)
             click.echo(f"Generated server TLS certificates in the directory: {files.server_dir}")
             click.echo(f"Generated client TLS certificates in the directory: {files.client_dir}")
+            click.echo(f"Generated agent link TLS certificates in the directories: {files.agents_dir}, {files.controller_dir}")
         else:
             click.echo(f"Using the TLS certificates in the directory: {files.root}")
+            if not files.agent_cert.exists():  # made before the agent link had certificates of its own
+                generate_agent_link(files, hosts)
+                click.echo(f"Generated agent link TLS certificates in the directories: {files.agents_dir}, {files.controller_dir}")
     if store is not None and secure:
         users = UserService(store)
         if users.has_administrator():
@@ -203,7 +207,9 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     registered_now = False
     try:
         if sim_machines:
-            pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port, rebuild=sim_rebuild)
+            agent_tls = TlsFiles(tls_dir).agents_dir if secure and TlsFiles(tls_dir).agent_cert.exists() else None
+            pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port, rebuild=sim_rebuild,
+                         agent_tls=agent_tls)
             rack = pod.rack()
             pod.start(rack)
             pod.wait_ready(controller, rack)

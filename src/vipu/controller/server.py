@@ -19,7 +19,7 @@ from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
-from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, server_credentials
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials, server_credentials
 from vipu.controller.agentclient import GrpcAgentGateway
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
 from vipu.controller.discovery import DiscoveryListener
@@ -66,6 +66,19 @@ class ServerConfig:
     login_lockout: float = 60.0
 
 
+def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
+    """In secure mode, the agent link's mutual TLS (the certificates `--tls-init` makes in the TLS
+    directory's controller/); plaintext in open mode, or, with a warning, when they are missing."""
+    if not config.secure:
+        return None
+    files = TlsFiles(config.tls_dir)
+    if not files.controller_cert.exists():
+        log.warning("secure mode, but no agent link certificates in %s: the agents are reached in plaintext; "
+                    "'vipu-server --tls-init --tls-dir %s' makes them", files.controller_dir, files.root)
+        return None
+    return agent_channel_credentials(files)
+
+
 class Controller:
     """A controller; with `ha_lease_seconds`, one replica of several, serving only while it leads.
 
@@ -78,7 +91,7 @@ class Controller:
             raise InvalidArgument("the user and admin end-points need different addresses or ports")
         self.config = config
         self.store = Store(config.db_url)
-        self.gateway = GrpcAgentGateway(config.agent_timeout)
+        self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=agent_link(config))
         self.hardware = Hardware(self.gateway, workers=config.workers)
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test)

@@ -46,7 +46,7 @@ def agent_id(position: int) -> str:
 
 class SimPod:
     def __init__(self, data_dir: Path, machines: int, topology: IldTopology, num_ilds: int, base_port: int = 18101,
-                 rebuild: bool = False):
+                 rebuild: bool = False, agent_tls: Path | None = None):
         data_dir = data_dir.resolve()  # the agents' command lines name the rack by it: one spelling
         self.rack_path = data_dir / "sim-rack.yaml"
         self.shape_path = data_dir / "sim-pod.json"
@@ -57,6 +57,7 @@ class SimPod:
         self.topology = topology
         self.num_ilds = num_ilds
         self.rebuild = rebuild
+        self.agent_tls = agent_tls  # secure mode: the agents serve the agent link's mutual TLS with these files
         self.processes: list[subprocess.Popen] = []
 
     @property
@@ -131,7 +132,8 @@ class SimPod:
             with open(self.log_dir / f"agent-{machine.name}.log", "ab") as log_file:
                 self.processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--machine", machine.name],
+                        [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--machine", machine.name,
+                         *(("--tls-dir", str(self.agent_tls)) if self.agent_tls else ())],
                         stdout=log_file,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
