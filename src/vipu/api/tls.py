@@ -186,7 +186,8 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> None:
-    """Write a new authority and a server and a client certificate; refuse to overwrite any."""
+    """Write a new authority, a server and a client certificate, and the agent link's (`generate_agent_link`);
+    refuse to overwrite any."""
     existing = [p for p in (files.ca_cert, files.server_cert, files.client_cert) if p.exists()]
     if existing:
         raise AlreadyExists(f"{existing[0]} already exists; remove {files.root} to make new certificates")
@@ -197,13 +198,8 @@ def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> Non
     client_key, client_cert = issue(ca_key, ca_cert, "vipu-client", days=days)
     _write(files.ca_key, ca_key, private=True)
     _write(files.ca_cert, ca_cert)
-    for directory, key, cert, key_path, cert_path in (
-        (files.server_dir, server_key, server_cert, files.server_key, files.server_cert),
-        (files.client_dir, client_key, client_cert, files.client_key, files.client_cert),
-    ):
-        _write(files.ca_for(directory), ca_cert)
-        _write(key_path, key, private=True)
-        _write(cert_path, cert)
+    _write_holder(files.ca_for(files.server_dir), ca_cert, files.server_key, server_key, files.server_cert, server_cert)
+    _write_holder(files.ca_for(files.client_dir), ca_cert, files.client_key, client_key, files.client_cert, client_cert)
     generate_agent_link(files, hosts, days)
 
 
@@ -216,13 +212,16 @@ def generate_agent_link(files: TlsFiles, hosts: list[str], days: int = DEFAULT_D
     agent_key, agent_cert = issue(link_key, link_cert, "vipu-agent", server_names=hosts, days=days)
     controller_key, controller_cert = issue(link_key, link_cert, "vipu-controller", days=days)
     _write(files.link_ca_key, link_key, private=True)
-    for directory, key, cert, key_path, cert_path in (
-        (files.agents_dir, agent_key, agent_cert, files.agent_key, files.agent_cert),
-        (files.controller_dir, controller_key, controller_cert, files.controller_key, files.controller_cert),
-    ):
-        _write(files.ca_for(directory), link_cert)
-        _write(key_path, key, private=True)
-        _write(cert_path, cert)
+    _write_holder(files.ca_for(files.agents_dir), link_cert, files.agent_key, agent_key, files.agent_cert, agent_cert)
+    _write_holder(files.ca_for(files.controller_dir), link_cert, files.controller_key, controller_key, files.controller_cert,
+                  controller_cert)
+
+
+def _write_holder(ca_path: Path, ca: bytes, key_path: Path, key: bytes, cert_path: Path, cert: bytes) -> None:
+    """What one holder of a certificate needs in its directory: the authority, its key (owner only), its certificate."""
+    _write(ca_path, ca)
+    _write(key_path, key, private=True)
+    _write(cert_path, cert)
 
 
 def agent_server_credentials(agents_dir: Path) -> grpc.ServerCredentials:
