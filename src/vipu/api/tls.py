@@ -34,6 +34,9 @@ DEFAULT_DIRECTORY = Path("vipu-certs")
 DEFAULT_DAYS = 825
 
 
+AGENT_CERT, AGENT_KEY = "agent.pem", "agent-key.pem"  # in an agent's --tls-dir, with the link's ca.pem
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """Where the files of one TLS set-up live, under one directory."""
@@ -94,11 +97,11 @@ class TlsFiles:
 
     @property
     def agent_cert(self) -> Path:
-        return self.agents_dir / "agent.pem"
+        return self.agents_dir / AGENT_CERT
 
     @property
     def agent_key(self) -> Path:
-        return self.agents_dir / "agent-key.pem"
+        return self.agents_dir / AGENT_KEY
 
     @property
     def controller_cert(self) -> Path:
@@ -107,6 +110,12 @@ class TlsFiles:
     @property
     def controller_key(self) -> Path:
         return self.controller_dir / "controller-key.pem"
+
+    @property
+    def has_agent_link(self) -> bool:
+        """Whether both sides of the agent link have their certificates: in secure mode the
+        controller reaches its agents over TLS when this holds (and its simulated agents follow it)."""
+        return self.agent_cert.exists() and self.controller_cert.exists()
 
 
 def default_hosts() -> list[str]:
@@ -227,20 +236,12 @@ def _write_holder(ca_path: Path, ca: bytes, key_path: Path, key: bytes, cert_pat
 def agent_server_credentials(agents_dir: Path) -> grpc.ServerCredentials:
     """An agent's end-point: it answers only a client with a certificate from the link's authority,
     which only the controller holds."""
-    return grpc.ssl_server_credentials(
-        [(_read(agents_dir / "agent-key.pem", "agent key"), _read(agents_dir / "agent.pem", "agent certificate"))],
-        root_certificates=_read(agents_dir / "ca.pem", "agent link authority"),
-        require_client_auth=True,
-    )
+    return _mutual_server_credentials(agents_dir / AGENT_KEY, agents_dir / AGENT_CERT, agents_dir / "ca.pem", "agent")
 
 
 def agent_channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
-    """The controller's side of the agent link."""
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(files.ca_for(files.controller_dir), "agent link authority"),
-        private_key=_read(files.controller_key, "controller key"),
-        certificate_chain=_read(files.controller_cert, "controller certificate"),
-    )
+    """The controller's side of the agent link, checked as any client's certificate is."""
+    return client_credentials(files.ca_for(files.controller_dir), files.controller_cert, files.controller_key)
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -252,11 +253,13 @@ def _read(path: Path, what: str) -> bytes:
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     """Credentials for an end-point that only answers clients with a certificate from our authority."""
-    return grpc.ssl_server_credentials(
-        [(_read(files.server_key, "server key"), _read(files.server_cert, "server certificate"))],
-        root_certificates=_read(files.ca_for(files.server_dir), "certificate authority"),
-        require_client_auth=True,
-    )
+    return _mutual_server_credentials(files.server_key, files.server_cert, files.ca_for(files.server_dir), "server")
+
+
+def _mutual_server_credentials(key: Path, cert: Path, authority: Path, what: str) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(_read(key, f"{what} key"), _read(cert, f"{what} certificate"))],
+                                       root_certificates=_read(authority, f"{what}'s certificate authority"),
+                                       require_client_auth=True)
 
 
 def check_validity(path: Path, what: str = "client certificate") -> None:

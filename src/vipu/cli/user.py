@@ -203,7 +203,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
     if ipu_configs:
         numbered = [(gcd if gcd is not None else index, ipuof_files.document(c)) for index, c in enumerate(config.gcd_configs)]
         if as_json:  # one JSON document, nothing around it
-            return click.echo(json.dumps([{"gcd": number, "ipuof_config": document} for number, document in numbered], indent=2))
+            return echo_json([{"gcd": number, "ipuof_config": document} for number, document in numbered])
         for number, document in numbered:
             click.echo(f"IPUoF configuration of partition {partition_id}, GCD {number}:")
             click.echo(json.dumps(document, indent=2))

@@ -207,7 +207,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     registered_now = False
     try:
         if sim_machines:
-            agent_tls = TlsFiles(tls_dir).agents_dir if secure and TlsFiles(tls_dir).agent_cert.exists() else None
+            agent_tls = TlsFiles(tls_dir).agents_dir if controller.gateway.credentials is not None else None  # as it reaches them
             pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port, rebuild=sim_rebuild,
                          agent_tls=agent_tls)
             rack = pod.rack()

@@ -72,9 +72,9 @@ def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
     if not config.secure:
         return None
     files = TlsFiles(config.tls_dir)
-    if not files.controller_cert.exists():
-        log.warning("secure mode, but no agent link certificates in %s: the agents are reached in plaintext; "
-                    "'vipu-server --tls-init --tls-dir %s' makes them", files.controller_dir, files.root)
+    if not files.has_agent_link:
+        log.warning("secure mode, but no agent link certificates in %s and %s: the agents are reached in plaintext; "
+                    "'vipu-server --init --secure --tls-dir %s' makes them", files.agents_dir, files.controller_dir, files.root)
         return None
     return agent_channel_credentials(files)
 
