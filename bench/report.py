@@ -105,6 +105,14 @@ def cli_speed(data: dict) -> list[str]:
             *markdown(["command", *(f"{side}: median ms" for side in sides)], rows)]
 
 
+def login_timing(data: dict) -> list[str]:
+    rows = [[kind, f["outcome"], f["median_ms"], f["p10_ms"], f["p90_ms"]] for kind, f in data["figures"].items()]
+    return [f"**Login timing** (`bench.login_timing`, secure mode, the user end-point over mutual TLS, {data['samples']} calls of "
+            f"each kind interleaved): an unknown user's refusal against a known user's wrong key, medians "
+            f"{data['unknown_minus_wrong_key_ms']:+.2f} ms apart.", "",
+            *markdown(["credentials", "answer", "median ms", "p10 ms", "p90 ms"], rows)]
+
+
 def crashes(data: dict) -> list[str]:
     rows = [[r["store"], r["rounds"], r["answered"], r["interrupted_operations_finished"], r["violations"], round(r["seconds"] / 60)]
             for r in data["runs"]]
@@ -131,7 +139,7 @@ def main():
     first = None
     renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
                  ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
-                 ("cli-speed", cli_speed), ("crashes", crashes), ("soak", soak))
+                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("crashes", crashes), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

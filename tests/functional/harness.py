@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,6 +255,11 @@ class Pod:
 
     def held_anywhere(self, partition_id: str) -> list[str]:
         return [m.name for m in self.rack.machines if partition_id in self.held(m.name)]
+
+    def metrics(self) -> dict[str, float]:
+        """The controller's metrics now: each sample's name with its labels, as exposed -> value."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
 
     @property
     def admin_api(self):

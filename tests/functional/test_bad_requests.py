@@ -66,7 +66,7 @@ def test_malformed_bytes_are_refused_in_one_line_and_a_storm_of_them_barely_touc
     garbage = b"\xff\xff\xff\xff\x0f"  # a field tag with no end
     doors = [(pod.user_port, "/virmgrpc.UserService/CreatePartition"), (pod.admin_port, "/vipu.admin.v1.AdminService/ListAgents")]
     log = pod.directory / "server.log"
-    before = log.stat().st_size
+    before, counted_before = log.stat().st_size, pod.metrics()
     for port, method in doors:
         call = pod._channel(port).unary_unary(method, request_serializer=None, response_deserializer=None)
         for _ in range(1000):
@@ -77,6 +77,10 @@ def test_malformed_bytes_are_refused_in_one_line_and_a_storm_of_them_barely_touc
     grown = log.read_text()[before:]
     assert "Traceback" not in grown and grown.count("malformed request") <= 4, grown[-2000:]
     assert len(grown) < 2000
+    counted = pod.metrics()
+    for service, method in (("virmgrpc.UserService", "CreatePartition"), ("vipu.admin.v1.AdminService", "ListAgents")):
+        sample = f'vipu_malformed_requests_total{{method="{method}",service="{service}"}}'
+        assert counted[sample] - counted_before.get(sample, 0) == 1000
 
 
 ADMIN_IDS = st.one_of(st.text(max_size=70), st.sampled_from(["ag1", "ag9", "cl0", "cl9", "alloc-1", "a9", "", "x" * 64]))

@@ -101,3 +101,11 @@ def test_the_soak_runs_a_mixed_load_and_judges_errors_and_memory(tmp_path):
     assert result["errors"] == {} and result["operations"] > 0
     assert len(result["windows"]) == 4 and all(w["controller_rss_mb"] > 0 for w in result["windows"])
     assert result["memory"]["grows"] is False
+
+
+@pytest.mark.functional
+def test_the_login_timing_interleaves_right_keys_wrong_keys_and_unknown_users(tmp_path):
+    result = bench(tmp_path, "login_timing", "--samples", "5")
+    outcomes = {kind: f["outcome"] for kind, f in result["figures"].items()}
+    assert outcomes == {"known user, right key": "OK", "known user, wrong key": "UNAUTHENTICATED",
+                        "unknown user": "UNAUTHENTICATED"}

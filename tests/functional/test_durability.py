@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
@@ -56,8 +55,7 @@ def test_metrics_count_entities_and_requests(pod):
     pod.register()
     assert pod.user("create", "partition", "p1", "--size", "4").code == 0
     assert pod.user("create", "partition", "p2", "--size", "3").code == 1
-    text = urllib.request.urlopen(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=5).read().decode()
-    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    samples = pod.metrics()
     assert samples['vipu_agents{status="Up"}'] == 8
     assert samples['vipu_partitions{state="ACTIVE"}'] == 1
     assert samples['vipu_ipus{use="partition"}'] == 4 and samples['vipu_ipus{use="free"}'] == 28

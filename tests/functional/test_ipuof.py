@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,26 @@ def test_a_configuration_that_no_longer_matches_the_hardware_is_refused(register
     assert pod.user("create", "partition", "p2", "--size", "4").code == 0
     failed_line(ipuof(pod, str(stale)), "run", "p1_ipuof.conf", "IPU 0 of m01 belongs to partition p2, not p1")
     failed_line(ipuof(pod, "--partition", "p1"), "run", "p1", "no IPUoF configuration of partition p1")
+
+
+def test_a_kept_ipuof_file_opens_no_later_partition_of_its_name(registered_pod, tmp_path):
+    """Each partition has an attach key of its own, in its IPUoF files: a file kept (or stolen) from
+    a removed partition is refused by the same IPUs under a new partition of the same id."""
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    stolen = tmp_path / "p1_ipuof.conf"
+    shutil.copy(pod.ipuof_dir / "p1_ipuof.conf", stolen)
+    keyless = tmp_path / "keyless" / "p1_ipuof.conf"
+    keyless.parent.mkdir()
+    document = json.loads(stolen.read_text())
+    del document["attributes"]["Attach Key"]
+    keyless.write_text(json.dumps(document))
+    failed_line(ipuof(pod, str(keyless)), "run", "p1_ipuof.conf", "the attach key is not partition p1's")
+    assert pod.user("remove", "partition", "p1").code == 0
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # the same id, on the same IPUs
+    assert json.loads((pod.ipuof_dir / "p1_ipuof.conf").read_text())["devices"] == document["devices"]
+    failed_line(ipuof(pod, str(stolen)), "run", "p1_ipuof.conf", "the attach key is not partition p1's")
+    assert ipuof(pod, "--partition", "p1").code == 0  # its own files work
 
 
 def test_a_partition_in_error_cannot_be_used(registered_pod, tmp_path):

@@ -110,6 +110,8 @@ def test_the_secure_mode_walkthrough_works_as_written(scratch):
     taken = busy([8090, 8091, 8092, *simulated_pod_ports(4)])
     assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
     run_walkthrough(first_block(section("Secure mode")), directory, env, background, "try: vipu create partition")
+    run_walkthrough(first_block(section("Secure mode"), "come from that authority"), directory, env, background, "")
+    assert (directory / "m01-certs" / "agent.pem").exists() and (directory / "tenant-a-certs" / "controller" / "ca.pem").exists()
 
 
 def test_the_simulated_hardware_walkthrough_works_as_written(scratch):

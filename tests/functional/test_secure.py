@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_tenants_see_and_touch_only_what_is_given_to_them(pod, tenants):
 def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_path):
     alice = tenants["alice"]
     assert pod.user("create", "partition", "p1", "--size", "4", config=alice).code == 0
-    before = pod.snapshot()
+    before, counted_before = pod.snapshot(), pod.metrics()
     tls = pod.tls
 
     plain = subprocess.run([str(BIN / "vipu"), "-H", "127.0.0.1", "--api-port", str(pod.user_port), "list", "partitions"],
@@ -169,6 +170,10 @@ def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_pat
                 "invalid user id or access key for user bob")
     after = pod.snapshot()
     assert after == before
+    counted = pod.metrics()
+    refused = {reason: counted.get(f'vipu_failed_logins_total{{reason="{reason}"}}', 0)
+               - counted_before.get(f'vipu_failed_logins_total{{reason="{reason}"}}', 0) for reason in ("wrong access key", "no such user")}
+    assert refused == {"wrong access key": 2, "no such user": 1}
 
 
 def test_users_are_given_and_denied_allocations_and_the_last_administrator_stays(pod, tenants):
@@ -277,3 +282,52 @@ def test_in_secure_mode_an_agent_answers_its_controller_alone(pod, tenants, tmp_
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, name
     assert {m.name: pod.held(m.name) for m in pod.rack.machines} == before
     assert pod.user("remove", "partition", "held", config=tenants["alice"]).code == 0  # the controller itself gets through
+
+
+def test_a_machine_obeys_the_controller_holding_it_until_the_site_hands_it_over(pod, tenants, tmp_path):
+    """A second controller of the site (its certificate from the same authority, another name) is
+    refused by a held machine, through its controller and directly, in one line naming the holder,
+    with nothing changed; it cannot take the machine over without the site's authority key; with
+    it, it can, and the machine's partitions are cleared; the hold survives an agent restart, and
+    removing the agent hands the machine back."""
+    assert pod.user("create", "partition", "kept", "--size", "4", config=tenants["alice"]).code == 0
+    machine = next(m for m in pod.rack.machines if "kept" in pod.held(m.name))
+    agent_id = next(a.id for a in pod.admin_api.ListAgents(admin_pb2.ListRequest()).agents if a.port == machine.port)
+    group = next(g for g in pod.agent_groups if machine.name in g)
+    before = {m.name: pod.held(m.name) for m in pod.rack.machines}
+    second = Pod(tmp_path / "second", machines=1, secure=True)
+    second.initialise()  # a controller of its own: store, users, certificates ...
+    shutil.rmtree(second.tls.controller_dir)  # ... but reaching agents with a certificate of this site, as ctl-b
+    issued = subprocess.run([str(BIN / "vipu-certs"), "controller", "ctl-b", "--tls-dir", str(pod.tls.root),
+                             "--out", str(second.tls.controller_dir)], capture_output=True, text=True, timeout=30)
+    assert issued.returncode == 0, issued.stderr
+    second.start_server()
+    register = ("create", "agent", "taken", "--host", "127.0.0.1", "--port", str(machine.port))
+    try:
+        failed_line(second.admin(*register), "create agent", "taken",
+                    f"machine {machine.name} is held by controller vipu-controller, not ctl-b")
+        failed_line(second.admin(*register, "--take-over"), "create agent", "taken",
+                    "the agent-link authority's key does not belong to the authority the agents trust")
+        direct = second.agent_stub_at(machine.port)
+        with pytest.raises(grpc.RpcError) as refused:
+            direct.ClearPartition(agent_pb2.ClearPartitionRequest(partition_id="kept"), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "held by controller vipu-controller" in refused.value.details() and "\n" not in refused.value.details()
+        assert {m.name: pod.held(m.name) for m in pod.rack.machines} == before
+
+        shutil.copy(pod.tls.link_ca_key, second.tls.link_ca_key)  # the site's administrator lends the authority's key
+        assert second.admin(*register, "--take-over").code == 0
+        assert direct.ListPartitions(agent_pb2.ListPartitionsRequest(), timeout=5).partitions == []  # cleared
+        pod.wait_for_status(agent_id, "Down")
+        assert "held by controller ctl-b" in pod.admin_api.GetAgent(admin_pb2.GetRequest(id=agent_id)).last_error
+        wait_until(lambda: "ERROR" in pod.user("get", "partition", "kept", config=tenants["alice"]).out, what="kept in ERROR")
+        pod.stop_agent(group[0])  # kill -9: the agent comes back still held by ctl-b
+        pod.start_agent(*group)
+        pod.wait_for_agent(machine.name)
+        assert pod.agent_stub_at(machine.port).GetInventory(agent_pb2.GetInventoryRequest(), timeout=5).holder == "ctl-b"
+    finally:
+        assert second.admin("remove", "agent", "taken").code in (0, 1)
+        second.stop()
+    pod.wait_for_status(agent_id, "Up")  # released: its first controller holds it again
+    wait_until(lambda: pod.held(machine.name) == before[machine.name], what="kept re-applied by its automatic reset")
+    assert pod.agent_stub_at(machine.port).GetInventory(agent_pb2.GetInventoryRequest(), timeout=5).holder == "vipu-controller"

@@ -11,9 +11,10 @@ class IpuofServicer(ipuof_pb2_grpc.IpuofServiceServicer):
         self.backend = backend
 
     def Attach(self, request, context):
-        self.backend.ipuof_attach(request.partition_id, request.device_id, request.chip_id)
+        self.backend.ipuof_attach(request.partition_id, request.device_id, request.chip_id, request.attach_key)
         return ipuof_pb2.AttachReply()
 
     def Run(self, request, context):
-        result = self.backend.ipuof_run(request.partition_id, request.device_id, request.chip_id, request.routing_id, request.seed)
+        result = self.backend.ipuof_run(request.partition_id, request.device_id, request.chip_id, request.routing_id, request.seed,
+                                        request.attach_key)
         return ipuof_pb2.RunReply(result=result)

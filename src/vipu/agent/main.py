@@ -17,13 +17,14 @@ import grpc
 
 from vipu.agent.announcer import Announcer
 from vipu.agent.exporter import start_exporter
+from vipu.agent.holds import MachineHold
 from vipu.agent.ipuof import IpuofServicer
 from vipu.agent.service import AgentServicer
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import agent_pb2_grpc, ipuof_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
-from vipu.api.tls import agent_server_credentials
+from vipu.api.tls import agent_server_credentials, link_authority
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.model.errors import VipuError
 
@@ -39,17 +40,21 @@ class MachineHost:
     connection refused exactly as for a machine that is off; its ports reopen when it recovers.
     """
 
-    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None = None):
+    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None = None,
+                 state_dir: Path | None = None):
         self.backend = backend
         self.host, self.port, self.ipuof_port = host, port, ipuof_port
-        self.tls_dir = tls_dir  # the agent link's files: only the controller, by its certificate, is answered
+        self.tls_dir = tls_dir  # the agent link's files: only the site's controllers, by their certificates, are answered
+        state_dir = state_dir or tls_dir
+        self.hold = MachineHold(backend.machine_name, state_dir / f"{backend.machine_name}.holder" if state_dir else None,
+                                link_authority(tls_dir) if tls_dir is not None else None)
         self.servers: list[grpc.Server] = []
 
     def open(self) -> None:
         """Open both end-points, or neither."""
         try:
             self.servers.append(serve(
-                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend), s),
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend, self.hold), s),
                 self.host, self.port, GuardInterceptor(),
                 credentials=agent_server_credentials(self.tls_dir) if self.tls_dir is not None else None))
             if self.ipuof_port:
@@ -97,10 +102,13 @@ class MachineHost:
 @click.option("--announce-from", default=None, help="Address of the interface to announce on. Default: the listen address.")
 @click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Serve the agent end-point over mutual TLS with the agent link's files in this directory (agent.pem, "
-                   "agent-key.pem, ca.pem: vipu-certs/agents from vipu-server --tls-init), answering only the controller.")
+                   "agent-key.pem, ca.pem: vipu-certs/agents from vipu-server --tls-init): only the site's controllers "
+                   "are answered, and each machine obeys the one that holds it.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where each machine's holder (the controller it obeys) is kept, as MACHINE.holder. Default: the --tls-dir.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(rack_path, machines, all_machines, listen_address, port, exporter_port, announce_interval, announce_port,
-         announce_from, tls_dir, log_level):
+         announce_from, tls_dir, state_dir, log_level):
     """Serve simulated IPU-Machines of a rack description to vipu-server."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hosts: list[MachineHost] = []
@@ -114,7 +122,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
         for name in names:
             backend = SimMachine(rack, name)
             machine = backend.machine()
-            host = MachineHost(backend, listen_address or machine.host, port or machine.port, machine.ipuof_port, tls_dir)
+            host = MachineHost(backend, listen_address or machine.host, port or machine.port, machine.ipuof_port, tls_dir, state_dir)
             if not machine.faults.silent:
                 host.open()
             hosts.append(host)

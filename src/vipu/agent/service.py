@@ -1,7 +1,8 @@
-"""The agent's gRPC service: a thin layer over one machine's backend."""
+"""The agent's gRPC service: a thin layer over one machine's backend, obeying the controller that holds it."""
 
 from __future__ import annotations
 
+from vipu.agent.holds import MachineHold, caller_of
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.backends.base import MachineBackend
@@ -10,28 +11,48 @@ from vipu.model.errors import InvalidArgument
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, backend: MachineBackend):
+    def __init__(self, backend: MachineBackend, hold: MachineHold):
         self.backend = backend
+        self.hold = hold
 
     def GetInventory(self, request, context):
-        return convert.inventory_to_proto(self.backend.inventory())
+        reply = convert.inventory_to_proto(self.backend.inventory())
+        reply.holder = self.hold.holder
+        return reply
 
     def ApplyPartition(self, request, context):
+        self.hold.require(caller_of(context))
         self.backend.apply(convert.settings_from_proto(request.settings))
         return agent_pb2.ApplyPartitionReply()
 
     def ClearPartition(self, request, context):
+        self.hold.require(caller_of(context))
         self.backend.clear(request.partition_id)
         return agent_pb2.ClearPartitionReply()
 
     def ListPartitions(self, request, context):
+        self.hold.require(caller_of(context))
         return agent_pb2.ListPartitionsReply(
             partitions=[convert.settings_to_proto(s) for s in self.backend.partitions()]
         )
 
     def Diagnose(self, request, context):
+        self.hold.require(caller_of(context))
         try:
             probe = Probe(request.probe)
         except ValueError:
             raise InvalidArgument(f"unknown probe {request.probe!r}") from None
         return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))
+
+    def Claim(self, request, context):
+        caller = caller_of(context)
+        previous = self.hold.claim(caller, request.takeover_grant, self.backend.inventory().serial, self._clear_all)
+        return agent_pb2.ClaimReply(holder=self.hold.holder, previous_holder=previous)
+
+    def Release(self, request, context):
+        self.hold.release(caller_of(context))
+        return agent_pb2.ReleaseReply()
+
+    def _clear_all(self) -> None:
+        for settings in self.backend.partitions():
+            self.backend.clear(settings.partition_id)

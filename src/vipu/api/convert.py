@@ -136,6 +136,7 @@ def settings_to_proto(settings: AgentSettings) -> agent_pb2.PartitionSettings:
         gw_routing=settings.gw_routing,
         sync_type=settings.sync_type,
         reconfigurable=settings.reconfigurable,
+        attach_key=settings.attach_key,
     )
 
 
@@ -152,6 +153,7 @@ def settings_from_proto(message: agent_pb2.PartitionSettings) -> AgentSettings:
         gw_routing=message.gw_routing,
         sync_type=message.sync_type,
         reconfigurable=message.reconfigurable,
+        attach_key=message.attach_key,
     )
 
 

@@ -181,9 +181,12 @@ class GuardInterceptor(grpc.ServerInterceptor):
     A request whose bytes are not a valid message is refused as INVALID_ARGUMENT, before any
     credential is looked at, and logged at a bounded rate."""
 
-    def __init__(self, observe: Observer | None = None, authenticate: Authenticate | None = None):
+    def __init__(self, observe: Observer | None = None, authenticate: Authenticate | None = None,
+                 count_malformed: Callable[[str], None] | None = None):
+        """`count_malformed(method_path)` is told of each malformed request, for a metric."""
         self.observe = observe
         self.authenticate = authenticate
+        self.count_malformed = count_malformed
         self.malformed_log = RateLimitedLog()
 
     def intercept_service(self, continuation, handler_call_details):
@@ -198,6 +201,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
             code = grpc.StatusCode.OK
             try:
                 if isinstance(request, _Malformed):
+                    if self.count_malformed is not None:
+                        self.count_malformed(method)
                     self.malformed_log.warning("%s: a malformed request of %d bytes from %s (%s)", method, request.size,
                                                context.peer(), request.reason)
                     raise errors.InvalidArgument(f"malformed request: its {request.size} bytes are not a {method} request")

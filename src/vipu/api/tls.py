@@ -28,13 +28,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vipu.model.errors import AlreadyExists, InvalidArgument
+from vipu.api import grants
+from vipu.model.errors import AlreadyExists, InvalidArgument, PermissionDenied
 
 DEFAULT_DIRECTORY = Path("vipu-certs")
 DEFAULT_DAYS = 825
 
 
 AGENT_CERT, AGENT_KEY = "agent.pem", "agent-key.pem"  # in an agent's --tls-dir, with the link's ca.pem
+CONTROLLER_CERT, CONTROLLER_KEY = "controller.pem", "controller-key.pem"
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,11 @@ class TlsFiles:
 
     @property
     def controller_cert(self) -> Path:
-        return self.controller_dir / "controller.pem"
+        return self.controller_dir / CONTROLLER_CERT
 
     @property
     def controller_key(self) -> Path:
-        return self.controller_dir / "controller-key.pem"
+        return self.controller_dir / CONTROLLER_KEY
 
     @property
     def has_agent_link(self) -> bool:
@@ -226,6 +228,30 @@ def generate_agent_link(files: TlsFiles, hosts: list[str], days: int = DEFAULT_D
                   controller_cert)
 
 
+def issue_link_certificate(files: TlsFiles, name: str, out: Path, hosts: list[str] | None = None,
+                           days: int = DEFAULT_DAYS) -> list[Path]:
+    """Issue one more certificate from the site's agent-link authority into `out`, with the
+    authority's certificate beside it: an agent's for `hosts` (agent.pem, agent-key.pem), or, without
+    hosts, a controller's named `name` (controller.pem, controller-key.pem), which agents know it by.
+    Refuse to overwrite; the paths written."""
+    if not files.link_ca_key.exists():
+        raise InvalidArgument(f"no agent-link authority key at {files.link_ca_key}: issue from the TLS directory "
+                              "vipu-server --tls-init made")
+    link_key, link_cert = _read(files.link_ca_key, "agent link authority's key"), link_authority(files.controller_dir)
+    cert_name, key_name = (AGENT_CERT, AGENT_KEY) if hosts is not None else (CONTROLLER_CERT, CONTROLLER_KEY)
+    paths = [out / cert_name, out / key_name, files.ca_for(out)]
+    existing = [p for p in paths[:2] if p.exists()]
+    if existing:
+        raise AlreadyExists(f"{existing[0]} already exists")
+    if hosts is not None and not hosts:
+        raise InvalidArgument("an agent's certificate needs at least one host name or address")
+    if hosts is None and files.controller_cert.exists() and name == common_name(files.controller_cert, "controller certificate"):
+        raise InvalidArgument(f"{name} is this site controller's own name; another controller needs a name of its own")
+    key, cert = issue(link_key, link_cert, name, server_names=hosts, days=days)
+    _write_holder(paths[2], link_cert, paths[1], key, paths[0], cert)
+    return paths
+
+
 def _write_holder(ca_path: Path, ca: bytes, key_path: Path, key: bytes, cert_path: Path, cert: bytes) -> None:
     """What one holder of a certificate needs in its directory: the authority, its key (owner only), its certificate."""
     _write(ca_path, ca)
@@ -237,6 +263,30 @@ def agent_server_credentials(agents_dir: Path) -> grpc.ServerCredentials:
     """An agent's end-point: it answers only a client with a certificate from the link's authority,
     which only the controller holds."""
     return _mutual_server_credentials(agents_dir / AGENT_KEY, agents_dir / AGENT_CERT, agents_dir / "ca.pem", "agent")
+
+
+def link_authority(directory: Path) -> bytes:
+    """The agent link's authority certificate (PEM) from an agent's or the controller's directory."""
+    return _read(directory / "ca.pem", "agent link's certificate authority")
+
+
+def common_name(path: Path, what: str) -> str:
+    """The name a certificate was issued to: on the agent link, a controller's identity."""
+    names = x509.load_pem_x509_certificate(_read(path, what)).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
+
+
+def takeover_grant(files: TlsFiles, machine_serial: str) -> str:
+    """A grant for this controller to take a machine from the controller holding it, signed with the
+    site's agent-link authority key, which a controller made by --tls-init holds and a tenant's does not."""
+    if not files.controller_cert.exists():
+        raise InvalidArgument("taking a machine over needs secure mode with the agent link's certificates; "
+                              f"there is no {files.controller_cert}")
+    if not files.link_ca_key.exists():
+        raise PermissionDenied(f"this controller does not hold the site's agent-link authority key ({files.link_ca_key}), "
+                               "which a takeover needs")
+    return grants.sign(_read(files.link_ca_key, "agent link authority's key"), link_authority(files.controller_dir),
+                       machine_serial, common_name(files.controller_cert, "controller's agent-link certificate"))
 
 
 def agent_channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:

@@ -40,11 +40,12 @@ class MachineBackend(ABC):
         """Run one cluster-test step; `ipus` maps the IPUs a traffic step uses to their routing ids."""
 
     @abstractmethod
-    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str) -> None:
-        """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id`."""
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
+        """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id` and
+        the client presents that partition's attach key."""
 
     @abstractmethod
-    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int) -> int:
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str) -> int:
         """Run the test program on an attached IPU; its result."""
 
     def silent(self) -> bool:

@@ -96,11 +96,14 @@ def report_removal(kind: str, entity_id: str, removed: list[str], ipuof_dir: Pat
 @click.argument("agent_id")
 @click.option("--host", required=True, help="Host or IP address of the agent (the IPU-Gateway management interface).")
 @click.option("--port", required=True, type=click.IntRange(1, 65535), help="Port the agent listens on.")
+@click.option("--take-over", is_flag=True,
+              help="Take the machine from the controller holding it (secure mode; the controller needs the site's "
+                   "agent-link authority key). Its partitions there are cleared.")
 @pass_client
-def create_agent(admin, agent_id, host, port):
-    """Register the agent of an IPU-Machine."""
+def create_agent(admin, agent_id, host, port, take_over):
+    """Register the agent of an IPU-Machine; in secure mode this controller then holds the machine."""
     with reporting("create agent", agent_id):
-        admin.create_agent(agent_id, host, port)
+        admin.create_agent(agent_id, host, port, take_over=take_over)
     succeed("create agent", agent_id)
 
 

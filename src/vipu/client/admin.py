@@ -19,8 +19,9 @@ class AdminClient(EndpointClient):
 
     # Agents
 
-    def create_agent(self, agent_id: str, host: str, port: int) -> pb.CreateAgentReply:
-        return self._call("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port))
+    def create_agent(self, agent_id: str, host: str, port: int, take_over: bool = False) -> pb.CreateAgentReply:
+        """Register an agent; `take_over` takes its machine from the controller holding it."""
+        return self._call("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port, take_over=take_over))
 
     def list_agents(self) -> list[pb.Agent]:
         return list(self._call("ListAgents", pb.ListRequest()).agents)

@@ -97,6 +97,12 @@ class GrpcAgentGateway:
         request = agent_pb2.DiagnoseRequest(probe=probe.value, ipus=ipus, seed=seed)
         return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
 
+    def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
+        return self._call(host, port, "Claim", agent_pb2.ClaimRequest(takeover_grant=takeover_grant)).previous_holder
+
+    def release(self, host: str, port: int) -> None:
+        self._call(host, port, "Release", agent_pb2.ReleaseRequest())
+
     def forget(self, host: str, port: int) -> None:
         """Drop the channel to an agent that was removed."""
         with self._lock:

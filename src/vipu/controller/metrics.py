@@ -59,6 +59,12 @@ class ControllerMetrics:
             "vipu_request_duration_seconds", "Time to handle a gRPC request, by service and method",
             ["service", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self.malformed = Counter(
+            "vipu_malformed_requests", "Requests whose bytes were not the method's message, by service and method",
+            ["service", "method"], registry=self.registry,
+        )
+        self.failed_logins = Counter("vipu_failed_logins", "Logins refused in secure mode, by reason", ["reason"],
+                                     registry=self.registry)
         self.registry.register(EntityCollector(store))
 
     def follow(self, leadership) -> None:
@@ -71,6 +77,13 @@ class ControllerMetrics:
         service, _, method = method_path.lstrip("/").partition("/")
         self.requests.labels(service, method, code).inc()
         self.latency.labels(service, method).observe(seconds)
+
+    def count_malformed(self, method_path: str) -> None:
+        service, _, method = method_path.lstrip("/").partition("/")
+        self.malformed.labels(service, method).inc()
+
+    def count_failed_login(self, reason: str) -> None:
+        self.failed_logins.labels(reason).inc()
 
     def serve(self, host: str, port: int) -> None:
         try:

@@ -20,6 +20,7 @@ from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials, server_credentials
+from vipu.api.tls import takeover_grant as tls_takeover_grant
 from vipu.controller.agentclient import GrpcAgentGateway
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
 from vipu.controller.discovery import DiscoveryListener
@@ -28,7 +29,7 @@ from vipu.controller.metrics import ControllerMetrics
 from vipu.controller.servicers.admin import AdminServicer
 from vipu.controller.servicers.user import UserServicer
 from vipu.controller.servicers.version import VersionServicer
-from vipu.controller.services.agents import AgentService
+from vipu.controller.services.agents import AgentService, no_takeover
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
@@ -79,6 +80,13 @@ def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
     return agent_channel_credentials(files)
 
 
+def takeover_grant(config: ServerConfig) -> Callable[[str], str]:
+    """How this controller gets the site's grant to take a machine from another controller."""
+    if config.secure and TlsFiles(config.tls_dir).has_agent_link:
+        return lambda machine_serial: tls_takeover_grant(TlsFiles(config.tls_dir), machine_serial)
+    return no_takeover
+
+
 class Controller:
     """A controller; with `ha_lease_seconds`, one replica of several, serving only while it leads.
 
@@ -97,13 +105,14 @@ class Controller:
         self.partitions = PartitionService(self.store, self.hardware, under_test)
         self.allocations = AllocationService(self.store, self.partitions)
         self.clusters = ClusterService(self.store, self.allocations, under_test)
-        self.agents = AgentService(self.store, self.gateway, self.clusters)
+        self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
         self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
-        self.users = UserService(self.store, LoginThrottle(config.login_failures, config.login_lockout)) if config.secure else None
         self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
                           if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
+        self.users = (UserService(self.store, LoginThrottle(config.login_failures, config.login_lockout), self.metrics.count_failed_login)
+                      if config.secure else None)
         self.leadership = None
         if config.ha_lease_seconds > 0:
             where = f"{config.advertise_address or config.listen_address}, user port {config.port}, admin port {config.admin_port}"
@@ -184,7 +193,8 @@ class Controller:
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
         authenticate = Authenticator(self.users, admin_only)
         guard = GuardInterceptor(self.metrics.observe,
-                                 lambda method, metadata, peer: self._admitting(authenticate, method, metadata, peer))
+                                 lambda method, metadata, peer: self._admitting(authenticate, method, metadata, peer),
+                                 self.metrics.count_malformed)
         credentials = server_credentials(TlsFiles(self.config.tls_dir)) if self.config.secure else None
         return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 

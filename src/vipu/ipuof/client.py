@@ -10,7 +10,7 @@ partition all fail, each with the reason.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -18,6 +18,7 @@ import grpc
 from vipu.api.protos import ipuof_pb2, ipuof_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.model.clustertests import program_checksum
+from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound
 
 
@@ -40,6 +41,7 @@ class GcdFile:
     partition_id: str
     gcd_id: int
     devices: tuple[Device, ...]
+    attach_key: str = field(default="", repr=False)
 
 
 def parse(document: dict, origin: str, path: Path | None = None) -> GcdFile:
@@ -50,7 +52,8 @@ def parse(document: dict, origin: str, path: Path | None = None) -> GcdFile:
             Device(d["ip"], int(d["server_port"]), int(d["device_id"]), int(d["routing_id"]), str(d.get("chip_id", "")))
             for d in document["devices"]
         )
-        return GcdFile(path or Path(origin), attributes["Partition Id"], int(attributes.get("GCD Id", 0)), devices)
+        return GcdFile(path or Path(origin), attributes["Partition Id"], int(attributes.get("GCD Id", 0)), devices,
+                       str(attributes.get(ATTACH_KEY_ATTRIBUTE, "")))
     except (ValueError, KeyError, TypeError) as error:
         raise InvalidArgument(f"{origin} is not an IPUoF configuration ({type(error).__name__}: {error})") from error
 
@@ -102,12 +105,12 @@ class Client:
         for gcd in gcds:
             for device in gcd.devices:
                 self._call(device, "Attach", ipuof_pb2.AttachRequest(
-                    partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id))
+                    partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id, attach_key=gcd.attach_key))
         for gcd in gcds:
             for device in gcd.devices:
                 reply = self._call(device, "Run", ipuof_pb2.RunRequest(
                     partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id,
-                    routing_id=device.routing_id, seed=seed))
+                    routing_id=device.routing_id, seed=seed, attach_key=gcd.attach_key))
                 if reply.result != program_checksum(seed, device.chip_id, device.routing_id):
                     raise HardwareFailure(f"{device.where} returned a wrong result from the test program")
         return sum(len(gcd.devices) for gcd in gcds)

@@ -10,7 +10,7 @@ cluster definition says it is.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vipu.model.entities import MachineInventory, Partition
 from vipu.model.topology import IPULINK_PORT_IPU, Cable, ClusterLayout, internal_peers
@@ -43,6 +43,7 @@ class AgentSettings:
     gw_routing: str
     sync_type: str
     reconfigurable: bool
+    attach_key: str = field(default="", repr=False)  # the partition's; IPUoF clients must present it
 
 
 def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping[str, str]) -> dict[str, AgentSettings]:
@@ -86,6 +87,7 @@ def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping
             gw_routing=partition.gw_routing.value,
             sync_type=partition.sync_type.value,
             reconfigurable=partition.reconfigurable,
+            attach_key=partition.attach_key,
         )
     return result
 
@@ -112,6 +114,7 @@ class GcdConfig:
     attributes: dict[str, str]
 
 
+ATTACH_KEY_ATTRIBUTE = "Attach Key"  # an addition of ours to the vendor's attributes; their clients ignore it
 GATEWAY_VERSION_KEY = "gateway-software"
 IPUM_VERSION_KEY = "ipum-software"
 IPUOF_SERVER_VERSION_KEY = "ipuof-server"
@@ -153,6 +156,7 @@ def gcd_configs(partition: Partition, inventories: Mapping[str, MachineInventory
             "GW-Link routing type": partition.gw_routing.value,
             "Sync type": partition.sync_type.value,
             "Num IPU-Link segments": str(partition.num_segments),
+            ATTACH_KEY_ATTRIBUTE: partition.attach_key,
         }
         gcds.append(GcdConfig(gcd, tuple(devices), attributes))
     return gcds

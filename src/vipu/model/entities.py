@@ -7,6 +7,7 @@ them to and from protobuf messages.
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -240,6 +241,11 @@ class PartitionRequest:
 MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user
 
 
+def new_attach_key() -> str:
+    """A partition's IPUoF attach key: 128 random bits."""
+    return secrets.token_urlsafe(16)
+
+
 @dataclass
 class Partition:
     id: str
@@ -261,6 +267,9 @@ class Partition:
     auto_reset_count: int = 0
     last_auto_reset: datetime | None = None  # when the controller last reset it on its own, UTC
     owner: str = ""  # the user who created it; empty in open mode
+    # What an IPUoF client must present to attach to its IPUs: in its IPUoF configuration, new for
+    # every partition made, so a file kept from a removed partition opens no later one of its name.
+    attach_key: str = field(default="", repr=False)
 
     @property
     def agent_ids(self) -> list[str]:

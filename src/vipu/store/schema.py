@@ -12,6 +12,7 @@ The `leases` table elects one leader among controllers sharing the store (`vipu-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import (
@@ -25,16 +26,28 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     func,
+    text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-SCHEMA_VERSION = 5  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
-# 5: partitions.last_auto_reset_at
+from vipu.model.entities import new_attach_key
 
-# What turns a store of one version into the next, beyond the tables create_all adds.
-MIGRATIONS = {
+SCHEMA_VERSION = 6  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+# 5: partitions.last_auto_reset_at; 6: partitions.attach_key
+
+
+def _give_attach_keys(session: Session) -> None:
+    """Partitions made before attach keys get one each; the health check then sends it to their agents."""
+    for (partition_id,) in session.execute(text("SELECT id FROM partitions WHERE attach_key = ''")).all():
+        session.execute(text("UPDATE partitions SET attach_key = :key WHERE id = :id"), {"key": new_attach_key(), "id": partition_id})
+
+
+# What turns a store of one version into the next, beyond the tables create_all adds: SQL, or a
+# step in Python where SQL would differ between SQLite and PostgreSQL.
+MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     3: ["ALTER TABLE partitions ADD COLUMN owner VARCHAR(64) NOT NULL DEFAULT ''"],
     5: ["ALTER TABLE partitions ADD COLUMN last_auto_reset_at TIMESTAMP WITH TIME ZONE"],
+    6: ["ALTER TABLE partitions ADD COLUMN attach_key VARCHAR(64) NOT NULL DEFAULT ''", _give_attach_keys],
 }
 
 ID = String(64)
@@ -116,6 +129,7 @@ class PartitionRow(Base):
     auto_reset_count: Mapped[int] = mapped_column(Integer, default=0)
     last_auto_reset_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    attach_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"

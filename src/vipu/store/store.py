@@ -237,6 +237,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         auto_reset_count=row.auto_reset_count,
         last_auto_reset=_utc(row.last_auto_reset_at),
         owner=row.owner or "",
+        attach_key=row.attach_key or "",
     )
 
 
@@ -585,6 +586,7 @@ class Transaction:
                 disable_auto_reset=partition.disable_auto_reset,
                 auto_reset_count=partition.auto_reset_count,
                 owner=partition.owner,
+                attach_key=partition.attach_key,
             ))
             connection.execute(NEW_IPUS, [
                 {"partition_id": partition.id, "routing_id": i.routing_id, "agent_id": i.agent_id, "ipu_index": i.index,
@@ -800,8 +802,11 @@ class Store:
             )
         elif int(row.value) < SCHEMA_VERSION:
             for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS.get(version, ()):
-                    session.execute(text(statement))
+                for step in MIGRATIONS.get(version, ()):
+                    if isinstance(step, str):
+                        session.execute(text(step))
+                    else:
+                        step(session)
             row.value = str(SCHEMA_VERSION)
 
     def describe(self) -> str:

@@ -54,8 +54,8 @@ class InMemoryGateway:
         self.machines = {(m.host, m.port): SimMachine(self.rack, m.name) for m in self.rack.current().machines}
         self.unreachable: set[tuple[str, int]] = set()
         self.diagnosing = threading.Event()  # set when a test step reaches a machine
-        self.release = threading.Event()  # the step goes on once this is set
-        self.release.set()
+        self.step_may_go = threading.Event()  # the step goes on once this is set
+        self.step_may_go.set()
 
     def machine(self, host, port) -> SimMachine:
         if (host, port) in self.unreachable or (host, port) not in self.machines:
@@ -93,12 +93,19 @@ class InMemoryGateway:
     def partitions(self, host, port):
         return self.machine(host, port).partitions()
 
+    def claim(self, host, port, takeover_grant=""):
+        self.machine(host, port)
+        return ""
+
+    def release(self, host, port):
+        self.machine(host, port)
+
     def forget(self, host, port):
         pass
 
     def diagnose(self, host, port, probe, ipus, seed):
         self.diagnosing.set()
-        self.release.wait()
+        self.step_may_go.wait()
         return self.machine(host, port).diagnose(probe, ipus, seed)
 
 
@@ -330,12 +337,12 @@ def test_auto_add_registers_new_addresses_and_reports_those_it_cannot_reach(pod)
 
 
 def test_a_controller_stopping_mid_test_records_it_interrupted_not_finished(pod):
-    pod.gateway.release.clear()
+    pod.gateway.step_may_go.clear()
     pod.clustertests.start("cl0", {ct.TestType.SYNC, ct.TestType.CABLING}, wait=False)
     assert pod.gateway.diagnosing.wait(10)
     stopping = threading.Thread(target=pod.clustertests.shutdown)
     stopping.start()
-    pod.gateway.release.set()  # the step in flight completes; its result must not count
+    pod.gateway.step_may_go.set()  # the step in flight completes; its result must not count
     stopping.join(10)
     with pod.store.reading() as tx:
         run = tx.get_test_run()
@@ -343,12 +350,12 @@ def test_a_controller_stopping_mid_test_records_it_interrupted_not_finished(pod)
 
 
 def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
-    pod.gateway.release.clear()
+    pod.gateway.step_may_go.clear()
     pod.clustertests.start("cl0", set(), wait=False)
     assert pod.gateway.diagnosing.wait(10)
     stopping = threading.Thread(target=pod.clustertests.stop)
     stopping.start()
-    pod.gateway.release.set()
+    pod.gateway.step_may_go.set()
     stopping.join(10)
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
         pod.clustertests.status()

@@ -348,12 +348,14 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         tx.add_partition(partition("p1", "ag1"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN owner"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN last_auto_reset_at"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN attach_key"))
         tx.session.execute(text("UPDATE vipu_meta SET value = '2' WHERE key = 'schema_version'"))
     populated.close()
     reopened = Store(store_url)
     try:
         with reopened.reading() as tx:
             assert tx.get_partition("p1").owner == "" and tx.get_partition("p1").last_auto_reset is None
+            assert len(tx.get_partition("p1").attach_key) >= 20  # a key of its own, made by the migration
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:
         reopened.close()

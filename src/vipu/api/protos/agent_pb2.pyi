@@ -28,7 +28,7 @@ class Ipu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., chip_id: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("machine_serial", "platform", "manufacturer", "board_part_number", "versions", "backend", "backend_version", "ipuof_host", "ipuof_port", "rdma_port", "ipus", "exporter_port", "ipu_arch_id")
+    __slots__ = ("machine_serial", "platform", "manufacturer", "board_part_number", "versions", "backend", "backend_version", "ipuof_host", "ipuof_port", "rdma_port", "ipus", "exporter_port", "ipu_arch_id", "holder")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class Inventory(_message.Message):
     IPUS_FIELD_NUMBER: _ClassVar[int]
     EXPORTER_PORT_FIELD_NUMBER: _ClassVar[int]
     IPU_ARCH_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
     machine_serial: str
     platform: str
     manufacturer: str
@@ -62,7 +63,8 @@ class Inventory(_message.Message):
     ipus: _containers.RepeatedCompositeFieldContainer[Ipu]
     exporter_port: int
     ipu_arch_id: int
-    def __init__(self, machine_serial: _Optional[str] = ..., platform: _Optional[str] = ..., manufacturer: _Optional[str] = ..., board_part_number: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., ipuof_host: _Optional[str] = ..., ipuof_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., ipus: _Optional[_Iterable[_Union[Ipu, _Mapping]]] = ..., exporter_port: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ...) -> None: ...
+    holder: str
+    def __init__(self, machine_serial: _Optional[str] = ..., platform: _Optional[str] = ..., manufacturer: _Optional[str] = ..., board_part_number: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., ipuof_host: _Optional[str] = ..., ipuof_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., ipus: _Optional[_Iterable[_Union[Ipu, _Mapping]]] = ..., exporter_port: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class PortLink(_message.Message):
     __slots__ = ("port", "peer_serial", "peer_port")
@@ -89,7 +91,7 @@ class IpuSetting(_message.Message):
     def __init__(self, index: _Optional[int] = ..., routing_id: _Optional[int] = ..., gcd_id: _Optional[int] = ..., ipulink_segment_id: _Optional[int] = ..., internal_peers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PartitionSettings(_message.Message):
-    __slots__ = ("partition_id", "ipus", "ipulinks", "synclinks", "gwlinks", "ipulink_routing", "gw_routing", "sync_type", "reconfigurable")
+    __slots__ = ("partition_id", "ipus", "ipulinks", "synclinks", "gwlinks", "ipulink_routing", "gw_routing", "sync_type", "reconfigurable", "attach_key")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     IPUS_FIELD_NUMBER: _ClassVar[int]
     IPULINKS_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +101,7 @@ class PartitionSettings(_message.Message):
     GW_ROUTING_FIELD_NUMBER: _ClassVar[int]
     SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_KEY_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ipus: _containers.RepeatedCompositeFieldContainer[IpuSetting]
     ipulinks: _containers.RepeatedCompositeFieldContainer[PortLink]
@@ -108,7 +111,8 @@ class PartitionSettings(_message.Message):
     gw_routing: str
     sync_type: str
     reconfigurable: bool
-    def __init__(self, partition_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[IpuSetting, _Mapping]]] = ..., ipulinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., synclinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., gwlinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., ipulink_routing: _Optional[str] = ..., gw_routing: _Optional[str] = ..., sync_type: _Optional[str] = ..., reconfigurable: _Optional[bool] = ...) -> None: ...
+    attach_key: str
+    def __init__(self, partition_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[IpuSetting, _Mapping]]] = ..., ipulinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., synclinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., gwlinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., ipulink_routing: _Optional[str] = ..., gw_routing: _Optional[str] = ..., sync_type: _Optional[str] = ..., reconfigurable: _Optional[bool] = ..., attach_key: _Optional[str] = ...) -> None: ...
 
 class ApplyPartitionRequest(_message.Message):
     __slots__ = ("settings",)
@@ -216,3 +220,25 @@ class DiagnoseReply(_message.Message):
     checksums: _containers.ScalarMap[int, int]
     rnics: _containers.MessageMap[str, PfcClasses]
     def __init__(self, ports: _Optional[_Iterable[_Union[PortReading, _Mapping]]] = ..., internal_links: _Optional[_Iterable[_Union[InternalLinkReading, _Mapping]]] = ..., checksums: _Optional[_Mapping[int, int]] = ..., rnics: _Optional[_Mapping[str, PfcClasses]] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("takeover_grant",)
+    TAKEOVER_GRANT_FIELD_NUMBER: _ClassVar[int]
+    takeover_grant: str
+    def __init__(self, takeover_grant: _Optional[str] = ...) -> None: ...
+
+class ClaimReply(_message.Message):
+    __slots__ = ("holder", "previous_holder")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    previous_holder: str
+    def __init__(self, holder: _Optional[str] = ..., previous_holder: _Optional[str] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -59,6 +59,16 @@ class AgentServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.FromString,
                 _registered_method=True)
+        self.Claim = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Claim',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ClaimReply.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Release',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -94,6 +104,18 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Claim(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +143,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Diagnose,
                     request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.SerializeToString,
+            ),
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ClaimRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ClaimReply.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +290,60 @@ class AgentService:
             '/vipu.agent.v1.AgentService/Diagnose',
             vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_agent__pb2.DiagnoseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Claim',
+            vipu_dot_api_dot_protos_dot_agent__pb2.ClaimRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.ClaimReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Release',
+            vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

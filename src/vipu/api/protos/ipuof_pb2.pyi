@@ -5,32 +5,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttachRequest(_message.Message):
-    __slots__ = ("partition_id", "device_id", "chip_id")
+    __slots__ = ("partition_id", "device_id", "chip_id", "attach_key")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     CHIP_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_KEY_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     device_id: int
     chip_id: str
-    def __init__(self, partition_id: _Optional[str] = ..., device_id: _Optional[int] = ..., chip_id: _Optional[str] = ...) -> None: ...
+    attach_key: str
+    def __init__(self, partition_id: _Optional[str] = ..., device_id: _Optional[int] = ..., chip_id: _Optional[str] = ..., attach_key: _Optional[str] = ...) -> None: ...
 
 class AttachReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("partition_id", "device_id", "chip_id", "routing_id", "seed")
+    __slots__ = ("partition_id", "device_id", "chip_id", "routing_id", "seed", "attach_key")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     CHIP_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_KEY_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     device_id: int
     chip_id: str
     routing_id: int
     seed: int
-    def __init__(self, partition_id: _Optional[str] = ..., device_id: _Optional[int] = ..., chip_id: _Optional[str] = ..., routing_id: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    attach_key: str
+    def __init__(self, partition_id: _Optional[str] = ..., device_id: _Optional[int] = ..., chip_id: _Optional[str] = ..., routing_id: _Optional[int] = ..., seed: _Optional[int] = ..., attach_key: _Optional[str] = ...) -> None: ...
 
 class RunReply(_message.Message):
     __slots__ = ("result",)

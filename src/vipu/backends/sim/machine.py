@@ -9,6 +9,7 @@ injects or heals a fault in a running pod.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from pathlib import Path
@@ -196,7 +197,7 @@ class SimMachine(MachineBackend):
             errors=cable.errors if with_errors else 0,
         )
 
-    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str) -> None:
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
         machine = self.machine()
         chip = next((ipu.chip_id for ipu in machine.ipus if ipu.index == device_id), None)
         if chip is None:
@@ -205,13 +206,17 @@ class SimMachine(MachineBackend):
             raise InvalidArgument(f"IPU {device_id} of {machine.name} is chip {chip}, not {chip_id}")
         with self._lock:
             owner = self._owner.get(device_id)
-        if owner is None:
+            settings = self._partitions.get(owner) if owner is not None else None
+        if owner is None or settings is None:
             raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to no partition")
         if owner != partition_id:
             raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to partition {owner}, not {partition_id}")
+        if not hmac.compare_digest(settings.attach_key.encode(), attach_key.encode()):
+            raise PermissionDenied(f"the attach key is not partition {partition_id}'s: an IPUoF configuration of an earlier "
+                                   "partition of that name, or none")
 
-    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int) -> int:
-        self.ipuof_attach(partition_id, device_id, chip_id)
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str) -> int:
+        self.ipuof_attach(partition_id, device_id, chip_id, attach_key)
         rack = self.rack.current()
         time.sleep(PROGRAM_SECONDS * rack.time_scale)
         chip = next(ipu.chip_id for ipu in rack.machine(self.machine_name).ipus if ipu.index == device_id)

@@ -56,7 +56,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return self.users
 
     def CreateAgent(self, request, context):
-        agent = self.agents.create(request.id, request.host, request.port)
+        agent = self.agents.create(request.id, request.host, request.port, take_over=request.take_over)
         return pb.CreateAgentReply(agent=convert.agent_to_proto(agent))
 
     def ListAgents(self, request, context):

@@ -1,8 +1,15 @@
-"""Agents: the IPU-Machines the controller manages, one agent each."""
+"""Agents: the IPU-Machines the controller manages, one agent each.
+
+Registering an agent claims its machine: on the secure agent link the machine then obeys this
+controller only, and removing the agent releases it. A machine another controller holds is
+refused, unless the administrator takes it over with the site's agent-link authority.
+"""
 
 from __future__ import annotations
 
 import builtins
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vipu.controller.services.clusters import ClusterService
@@ -13,10 +20,17 @@ from vipu.model.errors import (
     Conflict,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     Unavailable,
     VipuError,
 )
 from vipu.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def no_takeover(machine_serial: str) -> str:
+    raise InvalidArgument("taking a machine over needs secure mode with the agent link's certificates")
 
 
 @dataclass(frozen=True)
@@ -37,12 +51,18 @@ class AgentView:
 
 
 class AgentService:
-    def __init__(self, store: Store, gateway: AgentGateway, clusters: ClusterService):
+    def __init__(self, store: Store, gateway: AgentGateway, clusters: ClusterService,
+                 takeover_grant: Callable[[str], str] = no_takeover):
+        """`takeover_grant(machine_serial)`: the site authority's grant for this controller to take that machine."""
         self.store = store
         self.gateway = gateway
         self.clusters = clusters
+        self.takeover_grant = takeover_grant
 
-    def create(self, agent_id: str, host: str, port: int, discovery_mode: str = "Manual") -> Agent:
+    def create(self, agent_id: str, host: str, port: int, discovery_mode: str = "Manual", take_over: bool = False) -> Agent:
+        """Register an agent and claim its machine; `take_over` takes the machine from the controller
+        holding it, whose partitions on it are cleared. A machine claimed here whose registration then
+        loses a race stays held by this controller, which can register it again."""
         check_id("agent", agent_id)
         if not host or any(c.isspace() for c in host):
             raise InvalidArgument(f"invalid host {host!r}")
@@ -54,6 +74,13 @@ class AgentService:
             inventory = self.gateway.inventory(host, port)
         except Unavailable as error:
             raise Unavailable(f"cannot reach agent {agent_id} at {host}:{port}: {error.message}") from error
+        grant = self.takeover_grant(inventory.serial) if take_over else ""
+        try:
+            previous = self.gateway.claim(host, port, grant)
+        except PermissionDenied as error:
+            raise PermissionDenied(f"agent {agent_id} at {host}:{port}: {error.message}") from error
+        if previous:
+            log.warning("agent %s: machine %s taken over from controller %s", agent_id, inventory.serial, previous)
         agent = Agent(agent_id, host, port, inventory, AgentStatus.UP, discovery_mode)
         with self.store.transaction() as tx:
             self._refuse_duplicate(tx, agent_id, host, port)
@@ -122,5 +149,10 @@ class AgentService:
             removed.append(f"cluster {view.cluster_id}")
         with self.store.transaction() as tx:
             tx.delete_agent(agent_id)
+        try:
+            self.gateway.release(view.agent.host, view.agent.port)
+        except VipuError as error:
+            log.warning("agent %s removed, but its machine was not released (another controller may take it over): %s",
+                        agent_id, error.message)
         self.gateway.forget(view.agent.host, view.agent.port)
         return removed

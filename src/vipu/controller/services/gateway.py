@@ -37,5 +37,15 @@ class AgentGateway(Protocol):
 
     def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation: ...
 
+    def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
+        """Hold the agent's machine, so that it obeys this controller only (on a TLS link); with a
+        grant from the site's agent-link authority, take it from another controller. `PermissionDenied`
+        when another holds it; the controller it was taken from, or ""."""
+        ...
+
+    def release(self, host: str, port: int) -> None:
+        """Let go of the machine, for another controller to claim."""
+        ...
+
     def forget(self, host: str, port: int) -> None:
         """Release whatever the gateway keeps for an agent that was removed."""

@@ -43,6 +43,7 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
     check_partition_id,
+    new_attach_key,
 )
 from vipu.model.errors import (
     AlreadyExists,
@@ -484,6 +485,7 @@ class PartitionService:
             ipus=list(placement.ipus),
             disable_auto_reset=request.disable_auto_reset,
             owner=access.user_id,
+            attach_key=new_attach_key(),
         )
 
     @staticmethod

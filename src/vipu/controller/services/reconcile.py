@@ -34,7 +34,7 @@ from vipu.model.entities import (
     Partition,
     ReadyState,
 )
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import PermissionDenied, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -127,7 +127,7 @@ class Reconciler:
                 held = {s.partition_id: s for s in gateway.partitions(agent.host, agent.port)}
                 if returning:
                     agent.inventory = gateway.inventory(agent.host, agent.port)
-            except Unavailable as error:
+            except (Unavailable, PermissionDenied) as error:  # not there, or obeying another controller
                 self._set_status(agent, AgentStatus.DOWN, error.message)
                 self._lost_with(agent, error.message)
                 return True

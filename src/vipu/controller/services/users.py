@@ -108,9 +108,12 @@ class LoginThrottle:
 
 
 class UserService:
-    def __init__(self, store: Store, throttle: LoginThrottle | None = None):
+    def __init__(self, store: Store, throttle: LoginThrottle | None = None,
+                 count_refusal: typing.Callable[[str], None] = lambda reason: None):
+        """`count_refusal(reason)` is told of each refused login, for a metric."""
         self.store = store
         self.throttle = throttle or LoginThrottle()
+        self.count_refusal = count_refusal
         self._verified: dict[str, tuple[int, bytes]] = {}  # user -> (credential version, SHA-256 of its key)
         self._decoy = credential_for(new_key(), 0)  # what an unknown user's key is checked against
         self._lock = threading.Lock()
@@ -180,8 +183,13 @@ class UserService:
         """What the holder of this key may do; Unauthenticated or PermissionDenied otherwise. `peer`
         is the caller's address, for the log and the throttle of failed logins."""
         if not user_id or not key:
+            self.count_refusal("no credentials")
             raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
-        self.throttle.check(peer, user_id)
+        try:
+            self.throttle.check(peer, user_id)
+        except Unauthenticated:
+            self.count_refusal("locked out")
+            raise
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
             credential = tx.get_credential(user_id)
@@ -199,6 +207,7 @@ class UserService:
 
     def _refuse(self, user_id: str, reason: str, peer: str) -> typing.NoReturn:
         log.warning("authentication of user %s from %s refused: %s", quoted(user_id), peer or "?", reason)
+        self.count_refusal(reason)
         self.throttle.failed(peer, user_id)
         raise Unauthenticated(f"invalid user id or access key for user {user_id}")
 
