@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 
 from tests.functional.harness import BIN, Result, failed_line
@@ -42,6 +43,7 @@ def test_a_kept_ipuof_file_opens_no_later_partition_of_its_name(registered_pod, 
     a removed partition is refused by the same IPUs under a new partition of the same id."""
     pod = registered_pod
     assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    assert stat.S_IMODE((pod.ipuof_dir / "p1_ipuof.conf").stat().st_mode) == 0o600  # it holds the key
     stolen = tmp_path / "p1_ipuof.conf"
     shutil.copy(pod.ipuof_dir / "p1_ipuof.conf", stolen)
     keyless = tmp_path / "keyless" / "p1_ipuof.conf"

@@ -1,13 +1,18 @@
 """Which controller holds a machine: the agent obeys that one only.
 
 On a mutual-TLS link a controller is known by the name in its certificate, which the site's
-agent-link authority signed. The first controller to claim a machine (or to configure it while
-nobody holds it) holds it; every other controller of the site may read its inventory but is
-refused anything else, in one line naming the holder, until the holder releases the machine or
-a takeover grant signed by the site's authority (`vipu.api.grants`) hands it over. A takeover
-clears every partition of the machine, so nothing of the old holder stays configured.
+agent-link authority signed. The first controller to claim a machine (registering its agent, or
+configuring it while nobody holds it) holds it. Every other controller of the site may read the
+machine's inventory but is refused anything else, in one line naming the holder, until the
+holder releases the machine or a takeover grant signed by the site's authority
+(`vipu.api.grants`) hands it over. A free machine may be listed, cleared and tested by any
+controller of the site; only configuring it claims it.
 
-The holder is kept in a small file so that a restarted agent still knows it. On a plaintext link
+A takeover waits for the operations under way to end (refusing new ones meanwhile), then clears
+every partition of the machine, so nothing the old holder applied stays configured; each grant
+is used once.
+
+The holder is kept in a file so that a restarted agent still knows it. On a plaintext link
 nobody is known, so nothing is held or refused: that is what secure mode is for.
 """
 
@@ -15,17 +20,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
 from vipu.api import grants
-from vipu.model.errors import InvalidArgument, PermissionDenied
+from vipu.api.atomic import write_file
+from vipu.model.errors import InvalidArgument, PermissionDenied, Unavailable
 
 log = logging.getLogger(__name__)
+
+TAKEOVER_WAIT_SECONDS = 30.0  # for the holder's operations under way to end before a takeover clears the machine
 
 
 def caller_of(context: grpc.ServicerContext) -> str:
@@ -43,8 +52,11 @@ class MachineHold:
         self.machine_name = machine_name
         self.path = path
         self.authority = authority
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._holder = self._load()
+        self._active = 0  # operations under way, which a takeover waits for
+        self._taking = False  # a takeover is under way: nothing new starts
+        self._used_grants: dict[str, float] = {}  # grant -> when it expires
 
     @property
     def enforced(self) -> bool:
@@ -52,14 +64,17 @@ class MachineHold:
 
     @property
     def holder(self) -> str:
-        with self._lock:
+        with self._changed:
             return self._holder
 
     def _load(self) -> str:
         if self.path is None or not self.path.exists():
             return ""
         try:
-            return str(json.loads(self.path.read_text())["holder"])
+            holder = json.loads(self.path.read_text())["holder"]
+            if not isinstance(holder, str):
+                raise TypeError(f"the holder is {holder!r}, not a name")
+            return holder
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InvalidArgument(f"cannot read the holder of machine {self.machine_name} from {self.path} ({error}); "
                                   "remove the file only if no controller should keep the machine") from None
@@ -67,10 +82,11 @@ class MachineHold:
     def _keep(self, holder: str) -> None:
         """Record the holder, on disk first: a holder the agent would forget on restart is no holder."""
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(f".{self.path.name}.tmp")
-            temporary.write_text(json.dumps({"holder": holder}) + "\n")
-            os.replace(temporary, self.path)
+            try:
+                write_file(self.path, (json.dumps({"holder": holder}) + "\n").encode())
+            except OSError as error:
+                raise Unavailable(f"cannot record the holder of machine {self.machine_name} in {self.path}: "
+                                  f"{error.strerror or error}") from None
         self._holder = holder
 
     def _refusal(self, caller: str) -> PermissionDenied:
@@ -78,17 +94,36 @@ class MachineHold:
             f"machine {self.machine_name} is held by controller {self._holder}, not {caller}; it is handed over when that "
             "controller removes its agent, or by a takeover with the site's agent-link authority")
 
-    def require(self, caller: str) -> None:
-        """Let `caller` configure the machine: its holder, or the first to ask while nobody holds it."""
-        if not self.enforced:
+    def _admit(self, caller: str, claim: bool) -> None:
+        """Under the lock: may `caller` go on (claiming a free machine if `claim`)?"""
+        if not caller:
+            raise PermissionDenied("a controller whose certificate names nobody is obeyed by no machine")
+        if self._taking:
+            raise Unavailable(f"machine {self.machine_name} is being handed to another controller; try again")
+        if self._holder == caller:
             return
-        with self._lock:
-            if self._holder == caller:
-                return
-            if self._holder:
-                raise self._refusal(caller)
+        if self._holder:
+            raise self._refusal(caller)
+        if claim:
             self._keep(caller)
-        log.info("machine %s is now held by controller %s", self.machine_name, caller)
+            log.info("machine %s is now held by controller %s", self.machine_name, caller)
+
+    @contextmanager
+    def obeying(self, caller: str, claim: bool = False) -> Iterator[None]:
+        """Around one operation of `caller`: refused unless it holds the machine, or the machine is
+        free (which `claim` then makes it hold). A takeover waits for the operation to end."""
+        if not self.enforced:
+            yield
+            return
+        with self._changed:
+            self._admit(caller, claim)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._active -= 1
+                self._changed.notify_all()
 
     def claim(self, caller: str, grant: str, serial: str, clear_all: Callable[[], None]) -> str:
         """Hold the machine for `caller`; with a grant, take it from its holder, clearing every
@@ -96,24 +131,41 @@ class MachineHold:
         if not self.enforced:
             return ""
         if not grant:
-            self.require(caller)
+            with self._changed:
+                self._admit(caller, claim=True)
             return ""
         assert self.authority is not None
-        grants.check(grant, self.authority, serial, caller)
-        with self._lock:
-            previous = self._holder
-            if previous == caller:
-                return ""
-            clear_all()
-            self._keep(caller)
+        expires = grants.check(grant, self.authority, serial, caller)
+        with self._changed:
+            now = time.time()
+            self._used_grants = {g: e for g, e in self._used_grants.items() if e > now}
+            if grant in self._used_grants:
+                raise PermissionDenied("the takeover grant was used already; each grant hands a machine over once")
+            if self._taking:
+                raise Unavailable(f"machine {self.machine_name} is being handed to another controller; try again")
+            self._taking = True
+        try:
+            with self._changed:
+                if not self._changed.wait_for(lambda: self._active == 0, timeout=TAKEOVER_WAIT_SECONDS):
+                    raise Unavailable(f"machine {self.machine_name} is busy with {self._active} operation(s) of controller "
+                                      f"{self._holder}; try the takeover again")
+                previous = self._holder
+            clear_all()  # outside the lock, nothing else admitted meanwhile
+            with self._changed:
+                self._keep(caller)
+                self._used_grants[grant] = expires
+        finally:
+            with self._changed:
+                self._taking = False
+                self._changed.notify_all()
         log.warning("machine %s taken over by controller %s from %s with the site's grant; its partitions were cleared",
                     self.machine_name, caller, previous or "nobody")
-        return previous
+        return "" if previous == caller else previous
 
     def release(self, caller: str) -> None:
         if not self.enforced:
             return
-        with self._lock:
+        with self._changed:
             if not self._holder:
                 return
             if self._holder != caller:

@@ -40,13 +40,11 @@ class MachineHost:
     connection refused exactly as for a machine that is off; its ports reopen when it recovers.
     """
 
-    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None = None,
-                 state_dir: Path | None = None):
+    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None, state_dir: Path):
         self.backend = backend
         self.host, self.port, self.ipuof_port = host, port, ipuof_port
         self.tls_dir = tls_dir  # the agent link's files: only the site's controllers, by their certificates, are answered
-        state_dir = state_dir or tls_dir
-        self.hold = MachineHold(backend.machine_name, state_dir / f"{backend.machine_name}.holder" if state_dir else None,
+        self.hold = MachineHold(backend.machine_name, state_dir / f"{backend.machine_name}.holder",
                                 link_authority(tls_dir) if tls_dir is not None else None)
         self.servers: list[grpc.Server] = []
 
@@ -105,7 +103,8 @@ class MachineHost:
                    "agent-key.pem, ca.pem: vipu-certs/agents from vipu-server --tls-init): only the site's controllers "
                    "are answered, and each machine obeys the one that holds it.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where each machine's holder (the controller it obeys) is kept, as MACHINE.holder. Default: the --tls-dir.")
+              help="Where each machine's holder (the controller it obeys) is kept, as MACHINE.holder. "
+                   "Default: agent-state beside the rack description.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(rack_path, machines, all_machines, listen_address, port, exporter_port, announce_interval, announce_port,
          announce_from, tls_dir, state_dir, log_level):
@@ -119,6 +118,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
             raise VipuError("name a machine with --machine, or use --all-machines")
         if len(names) > 1 and (port is not None or exporter_port is not None):
             raise VipuError("--port and --exporter-port apply to a single machine")
+        state_dir = state_dir or rack_path.resolve().parent / "agent-state"
         for name in names:
             backend = SimMachine(rack, name)
             machine = backend.machine()

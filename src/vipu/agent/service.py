@@ -21,28 +21,27 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return reply
 
     def ApplyPartition(self, request, context):
-        self.hold.require(caller_of(context))
-        self.backend.apply(convert.settings_from_proto(request.settings))
+        with self.hold.obeying(caller_of(context), claim=True):
+            self.backend.apply(convert.settings_from_proto(request.settings))
         return agent_pb2.ApplyPartitionReply()
 
     def ClearPartition(self, request, context):
-        self.hold.require(caller_of(context))
-        self.backend.clear(request.partition_id)
+        with self.hold.obeying(caller_of(context)):
+            self.backend.clear(request.partition_id)
         return agent_pb2.ClearPartitionReply()
 
     def ListPartitions(self, request, context):
-        self.hold.require(caller_of(context))
-        return agent_pb2.ListPartitionsReply(
-            partitions=[convert.settings_to_proto(s) for s in self.backend.partitions()]
-        )
+        with self.hold.obeying(caller_of(context)):
+            partitions = self.backend.partitions()
+        return agent_pb2.ListPartitionsReply(partitions=[convert.settings_to_proto(s) for s in partitions])
 
     def Diagnose(self, request, context):
-        self.hold.require(caller_of(context))
         try:
             probe = Probe(request.probe)
         except ValueError:
             raise InvalidArgument(f"unknown probe {request.probe!r}") from None
-        return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))
+        with self.hold.obeying(caller_of(context)):
+            return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))
 
     def Claim(self, request, context):
         caller = caller_of(context)

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from vipu.model.errors import InvalidArgument, PermissionDenied
 
-DEFAULT_SECONDS = 300.0
+DEFAULT_SECONDS = 60.0  # long enough to reach the agent; an agent takes each grant once
 SIGNATURE = ec.ECDSA(hashes.SHA256())
 
 
@@ -39,8 +39,11 @@ def _unb64(text: str) -> bytes:
 def sign(authority_key: bytes, authority_cert: bytes, machine_serial: str, holder: str, seconds: float = DEFAULT_SECONDS) -> str:
     """A grant letting `holder` take machine `machine_serial` for the next `seconds`. The key must be
     the authority certificate's: a grant signed by another would only be refused by the agent."""
-    key = serialization.load_pem_private_key(authority_key, password=None)
-    certificate = x509.load_pem_x509_certificate(authority_cert)
+    try:
+        key = serialization.load_pem_private_key(authority_key, password=None)
+        certificate = x509.load_pem_x509_certificate(authority_cert)
+    except (ValueError, TypeError) as error:
+        raise InvalidArgument(f"the agent-link authority's key or certificate is unreadable ({error})") from None
     public = serialization.PublicFormat.SubjectPublicKeyInfo
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key().public_bytes(serialization.Encoding.DER, public) != \
             certificate.public_key().public_bytes(serialization.Encoding.DER, public):
@@ -50,8 +53,9 @@ def sign(authority_key: bytes, authority_cert: bytes, machine_serial: str, holde
     return f"{_b64(payload)}.{_b64(key.sign(payload, SIGNATURE))}"
 
 
-def check(grant: str, authority_cert: bytes, machine_serial: str, holder: str) -> None:
-    """Refuse, saying why, a grant that is not the authority's, not for this machine and holder, or expired."""
+def check(grant: str, authority_cert: bytes, machine_serial: str, holder: str) -> float:
+    """Refuse, saying why, a grant that is not the authority's, not for this machine and holder, or
+    expired; else when it expires (time.time())."""
     try:
         payload_text, signature_text = grant.split(".")
         payload, signature = _unb64(payload_text), _unb64(signature_text)
@@ -72,3 +76,4 @@ def check(grant: str, authority_cert: bytes, machine_serial: str, holder: str) -
         raise PermissionDenied(f"the takeover grant is for controller {granted_holder[:64]}, not {holder}")
     if expires < time.time():
         raise PermissionDenied("the takeover grant has expired")
+    return expires

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import socket
 import typing
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPri
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from vipu.api import grants
+from vipu.api.atomic import write_file
 from vipu.model.errors import AlreadyExists, InvalidArgument, PermissionDenied
 
 DEFAULT_DIRECTORY = Path("vipu-certs")
@@ -98,6 +98,11 @@ class TlsFiles:
         return self.root / "ca" / "agent-link-ca-key.pem"
 
     @property
+    def issued_controllers(self) -> Path:
+        """The names of the further controllers `vipu-certs controller` issued certificates to, one per line."""
+        return self.root / "ca" / "issued-controllers"
+
+    @property
     def agent_cert(self) -> Path:
         return self.agents_dir / AGENT_CERT
 
@@ -115,9 +120,9 @@ class TlsFiles:
 
     @property
     def has_agent_link(self) -> bool:
-        """Whether both sides of the agent link have their certificates: in secure mode the
-        controller reaches its agents over TLS when this holds (and its simulated agents follow it)."""
-        return self.agent_cert.exists() and self.controller_cert.exists()
+        """Whether the controller has its agent-link certificate: in secure mode it then reaches its
+        agents over TLS (and its simulated agents follow it, with the agents' files)."""
+        return self.controller_cert.exists()
 
 
 def default_hosts() -> list[str]:
@@ -190,15 +195,13 @@ def issue(authority_key: bytes, authority_cert: bytes, common_name: str, *, serv
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    with os.fdopen(os.open(path, flags, 0o600 if private else 0o644), "wb") as file:
-        file.write(data)
+    write_file(path, data, 0o600 if private else 0o644)
 
 
 def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> None:
-    """Write a new authority, a server and a client certificate, and the agent link's (`generate_agent_link`);
-    refuse to overwrite any."""
+    """Write a new authority, a server and a client certificate, and the agent link's (`generate_agent_link`)
+    unless the directory has a controller certificate of the link already (one a site issued to this
+    controller with `vipu-certs controller`, which it keeps); refuse to overwrite any."""
     existing = [p for p in (files.ca_cert, files.server_cert, files.client_cert) if p.exists()]
     if existing:
         raise AlreadyExists(f"{existing[0]} already exists; remove {files.root} to make new certificates")
@@ -211,7 +214,8 @@ def generate(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> Non
     _write(files.ca_cert, ca_cert)
     _write_holder(files.ca_for(files.server_dir), ca_cert, files.server_key, server_key, files.server_cert, server_cert)
     _write_holder(files.ca_for(files.client_dir), ca_cert, files.client_key, client_key, files.client_cert, client_cert)
-    generate_agent_link(files, hosts, days)
+    if not files.controller_cert.exists():
+        generate_agent_link(files, hosts, days)
 
 
 def generate_agent_link(files: TlsFiles, hosts: list[str], days: int = DEFAULT_DAYS) -> None:
@@ -245,10 +249,19 @@ def issue_link_certificate(files: TlsFiles, name: str, out: Path, hosts: list[st
         raise AlreadyExists(f"{existing[0]} already exists")
     if hosts is not None and not hosts:
         raise InvalidArgument("an agent's certificate needs at least one host name or address")
-    if hosts is None and files.controller_cert.exists() and name == common_name(files.controller_cert, "controller certificate"):
-        raise InvalidArgument(f"{name} is this site controller's own name; another controller needs a name of its own")
+    if paths[2].exists() and paths[2].read_bytes() != link_cert:
+        raise AlreadyExists(f"{paths[2]} holds another authority's certificate; name another directory")
+    if hosts is None:
+        taken = [common_name(files.controller_cert, "controller certificate")] if files.controller_cert.exists() else []
+        if files.issued_controllers.exists():
+            taken += files.issued_controllers.read_text().split()
+        if name in taken:  # two controllers of one name would command each other's machines
+            raise AlreadyExists(f"a controller named {name} has a certificate of this site already; name another")
     key, cert = issue(link_key, link_cert, name, server_names=hosts, days=days)
     _write_holder(paths[2], link_cert, paths[1], key, paths[0], cert)
+    if hosts is None:
+        with open(files.issued_controllers, "a") as issued:
+            issued.write(name + "\n")
     return paths
 
 
@@ -261,7 +274,7 @@ def _write_holder(ca_path: Path, ca: bytes, key_path: Path, key: bytes, cert_pat
 
 def agent_server_credentials(agents_dir: Path) -> grpc.ServerCredentials:
     """An agent's end-point: it answers only a client with a certificate from the link's authority,
-    which only the controller holds."""
+    which only the site's controllers hold."""
     return _mutual_server_credentials(agents_dir / AGENT_KEY, agents_dir / AGENT_CERT, agents_dir / "ca.pem", "agent")
 
 
@@ -279,9 +292,6 @@ def common_name(path: Path, what: str) -> str:
 def takeover_grant(files: TlsFiles, machine_serial: str) -> str:
     """A grant for this controller to take a machine from the controller holding it, signed with the
     site's agent-link authority key, which a controller made by --tls-init holds and a tenant's does not."""
-    if not files.controller_cert.exists():
-        raise InvalidArgument("taking a machine over needs secure mode with the agent link's certificates; "
-                              f"there is no {files.controller_cert}")
     if not files.link_ca_key.exists():
         raise PermissionDenied(f"this controller does not hold the site's agent-link authority key ({files.link_ca_key}), "
                                "which a takeover needs")

@@ -32,6 +32,15 @@ def cli():
     """Certificates from a site's agent-link authority, for agents and controllers."""
 
 
+def issue_certificate(kind: str, name: str, out: Path | None, tls_dir: Path, days: int, hosts: str | None = None) -> None:
+    with reporting(f"issue {kind} certificate", name):
+        check_id(f"{kind} certificate", name)
+        out = out or tls_dir / f"{kind}s-{name}"
+        host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts is not None else None
+        issue_link_certificate(TlsFiles(tls_dir), name, out, hosts=host_list, days=days)
+    click.echo(f"issue {kind} certificate ({name}): success. Written to {out}.")
+
+
 @cli.command("agent")
 @click.argument("name")
 @click.option("--hosts", required=True, help="Names and addresses the controller reaches the agent by: H1,H2,...")
@@ -42,11 +51,7 @@ def cli():
 @days_option
 def agent(name, hosts, out, tls_dir, days):
     """Issue a certificate for one agent."""
-    with reporting("issue agent certificate", name):
-        check_id("agent certificate", name)
-        out = out or tls_dir / f"agents-{name}"
-        issue_link_certificate(TlsFiles(tls_dir), name, out, hosts=[h.strip() for h in hosts.split(",") if h.strip()], days=days)
-    click.echo(f"issue agent certificate ({name}): success. Written to {out}.")
+    issue_certificate("agent", name, out, tls_dir, days, hosts)
 
 
 @cli.command("controller")
@@ -58,11 +63,7 @@ def agent(name, hosts, out, tls_dir, days):
 @days_option
 def controller(name, out, tls_dir, days):
     """Issue a certificate for another controller of the site (a tenant's, say); agents know it by NAME."""
-    with reporting("issue controller certificate", name):
-        check_id("controller certificate", name)
-        out = out or tls_dir / f"controllers-{name}"
-        issue_link_certificate(TlsFiles(tls_dir), name, out, days=days)
-    click.echo(f"issue controller certificate ({name}): success. Written to {out}.")
+    issue_certificate("controller", name, out, tls_dir, days)
 
 
 def main() -> None:

@@ -98,10 +98,13 @@ class GrpcAgentGateway:
         return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
+        if self.credentials is None and not takeover_grant:  # a plaintext link knows no holders
+            return ""
         return self._call(host, port, "Claim", agent_pb2.ClaimRequest(takeover_grant=takeover_grant)).previous_holder
 
     def release(self, host: str, port: int) -> None:
-        self._call(host, port, "Release", agent_pb2.ReleaseRequest())
+        if self.credentials is not None:
+            self._call(host, port, "Release", agent_pb2.ReleaseRequest())
 
     def forget(self, host: str, port: int) -> None:
         """Drop the channel to an agent that was removed."""

@@ -75,6 +75,14 @@ class Stopping:
             pass
 
 
+def sim_agent_tls(files: TlsFiles) -> Path:
+    """The files the simulated agents of a secure --sim serve the agent link with."""
+    if not files.agent_cert.exists():
+        raise InvalidArgument(f"secure --sim needs the agents' certificates in {files.agents_dir} "
+                              "(vipu-server --tls-init makes them; vipu-certs agent issues them)")
+    return files.agents_dir
+
+
 def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, tls_dir: Path, tls_hosts: str | None,
                default_user_id: str, user_port: int, admin_port: int) -> None:
     """--init and --tls-init: the store, the certificates, and a first administrator, as asked."""
@@ -85,13 +93,17 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
     if certificates or (store_too and secure):
         hosts = [h.strip() for h in tls_hosts.split(",") if h.strip()] if tls_hosts else default_hosts()
         if certificates or not files.server_cert.exists():
+            issued_link = files.has_agent_link  # a certificate the site issued this controller, kept
             generate(files, hosts)
             click.echo(f"Generated server TLS certificates in the directory: {files.server_dir}")
             click.echo(f"Generated client TLS certificates in the directory: {files.client_dir}")
-            click.echo(f"Generated agent link TLS certificates in the directories: {files.agents_dir}, {files.controller_dir}")
+            if issued_link:
+                click.echo(f"Using the agent link certificate the site issued in the directory: {files.controller_dir}")
+            else:
+                click.echo(f"Generated agent link TLS certificates in the directories: {files.agents_dir}, {files.controller_dir}")
         else:
             click.echo(f"Using the TLS certificates in the directory: {files.root}")
-            if not files.agent_cert.exists():  # made before the agent link had certificates of its own
+            if not files.has_agent_link:  # made before the agent link had certificates of its own
                 generate_agent_link(files, hosts)
                 click.echo(f"Generated agent link TLS certificates in the directories: {files.agents_dir}, {files.controller_dir}")
     if store is not None and secure:
@@ -207,7 +219,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     registered_now = False
     try:
         if sim_machines:
-            agent_tls = TlsFiles(tls_dir).agents_dir if controller.gateway.credentials is not None else None  # as it reaches them
+            agent_tls = sim_agent_tls(TlsFiles(tls_dir)) if controller.gateway.credentials is not None else None  # as it reaches them
             pod = SimPod(data_dir, sim_machines, IldTopology(sim_topology), sim_ilds, sim_base_port, rebuild=sim_rebuild,
                          agent_tls=agent_tls)
             rack = pod.rack()

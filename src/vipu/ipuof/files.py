@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from vipu.api.atomic import write_file
 from vipu.api.protos import vipuuser_pb2 as pb
 
 USER_DIR = Path("~/.ipuof.conf.d")
@@ -37,15 +38,15 @@ def document(gcd: pb.PartitionConfig.Gcd) -> dict:
     return {"attributes": dict(sorted(gcd.attributes.items())), "devices": devices}
 
 
-def write(directory: Path, partition_id: str, config: pb.PartitionConfig) -> list[Path]:
-    """Write every GCD's file, each atomically; return the paths written."""
+def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner: int | None = None) -> list[Path]:
+    """Write every GCD's file, each atomically and readable by its owner only (it holds the
+    partition's attach key); `owner` (a uid) gets them, when the caller is root writing for a job's
+    user. The paths written."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for index, gcd in enumerate(config.gcd_configs):
         path = directory / file_name(partition_id, index, len(config.gcd_configs))
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(json.dumps(document(gcd), indent=2) + "\n")
-        temporary.replace(path)
+        write_file(path, (json.dumps(document(gcd), indent=2) + "\n").encode(), 0o600, owner)
         paths.append(path)
     return paths
 

@@ -40,6 +40,13 @@ def partition_id(job_id: str) -> str:
     return f"{PARTITION_PREFIX}{job_id}"
 
 
+
+def job_owner(env: Mapping[str, str]) -> int | None:
+    """The job's user, who must read its IPUoF files (readable by their owner only), when the
+    prolog runs as root and can give them away; else None."""
+    uid = env.get("SLURM_JOB_UID", "")
+    return int(uid) if uid.isdigit() and os.geteuid() == 0 else None
+
 class JobFailed(VipuError):
     """The prolog could not give the job its partition; `permanent` if no retry can."""
 
@@ -125,7 +132,7 @@ class JobPartitions:
             self._remove_quietly(name)
             raise JobFailed(f"no partition of {ipus} IPUs yet, job requeued: {error.message}") from None
         try:
-            ipuof_files.write(self.config.ipuof_dir, name, config)
+            ipuof_files.write(self.config.ipuof_dir, name, config, owner=job_owner(env))
         except OSError as error:
             self._remove_quietly(name)
             raise JobFailed(f"cannot write the IPUoF files of {name} into {self.config.ipuof_dir}: {error.strerror}") from None

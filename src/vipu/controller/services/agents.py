@@ -74,19 +74,19 @@ class AgentService:
             inventory = self.gateway.inventory(host, port)
         except Unavailable as error:
             raise Unavailable(f"cannot reach agent {agent_id} at {host}:{port}: {error.message}") from error
+        with self.store.reading() as tx:  # before any claim: a takeover would clear the machine
+            self._refuse_duplicate_machine(tx, host, port, inventory.serial)
         grant = self.takeover_grant(inventory.serial) if take_over else ""
         try:
             previous = self.gateway.claim(host, port, grant)
-        except PermissionDenied as error:
-            raise PermissionDenied(f"agent {agent_id} at {host}:{port}: {error.message}") from error
+        except (PermissionDenied, Unavailable) as error:
+            raise type(error)(f"agent {agent_id} at {host}:{port}: {error.message}") from error
         if previous:
             log.warning("agent %s: machine %s taken over from controller %s", agent_id, inventory.serial, previous)
         agent = Agent(agent_id, host, port, inventory, AgentStatus.UP, discovery_mode)
         with self.store.transaction() as tx:
             self._refuse_duplicate(tx, agent_id, host, port)
-            for other in tx.list_agents():
-                if other.inventory.serial == inventory.serial:
-                    raise Conflict(f"the machine at {host}:{port} (serial {inventory.serial}) is already agent {other.id}")
+            self._refuse_duplicate_machine(tx, host, port, inventory.serial)
             tx.add_agent(agent)
         return agent
 
@@ -97,6 +97,12 @@ class AgentService:
         other = tx.agent_with_address(host, port)
         if other is not None:
             raise AlreadyExists(f"agent {other.id} already uses {host}:{port}")
+
+    @staticmethod
+    def _refuse_duplicate_machine(tx, host: str, port: int, serial: str) -> None:
+        for other in tx.list_agents():
+            if other.inventory.serial == serial:
+                raise Conflict(f"the machine at {host}:{port} (serial {serial}) is already agent {other.id}")
 
     def auto_add(self, addresses: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
         """Register the agents at these addresses that are not registered yet, as HOST-PORT.
