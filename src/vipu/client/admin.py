@@ -19,9 +19,12 @@ class AdminClient(EndpointClient):
 
     # Agents
 
-    def create_agent(self, agent_id: str, host: str, port: int, take_over: bool = False) -> pb.CreateAgentReply:
-        """Register an agent; `take_over` takes its machine from the controller holding it."""
-        return self._call("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port, take_over=take_over))
+    def create_agent(self, agent_id: str, host: str, port: int, take_over: bool = False,
+                     takeover_grant: str = "") -> pb.CreateAgentReply:
+        """Register an agent; `take_over` takes its machine from the controller holding it, with the
+        site's authority key if the controller has it, or with `takeover_grant` made for it by the site."""
+        return self._call("CreateAgent", pb.CreateAgentRequest(id=agent_id, host=host, port=port, take_over=take_over,
+                                                               takeover_grant=takeover_grant))
 
     def list_agents(self) -> list[pb.Agent]:
         return list(self._call("ListAgents", pb.ListRequest()).agents)

@@ -26,17 +26,17 @@ from vipu.api.protos import agent_pb2 as vipu_dot_api_dot_protos_dot_agent__pb2
 from vipu.api.protos import vipuuser_pb2 as vipu_dot_api_dot_protos_dot_vipuuser__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bvipu/api/protos/admin.proto\x12\rvipu.admin.v1\x1a\x1bvipu/api/protos/agent.proto\x1a\x1evipu/api/protos/vipuuser.proto\"o\n\x0b\x41gentIpuUse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x14\n\x0cpartition_id\x18\x02 \x01(\t\x12\x17\n\x0fpartition_state\x18\x03 \x01(\t\x12\x12\n\nrouting_id\x18\x04 \x01(\r\x12\x0e\n\x06gcd_id\x18\x05 \x01(\r\"\xed\x01\n\x05\x41gent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x12\x15\n\rallocation_id\x18\x06 \x01(\t\x12+\n\tinventory\x18\x07 \x01(\x0b\x32\x18.vipu.agent.v1.Inventory\x12(\n\x04ipus\x18\x08 \x03(\x0b\x32\x1a.vipu.admin.v1.AgentIpuUse\x12\x16\n\x0e\x64iscovery_mode\x18\t \x01(\t\x12\x12\n\nlast_error\x18\n \x01(\t\"\xbf\x01\n\x07\x43luster\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tagent_ids\x18\x02 \x03(\t\x12,\n\x08topology\x18\x03 \x01(\x0e\x32\x1a.vipu.admin.v1.IldTopology\x12\x1a\n\x12num_ipulinkdomains\x18\x04 \x01(\r\x12\x33\n\x10\x63luster_topology\x18\x05 \x01(\x0e\x32\x19.vipu.admin.v1.GwTopology\x12\x16\n\x0e\x61llocation_ids\x18\x06 \x03(\t\"V\n\nAllocation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tagent_ids\x18\x03 \x03(\t\x12\x15\n\rpartition_ids\x18\x04 \x03(\t\"O\n\x12\x43reateAgentRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x11\n\ttake_over\x18\x04 \x01(\x08\"7\n\x10\x43reateAgentReply\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.vipu.admin.v1.Agent\"\x18\n\nGetRequest\x12\n\n\x02id\x18\x01 \x01(\t\"*\n\rRemoveRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x1e\n\x0bRemoveReply\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\r\n\x0bListRequest\"7\n\x0fListAgentsReply\x12$\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x14.vipu.admin.v1.Agent\"\xb4\x01\n\x14\x43reateClusterRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tagent_ids\x18\x02 \x03(\t\x12,\n\x08topology\x18\x03 \x01(\x0e\x32\x1a.vipu.admin.v1.IldTopology\x12\x1a\n\x12num_ipulinkdomains\x18\x04 \x01(\r\x12\x33\n\x10\x63luster_topology\x18\x05 \x01(\x0e\x32\x19.vipu.admin.v1.GwTopology\"=\n\x11ListClustersReply\x12(\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x16.vipu.admin.v1.Cluster\"Z\n\x17\x43reateAllocationRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tagent_ids\x18\x03 \x03(\t\x12\x0c\n\x04size\x18\x04 \x01(\r\"F\n\x14ListAllocationsReply\x12.\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x19.vipu.admin.v1.Allocation\"E\n\x12TestClusterRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05tests\x18\x02 \x03(\t\x12\x0c\n\x04wait\x18\x03 \x01(\x08\"{\n\x11\x43lusterTestResult\x12\x0c\n\x04test\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06passed\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\x12\x0f\n\x07summary\x18\x05 \x03(\t\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\"\x90\x01\n\x11\x43lusterTestReport\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x31\n\x07results\x18\x03 \x03(\x0b\x32 .vipu.admin.v1.ClusterTestResult\x12\x14\n\x0crunning_test\x18\x04 \x01(\t\x12\x0f\n\x07planned\x18\x05 \x03(\t\"*\n\x14StopClusterTestReply\x12\x12\n\ncluster_id\x18\x01 \x01(\t\")\n\x15\x44iscoverAgentsRequest\x12\x10\n\x08\x61uto_add\x18\x01 \x01(\x08\"\x88\x01\n\x0f\x44iscoveredAgent\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x11\n\tinterface\x18\x03 \x01(\t\x12\x1a\n\x12seconds_since_seen\x18\x04 \x01(\x01\x12\x13\n\x0b\x61uto_add_id\x18\x05 \x01(\t\x12\x15\n\rregistered_as\x18\x06 \x01(\t\"f\n\x13\x44iscoverAgentsReply\x12.\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x1e.vipu.admin.v1.DiscoveredAgent\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\t\x12\x10\n\x08\x66\x61ilures\x18\x03 \x03(\t\"9\n\x04User\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x16\n\x0e\x61llocation_ids\x18\x03 \x03(\t\"F\n\x11\x43reateUserRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x61llocation_ids\x18\x02 \x03(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\"X\n\x0cUserKeyReply\x12!\n\x04user\x18\x01 \x01(\x0b\x32\x13.vipu.admin.v1.User\x12\x12\n\naccess_key\x18\x02 \x01(\t\x12\x11\n\tuser_port\x18\x03 \x01(\r\"g\n\x11UpdateUserRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10give_allocations\x18\x02 \x03(\t\x12\x18\n\x10\x64\x65ny_allocations\x18\x03 \x03(\t\x12\x12\n\nrotate_key\x18\x04 \x01(\x08\"4\n\x0eListUsersReply\x12\"\n\x05users\x18\x01 \x03(\x0b\x32\x13.vipu.admin.v1.User*Z\n\x0bIldTopology\x12\x1c\n\x18ILD_TOPOLOGY_UNSPECIFIED\x10\x00\x12\x15\n\x11ILD_TOPOLOGY_MESH\x10\x01\x12\x16\n\x12ILD_TOPOLOGY_TORUS\x10\x02*A\n\nGwTopology\x12\x1b\n\x17GW_TOPOLOGY_UNSPECIFIED\x10\x00\x12\x16\n\x12GW_TOPOLOGY_LOOPED\x10\x01\x32\xa7\x0e\n\x0c\x41\x64minService\x12S\n\x0b\x43reateAgent\x12!.vipu.admin.v1.CreateAgentRequest\x1a\x1f.vipu.admin.v1.CreateAgentReply\"\x00\x12J\n\nListAgents\x12\x1a.vipu.admin.v1.ListRequest\x1a\x1e.vipu.admin.v1.ListAgentsReply\"\x00\x12=\n\x08GetAgent\x12\x19.vipu.admin.v1.GetRequest\x1a\x14.vipu.admin.v1.Agent\"\x00\x12I\n\x0bRemoveAgent\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12N\n\rCreateCluster\x12#.vipu.admin.v1.CreateClusterRequest\x1a\x16.vipu.admin.v1.Cluster\"\x00\x12N\n\x0cListClusters\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ListClustersReply\"\x00\x12\x41\n\nGetCluster\x12\x19.vipu.admin.v1.GetRequest\x1a\x16.vipu.admin.v1.Cluster\"\x00\x12K\n\rRemoveCluster\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12W\n\x10\x43reateAllocation\x12&.vipu.admin.v1.CreateAllocationRequest\x1a\x19.vipu.admin.v1.Allocation\"\x00\x12T\n\x0fListAllocations\x12\x1a.vipu.admin.v1.ListRequest\x1a#.vipu.admin.v1.ListAllocationsReply\"\x00\x12G\n\rGetAllocation\x12\x19.vipu.admin.v1.GetRequest\x1a\x19.vipu.admin.v1.Allocation\"\x00\x12N\n\x10RemoveAllocation\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12I\n\x0bGetCapacity\x12\x1c.virmgrpc.GetCapacityRequest\x1a\x1a.virmgrpc.GetCapacityReply\"\x00\x12T\n\x0bTestCluster\x12!.vipu.admin.v1.TestClusterRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12V\n\x14GetClusterTestStatus\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12T\n\x0fStopClusterTest\x12\x1a.vipu.admin.v1.ListRequest\x1a#.vipu.admin.v1.StopClusterTestReply\"\x00\x12X\n\x16GetClusterTestProgress\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12\\\n\x0e\x44iscoverAgents\x12$.vipu.admin.v1.DiscoverAgentsRequest\x1a\".vipu.admin.v1.DiscoverAgentsReply\"\x00\x12M\n\nCreateUser\x12 .vipu.admin.v1.CreateUserRequest\x1a\x1b.vipu.admin.v1.UserKeyReply\"\x00\x12H\n\tListUsers\x12\x1a.vipu.admin.v1.ListRequest\x1a\x1d.vipu.admin.v1.ListUsersReply\"\x00\x12;\n\x07GetUser\x12\x19.vipu.admin.v1.GetRequest\x1a\x13.vipu.admin.v1.User\"\x00\x12M\n\nUpdateUser\x12 .vipu.admin.v1.UpdateUserRequest\x1a\x1b.vipu.admin.v1.UserKeyReply\"\x00\x12H\n\nRemoveUser\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bvipu/api/protos/admin.proto\x12\rvipu.admin.v1\x1a\x1bvipu/api/protos/agent.proto\x1a\x1evipu/api/protos/vipuuser.proto\"o\n\x0b\x41gentIpuUse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x14\n\x0cpartition_id\x18\x02 \x01(\t\x12\x17\n\x0fpartition_state\x18\x03 \x01(\t\x12\x12\n\nrouting_id\x18\x04 \x01(\r\x12\x0e\n\x06gcd_id\x18\x05 \x01(\r\"\xed\x01\n\x05\x41gent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x12\x15\n\rallocation_id\x18\x06 \x01(\t\x12+\n\tinventory\x18\x07 \x01(\x0b\x32\x18.vipu.agent.v1.Inventory\x12(\n\x04ipus\x18\x08 \x03(\x0b\x32\x1a.vipu.admin.v1.AgentIpuUse\x12\x16\n\x0e\x64iscovery_mode\x18\t \x01(\t\x12\x12\n\nlast_error\x18\n \x01(\t\"\xbf\x01\n\x07\x43luster\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tagent_ids\x18\x02 \x03(\t\x12,\n\x08topology\x18\x03 \x01(\x0e\x32\x1a.vipu.admin.v1.IldTopology\x12\x1a\n\x12num_ipulinkdomains\x18\x04 \x01(\r\x12\x33\n\x10\x63luster_topology\x18\x05 \x01(\x0e\x32\x19.vipu.admin.v1.GwTopology\x12\x16\n\x0e\x61llocation_ids\x18\x06 \x03(\t\"V\n\nAllocation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tagent_ids\x18\x03 \x03(\t\x12\x15\n\rpartition_ids\x18\x04 \x03(\t\"g\n\x12\x43reateAgentRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\r\x12\x11\n\ttake_over\x18\x04 \x01(\x08\x12\x16\n\x0etakeover_grant\x18\x05 \x01(\t\"7\n\x10\x43reateAgentReply\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.vipu.admin.v1.Agent\"\x18\n\nGetRequest\x12\n\n\x02id\x18\x01 \x01(\t\"*\n\rRemoveRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x1e\n\x0bRemoveReply\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\r\n\x0bListRequest\"7\n\x0fListAgentsReply\x12$\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x14.vipu.admin.v1.Agent\"\xb4\x01\n\x14\x43reateClusterRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tagent_ids\x18\x02 \x03(\t\x12,\n\x08topology\x18\x03 \x01(\x0e\x32\x1a.vipu.admin.v1.IldTopology\x12\x1a\n\x12num_ipulinkdomains\x18\x04 \x01(\r\x12\x33\n\x10\x63luster_topology\x18\x05 \x01(\x0e\x32\x19.vipu.admin.v1.GwTopology\"=\n\x11ListClustersReply\x12(\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x16.vipu.admin.v1.Cluster\"Z\n\x17\x43reateAllocationRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tagent_ids\x18\x03 \x03(\t\x12\x0c\n\x04size\x18\x04 \x01(\r\"F\n\x14ListAllocationsReply\x12.\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x19.vipu.admin.v1.Allocation\"E\n\x12TestClusterRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05tests\x18\x02 \x03(\t\x12\x0c\n\x04wait\x18\x03 \x01(\x08\"{\n\x11\x43lusterTestResult\x12\x0c\n\x04test\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0e\n\x06passed\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\x12\x0f\n\x07summary\x18\x05 \x03(\t\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\"\x90\x01\n\x11\x43lusterTestReport\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x31\n\x07results\x18\x03 \x03(\x0b\x32 .vipu.admin.v1.ClusterTestResult\x12\x14\n\x0crunning_test\x18\x04 \x01(\t\x12\x0f\n\x07planned\x18\x05 \x03(\t\"*\n\x14StopClusterTestReply\x12\x12\n\ncluster_id\x18\x01 \x01(\t\")\n\x15\x44iscoverAgentsRequest\x12\x10\n\x08\x61uto_add\x18\x01 \x01(\x08\"\x88\x01\n\x0f\x44iscoveredAgent\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x11\n\tinterface\x18\x03 \x01(\t\x12\x1a\n\x12seconds_since_seen\x18\x04 \x01(\x01\x12\x13\n\x0b\x61uto_add_id\x18\x05 \x01(\t\x12\x15\n\rregistered_as\x18\x06 \x01(\t\"f\n\x13\x44iscoverAgentsReply\x12.\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x1e.vipu.admin.v1.DiscoveredAgent\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\t\x12\x10\n\x08\x66\x61ilures\x18\x03 \x03(\t\"9\n\x04User\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x61\x64min\x18\x02 \x01(\x08\x12\x16\n\x0e\x61llocation_ids\x18\x03 \x03(\t\"F\n\x11\x43reateUserRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x61llocation_ids\x18\x02 \x03(\t\x12\r\n\x05\x61\x64min\x18\x03 \x01(\x08\"X\n\x0cUserKeyReply\x12!\n\x04user\x18\x01 \x01(\x0b\x32\x13.vipu.admin.v1.User\x12\x12\n\naccess_key\x18\x02 \x01(\t\x12\x11\n\tuser_port\x18\x03 \x01(\r\"g\n\x11UpdateUserRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10give_allocations\x18\x02 \x03(\t\x12\x18\n\x10\x64\x65ny_allocations\x18\x03 \x03(\t\x12\x12\n\nrotate_key\x18\x04 \x01(\x08\"4\n\x0eListUsersReply\x12\"\n\x05users\x18\x01 \x03(\x0b\x32\x13.vipu.admin.v1.User*Z\n\x0bIldTopology\x12\x1c\n\x18ILD_TOPOLOGY_UNSPECIFIED\x10\x00\x12\x15\n\x11ILD_TOPOLOGY_MESH\x10\x01\x12\x16\n\x12ILD_TOPOLOGY_TORUS\x10\x02*A\n\nGwTopology\x12\x1b\n\x17GW_TOPOLOGY_UNSPECIFIED\x10\x00\x12\x16\n\x12GW_TOPOLOGY_LOOPED\x10\x01\x32\xa7\x0e\n\x0c\x41\x64minService\x12S\n\x0b\x43reateAgent\x12!.vipu.admin.v1.CreateAgentRequest\x1a\x1f.vipu.admin.v1.CreateAgentReply\"\x00\x12J\n\nListAgents\x12\x1a.vipu.admin.v1.ListRequest\x1a\x1e.vipu.admin.v1.ListAgentsReply\"\x00\x12=\n\x08GetAgent\x12\x19.vipu.admin.v1.GetRequest\x1a\x14.vipu.admin.v1.Agent\"\x00\x12I\n\x0bRemoveAgent\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12N\n\rCreateCluster\x12#.vipu.admin.v1.CreateClusterRequest\x1a\x16.vipu.admin.v1.Cluster\"\x00\x12N\n\x0cListClusters\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ListClustersReply\"\x00\x12\x41\n\nGetCluster\x12\x19.vipu.admin.v1.GetRequest\x1a\x16.vipu.admin.v1.Cluster\"\x00\x12K\n\rRemoveCluster\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12W\n\x10\x43reateAllocation\x12&.vipu.admin.v1.CreateAllocationRequest\x1a\x19.vipu.admin.v1.Allocation\"\x00\x12T\n\x0fListAllocations\x12\x1a.vipu.admin.v1.ListRequest\x1a#.vipu.admin.v1.ListAllocationsReply\"\x00\x12G\n\rGetAllocation\x12\x19.vipu.admin.v1.GetRequest\x1a\x19.vipu.admin.v1.Allocation\"\x00\x12N\n\x10RemoveAllocation\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x12I\n\x0bGetCapacity\x12\x1c.virmgrpc.GetCapacityRequest\x1a\x1a.virmgrpc.GetCapacityReply\"\x00\x12T\n\x0bTestCluster\x12!.vipu.admin.v1.TestClusterRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12V\n\x14GetClusterTestStatus\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12T\n\x0fStopClusterTest\x12\x1a.vipu.admin.v1.ListRequest\x1a#.vipu.admin.v1.StopClusterTestReply\"\x00\x12X\n\x16GetClusterTestProgress\x12\x1a.vipu.admin.v1.ListRequest\x1a .vipu.admin.v1.ClusterTestReport\"\x00\x12\\\n\x0e\x44iscoverAgents\x12$.vipu.admin.v1.DiscoverAgentsRequest\x1a\".vipu.admin.v1.DiscoverAgentsReply\"\x00\x12M\n\nCreateUser\x12 .vipu.admin.v1.CreateUserRequest\x1a\x1b.vipu.admin.v1.UserKeyReply\"\x00\x12H\n\tListUsers\x12\x1a.vipu.admin.v1.ListRequest\x1a\x1d.vipu.admin.v1.ListUsersReply\"\x00\x12;\n\x07GetUser\x12\x19.vipu.admin.v1.GetRequest\x1a\x13.vipu.admin.v1.User\"\x00\x12M\n\nUpdateUser\x12 .vipu.admin.v1.UpdateUserRequest\x1a\x1b.vipu.admin.v1.UserKeyReply\"\x00\x12H\n\nRemoveUser\x12\x1c.vipu.admin.v1.RemoveRequest\x1a\x1a.vipu.admin.v1.RemoveReply\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vipu.api.protos.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ILDTOPOLOGY']._serialized_start=2517
-  _globals['_ILDTOPOLOGY']._serialized_end=2607
-  _globals['_GWTOPOLOGY']._serialized_start=2609
-  _globals['_GWTOPOLOGY']._serialized_end=2674
+  _globals['_ILDTOPOLOGY']._serialized_start=2541
+  _globals['_ILDTOPOLOGY']._serialized_end=2631
+  _globals['_GWTOPOLOGY']._serialized_start=2633
+  _globals['_GWTOPOLOGY']._serialized_end=2698
   _globals['_AGENTIPUUSE']._serialized_start=107
   _globals['_AGENTIPUUSE']._serialized_end=218
   _globals['_AGENT']._serialized_start=221
@@ -46,51 +46,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATION']._serialized_start=654
   _globals['_ALLOCATION']._serialized_end=740
   _globals['_CREATEAGENTREQUEST']._serialized_start=742
-  _globals['_CREATEAGENTREQUEST']._serialized_end=821
-  _globals['_CREATEAGENTREPLY']._serialized_start=823
-  _globals['_CREATEAGENTREPLY']._serialized_end=878
-  _globals['_GETREQUEST']._serialized_start=880
-  _globals['_GETREQUEST']._serialized_end=904
-  _globals['_REMOVEREQUEST']._serialized_start=906
-  _globals['_REMOVEREQUEST']._serialized_end=948
-  _globals['_REMOVEREPLY']._serialized_start=950
-  _globals['_REMOVEREPLY']._serialized_end=980
-  _globals['_LISTREQUEST']._serialized_start=982
-  _globals['_LISTREQUEST']._serialized_end=995
-  _globals['_LISTAGENTSREPLY']._serialized_start=997
-  _globals['_LISTAGENTSREPLY']._serialized_end=1052
-  _globals['_CREATECLUSTERREQUEST']._serialized_start=1055
-  _globals['_CREATECLUSTERREQUEST']._serialized_end=1235
-  _globals['_LISTCLUSTERSREPLY']._serialized_start=1237
-  _globals['_LISTCLUSTERSREPLY']._serialized_end=1298
-  _globals['_CREATEALLOCATIONREQUEST']._serialized_start=1300
-  _globals['_CREATEALLOCATIONREQUEST']._serialized_end=1390
-  _globals['_LISTALLOCATIONSREPLY']._serialized_start=1392
-  _globals['_LISTALLOCATIONSREPLY']._serialized_end=1462
-  _globals['_TESTCLUSTERREQUEST']._serialized_start=1464
-  _globals['_TESTCLUSTERREQUEST']._serialized_end=1533
-  _globals['_CLUSTERTESTRESULT']._serialized_start=1535
-  _globals['_CLUSTERTESTRESULT']._serialized_end=1658
-  _globals['_CLUSTERTESTREPORT']._serialized_start=1661
-  _globals['_CLUSTERTESTREPORT']._serialized_end=1805
-  _globals['_STOPCLUSTERTESTREPLY']._serialized_start=1807
-  _globals['_STOPCLUSTERTESTREPLY']._serialized_end=1849
-  _globals['_DISCOVERAGENTSREQUEST']._serialized_start=1851
-  _globals['_DISCOVERAGENTSREQUEST']._serialized_end=1892
-  _globals['_DISCOVEREDAGENT']._serialized_start=1895
-  _globals['_DISCOVEREDAGENT']._serialized_end=2031
-  _globals['_DISCOVERAGENTSREPLY']._serialized_start=2033
-  _globals['_DISCOVERAGENTSREPLY']._serialized_end=2135
-  _globals['_USER']._serialized_start=2137
-  _globals['_USER']._serialized_end=2194
-  _globals['_CREATEUSERREQUEST']._serialized_start=2196
-  _globals['_CREATEUSERREQUEST']._serialized_end=2266
-  _globals['_USERKEYREPLY']._serialized_start=2268
-  _globals['_USERKEYREPLY']._serialized_end=2356
-  _globals['_UPDATEUSERREQUEST']._serialized_start=2358
-  _globals['_UPDATEUSERREQUEST']._serialized_end=2461
-  _globals['_LISTUSERSREPLY']._serialized_start=2463
-  _globals['_LISTUSERSREPLY']._serialized_end=2515
-  _globals['_ADMINSERVICE']._serialized_start=2677
-  _globals['_ADMINSERVICE']._serialized_end=4508
+  _globals['_CREATEAGENTREQUEST']._serialized_end=845
+  _globals['_CREATEAGENTREPLY']._serialized_start=847
+  _globals['_CREATEAGENTREPLY']._serialized_end=902
+  _globals['_GETREQUEST']._serialized_start=904
+  _globals['_GETREQUEST']._serialized_end=928
+  _globals['_REMOVEREQUEST']._serialized_start=930
+  _globals['_REMOVEREQUEST']._serialized_end=972
+  _globals['_REMOVEREPLY']._serialized_start=974
+  _globals['_REMOVEREPLY']._serialized_end=1004
+  _globals['_LISTREQUEST']._serialized_start=1006
+  _globals['_LISTREQUEST']._serialized_end=1019
+  _globals['_LISTAGENTSREPLY']._serialized_start=1021
+  _globals['_LISTAGENTSREPLY']._serialized_end=1076
+  _globals['_CREATECLUSTERREQUEST']._serialized_start=1079
+  _globals['_CREATECLUSTERREQUEST']._serialized_end=1259
+  _globals['_LISTCLUSTERSREPLY']._serialized_start=1261
+  _globals['_LISTCLUSTERSREPLY']._serialized_end=1322
+  _globals['_CREATEALLOCATIONREQUEST']._serialized_start=1324
+  _globals['_CREATEALLOCATIONREQUEST']._serialized_end=1414
+  _globals['_LISTALLOCATIONSREPLY']._serialized_start=1416
+  _globals['_LISTALLOCATIONSREPLY']._serialized_end=1486
+  _globals['_TESTCLUSTERREQUEST']._serialized_start=1488
+  _globals['_TESTCLUSTERREQUEST']._serialized_end=1557
+  _globals['_CLUSTERTESTRESULT']._serialized_start=1559
+  _globals['_CLUSTERTESTRESULT']._serialized_end=1682
+  _globals['_CLUSTERTESTREPORT']._serialized_start=1685
+  _globals['_CLUSTERTESTREPORT']._serialized_end=1829
+  _globals['_STOPCLUSTERTESTREPLY']._serialized_start=1831
+  _globals['_STOPCLUSTERTESTREPLY']._serialized_end=1873
+  _globals['_DISCOVERAGENTSREQUEST']._serialized_start=1875
+  _globals['_DISCOVERAGENTSREQUEST']._serialized_end=1916
+  _globals['_DISCOVEREDAGENT']._serialized_start=1919
+  _globals['_DISCOVEREDAGENT']._serialized_end=2055
+  _globals['_DISCOVERAGENTSREPLY']._serialized_start=2057
+  _globals['_DISCOVERAGENTSREPLY']._serialized_end=2159
+  _globals['_USER']._serialized_start=2161
+  _globals['_USER']._serialized_end=2218
+  _globals['_CREATEUSERREQUEST']._serialized_start=2220
+  _globals['_CREATEUSERREQUEST']._serialized_end=2290
+  _globals['_USERKEYREPLY']._serialized_start=2292
+  _globals['_USERKEYREPLY']._serialized_end=2380
+  _globals['_UPDATEUSERREQUEST']._serialized_start=2382
+  _globals['_UPDATEUSERREQUEST']._serialized_end=2485
+  _globals['_LISTUSERSREPLY']._serialized_start=2487
+  _globals['_LISTUSERSREPLY']._serialized_end=2539
+  _globals['_ADMINSERVICE']._serialized_start=2701
+  _globals['_ADMINSERVICE']._serialized_end=4532
 # @@protoc_insertion_point(module_scope)

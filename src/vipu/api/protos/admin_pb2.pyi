@@ -92,16 +92,18 @@ class Allocation(_message.Message):
     def __init__(self, id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., partition_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateAgentRequest(_message.Message):
-    __slots__ = ("id", "host", "port", "take_over")
+    __slots__ = ("id", "host", "port", "take_over", "takeover_grant")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVER_GRANT_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     port: int
     take_over: bool
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., take_over: _Optional[bool] = ...) -> None: ...
+    takeover_grant: str
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., take_over: _Optional[bool] = ..., takeover_grant: _Optional[str] = ...) -> None: ...
 
 class CreateAgentReply(_message.Message):
     __slots__ = ("agent",)

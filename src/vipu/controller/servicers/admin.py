@@ -56,7 +56,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return self.users
 
     def CreateAgent(self, request, context):
-        agent = self.agents.create(request.id, request.host, request.port, take_over=request.take_over)
+        agent = self.agents.create(request.id, request.host, request.port, take_over=request.take_over,
+                                   takeover_grant=request.takeover_grant)
         return pb.CreateAgentReply(agent=convert.agent_to_proto(agent))
 
     def ListAgents(self, request, context):

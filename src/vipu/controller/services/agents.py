@@ -59,9 +59,11 @@ class AgentService:
         self.clusters = clusters
         self.takeover_grant = takeover_grant
 
-    def create(self, agent_id: str, host: str, port: int, discovery_mode: str = "Manual", take_over: bool = False) -> Agent:
+    def create(self, agent_id: str, host: str, port: int, discovery_mode: str = "Manual", take_over: bool = False,
+               takeover_grant: str = "") -> Agent:
         """Register an agent and claim its machine; `take_over` takes the machine from the controller
-        holding it, whose partitions on it are cleared. A machine claimed here whose registration then
+        holding it (whose partitions on it are cleared) with a grant this controller makes, or with
+        `takeover_grant` if given, made for it by the site's orchestration. A machine claimed here whose registration then
         loses a race stays held by this controller, which can register it again."""
         check_id("agent", agent_id)
         if not host or any(c.isspace() for c in host):
@@ -76,7 +78,7 @@ class AgentService:
             raise Unavailable(f"cannot reach agent {agent_id} at {host}:{port}: {error.message}") from error
         with self.store.reading() as tx:  # before any claim: a takeover would clear the machine
             self._refuse_duplicate_machine(tx, host, port, inventory.serial)
-        grant = self.takeover_grant(inventory.serial) if take_over else ""
+        grant = takeover_grant or (self.takeover_grant(inventory.serial) if take_over else "")
         try:
             previous = self.gateway.claim(host, port, grant)
         except (PermissionDenied, Unavailable) as error:

@@ -1,0 +1,252 @@
+"""The site orchestrator's store (`vipu-vpod`): the site's IPU-Machines and the vPODs holding them.
+
+A database of its own (SQLite by default, PostgreSQL), apart from every controller's. A machine
+row names the one vPOD holding it, so no machine is ever in two vPODs; a vPOD row records which
+step of its creation or release it has reached, each step moved on by a compare-and-set, so that
+an orchestrator started again after a crash resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import JSON, CursorResult, Float, Integer, String, Update, create_engine, event, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, InvalidArgument, NotFound, Unavailable
+from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, normalise_url
+
+SCHEMA_VERSION = 1
+
+
+class VpodBase(DeclarativeBase):
+    pass
+
+
+class SiteMachineRow(VpodBase):
+    __tablename__ = "site_machines"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, unique=True)  # rack order, lowest first
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    vpod_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+
+
+class VpodRow(VpodBase):
+    __tablename__ = "vpods"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    step: Mapped[str] = mapped_column(String(32))
+    machines: Mapped[list] = mapped_column(JSON)
+    topology: Mapped[str] = mapped_column(String(16))
+    ilds: Mapped[int] = mapped_column(Integer)
+    user_id: Mapped[str] = mapped_column(String(64))
+    ports: Mapped[list] = mapped_column(JSON)  # user, admin, metrics
+    error: Mapped[str] = mapped_column(String(1000), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    released_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class VpodMetaRow(VpodBase):
+    __tablename__ = "vpod_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(1000))
+
+
+@dataclass(frozen=True)
+class SiteMachine:
+    name: str
+    position: int
+    host: str
+    port: int
+    vpod_id: str = ""
+
+
+@dataclass
+class Vpod:
+    id: str
+    tenant: str
+    state: str  # Creating | Active | Releasing | Released | Failed
+    step: str  # the last step done
+    machines: list[str]
+    topology: str
+    ilds: int
+    user_id: str
+    ports: list[int] = field(default_factory=list)
+    error: str = ""
+    created_at: float = 0.0
+    released_at: float | None = None
+
+
+def _changed(session: Session, statement: Update) -> int:
+    """How many rows an UPDATE changed: the outcome of a compare-and-set."""
+    return typing.cast(CursorResult, session.execute(statement)).rowcount
+
+
+def _vpod(row: VpodRow) -> Vpod:
+    return Vpod(row.id, row.tenant, row.state, row.step, list(row.machines), row.topology, row.ilds, row.user_id,
+                list(row.ports), row.error or "", row.created_at, row.released_at)
+
+
+class VpodStore:
+    def __init__(self, url: str):
+        self.url = normalise_url(url)
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError as error:
+            raise InvalidArgument(f"cannot understand the store URL {url!r}") from error
+        backend = parsed.get_backend_name()
+        if backend == "sqlite":
+            if parsed.database not in (None, "", ":memory:"):
+                try:
+                    Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as error:
+                    raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from None
+            self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": STATEMENT_DEADLINE_SECONDS})
+
+            @event.listens_for(self.engine, "connect")
+            def _configure(dbapi_connection, _record):
+                dbapi_connection.isolation_level = None
+                cursor = dbapi_connection.cursor()
+                _set_wal_mode(cursor)
+                cursor.close()
+
+            @event.listens_for(self.engine, "begin")
+            def _begin(connection):
+                connection.exec_driver_sql("BEGIN IMMEDIATE")  # one writer at a time, each seeing the last
+        elif backend == "postgresql":
+            self.engine = create_engine(self.url, pool_pre_ping=True, isolation_level="SERIALIZABLE",
+                                        connect_args={"options": f"-c statement_timeout={STATEMENT_DEADLINE_SECONDS * 1000}"})
+        else:
+            raise InvalidArgument(f"unsupported store {backend!r}: use sqlite:///PATH or postgresql://...")
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with self.session() as session:
+            VpodBase.metadata.create_all(session.connection())
+            if session.get(VpodMetaRow, "schema_version") is None:
+                session.add(VpodMetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction; a database that does not answer is Unavailable, a lost race ConcurrentUpdate."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except OperationalError as error:
+            if "could not serialize" in str(error.orig):
+                raise ConcurrentUpdate("another orchestrator changed the same vPOD or machines; try again") from None
+            raise Unavailable(f"the orchestrator's store at {self.describe()}: {_first_line(error)}") from None
+
+    def describe(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # Settings of the orchestrator itself
+
+    def setting(self, key: str) -> str | None:
+        with self.session() as session:
+            row = session.get(VpodMetaRow, key)
+            return row.value if row is not None else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.session() as session:
+            session.merge(VpodMetaRow(key=key, value=value))
+
+    # Machines
+
+    def add_machines(self, machines: list[SiteMachine]) -> list[str]:
+        """Record machines of the site not yet known (by name); the names added."""
+        with self.session() as session:
+            known = {row.name: row for row in session.scalars(select(SiteMachineRow))}
+            added = []
+            for machine in machines:
+                row = known.get(machine.name)
+                if row is None:
+                    session.add(SiteMachineRow(name=machine.name, position=machine.position, host=machine.host, port=machine.port))
+                    added.append(machine.name)
+                elif (row.host, row.port, row.position) != (machine.host, machine.port, machine.position):
+                    raise AlreadyExists(f"machine {machine.name} is known at {row.host}:{row.port}, position {row.position}, "
+                                        f"not {machine.host}:{machine.port}, position {machine.position}")
+        return added
+
+    def machines(self) -> list[SiteMachine]:
+        with self.session() as session:
+            rows = session.scalars(select(SiteMachineRow).order_by(SiteMachineRow.position))
+            return [SiteMachine(r.name, r.position, r.host, r.port, r.vpod_id or "") for r in rows]
+
+    # vPODs
+
+    def add_vpod(self, vpod: Vpod) -> None:
+        """Record a new vPOD holding its machines, in one transaction: refused (ConcurrentUpdate)
+        if any of them was taken meanwhile, so no machine is ever in two vPODs."""
+        try:
+            with self.session() as session:
+                if session.get(VpodRow, vpod.id) is not None:
+                    raise AlreadyExists(f"vPOD {vpod.id} exists already")
+                taken = _changed(session, update(SiteMachineRow).where(SiteMachineRow.name.in_(vpod.machines),
+                                                                       SiteMachineRow.vpod_id.is_(None)).values(vpod_id=vpod.id))
+                if taken != len(vpod.machines):
+                    raise ConcurrentUpdate("some of the machines picked were taken by another vPOD meanwhile; try again")
+                session.add(VpodRow(id=vpod.id, tenant=vpod.tenant, state=vpod.state, step=vpod.step, machines=vpod.machines,
+                                    topology=vpod.topology, ilds=vpod.ilds, user_id=vpod.user_id, ports=vpod.ports,
+                                    error=vpod.error, created_at=vpod.created_at or time.time()))
+        except IntegrityError:
+            raise AlreadyExists(f"vPOD {vpod.id} exists already") from None
+
+    def get(self, vpod_id: str) -> Vpod:
+        with self.session() as session:
+            row = session.get(VpodRow, vpod_id)
+            if row is None:
+                raise NotFound(f"vPOD {vpod_id} does not exist")
+            return _vpod(row)
+
+    def list(self, tenant: str | None = None, with_released: bool = False) -> list[Vpod]:
+        with self.session() as session:
+            query = select(VpodRow).order_by(VpodRow.created_at)
+            if tenant is not None:
+                query = query.where(VpodRow.tenant == tenant)
+            if not with_released:
+                query = query.where(VpodRow.state != "Released")
+            return [_vpod(row) for row in session.scalars(query)]
+
+    def advance(self, vpod_id: str, from_step: str, to_step: str, expected_state: str, state: str | None = None,
+                error: str | None = None) -> None:
+        """Move a vPOD from one step to the next, only if it is still at `from_step` in `expected_state`
+        (a release begun meanwhile stops a creation); ConcurrentUpdate otherwise."""
+        values: dict = {"step": to_step}
+        if state is not None:
+            values["state"] = state
+        if error is not None:
+            values["error"] = error[:1000]
+        with self.session() as session:
+            moved = _changed(session, update(VpodRow).where(VpodRow.id == vpod_id, VpodRow.step == from_step,
+                                                            VpodRow.state == expected_state).values(**values))
+            if moved != 1:
+                raise ConcurrentUpdate(f"vPOD {vpod_id} is no longer {expected_state} at step {from_step}")
+
+    def start_release(self, vpod_id: str) -> Vpod:
+        """Mark a vPOD Releasing (from any state but Released), keeping its step; the vPOD."""
+        with self.session() as session:
+            row = session.get(VpodRow, vpod_id)
+            if row is None or row.state == "Released":
+                raise NotFound(f"vPOD {vpod_id} does not exist")
+            row.state = "Releasing"
+            return _vpod(row)
+
+    def finish_release(self, vpod_id: str, from_step: str) -> None:
+        """The last step of a release, in one transaction: the machines are free again and the vPOD Released."""
+        with self.session() as session:
+            moved = _changed(session, update(VpodRow).where(VpodRow.id == vpod_id, VpodRow.step == from_step)
+                             .values(state="Released", step="released", released_at=time.time()))
+            if moved != 1:
+                raise ConcurrentUpdate(f"vPOD {vpod_id} is no longer at step {from_step}")
+            session.execute(update(SiteMachineRow).where(SiteMachineRow.vpod_id == vpod_id).values(vpod_id=None))

@@ -1,0 +1,108 @@
+"""The orchestration REST API (FastAPI; its OpenAPI document is served at /openapi.json).
+
+Callers present `Authorization: Bearer KEY`, the orchestrator's administrator key made by
+`vipu-vpod init` (checked against a salted scrypt hash, in constant time). Every refusal is one
+JSON line, `{"error": "..."}`, with the HTTP status `vipu.client.retry.http_status` gives its
+family.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from vipu.client.retry import http_status
+from vipu.model.errors import Unauthenticated, VipuError
+from vipu.store.vpods import SiteMachine, Vpod
+from vipu.vpod.orchestrator import Credentials, Orchestrator
+
+SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+ADMIN_KEY_SETTING = "admin_key"
+
+
+def hash_key(key: str) -> str:
+    salt = secrets.token_bytes(16)
+    return f"{base64.b64encode(salt).decode()}:{base64.b64encode(hashlib.scrypt(key.encode(), salt=salt, **SCRYPT)).decode()}"
+
+
+def key_matches(key: str, stored: str) -> bool:
+    salt, digest = (base64.b64decode(part) for part in stored.split(":"))
+    return hmac.compare_digest(hashlib.scrypt(key.encode(), salt=salt, **SCRYPT), digest)
+
+
+class CreateVpod(BaseModel):
+    tenant: str = Field(description="The tenant (a Keystone project when Keystone is the identity).")
+    machines: int = Field(ge=1, le=4096, description="IPU-Machines, consecutive in a rack, 4 IPUs each.")
+    topology: str = Field("mesh", description="mesh or torus: how each IPU-Link domain is cabled.")
+    ilds: int = Field(1, ge=1, description="IPU-Link domains.")
+    user: str = Field("", description="The tenant's first user; the tenant's name if empty.")
+
+
+def vpod_document(vpod: Vpod) -> dict:
+    user_port, admin_port, metrics_port = vpod.ports
+    return {"id": vpod.id, "tenant": vpod.tenant, "state": vpod.state, "step": vpod.step, "machines": vpod.machines,
+            "topology": vpod.topology, "ilds": vpod.ilds, "user": vpod.user_id, "user_port": user_port, "admin_port": admin_port,
+            "metrics_port": metrics_port, "error": vpod.error, "created_at": vpod.created_at, "released_at": vpod.released_at}
+
+
+def credentials_document(credentials: Credentials) -> dict:
+    return {"user": credentials.user_id, "access_key": credentials.access_key, "host": credentials.host,
+            "port": credentials.port, "admin_port": credentials.admin_port, "server_ca": credentials.server_ca.decode(),
+            "client_cert": credentials.client_cert.decode(), "client_key": credentials.client_key.decode()}
+
+
+def machine_document(machine: SiteMachine) -> dict:
+    return {"name": machine.name, "position": machine.position, "host": machine.host, "port": machine.port,
+            "vpod": machine.vpod_id}
+
+
+def make_app(orchestrator: Orchestrator) -> FastAPI:
+    app = FastAPI(title="vipu-vpod", description="Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely.")
+    stored_key = orchestrator.store.setting(ADMIN_KEY_SETTING)
+
+    @app.exception_handler(VipuError)
+    def refused(request: Request, error: VipuError) -> JSONResponse:
+        return JSONResponse(status_code=http_status(error), content={"error": error.message})
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        if request.url.path in ("/openapi.json", "/docs"):
+            return await call_next(request)
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key or stored_key is None or not key_matches(key.strip(), stored_key):
+            error = Unauthenticated("give the orchestrator's administrator key: Authorization: Bearer KEY")
+            return JSONResponse(status_code=http_status(error), content={"error": error.message})
+        return await call_next(request)
+
+    @app.post("/v1/vpods", status_code=201)
+    def create_vpod(body: CreateVpod) -> dict:
+        vpod, credentials = orchestrator.create(body.tenant, body.machines, body.topology, body.ilds, body.user)
+        return {"vpod": vpod_document(vpod), "credentials": credentials_document(credentials)}
+
+    @app.get("/v1/vpods")
+    def list_vpods(tenant: str | None = None) -> dict:
+        return {"vpods": [vpod_document(v) for v in orchestrator.store.list(tenant)]}
+
+    @app.get("/v1/vpods/{vpod_id}")
+    def get_vpod(vpod_id: str) -> dict:
+        return {"vpod": vpod_document(orchestrator.store.get(vpod_id))}
+
+    @app.get("/v1/vpods/{vpod_id}/credentials")
+    def get_credentials(vpod_id: str) -> dict:
+        return {"credentials": credentials_document(orchestrator.credentials(vpod_id))}
+
+    @app.delete("/v1/vpods/{vpod_id}")
+    def release_vpod(vpod_id: str) -> dict:
+        return {"vpod": vpod_document(orchestrator.release(vpod_id))}
+
+    @app.get("/v1/machines")
+    def list_machines() -> dict:
+        return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
+
+    return app

@@ -1,0 +1,249 @@
+"""`vipu-vpod`: the site's orchestration service, and its command line.
+
+    vipu-vpod init --data-dir /var/lib/vipu-vpod                   # store, site certificates, admin key
+    vipu-vpod serve --data-dir /var/lib/vipu-vpod --rack site.yaml  # the REST API, on 127.0.0.1:8095
+    vipu-vpod create acme --machines 8                              # a vPOD; writes acme.vipu-cli.hcl
+    vipu-vpod list | get ID | release ID | machines
+
+The client commands take `--url` and `--key` (or VIPU_VPOD_URL and VIPU_VPOD_KEY).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+
+from vipu.api.atomic import write_file
+from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certificate
+from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
+from vipu.client.settings import ClientSettings, write_client_config
+from vipu.model.errors import VipuError
+from vipu.store.vpods import VpodStore
+
+DATA_DIR = Path("~/.local/share/vipu-vpod")
+DEFAULT_URL = "http://127.0.0.1:8095"
+
+data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=str(DATA_DIR),
+                               show_default=True, help="The orchestrator's directory: store, certificates, tenants' controllers.")
+db_option = click.option("--db", "db_url", default=None,
+                         help="Store URL (sqlite:///PATH or postgresql://...). Default: vpod.db in the data directory.")
+
+
+def store_url(data_dir: Path, db_url: str | None) -> str:
+    return db_url or f"sqlite:///{data_dir / 'vpod.db'}"
+
+
+def site_tls(data_dir: Path) -> TlsFiles:
+    return TlsFiles(data_dir / "site-certs")
+
+
+def identity_tls(data_dir: Path) -> TlsFiles:
+    return TlsFiles(data_dir / "orchestrator")
+
+
+@click.group(cls=CommandGroup, context_settings=CONTEXT)
+@click.option("--url", envvar="VIPU_VPOD_URL", default=DEFAULT_URL, show_default=True, help="The orchestrator's REST API.")
+@click.option("--key", envvar="VIPU_VPOD_KEY", default="", help="The orchestrator's administrator key (vipu-vpod init).")
+@click.pass_context
+def cli(ctx, url, key):
+    """Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely."""
+    ctx.obj = (url.rstrip("/"), key)
+
+
+@cli.command("init")
+@data_dir_option
+@db_option
+@click.option("--tls-hosts", default=None, help="Names and addresses the site's agents are reached by: H1,H2,... Default: this host's.")
+def init(data_dir, db_url, tls_hosts):
+    """Make the store, the site's certificates (unless there), the orchestrator's own, and an administrator key."""
+    data_dir = data_dir.expanduser()
+    with reporting("init"):
+        store = VpodStore(store_url(data_dir, db_url))
+        site = site_tls(data_dir)
+        if not site.ca_cert.exists():
+            generate(site, [h.strip() for h in tls_hosts.split(",")] if tls_hosts else default_hosts())
+            click.echo(f"Generated the site's certificates in {site.root} (the agents use {site.agents_dir})")
+        identity = identity_tls(data_dir)
+        if not identity.controller_cert.exists():
+            issue_link_certificate(site, "vipu-vpod", identity.controller_dir)
+        if store.setting("admin_key") is not None:
+            click.echo("An administrator key exists already; none was made.")
+            return
+        from vipu.vpod.api import hash_key
+
+        key = secrets.token_urlsafe(16)
+        store.set_setting("admin_key", hash_key(key))
+    click.echo(f"Administrator key is '{key}'. Give it as --key or VIPU_VPOD_KEY.")
+
+
+@cli.command("serve")
+@data_dir_option
+@db_option
+@click.option("--rack", "rack_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The site's rack description: machines in rack order, their agents, the cables.")
+@click.option("--listen-address", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8095, show_default=True)
+@click.option("--advertise-host", default="127.0.0.1", show_default=True,
+              help="The address tenants reach their controllers at; their listen address too.")
+@click.option("--port-base", type=click.IntRange(1024, 65000), default=9100, show_default=True,
+              help="Tenants' controllers take three ports each from here: user, admin, metrics.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, log_level):
+    """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
+    import uvicorn
+
+    from vipu.vpod.agents import SiteAgents
+    from vipu.vpod.api import make_app
+    from vipu.vpod.orchestrator import Orchestrator
+    from vipu.vpod.site import read_site, site_machines
+    from vipu.vpod.tenants import TenantControllers
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data_dir = data_dir.expanduser()
+    stop = threading.Event()
+    with reporting("serve"):
+        store = VpodStore(store_url(data_dir, db_url))
+        rack = read_site(rack_path)
+        store.add_machines(site_machines(rack))
+        site = site_tls(data_dir)
+        tenants = TenantControllers(data_dir, site, advertise_host, f"localhost,127.0.0.1,{advertise_host}")
+        orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, advertise_host)
+        orchestrator.resume()
+        threading.Thread(target=tenants.supervise, args=(orchestrator.running, stop), name="supervisor", daemon=True).start()
+        app = make_app(orchestrator)
+    logging.getLogger(__name__).info("vipu-vpod serves on %s:%d", listen_address, port)
+    try:
+        uvicorn.run(app, host=listen_address, port=port, log_level="warning")
+    finally:
+        stop.set()
+
+
+def call(ctx: click.Context, method: str, path: str, body: dict | None = None) -> dict:
+    """One REST call; a refusal raises VipuError with the server's one line."""
+    url, key = ctx.obj
+    request = urllib.request.Request(f"{url}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            return json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        try:
+            reason = json.loads(error.read()).get("error") or error.reason
+        except ValueError:
+            reason = error.reason
+        if isinstance(reason, list):  # FastAPI's own validation errors
+            reason = "; ".join(f"{'.'.join(str(p) for p in r.get('loc', [])[1:])}: {r.get('msg')}" for r in reason)
+        raise VipuError(str(reason)) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise VipuError(f"cannot reach the orchestrator at {url}: {getattr(error, 'reason', error)}") from None
+    except ValueError as error:  # a URL or key that cannot go into a request at all
+        raise VipuError(f"cannot call the orchestrator at {url}: {error}") from None
+
+
+def write_credentials(directory: Path, credentials: dict) -> Path:
+    """The tenant's user's configuration file and the certificates it names; its path."""
+    user = credentials["user"]
+    certs = directory / f"{user}-certs"
+    write_file(certs / "ca.pem", credentials["server_ca"].encode())
+    write_file(certs / "client.pem", credentials["client_cert"].encode())
+    write_file(certs / "client-key.pem", credentials["client_key"].encode(), 0o600)
+    path = directory / f"{user}.vipu-cli.hcl"
+    write_client_config(path, ClientSettings(credentials["host"], credentials["port"], user, credentials["access_key"],
+                                             certs / "ca.pem", certs / "client.pem", certs / "client-key.pem"),
+                        admin_port=credentials["admin_port"])
+    return path
+
+
+def show(vpods: list[dict], as_json: bool) -> None:
+    if as_json:
+        echo_json(vpods)
+        return
+    click.echo(render_table(["ID", "Tenant", "State", "Machines", "Topology", "User", "User port", "Error"],
+                            [[v["id"], v["tenant"], v["state"], f"{v['machines'][0]}..{v['machines'][-1]} ({len(v['machines'])})",
+                              v["topology"], v["user"], v["user_port"], v["error"]] for v in vpods]))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+@cli.command("create")
+@click.argument("tenant")
+@click.option("--machines", type=click.IntRange(1, 4096), required=True, help="IPU-Machines, consecutive in a rack.")
+@click.option("--topology", type=click.Choice(["mesh", "torus"]), default="mesh", show_default=True)
+@click.option("--ilds", type=click.IntRange(1, 1024), default=1, show_default=True, help="IPU-Link domains.")
+@click.option("--user", default="", help="The tenant's first user. Default: the tenant's name.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Where to write the user's configuration file and certificates.")
+@click.pass_context
+def create(ctx, tenant, machines, topology, ilds, user, out):
+    """Create a tenant's vPOD: its controller, its machines, its first user."""
+    with reporting("create vpod", tenant):
+        reply = call(ctx, "POST", "/v1/vpods", {"tenant": tenant, "machines": machines, "topology": topology, "ilds": ilds,
+                                                "user": user})
+        path = write_credentials(out, reply["credentials"])
+    vpod = reply["vpod"]
+    click.echo(f"create vpod ({vpod['id']}): success. Machines {', '.join(vpod['machines'])}; "
+               f"user {reply['credentials']['user']}'s configuration: {path}")
+
+
+@cli.command("list")
+@json_option
+@click.option("--tenant", default=None, help="Only this tenant's vPODs.")
+@click.pass_context
+def list_vpods(ctx, as_json, tenant):
+    """List the vPODs that are not released."""
+    with reporting("list vpods"):
+        reply = call(ctx, "GET", "/v1/vpods" + (f"?tenant={tenant}" if tenant else ""))
+    show(reply["vpods"], as_json)
+
+
+@cli.command("get")
+@click.argument("vpod_id")
+@json_option
+@click.option("--credentials", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the user's configuration file and certificates into this directory too.")
+@click.pass_context
+def get(ctx, vpod_id, as_json, out):
+    """Show one vPOD."""
+    with reporting("get vpod", vpod_id):
+        reply = call(ctx, "GET", f"/v1/vpods/{vpod_id}")
+        if out is not None:
+            path = write_credentials(out, call(ctx, "GET", f"/v1/vpods/{vpod_id}/credentials")["credentials"])
+            click.echo(f"configuration written: {path}", err=True)
+    show([reply["vpod"]], as_json)
+
+
+@cli.command("release")
+@click.argument("vpod_id")
+@click.pass_context
+def release(ctx, vpod_id):
+    """Release a vPOD: its partitions removed, its machines cleared and free, its controller stopped and archived."""
+    with reporting("release vpod", vpod_id):
+        call(ctx, "DELETE", f"/v1/vpods/{vpod_id}")
+    click.echo(f"release vpod ({vpod_id}): success.")
+
+
+@cli.command("machines")
+@json_option
+@click.pass_context
+def machines(ctx, as_json):
+    """The site's machines in rack order, and the vPOD holding each."""
+    with reporting("list machines"):
+        reply = call(ctx, "GET", "/v1/machines")
+    if as_json:
+        echo_json(reply["machines"])
+        return
+    click.echo(render_table(["Machine", "Agent", "vPOD"], [[m["name"], f"{m['host']}:{m['port']}", m["vpod"] or "-"]
+                                                           for m in reply["machines"]]))
+
+
+def main() -> None:
+    run(cli, "vipu-vpod")
+

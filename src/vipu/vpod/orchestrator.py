@@ -1,0 +1,267 @@
+"""Creating and releasing vPODs as recorded sequences of steps, resumed after a crash.
+
+A vPOD's row says which step it has done; each step is safe to do again, and the next is
+recorded only once it is done (a compare-and-set on the step and the state). So an orchestrator
+killed at any moment and started again (`resume`) finishes every creation and release under
+way, and the invariants hold throughout: a machine belongs to at most one vPOD (the store's
+row), a vPOD that is not released has its controller running (the supervisor), and a controller
+runs only for a vPOD that is not released.
+
+Creation: reserved (the machines, with the vPOD's row, in one transaction) -> prepared (the
+controller's directory, store, certificates) -> started -> handed (each machine's agent
+registered in the tenant's controller, with the site's grant) -> configured (cluster,
+allocation, the tenant's first user) -> active.
+Release: emptied (every partition and cluster removed in the tenant's controller) -> taken back
+(each machine held by the orchestrator again, cleared) -> stopped -> archived (the controller's
+directory kept under archive/) -> released (the machines free, in one transaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from vipu.api.protos import admin_pb2
+from vipu.backends.sim.rack import Rack
+from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
+from vipu.model.entities import IldTopology, check_id
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, VipuError
+from vipu.store.vpods import SiteMachine, Vpod, VpodStore
+from vipu.vpod.agents import SiteAgents
+from vipu.vpod.site import pick_machines
+from vipu.vpod.tenants import TenantControllers, controller_name
+
+log = logging.getLogger(__name__)
+
+CREATE_STEPS = ("reserved", "prepared", "started", "handed", "configured", "active")
+RELEASE_STEPS = ("emptied", "taken-back", "stopped", "archived")
+CLUSTER_ID, ALLOCATION_ID = "cl0", "alloc-1"
+BUSY_DEADLINE_SECONDS = 300.0  # for another operation on the same vPOD to end
+TOPOLOGIES = {"mesh": admin_pb2.ILD_TOPOLOGY_MESH, "torus": admin_pb2.ILD_TOPOLOGY_TORUS}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What the tenant's first user needs to reach their controller."""
+
+    user_id: str
+    access_key: str
+    host: str
+    port: int
+    admin_port: int
+    server_ca: bytes
+    client_cert: bytes
+    client_key: bytes
+
+
+class Orchestrator:
+    def __init__(self, store: VpodStore, rack: Rack, tenants: TenantControllers, agents: SiteAgents,
+                 port_base: int = 9100, advertise_host: str = "127.0.0.1"):
+        self.store = store
+        self.rack = rack
+        self.tenants = tenants
+        self.agents = agents
+        self.port_base = port_base
+        self.advertise_host = advertise_host
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _alone(self, vpod_id: str):
+        """One operation at a time on a vPOD, in this orchestrator."""
+        with self._locks_lock:
+            lock = self._locks.setdefault(vpod_id, threading.Lock())
+        if not lock.acquire(timeout=BUSY_DEADLINE_SECONDS):
+            raise Conflict(f"vPOD {vpod_id} is busy with another operation; try again")
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # Creating
+
+    def create(self, tenant: str, count: int, topology: str = "mesh", ilds: int = 1, user_id: str = "") -> tuple[Vpod, Credentials]:
+        check_id("tenant", tenant)
+        user_id = user_id or tenant
+        check_id("user", user_id)
+        if topology not in TOPOLOGIES:
+            raise InvalidArgument(f"unknown topology {topology!r}: mesh or torus")
+        vpod_id = f"{tenant}-{secrets.token_hex(3)}"
+        check_id("vPOD", controller_name(vpod_id))
+        for attempt in range(3):  # another orchestrator may take the machines picked; pick again
+            machines = pick_machines(self.rack, self.store.machines(), count, IldTopology(topology), ilds)
+            vpod = Vpod(vpod_id, tenant, "Creating", "reserved", machines, topology, ilds, user_id, self._free_ports())
+            try:
+                self.store.add_vpod(vpod)
+                break
+            except ConcurrentUpdate:
+                if attempt == 2:
+                    raise
+        log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
+        with self._alone(vpod.id):
+            self._continue_create(vpod)
+        return self.store.get(vpod.id), self.credentials(vpod.id)
+
+    def _continue_create(self, vpod: Vpod) -> None:
+        steps = {"prepared": self._prepare, "started": self._start, "handed": self._hand_machines,
+                 "configured": self._configure, "active": lambda v: None}
+        try:
+            for step in CREATE_STEPS[CREATE_STEPS.index(vpod.step) + 1:]:
+                steps[step](vpod)
+                self.store.advance(vpod.id, vpod.step, step, expected_state="Creating", state="Active" if step == "active" else None)
+                vpod.step = step
+                log.info("vPOD %s: %s", vpod.id, step)
+        except VipuError as error:
+            with contextlib.suppress(ConcurrentUpdate):  # released meanwhile: nothing to mark
+                self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Creating", state="Failed", error=error.message)
+            log.warning("vPOD %s failed at step %s: %s", vpod.id, vpod.step, error.message)
+            raise
+
+    def _free_ports(self) -> list[int]:
+        """Three consecutive ports from the base that no vPOD has and nothing listens on."""
+        taken = {port for vpod in self.store.list() for port in vpod.ports}
+        base = self.port_base
+        while base + 2 < 65536:
+            ports = [base, base + 1, base + 2]
+            if not taken.intersection(ports) and all(_bindable(p) for p in ports):
+                return ports
+            base += 3
+        raise Conflict(f"no three free ports from {self.port_base} for another controller")
+
+    def _prepare(self, vpod: Vpod) -> None:
+        self.tenants.prepare(vpod)
+
+    def _start(self, vpod: Vpod) -> None:
+        self.tenants.start(vpod)
+
+    def _machines(self, vpod: Vpod) -> list[SiteMachine]:
+        known = {m.name: m for m in self.store.machines()}
+        return [known[name] for name in vpod.machines]
+
+    def _hand_machines(self, vpod: Vpod) -> None:
+        with self.tenants.admin(vpod.id) as admin:
+            registered = {a.id for a in admin.list_agents()}
+            for machine in self._machines(vpod):
+                if machine.name in registered:
+                    continue
+                grant = self.agents.grant(machine, controller_name(vpod.id))
+                admin.create_agent(machine.name, machine.host, machine.port, takeover_grant=grant)
+
+    def _configure(self, vpod: Vpod) -> None:
+        with self.tenants.admin(vpod.id) as admin:
+            with contextlib.suppress(AlreadyExists):
+                admin.create_cluster(CLUSTER_ID, tuple(vpod.machines), topology=TOPOLOGIES[vpod.topology], num_ipulinkdomains=vpod.ilds)
+            with contextlib.suppress(AlreadyExists):
+                admin.create_allocation(ALLOCATION_ID, CLUSTER_ID, agent_ids=tuple(vpod.machines))
+            try:
+                key = admin.create_user(vpod.user_id, (ALLOCATION_ID,)).access_key
+            except AlreadyExists:  # made by an attempt that died before recording it: a new key
+                key = admin.update_user(vpod.user_id, rotate_key=True).access_key
+        self._write_user_config(vpod, key)
+
+    def _user_config(self, vpod_id: str, user_id: str) -> Path:
+        return self.tenants.directory(vpod_id) / f"{user_id}.vipu-cli.hcl"
+
+    def _write_user_config(self, vpod: Vpod, key: str) -> None:
+        tls = self.tenants.tls(vpod.id)
+        user_port, admin_port, _ = vpod.ports
+        settings = ClientSettings(self.advertise_host, user_port, vpod.user_id, key, tls.ca_for(tls.client_dir), tls.client_cert,
+                                  tls.client_key)
+        write_client_config(self._user_config(vpod.id, vpod.user_id), settings, admin_port=admin_port)
+
+    def credentials(self, vpod_id: str) -> Credentials:
+        vpod = self.store.get(vpod_id)
+        if vpod.state != "Active":
+            raise Conflict(f"vPOD {vpod_id} is {vpod.state}, not Active")
+        path = self._user_config(vpod_id, vpod.user_id)
+        settings = parse_hcl(path.read_text(), str(path))
+        tls = self.tenants.tls(vpod_id)
+        return Credentials(vpod.user_id, str(settings["api-access-key"]), self.advertise_host, vpod.ports[0], vpod.ports[1],
+                           tls.ca_for(tls.client_dir).read_bytes(), tls.client_cert.read_bytes(), tls.client_key.read_bytes())
+
+    # Releasing
+
+    def release(self, vpod_id: str) -> Vpod:
+        with self._alone(vpod_id):
+            vpod = self.store.start_release(vpod_id)
+            self._continue_release(vpod)
+        return self.store.get(vpod_id)
+
+    def _continue_release(self, vpod: Vpod) -> None:
+        steps = {"emptied": self._empty, "taken-back": self._take_back, "stopped": self._stop, "archived": self._archive}
+        first = RELEASE_STEPS.index(vpod.step) + 1 if vpod.step in RELEASE_STEPS else 0
+        for step in RELEASE_STEPS[first:]:
+            steps[step](vpod)
+            self.store.advance(vpod.id, vpod.step, step, expected_state="Releasing")
+            vpod.step = step
+            log.info("vPOD %s: %s", vpod.id, step)
+        self.store.finish_release(vpod.id, vpod.step)
+        log.info("vPOD %s released; machines %s are free", vpod.id, ", ".join(vpod.machines))
+
+    def _empty(self, vpod: Vpod) -> None:
+        """Remove the tenant's partitions through their controller, so its store says what the
+        machines will hold; a controller that never started, or does not answer, is passed over
+        (the machines are cleared when taken back)."""
+        if not (self.tenants.directory(vpod.id) / "prepared").exists():
+            return
+        try:
+            self.tenants.start(vpod)
+            with self.tenants.admin(vpod.id) as admin:
+                for cluster in admin.list_clusters():
+                    admin.remove_cluster(cluster.id, force=True)
+        except VipuError as error:
+            log.warning("vPOD %s: its controller could not remove its partitions (%s); the machines are cleared instead",
+                        vpod.id, error.message)
+
+    def _take_back(self, vpod: Vpod) -> None:
+        for machine in self._machines(vpod):
+            self.agents.take_back(machine)
+
+    def _stop(self, vpod: Vpod) -> None:
+        self.tenants.stop(vpod.id)
+
+    def _archive(self, vpod: Vpod) -> None:
+        directory, archive = self.tenants.directory(vpod.id), self.tenants.archive(vpod.id)
+        if directory.exists():
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(directory), str(archive))
+
+    # After a crash
+
+    def resume(self) -> None:
+        """Finish every creation and release an earlier orchestrator left under way; start the
+        controllers of the vPODs that should run."""
+        for vpod in self.store.list():
+            try:
+                with self._alone(vpod.id):
+                    if vpod.state == "Creating":
+                        log.info("vPOD %s: resuming its creation after step %s", vpod.id, vpod.step)
+                        self._continue_create(vpod)
+                    elif vpod.state == "Releasing":
+                        log.info("vPOD %s: resuming its release after step %s", vpod.id, vpod.step)
+                        self._continue_release(vpod)
+                    elif vpod.state == "Active":
+                        self.tenants.start(vpod)
+            except VipuError as error:
+                log.warning("vPOD %s: %s", vpod.id, error.message)
+
+    def running(self) -> list[Vpod]:
+        """The vPODs whose controllers should run."""
+        return [v for v in self.store.list() if v.state == "Active" or (v.state == "Creating" and v.step != "reserved")]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+            return True
+        except OSError:
+            return False
+

@@ -1,0 +1,185 @@
+"""Each vPOD's own controller: a secure `vipu-server` in a directory of its own, kept running.
+
+A tenant's directory holds its controller's store (SQLite), its certificates (its own authority
+for its users; for the agent link, a certificate the site issued, named `vpod-<id>`, and no key
+to take machines with), the orchestrator's administrator configuration for it, the log and the
+process id. The controllers run in sessions of their own: they outlive an orchestrator that
+stops or dies, and a new one adopts them by their process ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vipu.api.tls import TlsFiles, issue_link_certificate
+from vipu.client.admin import AdminClient
+from vipu.model.errors import Unavailable, VipuError
+from vipu.store.vpods import Vpod
+
+log = logging.getLogger(__name__)
+
+ADMIN_USER = "vpod-admin"  # the orchestrator's administrator in each tenant's controller
+START_DEADLINE_SECONDS = 60.0
+STOP_DEADLINE_SECONDS = 30.0
+
+
+def controller_name(vpod_id: str) -> str:
+    """What the site's agents know a vPOD's controller by."""
+    return f"vpod-{vpod_id}"
+
+
+class TenantControllers:
+    def __init__(self, root: Path, site: TlsFiles, listen_address: str = "127.0.0.1", tls_hosts: str = "localhost,127.0.0.1"):
+        self.root = root
+        self.site = site
+        self.listen_address = listen_address
+        self.tls_hosts = tls_hosts
+        self.server_program = Path(sys.executable).with_name("vipu-server")
+        self._lock = threading.Lock()
+        self._children: dict[str, subprocess.Popen] = {}  # those this orchestrator started, to reap when they end
+
+    def directory(self, vpod_id: str) -> Path:
+        return self.root / "vpods" / vpod_id
+
+    def archive(self, vpod_id: str) -> Path:
+        return self.root / "archive" / vpod_id
+
+    def admin_config(self, vpod_id: str) -> Path:
+        return self.directory(vpod_id) / f"{ADMIN_USER}.vipu-cli.hcl"
+
+    def tls(self, vpod_id: str) -> TlsFiles:
+        return TlsFiles(self.directory(vpod_id) / "vipu-certs")
+
+    def prepare(self, vpod: Vpod) -> None:
+        """The controller's store, certificates and the orchestrator's administrator in it. What an
+        interrupted attempt left is made again, except the site's certificate, issued once."""
+        directory, tls = self.directory(vpod.id), self.tls(vpod.id)
+        if (directory / "prepared").exists():
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        for leftover in [*directory.glob("vipu.db*"), *directory.glob("*.vipu-cli.hcl")]:
+            leftover.unlink()
+        for leftover in (tls.root / "ca", tls.server_dir, tls.client_dir):
+            shutil.rmtree(leftover, ignore_errors=True)
+        if not tls.controller_cert.exists():
+            issue_link_certificate(self.site, controller_name(vpod.id), tls.controller_dir)
+        user_port, admin_port, _ = vpod.ports
+        done = subprocess.run(
+            [str(self.server_program), "--init", "--secure", "--db", self.db_url(vpod.id), "--tls-dir", str(tls.root),
+             "--tls-hosts", self.tls_hosts, "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port", str(admin_port)],
+            cwd=directory, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0 or not self.admin_config(vpod.id).exists():
+            reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
+            raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {reason}")
+        (directory / "prepared").write_text("")
+
+    def db_url(self, vpod_id: str) -> str:
+        return f"sqlite:///{self.directory(vpod_id) / 'vipu.db'}"
+
+    def _pid(self, vpod_id: str) -> int | None:
+        """The controller's process id while it runs: a child of ours, or one an earlier
+        orchestrator started (known by its pid file and its command line naming the directory)."""
+        child = self._children.get(vpod_id)
+        if child is not None:
+            return child.pid if child.poll() is None else None
+        try:
+            pid = int((self.directory(vpod_id) / "controller.pid").read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            return None
+        if str(self.directory(vpod_id)).encode() not in cmdline or _zombie(pid):
+            return None  # the number went to another process, or that one died
+        return pid
+
+    def alive(self, vpod_id: str) -> bool:
+        return self._pid(vpod_id) is not None
+
+    def start(self, vpod: Vpod) -> None:
+        """Start the controller unless it runs; return once it answers its administrator."""
+        with self._lock:
+            if not self.alive(vpod.id):
+                self._spawn(vpod)
+        self.wait_ready(vpod.id)
+
+    def _spawn(self, vpod: Vpod) -> None:
+        directory = self.directory(vpod.id)
+        user_port, admin_port, metrics_port = vpod.ports
+        with open(directory / "server.log", "ab") as out:
+            process = subprocess.Popen(
+                [str(self.server_program), "--db", self.db_url(vpod.id), "--data-dir", str(directory), "--secure",
+                 "--tls-dir", str(self.tls(vpod.id).root), "--listen-address", self.listen_address, "--port", str(user_port),
+                 "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
+        self._children[vpod.id] = process
+        (directory / "controller.pid").write_text(str(process.pid))
+        log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
+
+    def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
+        return AdminClient.connect(config=self.admin_config(vpod_id), timeout=timeout)
+
+    def wait_ready(self, vpod_id: str, deadline_seconds: float = START_DEADLINE_SECONDS) -> None:
+        deadline = time.monotonic() + deadline_seconds
+        while True:
+            if not self.alive(vpod_id):
+                tail = (self.directory(vpod_id) / "server.log").read_text(errors="replace").strip().splitlines()[-1:]
+                raise Unavailable(f"the controller of vPOD {vpod_id} exited: {tail[0] if tail else 'no log'}")
+            try:
+                with self.admin(vpod_id, timeout=2.0) as admin:
+                    admin.list_agents()
+                return
+            except VipuError as error:
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"the controller of vPOD {vpod_id} did not answer within {deadline_seconds:.0f} s: "
+                                      f"{error.message}") from None
+            time.sleep(0.2)
+
+    def stop(self, vpod_id: str) -> None:
+        with self._lock:
+            pid = self._pid(vpod_id)
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+            while self.alive(vpod_id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.alive(vpod_id):
+                log.warning("vPOD %s: controller did not stop within %.0f s of SIGTERM; killed", vpod_id, STOP_DEADLINE_SECONDS)
+                os.kill(pid, signal.SIGKILL)
+            child = self._children.pop(vpod_id, None)
+            if child is not None:
+                child.wait(timeout=STOP_DEADLINE_SECONDS)
+
+    def supervise(self, running: Callable[[], list[Vpod]], stop: threading.Event, interval: float = 1.0) -> None:
+        """Restart, every `interval` seconds, the controller of each vPOD that should run and does not."""
+        while not stop.wait(interval):
+            for vpod in running():
+                if stop.is_set():
+                    return
+                if not self.alive(vpod.id) and (self.directory(vpod.id) / "prepared").exists():
+                    log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
+                    try:
+                        with self._lock:
+                            if not self.alive(vpod.id):
+                                self._spawn(vpod)
+                    except OSError as error:
+                        log.warning("vPOD %s: cannot start its controller: %s", vpod.id, error)
+            with self._lock:
+                for child in self._children.values():
+                    child.poll()  # reaps one that ended
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+

@@ -1,0 +1,188 @@
+"""Tenant vPODs on a simulated site of 16 machines: a controller per tenant, machines handed over
+through agent ownership, tenants kept apart, releases that leave machines clean for the next."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.functional.harness import BIN, Result, failed_line, wait_until
+from tests.ports import free_port
+from tests.processes import dying_with_parent
+from vipu.api.protos import agent_pb2, agent_pb2_grpc
+from vipu.api.tls import TlsFiles, client_credentials
+from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.model.entities import IldTopology
+
+pytestmark = pytest.mark.functional
+
+
+class Site:
+    """A site: its rack's agents (one process), `vipu-vpod init` and `vipu-vpod serve`."""
+
+    def __init__(self, directory: Path, machines: int = 16):
+        self.directory = directory
+        self.data = directory / "vpod"
+        self.rack_path = directory / "site.yaml"
+        self.rack = generate_rack(machines, topology=IldTopology.MESH, time_scale=0.001)
+        for machine in self.rack.machines:
+            machine.port, machine.ipuof_port = free_port(), free_port()
+        save_rack(self.rack, self.rack_path)
+        self.port = free_port()
+        self.port_base = 30000 + (os.getpid() % 300) * 100  # tenants' controllers: three ports each from here
+        self.server: subprocess.Popen | None = None
+        done = subprocess.run([str(BIN / "vipu-vpod"), "init", "--data-dir", str(self.data), "--tls-hosts", "localhost,127.0.0.1"],
+                              capture_output=True, text=True, timeout=60, check=True)
+        self.key = next(line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Administrator key is"))
+        with open(directory / "agents.log", "ab") as log:
+            self.agents = subprocess.Popen(dying_with_parent(
+                [sys.executable, "-m", "vipu.agent", "--rack", str(self.rack_path), "--all-machines", "--announce-interval", "0",
+                 "--tls-dir", str(TlsFiles(self.data / "site-certs").agents_dir)]), stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: "served on" in (directory / "agents.log").read_text()
+                   and (directory / "agents.log").read_text().count("served on") == machines, what="the site's agents")
+
+    def serve(self) -> None:
+        with open(self.directory / "vpod.log", "ab") as log:
+            self.server = subprocess.Popen(
+                [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), "--rack", str(self.rack_path), "--port", str(self.port),
+                 "--port-base", str(self.port_base)], stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self._answers, timeout=60, what="vipu-vpod")
+
+    def _answers(self) -> bool:
+        if self.server is not None and self.server.poll() is not None:
+            raise AssertionError((self.directory / "vpod.log").read_text()[-3000:])
+        try:
+            self.rest("GET", "/v1/machines")
+            return True
+        except OSError:
+            return False
+
+    def rest(self, method: str, path: str, key: str | None = None) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                         headers={"Authorization": f"Bearer {self.key if key is None else key}"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())
+
+    def vpod(self, *args: str, cwd: Path | None = None) -> Result:
+        env = {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{self.port}", "VIPU_VPOD_KEY": self.key}
+        done = subprocess.run([str(BIN / "vipu-vpod"), *args], capture_output=True, text=True, timeout=300, env=env,
+                              cwd=cwd or self.directory)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def controller_pids(self) -> dict[str, int]:
+        """The tenants' controllers running now, by vPOD id."""
+        running = {}
+        for pid_file in (self.data / "vpods").glob("*/controller.pid"):
+            pid = int(pid_file.read_text())
+            if Path(f"/proc/{pid}").exists() and str(pid_file.parent).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                running[pid_file.parent.name] = pid
+        return running
+
+    def held(self, machine_name: str) -> list[str]:
+        """The partitions a machine holds, read as the controller holding it (or the orchestrator)."""
+        address = f"127.0.0.1:{self.rack.machine(machine_name).port}"
+        orchestrator = TlsFiles(self.data / "orchestrator")
+        holder = self._agent(address, orchestrator).GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).holder
+        reader = TlsFiles(self.data / "vpods" / holder.removeprefix("vpod-") / "vipu-certs") if holder.startswith("vpod-") else orchestrator
+        reply = self._agent(address, reader).ListPartitions(agent_pb2.ListPartitionsRequest(), timeout=10)
+        return [p.partition_id for p in reply.partitions]
+
+    def _agent(self, address: str, identity: TlsFiles):
+        credentials = client_credentials(identity.ca_for(identity.controller_dir), identity.controller_cert, identity.controller_key)
+        return agent_pb2_grpc.AgentServiceStub(grpc.secure_channel(address, credentials))
+
+    def stop(self) -> None:
+        for vpod in self.rest("GET", "/v1/vpods")["vpods"] if self.server and self.server.poll() is None else []:
+            self.vpod("release", vpod["id"])
+        for pid in self.controller_pids().values():
+            os.kill(pid, signal.SIGKILL)
+        for process in (self.server, self.agents):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = Site(tmp_path)
+    try:
+        site.serve()
+        yield site
+    finally:
+        site.stop()
+
+
+def created(result: Result) -> str:
+    assert result.code == 0, result.err
+    return result.out.split("(", 1)[1].split(")", 1)[0]
+
+
+def test_two_tenants_get_controllers_of_their_own_and_a_release_leaves_machines_clean_for_a_third(site, tmp_path):
+    acme_id = created(site.vpod("create", "acme", "--machines", "8", "--out", str(tmp_path / "acme")))
+    bravo_id = created(site.vpod("create", "bravo", "--machines", "8", "--out", str(tmp_path / "bravo")))
+    acme, bravo = tmp_path / "acme" / "acme.vipu-cli.hcl", tmp_path / "bravo" / "bravo.vipu-cli.hcl"
+    vpods = {v["id"]: v for v in site.rest("GET", "/v1/vpods")["vpods"]}
+    assert vpods[acme_id]["machines"] == [f"m{n:02d}" for n in range(1, 9)] and vpods[acme_id]["state"] == "Active"
+    assert vpods[bravo_id]["machines"] == [f"m{n:02d}" for n in range(9, 17)]
+    assert set(site.controller_pids()) == {acme_id, bravo_id}
+
+    def user(config: Path, *args: str) -> Result:
+        done = subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    assert user(acme, "create", "partition", "a1", "--size", "32").code == 0
+    assert user(bravo, "create", "partition", "b1", "--size", "8").code == 0
+    assert site.held("m01") == ["a1"] and site.held("m09") == ["b1"]
+    # acme's controller cannot configure bravo's machines, even as its administrator, nor take them
+    acme_admin = site.data / "vpods" / acme_id / "vpod-admin.vipu-cli.hcl"
+    register = [str(BIN / "vipu-admin"), "--config", str(acme_admin), "create", "agent", "stolen", "--host", "127.0.0.1",
+                "--port", str(site.rack.machine("m09").port)]
+    for extra, reason in (((), f"machine m09 is held by controller vpod-{bravo_id}, not vpod-{acme_id}"),
+                          (("--take-over",), "this controller does not hold the site's agent-link authority key")):
+        done = subprocess.run([*register, *extra], capture_output=True, text=True, timeout=60)
+        failed_line(Result(done.returncode, done.stdout, done.stderr), "create agent", "stolen", reason)
+    assert site.held("m09") == ["b1"]
+    # acme's credentials open nothing of bravo's controller
+    refused = user(acme, "--api-port", str(vpods[bravo_id]["user_port"]), "list", "partitions")
+    assert refused.code == 1 and len(refused.err.splitlines()) == 1 and "Traceback" not in refused.err
+    # the orchestration API answers its administrator only
+    with pytest.raises(urllib.error.HTTPError) as wrong:
+        site.rest("GET", "/v1/vpods", key="not-the-key")
+    assert wrong.value.code == 401 and "administrator key" in json.loads(wrong.value.read())["error"]
+
+    released = site.vpod("release", acme_id)
+    assert (released.code, released.out) == (0, f"release vpod ({acme_id}): success.\n"), released.err
+    assert acme_id not in site.controller_pids() and (site.data / "archive" / acme_id / "vipu.db").exists()
+    machines = {m["name"]: m["vpod"] for m in site.rest("GET", "/v1/machines")["machines"]}
+    assert [machines[f"m{n:02d}"] for n in range(1, 9)] == [""] * 8 and machines["m09"] == bravo_id
+    assert all(site.held(f"m{n:02d}") == [] for n in range(1, 9))  # clean
+    assert site.held("m09") == ["b1"]  # bravo untouched
+
+    charlie_id = created(site.vpod("create", "charlie", "--machines", "8", "--out", str(tmp_path / "charlie")))
+    assert site.rest("GET", f"/v1/vpods/{charlie_id}")["vpod"]["machines"] == [f"m{n:02d}" for n in range(1, 9)]
+    assert user(tmp_path / "charlie" / "charlie.vipu-cli.hcl", "create", "partition", "c1", "--size", "32").code == 0
+    assert site.held("m08") == ["c1"]
+
+
+def test_refusals_are_one_line_and_change_nothing(site):
+    before = site.rest("GET", "/v1/machines")
+    for args, subject, reason in (
+        (("create", "acme", "--machines", "17"), "acme", "no 17 free machines side by side: 16 of 16 are free"),
+        (("create", "acme", "--machines", "8", "--topology", "torus"), "acme",
+         "no run of 8 free machines is cabled as a torus"),
+        (("create", "bad name", "--machines", "1"), "bad name", "invalid tenant id 'bad name'"),
+        (("get", "nope"), "nope", "vPOD nope does not exist"),
+        (("release", "nope"), "nope", "vPOD nope does not exist"),
+    ):
+        action = "get vpod" if args[0] == "get" else f"{args[0]} vpod"
+        failed_line(site.vpod(*args), action, subject, reason)
+    assert site.rest("GET", "/v1/machines") == before and site.rest("GET", "/v1/vpods")["vpods"] == []
+    assert site.controller_pids() == {}
