@@ -186,3 +186,59 @@ def test_refusals_are_one_line_and_change_nothing(site):
         failed_line(site.vpod(*args), action, subject, reason)
     assert site.rest("GET", "/v1/machines") == before and site.rest("GET", "/v1/vpods")["vpods"] == []
     assert site.controller_pids() == {}
+
+
+def check_invariants(site: Site) -> dict[str, dict]:
+    """What must hold whenever vipu-vpod is up again: no machine in two vPODs, every vPOD not
+    released is Active or Failed with its controller running, no controller without a vPOD, and
+    each machine held by its vPOD's controller, or clean when free. The vPODs, by id."""
+    vpods = {v["id"]: v for v in site.rest("GET", "/v1/vpods")["vpods"]}
+    machines = {m["name"]: m["vpod"] for m in site.rest("GET", "/v1/machines")["machines"]}
+    for vpod in vpods.values():
+        assert vpod["state"] in ("Active", "Failed"), vpod
+        assert all(machines[name] == vpod["id"] for name in vpod["machines"]), (vpod, machines)
+    assert {owner for owner in machines.values() if owner} <= set(vpods)
+    running = site.controller_pids()
+    assert set(running) <= set(vpods), (running, vpods)
+    assert {i for i, v in vpods.items() if v["state"] == "Active"} <= set(running)
+    for name, owner in machines.items():
+        if not owner:
+            assert site.held(name) == [], name
+    return vpods
+
+
+def test_kill_9_of_the_orchestrator_at_any_step_of_a_create_or_release_leaves_the_invariants(site, tmp_path):
+    env = {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{site.port}", "VIPU_VPOD_KEY": site.key}
+    # seconds after a create reserved its machines, and after a release began, at which vipu-vpod dies
+    for n, (into_create, into_release) in enumerate([(0.0, 0.3), (0.9, 0.0), (1.8, 0.6)]):
+        logged = (site.directory / "vpod.log").stat().st_size
+        client = subprocess.Popen([str(BIN / "vipu-vpod"), "create", f"t{n}", "--machines", "4", "--out", str(tmp_path / f"t{n}")],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killed_at = _kill_after(site, logged, f"of tenant t{n}: machines", into_create)
+        client.communicate(timeout=60)
+        site.serve()  # resumes what was under way
+        vpods = check_invariants(site)
+        (vpod_id,) = [i for i, v in vpods.items() if v["tenant"] == f"t{n}"]
+        assert vpods[vpod_id]["state"] == "Active", (killed_at, vpods[vpod_id])
+        logged = (site.directory / "vpod.log").stat().st_size
+        client = subprocess.Popen([str(BIN / "vipu-vpod"), "release", vpod_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killed_at = _kill_after(site, logged, f"vPOD {vpod_id}: releasing", into_release)
+        client.communicate(timeout=60)
+        site.serve()
+        assert vpod_id not in check_invariants(site), killed_at
+        assert site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Released"
+
+
+def _kill_after(site: Site, start: int, marker: str, seconds: float) -> str:
+    """SIGKILL vipu-vpod `seconds` after its log shows `marker` (written after byte `start`); the
+    last step its log names by then."""
+    assert site.server is not None
+    log = site.directory / "vpod.log"
+    wait_until(lambda: marker in log.read_text()[start:], timeout=60, what=marker)
+    try:
+        site.server.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        site.server.kill()
+    site.server.wait()
+    steps = [line for line in log.read_text()[start:].splitlines() if "vPOD" in line]
+    return steps[-1] if steps else "before any step"

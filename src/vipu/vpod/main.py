@@ -10,6 +10,7 @@ The client commands take `--url` and `--key` (or VIPU_VPOD_URL and VIPU_VPOD_KEY
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -28,6 +29,7 @@ from vipu.model.errors import VipuError
 from vipu.store.vpods import VpodStore
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
+KEY_FILE = "admin.key"
 DEFAULT_URL = "http://127.0.0.1:8095"
 
 data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=str(DATA_DIR),
@@ -50,10 +52,14 @@ def identity_tls(data_dir: Path) -> TlsFiles:
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT)
 @click.option("--url", envvar="VIPU_VPOD_URL", default=DEFAULT_URL, show_default=True, help="The orchestrator's REST API.")
-@click.option("--key", envvar="VIPU_VPOD_KEY", default="", help="The orchestrator's administrator key (vipu-vpod init).")
+@click.option("--key", envvar="VIPU_VPOD_KEY", default="",
+              help="The orchestrator's administrator key. Default: the one vipu-vpod init kept in its default data directory.")
 @click.pass_context
 def cli(ctx, url, key):
     """Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely."""
+    if not key:
+        with contextlib.suppress(OSError):
+            key = (DATA_DIR / KEY_FILE).expanduser().read_text().strip()
     ctx.obj = (url.rstrip("/"), key)
 
 
@@ -80,7 +86,8 @@ def init(data_dir, db_url, tls_hosts):
 
         key = secrets.token_urlsafe(16)
         store.set_setting("admin_key", hash_key(key))
-    click.echo(f"Administrator key is '{key}'. Give it as --key or VIPU_VPOD_KEY.")
+        write_file(data_dir / KEY_FILE, (key + "\n").encode(), 0o600)
+    click.echo(f"Administrator key is '{key}', kept in {data_dir / KEY_FILE} for this host's vipu-vpod commands.")
 
 
 @cli.command("serve")
@@ -118,9 +125,17 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         orchestrator.resume()
         threading.Thread(target=tenants.supervise, args=(orchestrator.running, stop), name="supervisor", daemon=True).start()
         app = make_app(orchestrator)
-    logging.getLogger(__name__).info("vipu-vpod serves on %s:%d", listen_address, port)
+    server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning"))
+
+    def announce() -> None:  # once it listens, for whoever waits for it
+        while not server.started and not stop.wait(0.05):
+            pass
+        if server.started:
+            logging.getLogger(__name__).info("vipu-vpod serves on %s:%d", listen_address, port)
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()
     try:
-        uvicorn.run(app, host=listen_address, port=port, log_level="warning")
+        server.run()
     finally:
         stop.set()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import shutil
 import socket
 import threading
@@ -92,15 +91,15 @@ class Orchestrator:
         check_id("user", user_id)
         if topology not in TOPOLOGIES:
             raise InvalidArgument(f"unknown topology {topology!r}: mesh or torus")
-        vpod_id = f"{tenant}-{secrets.token_hex(3)}"
-        check_id("vPOD", controller_name(vpod_id))
-        for attempt in range(3):  # another orchestrator may take the machines picked; pick again
+        for attempt in range(3):  # another orchestrator may take the id or the machines picked; pick again
+            vpod_id = f"{tenant}-{len(self.store.list(tenant, with_released=True)) + 1}"
+            check_id("vPOD", controller_name(vpod_id))
             machines = pick_machines(self.rack, self.store.machines(), count, IldTopology(topology), ilds)
             vpod = Vpod(vpod_id, tenant, "Creating", "reserved", machines, topology, ilds, user_id, self._free_ports())
             try:
                 self.store.add_vpod(vpod)
                 break
-            except ConcurrentUpdate:
+            except (ConcurrentUpdate, AlreadyExists):
                 if attempt == 2:
                     raise
         log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
@@ -190,6 +189,7 @@ class Orchestrator:
     def release(self, vpod_id: str) -> Vpod:
         with self._alone(vpod_id):
             vpod = self.store.start_release(vpod_id)
+            log.info("vPOD %s: releasing, from step %s", vpod_id, vpod.step)
             self._continue_release(vpod)
         return self.store.get(vpod_id)
 
