@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from tests.functional.harness import BIN, Result, failed_line, wait_until
+from tests.keystone import ADMIN_PASSWORD, Keystone
 from tests.ports import free_port
 from tests.processes import dying_with_parent
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
@@ -39,6 +40,7 @@ class Site:
         self.port = free_port()
         self.port_base = 30000 + (os.getpid() % 300) * 100  # tenants' controllers: three ports each from here
         self.server: subprocess.Popen | None = None
+        self.serve_options: tuple[str, ...] = ()  # kept for restarts
         done = subprocess.run([str(BIN / "vipu-vpod"), "init", "--data-dir", str(self.data), "--tls-hosts", "localhost,127.0.0.1"],
                               capture_output=True, text=True, timeout=60, check=True)
         self.key = next(line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Administrator key is"))
@@ -49,11 +51,12 @@ class Site:
         wait_until(lambda: "served on" in (directory / "agents.log").read_text()
                    and (directory / "agents.log").read_text().count("served on") == machines, what="the site's agents")
 
-    def serve(self) -> None:
+    def serve(self, *extra: str) -> None:
+        self.serve_options = extra or self.serve_options
         with open(self.directory / "vpod.log", "ab") as log:
             self.server = subprocess.Popen(
                 [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), "--rack", str(self.rack_path), "--port", str(self.port),
-                 "--port-base", str(self.port_base)], stdout=log, stderr=subprocess.STDOUT)
+                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT)
         wait_until(self._answers, timeout=60, what="vipu-vpod")
 
     def _answers(self) -> bool:
@@ -242,3 +245,51 @@ def _kill_after(site: Site, start: int, marker: str, seconds: float) -> str:
     site.server.wait()
     steps = [line for line in log.read_text()[start:].splitlines() if "vPOD" in line]
     return steps[-1] if steps else "before any step"
+
+
+def test_with_keystone_a_tenant_sees_and_releases_only_its_own_vpods(tmp_path):
+    """Tokens of a real Keystone: a project's token is that tenant, the administrators' token
+    serves every tenant, and an expired, revoked or unknown token is refused in one line."""
+    keystone = Keystone(tmp_path / "keystone", token_seconds=6).start()
+    site = None
+    try:
+        for project in ("service", "acme", "bravo"):
+            keystone.project(project)
+        keystone.user("vipu-vpod", "service-secret", "service", role="service")
+        keystone.user("alice", "alice-secret", "acme")
+        keystone.user("bob", "bob-secret", "bravo")
+        (tmp_path / "keystone-password").write_text("service-secret\n")
+        site = Site(tmp_path / "site", machines=8)
+        site.serve("--keystone-url", keystone.url, "--keystone-password-file", str(tmp_path / "keystone-password"))
+
+        def as_user(user: str, project: str, *args: str) -> Result:
+            token = keystone.token(user, f"{user}-secret" if user != "admin" else ADMIN_PASSWORD, project)
+            return site.vpod("--token", token, *args)
+
+        acme_id = created(as_user("alice", "acme", "create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
+        bravo_id = created(as_user("bob", "bravo", "create", "bravo", "--machines", "4", "--out", str(tmp_path / "bravo")))
+        listed = as_user("alice", "acme", "list", "--json")
+        assert [v["id"] for v in json.loads(listed.out)] == [acme_id]
+        everything = as_user("admin", "admin", "list", "--json")
+        assert sorted(v["id"] for v in json.loads(everything.out)) == sorted([acme_id, bravo_id])
+        for args, action in ((("get", bravo_id), "get vpod"), (("release", bravo_id), "release vpod")):
+            failed_line(as_user("alice", "acme", *args), action, bravo_id, f"vPOD {bravo_id} does not exist")
+        failed_line(as_user("alice", "acme", "create", "bravo", "--machines", "1"), "create vpod", "bravo",
+                    "a token of project acme makes vPODs of tenant acme only, not bravo")
+        failed_line(as_user("alice", "acme", "machines"), "list machines", None, "the site's machines are for its administrators")
+
+        revoked = keystone.token("alice", "alice-secret", "acme")
+        keystone.revoke(revoked)
+        expiring = keystone.token("alice", "alice-secret", "acme")
+        assert site.vpod("--token", expiring, "list").code == 0
+        for token in (revoked, "not-a-token-of-this-keystone"):
+            failed_line(site.vpod("--token", token, "list"), "list vpods", None, "the Keystone token is not valid")
+        wait_until(lambda: site.vpod("--token", expiring, "list").code == 1, timeout=30, what="the token to expire")
+        failed_line(site.vpod("--token", expiring, "list"), "list vpods", None, "the Keystone token is not valid")
+
+        assert as_user("alice", "acme", "release", acme_id).code == 0
+        assert [v["id"] for v in json.loads(as_user("admin", "admin", "list", "--json").out)] == [bravo_id]
+    finally:
+        if site is not None:
+            site.stop()
+        keystone.stop()

@@ -1,9 +1,11 @@
 """The orchestration REST API (FastAPI; its OpenAPI document is served at /openapi.json).
 
-Callers present `Authorization: Bearer KEY`, the orchestrator's administrator key made by
-`vipu-vpod init` (checked against a salted scrypt hash, in constant time). Every refusal is one
-JSON line, `{"error": "..."}`, with the HTTP status `vipu.client.retry.http_status` gives its
-family.
+Callers present a Keystone token (`X-Auth-Token`, when the orchestrator has Keystone: see
+`vipu.vpod.identity`) or `Authorization: Bearer KEY`, the orchestrator's administrator key made
+by `vipu-vpod init` (checked against a salted scrypt hash, in constant time). A tenant sees,
+creates and releases only its own vPODs; another tenant's looks like one that does not exist.
+Every refusal is one JSON line, `{"error": "..."}`, with the HTTP status
+`vipu.client.retry.http_status` gives its family.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import secrets
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from vipu.client.retry import http_status
-from vipu.model.errors import Unauthenticated, VipuError
+from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
 from vipu.store.vpods import SiteMachine, Vpod
+from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
 from vipu.vpod.orchestrator import Credentials, Orchestrator
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
@@ -62,47 +66,76 @@ def machine_document(machine: SiteMachine) -> dict:
             "vpod": machine.vpod_id}
 
 
-def make_app(orchestrator: Orchestrator) -> FastAPI:
+def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -> FastAPI:
     app = FastAPI(title="vipu-vpod", description="Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely.")
     stored_key = orchestrator.store.setting(ADMIN_KEY_SETTING)
+    asked = "a Keystone token (X-Auth-Token) or " if tokens is not None else ""
+
+    def caller_of(request: Request) -> Caller:
+        token = request.headers.get("x-auth-token", "")
+        if token and tokens is not None:
+            return tokens.caller(token)
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and key and stored_key is not None and key_matches(key.strip(), stored_key):
+            return SITE_ADMINISTRATOR
+        raise Unauthenticated(f"give {asked}the orchestrator's administrator key (Authorization: Bearer KEY)")
+
+    def refusal(error: VipuError) -> JSONResponse:
+        return JSONResponse(status_code=http_status(error), content={"error": error.message})
 
     @app.exception_handler(VipuError)
     def refused(request: Request, error: VipuError) -> JSONResponse:
-        return JSONResponse(status_code=http_status(error), content={"error": error.message})
+        return refusal(error)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
         if request.url.path in ("/openapi.json", "/docs"):
             return await call_next(request)
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key or stored_key is None or not key_matches(key.strip(), stored_key):
-            error = Unauthenticated("give the orchestrator's administrator key: Authorization: Bearer KEY")
-            return JSONResponse(status_code=http_status(error), content={"error": error.message})
+        try:  # scrypt or a call to Keystone: off the event loop
+            request.state.caller = await run_in_threadpool(caller_of, request)
+        except VipuError as error:
+            return refusal(error)
         return await call_next(request)
 
+    def visible(request: Request, vpod_id: str) -> Vpod:
+        """The vPOD, if the caller may see it: another tenant's looks like one that does not exist."""
+        caller: Caller = request.state.caller
+        vpod = orchestrator.store.get(vpod_id)
+        if not caller.admin and vpod.tenant != caller.tenant:
+            raise NotFound(f"vPOD {vpod_id} does not exist")
+        return vpod
+
     @app.post("/v1/vpods", status_code=201)
-    def create_vpod(body: CreateVpod) -> dict:
+    def create_vpod(request: Request, body: CreateVpod) -> dict:
+        caller: Caller = request.state.caller
+        if not caller.admin and body.tenant != caller.tenant:
+            raise PermissionDenied(f"a token of project {caller.tenant} makes vPODs of tenant {caller.tenant} only, not {body.tenant}")
         vpod, credentials = orchestrator.create(body.tenant, body.machines, body.topology, body.ilds, body.user)
         return {"vpod": vpod_document(vpod), "credentials": credentials_document(credentials)}
 
     @app.get("/v1/vpods")
-    def list_vpods(tenant: str | None = None) -> dict:
+    def list_vpods(request: Request, tenant: str | None = None) -> dict:
+        caller: Caller = request.state.caller
+        if not caller.admin:
+            tenant = caller.tenant
         return {"vpods": [vpod_document(v) for v in orchestrator.store.list(tenant)]}
 
     @app.get("/v1/vpods/{vpod_id}")
-    def get_vpod(vpod_id: str) -> dict:
-        return {"vpod": vpod_document(orchestrator.store.get(vpod_id))}
+    def get_vpod(request: Request, vpod_id: str) -> dict:
+        return {"vpod": vpod_document(visible(request, vpod_id))}
 
     @app.get("/v1/vpods/{vpod_id}/credentials")
-    def get_credentials(vpod_id: str) -> dict:
-        return {"credentials": credentials_document(orchestrator.credentials(vpod_id))}
+    def get_credentials(request: Request, vpod_id: str) -> dict:
+        return {"credentials": credentials_document(orchestrator.credentials(visible(request, vpod_id).id))}
 
     @app.delete("/v1/vpods/{vpod_id}")
-    def release_vpod(vpod_id: str) -> dict:
-        return {"vpod": vpod_document(orchestrator.release(vpod_id))}
+    def release_vpod(request: Request, vpod_id: str) -> dict:
+        return {"vpod": vpod_document(orchestrator.release(visible(request, vpod_id).id))}
 
     @app.get("/v1/machines")
-    def list_machines() -> dict:
+    def list_machines(request: Request) -> dict:
+        if not request.state.caller.admin:
+            raise PermissionDenied("the site's machines are for its administrators")
         return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
 
     return app

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import threading
 import urllib.error
@@ -25,7 +26,7 @@ from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certificate
 from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
 from vipu.client.settings import ClientSettings, write_client_config
-from vipu.model.errors import VipuError
+from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.vpods import VpodStore
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
@@ -54,13 +55,17 @@ def identity_tls(data_dir: Path) -> TlsFiles:
 @click.option("--url", envvar="VIPU_VPOD_URL", default=DEFAULT_URL, show_default=True, help="The orchestrator's REST API.")
 @click.option("--key", envvar="VIPU_VPOD_KEY", default="",
               help="The orchestrator's administrator key. Default: the one vipu-vpod init kept in its default data directory.")
+@click.option("--token", envvar="OS_TOKEN", default="", help="An OpenStack Keystone token instead: a tenant's, or a site administrator's.")
 @click.pass_context
-def cli(ctx, url, key):
+def cli(ctx, url, key, token):
     """Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely."""
+    if token:
+        ctx.obj = (url.rstrip("/"), {"X-Auth-Token": token})
+        return
     if not key:
         with contextlib.suppress(OSError):
             key = (DATA_DIR / KEY_FILE).expanduser().read_text().strip()
-    ctx.obj = (url.rstrip("/"), key)
+    ctx.obj = (url.rstrip("/"), {"Authorization": f"Bearer {key}"})
 
 
 @cli.command("init")
@@ -101,13 +106,23 @@ def init(data_dir, db_url, tls_hosts):
               help="The address tenants reach their controllers at; their listen address too.")
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=9100, show_default=True,
               help="Tenants' controllers take three ports each from here: user, admin, metrics.")
+@click.option("--keystone-url", default=None, help="Accept OpenStack Keystone tokens, checked at this identity API (http://HOST:5000/v3).")
+@click.option("--keystone-user", default="vipu-vpod", show_default=True, help="The orchestrator's service user in Keystone.")
+@click.option("--keystone-password-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A file holding that user's password (or set VIPU_VPOD_KEYSTONE_PASSWORD).")
+@click.option("--keystone-project", default="service", show_default=True, help="The service user's project.")
+@click.option("--keystone-admin-project", default="admin", show_default=True,
+              help="Holders of the administrators' role on this project are site administrators; other projects are tenants.")
+@click.option("--keystone-admin-role", default="admin", show_default=True)
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, log_level):
+def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
+          keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     import uvicorn
 
     from vipu.vpod.agents import SiteAgents
     from vipu.vpod.api import make_app
+    from vipu.vpod.identity import KeystoneTokens
     from vipu.vpod.orchestrator import Orchestrator
     from vipu.vpod.site import read_site, site_machines
     from vipu.vpod.tenants import TenantControllers
@@ -123,8 +138,19 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         tenants = TenantControllers(data_dir, site, advertise_host, f"localhost,127.0.0.1,{advertise_host}")
         orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, advertise_host)
         orchestrator.resume()
+        tokens = None
+        if keystone_url:
+            password = os.environ.get("VIPU_VPOD_KEYSTONE_PASSWORD", "")
+            if keystone_password_file is not None:
+                try:
+                    password = keystone_password_file.read_text().strip()
+                except OSError as error:
+                    raise InvalidArgument(f"cannot read {keystone_password_file}: {error.strerror}") from None
+            if not password:
+                raise InvalidArgument("Keystone needs the service user's password: --keystone-password-file or VIPU_VPOD_KEYSTONE_PASSWORD")
+            tokens = KeystoneTokens(keystone_url, keystone_user, password, keystone_project, keystone_admin_role, keystone_admin_project)
         threading.Thread(target=tenants.supervise, args=(orchestrator.running, stop), name="supervisor", daemon=True).start()
-        app = make_app(orchestrator)
+        app = make_app(orchestrator, tokens)
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning"))
 
     def announce() -> None:  # once it listens, for whoever waits for it
@@ -142,9 +168,9 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
 
 def call(ctx: click.Context, method: str, path: str, body: dict | None = None) -> dict:
     """One REST call; a refusal raises VipuError with the server's one line."""
-    url, key = ctx.obj
+    url, credentials = ctx.obj
     request = urllib.request.Request(f"{url}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+                                     headers={**credentials, "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=600) as answer:
             return json.loads(answer.read() or b"{}")
