@@ -10,7 +10,7 @@ controller of the site; only configuring it claims it.
 
 A takeover waits for the operations under way to end (refusing new ones meanwhile), then clears
 every partition of the machine, so nothing the old holder applied stays configured; each grant
-is used once.
+is used once while the agent runs (and expires within a minute).
 
 The holder is kept in a file so that a restarted agent still knows it. On a plaintext link
 nobody is known, so nothing is held or refused: that is what secure mode is for.

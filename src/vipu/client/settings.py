@@ -170,4 +170,5 @@ def write_client_config(path: Path, settings: ClientSettings, admin_port: int | 
             lines.append(f"{key} = {_quoted(str(Path(file).resolve()))}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        os.fchmod(out.fileno(), 0o600)  # a file that was there keeps its mode through O_CREAT
         out.write("\n".join(lines) + "\n")

@@ -192,6 +192,9 @@ class VpodStore:
             with self.session() as session:
                 if session.get(VpodRow, vpod.id) is not None:
                     raise AlreadyExists(f"vPOD {vpod.id} exists already")
+                others = session.scalars(select(VpodRow).where(VpodRow.state != "Released"))
+                if any(set(other.ports) & set(vpod.ports) for other in others):
+                    raise ConcurrentUpdate("another vPOD took the same ports meanwhile; try again")
                 taken = _changed(session, update(SiteMachineRow).where(SiteMachineRow.name.in_(vpod.machines),
                                                                        SiteMachineRow.vpod_id.is_(None)).values(vpod_id=vpod.id))
                 if taken != len(vpod.machines):

@@ -5,7 +5,8 @@ and are site administrators. With Keystone (`vipu-vpod serve --keystone-url`), c
 an OpenStack token (`X-Auth-Token`); the orchestrator validates it with keystoneauth1 as its own
 service user. A token scoped to a project is that tenant (the project's name); one carrying the
 site administrators' role on the site's administration project serves every tenant. Validations are remembered for a short while, and
-never past the token's own expiry.
+never past the token's own expiry: a revoked token is refused within CACHE_SECONDS. Projects are
+tenants only in the one domain the orchestrator is given, where their names are unique.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from vipu.model.errors import PermissionDenied, Unauthenticated, Unavailable
 
-CACHE_SECONDS = 30.0
+CACHE_SECONDS = 10.0  # a revoked token is refused at most this long after its revocation
 CACHE_ENTRIES = 10_000
 
 
@@ -43,7 +44,7 @@ class KeystoneTokens:
         from keystoneauth1.identity import v3
 
         self.auth_url = auth_url.rstrip("/")
-        self.admin_role, self.admin_project = admin_role, admin_project
+        self.admin_role, self.admin_project, self.domain = admin_role, admin_project, project_domain
         self.session = session.Session(auth=v3.Password(auth_url=self.auth_url, username=username, password=password,
                                                         project_name=project, user_domain_name=user_domain,
                                                         project_domain_name=project_domain), timeout=timeout)
@@ -74,10 +75,16 @@ class KeystoneTokens:
             raise Unauthenticated("the Keystone token is not valid: expired, revoked, or from another Keystone")
         if answer.status_code != 200:
             raise Unavailable(f"Keystone at {self.auth_url} answered {answer.status_code} when asked to check the token")
-        body = answer.json()["token"]
-        expires = datetime.datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+        try:
+            body = answer.json()["token"]
+            expires = datetime.datetime.fromisoformat(body["expires_at"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise Unavailable(f"Keystone at {self.auth_url} answered the token check with something else than a token") from None
         user = body.get("user", {}).get("name", "?")
         project = body.get("project", {}).get("name")
+        domain = body.get("project", {}).get("domain", {}).get("name")
+        if project and domain != self.domain:  # names are unique within a domain only
+            raise PermissionDenied(f"project {project} of domain {domain} is not a tenant of this site (domain {self.domain})")
         if project == self.admin_project and self.admin_role in {role.get("name") for role in body.get("roles", [])}:
             return Caller(user, None), expires
         if not project:

@@ -4,8 +4,8 @@ A vPOD's row says which step it has done; each step is safe to do again, and the
 recorded only once it is done (a compare-and-set on the step and the state). So an orchestrator
 killed at any moment and started again (`resume`) finishes every creation and release under
 way, and the invariants hold throughout: a machine belongs to at most one vPOD (the store's
-row), a vPOD that is not released has its controller running (the supervisor), and a controller
-runs only for a vPOD that is not released.
+row), an Active vPOD has its controller running (the supervisor), and a controller runs only for
+a vPOD that is not released. One orchestrator works on a store at a time.
 
 Creation: reserved (the machines, with the vPOD's row, in one transaction) -> prepared (the
 controller's directory, store, certificates) -> started -> handed (each machine's agent
@@ -30,11 +30,11 @@ from vipu.api.protos import admin_pb2
 from vipu.backends.sim.rack import Rack
 from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology, check_id
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, VipuError
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
 from vipu.store.vpods import SiteMachine, Vpod, VpodStore
 from vipu.vpod.agents import SiteAgents
 from vipu.vpod.site import pick_machines
-from vipu.vpod.tenants import TenantControllers, controller_name
+from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
 
 log = logging.getLogger(__name__)
 
@@ -89,29 +89,35 @@ class Orchestrator:
         check_id("tenant", tenant)
         user_id = user_id or tenant
         check_id("user", user_id)
+        if user_id == ADMIN_USER:
+            raise InvalidArgument(f"user {ADMIN_USER} is the orchestrator's own in every tenant's controller; name another")
         if topology not in TOPOLOGIES:
             raise InvalidArgument(f"unknown topology {topology!r}: mesh or torus")
-        for attempt in range(3):  # another orchestrator may take the id or the machines picked; pick again
+        for attempt in range(3):  # a create at the same moment may take the id, the machines or the ports; pick again
             vpod_id = f"{tenant}-{len(self.store.list(tenant, with_released=True)) + 1}"
             check_id("vPOD", controller_name(vpod_id))
-            machines = pick_machines(self.rack, self.store.machines(), count, IldTopology(topology), ilds)
-            vpod = Vpod(vpod_id, tenant, "Creating", "reserved", machines, topology, ilds, user_id, self._free_ports())
-            try:
-                self.store.add_vpod(vpod)
-                break
-            except (ConcurrentUpdate, AlreadyExists):
-                if attempt == 2:
-                    raise
-        log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
-        with self._alone(vpod.id):
-            self._continue_create(vpod)
-        return self.store.get(vpod.id), self.credentials(vpod.id)
+            with self._alone(vpod_id):  # before the row exists: a release cannot slip in between
+                machines = pick_machines(self.rack, self.store.machines(), count, IldTopology(topology), ilds)
+                vpod = Vpod(vpod_id, tenant, "Creating", "reserved", machines, topology, ilds, user_id, self._free_ports())
+                try:
+                    self.store.add_vpod(vpod)
+                except (ConcurrentUpdate, AlreadyExists):
+                    if attempt == 2:
+                        raise
+                    continue
+                log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
+                self._continue_create(vpod)
+                return self.store.get(vpod.id), self.credentials(vpod.id)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _continue_create(self, vpod: Vpod) -> None:
         steps = {"prepared": self._prepare, "started": self._start, "handed": self._hand_machines,
                  "configured": self._configure, "active": lambda v: None}
         try:
             for step in CREATE_STEPS[CREATE_STEPS.index(vpod.step) + 1:]:
+                current = self.store.get(vpod.id)  # another orchestrator on the same store may have moved it
+                if (current.state, current.step) != ("Creating", vpod.step):
+                    raise ConcurrentUpdate(f"vPOD {vpod.id} is {current.state} at step {current.step} now; its creation stops")
                 steps[step](vpod)
                 self.store.advance(vpod.id, vpod.step, step, expected_state="Creating", state="Active" if step == "active" else None)
                 vpod.step = step
@@ -161,6 +167,8 @@ class Orchestrator:
             try:
                 key = admin.create_user(vpod.user_id, (ALLOCATION_ID,)).access_key
             except AlreadyExists:  # made by an attempt that died before recording it: a new key
+                if admin.get_user(vpod.user_id).admin:
+                    raise InvalidArgument(f"user {vpod.user_id} is an administrator of the vPOD's controller, not its tenant") from None
                 key = admin.update_user(vpod.user_id, rotate_key=True).access_key
         self._write_user_config(vpod, key)
 
@@ -179,7 +187,10 @@ class Orchestrator:
         if vpod.state != "Active":
             raise Conflict(f"vPOD {vpod_id} is {vpod.state}, not Active")
         path = self._user_config(vpod_id, vpod.user_id)
-        settings = parse_hcl(path.read_text(), str(path))
+        try:
+            settings = parse_hcl(path.read_text(), str(path))
+        except OSError as error:
+            raise Unavailable(f"the credentials of vPOD {vpod_id} are missing ({error.strerror}); release it and create another") from None
         tls = self.tenants.tls(vpod_id)
         return Credentials(vpod.user_id, str(settings["api-access-key"]), self.advertise_host, vpod.ports[0], vpod.ports[1],
                            tls.ca_for(tls.client_dir).read_bytes(), tls.client_cert.read_bytes(), tls.client_key.read_bytes())
@@ -197,8 +208,13 @@ class Orchestrator:
         steps = {"emptied": self._empty, "taken-back": self._take_back, "stopped": self._stop, "archived": self._archive}
         first = RELEASE_STEPS.index(vpod.step) + 1 if vpod.step in RELEASE_STEPS else 0
         for step in RELEASE_STEPS[first:]:
-            steps[step](vpod)
-            self.store.advance(vpod.id, vpod.step, step, expected_state="Releasing")
+            try:
+                steps[step](vpod)
+            except VipuError as error:  # stays Releasing, saying why; a later release or restart tries again
+                with contextlib.suppress(ConcurrentUpdate):
+                    self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Releasing", error=error.message)
+                raise
+            self.store.advance(vpod.id, vpod.step, step, expected_state="Releasing", error="")
             vpod.step = step
             log.info("vPOD %s: %s", vpod.id, step)
         self.store.finish_release(vpod.id, vpod.step)
@@ -250,6 +266,8 @@ class Orchestrator:
                         self.tenants.start(vpod)
             except VipuError as error:
                 log.warning("vPOD %s: %s", vpod.id, error.message)
+            except Exception:  # one vPOD must not keep the orchestrator from serving the others
+                log.exception("vPOD %s: resuming failed", vpod.id)
 
     def running(self) -> list[Vpod]:
         """The vPODs whose controllers should run."""

@@ -9,6 +9,8 @@ stops or dies, and a new one adopts them by their process ids.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.errors import Unavailable, VipuError
@@ -46,6 +49,7 @@ class TenantControllers:
         self.server_program = Path(sys.executable).with_name("vipu-server")
         self._lock = threading.Lock()
         self._children: dict[str, subprocess.Popen] = {}  # those this orchestrator started, to reap when they end
+        self._stopping: set[str] = set()  # released: not to be started again by the supervisor
 
     def directory(self, vpod_id: str) -> Path:
         return self.root / "vpods" / vpod_id
@@ -70,13 +74,17 @@ class TenantControllers:
             leftover.unlink()
         for leftover in (tls.root / "ca", tls.server_dir, tls.client_dir):
             shutil.rmtree(leftover, ignore_errors=True)
-        if not tls.controller_cert.exists():
+        if not tls.controller_cert.exists():  # the certificate is written last: a key without it is an interrupted issue
+            shutil.rmtree(tls.controller_dir, ignore_errors=True)
             issue_link_certificate(self.site, controller_name(vpod.id), tls.controller_dir)
         user_port, admin_port, _ = vpod.ports
-        done = subprocess.run(
-            [str(self.server_program), "--init", "--secure", "--db", self.db_url(vpod.id), "--tls-dir", str(tls.root),
-             "--tls-hosts", self.tls_hosts, "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port", str(admin_port)],
-            cwd=directory, capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run(
+                [str(self.server_program), "--init", "--secure", "--db", self.db_url(vpod.id), "--tls-dir", str(tls.root),
+                 "--tls-hosts", self.tls_hosts, "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port",
+                 str(admin_port)], cwd=directory, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {error}") from None
         if done.returncode != 0 or not self.admin_config(vpod.id).exists():
             reason = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
             raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {reason}")
@@ -93,10 +101,11 @@ class TenantControllers:
             return child.pid if child.poll() is None else None
         try:
             pid = int((self.directory(vpod_id) / "controller.pid").read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return None
-        if str(self.directory(vpod_id)).encode() not in cmdline or _zombie(pid):
+        data_dir = str(self.directory(vpod_id)).encode()
+        if not any(a == b"--data-dir" and b == data_dir for a, b in itertools.pairwise(arguments)) or _zombie(pid):
             return None  # the number went to another process, or that one died
         return pid
 
@@ -106,21 +115,25 @@ class TenantControllers:
     def start(self, vpod: Vpod) -> None:
         """Start the controller unless it runs; return once it answers its administrator."""
         with self._lock:
+            self._stopping.discard(vpod.id)
             if not self.alive(vpod.id):
-                self._spawn(vpod)
+                try:
+                    self._spawn(vpod)
+                except OSError as error:
+                    raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {error}") from None
         self.wait_ready(vpod.id)
 
     def _spawn(self, vpod: Vpod) -> None:
         directory = self.directory(vpod.id)
         user_port, admin_port, metrics_port = vpod.ports
         with open(directory / "server.log", "ab") as out:
-            process = subprocess.Popen(
+            process = subprocess.Popen(  # OSError: the caller's to report
                 [str(self.server_program), "--db", self.db_url(vpod.id), "--data-dir", str(directory), "--secure",
                  "--tls-dir", str(self.tls(vpod.id).root), "--listen-address", self.listen_address, "--port", str(user_port),
                  "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
         self._children[vpod.id] = process
-        (directory / "controller.pid").write_text(str(process.pid))
+        write_file(directory / "controller.pid", str(process.pid).encode())
         log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
 
     def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
@@ -143,20 +156,25 @@ class TenantControllers:
             time.sleep(0.2)
 
     def stop(self, vpod_id: str) -> None:
+        """Stop the controller (SIGTERM, then SIGKILL after a deadline); the supervisor leaves it stopped."""
         with self._lock:
+            self._stopping.add(vpod_id)
             pid = self._pid(vpod_id)
-            if pid is None:
-                return
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_DEADLINE_SECONDS
-            while self.alive(vpod_id) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self.alive(vpod_id):
-                log.warning("vPOD %s: controller did not stop within %.0f s of SIGTERM; killed", vpod_id, STOP_DEADLINE_SECONDS)
+        deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+        while self.alive(vpod_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.alive(vpod_id):
+            log.warning("vPOD %s: controller did not stop within %.0f s of SIGTERM; killed", vpod_id, STOP_DEADLINE_SECONDS)
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with self._lock:
             child = self._children.pop(vpod_id, None)
-            if child is not None:
-                child.wait(timeout=STOP_DEADLINE_SECONDS)
+        if child is not None:
+            child.wait(timeout=STOP_DEADLINE_SECONDS)
 
     def supervise(self, running: Callable[[], list[Vpod]], stop: threading.Event, interval: float = 1.0) -> None:
         """Restart, every `interval` seconds, the controller of each vPOD that should run and does not."""
@@ -165,12 +183,12 @@ class TenantControllers:
                 if stop.is_set():
                     return
                 if not self.alive(vpod.id) and (self.directory(vpod.id) / "prepared").exists():
-                    log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
                     try:
-                        with self._lock:
-                            if not self.alive(vpod.id):
+                        with self._lock:  # looked at again: a release may be stopping it
+                            if vpod.id not in self._stopping and not self.alive(vpod.id) and vpod.id in {v.id for v in running()}:
+                                log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
                                 self._spawn(vpod)
-                    except OSError as error:
+                    except (OSError, VipuError) as error:
                         log.warning("vPOD %s: cannot start its controller: %s", vpod.id, error)
             with self._lock:
                 for child in self._children.values():
