@@ -717,23 +717,30 @@ class _GroupedWrite:
             self.error = error
 
 
+def checked_url(url: str) -> tuple[str, bool]:
+    """A store URL as SQLAlchemy takes it, and whether it names SQLite, whose file's directory is
+    made; InvalidArgument for a URL that names no store vipu supports."""
+    url = normalise_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as error:
+        raise InvalidArgument(f"cannot understand the store URL {url!r}") from error
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise InvalidArgument(f"unsupported store {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://...")
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if is_sqlite and parsed.database not in (None, "", ":memory:"):
+        try:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from error
+    return url, is_sqlite
+
+
 class Store:
     """Opens the database named by a URL and hands out transactions on it."""
 
     def __init__(self, url: str):
-        self.url = normalise_url(url)
-        try:
-            parsed = make_url(self.url)
-        except ArgumentError as error:
-            raise InvalidArgument(f"cannot understand the store URL {url!r}") from error
-        if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-            raise InvalidArgument(f"unsupported store {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://...")
-        self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        if self.is_sqlite and parsed.database not in (None, "", ":memory:"):
-            try:
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from error
+        self.url, self.is_sqlite = checked_url(url)
         self._write_engine = self._engine(immediate=True)
         self._read_engine = self._engine(immediate=False) if self.is_sqlite else self._write_engine
         # SQLite takes one writer at a time; waiting in-process is fair and fast, where its own

@@ -13,15 +13,14 @@ import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sqlalchemy import JSON, CursorResult, Float, Integer, String, Update, create_engine, event, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, InvalidArgument, NotFound, Unavailable
-from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, normalise_url
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, NotFound, Unavailable
+from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, checked_url
 
 SCHEMA_VERSION = 1
 
@@ -98,18 +97,8 @@ def _vpod(row: VpodRow) -> Vpod:
 
 class VpodStore:
     def __init__(self, url: str):
-        self.url = normalise_url(url)
-        try:
-            parsed = make_url(self.url)
-        except ArgumentError as error:
-            raise InvalidArgument(f"cannot understand the store URL {url!r}") from error
-        backend = parsed.get_backend_name()
-        if backend == "sqlite":
-            if parsed.database not in (None, "", ":memory:"):
-                try:
-                    Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-                except OSError as error:
-                    raise Unavailable(f"cannot create the directory of the store {parsed.database}: {error.strerror}") from None
+        self.url, is_sqlite = checked_url(url)
+        if is_sqlite:
             self.engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": STATEMENT_DEADLINE_SECONDS})
 
             @event.listens_for(self.engine, "connect")
@@ -122,11 +111,9 @@ class VpodStore:
             @event.listens_for(self.engine, "begin")
             def _begin(connection):
                 connection.exec_driver_sql("BEGIN IMMEDIATE")  # one writer at a time, each seeing the last
-        elif backend == "postgresql":
+        else:
             self.engine = create_engine(self.url, pool_pre_ping=True, isolation_level="SERIALIZABLE",
                                         connect_args={"options": f"-c statement_timeout={STATEMENT_DEADLINE_SECONDS * 1000}"})
-        else:
-            raise InvalidArgument(f"unsupported store {backend!r}: use sqlite:///PATH or postgresql://...")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self.session() as session:
             VpodBase.metadata.create_all(session.connection())
