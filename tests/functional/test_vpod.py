@@ -305,3 +305,32 @@ def test_with_keystone_a_tenant_sees_and_releases_only_its_own_vpods(tmp_path):
         if site is not None:
             site.stop()
         keystone.stop()
+
+
+def test_with_a_release_test_the_machines_a_failing_cable_joins_are_held_back_until_repaired(tmp_path):
+    site = Site(tmp_path, machines=8)
+    try:
+        site.serve("--test-on-release")
+        acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
+        unplugged = subprocess.run([str(BIN / "vipu-sim"), "fault", str(site.rack_path), "--unplug", "m02:IPU-Link:5"],
+                                   capture_output=True, text=True, timeout=60)
+        assert unplugged.returncode == 0, unplugged.stderr
+        released = site.vpod("release", acme_id)
+        assert released.code == 0, released.err
+        machines = {m["name"]: m for m in site.rest("GET", "/v1/machines")["machines"]}
+        assert [bool(machines[f"m0{n}"]["held_back"]) for n in range(1, 6)] == [False, True, True, False, False]
+        failed_cable = "Cabling 11/12: m02:5 [IPU-Link] <--> m03:1 [IPU-Link] (failed)"
+        assert machines["m02"]["held_back"] == machines["m03"]["held_back"] == failed_cable
+        assert all(machines[f"m0{n}"]["vpod"] == "" and site.held(f"m0{n}") == [] for n in range(1, 5))  # clean all the same
+        assert "m02:5 [IPU-Link] <--> m03:1" in site.vpod("machines").out
+
+        bravo_id = created(site.vpod("create", "bravo", "--machines", "4", "--out", str(tmp_path / "bravo")))
+        assert site.rest("GET", f"/v1/vpods/{bravo_id}")["vpod"]["machines"] == ["m04", "m05", "m06", "m07"]
+        failed_line(site.vpod("create", "charlie", "--machines", "2"), "create vpod", "charlie",
+                    "no 2 free machines side by side: 2 of 8 are free (2 held back after a failed release test)")
+        failed_line(site.vpod("repaired", "m01", "m02"), "repaired", "m01,m02", "machine m01 is not held back; it is in the pool already")
+        assert site.vpod("repaired", "m02", "m03").out == "repaired (m02,m03): success.\n"
+        charlie_id = created(site.vpod("create", "charlie", "--machines", "2", "--out", str(tmp_path / "charlie")))
+        assert site.rest("GET", f"/v1/vpods/{charlie_id}")["vpod"]["machines"] == ["m01", "m02"]
+    finally:
+        site.stop()

@@ -1,7 +1,8 @@
 """The site orchestrator's store (`vipu-vpod`): the site's IPU-Machines and the vPODs holding them.
 
 A database of its own (SQLite by default, PostgreSQL), apart from every controller's. A machine
-row names the one vPOD holding it, so no machine is ever in two vPODs; a vPOD row records which
+row names the one vPOD holding it, so no machine is ever in two vPODs, and why it is held back
+from the pool when a release's cluster test failed on it; a vPOD row records which
 step of its creation or release it has reached, each step moved on by a compare-and-set, so that
 an orchestrator started again after a crash resumes where the last one stopped.
 """
@@ -14,15 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import JSON, CursorResult, Float, Integer, String, Update, create_engine, event, select, update
+from sqlalchemy import JSON, CursorResult, Float, Integer, String, Update, create_engine, event, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, NotFound, Unavailable
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, Unavailable, VipuError
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, checked_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: site_machines.held_back
+MIGRATIONS = {2: "ALTER TABLE site_machines ADD COLUMN held_back VARCHAR(1000) NOT NULL DEFAULT ''"}
 
 
 class VpodBase(DeclarativeBase):
@@ -36,6 +38,7 @@ class SiteMachineRow(VpodBase):
     host: Mapped[str] = mapped_column(String(255))
     port: Mapped[int] = mapped_column(Integer)
     vpod_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    held_back: Mapped[str] = mapped_column(String(1000), default="")  # why it stays out of the pool; "" when it may be handed out
 
 
 class VpodRow(VpodBase):
@@ -67,6 +70,11 @@ class SiteMachine:
     host: str
     port: int
     vpod_id: str = ""
+    held_back: str = ""
+
+    @property
+    def free(self) -> bool:
+        return not self.vpod_id and not self.held_back
 
 
 @dataclass
@@ -117,8 +125,19 @@ class VpodStore:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self.session() as session:
             VpodBase.metadata.create_all(session.connection())
-            if session.get(VpodMetaRow, "schema_version") is None:
-                session.add(VpodMetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+            self._settle_schema(session)
+
+    def _settle_schema(self, session: Session) -> None:
+        row = session.get(VpodMetaRow, "schema_version")
+        if row is None:
+            session.add(VpodMetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
+        elif int(row.value) > SCHEMA_VERSION:
+            raise VipuError(f"the orchestrator's store at {self.describe()} has schema version {row.value}, newer than this "
+                            f"vipu-vpod's {SCHEMA_VERSION}; upgrade vipu-vpod")
+        elif int(row.value) < SCHEMA_VERSION:
+            for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
+                session.execute(text(MIGRATIONS[version]))
+            row.value = str(SCHEMA_VERSION)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -168,7 +187,29 @@ class VpodStore:
     def machines(self) -> list[SiteMachine]:
         with self.session() as session:
             rows = session.scalars(select(SiteMachineRow).order_by(SiteMachineRow.position))
-            return [SiteMachine(r.name, r.position, r.host, r.port, r.vpod_id or "") for r in rows]
+            return [SiteMachine(r.name, r.position, r.host, r.port, r.vpod_id or "", r.held_back or "") for r in rows]
+
+    def hold_back(self, vpod_id: str, reasons: dict[str, str]) -> None:
+        """Keep machines of a vPOD out of the pool once it is released, each with its reason
+        (a release's cluster test failed on it); the vPOD's other machines go back clean."""
+        with self.session() as session:
+            for row in session.scalars(select(SiteMachineRow).where(SiteMachineRow.vpod_id == vpod_id)):
+                row.held_back = reasons.get(row.name, "")[:1000]
+
+    def repaired(self, names: list[str]) -> None:
+        """Return machines held back to the pool, all or none: each must be known, held back, and in no vPOD."""
+        with self.session() as session:
+            rows = {row.name: row for row in session.scalars(select(SiteMachineRow).where(SiteMachineRow.name.in_(names)))}
+            for name in names:
+                row = rows.get(name)
+                if row is None:
+                    raise NotFound(f"machine {name} is not one of the site's")
+                if row.vpod_id:
+                    raise Conflict(f"machine {name} is in vPOD {row.vpod_id}; it is tested when that vPOD is released")
+                if not row.held_back:
+                    raise Conflict(f"machine {name} is not held back; it is in the pool already")
+            for row in rows.values():
+                row.held_back = ""
 
     # vPODs
 
@@ -182,8 +223,9 @@ class VpodStore:
                 others = session.scalars(select(VpodRow).where(VpodRow.state != "Released"))
                 if any(set(other.ports) & set(vpod.ports) for other in others):
                     raise ConcurrentUpdate("another vPOD took the same ports meanwhile; try again")
-                taken = _changed(session, update(SiteMachineRow).where(SiteMachineRow.name.in_(vpod.machines),
-                                                                       SiteMachineRow.vpod_id.is_(None)).values(vpod_id=vpod.id))
+                taken = _changed(session, update(SiteMachineRow).where(
+                    SiteMachineRow.name.in_(vpod.machines), SiteMachineRow.vpod_id.is_(None), SiteMachineRow.held_back == ""
+                ).values(vpod_id=vpod.id))
                 if taken != len(vpod.machines):
                     raise ConcurrentUpdate("some of the machines picked were taken by another vPOD meanwhile; try again")
                 session.add(VpodRow(id=vpod.id, tenant=vpod.tenant, state=vpod.state, step=vpod.step, machines=vpod.machines,

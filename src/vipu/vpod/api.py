@@ -61,9 +61,13 @@ def credentials_document(credentials: Credentials) -> dict:
             "client_cert": credentials.client_cert.decode(), "client_key": credentials.client_key.decode()}
 
 
+class RepairedMachines(BaseModel):
+    machines: list[str] = Field(min_length=1, description="Machines held back by a failed release test, repaired since.")
+
+
 def machine_document(machine: SiteMachine) -> dict:
     return {"name": machine.name, "position": machine.position, "host": machine.host, "port": machine.port,
-            "vpod": machine.vpod_id}
+            "vpod": machine.vpod_id, "held_back": machine.held_back}
 
 
 def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -> FastAPI:
@@ -132,10 +136,20 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -
     def release_vpod(request: Request, vpod_id: str) -> dict:
         return {"vpod": vpod_document(orchestrator.release(visible(request, vpod_id).id))}
 
-    @app.get("/v1/machines")
-    def list_machines(request: Request) -> dict:
+    def administrator(request: Request) -> None:
         if not request.state.caller.admin:
             raise PermissionDenied("the site's machines are for its administrators")
+
+    @app.get("/v1/machines")
+    def list_machines(request: Request) -> dict:
+        administrator(request)
+        return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
+
+    @app.post("/v1/machines/repaired")
+    def repaired_machines(request: Request, body: RepairedMachines) -> dict:
+        """Machines held back by a failed release test go back to the pool."""
+        administrator(request)
+        orchestrator.store.repaired(body.machines)
         return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
 
     return app

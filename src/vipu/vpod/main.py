@@ -3,7 +3,7 @@
     vipu-vpod init --data-dir /var/lib/vipu-vpod                   # store, site certificates, admin key
     vipu-vpod serve --data-dir /var/lib/vipu-vpod --rack site.yaml  # the REST API, on 127.0.0.1:8095
     vipu-vpod create acme --machines 8                              # a vPOD; writes acme.vipu-cli.hcl
-    vipu-vpod list | get ID | release ID | machines
+    vipu-vpod list | get ID | release ID | machines | repaired MACHINE...
 
 The client commands take `--url` and `--key` (or VIPU_VPOD_URL and VIPU_VPOD_KEY).
 """
@@ -114,9 +114,11 @@ def init(data_dir, db_url, tls_hosts):
 @click.option("--keystone-admin-project", default="admin", show_default=True,
               help="Holders of the administrators' role on this project are site administrators; other projects are tenants.")
 @click.option("--keystone-admin-role", default="admin", show_default=True)
+@click.option("--test-on-release", is_flag=True,
+              help="Run the cluster test on a vPOD's machines when it is released; those it fails on are held back from the pool.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
-          keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, log_level):
+          keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, test_on_release, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     import uvicorn
 
@@ -136,7 +138,8 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         store.add_machines(site_machines(rack))
         site = site_tls(data_dir)
         tenants = TenantControllers(data_dir, site, advertise_host, f"localhost,127.0.0.1,{advertise_host}")
-        orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, advertise_host)
+        orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, advertise_host,
+                                    test_on_release)
         orchestrator.resume()
         tokens = None
         if keystone_url:
@@ -281,8 +284,19 @@ def machines(ctx, as_json):
     if as_json:
         echo_json(reply["machines"])
         return
-    click.echo(render_table(["Machine", "Agent", "vPOD"], [[m["name"], f"{m['host']}:{m['port']}", m["vpod"] or "-"]
-                                                           for m in reply["machines"]]))
+    click.echo(render_table(["Machine", "Agent", "vPOD", "Held back"],
+                            [[m["name"], f"{m['host']}:{m['port']}", m["vpod"] or "-", m["held_back"] or "-"]
+                             for m in reply["machines"]]))
+
+
+@cli.command("repaired")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def repaired(ctx, names):
+    """Return machines held back by a failed release test to the pool, once repaired."""
+    with reporting("repaired", ",".join(names)):
+        call(ctx, "POST", "/v1/machines/repaired", {"machines": list(names)})
+    click.echo(f"repaired ({','.join(names)}): success.")
 
 
 def main() -> None:

@@ -11,23 +11,28 @@ Creation: reserved (the machines, with the vPOD's row, in one transaction) -> pr
 controller's directory, store, certificates) -> started -> handed (each machine's agent
 registered in the tenant's controller, with the site's grant) -> configured (cluster,
 allocation, the tenant's first user) -> active.
-Release: emptied (every partition and cluster removed in the tenant's controller) -> taken back
-(each machine held by the orchestrator again, cleared) -> stopped -> archived (the controller's
-directory kept under archive/) -> released (the machines free, in one transaction).
+Release: emptied (every partition and cluster removed in the tenant's controller) -> tested (with
+`test_on_release`: the cluster test on the vPOD's machines, in its controller; the machines a
+failing test names are held back from the pool) -> taken back (each machine held by the
+orchestrator again, cleared) -> stopped -> archived (the controller's directory kept under
+archive/) -> released (the machines free, in one transaction).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from vipu.api.protos import admin_pb2
 from vipu.backends.sim.rack import Rack
+from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology, check_id
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
@@ -39,9 +44,11 @@ from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
 log = logging.getLogger(__name__)
 
 CREATE_STEPS = ("reserved", "prepared", "started", "handed", "configured", "active")
-RELEASE_STEPS = ("emptied", "taken-back", "stopped", "archived")
+RELEASE_STEPS = ("emptied", "tested", "taken-back", "stopped", "archived")
 CLUSTER_ID, ALLOCATION_ID = "cl0", "alloc-1"
+RELEASE_TEST_CLUSTER = "release-test"
 BUSY_DEADLINE_SECONDS = 300.0  # for another operation on the same vPOD to end
+RELEASE_TEST_DEADLINE_SECONDS = 600.0  # a whole cluster test, each of its steps bounded by the controller
 TOPOLOGIES = {"mesh": admin_pb2.ILD_TOPOLOGY_MESH, "torus": admin_pb2.ILD_TOPOLOGY_TORUS}
 
 
@@ -61,7 +68,9 @@ class Credentials:
 
 class Orchestrator:
     def __init__(self, store: VpodStore, rack: Rack, tenants: TenantControllers, agents: SiteAgents,
-                 port_base: int = 9100, advertise_host: str = "127.0.0.1"):
+                 port_base: int = 9100, advertise_host: str = "127.0.0.1", test_on_release: bool = False):
+        """`test_on_release`: a machine goes back to the pool only once the cluster test passed on it."""
+        self.test_on_release = test_on_release
         self.store = store
         self.rack = rack
         self.tenants = tenants
@@ -205,7 +214,8 @@ class Orchestrator:
         return self.store.get(vpod_id)
 
     def _continue_release(self, vpod: Vpod) -> None:
-        steps = {"emptied": self._empty, "taken-back": self._take_back, "stopped": self._stop, "archived": self._archive}
+        steps = {"emptied": self._empty, "tested": self._test, "taken-back": self._take_back, "stopped": self._stop,
+                 "archived": self._archive}
         first = RELEASE_STEPS.index(vpod.step) + 1 if vpod.step in RELEASE_STEPS else 0
         for step in RELEASE_STEPS[first:]:
             try:
@@ -234,6 +244,30 @@ class Orchestrator:
         except VipuError as error:
             log.warning("vPOD %s: its controller could not remove its partitions (%s); the machines are cleared instead",
                         vpod.id, error.message)
+
+    def _test(self, vpod: Vpod) -> None:
+        """The cluster test's default suite on the vPOD's machines, through its controller (which
+        holds them), before they go back. Each machine a failing test names is held back with the
+        failing lines; every machine is, when the test names none or cannot run. A vPOD whose
+        controller never started gave no tenant its machines: nothing to test."""
+        if not self.test_on_release or not (self.tenants.directory(vpod.id) / "prepared").exists():
+            return
+        try:
+            self.tenants.start(vpod)
+            self._hand_machines(vpod)  # those a creation cut short never reached the tenant's controller
+            with self.tenants.admin(vpod.id) as admin:
+                with contextlib.suppress(AlreadyExists):
+                    admin.create_cluster(RELEASE_TEST_CLUSTER, tuple(vpod.machines), topology=TOPOLOGIES[vpod.topology],
+                                         num_ipulinkdomains=vpod.ilds)
+                report = _run_cluster_test(admin, RELEASE_TEST_CLUSTER)
+                admin.remove_cluster(RELEASE_TEST_CLUSTER, force=True)
+        except VipuError as error:
+            reasons = dict.fromkeys(vpod.machines, f"the release test of vPOD {vpod.id} could not run: {error.message}")
+        else:
+            reasons = failing_machines(report.results, vpod.machines)
+        self.store.hold_back(vpod.id, reasons)
+        if reasons:
+            log.warning("vPOD %s: machines %s held back: the release test failed", vpod.id, ", ".join(sorted(reasons)))
 
     def _take_back(self, vpod: Vpod) -> None:
         for machine in self._machines(vpod):
@@ -272,6 +306,43 @@ class Orchestrator:
     def running(self) -> list[Vpod]:
         """The vPODs whose controllers should run."""
         return [v for v in self.store.list() if v.state == "Active" or (v.state == "Creating" and v.step != "reserved")]
+
+
+def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterTestReport:
+    """Run the default suite and follow it to its end, stopping it past the deadline."""
+    admin.test_cluster(cluster_id, wait=False)
+    deadline = time.monotonic() + RELEASE_TEST_DEADLINE_SECONDS
+    while True:
+        report = admin.cluster_test_progress()
+        if report.cluster_id == cluster_id and report.state != "running":
+            if report.state != "finished":  # stopped or interrupted: not every machine was tested
+                raise Unavailable(f"the cluster test was {report.state} before it ended")
+            return report
+        if time.monotonic() > deadline:
+            with contextlib.suppress(VipuError):
+                admin.stop_cluster_test()
+            raise Unavailable(f"the cluster test did not end within {RELEASE_TEST_DEADLINE_SECONDS:.0f} s")
+        time.sleep(0.2)
+
+
+def _names(line: str, machine: str) -> bool:
+    """Whether a cluster test's line names the machine (its agent id), not merely a longer name."""
+    return re.search(rf"(?<![\w.-]){re.escape(machine)}(?![\w.])", line) is not None
+
+
+def failing_machines(results, machines: list[str]) -> dict[str, str]:
+    """From a cluster test's results, each machine a failing test names, with that test's lines
+    naming it (every machine, with all the lines, when a failing test names none)."""
+    reasons: dict[str, list[str]] = {}
+    for result in results:
+        if result.status != "failed":
+            continue
+        lines = [line for line in result.summary[1:] if line] or list(result.summary)
+        named = {m: found for m in machines if (found := [line for line in lines if _names(line, m)])}
+        for machine in named or machines:
+            reasons.setdefault(machine, []).append(f"{result.test} {result.passed}/{result.total}: "
+                                                   f"{'; '.join(named.get(machine, lines))}")
+    return {machine: "; ".join(parts) for machine, parts in reasons.items()}
 
 
 def _bindable(port: int) -> bool:

@@ -42,14 +42,16 @@ def pick_machines(rack: Rack, machines: list[SiteMachine], count: int, topology:
     free_runs = 0
     for start in range(len(ordered) - count + 1):
         run = ordered[start:start + count]
-        if any(m.vpod_id for m in run):
+        if not all(m.free for m in run):
             continue
         free_runs += 1
         names = [m.name for m in run]
         if _cabled(rack, ClusterLayout(names, topology, ilds)):
             return names
-    free = sum(not m.vpod_id for m in ordered)
+    free = sum(m.free for m in ordered)
     if free_runs:
         raise InvalidArgument(f"no run of {count} free machines is cabled as a {topology.value} of {ilds} IPU-Link domain(s); "
                               f"the site's cables do not form that shape there")
-    raise Conflict(f"no {count} free machines side by side: {free} of {len(ordered)} are free")
+    held_back = sum(bool(m.held_back) and not m.vpod_id for m in ordered)
+    note = f" ({held_back} held back after a failed release test)" if held_back else ""
+    raise Conflict(f"no {count} free machines side by side: {free} of {len(ordered)} are free{note}")
