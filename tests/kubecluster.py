@@ -2,7 +2,10 @@
 
 etcd, kube-apiserver (TLS, client certificates, RBAC, service account tokens) and kube-scheduler,
 built from source by `scripts/k8s-binaries`, and kwok keeping the nodes it is given Ready. kwok runs
-no containers and here drives no pods: `tests/kubelet.py` plays the kubelet for them.
+no containers and here drives no pods: `tests/kubelet.py` plays the kubelet for them. Asked for
+(`workload_controllers`), kube-controller-manager runs the Deployment, ReplicaSet, garbage
+collection and service account controllers, so that Deployments make their pods, deleted owners
+take their own, and each namespace has its default service account.
 Everything lives in one private directory; `kubeconfig` there is the cluster administrator's.
 """
 
@@ -29,7 +32,8 @@ from tests.ports import free_port
 from tests.processes import dying_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok", "helm")
+PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kwok", "helm")
+WORKLOAD_CONTROLLERS = "deployment-controller,replicaset-controller,garbage-collector-controller,serviceaccount-controller"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 # kwok's only work here: a node it manages becomes Ready, with room for many pods.
@@ -117,9 +121,11 @@ def _name(common_name: str, organisation: str | None = None) -> x509.Name:
 
 
 class KubeCluster:
-    def __init__(self, binaries_dir: Path | None = None, scheduler_extender: str | None = None):
-        """`scheduler_extender`: the URL prefix of a kube-scheduler extender to configure (filter, prioritize)."""
+    def __init__(self, binaries_dir: Path | None = None, scheduler_extender: str | None = None, workload_controllers: bool = False):
+        """`scheduler_extender`: the URL prefix of a kube-scheduler extender to configure (filter,
+        prioritize); `workload_controllers`: run Deployments and ReplicaSets (kube-controller-manager)."""
         self.scheduler_extender = scheduler_extender
+        self.workload_controllers = workload_controllers
         self.bin = binaries_dir or binaries()
         missing = [p for p in PROGRAMS if not (self.bin / p).exists()]
         if missing:
@@ -237,6 +243,13 @@ class KubeCluster:
             "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
             "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
         ])
+        if self.workload_controllers:
+            self._spawn("kube-controller-manager", [
+                str(self.bin / "kube-controller-manager"), "--kubeconfig", str(self.kubeconfig),
+                "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
+                "--controllers", WORKLOAD_CONTROLLERS, "--leader-elect=false", "--bind-address", "127.0.0.1",
+                "--secure-port", str(free_port()), "--cert-dir", str(d / "controller-manager-certs"),
+            ])
         (d / "kwok.yaml").write_text(NODE_STAGES)
         self._spawn("kwok", [
             str(self.bin / "kwok"), "--kubeconfig", str(self.kubeconfig), "--config", str(d / "kwok.yaml"),

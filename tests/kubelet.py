@@ -7,8 +7,9 @@ container states through the API server as a kubelet does, and when a pod is del
 processes and completes the deletion.
 
 A container's filesystem is this machine's, with two of a kubelet's duties done by hand: the
-pod's ConfigMap and emptyDir volumes are written into a directory of the pod's, and the
-container's mount paths in its variables and arguments are translated to that directory; a pod
+pod's ConfigMap, Secret and emptyDir volumes are written into a directory of the pod's, and the
+container's mount paths in its variables and arguments are translated to that directory (a
+Secret's keys reach its variables too); a pod
 with a service account gets a real token for it (TokenRequest) in a kubeconfig named by
 KUBECONFIG, so its programs act with exactly the rights RBAC gives that account.
 
@@ -20,12 +21,14 @@ environment.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,16 +57,21 @@ def _translated(text: str, mounts: dict[str, Path]) -> str:
     return text
 
 
-def container_environment(pod: dict, container: dict, mounts: dict[str, Path], base: dict[str, str]) -> dict[str, str]:
-    """The variables a container of this pod sees: `base`, then its spec's, fields resolved."""
+def container_environment(pod: dict, container: dict, mounts: dict[str, Path], base: dict[str, str],
+                          secret: Callable[[str, str], str] | None = None) -> dict[str, str]:
+    """The variables a container of this pod sees: `base`, then its spec's, fields resolved, and
+    keys of Secrets read through `secret(name, key)`."""
     fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
               "spec.nodeName": pod["spec"].get("nodeName", ""), "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
     env = dict(base)
     for variable in container.get("env") or []:
+        source = variable.get("valueFrom") or {}
         if "value" in variable:
             env[variable["name"]] = _translated(str(variable["value"]), mounts)
-        elif ((variable.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") in fields:
-            env[variable["name"]] = fields[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif (source.get("fieldRef") or {}).get("fieldPath") in fields:
+            env[variable["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source and secret is not None:
+            env[variable["name"]] = secret(source["secretKeyRef"]["name"], source["secretKeyRef"]["key"])
     return env
 
 
@@ -178,10 +186,10 @@ class Kubelet:
             target.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
                 source = self.core.read_namespaced_config_map(volume["configMap"]["name"], namespace)
-                mode = volume["configMap"].get("defaultMode", 0o644)
-                for key, value in (source.data or {}).items():
-                    (target / key).write_text(value)
-                    (target / key).chmod(mode)
+                _write_volume(target, volume["configMap"], {key: value.encode() for key, value in (source.data or {}).items()})
+            elif "secret" in volume:
+                secret = self.core.read_namespaced_secret(volume["secret"]["secretName"], namespace)
+                _write_volume(target, volume["secret"], {key: base64.b64decode(value) for key, value in (secret.data or {}).items()})
             volumes[volume["name"]] = target
         base = {"PATH": self.path, "HOME": str(directory), "HOSTNAME": name}
         account = pod["spec"].get("serviceAccountName")
@@ -194,9 +202,13 @@ class Kubelet:
             base["KUBECONFIG"] = str(kubeconfig)
         return volumes, base
 
+    def _secret_value(self, namespace: str, name: str, key: str) -> str:
+        return base64.b64decode(self.core.read_namespaced_secret(name, namespace).data[key]).decode()
+
     def _start(self, pod: dict, key: str, container: dict, volumes: dict[str, Path], base: dict[str, str]) -> subprocess.Popen:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts") or [] if m["name"] in volumes}
-        env = container_environment(pod, container, mounts, base)
+        namespace = pod["metadata"]["namespace"]
+        env = container_environment(pod, container, mounts, base, lambda name, key: self._secret_value(namespace, name, key))
         command = [_translated(str(part), mounts) for part in (container.get("command") or []) + (container.get("args") or [])]
         directory = self.pod_dir(pod["metadata"]["namespace"], pod["metadata"]["name"])
         with open(directory / f"{container['name']}.log", "ab") as log:
@@ -288,6 +300,17 @@ class Kubelet:
                 raise
         with self._lock:
             self.processes.pop(key, None)
+
+
+def _write_volume(target: Path, source: dict, data: dict[str, bytes]) -> None:
+    """A ConfigMap's or Secret's keys as files: each key, or the paths its `items` give them."""
+    mode = source.get("defaultMode", 0o644)
+    items = source.get("items") or [{"key": key, "path": key} for key in data]
+    for item in items:
+        path = target / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[item["key"]])
+        path.chmod(item.get("mode", mode))
 
 
 def kubectl_shim(args: list[str]) -> int:

@@ -53,6 +53,7 @@ def test_a_kept_ipuof_file_opens_no_later_partition_of_its_name(registered_pod, 
     keyless.write_text(json.dumps(document))
     failed_line(ipuof(pod, str(keyless)), "run", "p1_ipuof.conf", "the attach key is not partition p1's")
     assert pod.user("remove", "partition", "p1").code == 0
+    failed_line(ipuof(pod, str(stolen)), "run", "p1_ipuof.conf", "belongs to no partition")  # its partition is gone
     assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # the same id, on the same IPUs
     assert json.loads((pod.ipuof_dir / "p1_ipuof.conf").read_text())["devices"] == document["devices"]
     failed_line(ipuof(pod, str(stolen)), "run", "p1_ipuof.conf", "the attach key is not partition p1's")

@@ -13,10 +13,13 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 
 from tests.functional.harness import BIN, Result, failed_line, wait_until
 from tests.keystone import ADMIN_PASSWORD, Keystone
+from tests.kubecluster import KubeCluster
+from tests.kubelet import Kubelet
 from tests.ports import free_port
 from tests.processes import dying_with_parent
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
@@ -26,12 +29,16 @@ from vipu.model.entities import IldTopology
 
 pytestmark = pytest.mark.functional
 
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "vipu-vpod-rbac.yaml"
+
 
 class Site:
     """A site: its rack's agents (one process), `vipu-vpod init` and `vipu-vpod serve`."""
 
-    def __init__(self, directory: Path, machines: int = 16):
+    def __init__(self, directory: Path, machines: int = 16, env: dict[str, str] | None = None):
+        """`env`: vipu-vpod's environment (KUBECONFIG, say)."""
         self.directory = directory
+        self.env = env
         self.data = directory / "vpod"
         self.rack_path = directory / "site.yaml"
         self.rack = generate_rack(machines, topology=IldTopology.MESH, time_scale=0.001)
@@ -57,7 +64,7 @@ class Site:
         with open(self.directory / "vpod.log", "ab") as log:
             self.server = subprocess.Popen(
                 [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), "--rack", str(self.rack_path), "--port", str(self.port),
-                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT)
+                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT, env=self.env)
         wait_until(self._answers, timeout=60, what="vipu-vpod")
 
     def _answers(self) -> bool:
@@ -145,6 +152,11 @@ def test_two_tenants_get_controllers_of_their_own_and_a_release_leaves_machines_
     assert user(acme, "create", "partition", "a1", "--size", "32").code == 0
     assert user(bravo, "create", "partition", "b1", "--size", "8").code == 0
     assert site.held("m01") == ["a1"] and site.held("m09") == ["b1"]
+    # a tenant's controller that dies is started again by the orchestrator and resumes from its store
+    killed = site.controller_pids()[acme_id]
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: site.controller_pids().get(acme_id, killed) != killed and " a1 " in user(acme, "list", "partitions").out,
+               timeout=60, what="acme's controller to be started again with its partition")
     # acme's controller cannot configure bravo's machines, even as its administrator, nor take them
     acme_admin = site.data / "vpods" / acme_id / "vpod-admin.vipu-cli.hcl"
     register = [str(BIN / "vipu-admin"), "--config", str(acme_admin), "create", "agent", "stolen", "--host", "127.0.0.1",
@@ -334,3 +346,73 @@ def test_with_a_release_test_the_machines_a_failing_cable_joins_are_held_back_un
         assert site.rest("GET", f"/v1/vpods/{charlie_id}")["vpod"]["machines"] == ["m01", "m02"]
     finally:
         site.stop()
+
+
+def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_its_own_database(tmp_path, postgres):
+    """With a namespace, a vPOD's controller is a Deployment (real API server, Deployment and
+    ReplicaSet controllers, scheduler; the test kubelet runs pods as processes here), its store a
+    PostgreSQL database of its own: a pod deleted, or the Deployment itself, comes back with the
+    tenant's partitions; a release leaves no object behind and keeps the database."""
+    kube = KubeCluster(workload_controllers=True)
+    kubelet = site = None
+    try:
+        kube.add_node("vpod-host")
+        kube.kubectl("create", "namespace", "vpods")
+        kube.kubectl("apply", "-f", str(RBAC))  # vipu-vpod acts with the rights the project documents, no more
+        token = kube.kubectl("create", "token", "vipu-vpod", "--namespace", "vpods", "--duration", "1h").stdout.strip()
+        kubeconfig = kube.write_kubeconfig(tmp_path / "vipu-vpod.kubeconfig", {"token": token})
+        kubelet = Kubelet(kube, tmp_path / "kubelet", path=[str(BIN)])
+        site = Site(tmp_path / "site", machines=4, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+        site.serve("--kubernetes-namespace", "vpods", "--kubernetes-image", "registry.example/vipu:test", "--kubernetes-store",
+                   postgres.url("postgres"), "--kubernetes-controller-host", "127.0.0.1")
+        acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
+        config = tmp_path / "acme" / "acme.vipu-cli.hcl"
+
+        def user(*args: str) -> Result:
+            done = subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
+            return Result(done.returncode, done.stdout, done.stderr)
+
+        def objects(kind: str) -> list[dict]:
+            return json.loads(kube.kubectl("get", kind, "--namespace", "vpods", "-o", "json").stdout)["items"]
+
+        (deployment,) = objects("deployments")
+        name = deployment["metadata"]["name"]
+        assert deployment["metadata"]["annotations"]["vipu.graphcore.ai/vpod-id"] == acme_id
+        assert [o["metadata"]["name"] for o in objects("services")] == [name]
+        assert name in [o["metadata"]["name"] for o in objects("secrets")]
+        assert site.controller_pids() == {}  # no controller of this host's
+        assert user("create", "partition", "p1", "--size", "8").code == 0
+        assert site.held("m01") == ["p1"]
+
+        def running_pod() -> str | None:
+            pods = [p for p in objects("pods") if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+            return pods[0]["metadata"]["uid"] if len(pods) == 1 else None
+
+        def answers_with_p1() -> bool:
+            listed = user("list", "partitions")
+            return listed.code == 0 and " p1 " in listed.out and "ACTIVE" in listed.out
+
+        first = running_pod()
+        assert first is not None
+        kube.kubectl("delete", "pod", "--namespace", "vpods", "--all", "--wait=false")
+        wait_until(lambda: running_pod() not in (None, first) and answers_with_p1(), timeout=90,
+                   what="the ReplicaSet's new pod to serve the tenant's partition from its store")
+        kube.kubectl("delete", "deployment", name, "--namespace", "vpods")
+        wait_until(lambda: [d["metadata"]["name"] for d in objects("deployments")] == [name] and answers_with_p1(), timeout=90,
+                   what="vipu-vpod's supervisor to make the Deployment again")
+        assert user("create", "partition", "p2", "--size", "4").code == 0
+
+        released = site.vpod("release", acme_id)
+        assert released.code == 0, released.err
+        assert objects("deployments") == [] and objects("services") == [] and objects("pods") == []
+        assert name not in [o["metadata"]["name"] for o in objects("secrets")]
+        assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
+        with psycopg.connect(postgres.url(f"vpod-{acme_id}")) as archive:  # the tenant's store, kept
+            assert sorted(row[0] for row in archive.execute("SELECT id FROM users")) == ["acme", "vpod-admin"]
+            assert sorted(row[0] for row in archive.execute("SELECT id FROM agents")) == ["m01", "m02", "m03", "m04"]
+    finally:
+        if site is not None:
+            site.stop()
+        if kubelet is not None:
+            kubelet.stop()
+        kube.stop()

@@ -127,8 +127,9 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.version_option(__version__, prog_name="vipu-server")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True,
               help="Where the default SQLite store, the simulated rack and agent logs live.")
-@click.option("--db", "db_url", default=None,
-              help="Store URL: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB. Default: DATA_DIR/vipu.db.")
+@click.option("--db", "db_url", default=None, envvar="VIPU_SERVER_DB",
+              help="Store URL: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB (or VIPU_SERVER_DB, which keeps a "
+                   "password out of the process list). Default: DATA_DIR/vipu.db.")
 @click.option("--listen-address", default="0.0.0.0", show_default=True, help="Address of the user end-point.")
 @click.option("--port", default=8090, show_default=True, help="Port of the user end-point.")
 @click.option("--admin-listen-address", default=None, help="Address of the admin end-point. Default: --listen-address.")

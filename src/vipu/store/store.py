@@ -41,7 +41,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from vipu.model import lifecycle
@@ -141,7 +141,7 @@ def _partition_update(columns: tuple[str, ...]):
 DELETE_PARTITION_IN_STATE = delete(PARTITIONS).where(_in_state())
 
 
-def _first_line(error: OperationalError) -> str:
+def _first_line(error: DBAPIError) -> str:
     """What the database said, without SQLAlchemy's statement and background link."""
     return (str(error.orig).splitlines() or ["no reason given"])[0]
 

@@ -114,11 +114,21 @@ def init(data_dir, db_url, tls_hosts):
 @click.option("--keystone-admin-project", default="admin", show_default=True,
               help="Holders of the administrators' role on this project are site administrators; other projects are tenants.")
 @click.option("--keystone-admin-role", default="admin", show_default=True)
+@click.option("--kubernetes-namespace", default=None,
+              help="Run tenants' controllers as Deployments in this namespace (KUBECONFIG, or the pod's service account), "
+                   "not as processes of this host.")
+@click.option("--kubernetes-image", default=None, help="With --kubernetes-namespace: the image holding vipu-server.")
+@click.option("--kubernetes-store", default=None,
+              help="With --kubernetes-namespace: a PostgreSQL server URL whose user may create databases; each tenant's "
+                   "controller gets one of its own, kept when its vPOD is released.")
+@click.option("--kubernetes-controller-host", default=None,
+              help="With --kubernetes-namespace: where the controllers are reached. Default: each one's Service, NAME.NAMESPACE.svc.")
 @click.option("--test-on-release", is_flag=True,
               help="Run the cluster test on a vPOD's machines when it is released; those it fails on are held back from the pool.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
-          keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, test_on_release, log_level):
+          keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
+          kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     import uvicorn
 
@@ -127,7 +137,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
     from vipu.vpod.identity import KeystoneTokens
     from vipu.vpod.orchestrator import Orchestrator
     from vipu.vpod.site import read_site, site_machines
-    from vipu.vpod.tenants import TenantControllers
+    from vipu.vpod.tenants import LocalControllers, TenantControllers
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
@@ -137,9 +147,17 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         rack = read_site(rack_path)
         store.add_machines(site_machines(rack))
         site = site_tls(data_dir)
-        tenants = TenantControllers(data_dir, site, advertise_host, f"localhost,127.0.0.1,{advertise_host}")
-        orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, advertise_host,
-                                    test_on_release)
+        tenants: TenantControllers
+        if kubernetes_namespace:
+            if not kubernetes_image or not kubernetes_store:
+                raise InvalidArgument("--kubernetes-namespace needs --kubernetes-image and --kubernetes-store too")
+            from vipu.vpod.kubernetes import KubernetesControllers
+
+            tenants = KubernetesControllers(data_dir, site, kubernetes_namespace, kubernetes_image, kubernetes_store,
+                                            kubernetes_controller_host)
+        else:
+            tenants = LocalControllers(data_dir, site, advertise_host, advertise_host)
+        orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, test_on_release)
         orchestrator.resume()
         tokens = None
         if keystone_url:

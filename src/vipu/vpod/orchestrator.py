@@ -68,7 +68,7 @@ class Credentials:
 
 class Orchestrator:
     def __init__(self, store: VpodStore, rack: Rack, tenants: TenantControllers, agents: SiteAgents,
-                 port_base: int = 9100, advertise_host: str = "127.0.0.1", test_on_release: bool = False):
+                 port_base: int = 9100, test_on_release: bool = False):
         """`test_on_release`: a machine goes back to the pool only once the cluster test passed on it."""
         self.test_on_release = test_on_release
         self.store = store
@@ -76,7 +76,6 @@ class Orchestrator:
         self.tenants = tenants
         self.agents = agents
         self.port_base = port_base
-        self.advertise_host = advertise_host
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -187,7 +186,7 @@ class Orchestrator:
     def _write_user_config(self, vpod: Vpod, key: str) -> None:
         tls = self.tenants.tls(vpod.id)
         user_port, admin_port, _ = vpod.ports
-        settings = ClientSettings(self.advertise_host, user_port, vpod.user_id, key, tls.ca_for(tls.client_dir), tls.client_cert,
+        settings = ClientSettings(self.tenants.host(vpod.id), user_port, vpod.user_id, key, tls.ca_for(tls.client_dir), tls.client_cert,
                                   tls.client_key)
         write_client_config(self._user_config(vpod.id, vpod.user_id), settings, admin_port=admin_port)
 
@@ -201,7 +200,7 @@ class Orchestrator:
         except OSError as error:
             raise Unavailable(f"the credentials of vPOD {vpod_id} are missing ({error.strerror}); release it and create another") from None
         tls = self.tenants.tls(vpod_id)
-        return Credentials(vpod.user_id, str(settings["api-access-key"]), self.advertise_host, vpod.ports[0], vpod.ports[1],
+        return Credentials(vpod.user_id, str(settings["api-access-key"]), self.tenants.host(vpod_id), vpod.ports[0], vpod.ports[1],
                            tls.ca_for(tls.client_dir).read_bytes(), tls.client_cert.read_bytes(), tls.client_key.read_bytes())
 
     # Releasing

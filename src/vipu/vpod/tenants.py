@@ -1,14 +1,22 @@
-"""Each vPOD's own controller: a secure `vipu-server` in a directory of its own, kept running.
+"""Each vPOD's own controller: a secure `vipu-server` with a store and certificates of its own, kept running.
 
-A tenant's directory holds its controller's store (SQLite), its certificates (its own authority
-for its users; for the agent link, a certificate the site issued, named `vpod-<id>`, and no key
-to take machines with), the orchestrator's administrator configuration for it, the log and the
-process id. The controllers run in sessions of their own: they outlive an orchestrator that
-stops or dies, and a new one adopts them by their process ids.
+The orchestrator keeps a directory per vPOD: the controller's certificates (its own authority for
+its users; for the agent link, a certificate the site issued, named `vpod-<id>`, and no key to
+take machines with) and the orchestrator's administrator configuration for it. Where the
+controller runs is the runner's business:
+
+- `LocalControllers` (the embedded default): processes on this host, in sessions of their own,
+  with the store (SQLite), log and process id in that directory. They outlive an orchestrator
+  that stops or dies, and a new one adopts them by their process ids.
+- `vipu.vpod.kubernetes.KubernetesControllers`: a Deployment per vPOD, its store a PostgreSQL
+  database of its own.
+
+Both are kept running by `supervise`, and stopped for good only by a release.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import logging
@@ -33,6 +41,7 @@ log = logging.getLogger(__name__)
 ADMIN_USER = "vpod-admin"  # the orchestrator's administrator in each tenant's controller
 START_DEADLINE_SECONDS = 60.0
 STOP_DEADLINE_SECONDS = 30.0
+SERVER_PROGRAM = "vipu-server"
 
 
 def controller_name(vpod_id: str) -> str:
@@ -40,16 +49,17 @@ def controller_name(vpod_id: str) -> str:
     return f"vpod-{vpod_id}"
 
 
-class TenantControllers:
-    def __init__(self, root: Path, site: TlsFiles, listen_address: str = "127.0.0.1", tls_hosts: str = "localhost,127.0.0.1"):
+class TenantControllers(abc.ABC):
+    """What every runner shares: the vPODs' directories, preparing a controller, reaching it."""
+
+    def __init__(self, root: Path, site: TlsFiles):
         self.root = root
         self.site = site
-        self.listen_address = listen_address
-        self.tls_hosts = tls_hosts
-        self.server_program = Path(sys.executable).with_name("vipu-server")
+        self.server_program = Path(sys.executable).with_name(SERVER_PROGRAM)
         self._lock = threading.Lock()
-        self._children: dict[str, subprocess.Popen] = {}  # those this orchestrator started, to reap when they end
         self._stopping: set[str] = set()  # released: not to be started again by the supervisor
+
+    # Where things are
 
     def directory(self, vpod_id: str) -> Path:
         return self.root / "vpods" / vpod_id
@@ -63,6 +73,40 @@ class TenantControllers:
     def tls(self, vpod_id: str) -> TlsFiles:
         return TlsFiles(self.directory(vpod_id) / "vipu-certs")
 
+    @abc.abstractmethod
+    def host(self, vpod_id: str) -> str:
+        """Where the vPOD's controller is reached, by the orchestrator and by the tenant's users."""
+
+    @abc.abstractmethod
+    def tls_hosts(self, vpod_id: str) -> str:
+        """The names the controller's server certificate covers: H1,H2,..."""
+
+    @abc.abstractmethod
+    def db_url(self, vpod_id: str) -> str:
+        """The URL of the controller's store."""
+
+    @abc.abstractmethod
+    def _fresh_store(self, vpod_id: str) -> None:
+        """An empty store for the controller, whatever an interrupted preparation left."""
+
+    # Life
+
+    @abc.abstractmethod
+    def alive(self, vpod_id: str) -> bool:
+        """Whether the controller runs, or is kept running by its runner."""
+
+    @abc.abstractmethod
+    def _launch(self, vpod: Vpod) -> None:
+        """Set the controller running (the caller holds the lock and found it not alive)."""
+
+    @abc.abstractmethod
+    def _halt(self, vpod_id: str) -> None:
+        """Stop the controller for good, within a deadline."""
+
+    @abc.abstractmethod
+    def _why_not_ready(self, vpod_id: str) -> str | None:
+        """The reason the controller cannot answer (it exited, say), or None while it may yet."""
+
     def prepare(self, vpod: Vpod) -> None:
         """The controller's store, certificates and the orchestrator's administrator in it. What an
         interrupted attempt left is made again, except the site's certificate, issued once."""
@@ -70,8 +114,9 @@ class TenantControllers:
         if (directory / "prepared").exists():
             return
         directory.mkdir(parents=True, exist_ok=True)
-        for leftover in [*directory.glob("vipu.db*"), *directory.glob("*.vipu-cli.hcl")]:
+        for leftover in directory.glob("*.vipu-cli.hcl"):
             leftover.unlink()
+        self._fresh_store(vpod.id)
         for leftover in (tls.root / "ca", tls.server_dir, tls.client_dir):
             shutil.rmtree(leftover, ignore_errors=True)
         if not tls.controller_cert.exists():  # the certificate is written last: a key without it is an interrupted issue
@@ -81,7 +126,7 @@ class TenantControllers:
         try:
             done = subprocess.run(
                 [str(self.server_program), "--init", "--secure", "--db", self.db_url(vpod.id), "--tls-dir", str(tls.root),
-                 "--tls-hosts", self.tls_hosts, "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port",
+                 "--tls-hosts", self.tls_hosts(vpod.id), "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port",
                  str(admin_port)], cwd=directory, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as error:
             raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {error}") from None
@@ -90,8 +135,84 @@ class TenantControllers:
             raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {reason}")
         (directory / "prepared").write_text("")
 
+    def start(self, vpod: Vpod) -> None:
+        """Start the controller unless it runs; return once it answers its administrator."""
+        with self._lock:
+            self._stopping.discard(vpod.id)
+            if not self.alive(vpod.id):
+                try:
+                    self._launch(vpod)
+                except OSError as error:
+                    raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {error}") from None
+        self.wait_ready(vpod.id)
+
+    def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
+        return AdminClient.connect(self.host(vpod_id), config=self.admin_config(vpod_id), timeout=timeout)
+
+    def wait_ready(self, vpod_id: str, deadline_seconds: float = START_DEADLINE_SECONDS) -> None:
+        deadline = time.monotonic() + deadline_seconds
+        while True:
+            reason = self._why_not_ready(vpod_id)
+            if reason is not None:
+                raise Unavailable(f"the controller of vPOD {vpod_id} {reason}")
+            try:
+                with self.admin(vpod_id, timeout=2.0) as admin:
+                    admin.list_agents()
+                return
+            except VipuError as error:
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"the controller of vPOD {vpod_id} did not answer within {deadline_seconds:.0f} s: "
+                                      f"{error.message}") from None
+            time.sleep(0.2)
+
+    def stop(self, vpod_id: str) -> None:
+        """Stop the controller; the supervisor leaves it stopped."""
+        with self._lock:
+            self._stopping.add(vpod_id)
+        self._halt(vpod_id)
+
+    def supervise(self, running: Callable[[], list[Vpod]], stop: threading.Event, interval: float = 1.0) -> None:
+        """Restart, every `interval` seconds, the controller of each vPOD that should run and does not."""
+        while not stop.wait(interval):
+            for vpod in running():
+                if stop.is_set():
+                    return
+                if not self.alive(vpod.id) and (self.directory(vpod.id) / "prepared").exists():
+                    try:
+                        with self._lock:  # looked at again: a release may be stopping it
+                            if vpod.id not in self._stopping and not self.alive(vpod.id) and vpod.id in {v.id for v in running()}:
+                                log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
+                                self._launch(vpod)
+                    except (OSError, VipuError) as error:
+                        log.warning("vPOD %s: cannot start its controller: %s", vpod.id, error)
+            self._reap()
+
+    @abc.abstractmethod
+    def _reap(self) -> None:
+        """Collect what ended of the controllers this orchestrator started, if that is its to do."""
+
+
+class LocalControllers(TenantControllers):
+    """Controllers as processes of this host, each with a SQLite store in its vPOD's directory."""
+
+    def __init__(self, root: Path, site: TlsFiles, listen_address: str = "127.0.0.1", advertise_host: str = "127.0.0.1"):
+        super().__init__(root, site)
+        self.listen_address = listen_address
+        self.advertise_host = advertise_host
+        self._children: dict[str, subprocess.Popen] = {}  # those this orchestrator started, to reap when they end
+
+    def host(self, vpod_id: str) -> str:
+        return self.advertise_host
+
+    def tls_hosts(self, vpod_id: str) -> str:
+        return f"localhost,127.0.0.1,{self.advertise_host}"
+
     def db_url(self, vpod_id: str) -> str:
         return f"sqlite:///{self.directory(vpod_id) / 'vipu.db'}"
+
+    def _fresh_store(self, vpod_id: str) -> None:
+        for leftover in self.directory(vpod_id).glob("vipu.db*"):
+            leftover.unlink()
 
     def _pid(self, vpod_id: str) -> int | None:
         """The controller's process id while it runs: a child of ours, or one an earlier
@@ -112,18 +233,13 @@ class TenantControllers:
     def alive(self, vpod_id: str) -> bool:
         return self._pid(vpod_id) is not None
 
-    def start(self, vpod: Vpod) -> None:
-        """Start the controller unless it runs; return once it answers its administrator."""
-        with self._lock:
-            self._stopping.discard(vpod.id)
-            if not self.alive(vpod.id):
-                try:
-                    self._spawn(vpod)
-                except OSError as error:
-                    raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {error}") from None
-        self.wait_ready(vpod.id)
+    def _why_not_ready(self, vpod_id: str) -> str | None:
+        if self.alive(vpod_id):
+            return None
+        tail = (self.directory(vpod_id) / "server.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return f"exited: {tail[0] if tail else 'no log'}"
 
-    def _spawn(self, vpod: Vpod) -> None:
+    def _launch(self, vpod: Vpod) -> None:
         directory = self.directory(vpod.id)
         user_port, admin_port, metrics_port = vpod.ports
         with open(directory / "server.log", "ab") as out:
@@ -136,29 +252,9 @@ class TenantControllers:
         write_file(directory / "controller.pid", str(process.pid).encode())
         log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
 
-    def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
-        return AdminClient.connect(config=self.admin_config(vpod_id), timeout=timeout)
-
-    def wait_ready(self, vpod_id: str, deadline_seconds: float = START_DEADLINE_SECONDS) -> None:
-        deadline = time.monotonic() + deadline_seconds
-        while True:
-            if not self.alive(vpod_id):
-                tail = (self.directory(vpod_id) / "server.log").read_text(errors="replace").strip().splitlines()[-1:]
-                raise Unavailable(f"the controller of vPOD {vpod_id} exited: {tail[0] if tail else 'no log'}")
-            try:
-                with self.admin(vpod_id, timeout=2.0) as admin:
-                    admin.list_agents()
-                return
-            except VipuError as error:
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"the controller of vPOD {vpod_id} did not answer within {deadline_seconds:.0f} s: "
-                                      f"{error.message}") from None
-            time.sleep(0.2)
-
-    def stop(self, vpod_id: str) -> None:
-        """Stop the controller (SIGTERM, then SIGKILL after a deadline); the supervisor leaves it stopped."""
+    def _halt(self, vpod_id: str) -> None:
+        """SIGTERM, then SIGKILL after a deadline."""
         with self._lock:
-            self._stopping.add(vpod_id)
             pid = self._pid(vpod_id)
         if pid is None:
             return
@@ -176,23 +272,10 @@ class TenantControllers:
         if child is not None:
             child.wait(timeout=STOP_DEADLINE_SECONDS)
 
-    def supervise(self, running: Callable[[], list[Vpod]], stop: threading.Event, interval: float = 1.0) -> None:
-        """Restart, every `interval` seconds, the controller of each vPOD that should run and does not."""
-        while not stop.wait(interval):
-            for vpod in running():
-                if stop.is_set():
-                    return
-                if not self.alive(vpod.id) and (self.directory(vpod.id) / "prepared").exists():
-                    try:
-                        with self._lock:  # looked at again: a release may be stopping it
-                            if vpod.id not in self._stopping and not self.alive(vpod.id) and vpod.id in {v.id for v in running()}:
-                                log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
-                                self._spawn(vpod)
-                    except (OSError, VipuError) as error:
-                        log.warning("vPOD %s: cannot start its controller: %s", vpod.id, error)
-            with self._lock:
-                for child in self._children.values():
-                    child.poll()  # reaps one that ended
+    def _reap(self) -> None:
+        with self._lock:
+            for child in self._children.values():
+                child.poll()  # reaps one that ended
 
 
 def _zombie(pid: int) -> bool:
