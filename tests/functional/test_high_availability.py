@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,13 @@ def test_standbys_refuse_and_name_the_leader(replicated):
         "list partitions: failed: this vipu-server is a standby replica; the leader is at "
         f"127.0.0.1, user port {leader.user_port}, admin port {leader.admin_port}."
     ]
+    def readiness(replica: Replica) -> int:  # what a Kubernetes readiness probe or a load balancer sees
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/readyz", timeout=2).status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    assert readiness(leader) == 200 and readiness(standby) == 503
     # Listed first, the standby is passed over for the leader.
     hosts = ",".join([standby.address, leader.address])
     assert cli("vipu", hosts, "create", "partition", "p1", "--size", "4", cwd=pod.directory).out == "create partition (p1): success.\n"

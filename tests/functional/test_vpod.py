@@ -3,6 +3,7 @@ through agent ownership, tenants kept apart, releases that leave machines clean 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -225,6 +226,11 @@ def check_invariants(site: Site) -> dict[str, dict]:
 
 
 def test_kill_9_of_the_orchestrator_at_any_step_of_a_create_or_release_leaves_the_invariants(site, tmp_path):
+    """Releases run the cluster test too: one the orchestrator died in is followed, not doubted."""
+    assert site.server is not None
+    site.server.terminate()
+    site.server.wait(timeout=30)
+    site.serve("--test-on-release")
     env = {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{site.port}", "VIPU_VPOD_KEY": site.key}
     # seconds after a create reserved its machines, and after a release began, at which vipu-vpod dies
     for n, (into_create, into_release) in enumerate([(0.0, 0.3), (0.9, 0.0), (1.8, 0.6)]):
@@ -244,6 +250,7 @@ def test_kill_9_of_the_orchestrator_at_any_step_of_a_create_or_release_leaves_th
         site.serve()
         assert vpod_id not in check_invariants(site), killed_at
         assert site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Released"
+        assert [m["name"] for m in site.rest("GET", "/v1/machines")["machines"] if m["held_back"]] == [], killed_at
 
 
 def _kill_after(site: Site, start: int, marker: str, seconds: float) -> str:
@@ -357,9 +364,8 @@ def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_
     kubelet = site = None
     try:
         kube.add_node("vpod-host")
-        kube.kubectl("create", "namespace", "vpods")
         kube.kubectl("apply", "-f", str(RBAC))  # vipu-vpod acts with the rights the project documents, no more
-        token = kube.kubectl("create", "token", "vipu-vpod", "--namespace", "vpods", "--duration", "1h").stdout.strip()
+        token = kube.kubectl("create", "token", "vipu-vpod", "--namespace", "vipu-vpod", "--duration", "1h").stdout.strip()
         kubeconfig = kube.write_kubeconfig(tmp_path / "vipu-vpod.kubeconfig", {"token": token})
         kubelet = Kubelet(kube, tmp_path / "kubelet", path=[str(BIN)])
         site = Site(tmp_path / "site", machines=4, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
@@ -379,10 +385,16 @@ def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_
         name = deployment["metadata"]["name"]
         assert deployment["metadata"]["annotations"]["vipu.graphcore.ai/vpod-id"] == acme_id
         assert [o["metadata"]["name"] for o in objects("services")] == [name]
-        assert name in [o["metadata"]["name"] for o in objects("secrets")]
+        (secret,) = [o for o in objects("secrets") if o["metadata"]["name"] == name]
+        assert sorted(secret["data"]) == ["controller__ca.pem", "controller__controller-key.pem", "controller__controller.pem",
+                                          "server__ca.pem", "server__server-key.pem", "server__server.pem", "store-url"]  # no CA key
+        store_url = base64.b64decode(secret["data"]["store-url"]).decode()
+        assert f"://vpod-{acme_id}:" in store_url and store_url.endswith(f"/vpod-{acme_id}")  # a role and database of its own
         assert site.controller_pids() == {}  # no controller of this host's
         assert user("create", "partition", "p1", "--size", "8").code == 0
         assert site.held("m01") == ["p1"]
+        metrics_port = site.rest("GET", f"/v1/vpods/{acme_id}")["vpod"]["metrics_port"]
+        assert urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=5).status == 200  # it leads its store
 
         def running_pod() -> str | None:
             pods = [p for p in objects("pods") if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
@@ -410,6 +422,9 @@ def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_
         with psycopg.connect(postgres.url(f"vpod-{acme_id}")) as archive:  # the tenant's store, kept
             assert sorted(row[0] for row in archive.execute("SELECT id FROM users")) == ["acme", "vpod-admin"]
             assert sorted(row[0] for row in archive.execute("SELECT id FROM agents")) == ["m01", "m02", "m03", "m04"]
+            assert archive.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (f"vpod-{acme_id}",)).fetchone() == (False,)
+            (access,) = archive.execute("SELECT datacl FROM pg_database WHERE datname = %s", (f"vpod-{acme_id}",)).fetchone()
+            assert not any(entry.startswith("=") and "c" in entry.split("/")[0] for entry in access)  # PUBLIC may not connect
     finally:
         if site is not None:
             site.stop()

@@ -50,6 +50,11 @@ class Leadership:
     def leading(self) -> bool:
         return time.monotonic() < self._valid_until
 
+    @property
+    def ready(self) -> bool:
+        """Whether this replica leads and serves: what a load balancer's readiness check asks."""
+        return self._serving.is_set() and self.leading
+
     def start(self) -> None:
         self._thread.start()
 
@@ -59,7 +64,7 @@ class Leadership:
 
     def admit(self) -> None:
         """Raise `Standby` unless this replica leads and serves."""
-        if self._serving.is_set() and self.leading:
+        if self.ready:
             return
         if self.leading:
             raise Standby("this vipu-server has just been elected leader and is taking over; try again in a moment", self.address)

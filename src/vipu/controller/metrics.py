@@ -1,15 +1,22 @@
-"""The controller's Prometheus metrics: entities by state, and requests by method.
+"""The controller's Prometheus metrics: entities by state, and requests by method; and whether it
+is ready to serve.
 
 Entity figures are read from the store at each scrape, so they are never stale and cost nothing
 between scrapes. Request counts and latencies are recorded by the gRPC interceptor of both
-end-points (`vipu.api.status.GuardInterceptor`).
+end-points (`vipu.api.status.GuardInterceptor`). The same HTTP end-point answers `/readyz` with
+200 while this controller serves requests and 503 while it stands by (`--ha`), so that a load
+balancer or a Kubernetes readiness probe sends clients to the leader only.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as Tally
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
@@ -85,8 +92,28 @@ class ControllerMetrics:
     def count_failed_login(self, reason: str) -> None:
         self.failed_logins.labels(reason).inc()
 
-    def serve(self, host: str, port: int) -> None:
+    def serve(self, host: str, port: int, ready: Callable[[], bool] = lambda: True) -> None:
+        """The metrics, and `/readyz` answering whether `ready()`, on a thread of their own."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            if environ.get("PATH_INFO") == "/readyz":
+                serving = ready()
+                start_response("200 OK" if serving else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"serving\n" if serving else b"standing by\n"]
+            return metrics(environ, start_response)
+
         try:
-            start_http_server(port, addr=host, registry=self.registry)
+            server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
         except OSError as error:
             raise Unavailable(f"cannot serve metrics on {host}:{port}: {error.strerror}") from error
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:
+        """Scrapes and probes are not worth a log line each."""

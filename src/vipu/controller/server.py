@@ -134,7 +134,7 @@ class Controller:
         self._servers.append(self._serve(c.listen_address, c.port, self._register_user, admin_only=False))
         self._servers.append(self._serve(c.admin_listen_address, c.admin_port, self._register_admin, admin_only=True))
         if c.metrics_port:
-            self.metrics.serve(c.listen_address, c.metrics_port)
+            self.metrics.serve(c.listen_address, c.metrics_port, ready=lambda: self.leadership is None or self.leadership.ready)
         if self.leadership is None:
             self._start_health()
         else:

@@ -9,22 +9,24 @@ an orchestrator started again after a crash resumes where the last one stopped.
 
 from __future__ import annotations
 
+import secrets
 import time
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import JSON, CursorResult, Float, Integer, String, Update, create_engine, event, select, text, update
+from sqlalchemy import JSON, Boolean, CursorResult, Float, Integer, String, Update, create_engine, event, false, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, Unavailable, VipuError
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, Unavailable
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, checked_url
 
-SCHEMA_VERSION = 2  # 2: site_machines.held_back
-MIGRATIONS = {2: "ALTER TABLE site_machines ADD COLUMN held_back VARCHAR(1000) NOT NULL DEFAULT ''"}
+SCHEMA_VERSION = 2  # 2: site_machines.held_back, vpods.release_test
+MIGRATIONS = {2: ["ALTER TABLE site_machines ADD COLUMN held_back VARCHAR(1000) NOT NULL DEFAULT ''",
+                  "ALTER TABLE vpods ADD COLUMN release_test BOOLEAN NOT NULL DEFAULT FALSE"]}
 
 
 class VpodBase(DeclarativeBase):
@@ -38,7 +40,7 @@ class SiteMachineRow(VpodBase):
     host: Mapped[str] = mapped_column(String(255))
     port: Mapped[int] = mapped_column(Integer)
     vpod_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
-    held_back: Mapped[str] = mapped_column(String(1000), default="")  # why it stays out of the pool; "" when it may be handed out
+    held_back: Mapped[str] = mapped_column(String(1000), default="", server_default="")  # why it stays out of the pool; "" if not
 
 
 class VpodRow(VpodBase):
@@ -55,6 +57,7 @@ class VpodRow(VpodBase):
     error: Mapped[str] = mapped_column(String(1000), default="")
     created_at: Mapped[float] = mapped_column(Float)
     released_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    release_test: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # its release runs the cluster test
 
 
 class VpodMetaRow(VpodBase):
@@ -91,6 +94,7 @@ class Vpod:
     error: str = ""
     created_at: float = 0.0
     released_at: float | None = None
+    release_test: bool = False
 
 
 def _changed(session: Session, statement: Update) -> int:
@@ -100,7 +104,7 @@ def _changed(session: Session, statement: Update) -> int:
 
 def _vpod(row: VpodRow) -> Vpod:
     return Vpod(row.id, row.tenant, row.state, row.step, list(row.machines), row.topology, row.ilds, row.user_id,
-                list(row.ports), row.error or "", row.created_at, row.released_at)
+                list(row.ports), row.error or "", row.created_at, row.released_at, bool(row.release_test))
 
 
 class VpodStore:
@@ -132,11 +136,12 @@ class VpodStore:
         if row is None:
             session.add(VpodMetaRow(key="schema_version", value=str(SCHEMA_VERSION)))
         elif int(row.value) > SCHEMA_VERSION:
-            raise VipuError(f"the orchestrator's store at {self.describe()} has schema version {row.value}, newer than this "
-                            f"vipu-vpod's {SCHEMA_VERSION}; upgrade vipu-vpod")
+            raise Conflict(f"the orchestrator's store at {self.describe()} has schema version {row.value}, newer than this "
+                           f"vipu-vpod's {SCHEMA_VERSION}; upgrade vipu-vpod")
         elif int(row.value) < SCHEMA_VERSION:
             for version in range(int(row.value) + 1, SCHEMA_VERSION + 1):
-                session.execute(text(MIGRATIONS[version]))
+                for statement in MIGRATIONS[version]:
+                    session.execute(text(statement))
             row.value = str(SCHEMA_VERSION)
 
     @contextmanager
@@ -166,6 +171,15 @@ class VpodStore:
     def set_setting(self, key: str, value: str) -> None:
         with self.session() as session:
             session.merge(VpodMetaRow(key=key, value=value))
+
+    def site_id(self) -> str:
+        """This orchestrator's own id, made once: it marks what it makes in places others share."""
+        with self.session() as session:
+            row = session.get(VpodMetaRow, "site_id")
+            if row is None:
+                row = VpodMetaRow(key="site_id", value=secrets.token_hex(8))
+                session.add(row)
+            return row.value
 
     # Machines
 
@@ -265,13 +279,15 @@ class VpodStore:
             if moved != 1:
                 raise ConcurrentUpdate(f"vPOD {vpod_id} is no longer {expected_state} at step {from_step}")
 
-    def start_release(self, vpod_id: str) -> Vpod:
-        """Mark a vPOD Releasing (from any state but Released), keeping its step; the vPOD."""
+    def start_release(self, vpod_id: str, test: bool = False) -> Vpod:
+        """Mark a vPOD Releasing (from any state but Released), keeping its step; the vPOD. `test`:
+        the release runs the cluster test, as does one begun so before and resumed without it."""
         with self.session() as session:
             row = session.get(VpodRow, vpod_id)
             if row is None or row.state == "Released":
                 raise NotFound(f"vPOD {vpod_id} does not exist")
             row.state = "Releasing"
+            row.release_test = bool(row.release_test) or test
             return _vpod(row)
 
     def finish_release(self, vpod_id: str, from_step: str) -> None:

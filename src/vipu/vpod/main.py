@@ -26,12 +26,13 @@ from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certificate
 from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
 from vipu.client.settings import ClientSettings, write_client_config
-from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.store.vpods import VpodStore
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
 KEY_FILE = "admin.key"
 DEFAULT_URL = "http://127.0.0.1:8095"
+CALL_DEADLINE_SECONDS = 1800.0  # a release with its cluster test, on a large vPOD, takes a while
 
 data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=str(DATA_DIR),
                                show_default=True, help="The orchestrator's directory: store, certificates, tenants' controllers.")
@@ -102,8 +103,8 @@ def init(data_dir, db_url, tls_hosts):
               help="The site's rack description: machines in rack order, their agents, the cables.")
 @click.option("--listen-address", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8095, show_default=True)
-@click.option("--advertise-host", default="127.0.0.1", show_default=True,
-              help="The address tenants reach their controllers at; their listen address too.")
+@click.option("--advertise-host", default=None,
+              help="The address tenants reach their controllers at; their listen address too. Default: 127.0.0.1.")
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=9100, show_default=True,
               help="Tenants' controllers take three ports each from here: user, admin, metrics.")
 @click.option("--keystone-url", default=None, help="Accept OpenStack Keystone tokens, checked at this identity API (http://HOST:5000/v3).")
@@ -118,9 +119,10 @@ def init(data_dir, db_url, tls_hosts):
               help="Run tenants' controllers as Deployments in this namespace (KUBECONFIG, or the pod's service account), "
                    "not as processes of this host.")
 @click.option("--kubernetes-image", default=None, help="With --kubernetes-namespace: the image holding vipu-server.")
-@click.option("--kubernetes-store", default=None,
-              help="With --kubernetes-namespace: a PostgreSQL server URL whose user may create databases; each tenant's "
-                   "controller gets one of its own, kept when its vPOD is released.")
+@click.option("--kubernetes-store", default=None, envvar="VIPU_VPOD_KUBERNETES_STORE",
+              help="With --kubernetes-namespace: a PostgreSQL server URL (13 or later) whose user may create databases and roles; "
+                   "each tenant's controller gets a database and role of its own, kept when its vPOD is released. "
+                   "VIPU_VPOD_KUBERNETES_STORE keeps the password out of the process list.")
 @click.option("--kubernetes-controller-host", default=None,
               help="With --kubernetes-namespace: where the controllers are reached. Default: each one's Service, NAME.NAMESPACE.svc.")
 @click.option("--test-on-release", is_flag=True,
@@ -151,12 +153,21 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         if kubernetes_namespace:
             if not kubernetes_image or not kubernetes_store:
                 raise InvalidArgument("--kubernetes-namespace needs --kubernetes-image and --kubernetes-store too")
+            if advertise_host:
+                raise InvalidArgument("with --kubernetes-namespace, controllers are reached at their Services, or at "
+                                      "--kubernetes-controller-host; --advertise-host is for controllers on this host")
             from vipu.vpod.kubernetes import KubernetesControllers
 
-            tenants = KubernetesControllers(data_dir, site, kubernetes_namespace, kubernetes_image, kubernetes_store,
-                                            kubernetes_controller_host)
+            use_runner(store, f"kubernetes:{kubernetes_namespace}")
+            tenants = KubernetesControllers(data_dir, site, store.site_id(), kubernetes_namespace, kubernetes_image,
+                                            kubernetes_store, kubernetes_controller_host)
         else:
-            tenants = LocalControllers(data_dir, site, advertise_host, advertise_host)
+            given = [name for name, value in (("--kubernetes-image", kubernetes_image), ("--kubernetes-store", kubernetes_store),
+                                              ("--kubernetes-controller-host", kubernetes_controller_host)) if value]
+            if given:
+                raise InvalidArgument(f"{given[0]} is for controllers on Kubernetes: give --kubernetes-namespace too")
+            use_runner(store, "local")
+            tenants = LocalControllers(data_dir, site, advertise_host or "127.0.0.1", advertise_host or "127.0.0.1")
         orchestrator = Orchestrator(store, rack, tenants, SiteAgents(site, identity_tls(data_dir)), port_base, test_on_release)
         orchestrator.resume()
         tokens = None
@@ -187,13 +198,23 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         stop.set()
 
 
+def use_runner(store: VpodStore, runner: str) -> None:
+    """Record where tenants' controllers run; refuse another place while vPODs live in the first,
+    whose controllers the new one would neither find nor stop."""
+    recorded = store.setting("runner") or "local"
+    if recorded != runner and any(v.state != "Released" for v in store.list()):
+        where = {"local": "as processes of this host"}.get(recorded, f"on Kubernetes, namespace {recorded.partition(':')[2]}")
+        raise Conflict(f"the vPODs of this orchestrator have their controllers {where}; release them first, or serve as before")
+    store.set_setting("runner", runner)
+
+
 def call(ctx: click.Context, method: str, path: str, body: dict | None = None) -> dict:
     """One REST call; a refusal raises VipuError with the server's one line."""
     url, credentials = ctx.obj
     request = urllib.request.Request(f"{url}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
                                      headers={**credentials, "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=600) as answer:
+        with urllib.request.urlopen(request, timeout=CALL_DEADLINE_SECONDS) as answer:
             return json.loads(answer.read() or b"{}")
     except urllib.error.HTTPError as error:
         try:

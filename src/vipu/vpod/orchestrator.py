@@ -207,7 +207,7 @@ class Orchestrator:
 
     def release(self, vpod_id: str) -> Vpod:
         with self._alone(vpod_id):
-            vpod = self.store.start_release(vpod_id)
+            vpod = self.store.start_release(vpod_id, test=self.test_on_release)
             log.info("vPOD %s: releasing, from step %s", vpod_id, vpod.step)
             self._continue_release(vpod)
         return self.store.get(vpod_id)
@@ -249,7 +249,7 @@ class Orchestrator:
         holds them), before they go back. Each machine a failing test names is held back with the
         failing lines; every machine is, when the test names none or cannot run. A vPOD whose
         controller never started gave no tenant its machines: nothing to test."""
-        if not self.test_on_release or not (self.tenants.directory(vpod.id) / "prepared").exists():
+        if not vpod.release_test or not (self.tenants.directory(vpod.id) / "prepared").exists():
             return
         try:
             self.tenants.start(vpod)
@@ -259,7 +259,8 @@ class Orchestrator:
                     admin.create_cluster(RELEASE_TEST_CLUSTER, tuple(vpod.machines), topology=TOPOLOGIES[vpod.topology],
                                          num_ipulinkdomains=vpod.ilds)
                 report = _run_cluster_test(admin, RELEASE_TEST_CLUSTER)
-                admin.remove_cluster(RELEASE_TEST_CLUSTER, force=True)
+                with contextlib.suppress(VipuError):  # the verdict stands; the next attempt or the take-back clears it
+                    admin.remove_cluster(RELEASE_TEST_CLUSTER, force=True)
         except VipuError as error:
             reasons = dict.fromkeys(vpod.machines, f"the release test of vPOD {vpod.id} could not run: {error.message}")
         else:
@@ -308,8 +309,14 @@ class Orchestrator:
 
 
 def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterTestReport:
-    """Run the default suite and follow it to its end, stopping it past the deadline."""
-    admin.test_cluster(cluster_id, wait=False)
+    """Run the default suite and follow it to its end, stopping it past the deadline. A run of
+    this cluster under way (started before the orchestrator died) is followed, not started again."""
+    try:
+        under_way = admin.cluster_test_progress()
+    except Conflict:  # no test has run in this controller
+        under_way = None
+    if under_way is None or (under_way.cluster_id, under_way.state) != (cluster_id, "running"):
+        admin.test_cluster(cluster_id, wait=False)
     deadline = time.monotonic() + RELEASE_TEST_DEADLINE_SECONDS
     while True:
         report = admin.cluster_test_progress()
@@ -326,7 +333,7 @@ def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterT
 
 def _names(line: str, machine: str) -> bool:
     """Whether a cluster test's line names the machine (its agent id), not merely a longer name."""
-    return re.search(rf"(?<![\w.-]){re.escape(machine)}(?![\w.])", line) is not None
+    return re.search(rf"(?<![\w.-]){re.escape(machine)}(?![\w.-])", line) is not None
 
 
 def failing_machines(results, machines: list[str]) -> dict[str, str]:

@@ -52,12 +52,21 @@ def controller_name(vpod_id: str) -> str:
 class TenantControllers(abc.ABC):
     """What every runner shares: the vPODs' directories, preparing a controller, reaching it."""
 
+    start_deadline_seconds = START_DEADLINE_SECONDS  # to answer once started
+
     def __init__(self, root: Path, site: TlsFiles):
         self.root = root
         self.site = site
         self.server_program = Path(sys.executable).with_name(SERVER_PROGRAM)
-        self._lock = threading.Lock()
+        self._locks_lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
         self._stopping: set[str] = set()  # released: not to be started again by the supervisor
+
+    def _lock(self, vpod_id: str) -> threading.Lock:
+        """Starting and stopping one vPOD's controller, one at a time (a runner's calls may be slow:
+        other vPODs do not wait for them)."""
+        with self._locks_lock:
+            return self._locks.setdefault(vpod_id, threading.Lock())
 
     # Where things are
 
@@ -124,10 +133,11 @@ class TenantControllers(abc.ABC):
             issue_link_certificate(self.site, controller_name(vpod.id), tls.controller_dir)
         user_port, admin_port, _ = vpod.ports
         try:
-            done = subprocess.run(
-                [str(self.server_program), "--init", "--secure", "--db", self.db_url(vpod.id), "--tls-dir", str(tls.root),
-                 "--tls-hosts", self.tls_hosts(vpod.id), "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port",
-                 str(admin_port)], cwd=directory, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(  # the store's URL in the environment: it may hold a password
+                [str(self.server_program), "--init", "--secure", "--tls-dir", str(tls.root), "--tls-hosts", self.tls_hosts(vpod.id),
+                 "--default-user-id", ADMIN_USER, "--port", str(user_port), "--admin-port", str(admin_port)],
+                env={**os.environ, "VIPU_SERVER_DB": self.db_url(vpod.id)}, cwd=directory, capture_output=True, text=True,
+                timeout=120)
         except (OSError, subprocess.SubprocessError) as error:
             raise Unavailable(f"cannot initialise the controller of vPOD {vpod.id}: {error}") from None
         if done.returncode != 0 or not self.admin_config(vpod.id).exists():
@@ -137,7 +147,7 @@ class TenantControllers(abc.ABC):
 
     def start(self, vpod: Vpod) -> None:
         """Start the controller unless it runs; return once it answers its administrator."""
-        with self._lock:
+        with self._lock(vpod.id):
             self._stopping.discard(vpod.id)
             if not self.alive(vpod.id):
                 try:
@@ -149,7 +159,8 @@ class TenantControllers(abc.ABC):
     def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
         return AdminClient.connect(self.host(vpod_id), config=self.admin_config(vpod_id), timeout=timeout)
 
-    def wait_ready(self, vpod_id: str, deadline_seconds: float = START_DEADLINE_SECONDS) -> None:
+    def wait_ready(self, vpod_id: str) -> None:
+        deadline_seconds = self.start_deadline_seconds
         deadline = time.monotonic() + deadline_seconds
         while True:
             reason = self._why_not_ready(vpod_id)
@@ -167,25 +178,35 @@ class TenantControllers(abc.ABC):
 
     def stop(self, vpod_id: str) -> None:
         """Stop the controller; the supervisor leaves it stopped."""
-        with self._lock:
+        with self._lock(vpod_id):
             self._stopping.add(vpod_id)
-        self._halt(vpod_id)
+            self._halt(vpod_id)
 
     def supervise(self, running: Callable[[], list[Vpod]], stop: threading.Event, interval: float = 1.0) -> None:
-        """Restart, every `interval` seconds, the controller of each vPOD that should run and does not."""
+        """Restart, every `interval` seconds, the controller of each vPOD that should run and does not.
+        Nothing ends the supervision but `stop`: a store or runner that fails is tried again."""
         while not stop.wait(interval):
-            for vpod in running():
+            try:
+                vpods = running()
+            except VipuError as error:
+                log.warning("cannot list the vPODs to supervise: %s", error.message)
+                continue
+            for vpod in vpods:
                 if stop.is_set():
                     return
-                if not self.alive(vpod.id) and (self.directory(vpod.id) / "prepared").exists():
-                    try:
-                        with self._lock:  # looked at again: a release may be stopping it
-                            if vpod.id not in self._stopping and not self.alive(vpod.id) and vpod.id in {v.id for v in running()}:
-                                log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
-                                self._launch(vpod)
-                    except (OSError, VipuError) as error:
-                        log.warning("vPOD %s: cannot start its controller: %s", vpod.id, error)
+                try:
+                    self._restart_if_stopped(vpod, running)
+                except Exception as error:  # noqa: BLE001 - one vPOD must not end the supervision of the others
+                    log.warning("vPOD %s: cannot start its controller: %s", vpod.id, getattr(error, "message", error))
             self._reap()
+
+    def _restart_if_stopped(self, vpod: Vpod, running: Callable[[], list[Vpod]]) -> None:
+        if self.alive(vpod.id) or not (self.directory(vpod.id) / "prepared").exists():
+            return
+        with self._lock(vpod.id):  # looked at again: a release may be stopping it
+            if vpod.id not in self._stopping and not self.alive(vpod.id) and vpod.id in {v.id for v in running()}:
+                log.warning("vPOD %s: its controller is not running; starting it again", vpod.id)
+                self._launch(vpod)
 
     @abc.abstractmethod
     def _reap(self) -> None:
@@ -254,8 +275,7 @@ class LocalControllers(TenantControllers):
 
     def _halt(self, vpod_id: str) -> None:
         """SIGTERM, then SIGKILL after a deadline."""
-        with self._lock:
-            pid = self._pid(vpod_id)
+        pid = self._pid(vpod_id)
         if pid is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -267,15 +287,13 @@ class LocalControllers(TenantControllers):
             log.warning("vPOD %s: controller did not stop within %.0f s of SIGTERM; killed", vpod_id, STOP_DEADLINE_SECONDS)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        with self._lock:
-            child = self._children.pop(vpod_id, None)
+        child = self._children.pop(vpod_id, None)
         if child is not None:
             child.wait(timeout=STOP_DEADLINE_SECONDS)
 
     def _reap(self) -> None:
-        with self._lock:
-            for child in self._children.values():
-                child.poll()  # reaps one that ended
+        for child in list(self._children.values()):
+            child.poll()  # reaps one that ended
 
 
 def _zombie(pid: int) -> bool:

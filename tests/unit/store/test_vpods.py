@@ -58,13 +58,19 @@ def test_repairing_is_refused_whole_for_a_machine_not_held_back_unknown_or_in_a_
 
 
 def test_a_store_of_schema_1_is_migrated_and_keeps_its_machines(store, store_url):
+    store.add_vpod(vpod("acme-1", ["m1"], [1, 2, 3]))
     with store.session() as session:
         session.execute(text("ALTER TABLE site_machines DROP COLUMN held_back"))
+        session.execute(text("ALTER TABLE vpods DROP COLUMN release_test"))
         session.execute(text("UPDATE vpod_meta SET value = '1' WHERE key = 'schema_version'"))
     store.close()
     reopened = VpodStore(store_url)
     try:
-        assert [(m.name, m.held_back) for m in reopened.machines()] == [(f"m{n}", "") for n in range(1, 5)]
+        assert [(m.name, m.vpod_id, m.held_back) for m in reopened.machines()] == [
+            ("m1", "acme-1", ""), ("m2", "", ""), ("m3", "", ""), ("m4", "", "")]
+        assert reopened.get("acme-1").release_test is False
+        reopened.hold_back("acme-1", {"m1": "Sync-Link 0/1"})  # the new columns work
+        assert reopened.start_release("acme-1", test=True).release_test is True
         assert reopened.setting("schema_version") == str(SCHEMA_VERSION)
     finally:
         reopened.close()
@@ -73,5 +79,12 @@ def test_a_store_of_schema_1_is_migrated_and_keeps_its_machines(store, store_url
 def test_a_store_newer_than_this_orchestrator_is_refused(store, store_url):
     store.set_setting("schema_version", str(SCHEMA_VERSION + 1))
     store.close()
-    with pytest.raises(Exception, match=f"has schema version {SCHEMA_VERSION + 1}, newer than this vipu-vpod's"):
+    with pytest.raises(Conflict, match=f"has schema version {SCHEMA_VERSION + 1}, newer than this vipu-vpod's"):
         VpodStore(store_url)
+
+
+def test_a_release_begun_with_the_cluster_test_keeps_it_when_resumed_without(store):
+    store.add_vpod(vpod("acme-1", ["m1"], [1, 2, 3]))
+    assert store.start_release("acme-1").release_test is False
+    assert store.start_release("acme-1", test=True).release_test is True
+    assert store.start_release("acme-1").release_test is True  # an orchestrator started again without the option

@@ -13,7 +13,7 @@ from vipu.store.vpods import SiteMachine
 from vipu.vpod.orchestrator import failing_machines
 from vipu.vpod.site import pick_machines, site_machines
 
-MACHINES = ["m1", "m2", "m3", "m10"]
+MACHINES = ["m1", "m2", "m3", "m10", "m1-b"]
 
 
 def result(test: str, status: str, summary: list[str], passed: int = 0, total: int = 1):
@@ -25,12 +25,15 @@ def test_a_failing_test_holds_back_the_machines_its_lines_name_and_no_longer_nam
                result("Cabling", "failed", ["Failed cables:", "m1:5 <--> 1:m2"], 11, 12),
                result("Traffic", "failed", ["Traffic test failed", "Errors encountered in traffic test 1",
                                             "m10:ipu1:4C <--> 4C:ipu2:m10: 521 link errors"], 0, 1),
+               result("GW-Link", "failed", ["Failed GW-Links:", "m1-b:1 <--> 2:m3"], 1, 2),
                result("IPU-Link", "skipped", ["Test skipped", "an earlier dependency failed"])]
     assert failing_machines(results, MACHINES) == {
         "m1": "Cabling 11/12: m1:5 <--> 1:m2",
         "m2": "Cabling 11/12: m1:5 <--> 1:m2",
         "m10": "Traffic 0/1: m10:ipu1:4C <--> 4C:ipu2:m10: 521 link errors",
-    }  # each with the lines naming it; the m1 of "m10" is not m1
+        "m1-b": "GW-Link 1/2: m1-b:1 <--> 2:m3",
+        "m3": "GW-Link 1/2: m1-b:1 <--> 2:m3",
+    }  # each with the lines naming it; neither "m10" nor "m1-b" names m1
 
 
 def test_a_failing_test_that_names_no_machine_holds_back_every_machine_and_a_passing_run_none():

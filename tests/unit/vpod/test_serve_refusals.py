@@ -1,0 +1,62 @@
+"""`vipu-vpod serve` refuses, in one line and before serving, options that do not go together and
+a place for tenants' controllers other than the one its live vPODs use."""
+
+from __future__ import annotations
+
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.cli.common import exit_status
+from vipu.model.entities import IldTopology
+from vipu.store.vpods import SiteMachine, Vpod, VpodStore
+from vipu.vpod import main
+
+
+def serve(tmp_path, *options: str) -> tuple[int, str]:
+    save_rack(generate_rack(2, topology=IldTopology.MESH), tmp_path / "site.yaml")
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["vipu-vpod", "serve", "--data-dir", str(tmp_path / "data"), "--rack", str(tmp_path / "site.yaml"), *options]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = exit_status(main.cli, "vipu-vpod")
+    finally:
+        sys.argv = argv
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("options, reason", [
+    (("--kubernetes-image", "vipu:1"), "--kubernetes-image is for controllers on Kubernetes: give --kubernetes-namespace too"),
+    (("--kubernetes-controller-host", "h"), "--kubernetes-controller-host is for controllers on Kubernetes"),
+    (("--kubernetes-namespace", "vpods"), "--kubernetes-namespace needs --kubernetes-image and --kubernetes-store too"),
+    (("--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store", "postgresql://u@h/postgres",
+      "--advertise-host", "10.0.0.1"), "--advertise-host is for controllers on this host"),
+    (("--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store", "sqlite:///x.db"),
+     "tenants' controllers on Kubernetes keep their stores on PostgreSQL"),
+])
+def test_options_that_do_not_go_together_are_refused_in_one_line(tmp_path, monkeypatch, options, reason):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("VIPU_VPOD_KUBERNETES_STORE", raising=False)
+    code, err = serve(tmp_path, *options)
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("serve: failed: ") and reason in err, err
+
+
+def test_controllers_stay_where_the_live_vpods_have_theirs_until_those_are_released(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    store = VpodStore(f"sqlite:///{tmp_path / 'data' / 'vpod.db'}")
+    store.add_machines([SiteMachine("m01", 0, "127.0.0.1", 18101)])
+    store.set_setting("runner", "local")
+    store.add_vpod(Vpod("acme-1", "acme", "Active", "active", ["m01"], "mesh", 1, "acme", [1, 2, 3]))
+    code, err = serve(tmp_path, "--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store",
+                      "postgresql://u@h/postgres")
+    assert (code, err) == (1, "serve: failed: the vPODs of this orchestrator have their controllers as processes of this host; "
+                              "release them first, or serve as before.\n")
+    store.start_release("acme-1")
+    store.finish_release("acme-1", "active")
+    code, err = serve(tmp_path, "--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store",
+                      "postgresql://u@h/postgres")
+    assert code == 1 and "cannot reach Kubernetes" in err and len(err.splitlines()) == 1  # past the runner: no cluster here
+    assert store.setting("runner") == "kubernetes:vpods"
