@@ -672,7 +672,8 @@ class Transaction:
         if row is None:
             return None
         outcomes = [
-            Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"])
+            Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"],
+                    {key: list(lines) for key, lines in o.get("cables", {}).items()})  # runs saved before cables were kept have none
             for o in row.outcomes
         ]
         return TestRun(row.cluster_id, RunState(row.state), [TestType(t) for t in row.tests], outcomes)
@@ -687,7 +688,7 @@ class Transaction:
         row.tests = [t.value for t in run.tests]
         row.outcomes = [
             {"test": o.test.value, "status": o.status.value, "passed": o.passed, "total": o.total,
-             "summary": list(o.summary), "duration": o.duration}
+             "summary": list(o.summary), "duration": o.duration, "cables": o.cable_failures}
             for o in run.outcomes
         ]
 

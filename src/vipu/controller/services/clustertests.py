@@ -221,14 +221,14 @@ class ClusterTestService:
     def _traffic(self, c: _Context) -> Outcome:
         """Windows that share no machine run together, phase by phase."""
         windows = judge.traffic_windows(c.layout)
-        window_lines: dict[int, list[str]] = {}
+        results: dict[int, judge.WindowResult] = {}
         for phase in judge.traffic_phases(windows):
             if self._stop.is_set():
                 break
-            window_lines.update(self._traffic_phase(c, windows, phase))
-        return judge.traffic_outcome([window_lines[n] for n in sorted(window_lines)])
+            results.update(self._traffic_phase(c, windows, phase))
+        return judge.traffic_outcome([results[n] for n in sorted(results)])
 
-    def _traffic_phase(self, c: _Context, windows: list[tuple[str, ...]], phase: list[int]) -> dict[int, list[str]]:
+    def _traffic_phase(self, c: _Context, windows: list[tuple[str, ...]], phase: list[int]) -> dict[int, judge.WindowResult]:
         """Run the windows of one phase at once; the program's seed is each window's number."""
         requests = {}  # agent id -> (its IPUs' routing ids in its window, the window's number)
         for number in phase:
