@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pty
+import queue
 import re
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from vipu.api.protos import (
 from vipu.api.tls import TlsFiles, agent_channel_credentials, client_credentials
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
+from vipu.client import UserClient
+from vipu.client.connection import Stream
 from vipu.model.entities import IldTopology
 from vipu.model.topology import LinkKind
 
@@ -388,6 +392,38 @@ class Pod:
             "held": {m.name: self.held(m.name) for m in self.rack.machines},
             "ipuof": sorted(p.name for p in self.ipuof_dir.glob("*")) if self.ipuof_dir.exists() else [],
         }
+
+
+PROMPTLY = 5.0  # seconds: a watch tells of a change at once, but the machine is shared
+
+
+def watching(client: UserClient) -> tuple[queue.Queue, Stream]:
+    """Each message's topics in a queue (None once the stream ended), from a thread, and the
+    stream, to cancel; once the watch is in place."""
+    stream = client.watch_changes()
+    heard: queue.Queue = queue.Queue()
+
+    def listen() -> None:
+        for change in stream:
+            heard.put(list(change.topics))
+        heard.put(None)  # the stream ended
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert heard.get(timeout=PROMPTLY) == []
+    return heard, stream
+
+
+def hears(heard: queue.Queue, topic: str) -> bool:
+    """Whether a message names the topic within PROMPTLY seconds (an operation may be told of in
+    several messages: a create's pending and active states, say)."""
+    deadline = time.monotonic() + PROMPTLY
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if topic in (heard.get(timeout=left) or ()):
+                return True
+        except queue.Empty:
+            break
+    return False
 
 
 def failed_line(result: Result, action: str, subject: str | None, reason: str) -> None:
