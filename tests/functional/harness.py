@@ -8,6 +8,7 @@ import queue
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,8 +35,7 @@ from vipu.api.protos import (
 from vipu.api.tls import TlsFiles, agent_channel_credentials, client_credentials
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
-from vipu.client import UserClient
-from vipu.client.connection import Stream
+from vipu.client import Stream, UserClient
 from vipu.model.entities import IldTopology
 from vipu.model.topology import LinkKind
 
@@ -96,6 +96,8 @@ class Pod:
         self.admin_config = directory / "admin.vipu-cli.hcl"
         self.admin_key = ""
         self.server: subprocess.Popen | None = None
+        self.web: subprocess.Popen | None = None
+        self.web_port = 0
         self._channels: dict[int, grpc.Channel] = {}
 
     # Processes
@@ -186,7 +188,35 @@ class Pod:
             log = (self.directory / "server.log").read_text()[-6000:]
             raise AssertionError(f"vipu-server did not stop within 30 s of signal {sig}:\n{log}") from None
 
+    def start_web(self, *extra: str) -> str:
+        """vipu-web over this pod's controller (secure when the pod is); its address."""
+        self.web_port = free_port()
+        with open(self.directory / "web.log", "ab") as log:
+            self.web = subprocess.Popen(
+                dying_with_parent([str(BIN / "vipu-web"), "--listen-address", "127.0.0.1", "--port", str(self.web_port),
+                                   "-H", "127.0.0.1", "--api-port", str(self.user_port), "--admin-port", str(self.admin_port),
+                                   *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *extra]),
+                stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self._web_answers, what="vipu-web")
+        return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.web_port}"
+
+    def _web_answers(self) -> bool:
+        if self.web is not None and self.web.poll() is not None:
+            raise AssertionError(f"vipu-web exited with status {self.web.returncode}:\n{(self.directory / 'web.log').read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.web_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop_web(self) -> None:
+        web, self.web = self.web, None
+        if web is not None:
+            web.terminate()
+            web.wait(timeout=30)
+
     def stop(self) -> None:
+        self.stop_web()
         if self.server is not None:
             self.stop_server()
         for name in list(self.agents):
