@@ -5,7 +5,8 @@ Each IPU-Link domain is a column of machines, the lowest at the bottom. Between 
 a column run their four IPU-Link cables (ports 5-8 of the lower to 1-4 of the upper) and, to the
 right, their two Sync-Link cables; a torus's loop-back cables go round the left of the column,
 from its top machine to its bottom one. GW-Links join each machine to the one at the same place
-in the next domain, and the last domain's loop back to the first below the columns.
+in the next domain; those of the last domain, which loop back to the first, are drawn as a stub
+at each end named after the machine at the other.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from vipu.api.protos import admin_pb2
 MACHINE_WIDTH, MACHINE_HEIGHT = 168, 34
 GAP = 30  # between the machines of a column, where their cables run
 COLUMN_GAP = 110  # between domains, where the GW-Links run
-MARGIN = 44  # room for loop-back cables left of a column and GW-Link loops below
+MARGIN = 44  # room for loop-back cables left of a column
+STUB = 18  # a GW-Link drawn as two stubs: the length of the one out of the last domain
+LABEL_ROOM = 70  # left of the first domain, for the names at the stubs into it
 IPULINK_X = (22, 42, 62, 82)  # where each of a machine's four IPU-Link cables leaves it, from its left
 SYNC_X = (124, 144)
 
@@ -33,6 +36,7 @@ class Box:
 class Wire:
     cable: admin_pb2.Cable
     path: str
+    labels: tuple[tuple[float, float, str], ...] = ()  # (x, y, text): where a stub's far end is named
 
     @property
     def name(self) -> str:
@@ -62,10 +66,10 @@ def draw(cluster: admin_pb2.Cluster, cabling: admin_pb2.Cabling) -> Drawing:
         places[agent] = divmod(n, size)
     looped = any(c.kind == "GW-Link" for c in cabling.cables)
     top = 58 if cluster.topology == admin_pb2.ILD_TOPOLOGY_TORUS else 34  # loop-backs go over the top machine
-    height = top + size * MACHINE_HEIGHT + (size - 1) * GAP + MARGIN + (14 + 4 * size if looped else 0)
+    height = top + size * MACHINE_HEIGHT + (size - 1) * GAP + MARGIN
 
     def box_x(domain: int) -> float:
-        return MARGIN + domain * (MACHINE_WIDTH + COLUMN_GAP)
+        return MARGIN + (LABEL_ROOM if looped else 0) + domain * (MACHINE_WIDTH + COLUMN_GAP)
 
     def box_y(position: int) -> float:
         return top + (size - 1 - position) * (MACHINE_HEIGHT + GAP)
@@ -76,21 +80,26 @@ def draw(cluster: admin_pb2.Cluster, cabling: admin_pb2.Cabling) -> Drawing:
         lower, upper = places.get(cable.lower_agent_id), places.get(cable.upper_agent_id)
         if lower is None or upper is None:  # the cluster changed since the test
             continue
-        wires.append(Wire(cable, _path(cable, lower, upper, box_x, box_y)))
-    width = box_x(domains - 1) + MACHINE_WIDTH + MARGIN + (12 if looped else 0)
+        wires.append(_wire(cable, lower, upper, box_x, box_y))
+    width = box_x(domains - 1) + MACHINE_WIDTH + MARGIN + (STUB + 30 if looped else 0)
     labels = [(f"IPU-Link domain {d}", box_x(d)) for d in range(domains)]
     return Drawing(width, height, boxes, wires, labels)
 
 
-def _path(cable: admin_pb2.Cable, lower: tuple[int, int], upper: tuple[int, int], box_x, box_y) -> str:
+def _wire(cable: admin_pb2.Cable, lower: tuple[int, int], upper: tuple[int, int], box_x, box_y) -> Wire:
     if cable.kind == "GW-Link":
         y = box_y(lower[1]) + MACHINE_HEIGHT / 2
         start, end = box_x(lower[0]) + MACHINE_WIDTH, box_x(upper[0])
         if upper[0] > lower[0]:
-            return f"M{start},{y} H{end}"
-        # The last domain's GW-Links loop back to the first, under the columns.
-        below = box_y(0) + MACHINE_HEIGHT + 14 + 4 * lower[1]
-        return f"M{start},{y} h{8 + 2 * lower[1]} V{below} H{end - 8 - 2 * lower[1]} V{y} H{end}"
+            return Wire(cable, f"M{start},{y} H{end}")
+        # Back from the last domain to the first: a stub out of each end, named after the other; the
+        # one into the first domain crosses its loop-back cables.
+        return Wire(cable, f"M{start},{y} h{STUB} M{end - MARGIN},{y} H{end}",
+                    ((start + STUB + 3, y + 4, f"to {cable.upper_agent_id}"), (end - MARGIN - 3, y + 4, f"from {cable.lower_agent_id}")))
+    return Wire(cable, _vertical(cable, lower, upper, box_x, box_y))
+
+
+def _vertical(cable: admin_pb2.Cable, lower: tuple[int, int], upper: tuple[int, int], box_x, box_y) -> str:
     offsets = SYNC_X if cable.kind == "Sync-Link" else IPULINK_X
     lane = (cable.lower_port - (6 if cable.kind == "Sync-Link" else 5)) % len(offsets)
     x = box_x(lower[0]) + offsets[lane]

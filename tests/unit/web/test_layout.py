@@ -87,7 +87,8 @@ def test_every_cable_of_a_looped_torus_is_drawn_between_its_machines():
     assert re.fullmatch(r"M[\d.]+,[\d.]+ V[\d.]+", straight) and loop_back.count("V") == 3  # round the left of the column
     assert drawing.wires[1].title.splitlines() == [
         "IPU-Link ag2:8 <--> ag1:4: failed", "Cabling: ag2:8 [IPU-Link] <--> ag1:4 [IPU-Link] (failed)"]
-    assert sync != straight and "H" in gw and gw_back.count("V") == 2
+    assert sync != straight and "H" in gw and gw_back.count("M") == 2  # back to the first domain: two stubs, each end named
+    assert [text for _, _, text in drawing.wires[4].labels] == ["to ag1", "from ag3"]
     assert all(0 <= float(n) <= max(drawing.width, drawing.height) for w in drawing.wires for n in re.findall(r"[\d.]+", w.path))
 
 
