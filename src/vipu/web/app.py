@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from urllib.parse import parse_qs, quote, urlsplit
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -61,11 +63,14 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     """The dashboard over `sessions`; `controller` names the vipu-server it shows, for the pages."""
     app = FastAPI(title="vipu dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(packages=[("vipu.web", "static")]), name="static")
+    # A rack of a thousand machines is half a megabyte of HTML (the event stream is never compressed).
+    app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=5)
     templates = Environment(loader=PackageLoader("vipu.web"), autoescape=select_autoescape(["html"]), trim_blocks=True,
                             lstrip_blocks=True)
+    templates.filters["digest"] = lambda text: f"{zlib.crc32(str(text).encode()):08x}"  # a live region's, to redraw only what changed
     templates.globals.update(version=__version__, controller=controller, secure=sessions.secure, age=age, created_at=created_at,
                              tests=TESTS, ready_state=racks.ready_state, operation_state=racks.operation_state,
-                             routing=routing, shown_attributes=shown_attributes)
+                             routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS)
 
     @app.middleware("http")
     async def guarded(request: Request, call_next):
@@ -119,7 +124,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     def partitions_page(request: Request):
         def draw(source: Source) -> dict:
             partitions = sorted(source.partitions(), key=lambda p: p.id)
-            return {"partitions": partitions, "colours": racks.partition_colours(p.id for p in partitions)}
+            return {"partitions": partitions, "tones": racks.partition_tones(p.id for p in partitions)}
 
         return shown(request, "partitions.html", draw)
 

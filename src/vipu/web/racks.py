@@ -4,8 +4,9 @@ Each IPU-Machine is a box of four IPUs (IPUs 2 and 3 above 0 and 1, as on the ma
 in rack order, the lowest machine at the bottom, in columns of 16 machines (an IPU-POD64 rack).
 An administrator sees every cluster, each IPU-Link domain outlined, and the machines of no
 cluster; a user sees the machines of their allocations only. Each IPU takes the colour of the
-partition holding it (`partition_colours`), or the free colour; the allocations are outlined
-within.
+partition holding it (`partition_tones`), or the free colour; the allocations are outlined
+within. Colours are classes of a style sheet made here (`PALETTE_CSS`), so that a page of a
+thousand machines does not repeat them four thousand times.
 """
 
 from __future__ import annotations
@@ -29,18 +30,23 @@ PALETTE = (
 )
 
 
-def partition_colours(partition_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """Each partition's colour and text colour: the palette's entry its id hashes to, or the next
-    one no other partition shown has. So up to 16 partitions all look different, and a partition
-    keeps its colour as others come and go unless one took its entry first."""
+FREE_TONE = "free"
+PALETTE_CSS = "".join(f".t{n}{{background-color:{background};color:{text}}}" for n, (background, text) in enumerate(PALETTE)) + (
+    f".{FREE_TONE}{{background-color:{FREE[0]};color:{FREE[1]}}}")
+
+
+def partition_tones(partition_ids: Iterable[str]) -> dict[str, str]:
+    """Each partition's colour, as the class of PALETTE_CSS that gives it: the palette's entry its
+    id hashes to, or the next one no other partition shown has. So up to 16 partitions all look
+    different, and a partition keeps its colour as others come and go unless one took its entry first."""
     taken: set[int] = set()
-    colours = {}
+    tones = {}
     for partition_id in sorted(partition_ids):
         start = zlib.crc32(partition_id.encode()) % len(PALETTE)
         entry = next((e % len(PALETTE) for e in range(start, start + len(PALETTE)) if e % len(PALETTE) not in taken), start)
         taken.add(entry)
-        colours[partition_id] = PALETTE[entry]
-    return colours
+        tones[partition_id] = f"t{entry}"
+    return tones
 
 
 def ready_state(partition: vipuuser_pb2.Partition) -> str:
@@ -57,11 +63,11 @@ class Ipu:
     index: int
     partition_id: str = ""  # "" when free
     state: str = "free"  # the holding partition's state
-    colour: tuple[str, str] = FREE  # background and text
+    tone: str = FREE_TONE  # its colour's class
 
     @property
     def title(self) -> str:
-        return f"IPU {self.index}: " + (f"partition {self.partition_id} ({self.state})" if self.partition_id else "free")
+        return f"IPU {self.index}: " + (f"{self.partition_id} ({self.state})" if self.partition_id else "free")
 
 
 @dataclass
@@ -76,9 +82,9 @@ class Machine:
         return any(ipu.state == "ERROR" for ipu in self.ipus)
 
     @property
-    def ladder(self) -> list[list[Ipu]]:
-        """The IPUs as the machine holds them: 2 and 3 above, 0 and 1 below."""
-        return [self.ipus[2:4], self.ipus[0:2]]
+    def ladder(self) -> list[Ipu]:
+        """The IPUs as the machine holds them, read in rows: 2 and 3 above, 0 and 1 below."""
+        return self.ipus[2:4] + self.ipus[0:2]
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Group:
 @dataclass
 class LegendEntry:
     partition_id: str
-    colour: tuple[str, str]
+    tone: str
     state: str
     size: int
 
@@ -119,18 +125,18 @@ class Racks:
     ipus: int
     used_ipus: int
     partition_states: Counter[str]
-    colours: dict[str, tuple[str, str]]  # by partition, for the other parts of a page
+    tones: dict[str, str]  # by partition, for the other parts of a page
 
 
 def _holders(partitions: Iterable[vipuuser_pb2.Partition]) -> dict[tuple[str, int], vipuuser_pb2.Partition]:
     return {(ipu.agent_id, ipu.agent_ipu_index): p for p in partitions for ipu in p.spec.ipus}
 
 
-def _machine(agent_id: str, holders, colours, status: str = "", allocation_id: str = "") -> Machine:
+def _machine(agent_id: str, holders, tones, status: str = "", allocation_id: str = "") -> Machine:
     ipus = []
     for index in range(IPUS_PER_MACHINE):
         holder = holders.get((agent_id, index))
-        ipus.append(Ipu(index) if holder is None else Ipu(index, holder.id, ready_state(holder), colours[holder.id]))
+        ipus.append(Ipu(index) if holder is None else Ipu(index, holder.id, ready_state(holder), tones[holder.id]))
     return Machine(agent_id, status, allocation_id, ipus)
 
 
@@ -151,12 +157,12 @@ def _columns(machines: list[Machine]) -> list[list[Run]]:
 def pod_racks(agents: list[admin_pb2.Agent], clusters: list[admin_pb2.Cluster],
               partitions: list[vipuuser_pb2.Partition]) -> Racks:
     """What an administrator sees: every cluster by its IPU-Link domains, then the machines of no cluster."""
-    holders, colours = _holders(partitions), partition_colours(p.id for p in partitions)
+    holders, tones = _holders(partitions), partition_tones(p.id for p in partitions)
     by_id = {a.id: a for a in agents}
 
     def machine(agent_id: str) -> Machine:
         agent = by_id.get(agent_id)
-        return _machine(agent_id, holders, colours, agent.status if agent else "", agent.allocation_id if agent else "")
+        return _machine(agent_id, holders, tones, agent.status if agent else "", agent.allocation_id if agent else "")
 
     groups = []
     for cluster in sorted(clusters, key=lambda c: c.id):
@@ -170,19 +176,19 @@ def pod_racks(agents: list[admin_pb2.Agent], clusters: list[admin_pb2.Cluster],
     loose = sorted(a.id for a in agents if not a.cluster_id)
     if loose:
         groups.append(Group("Machines in no cluster", f"{len(loose)} machines", [Domain("", _columns([machine(a) for a in loose]))]))
-    return _racks(groups, partitions, colours, len(agents), sum(a.status == "Down" for a in agents))
+    return _racks(groups, partitions, tones, len(agents), sum(a.status == "Down" for a in agents))
 
 
 def allocation_racks(allocations: list[vipuuser_pb2.Allocation], partitions: list[vipuuser_pb2.Partition]) -> Racks:
     """What a user sees: the machines of their allocations, each allocation by itself."""
-    holders, colours = _holders(partitions), partition_colours(p.id for p in partitions)
+    holders, tones = _holders(partitions), partition_tones(p.id for p in partitions)
     groups = [Group(f"Allocation {a.id}", f"cluster {a.spec.cluster_id}, {len(a.spec.agent_ids)} machines",
-                    [Domain("", _columns([_machine(agent, holders, colours, allocation_id=a.id) for agent in a.spec.agent_ids]))])
+                    [Domain("", _columns([_machine(agent, holders, tones, allocation_id=a.id) for agent in a.spec.agent_ids]))])
               for a in sorted(allocations, key=lambda a: a.id)]
-    return _racks(groups, partitions, colours, sum(len(a.spec.agent_ids) for a in allocations), 0)
+    return _racks(groups, partitions, tones, sum(len(a.spec.agent_ids) for a in allocations), 0)
 
 
-def _racks(groups: list[Group], partitions: list[vipuuser_pb2.Partition], colours, machines: int, down: int) -> Racks:
-    legend = [LegendEntry(p.id, colours[p.id], ready_state(p), len(p.spec.ipus)) for p in sorted(partitions, key=lambda p: p.id)]
+def _racks(groups: list[Group], partitions: list[vipuuser_pb2.Partition], tones, machines: int, down: int) -> Racks:
+    legend = [LegendEntry(p.id, tones[p.id], ready_state(p), len(p.spec.ipus)) for p in sorted(partitions, key=lambda p: p.id)]
     return Racks(groups, legend, machines, down, machines * IPUS_PER_MACHINE, sum(len(p.spec.ipus) for p in partitions),
-                 Counter(ready_state(p) for p in partitions), colours)
+                 Counter(ready_state(p) for p in partitions), tones)

@@ -21,10 +21,10 @@ def agents(count: int, allocation: str = "alloc-1", down: tuple[str, ...] = ()) 
 
 def test_up_to_16_partitions_shown_each_get_a_colour_of_their_own_which_they_keep():
     ids = [f"p{n}" for n in range(16)]
-    colours = racks.partition_colours(ids)
-    assert len(set(colours.values())) == 16 and racks.FREE not in colours.values()
-    assert racks.partition_colours(["train"])["train"] == racks.partition_colours(["train"])["train"]
-    assert racks.partition_colours(["train", "zz"])["train"] == racks.partition_colours(["train"])["train"]  # chosen first: kept
+    tones = racks.partition_tones(ids)
+    assert len(set(tones.values())) == 16 and racks.FREE_TONE not in tones.values()
+    assert all(f".{tone}{{background-color:" in racks.PALETTE_CSS for tone in [*tones.values(), racks.FREE_TONE])
+    assert racks.partition_tones(["train", "zz"])["train"] == racks.partition_tones(["train"])["train"]  # chosen first: kept
 
 
 def test_a_cluster_is_drawn_by_domains_in_columns_of_16_lowest_machine_at_the_bottom():
@@ -39,8 +39,8 @@ def test_a_cluster_is_drawn_by_domains_in_columns_of_16_lowest_machine_at_the_bo
     first = group.domains[0]
     assert [len(column[0].machines) for column in first.columns] == [16, 4]  # 20 machines: 16 and 4
     bottom = first.columns[0][0].machines[-1]
-    assert bottom.agent_id == "ag1" and [[i.index for i in rung] for rung in bottom.ladder] == [[2, 3], [0, 1]]
-    assert {i.partition_id for i in bottom.ipus} == {"p8"} and bottom.ipus[0].colour == shown.colours["p8"]
+    assert bottom.agent_id == "ag1" and [i.index for i in bottom.ladder] == [2, 3, 0, 1]
+    assert {i.partition_id for i in bottom.ipus} == {"p8"} and bottom.ipus[0].tone == shown.tones["p8"]
     machines = {m.agent_id: m for d in group.domains for c in d.columns for run in c for m in run.machines}
     assert machines["ag21"].in_error and not machines["ag1"].in_error and machines["ag7"].status == "Down"
     assert (shown.machines, shown.down, shown.ipus, shown.used_ipus) == (40, 1, 160, 9)

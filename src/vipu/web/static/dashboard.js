@@ -24,12 +24,7 @@
       if (response.redirected || response.status === 401) { location.reload(); return; }
       main.dataset.version = response.headers.get("X-Vipu-Version") || main.dataset.version;
       const fresh = new DOMParser().parseFromString(`<main>${await response.text()}</main>`, "text/html").body.firstElementChild;
-      const now = main.querySelectorAll("[data-live]"), next = fresh.querySelectorAll("[data-live]");
-      if (now.length && [...now].every((region, i) => next[i] && next[i].id === region.id) && now.length === next.length) {
-        now.forEach((region, i) => region.replaceWith(document.importNode(next[i], true)));
-      } else {
-        main.replaceChildren(...[...fresh.childNodes].map((node) => document.importNode(node, true)));
-      }
+      swap(fresh);
       main.dataset.redraws = String(Number(main.dataset.redraws || 0) + 1);
       if (chosen) show(main.querySelector(`g.cable[data-cable="${CSS.escape(chosen)}"]`));
     } catch (error) {
@@ -37,6 +32,23 @@
     } finally {
       drawing = false;
       if (again) { again = false; redraw(); }
+    }
+  }
+
+  // Each live region of the fresh main block replaces its namesake, unless their digests say
+  // they are the same (a rack's columns); regions inside one replaced come with it. When the
+  // regions are not the same ones (a cluster more, a notice gone), the whole block is replaced.
+  function swap(fresh) {
+    const now = new Map([...main.querySelectorAll("[data-live]")].map((region) => [region.id, region]));
+    const next = [...fresh.querySelectorAll("[data-live]")];
+    if (!next.length || next.length !== now.size || !next.every((region) => now.has(region.id))) {
+      main.replaceChildren(...[...fresh.childNodes].map((node) => document.importNode(node, true)));
+      return;
+    }
+    for (const region of next) {
+      const old = now.get(region.id);
+      if (!old.isConnected || (region.dataset.digest && region.dataset.digest === old.dataset.digest)) continue;
+      old.replaceWith(document.importNode(region, true));
     }
   }
 
