@@ -121,6 +121,11 @@ def test_a_cable_failed_by_an_injected_fault_shows_as_failed_after_a_cluster_tes
     page.goto("/cabling")
     assert {page.get_attribute("g.cable", "data-verdict")} == {"untested"}
     page.goto("/tests")
+    assert pod.user("create", "partition", "blocker", "--size", "1").code == 0
+    page.click("form.run-test button")
+    assert "has partitions (blocker); remove them before running tests that drive its links" in page.inner_text(".notice.bad")
+    assert pod.user("remove", "partition", "blocker").code == 0
+    page.goto("/tests")
     page.click("form.run-test button")  # the default suite
     page.wait_for_selector(".progress li.running")
     live(page)

@@ -25,7 +25,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from vipu import __version__
 from vipu.api.protos import admin_pb2, vipuuser_pb2
-from vipu.client import Unauthenticated, VipuError
+from vipu.client import PermissionDenied, Unauthenticated, VipuError
 from vipu.client.retry import http_status
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.web import cabling, racks
@@ -159,23 +159,26 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
         return shown(request, "cabling.html", draw)
 
     @app.get("/tests", response_class=HTMLResponse)
-    def tests_page(request: Request, error: str = ""):
-        return shown(request, "tests.html", lambda source: _tests_view(source), error=error)
+    def tests_page(request: Request):
+        return shown(request, "tests.html", _tests_view, error="")
 
     @app.post("/tests")
     async def start_test(request: Request):
+        """Start (or stop) a cluster test, then show the page following it; a refusal is shown on the page."""
         form = await _form(request)
         source = source_of(request)
-        if source.admin is None:
-            return _back("/tests", "only administrators run cluster tests")
         try:
+            if source.admin is None:
+                raise PermissionDenied("only administrators run cluster tests")
             if form.get("action") == "stop":
                 await asyncio.to_thread(source.admin.stop_cluster_test)
             else:
                 chosen = tuple(t for t in TESTS if form.get(f"test-{t}"))
                 await asyncio.to_thread(source.admin.test_cluster, form.get("cluster", ""), chosen, False)
         except VipuError as error:
-            return _back("/tests", error.message)
+            refused = await asyncio.to_thread(shown, request, "tests.html", _tests_view, error=error.message)
+            refused.status_code = http_status(error)
+            return refused
         return RedirectResponse("/tests", status_code=303)
 
     @app.get("/login", response_class=HTMLResponse)
@@ -268,10 +271,6 @@ def _tests_view(source: Source) -> dict:
     if not source.viewer.admin:
         return {"report": None, "clusters": None}
     return {"report": source.tests(), "clusters": sorted(c.id for c in source.clusters())}
-
-
-def _back(path: str, error: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?error={quote(error)}", status_code=303)
 
 
 def _local(target: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vipu.api.protos import admin_pb2, vipuuser_pb2
-from vipu.client import AdminClient, Conflict, Stream, Unauthenticated, UserClient, VipuError
+from vipu.client import AdminClient, Conflict, PermissionDenied, Stream, Unauthenticated, UserClient, VipuError
 from vipu.client.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Source:
 
     def _admin(self) -> AdminClient:
         if self.admin is None:
-            raise PermissionError("only administrators see the pod's machines, cabling and cluster tests")
+            raise PermissionDenied("only administrators see the pod's machines, cabling and cluster tests")
         return self.admin
 
     def _read(self, part: str, fetch: Callable[[], object]):

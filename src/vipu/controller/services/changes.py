@@ -1,4 +1,4 @@
-"""The controller's changes, numbered as they happen, for clients that keep a live view.
+"""The controller's changes, counted as they happen, for clients that keep a live view.
 
 vipu-web redraws a page when something it shows has changed. Rather than have it poll every
 list, the controller publishes each change here once it is visible to readers (a partition's
@@ -85,10 +85,6 @@ class ChangeFeed:
             self._closed = True
             self._condition.notify_all()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     @contextmanager
     def watcher(self) -> Iterator[None]:
         """One watcher's place, or Unavailable when every place is taken."""
@@ -131,4 +127,10 @@ class ChangeFeed:
             return set()
         if not self._recent or self._recent[0].revision > after + 1:  # fell behind what is kept
             return topics_for(access)
-        return {c.topic for c in self._recent if c.revision > after and visible(c, access)}
+        seen = set()
+        for change in reversed(self._recent):  # the newest first: a waiter near the end reads only what is new
+            if change.revision <= after:
+                break
+            if visible(change, access):
+                seen.add(change.topic)
+        return seen
