@@ -6,7 +6,10 @@ the controller lets them see and nothing more. Reading every list for every page
 controller of a large pod for nothing, so a `Source` keeps what it read and reads a part again
 only once `WatchChanges` says it changed; while the watch is not in place (the controller is
 restarting, say) nothing is kept and pages read afresh, and the watch is tried again every
-`RETRY_SECONDS`. Listeners (the pages' event streams) are told which parts changed.
+`RETRY_SECONDS`. Listeners (the pages' event streams) are told which parts changed. Once the
+watch is in place its thread reads every part, so that the first page finds them read (reading
+again at every change would read more often than pages redraw). One part is read by one thread
+at a time; another wanting it meanwhile takes that read's result.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class Source:
         self._lock = threading.Lock()
         self._kept: dict[str, object] = {}
         self._generations = dict.fromkeys(PARTS, 0)  # each part's count of changes heard, to know a reading is current
+        # One read of a part at a time, held across that one API call (bounded by TIMEOUT_SECONDS):
+        # a page of a thousand machines should not make the controller list them twice at once.
+        self._reading = {part: threading.Lock() for part in PARTS}
         self._watching = False
         self.version = 0  # counts the changes heard: a page drawn at one version learns of later ones when it listens
         self._listeners: set[Callable[[set[str]], None]] = set()
@@ -97,16 +103,31 @@ class Source:
         with self._lock:
             if self._watching and part in self._kept:
                 return self._kept[part]
-            generation = self._generations[part]
-        try:
-            value = fetch()  # no lock held: other pages read meanwhile
-        except Unauthenticated:
-            self.refused = True
-            raise
-        with self._lock:
-            if self._watching and self._generations[part] == generation:  # no change heard while it was read
-                self._kept[part] = value
-        return value
+        with self._reading[part]:
+            with self._lock:
+                if self._watching and part in self._kept:  # read by the thread this one waited for
+                    return self._kept[part]
+                generation = self._generations[part]
+            try:
+                value = fetch()
+            except Unauthenticated:
+                self.refused = True
+                raise
+            with self._lock:
+                if self._watching and self._generations[part] == generation:  # no change heard while it was read
+                    self._kept[part] = value
+            return value
+
+    def _read_all(self) -> None:
+        """Read every part the viewer may see, before a page asks (on the watch's thread)."""
+        readers = [self.partitions, self.allocations]
+        if self.admin is not None:
+            readers += [self.agents, self.clusters, self.tests]
+        for read in readers:
+            try:
+                read()
+            except VipuError as error:  # a page reading it will meet the same and say so
+                log.info("reading what %s sees: %s", self.viewer.user_id or "the dashboard", error.message)
 
     # Changes
 
@@ -144,6 +165,7 @@ class Source:
                     if first:  # in place: whatever was read before may have missed a change
                         self.problem, first = "", False
                         self._changed(set(PARTS), watching=True)
+                        self._read_all()
                     elif change.topics:
                         self._changed({p for topic in change.topics for p in _CHANGED_BY.get(topic, ())}, watching=True)
             except Unauthenticated as error:
