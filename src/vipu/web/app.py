@@ -10,6 +10,7 @@ needs a session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import zlib
@@ -106,9 +107,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
         source = source_of(request)
         version = source.version
         try:
-            drawn = page(request, name, viewer=source.viewer, problem=source.problem, drawn_at=version, **draw(source), **values)
-            drawn.headers["X-Vipu-Version"] = str(version)
-            return drawn
+            return page(request, name, viewer=source.viewer, problem=source.problem, drawn_at=version, **draw(source), **values)
         except Unauthenticated:
             sessions.logout(request.cookies.get(COOKIE))
             raise LoginNeeded() from None
@@ -224,8 +223,10 @@ async def _changes(source: Source, since: int, still_valid) -> AsyncIterator[str
     polls); `ended` when the session has."""
     loop = asyncio.get_running_loop()
     changed: asyncio.Queue[set[str]] = asyncio.Queue()
+
     def heard(parts: set[str]) -> None:  # on the watch's thread
-        loop.call_soon_threadsafe(changed.put_nowait, parts)
+        with contextlib.suppress(RuntimeError):  # the server has stopped, and its loop with it
+            loop.call_soon_threadsafe(changed.put_nowait, parts)
 
     stop = source.listen(heard)
     if source.version != since:  # changed between the page's drawing and now

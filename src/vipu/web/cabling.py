@@ -30,6 +30,8 @@ class Box:
     agent_id: str
     x: float
     y: float
+    width: float = MACHINE_WIDTH
+    height: float = MACHINE_HEIGHT
 
 
 @dataclass

@@ -6,20 +6,23 @@ key on the user end-point (a wrong one is refused there, costs its scrypt, and c
 controller's lockout of that user from the dashboard's address), and the viewer is an
 administrator when the admin end-point answers them too. The session's id, 256 random bits, is
 the browser's only token; the key stays in this process's memory with the viewer's `Source`,
-which users with the same key share, and is forgotten when their last session ends.
+which the sessions of one user and key share, and is forgotten when their last session ends.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
 
-from vipu.client import AdminClient, PermissionDenied, UserClient
+from vipu.client import AdminClient, PermissionDenied, UserClient, VipuError
 from vipu.client.settings import ClientSettings
 from vipu.web.sources import TIMEOUT_SECONDS, Source, Viewer
+
+log = logging.getLogger(__name__)
 
 SESSION_SECONDS = 8 * 3600
 COOKIE = "vipu_session"
@@ -64,6 +67,9 @@ class Sessions:
                 admin.list_clusters()
             is_admin = True
         except PermissionDenied:
+            is_admin = False
+        except VipuError as error:  # the admin end-point fenced off from here, say: the pages of a user
+            log.warning("user %s logged in, but the admin end-point did not answer: %s", user_id, error.message)
             is_admin = False
         key = (user_id, hashlib.sha256(access_key.encode()).digest())
         session_id = secrets.token_urlsafe(32)

@@ -154,7 +154,10 @@ class Source:
                 self._kept.pop(part, None)
             listeners = list(self._listeners)
         for listener in listeners:
-            listener(parts)
+            try:
+                listener(parts)
+            except Exception:  # one page's stream failing must not stop the watch for the others
+                log.exception("telling a page of a change failed")
 
     def _watch(self) -> None:
         while not self._closed.is_set():

@@ -22,7 +22,6 @@
       const response = await fetch(location.pathname + location.search,
         { headers: { "X-Vipu-Fragment": "1" }, cache: "no-store", credentials: "same-origin" });
       if (response.redirected || response.status === 401) { location.reload(); return; }
-      main.dataset.version = response.headers.get("X-Vipu-Version") || main.dataset.version;
       const fresh = new DOMParser().parseFromString(`<main>${await response.text()}</main>`, "text/html").body.firstElementChild;
       swap(fresh);
       main.dataset.redraws = String(Number(main.dataset.redraws || 0) + 1);
