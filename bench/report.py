@@ -132,6 +132,21 @@ def soak(data: dict) -> list[str]:
             *markdown(["window end s", "operations", "errors so far", "p50 ms", "p99 ms", "controller RSS MB"], rows)]
 
 
+def web(data: dict) -> list[str]:
+    rows = [[r["machines"], r["partitions"], round(r["first_load_warm"]["html_bytes"] / 1024, 1),
+             f"{r['first_load_cold']['load']['p50_ms']} / {r['first_load_cold']['load']['max_ms']}",
+             f"{r['first_load_warm']['load']['p50_ms']} / {r['first_load_warm']['load']['max_ms']}",
+             f"{r['updates']['marker_latency']['p50_ms']} / {r['updates']['marker_latency']['p99_ms']}",
+             f"{r['updates']['markers_seen']}/{r['updates']['markers']}", r["updates"]["churn_pairs_per_s"],
+             r["updates"]["web_cpu_percent"], r["updates"]["controller_cpu_percent"]] for r in data["runs"]]
+    return [f"**The dashboard** (`bench.web`, Debian's Chromium headless, the racks page of a pod a quarter full; first load to the "
+            f"load event, target {data['target_first_load_s']:.0f} s; updates: a partition's appearance on the open page after its "
+            f"create was answered, with {data['churn_pairs_per_s']:.0f} create+remove pairs/s going on, for {data['seconds']:.0f} s):",
+            "", *markdown(["machines", "partitions", "HTML KB (gzip)", "first load, vipu-web cold: p50 / max ms",
+                           "first load, warm: p50 / max ms", "update p50 / p99 ms", "updates seen", "pairs/s", "vipu-web CPU %",
+                           "controller CPU %"], rows)]
+
+
 @click.command()
 def main():
     """Render bench/results/*.json as the README's last recorded results."""
@@ -139,7 +154,7 @@ def main():
     first = None
     renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
                  ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
-                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("crashes", crashes), ("soak", soak))
+                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("crashes", crashes), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

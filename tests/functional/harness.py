@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import pty
+import queue
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from vipu.api.protos import (
 from vipu.api.tls import TlsFiles, agent_channel_credentials, client_credentials
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import Rack, generate_rack, load_rack, save_rack
+from vipu.client import Stream, UserClient
 from vipu.model.entities import IldTopology
 from vipu.model.topology import LinkKind
 
@@ -92,6 +96,8 @@ class Pod:
         self.admin_config = directory / "admin.vipu-cli.hcl"
         self.admin_key = ""
         self.server: subprocess.Popen | None = None
+        self.web: subprocess.Popen | None = None
+        self.web_port = 0
         self._channels: dict[int, grpc.Channel] = {}
 
     # Processes
@@ -182,7 +188,35 @@ class Pod:
             log = (self.directory / "server.log").read_text()[-6000:]
             raise AssertionError(f"vipu-server did not stop within 30 s of signal {sig}:\n{log}") from None
 
+    def start_web(self, *extra: str) -> str:
+        """vipu-web over this pod's controller (secure when the pod is); its address."""
+        self.web_port = free_port()
+        with open(self.directory / "web.log", "ab") as log:
+            self.web = subprocess.Popen(
+                dying_with_parent([str(BIN / "vipu-web"), "--listen-address", "127.0.0.1", "--port", str(self.web_port),
+                                   "-H", "127.0.0.1", "--api-port", str(self.user_port), "--admin-port", str(self.admin_port),
+                                   *(("--secure", "--tls-dir", str(self.tls.root)) if self.secure else ()), *extra]),
+                stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self._web_answers, what="vipu-web")
+        return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.web_port}"
+
+    def _web_answers(self) -> bool:
+        if self.web is not None and self.web.poll() is not None:
+            raise AssertionError(f"vipu-web exited with status {self.web.returncode}:\n{(self.directory / 'web.log').read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.web_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop_web(self) -> None:
+        web, self.web = self.web, None
+        if web is not None:
+            web.terminate()
+            web.wait(timeout=30)
+
     def stop(self) -> None:
+        self.stop_web()
         if self.server is not None:
             self.stop_server()
         for name in list(self.agents):
@@ -388,6 +422,38 @@ class Pod:
             "held": {m.name: self.held(m.name) for m in self.rack.machines},
             "ipuof": sorted(p.name for p in self.ipuof_dir.glob("*")) if self.ipuof_dir.exists() else [],
         }
+
+
+PROMPTLY = 5.0  # seconds: a watch tells of a change at once, but the machine is shared
+
+
+def watching(client: UserClient) -> tuple[queue.Queue, Stream]:
+    """Each message's topics in a queue (None once the stream ended), from a thread, and the
+    stream, to cancel; once the watch is in place."""
+    stream = client.watch_changes()
+    heard: queue.Queue = queue.Queue()
+
+    def listen() -> None:
+        for change in stream:
+            heard.put(list(change.topics))
+        heard.put(None)  # the stream ended
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert heard.get(timeout=PROMPTLY) == []
+    return heard, stream
+
+
+def hears(heard: queue.Queue, topic: str) -> bool:
+    """Whether a message names the topic within PROMPTLY seconds (an operation may be told of in
+    several messages: a create's pending and active states, say)."""
+    deadline = time.monotonic() + PROMPTLY
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if topic in (heard.get(timeout=left) or ()):
+                return True
+        except queue.Empty:
+            break
+    return False
 
 
 def failed_line(result: Result, action: str, subject: str | None, reason: str) -> None:

@@ -14,16 +14,20 @@ import pytest
 
 from tests.functional.harness import (
     BIN,
+    PROMPTLY,
     Pod,
     Result,
     failed_line,
+    hears,
     pairs,
     rows,
     wait_until,
+    watching,
 )
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2, agent_pb2, agent_pb2_grpc
 from vipu.api.tls import TlsFiles, agent_channel_credentials, generate, issue
+from vipu.client import Unauthenticated, UserClient
 from vipu.client.settings import parse_hcl
 
 
@@ -111,6 +115,28 @@ def test_tenants_see_and_touch_only_what_is_given_to_them(pod, tenants):
     assert pod.user("create", "partition", "pc", "--size", "4", config=carol).code == 0
     assert pod.held_anywhere("pc") == ["m03"]
     assert pod.user("remove", "partition", "pa").code == 0
+
+
+def test_a_watch_of_changes_tells_each_user_only_what_they_may_see_and_ends_with_their_user(pod, tenants):
+    alice, carol = (UserClient.connect(config=tenants[user]) for user in ("alice", "carol"))
+    try:
+        alice_heard, alice_watch = watching(alice)
+        carol_heard, carol_watch = watching(carol)
+        assert pod.user("create", "partition", "pa", "--size", "4", config=tenants["alice"]).code == 0
+        assert hears(alice_heard, "partitions")
+        assert pod.admin("update", "user", "bob", "--give", "a2").code == 0
+        # Had carol heard of alice's partition, its message would have come before this one.
+        while not (topics := carol_heard.get(timeout=PROMPTLY)):
+            pass
+        assert topics == ["users"]
+        assert carol_heard.get(timeout=PROMPTLY) is None  # and after a change of users the watch ends
+        with pytest.raises(Unauthenticated, match="invalid user id or access key for user carol"):
+            list(UserClient.connect(config=tenants["carol"], access_key="wrong-key-wrong-key1").watch_changes())
+    finally:
+        alice_watch.cancel()
+        carol_watch.cancel()
+        alice.close()
+        carol.close()
 
 
 def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_path):

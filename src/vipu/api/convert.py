@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from vipu.api.protos import admin_pb2, agent_pb2
 from vipu.api.protos import vipuuser_pb2 as user_pb2
-from vipu.model.clustertests import InternalReading, Observation, Outcome, PortReading
+from vipu.model.clustertests import CableResult, InternalReading, Observation, Outcome, PortReading
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
 from vipu.model.entities import (
     MAX_AUTO_RESETS,
@@ -242,7 +242,7 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
 
 
 def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> user_pb2.Partition:
-    return user_pb2.Partition(
+    message = user_pb2.Partition(
         id=partition.id,
         spec=user_pb2.PartitionSpec(
             cluster_id=partition.cluster_id,
@@ -268,7 +268,12 @@ def partition_to_proto(partition: Partition, ipuof_server_version: str = "") -> 
         ),
         ready_state=READY_STATE[partition.ready_state],
         ipuof_server_version=ipuof_server_version,
+        status=status_to_proto(partition),
+        owner=partition.owner,
     )
+    if partition.created is not None:
+        message.created.FromDatetime(partition.created)
+    return message
 
 
 def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
@@ -336,6 +341,15 @@ def observation_from_proto(message: agent_pb2.DiagnoseReply) -> Observation:
         checksums=dict(message.checksums),
         rnics={name: tuple(classes.classes) for name, classes in message.rnics.items()},
     )
+
+
+def cabling_to_proto(cluster_id: str, test_state: str, cables: list[CableResult]) -> admin_pb2.Cabling:
+    return admin_pb2.Cabling(cluster_id=cluster_id, test_state=test_state, cables=[
+        admin_pb2.Cable(kind=r.cable.kind.value, lower_agent_id=r.cable.lower.agent_id, lower_port=r.cable.lower.number,
+                        upper_agent_id=r.cable.upper.agent_id, upper_port=r.cable.upper.number, verdict=r.verdict.value,
+                        failures=r.lines)
+        for r in cables
+    ])
 
 
 def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome], running_test: str = "",

@@ -13,8 +13,8 @@ import logging
 import threading
 import time
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 
 import grpc
 
@@ -179,7 +179,8 @@ class RateLimitedLog:
 class GuardInterceptor(grpc.ServerInterceptor):
     """Checks the caller, maps service errors to status codes, and reports (method, code, seconds).
     A request whose bytes are not a valid message is refused as INVALID_ARGUMENT, before any
-    credential is looked at, and logged at a bounded rate."""
+    credential is looked at, and logged at a bounded rate. Unary and server-streaming methods are
+    guarded alike; a method of another kind is not served at all, rather than served unguarded."""
 
     def __init__(self, observe: Observer | None = None, authenticate: Authenticate | None = None,
                  count_malformed: Callable[[str], None] | None = None):
@@ -191,39 +192,56 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
         method = handler_call_details.method
-        inner = handler.unary_unary
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
 
-        def guarded(request, context):
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
-                if isinstance(request, _Malformed):
-                    if self.count_malformed is not None:
-                        self.count_malformed(method)
-                    self.malformed_log.warning("%s: a malformed request of %d bytes from %s (%s)", method, request.size,
-                                               context.peer(), request.reason)
-                    raise errors.InvalidArgument(f"malformed request: its {request.size} bytes are not a {method} request")
-                if self.authenticate is None:
+            def guarded(request, context):
+                with self._guarding(method, request, context):
                     return inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded, request_deserializer=_tolerant(handler.request_deserializer), response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            streamed = handler.unary_stream
+
+            def guarded_stream(request, context):
+                with self._guarding(method, request, context):
+                    yield from streamed(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream, request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
+        log.error("%s is neither unary nor server-streaming, which the guard does not check: not served", method)
+        return None
+
+    @contextmanager
+    def _guarding(self, method: str, request, context) -> Iterator[None]:
+        """The call's handling (a stream's, to its end) under the guard."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if isinstance(request, _Malformed):
+                if self.count_malformed is not None:
+                    self.count_malformed(method)
+                self.malformed_log.warning("%s: a malformed request of %d bytes from %s (%s)", method, request.size,
+                                           context.peer(), request.reason)
+                raise errors.InvalidArgument(f"malformed request: its {request.size} bytes are not a {method} request")
+            if self.authenticate is None:
+                yield
+            else:
                 with self.authenticate(method, dict(context.invocation_metadata()), context.peer()):
-                    return inner(request, context)
-            except errors.VipuError as error:
-                code = code_for(error)
-                context.set_trailing_metadata(_trailers(error))
-                context.abort(code, bounded(error.message))
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("%s failed", method)
-                context.abort(code, "internal error; the server log has the details")
-            finally:
-                if self.observe is not None:
-                    self.observe(method, code.name, time.perf_counter() - started)
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=_tolerant(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
+                    yield
+        except errors.VipuError as error:
+            code = code_for(error)
+            context.set_trailing_metadata(_trailers(error))
+            context.abort(code, bounded(error.message))
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("%s failed", method)
+            context.abort(code, "internal error; the server log has the details")
+        finally:
+            if self.observe is not None:
+                self.observe(method, code.name, time.perf_counter() - started)

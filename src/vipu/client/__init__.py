@@ -41,15 +41,17 @@ from vipu.model.errors import (
 
 if typing.TYPE_CHECKING:
     from vipu.client.admin import AdminClient
+    from vipu.client.connection import Stream
     from vipu.client.retry import RetryPolicy, Verdict, verdict
     from vipu.client.settings import ClientSettings
     from vipu.client.user import UserClient
 
 _LAZY = {"UserClient": "vipu.client.user", "AdminClient": "vipu.client.admin", "RetryPolicy": "vipu.client.retry",
-         "Verdict": "vipu.client.retry", "verdict": "vipu.client.retry", "ClientSettings": "vipu.client.settings"}
+         "Verdict": "vipu.client.retry", "verdict": "vipu.client.retry", "ClientSettings": "vipu.client.settings",
+         "Stream": "vipu.client.connection"}
 
 __all__ = ["AdminClient", "AlreadyExists", "ClientSettings", "ConcurrentUpdate", "Conflict", "HardwareFailure", "InvalidArgument",
-           "NotFound", "PermissionDenied", "RetryPolicy", "Standby", "Unauthenticated", "Unavailable", "UserClient", "Verdict",
+           "NotFound", "PermissionDenied", "RetryPolicy", "Standby", "Stream", "Unauthenticated", "Unavailable", "UserClient", "Verdict",
            "VipuError", "verdict"]
 
 

@@ -99,6 +99,11 @@ class AdminClient(EndpointClient):
 
     # Cluster tests
 
+    def cabling(self, cluster_id: str) -> pb.Cabling:
+        """The cluster's cables, each with the verdict of its latest cluster test (passed, failed
+        with the tests' lines, untested)."""
+        return self._call("GetCabling", pb.GetRequest(id=cluster_id))
+
     def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True) -> pb.ClusterTestReport:
         """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite). With
         `wait`, the call lasts as long as the tests; without, it returns once they started."""

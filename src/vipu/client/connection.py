@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -14,6 +15,27 @@ from vipu.api.status import error_from_rpc, never_reached
 from vipu.client.retry import RetryPolicy
 from vipu.client.settings import ClientSettings
 from vipu.model.errors import ConcurrentUpdate, InvalidArgument, Standby, Unavailable, VipuError
+
+
+class Stream:
+    """The messages of a server-streaming call as they come; `cancel()` ends it from any thread."""
+
+    def __init__(self, call, explained: Callable[[grpc.RpcError], VipuError]):
+        self._call = call
+        self._explained = explained
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator:
+        try:
+            yield from self._call
+        except grpc.RpcError as error:
+            if self._cancelled:
+                return
+            raise self._explained(error) from None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
 
 
 class Connection:
@@ -86,6 +108,21 @@ class Connection:
             self._current = index
             return reply
         raise Unavailable(f"no vipu-server of {', '.join(self.addresses)} serves: {'; '.join(passed_over)}")
+
+    def stream(self, stub_class, method: str, request) -> Stream:
+        """A server-streaming call, without deadline, to the replica that answered last. A failure
+        raises its VipuError from the iteration; after a replica standing by or out of reach, the
+        next call goes to the next replica."""
+        address = self.address
+        call = getattr(stub_class(self._open(address)), method)(
+            request, metadata=credentials.metadata(self.settings.user_id, self.settings.access_key))
+        return Stream(call, lambda error: self._stream_failed(error, address))
+
+    def _stream_failed(self, error: grpc.RpcError, address: str) -> VipuError:
+        failure = self._explained(error, address)
+        if len(self.addresses) > 1 and (isinstance(failure, Standby) or never_reached(error)) and self.address == address:
+            self._current = (self._current + 1) % len(self.addresses)
+        return failure
 
     def _explained(self, error: grpc.RpcError, address: str) -> VipuError:
         """The error, with the likely cause when the TLS set-ups of client and server disagree."""

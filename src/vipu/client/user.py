@@ -5,6 +5,7 @@ from __future__ import annotations
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.client.base import EndpointClient
+from vipu.client.connection import Stream
 from vipu.model.errors import NotFound
 
 
@@ -65,6 +66,13 @@ class UserClient(EndpointClient):
 
     def ipu_attributes(self, agents: tuple[str, ...] = ()) -> list[pb.ListIPUAttributesReply.Entry]:
         return list(self._call("ListIPUAttributes", pb.ListIPUAttributesRequest(agents=agents)).entries)
+
+    def watch_changes(self) -> Stream:
+        """The controller's changes as they happen, as `Change` messages naming the topics changed
+        (partitions, configuration, users, tests) that the caller may see: the first, with none,
+        once the watch is in place, and one with none every 10 s of quiet. It ends after a change
+        of users (watch again); `cancel()` ends it from another thread."""
+        return self.connection.stream(pb_grpc.UserServiceStub, "WatchChanges", pb.WatchChangesRequest())
 
     def capacity(self, size: int = 0, *, allocation_id: str = "", cluster_id: str = "") -> pb.GetCapacityReply:
         """Room now in the allocations this user may use (or the one named, or a cluster's): IPUs

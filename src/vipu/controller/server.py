@@ -31,6 +31,7 @@ from vipu.controller.servicers.user import UserServicer
 from vipu.controller.servicers.version import VersionServicer
 from vipu.controller.services.agents import AgentService, no_takeover
 from vipu.controller.services.allocations import AllocationService
+from vipu.controller.services.changes import ChangeFeed, Topic
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
@@ -38,12 +39,14 @@ from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
 from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.store.store import Store
+from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
 log = logging.getLogger(__name__)
 # How long a clean stop waits for a health pass under way to end; each of its agent calls is
 # bounded by the agent timeout.
 HEALTH_PASS_DEADLINE_SECONDS = 30.0
+# What the store says a commit changed -> the topic it is published under, for live views.
+_TOPICS = {CONFIGURATION_CHANGED: Topic.CONFIGURATION, USERS_CHANGED: Topic.USERS, TESTS_CHANGED: Topic.TESTS}
 
 
 @dataclass
@@ -101,13 +104,15 @@ class Controller:
         self.store = Store(config.db_url)
         self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=agent_link(config))
         self.hardware = Hardware(self.gateway, workers=config.workers)
+        self.changes = ChangeFeed()
+        self.store.on_commit = self._committed
         under_test: set[str] = set()
-        self.partitions = PartitionService(self.store, self.hardware, under_test)
+        self.partitions = PartitionService(self.store, self.hardware, under_test, self.changes)
         self.allocations = AllocationService(self.store, self.partitions)
         self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
-        self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
+        self.clustertests = ClusterTestService(self.store, self.hardware, under_test, self.changes)
         self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
                           if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
@@ -123,6 +128,10 @@ class Controller:
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
         self._health: threading.Thread | None = None
+
+    def _committed(self, changed: frozenset[str]) -> None:
+        for what in changed:
+            self.changes.publish(_TOPICS[what])
 
     def start(self) -> None:
         """Serve: at once if alone, or as a standby that takes over when elected."""
@@ -181,7 +190,7 @@ class Controller:
             yield
 
     def _register_user(self, server: grpc.Server) -> None:
-        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions), server)
+        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions, self.changes), server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
@@ -203,6 +212,7 @@ class Controller:
         way finish), then let go of the agents and the store. Whatever the controller started
         (the simulated pod of --sim) is stopped after this, so no pass sees its agents go."""
         self._stop.set()
+        self.changes.close()  # before the servers stop: their grace must not wait on watchers
         self.clustertests.shutdown()
         if self.discovery is not None:
             self.discovery.stop()

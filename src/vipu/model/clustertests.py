@@ -4,7 +4,9 @@ Agents only observe (what cable is in a port, whether a link came up and reaches
 corrected errors it shows, what an RNIC's PFC classes are); these pure functions compare the
 observations with what the cluster's topology expects, count the elements as seed 002 does
 (14 Sync-Link cables and 28 cables in an 8-machine mesh, 16 links inside each machine, traffic
-windows of 16 IPUs sliding by two machines), and word the summary lines the CLI prints.
+windows of 16 IPUs sliding by two machines), and word the summary lines the CLI prints. Each
+outcome also keeps the lines about each cable it failed, so that a cluster's cabling can be shown
+with every cable's verdict (`cable_results`).
 
 An agent that did not answer has `None` for its observations; every element that needs it fails.
 """
@@ -73,6 +75,7 @@ class Outcome:
     total: int
     summary: list[str]
     duration: float = 0.0
+    cable_failures: dict[str, list[str]] = field(default_factory=dict)  # Cable.key -> the summary's lines about it
 
 
 @dataclass(frozen=True)
@@ -140,10 +143,25 @@ def skipped(test: TestType, dependency: TestType) -> Outcome:
     ])
 
 
-def _outcome(test: TestType, passed: int, total: int, success: str, headline: str | None, lines: list[str]) -> Outcome:
+def _outcome(test: TestType, passed: int, total: int, success: str, headline: str | None, lines: list[str],
+             cable_failures: dict[str, list[str]] | None = None) -> Outcome:
     if passed == total and not lines:
         return Outcome(test, Status.PASSED, passed, total, [success])
-    return Outcome(test, Status.FAILED, passed, total, ([headline] if headline else []) + lines)
+    return Outcome(test, Status.FAILED, passed, total, ([headline] if headline else []) + lines, cable_failures=cable_failures or {})
+
+
+def _ends(cable: Cable) -> str:
+    """A cable as the Sync-Link, IPU-Link and GW-Link tests name it: "ag4:6 <--> 2:ag5"."""
+    return f"{cable.lower.agent_id}:{cable.lower.number} <--> {cable.upper.number}:{cable.upper.agent_id}"
+
+
+def _failing(cables: list[Cable], observations: Observations, serials: Mapping[str, str]) -> dict[str, list[str]]:
+    """The cables that did not link, each with its line."""
+    return {c.key: [_ends(c)] for c in cables if not _linked(c, observations, serials)}
+
+
+def _lines(cable_failures: dict[str, list[str]]) -> list[str]:
+    return [line for lines in cable_failures.values() for line in lines]
 
 
 def program_checksum(seed: int, chip_id: str, routing_id: int) -> int:
@@ -175,10 +193,9 @@ def _linked(cable: Cable, observations: Observations, serials: Mapping[str, str]
 def judge_sync(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
     """Sync-Link cables, and in a multi-domain cluster the sync carried over GW-Links too."""
     cables = layout.sync_cables() + layout.gwlink_cables()
-    failing = [c for c in cables if not _linked(c, observations, serials)]
-    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}" for c in failing]
+    failing = _failing(cables, observations, serials)
     return _outcome(TestType.SYNC, len(cables) - len(failing), len(cables), "Sync Link test passed", "Failed Sync Links:",
-                    _silent(observations, layout.agent_ids) + lines)
+                    _silent(observations, layout.agent_ids) + _lines(failing), failing)
 
 
 def _port_label(kind: LinkKind) -> str:
@@ -189,6 +206,7 @@ def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
     """IPU-Link and GW-Link cables: the OSFP serial at both expected ends must be the same."""
     cables = layout.ipulink_cables() + layout.gwlink_cables()
     missing, wrong = [], []
+    failing: dict[str, list[str]] = {}
     for cable in cables:
         low, up = cable.lower, cable.upper
         a = _reading(observations.get(low.agent_id), low.kind, low.number)
@@ -200,14 +218,17 @@ def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
             r.kind is up.kind and r.cable_serial == a.cable_serial for r in far.ports
         )
         if misplaced:
-            wrong.append(f"{low.agent_id} ({_port_label(low.kind)} {low.number}) <--> {up.agent_id} "
-                         f"({_port_label(up.kind)} {up.number}) (connected to wrong port)")
+            line = (f"{low.agent_id} ({_port_label(low.kind)} {low.number}) <--> {up.agent_id} "
+                    f"({_port_label(up.kind)} {up.number}) (connected to wrong port)")
+            wrong.append(line)
         else:
-            missing.append(f"{low.agent_id}:{low.number} [{low.kind.value}] <--> {up.agent_id}:{up.number} [{up.kind.value}] (failed)")
+            line = f"{low.agent_id}:{low.number} [{low.kind.value}] <--> {up.agent_id}:{up.number} [{up.kind.value}] (failed)"
+            missing.append(line)
+        failing[cable.key] = [line]
     failures = len(missing) + len(wrong)
     headline = "Cables not connected as expected:" if wrong else None
     return _outcome(TestType.CABLING, len(cables) - failures, len(cables), "All cables connected as expected", headline,
-                    _silent(observations, layout.agent_ids) + wrong + missing)
+                    _silent(observations, layout.agent_ids) + wrong + missing, failing)
 
 
 def _internal_line(agent: str, link, suffix: str = "") -> str:
@@ -217,15 +238,15 @@ def _internal_line(agent: str, link, suffix: str = "") -> str:
 def judge_ipulink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
     """Every IPU-Link trains: one per cable between machines, and the 16 inside each machine."""
     cables = layout.ipulink_cables()
-    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}"
-             for c in cables if not _linked(c, observations, serials)]
+    failing = _failing(cables, observations, serials)
+    lines = _lines(failing)
     for agent in layout.agent_ids:
         observation = observations.get(agent)
         up = {r.link for r in observation.internal if r.up} if observation is not None else set()
         lines += [_internal_line(agent, link) for link in INTERNAL_LINKS if link.key not in up]
     total = len(cables) + len(INTERNAL_LINKS) * len(layout.agent_ids)
     return _outcome(TestType.IPULINK, total - len(lines), total, "All Links Passed", "Links that did not train:",
-                    _silent(observations, layout.agent_ids) + lines)
+                    _silent(observations, layout.agent_ids) + lines, failing)
 
 
 def traffic_windows(layout: ClusterLayout) -> list[tuple[str, ...]]:
@@ -261,10 +282,19 @@ def traffic_phases(windows: list[tuple[str, ...]]) -> list[list[int]]:
     return [members for members, _ in phases]
 
 
+@dataclass
+class WindowResult:
+    """One traffic window's failure lines (none when it passed), and those about each cable."""
+
+    lines: list[str]
+    cable_failures: dict[str, list[str]] = field(default_factory=dict)
+
+
 def judge_traffic_window(number: int, window: tuple[str, ...], layout: ClusterLayout, observations: Observations,
-                         serials: Mapping[str, str], chips: Mapping[str, Mapping[int, str]], seed: int) -> list[str]:
-    """The failure lines of one traffic window (none when it passed)."""
+                         serials: Mapping[str, str], chips: Mapping[str, Mapping[int, str]], seed: int) -> WindowResult:
+    """What one traffic window saw go wrong."""
     lines = _silent(observations, window)
+    failing: dict[str, list[str]] = {}
     members = set(window)
     for cable in layout.ipulink_cables():
         lower, upper = cable.lower.agent_id, cable.upper.agent_id
@@ -275,9 +305,13 @@ def judge_traffic_window(number: int, window: tuple[str, ...], layout: ClusterLa
             continue
         name = f"{upper}:{cable.upper.number} <--> {lower}:{cable.lower.number}"
         if not _linked(cable, observations, serials):
-            lines.append(f"{name}: link down")
+            line = f"{name}: link down"
         elif reading.errors > TRAFFIC_ERROR_THRESHOLD:
-            lines.append(f"{name}: {reading.errors} link errors")
+            line = f"{name}: {reading.errors} link errors"
+        else:
+            continue
+        lines.append(line)
+        failing[cable.key] = [f"traffic test {number}: {line}"]
     routing = {(agent, ipu): n for n, (agent, ipu) in enumerate((a, i) for a in window for i in range(IPUS_PER_MACHINE))}
     for agent in window:
         observation = observations.get(agent)
@@ -294,23 +328,26 @@ def judge_traffic_window(number: int, window: tuple[str, ...], layout: ClusterLa
             expected = program_checksum(seed, chips[agent].get(ipu, ""), routing[(agent, ipu)])
             if observation.checksums.get(ipu) != expected:
                 lines.append(f"{agent}:ipu{ipu}: wrong result from the test program")
-    return [f"Errors encountered in traffic test {number}", *lines] if lines else []
+    return WindowResult([f"Errors encountered in traffic test {number}", *lines] if lines else [], failing)
 
 
-def traffic_outcome(window_lines: list[list[str]]) -> Outcome:
-    failed = [lines for lines in window_lines if lines]
-    return _outcome(TestType.TRAFFIC, len(window_lines) - len(failed), len(window_lines), "Traffic test passed",
-                    "Traffic test failed", [line for lines in failed for line in lines])
+def traffic_outcome(windows: list[WindowResult]) -> Outcome:
+    failed = [window.lines for window in windows if window.lines]
+    failing: dict[str, list[str]] = {}
+    for window in windows:
+        for key, lines in window.cable_failures.items():
+            failing.setdefault(key, []).extend(lines)
+    return _outcome(TestType.TRAFFIC, len(windows) - len(failed), len(windows), "Traffic test passed",
+                    "Traffic test failed", [line for lines in failed for line in lines], failing)
 
 
 def judge_gwlink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
     cables = layout.gwlink_cables()
     if not cables:
         return Outcome(TestType.GWLINK, Status.PASSED, 0, 0, ["GW Link test skipped"])
-    lines = [f"{c.lower.agent_id}:{c.lower.number} <--> {c.upper.number}:{c.upper.agent_id}"
-             for c in cables if not _linked(c, observations, serials)]
-    return _outcome(TestType.GWLINK, len(cables) - len(lines), len(cables), "GW Link test passed", "Failed GW-Links:",
-                    _silent(observations, layout.agent_ids) + lines)
+    failing = _failing(cables, observations, serials)
+    return _outcome(TestType.GWLINK, len(cables) - len(failing), len(cables), "GW Link test passed", "Failed GW-Links:",
+                    _silent(observations, layout.agent_ids) + _lines(failing), failing)
 
 
 COMPONENT_LABELS = {
@@ -348,3 +385,40 @@ def judge_pfc(agents: tuple[str, ...], observations: Observations) -> Outcome:
             lines.append(f"{agent}: {{{', '.join(bad)}}}")
     return _outcome(TestType.PFC, len(agents) - len(lines), len(agents), "All PFC settings as expected",
                     "PFC settings not as expected:", lines)
+
+
+# The kinds of cable each test judges.
+JUDGED_CABLES = {
+    TestType.SYNC: {LinkKind.SYNC, LinkKind.GWLINK},  # GW-Links carry the sync between domains
+    TestType.CABLING: {LinkKind.IPULINK, LinkKind.GWLINK},
+    TestType.IPULINK: {LinkKind.IPULINK},
+    TestType.TRAFFIC: {LinkKind.IPULINK},
+    TestType.GWLINK: {LinkKind.GWLINK},
+}
+
+
+class CableVerdict(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    UNTESTED = "untested"
+
+
+@dataclass(frozen=True)
+class CableResult:
+    cable: Cable
+    verdict: CableVerdict
+    lines: tuple[str, ...] = ()  # "<test>: <its line about the cable>", for each test that failed it
+
+
+def cable_results(layout: ClusterLayout, outcomes: list[Outcome]) -> list[CableResult]:
+    """Every cable the cluster expects, judged by the tests among `outcomes` (one run's): failed
+    if any of them failed it, passed if one that ran judges its kind and none failed it, untested
+    otherwise (no such test ran, or it was skipped)."""
+    ran = [o for o in outcomes if o.status is not Status.SKIPPED]
+    judged = {kind for o in ran for kind in JUDGED_CABLES.get(o.test, ())}
+    results = []
+    for cable in layout.cables():
+        lines = tuple(f"{o.test.value}: {line}" for o in ran for line in o.cable_failures.get(cable.key, ()))
+        verdict = CableVerdict.FAILED if lines else CableVerdict.PASSED if cable.kind in judged else CableVerdict.UNTESTED
+        results.append(CableResult(cable, verdict, lines))
+    return results

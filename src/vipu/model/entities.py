@@ -267,6 +267,7 @@ class Partition:
     auto_reset_count: int = 0
     last_auto_reset: datetime | None = None  # when the controller last reset it on its own, UTC
     owner: str = ""  # the user who created it; empty in open mode
+    created: datetime | None = None  # when, UTC
     # What an IPUoF client must present to attach to its IPUs: in its IPUoF configuration, new for
     # every partition made, so a file kept from a removed partition opens no later one of its name.
     attach_key: str = field(default="", repr=False)

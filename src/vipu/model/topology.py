@@ -46,6 +46,15 @@ class Cable:
     lower: Port
     upper: Port
 
+    @property
+    def kind(self) -> LinkKind:
+        return self.lower.kind
+
+    @property
+    def key(self) -> str:
+        """The cable's name in cluster test results: its kind and both ends, e.g. "IPU-Link ag3:5 ag4:1"."""
+        return f"{self.kind.value} {self.lower.agent_id}:{self.lower.number} {self.upper.agent_id}:{self.upper.number}"
+
 
 # IPU-Link chassis port -> the IPU it belongs to.
 IPULINK_PORT_IPU = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3}

@@ -91,6 +91,8 @@ from vipu.store.schema import (
 )
 
 LAST_TEST_RUN = "last"
+# What a committed write changed, besides partitions, as `Store.on_commit` is told.
+CONFIGURATION_CHANGED, USERS_CHANGED, TESTS_CHANGED = "configuration", "users", "tests"
 # The longest a statement may wait or run, on either database: it bounds how long a write holds
 # the write turn (`Store.transaction`, `Store.write`), so no writer waits without a deadline.
 STATEMENT_DEADLINE_SECONDS = 30
@@ -237,6 +239,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         auto_reset_count=row.auto_reset_count,
         last_auto_reset=_utc(row.last_auto_reset_at),
         owner=row.owner or "",
+        created=_utc(row.created_at),
         attach_key=row.attach_key or "",
     )
 
@@ -363,13 +366,15 @@ class Transaction:
     database at all.
     """
 
-    def __init__(self, engine: Engine, cache: ConfigurationCache):
+    def __init__(self, engine: Engine, cache: ConfigurationCache, on_commit: Callable[[frozenset[str]], None] | None = None):
         self._engine = engine
         self._cache = cache
+        self._on_commit = on_commit
         self._connection: Connection | None = None
         self._session: Session | None = None
         self._seen: Configuration | None = None
         self._changed_configuration = False
+        self._changed: set[str] = set()  # what Store.on_commit is told of
 
     @property
     def connection(self) -> Connection:
@@ -396,6 +401,8 @@ class Transaction:
             self._connection.commit()
         if self._changed_configuration:
             self._cache.changed()
+        if self._changed and self._on_commit is not None:
+            self._on_commit(frozenset(self._changed))
 
     def _close(self) -> None:
         """Release the session and the connection; what was not committed is rolled back."""
@@ -416,6 +423,7 @@ class Transaction:
     def _configuration_changes(self) -> None:
         """Record that this transaction changes agents, clusters or allocations (for every cache)."""
         self._seen = None
+        self._changed.add(CONFIGURATION_CHANGED)
         if not self._changed_configuration:
             self._changed_configuration = True
             self.connection.execute(
@@ -587,6 +595,7 @@ class Transaction:
                 auto_reset_count=partition.auto_reset_count,
                 owner=partition.owner,
                 attach_key=partition.attach_key,
+                **({"created_at": partition.created} if partition.created is not None else {}),
             ))
             connection.execute(NEW_IPUS, [
                 {"partition_id": partition.id, "routing_id": i.routing_id, "agent_id": i.agent_id, "ipu_index": i.index,
@@ -642,6 +651,7 @@ class Transaction:
         return Credential(row.key_salt, row.key_hash, row.key_version) if row else None
 
     def add_user(self, user: User, credential: Credential) -> None:
+        self._changed.add(USERS_CHANGED)
         if self.session.get(UserRow, user.id) is not None:
             raise AlreadyExists(f"user {user.id} already exists")
         self.session.add(UserRow(
@@ -651,15 +661,18 @@ class Transaction:
         self._flush(f"user {user.id} already exists")
 
     def set_user_allocations(self, user_id: str, allocation_ids: tuple[str, ...]) -> None:
+        self._changed.add(USERS_CHANGED)
         row = self.session.get_one(UserRow, user_id)
         row.grants = [UserAllocationRow(allocation_id=a) for a in sorted(set(allocation_ids))]
         self.session.flush()
 
     def set_credential(self, user_id: str, credential: Credential) -> None:
+        self._changed.add(USERS_CHANGED)
         row = self.session.get_one(UserRow, user_id)
         row.key_salt, row.key_hash, row.key_version = credential.salt, credential.digest, credential.version
 
     def delete_user(self, user_id: str) -> None:
+        self._changed.add(USERS_CHANGED)
         row = self.session.get(UserRow, user_id)
         if row is not None:
             self.session.delete(row)
@@ -672,12 +685,14 @@ class Transaction:
         if row is None:
             return None
         outcomes = [
-            Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"])
+            Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"],
+                    {key: list(lines) for key, lines in o.get("cables", {}).items()})  # runs saved before cables were kept have none
             for o in row.outcomes
         ]
         return TestRun(row.cluster_id, RunState(row.state), [TestType(t) for t in row.tests], outcomes)
 
     def save_test_run(self, run: TestRun) -> None:
+        self._changed.add(TESTS_CHANGED)
         row = self.session.get(ClusterTestRunRow, LAST_TEST_RUN)
         if row is None:
             row = ClusterTestRunRow(key=LAST_TEST_RUN)
@@ -687,7 +702,7 @@ class Transaction:
         row.tests = [t.value for t in run.tests]
         row.outcomes = [
             {"test": o.test.value, "status": o.status.value, "passed": o.passed, "total": o.total,
-             "summary": list(o.summary), "duration": o.duration}
+             "summary": list(o.summary), "duration": o.duration, "cables": o.cable_failures}
             for o in run.outcomes
         ]
 
@@ -757,6 +772,9 @@ class Store:
                            else "SELECT extract(epoch from clock_timestamp())::float8")
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
+        # Told, after each write transaction commits, what it changed besides partitions (those
+        # the ledger reports): CONFIGURATION_CHANGED, USERS_CHANGED, TESTS_CHANGED. Live views hang on it.
+        self.on_commit: Callable[[frozenset[str]], None] | None = None
         self._initialise()
 
     def _engine(self, immediate: bool) -> Engine:
@@ -837,7 +855,7 @@ class Store:
     @contextmanager
     def _writing(self) -> Iterator[Transaction]:
         """A fenced write transaction, committed if the block ends normally; the caller holds the turn."""
-        tx = Transaction(self._write_engine, self._cache)
+        tx = Transaction(self._write_engine, self._cache, self.on_commit)
         try:
             if self._fence is not None:
                 self._check_fence(tx.connection, self._fence)

@@ -47,13 +47,13 @@ class Bench:
         return ct.judge_ipulink(self.layout, self.observe(Probe.IPULINK), self.serials)
 
     def traffic(self):
-        lines = []
+        windows = []
         for number, window in enumerate(ct.traffic_windows(self.layout), start=1):
             place = {a: p for p, a in enumerate(window)}
             observations = self.observe(Probe.TRAFFIC, lambda a, place=place: {i: place[a] * 4 + i for i in range(4)},
                                         number, set(window))
-            lines.append(ct.judge_traffic_window(number, window, self.layout, observations, self.serials, self.chips, number))
-        return ct.traffic_outcome(lines)
+            windows.append(ct.judge_traffic_window(number, window, self.layout, observations, self.serials, self.chips, number))
+        return ct.traffic_outcome(windows)
 
     def gwlink(self):
         return ct.judge_gwlink(self.layout, self.observe(Probe.GWLINK), self.serials)
@@ -182,6 +182,38 @@ def test_a_machine_that_does_not_answer_fails_every_element_it_takes_part_in(tmp
     assert sync.summary[:2] == ["Failed Sync Links:", "ag2: does not answer"]
     assert bench.versions().summary == ["Components with mismatched versions found:", "ag2: does not answer"]
     assert bench.pfc().summary == ["PFC settings not as expected:", "ag2: does not answer"]
+
+
+def verdicts(bench, *outcomes) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return {r.cable.key: (r.verdict.value, r.lines) for r in ct.cable_results(bench.layout, list(outcomes))}
+
+
+def test_each_cable_takes_the_verdict_of_the_tests_that_judged_it_with_their_lines(tmp_path):
+    bench = Bench(tmp_path, 4, ilds=2)
+    bench.fault(lambda r: (faults.unplug(r, "m01", LinkKind.IPULINK, 5), faults.break_link(r, "m03", "6", LinkKind.SYNC)))
+    sync, cabling = bench.sync(), bench.cabling()
+    ipulink = ct.skipped(ct.TestType.IPULINK, ct.TestType.CABLING)
+    results = verdicts(bench, sync, cabling, ipulink)
+    assert len(results) == len(bench.layout.cables()) == 4 * 2 + 2 * 2 + 4  # IPU-Link, Sync-Link and GW-Link cables
+    assert results["IPU-Link ag1:5 ag2:1"] == ("failed", ("Cabling: ag1:5 [IPU-Link] <--> ag2:1 [IPU-Link] (failed)",))
+    assert results["Sync-Link ag3:6 ag4:2"] == ("failed", ("Sync-Link: ag3:6 <--> 2:ag4",))
+    assert results["IPU-Link ag1:6 ag2:2"] == ("passed", ())  # judged by Cabling; IPU-Link training was skipped
+    assert results["GW-Link ag1:1 ag3:2"] == ("passed", ())
+    assert sorted(verdict for verdict, _ in results.values()).count("failed") == 2
+
+    unjudged = verdicts(bench, bench.versions(), ipulink)
+    assert {verdict for verdict, _ in unjudged.values()} == {"untested"}
+    assert {verdict for verdict, _ in verdicts(bench).values()} == {"untested"}
+
+
+def test_a_cable_failing_in_traffic_and_training_keeps_every_test_line(tmp_path):
+    bench = Bench(tmp_path, 4)
+    bench.fault(lambda r: faults.set_errors(r, "m02", "5", 327))
+    assert verdicts(bench, bench.ipulink(), bench.traffic())["IPU-Link ag2:5 ag3:1"] == (
+        "failed", ("Traffic: traffic test 1: ag3:1 <--> ag2:5: 327 link errors",))
+    bench.fault(lambda r: faults.unplug(r, "m02", LinkKind.IPULINK, 5))
+    lines = verdicts(bench, bench.ipulink(), bench.traffic())["IPU-Link ag2:5 ag3:1"]
+    assert lines == ("failed", ("IPU-Link: ag2:5 <--> 1:ag3", "Traffic: traffic test 1: ag3:1 <--> ag2:5: link down"))
 
 
 def test_dependencies_skip_with_the_first_failed_dependency_named():

@@ -303,7 +303,8 @@ def test_the_last_cluster_test_is_kept_and_replaced(store, store_url):
     with store.reading() as tx:
         assert tx.get_test_run() is None
     run = TestRun("cl0", RunState.FINISHED, [TestType.SYNC, TestType.CABLING],
-                  [Outcome(TestType.SYNC, Status.FAILED, 12, 14, ["Failed Sync Links:", "ag1:6 <--> 2:ag2"], 0.9)])
+                  [Outcome(TestType.SYNC, Status.FAILED, 12, 14, ["Failed Sync Links:", "ag1:6 <--> 2:ag2"], 0.9,
+                           {"Sync-Link ag1:6 ag2:2": ["ag1:6 <--> 2:ag2"]})])  # each cable's lines are kept too
     with store.transaction() as tx:
         tx.save_test_run(run)
     store.close()

@@ -304,3 +304,31 @@ class ListUsersReply(_message.Message):
     USERS_FIELD_NUMBER: _ClassVar[int]
     users: _containers.RepeatedCompositeFieldContainer[User]
     def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
+
+class Cable(_message.Message):
+    __slots__ = ("kind", "lower_agent_id", "lower_port", "upper_agent_id", "upper_port", "verdict", "failures")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LOWER_AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOWER_PORT_FIELD_NUMBER: _ClassVar[int]
+    UPPER_AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    UPPER_PORT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    lower_agent_id: str
+    lower_port: int
+    upper_agent_id: str
+    upper_port: int
+    verdict: str
+    failures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., lower_agent_id: _Optional[str] = ..., lower_port: _Optional[int] = ..., upper_agent_id: _Optional[str] = ..., upper_port: _Optional[int] = ..., verdict: _Optional[str] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Cabling(_message.Message):
+    __slots__ = ("cluster_id", "cables", "test_state")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CABLES_FIELD_NUMBER: _ClassVar[int]
+    TEST_STATE_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    cables: _containers.RepeatedCompositeFieldContainer[Cable]
+    test_state: str
+    def __init__(self, cluster_id: _Optional[str] = ..., cables: _Optional[_Iterable[_Union[Cable, _Mapping]]] = ..., test_state: _Optional[str] = ...) -> None: ...

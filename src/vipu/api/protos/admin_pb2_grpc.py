@@ -150,6 +150,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
                 _registered_method=True)
+        self.GetCabling = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetCabling',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -294,6 +299,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCabling(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -411,6 +422,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveUser,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'GetCabling': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCabling,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1034,6 +1050,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/RemoveUser',
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCabling(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetCabling',
+            vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,16 +114,22 @@ class PartitionSpec(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., num_ipulink_segments: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ...) -> None: ...
 
 class Partition(_message.Message):
-    __slots__ = ("id", "spec", "ready_state", "ipuof_server_version")
+    __slots__ = ("id", "spec", "ready_state", "ipuof_server_version", "status", "owner", "created")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     IPUOF_SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: PartitionSpec
     ready_state: PartitionReadyState
     ipuof_server_version: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[PartitionSpec, _Mapping]] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., ipuof_server_version: _Optional[str] = ...) -> None: ...
+    status: PartitionStatus
+    owner: str
+    created: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[PartitionSpec, _Mapping]] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., ipuof_server_version: _Optional[str] = ..., status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., owner: _Optional[str] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListPartitionsRequest(_message.Message):
     __slots__ = ("allocation_id",)
@@ -421,3 +427,13 @@ class GetCapacityReply(_message.Message):
     fitting: int
     largest: int
     def __init__(self, allocations: _Optional[_Iterable[_Union[AllocationCapacity, _Mapping]]] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ...) -> None: ...
+
+class WatchChangesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...

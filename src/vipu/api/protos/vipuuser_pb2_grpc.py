@@ -79,6 +79,11 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
                 _registered_method=True)
+        self.WatchChanges = channel.unary_stream(
+                '/virmgrpc.UserService/WatchChanges',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.FromString,
+                _registered_method=True)
 
 
 class UserServiceServicer:
@@ -139,6 +144,12 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UserServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +197,11 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.GetCapacity,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.SerializeToString,
+            ),
+            'WatchChanges': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchChanges,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +447,33 @@ class UserService:
             '/virmgrpc.UserService/GetCapacity',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/virmgrpc.UserService/WatchChanges',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.FromString,
             options,
             channel_credentials,
             insecure,

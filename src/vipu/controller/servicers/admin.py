@@ -147,3 +147,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def RemoveUser(self, request, context):
         self._users().remove(request.id)
         return pb.RemoveReply()
+
+    def GetCabling(self, request, context):
+        run, cables = self.clustertests.cabling(request.id)
+        return convert.cabling_to_proto(request.id, run.state.value if run is not None else "", cables)

@@ -6,12 +6,14 @@ from vipu.api import convert
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.controller.auth import caller
+from vipu.controller.services.changes import ChangeFeed
 from vipu.controller.services.partitions import AllocationRoom, PartitionService
 
 
 class UserServicer(pb_grpc.UserServiceServicer):
-    def __init__(self, partitions: PartitionService):
+    def __init__(self, partitions: PartitionService, changes: ChangeFeed):
         self.partitions = partitions
+        self.changes = changes
 
     def ListPartitions(self, request, context):
         partitions = self.partitions.list(request.allocation_id, caller())
@@ -54,6 +56,11 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def GetCapacity(self, request, context):
         return capacity_reply(self.partitions.capacity(request.size, request.allocation_id, request.cluster_id, caller()))
+
+    def WatchChanges(self, request, context):
+        context.add_callback(self.changes.wake)  # a watcher that goes away stops waiting at once
+        for topics in self.changes.watch(caller(), context.is_active):
+            yield pb.Change(topics=sorted(topic.value for topic in topics))
 
 
 def capacity_reply(rooms: list[AllocationRoom]) -> pb.GetCapacityReply:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
+from vipu.controller.services.changes import ChangeFeed, Topic
 from vipu.controller.services.hardware import Hardware, Work
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
@@ -46,9 +47,10 @@ class _Context:
 
 
 class ClusterTestService:
-    def __init__(self, store: Store, hardware: Hardware, under_test: set[str]):
+    def __init__(self, store: Store, hardware: Hardware, under_test: set[str], changes: ChangeFeed | None = None):
         self.store = store
         self.hardware = hardware
+        self.changes = changes  # told when a step starts; the store tells it of what is saved
         self.under_test = under_test  # the cluster being tested; the partition and cluster services read it
         self._lock = threading.Lock()
         self._run: TestRun | None = None
@@ -127,6 +129,22 @@ class ClusterTestService:
             raise Conflict("No results available. No cluster test has run.")
         return last, None
 
+    def cabling(self, cluster_id: str) -> tuple[TestRun | None, list[judge.CableResult]]:
+        """The cluster's cables, judged by its latest test run (the one under way, or else the
+        last), and that run; None, with every cable untested, when the latest run was of another
+        cluster or there was none."""
+        with self.store.reading() as tx:
+            cluster = tx.get_cluster(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {cluster_id} does not exist")
+        try:
+            run: TestRun | None = self.progress()[0]
+        except Conflict:  # no test has run
+            run = None
+        if run is not None and run.cluster_id != cluster_id:
+            run = None
+        return run, judge.cable_results(ClusterLayout.of(cluster), run.outcomes if run is not None else [])
+
     def stop(self) -> str:
         """Stop the running test after its current step; the cluster it was testing."""
         with self._lock:
@@ -167,6 +185,8 @@ class ClusterTestService:
                 else:
                     started = time.monotonic()
                     self._running_test = test
+                    if self.changes is not None:
+                        self.changes.publish(Topic.TESTS)
                     outcome = self._steps[test](self, context)
                     outcome.duration = time.monotonic() - started
                 if self._stop.is_set():
@@ -221,14 +241,14 @@ class ClusterTestService:
     def _traffic(self, c: _Context) -> Outcome:
         """Windows that share no machine run together, phase by phase."""
         windows = judge.traffic_windows(c.layout)
-        window_lines: dict[int, list[str]] = {}
+        results: dict[int, judge.WindowResult] = {}
         for phase in judge.traffic_phases(windows):
             if self._stop.is_set():
                 break
-            window_lines.update(self._traffic_phase(c, windows, phase))
-        return judge.traffic_outcome([window_lines[n] for n in sorted(window_lines)])
+            results.update(self._traffic_phase(c, windows, phase))
+        return judge.traffic_outcome([results[n] for n in sorted(results)])
 
-    def _traffic_phase(self, c: _Context, windows: list[tuple[str, ...]], phase: list[int]) -> dict[int, list[str]]:
+    def _traffic_phase(self, c: _Context, windows: list[tuple[str, ...]], phase: list[int]) -> dict[int, judge.WindowResult]:
         """Run the windows of one phase at once; the program's seed is each window's number."""
         requests = {}  # agent id -> (its IPUs' routing ids in its window, the window's number)
         for number in phase:

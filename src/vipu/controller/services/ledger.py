@@ -6,7 +6,8 @@ crash loses nothing it said. The one exception is a new partition: placement res
 here, under its allocation's lock, before the store records it, so that the next placement in
 the allocation need not wait for that commit; a reservation the store refuses is forgotten.
 Placement reads the IPUs in use from here rather than from the store; operations read the
-partition they work on from here. Callers get copies, never the entries themselves.
+partition they work on from here. Callers get copies, never the entries themselves. Each change
+is published to the controller's change feed, if given, once made here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import threading
 from collections.abc import Iterable
 
+from vipu.controller.services.changes import ChangeFeed, Topic
 from vipu.model.entities import Partition
 
 
@@ -23,7 +25,8 @@ def _copy(partition: Partition) -> Partition:
 
 
 class Ledger:
-    def __init__(self) -> None:
+    def __init__(self, changes: ChangeFeed | None = None) -> None:
+        self.changes = changes
         self._lock = threading.Lock()
         self._partitions: dict[str, Partition] = {}
         self._used: dict[str, dict[str, set[int]]] = {}  # allocation id -> agent id -> IPU indices
@@ -66,11 +69,18 @@ class Ledger:
         with self._lock:
             self._remove(partition.id)
             self._add(_copy(partition))
+        self._published(partition.allocation_id)
 
     def forget(self, partition_id: str) -> None:
         """A partition the store has just deleted; its IPUs are free."""
         with self._lock:
-            self._remove(partition_id)
+            gone = self._remove(partition_id)
+        if gone is not None:
+            self._published(gone.allocation_id)
+
+    def _published(self, allocation_id: str) -> None:
+        if self.changes is not None:
+            self.changes.publish(Topic.PARTITIONS, allocation_id)
 
     def _add(self, partition: Partition) -> None:
         self._partitions[partition.id] = partition
@@ -78,10 +88,11 @@ class Ledger:
         for ipu in partition.ipus:
             used.setdefault(ipu.agent_id, set()).add(ipu.index)
 
-    def _remove(self, partition_id: str) -> None:
+    def _remove(self, partition_id: str) -> Partition | None:
         partition = self._partitions.pop(partition_id, None)
         if partition is None:
-            return
+            return None
         used = self._used.get(partition.allocation_id, {})
         for ipu in partition.ipus:
             used.get(ipu.agent_id, set()).discard(ipu.index)
+        return partition

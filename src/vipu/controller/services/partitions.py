@@ -19,7 +19,9 @@ from __future__ import annotations
 import builtins
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from vipu.controller.services.changes import ChangeFeed
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.holds import FINISHING, Capacity, PartitionHolds
 from vipu.controller.services.ledger import Ledger
@@ -96,13 +98,13 @@ class AllocationRoom:
 
 
 class PartitionService:
-    def __init__(self, store: Store, hardware: Hardware, under_test: set[str]):
+    def __init__(self, store: Store, hardware: Hardware, under_test: set[str], changes: ChangeFeed | None = None):
         self.store = store
         self.hardware = hardware
         self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
         self.holds = PartitionHolds()
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
-        self.ledger = Ledger()
+        self.ledger = Ledger(changes)
         self.load()
 
     def load(self) -> None:
@@ -485,6 +487,7 @@ class PartitionService:
             ipus=list(placement.ipus),
             disable_auto_reset=request.disable_auto_reset,
             owner=access.user_id,
+            created=datetime.now(UTC),
             attach_key=new_attach_key(),
         )
 

@@ -1,0 +1,225 @@
+"""The dashboard (vipu-web) in a real headless Chromium, against a real controller and agents."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.browser import launch, trusting
+from tests.functional.harness import Pod
+from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.client.settings import parse_hcl
+
+FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
+LIVE_SECONDS = 2.0  # a change appears on an open page within this, without a reload
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    """16 machines (64 IPUs) served by two agent processes, a controller and vipu-web."""
+    pod = Pod(tmp_path_factory.mktemp("web"), machines=16, agent_processes=2).start()
+    try:
+        url = pod.start_web()
+        yield pod, url
+    finally:
+        pod.stop()
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    with sync_playwright() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    launched = launch(playwright)
+    yield launched
+    launched.close()
+
+
+@pytest.fixture
+def page(dashboard, browser):
+    pod, url = dashboard
+    pod.wipe()
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    context = browser.new_context(base_url=url, viewport={"width": 1400, "height": 1000})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def live(page) -> None:
+    """Wait until the page's event stream is in place, and mark the page, so that a reload would show."""
+    page.wait_for_selector("#live[data-state=live]")
+    page.evaluate("window.notReloaded = true")
+
+
+def not_reloaded(page) -> bool:
+    return page.evaluate("window.notReloaded === true")
+
+
+def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
+    pod, _ = dashboard
+    for partition, size in (("p16", 16), ("p4", 4), ("p2", 2), ("p1", 1)):
+        assert pod.user("create", "partition", partition, "--size", str(size)).code == 0, partition
+    pod.fault("m03", "IPU 2 failed")
+    assert pod.user("create", "partition", "bad", "--size", "8", "--keep-on-error").code == 1
+    page.goto("/")
+    ipus = page.eval_on_selector_all(".machine .ipu", """ipus => ipus.map(ipu => ({
+        agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), partition: ipu.dataset.partition,
+        colour: getComputedStyle(ipu).backgroundColor, failed: ipu.classList.contains('failed')}))""")
+    assert len(ipus) == 64
+    user = vipuuser_pb2_grpc.UserServiceStub(pod._server_channel(pod.user_port))
+    holders = {(i.agent_id, i.agent_ipu_index): p.id for p in user.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions
+               for i in p.spec.ipus}
+    assert {(ipu["agent"], ipu["index"]): ipu["partition"] for ipu in ipus if ipu["partition"]} == holders
+    legend = dict(page.eval_on_selector_all(".legend li[data-partition]", """items => items.map(
+        li => [li.dataset.partition, getComputedStyle(li.querySelector('.swatch')).backgroundColor])"""))
+    assert sorted(legend) == ["bad", "p1", "p16", "p2", "p4"]
+    for ipu in ipus:
+        assert ipu["colour"] == (legend[ipu["partition"]] if ipu["partition"] else FREE), ipu
+        assert ipu["failed"] == (ipu["partition"] == "bad")
+    assert len(set(legend.values()) | {FREE}) == len(legend) + 1  # every partition a colour of its own, none the free one
+    marked = page.eval_on_selector_all(".machine.in-error", "machines => machines.map(m => m.dataset.agent)")
+    assert marked == ["ag4", "ag3"]  # the ERROR partition's machines, listed top first
+    assert page.eval_on_selector_all(".machine .dot.up", "dots => dots.length") == 16
+
+
+def test_a_partition_created_from_the_cli_appears_without_a_reload(dashboard, page):
+    pod, _ = dashboard
+    page.goto("/partitions")
+    live(page)
+    assert page.locator("tr[data-partition]").count() == 0
+    assert pod.user("create", "partition", "fresh", "--size", "4").code == 0
+    created = time.monotonic()
+    page.wait_for_selector("tr[data-partition=fresh]", timeout=LIVE_SECONDS * 1000)
+    seen = time.monotonic() - created
+    assert not_reloaded(page)
+    row = page.inner_text("tr[data-partition=fresh]")
+    assert "ACTIVE" in row and "alloc-1" in row
+    # The rack too, and a removal, the same way.
+    page.goto("/")
+    live(page)
+    assert pod.user("remove", "partition", "fresh").code == 0
+    page.locator(".ipu[data-partition=fresh]").first.wait_for(state="detached", timeout=LIVE_SECONDS * 1000)
+    assert not_reloaded(page)
+    print(f"the new partition appeared {seen:.2f} s after the command returned")
+
+
+def test_a_cable_failed_by_an_injected_fault_shows_as_failed_after_a_cluster_test_started_from_the_page(dashboard, page):
+    pod, _ = dashboard
+    pod.unplug("m03", 5)  # the cable from ag3's IPU-Link port 5 to ag4's port 1
+    pod.edit_rack(lambda rack: setattr(rack, "time_scale", 0.25))  # the Cabling test takes 3 s: time to watch it
+    page.goto("/cabling")
+    assert {page.get_attribute("g.cable", "data-verdict")} == {"untested"}
+    page.goto("/tests")
+    assert pod.user("create", "partition", "blocker", "--size", "1").code == 0
+    page.click("form.run-test button")
+    assert "has partitions (blocker); remove them before running tests that drive its links" in page.inner_text(".notice.bad")
+    assert pod.user("remove", "partition", "blocker").code == 0
+    page.goto("/tests")
+    page.click("form.run-test button")  # the default suite
+    page.wait_for_selector(".progress li.running")
+    live(page)
+    page.wait_for_selector("h2 .state.finished", timeout=30_000)  # followed live, step by step
+    assert not_reloaded(page)
+    results = dict(page.eval_on_selector_all("#test-results tr[data-test]", "rows => rows.map(r => [r.dataset.test, r.className])"))
+    assert results == {"Sync-Link": "passed", "Cabling": "failed", "IPU-Link": "skipped", "Traffic": "skipped",
+                       "GW-Link": "skipped", "Version": "passed"}
+    page.goto("/cabling")
+    cable = page.locator('g.cable[data-cable="IPU-Link ag3:5 <--> ag4:1"]')
+    assert cable.get_attribute("data-verdict") == "failed"
+    assert "Cabling: ag3:5 [IPU-Link] <--> ag4:1 [IPU-Link] (failed)" in cable.locator("title").text_content()  # its hover text
+    verdicts = page.eval_on_selector_all("g.cable", "cables => cables.map(c => c.dataset.verdict)")
+    assert verdicts.count("failed") == 1 and len(verdicts) == 16 * 4 + 15 * 2  # a 16-machine torus: the rest passed
+    assert set(verdicts) == {"failed", "passed"}
+    cable.click(force=True)  # a real click on the line; its box is 0 wide, which Playwright takes for invisible
+    assert "Cabling: ag3:5 [IPU-Link]" in page.inner_text(".cable-detail")
+
+
+def test_a_form_posted_from_another_site_is_refused(dashboard):
+    _, url = dashboard
+    forged = urllib.request.Request(f"{url}/tests", data=b"cluster=cl0", method="POST", headers={"Origin": "http://evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(forged, timeout=10)
+    assert refused.value.code == 403
+
+
+@pytest.fixture(scope="module")
+def secure_dashboard(tmp_path_factory):
+    """A secure controller of 4 machines: allocations a1 (ag1, ag2) for alice and a2 (ag3, ag4) for carol."""
+    pod = Pod(tmp_path_factory.mktemp("secure-web"), machines=4, secure=True).start()
+    try:
+        pod.register(allocation="")
+        for allocation, agents in (("a1", ["ag1", "ag2"]), ("a2", ["ag3", "ag4"])):
+            pod.admin_api.CreateAllocation(admin_pb2.CreateAllocationRequest(id=allocation, cluster_id="cl0", agent_ids=agents))
+        keys = {"admin": pod.admin_key}
+        for user, allocation in (("alice", "a1"), ("carol", "a2")):
+            assert pod.admin("create", "user", user, "--allocations", allocation).code == 0  # writes USER.vipu-cli.hcl
+            config = pod.directory / f"{user}.vipu-cli.hcl"
+            keys[user] = str(parse_hcl(config.read_text(), str(config))["api-access-key"])
+        yield pod, pod.start_web(), keys
+    finally:
+        pod.stop()
+
+
+def log_in(page, user: str, key: str) -> None:
+    page.goto("/")
+    page.fill("input[name=user]", user)
+    page.fill("input[name=key]", key)
+    page.click("form button")
+
+
+def test_in_secure_mode_the_page_is_https_with_the_servers_certificate(secure_dashboard):
+    pod, _, _ = secure_dashboard
+    authority = ssl.create_default_context(cafile=str(pod.tls.ca_for(pod.tls.client_dir)))
+    with socket.create_connection(("127.0.0.1", pod.web_port), timeout=10) as plain:
+        with authority.wrap_socket(plain, server_hostname="localhost") as tls:
+            served = tls.getpeercert(binary_form=True)
+    assert served == ssl.PEM_cert_to_DER_cert(pod.tls.server_cert.read_text())
+
+
+def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_allocation(secure_dashboard, playwright):
+    pod, url, keys = secure_dashboard
+    assert pod.user("create", "partition", "pc", "--size", "4", "--allocation", "a2").code == 0  # the administrator's
+    browser = launch(playwright, *trusting(pod.tls.server_cert))  # it trusts this certificate alone
+    try:
+        context = browser.new_context(base_url=url)
+        page = context.new_page()
+        log_in(page, "alice", "not-alices-key-at-all1")
+        assert page.url.startswith(f"{url}/login")
+        assert "invalid user id or access key for user alice" in page.inner_text("#refused")
+        assert context.cookies() == []
+        page.goto("/partitions")
+        assert page.url.startswith(f"{url}/login")  # still no way in
+
+        log_in(page, "alice", keys["alice"])
+        page.wait_for_selector(".machine")
+        assert page.eval_on_selector_all(".machine", "ms => ms.map(m => m.dataset.agent)") == ["ag2", "ag1"]
+        assert page.locator(".ipu").count() == 8
+        assert page.locator("[data-partition=pc]").count() == 0
+        assert page.locator("nav a").all_inner_texts() == ["Racks", "Partitions"]  # no cabling, no cluster tests
+        live(page)
+        assert pod.user("create", "partition", "pa", "--size", "4", config=pod.directory / "alice.vipu-cli.hcl").code == 0
+        page.wait_for_selector(".ipu[data-partition=pa]", timeout=LIVE_SECONDS * 1000)
+        assert not_reloaded(page)
+        assert page.locator(".ipu[data-partition=pa]").count() == 4
+        page.goto("/partitions/pc")
+        assert "does not exist" in page.inner_text("#partition")
+        page.goto("/cabling")
+        assert "Only administrators" in page.inner_text("main")
+
+        administrator = browser.new_context(base_url=url).new_page()
+        log_in(administrator, "admin", keys["admin"])
+        administrator.wait_for_selector(".machine")
+        assert administrator.locator(".machine").count() == 4 and administrator.locator(".ipu[data-partition=pc]").count() == 4
+    finally:
+        browser.close()

@@ -1,0 +1,109 @@
+"""How the dashboard lays a pod out: racks, colours and cabling, from the API's messages."""
+
+from __future__ import annotations
+
+import re
+
+from vipu.api.protos import admin_pb2, vipuuser_pb2
+from vipu.web import cabling, racks
+from vipu.web.app import _local, age
+
+
+def partition(partition_id: str, allocation: str, *ipus: tuple[str, int], state=vipuuser_pb2.PS_ACTIVE) -> vipuuser_pb2.Partition:
+    return vipuuser_pb2.Partition(id=partition_id, ready_state=state, spec=vipuuser_pb2.PartitionSpec(
+        allocation_id=allocation, ipus=[vipuuser_pb2.PartitionIpu(agent_id=a, agent_ipu_index=i) for a, i in ipus]))
+
+
+def agents(count: int, allocation: str = "alloc-1", down: tuple[str, ...] = ()) -> list[admin_pb2.Agent]:
+    return [admin_pb2.Agent(id=f"ag{n}", status="Down" if f"ag{n}" in down else "Up", cluster_id="cl0", allocation_id=allocation)
+            for n in range(1, count + 1)]
+
+
+def test_up_to_16_partitions_shown_each_get_a_colour_of_their_own_which_they_keep():
+    ids = [f"p{n}" for n in range(16)]
+    tones = racks.partition_tones(ids)
+    assert len(set(tones.values())) == 16 and racks.FREE_TONE not in tones.values()
+    assert all(f".{tone}{{background-color:" in racks.PALETTE_CSS for tone in [*tones.values(), racks.FREE_TONE])
+    assert racks.partition_tones(["train", "zz"])["train"] == racks.partition_tones(["train"])["train"]  # chosen first: kept
+
+
+def test_a_cluster_is_drawn_by_domains_in_columns_of_16_lowest_machine_at_the_bottom():
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=[f"ag{n}" for n in range(1, 41)], num_ipulinkdomains=2,
+                                topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    pod = agents(40, down=("ag7",))
+    shown = racks.pod_racks(pod, [cluster], [partition("p8", "alloc-1", *[(f"ag{n}", i) for n in (1, 2) for i in range(4)]),
+                                             partition("bad", "alloc-1", ("ag21", 0), state=vipuuser_pb2.PS_ERROR)])
+    (group,) = shown.groups
+    assert group.subtitle == "40 machines, torus, 2 IPU-Link domains"
+    assert [d.label for d in group.domains] == ["IPU-Link domain 0", "IPU-Link domain 1"]
+    first = group.domains[0]
+    assert [len(column[0].machines) for column in first.columns] == [16, 4]  # 20 machines: 16 and 4
+    bottom = first.columns[0][0].machines[-1]
+    assert bottom.agent_id == "ag1" and [i.index for i in bottom.ladder] == [2, 3, 0, 1]
+    assert {i.partition_id for i in bottom.ipus} == {"p8"} and bottom.ipus[0].tone == shown.tones["p8"]
+    machines = {m.agent_id: m for d in group.domains for c in d.columns for run in c for m in run.machines}
+    assert machines["ag21"].in_error and not machines["ag1"].in_error and machines["ag7"].status == "Down"
+    assert (shown.machines, shown.down, shown.ipus, shown.used_ipus) == (40, 1, 160, 9)
+    assert [e.partition_id for e in shown.legend] == ["bad", "p8"] and shown.partition_states == {"ACTIVE": 1, "ERROR": 1}
+
+
+def test_machines_of_one_allocation_are_one_run_and_machines_of_no_cluster_a_group_of_their_own():
+    pod = agents(4)
+    pod[2].allocation_id = pod[3].allocation_id = "a2"
+    pod.append(admin_pb2.Agent(id="spare", status="Up"))
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=["ag1", "ag2", "ag3", "ag4"], num_ipulinkdomains=1)
+    shown = racks.pod_racks(pod, [cluster], [])
+    runs = shown.groups[0].domains[0].columns[0]
+    assert [(run.allocation_id, [m.agent_id for m in run.machines]) for run in runs] == [
+        ("a2", ["ag4", "ag3"]), ("alloc-1", ["ag2", "ag1"])]
+    assert shown.groups[1].title == "Machines in no cluster" and shown.groups[1].domains[0].columns[0][0].machines[0].agent_id == "spare"
+
+
+def test_a_user_sees_the_machines_of_their_allocations_and_no_agent_status():
+    allocation = vipuuser_pb2.Allocation(id="a1", spec=vipuuser_pb2.AllocationSpec(cluster_id="cl0", agent_ids=["ag1", "ag2"]))
+    shown = racks.allocation_racks([allocation], [partition("pa", "a1", ("ag2", 3))])
+    (group,) = shown.groups
+    assert group.title == "Allocation a1" and group.domains[0].label == ""
+    machines = group.domains[0].columns[0][0].machines
+    assert [m.agent_id for m in machines] == ["ag2", "ag1"] and {m.status for m in machines} == {""}
+    assert machines[0].ipus[3].partition_id == "pa" and (shown.machines, shown.ipus, shown.used_ipus) == (2, 8, 1)
+
+
+def test_every_cable_of_a_looped_torus_is_drawn_between_its_machines():
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=["ag1", "ag2", "ag3", "ag4"], num_ipulinkdomains=2,
+                                topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    cables = [admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=5, upper_agent_id="ag2", upper_port=1, verdict="passed"),
+              admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag2", lower_port=8, upper_agent_id="ag1", upper_port=4, verdict="failed",
+                              failures=["Cabling: ag2:8 [IPU-Link] <--> ag1:4 [IPU-Link] (failed)"]),
+              admin_pb2.Cable(kind="Sync-Link", lower_agent_id="ag3", lower_port=7, upper_agent_id="ag4", upper_port=3, verdict="untested"),
+              admin_pb2.Cable(kind="GW-Link", lower_agent_id="ag1", lower_port=1, upper_agent_id="ag3", upper_port=2, verdict="passed"),
+              admin_pb2.Cable(kind="GW-Link", lower_agent_id="ag3", lower_port=1, upper_agent_id="ag1", upper_port=2, verdict="passed"),
+              admin_pb2.Cable(kind="IPU-Link", lower_agent_id="gone", lower_port=5, upper_agent_id="ag1", upper_port=1, verdict="passed")]
+    drawing = cabling.draw(cluster, admin_pb2.Cabling(cluster_id="cl0", cables=cables))
+    boxes = {b.agent_id: (b.x, b.y) for b in drawing.boxes}
+    assert boxes["ag1"][0] == boxes["ag2"][0] < boxes["ag3"][0] and boxes["ag2"][1] < boxes["ag1"][1]  # ag2 above ag1
+    assert len(drawing.wires) == 5  # the cable of a machine no longer in the cluster is left out
+    straight, loop_back, sync, gw, gw_back = (w.path for w in drawing.wires)
+    assert re.fullmatch(r"M[\d.]+,[\d.]+ V[\d.]+", straight) and loop_back.count("V") == 3  # round the left of the column
+    assert drawing.wires[1].title.splitlines() == [
+        "IPU-Link ag2:8 <--> ag1:4: failed", "Cabling: ag2:8 [IPU-Link] <--> ag1:4 [IPU-Link] (failed)"]
+    assert sync != straight and "H" in gw and gw_back.count("M") == 2  # back to the first domain: two stubs, each end named
+    assert [text for _, _, text in drawing.wires[4].labels] == ["to ag1", "from ag3"]
+    assert all(0 <= float(n) <= max(drawing.width, drawing.height) for w in drawing.wires for n in re.findall(r"[\d.]+", w.path))
+
+
+def test_a_login_sends_the_browser_back_only_to_a_page_of_the_dashboard():
+    assert _local("/partitions/p1") == "/partitions/p1"
+    for elsewhere in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)", "partitions"):
+        assert _local(elsewhere) == "/"
+
+
+def test_ages_read_as_people_say_them():
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    assert age(Timestamp()) == "-"
+    now = Timestamp()
+    now.GetCurrentTime()
+    assert age(now) in ("0 s", "1 s")
+    now.seconds -= 3 * 3600 + 5
+    assert age(now) == "3 h"
