@@ -36,6 +36,7 @@ from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.controller.services.requests import RequestService
 from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
@@ -103,7 +104,8 @@ class Controller:
         self.hardware = Hardware(self.gateway, workers=config.workers)
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test)
-        self.allocations = AllocationService(self.store, self.partitions)
+        self.requests = RequestService(self.partitions)
+        self.allocations = AllocationService(self.store, self.partitions, self.requests)
         self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
@@ -123,6 +125,7 @@ class Controller:
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
         self._health: threading.Thread | None = None
+        self._dispatcher: threading.Thread | None = None
 
     def start(self) -> None:
         """Serve: at once if alone, or as a standby that takes over when elected."""
@@ -150,9 +153,12 @@ class Controller:
             self.discovery.start()
 
     def _start_health(self) -> None:
+        """Health passes, and the passes over the queues of waiting requests, each in a thread of its own."""
         self._health = threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health",
                                         daemon=True)
         self._health.start()
+        self._dispatcher = threading.Thread(target=self.requests.run, args=(self._stop,), name="queues", daemon=True)
+        self._dispatcher.start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""
@@ -169,6 +175,7 @@ class Controller:
 
     def _deposed(self, reason: str) -> None:
         self._stop.set()
+        self.partitions.queue.wake.set()
         self.store.own(False)
         self._on_deposed(reason)
 
@@ -181,12 +188,12 @@ class Controller:
             yield
 
     def _register_user(self, server: grpc.Server) -> None:
-        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions), server)
+        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions, self.requests), server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
-                                 self.users, self.config.port, self.partitions)
+                                 self.users, self.config.port, self.partitions, self.requests)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
@@ -203,6 +210,7 @@ class Controller:
         way finish), then let go of the agents and the store. Whatever the controller started
         (the simulated pod of --sim) is stopped after this, so no pass sees its agents go."""
         self._stop.set()
+        self.partitions.queue.wake.set()
         self.clustertests.shutdown()
         if self.discovery is not None:
             self.discovery.stop()
@@ -210,6 +218,9 @@ class Controller:
             server.stop(grace=2).wait()
         if self._health is not None:
             self._health.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
+        if self._dispatcher is not None:
+            self._dispatcher.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
+        self.requests.close()
         if self.leadership is not None:
             self.leadership.stop()  # after the last request, so that the next leader starts from what it left
         self.hardware.close()

@@ -6,7 +6,7 @@ shapes placement chooses among:
 
 - a request no shape of which lies within the machines, however empty, breaks a rule, named
   (InvalidArgument): `allocation a1 has 16 IPUs (4 machines): a partition of 32 IPUs never fits in it`;
-- otherwise it waits for room (Conflict): what is free, the largest partition that fits now and
+- otherwise it waits for room (NoRoom, a Conflict): what is free, the largest partition that fits now and
   which partitions stand in the way of the shape needing the fewest to go:
   `no free 32-IPU run in allocation alloc-1: 16 of 64 IPUs are free, the largest free run is 16
   IPUs (ag5-ag8); it fits when p7 or p9 is removed`.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 
 from vipu.model.entities import IPUS_PER_MACHINE, natural_key
-from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.errors import InvalidArgument, NoRoom
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]  # (agent, index)
@@ -42,7 +42,7 @@ def never_fits(layout: ClusterLayout, allowed: Set[str], size: int, where: str, 
 
 def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, where: str,
             possible: list[frozenset[Ipu]], largest, holders: Mapping[Ipu, str] | None = None,
-            held: frozenset[Ipu] = frozenset(), held_for: str = "") -> Conflict:
+            held: frozenset[Ipu] = frozenset(), held_for: str = "") -> NoRoom:
     """What is free and what would make room, for a request some shape of which could fit. `largest`
     is the placement of the largest partition that fits now (None if none does); `holders` names
     the partition holding each IPU in use; `held` are IPUs kept for `held_for`, first in the queue."""
@@ -63,10 +63,10 @@ def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int
         held_free = {ipu for ipu in held if ipu[1] not in used.get(ipu[0], ())}
         if held_free:
             count = len(held_free)
-            facts.append(f"{count} free IPU{'s are' if count > 1 else ' is'} ({span(layout, held_free)}) held for {held_for}, "
-                         "first in the queue")
+            facts.append(f"{count} free IPU{'s' if count > 1 else ''} ({span(layout, held_free)}) {'are' if count > 1 else 'is'} "
+                         f"held for {held_for}, first in the queue")
     fix = what_makes_room(possible, holders, held, held_for) if holders is not None else ""
-    return Conflict(f"{what} in {where}: {', '.join(facts)}{'; ' + fix if fix else ''}")
+    return NoRoom(f"{what} in {where}: {', '.join(facts)}{'; ' + fix if fix else ''}")
 
 
 def what_makes_room(possible: list[frozenset[Ipu]], holders: Mapping[Ipu, str], held: frozenset[Ipu] = frozenset(),

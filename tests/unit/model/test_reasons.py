@@ -73,7 +73,7 @@ def test_ipus_held_for_the_first_waiting_request_are_left_alone_and_said_so():
     held = Occupancy(occupancy.holders, frozenset(machines(2)), "big")
     assert refusal(layout, used, 4, held) == (
         "no free 4-IPU run in allocation alloc-1: 7 of 8 IPUs are free, the largest free group is 2 IPUs (ag1 IPUs 2-3), "
-        "4 free IPUs are (ag2) held for big, first in the queue; it fits when p1 is removed")
+        "4 free IPUs (ag2) are held for big, first in the queue; it fits when p1 is removed")
     only_held = Occupancy(occupancy.holders, frozenset(machines(1, 2)), "big")
     assert refusal(layout, used, 4, only_held).endswith("; the IPUs it could take are held for big, first in the queue")
 

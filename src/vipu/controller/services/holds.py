@@ -57,6 +57,20 @@ class PartitionHolds:
                 del self._held[partition_id]
                 self._changed.notify_all()
 
+    def claim(self, partition_id: str, doing: str) -> bool:
+        """Hold the partition if nobody does, never waiting, for work another thread finishes and
+        `release`s (a grant of a waiting request, handed from the dispatcher to a worker)."""
+        with self._changed:
+            if partition_id in self._held:
+                return False
+            self._held[partition_id] = doing
+            return True
+
+    def release(self, partition_id: str) -> None:
+        with self._changed:
+            self._held.pop(partition_id, None)
+            self._changed.notify_all()
+
     @contextmanager
     def held_if_free(self, partition_id: str, doing: str) -> Iterator[bool]:
         """Hold the partition if nobody does, never waiting; yields whether it is held."""

@@ -6,14 +6,15 @@ crash loses nothing it said. The one exception is a new partition: placement res
 here, under its allocation's lock, before the store records it, so that the next placement in
 the allocation need not wait for that commit; a reservation the store refuses is forgotten.
 Placement reads the IPUs in use from here rather than from the store; operations read the
-partition they work on from here. Callers get copies, never the entries themselves.
+partition they work on from here. Callers get copies, never the entries themselves. Whoever
+waits for partitions to change (the queue of waiting requests) is told after every change.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from vipu.model.entities import Partition
 
@@ -28,6 +29,15 @@ class Ledger:
         self._partitions: dict[str, Partition] = {}
         self._used: dict[str, dict[str, set[int]]] = {}  # allocation id -> agent id -> IPU indices
         self._placing: dict[str, threading.Lock] = {}
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` after every change of a partition (outside the ledger's lock)."""
+        self._watchers.append(changed)
+
+    def _changed(self) -> None:
+        for changed in self._watchers:
+            changed()
 
     def load(self, partitions: Iterable[Partition]) -> None:
         """Start afresh from what the store holds."""
@@ -35,6 +45,7 @@ class Ledger:
             self._partitions, self._used = {}, {}
             for partition in partitions:
                 self._add(_copy(partition))
+        self._changed()
 
     def get(self, partition_id: str) -> Partition | None:
         with self._lock:
@@ -52,6 +63,12 @@ class Ledger:
         with self._lock:
             return {agent: set(indices) for agent, indices in self._used.get(allocation_id, {}).items()}
 
+    def holders(self, allocation_id: str) -> dict[tuple[str, int], str]:
+        """The partition holding each IPU in use in the allocation, by (agent, index)."""
+        with self._lock:
+            return {(ipu.agent_id, ipu.index): p.id for p in self._partitions.values() if p.allocation_id == allocation_id
+                    for ipu in p.ipus}
+
     def placing(self, allocation_id: str) -> threading.Lock:
         """The lock under which partitions are placed in one allocation and recorded."""
         with self._lock:
@@ -66,11 +83,13 @@ class Ledger:
         with self._lock:
             self._remove(partition.id)
             self._add(_copy(partition))
+        self._changed()
 
     def forget(self, partition_id: str) -> None:
         """A partition the store has just deleted; its IPUs are free."""
         with self._lock:
             self._remove(partition_id)
+        self._changed()
 
     def _add(self, partition: Partition) -> None:
         self._partitions[partition.id] = partition
