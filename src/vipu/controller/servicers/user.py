@@ -42,7 +42,10 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.RemovePartitionReply()
 
     def ResetPartition(self, request, context):
-        self.partitions.reset(request.partition_id, caller())
+        if request.relocatable:
+            self.partitions.relocate(request.partition_id, caller())
+        else:
+            self.partitions.reset(request.partition_id, caller())
         return pb.ResetPartitionReply()
 
     def GetPartitionIpuofConfig(self, request, context):

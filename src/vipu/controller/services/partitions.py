@@ -20,6 +20,7 @@ import builtins
 import logging
 from dataclasses import dataclass
 
+from vipu.controller.services import relocation
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.holds import FINISHING, Capacity, PartitionHolds
 from vipu.controller.services.ledger import Ledger
@@ -220,9 +221,31 @@ class PartitionService:
                     if attempt == PLACEMENT_ATTEMPTS - 1:
                         raise
                     self.load()
-            self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
+            if request.relocatable:
+                partition = self._configure_or_move(partition, layout, agents, keep_on_error)
+                layout, agents = self._where(partition)
+            else:
+                self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
             inventories = {a: agent.inventory for a, agent in agents.items()}
             return partition, gcd_configs(partition, inventories), self._ipuof_version(inventories.values())
+
+    def _configure_or_move(self, partition: Partition, layout: ClusterLayout, agents: dict[str, Agent], keep_on_error: bool) -> Partition:
+        """Configure a new relocatable partition; should agents fail it, move it off them. If it can
+        move nowhere, it is kept in ERROR if asked, else removed, and the failure raised."""
+        try:
+            return self._configure(partition, layout, agents, on_failure="fail")
+        except VipuError as failure:
+            moved = relocation.moved_after_failure(self, partition, failure)
+            if moved is not None:
+                return moved
+            if keep_on_error:
+                raise
+            current = self.ledger.get(partition.id)
+            if current is not None:
+                self._begin_remove(current)
+                self._finish_remove(current, self._where(current)[1], force=True)
+            raise type(failure)(failure.message.replace(f"partition {partition.id} is in ERROR",
+                                                        f"partition {partition.id} could not be created and was not kept", 1)) from None
 
     def refuse_if_taken(self, partition_id: str) -> None:
         """AlreadyExists if a partition of that id exists or a request of it waits; the caller holds the id."""
@@ -246,6 +269,21 @@ class PartitionService:
             if failures:
                 raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
             return self._configure(partition, layout, agents, on_failure="fail")
+
+    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
+        """Move a partition to other IPUs of its allocation, off the machines that failed it, or off
+        all of its own when none did (`vipu.controller.services.relocation`); `automatic` counts
+        the move as an automatic reset."""
+        self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
+        with self.operations.admitted(), self.holds.hold(partition_id, "relocating"):
+            partition = self._partition(partition_id, access)
+            self._refuse_if_busy(partition)
+            failed = relocation.failed_machines(self, partition)
+            if failed:
+                why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
+            else:
+                why = f"asked by {access.user_id}" if access.user_id else "asked for"
+            return relocation.relocate(self, partition, failed or set(partition.agent_ids), why, automatic)
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
         """Clear a partition from its agents and forget it. A forced remove of a partition under
