@@ -39,20 +39,37 @@ class UserClient(EndpointClient):
         With `wait` (seconds), a request that does not fit now waits for room in its allocation's
         queue until the partition is ACTIVE (`on_wait` is told of its place and reason as they
         change); at the deadline it is cancelled and NoRoom says why it waited."""
-        requirements = pb.PartitionRequirements(
-            id=partition_id, size=size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
-            allocation_id=allocation_id, reconfigurable=reconfigurable, sync_type=sync_type,  # type: ignore[arg-type]
-            ipulink_routing_type=ipulink_routing, num_ipulink_segments=num_ipulink_segments)  # type: ignore[arg-type]
-        if index is not None:
-            requirements.index = index
-        created = self._call("CreatePartition", pb.CreatePartitionRequest(
-            requirements=requirements, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
-            relocatable=relocatable, wait_seconds=math.ceil(wait)))
+        created = self.create_or_queue(
+            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id, allocation_id=allocation_id,
+            reconfigurable=reconfigurable, sync_type=sync_type, ipulink_routing=ipulink_routing,
+            num_ipulink_segments=num_ipulink_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
+            index=index, relocatable=relocatable, wait_seconds=math.ceil(wait))
         if created.HasField("ipuof_config"):
             return created.ipuof_config
         if created.HasField("queued"):
             return self.wait_partition(partition_id, math.ceil(wait), on_wait, created.queued)
         return self.ipuof_config(partition_id)  # a controller from before the reply carried it
+
+    def create_or_queue(self, partition_id: str, size: int, *, wait_seconds: int = 0, index: int | None = None,
+                        disable_auto_reset: bool = False, keep_on_error: bool = False, relocatable: bool = False,
+                        **requirements) -> pb.CreatePartitionReply:
+        """One create call: the reply carries the new partition's IPUoF configuration, or, given
+        `wait_seconds`, where its request waits for room (`queued`) if it does not fit now.
+        `requirements` are PartitionRequirements' fields, by their names in `create_partition`."""
+        names = {"ipulink_routing": "ipulink_routing_type"}  # the rest are named as the message names them
+        asked = pb.PartitionRequirements(id=partition_id, size=size, **{names.get(k, k): v for k, v in requirements.items()})
+        if index is not None:
+            asked.index = index
+        return self._call("CreatePartition", pb.CreatePartitionRequest(
+            requirements=asked, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, relocatable=relocatable,
+            wait_seconds=wait_seconds))
+
+    def wait_once(self, partition_id: str, seconds: int) -> pb.WaitPartitionReply:
+        """One waiting call: at most `seconds` (and WAIT_CALL_SECONDS) until the partition is settled;
+        the reply says where its request waits (`queued`), or the partition's status and, once ACTIVE,
+        its IPUoF configuration. How a request that ended without a partition ended is raised."""
+        return self._call("WaitPartition", pb.WaitPartitionRequest(partition_id=partition_id,
+                                                                     seconds=max(0, min(seconds, WAIT_CALL_SECONDS))))
 
     def wait_partition(self, partition_id: str, seconds: float, on_wait: Callable[[pb.QueuedRequest], None] | None = None,
                        queued: pb.QueuedRequest | None = None) -> pb.PartitionConfig:
@@ -72,9 +89,8 @@ class UserClient(EndpointClient):
                     self.cancel_queued(partition_id)
                 why = f": {queued.reason}" if queued is not None else ""
                 raise NoRoom(f"partition {partition_id} did not start within {seconds:g} s{why}")
-            call_seconds = max(1, min(math.floor(remaining), WAIT_CALL_SECONDS, math.floor(self.connection.timeout / 2)))
             try:
-                reply = self._call("WaitPartition", pb.WaitPartitionRequest(partition_id=partition_id, seconds=call_seconds))
+                reply = self.wait_once(partition_id, max(1, min(math.floor(remaining), math.floor(self.connection.timeout / 2))))
             except Unavailable:
                 time.sleep(min(next(retries), max(0.0, deadline - time.monotonic())))
                 continue
