@@ -6,6 +6,7 @@ bounded waiting call clients use, never with sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from tests.unit.controller.test_services import MACHINES
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
 from vipu.model.entities import Access, PartitionRequest, ReadyState
-from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable
 
 ANYONE = Access()  # open mode
 ALICE = Access("alice", frozenset({"a1"}))
@@ -218,3 +219,40 @@ def test_racing_waiting_requests_and_removals_each_start_once_on_ipus_of_their_o
     assert all(wait(queued, name).ready_state is ReadyState.ACTIVE for name in second_wave)
     assert sorted(p.id for p in pod.partitions.list()) == second_wave and queued.list() == []
     assert [len(pod.held(f"ag{m}")) for m in range(1, MACHINES + 1)] == [1] * MACHINES  # each machine one partition
+
+
+def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with_nothing_lost(pod, queued):
+    """Round after round, the partition in the way goes while its waiting request is cancelled: the
+    request either became its partition or went, never both, and the store, the ledger and the
+    machines agree."""
+    outcomes = set()
+    for _ in range(12):
+        pod.partitions.create(PartitionRequest("full", 32))
+        queue_up(queued, "r", 32)
+        start = threading.Barrier(2)
+
+        def free(start=start) -> None:
+            start.wait()
+            pod.partitions.remove("full")
+
+        def cancel(start=start) -> None:
+            start.wait()
+            with contextlib.suppress(Conflict, NotFound, Unavailable):  # it started first
+                queued.cancel("r")
+
+        with ThreadPoolExecutor(2) as pool:
+            for done in [pool.submit(free), pool.submit(cancel)]:
+                done.result()
+        until(queued, lambda: queued.queue.get("r") is None and (
+            (p := pod.partitions.ledger.get("r")) is None or p.ready_state is ReadyState.ACTIVE))
+        with pod.store.reading() as tx:
+            assert tx.list_requests() == []
+            assert [p.id for p in tx.list_partitions()] == [p.id for p in pod.partitions.list()]
+        started = pod.partitions.ledger.get("r") is not None
+        outcomes.add(started)
+        if started:
+            assert pod.held_anywhere("r") == [f"ag{m}" for m in range(1, MACHINES + 1)]
+            pod.partitions.remove("r")
+        assert pod.partitions.list() == [] and not any(pod.partitions.ledger.used_ipus("a1").values())
+        assert all(pod.held(f"ag{m}") == set() for m in range(1, MACHINES + 1))
+    assert outcomes  # which way each round went is the race's; both are correct
