@@ -56,11 +56,15 @@ Shape = frozenset[tuple[str, int]]  # the IPUs of a partition, as (agent, index)
 class Occupancy:
     """Who holds the IPUs in use, by (agent, index), and the free IPUs `held` for the first request
     waiting in the allocation (`held_for`, its partition id): placement keeps off those, and says
-    in a refusal which partitions stand in the way."""
+    in a refusal which partitions stand in the way. `holders` may be a function giving them, called
+    only for a refusal, so that a placement that succeeds never works them out."""
 
-    holders: Mapping[tuple[str, int], str]
+    holders: Mapping[tuple[str, int], str] | Callable[[], Mapping[tuple[str, int], str]]
     held: Shape = frozenset()
     held_for: str = ""
+
+    def who_holds(self) -> Mapping[tuple[str, int], str]:
+        return self.holders() if callable(self.holders) else self.holders
 
     def with_held(self, used: Mapping[str, Set[int]]) -> dict[str, set[int]]:
         """The IPUs in use, and those held, by agent."""
@@ -295,7 +299,7 @@ def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulin
     if occupancy is None:
         return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, used))
     return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, occupancy.with_held(used)),
-                           occupancy.holders, occupancy.held, occupancy.held_for)
+                           occupancy.who_holds(), occupancy.held, occupancy.held_for)
 
 
 def try_place(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *, num_gcds: int = 1,

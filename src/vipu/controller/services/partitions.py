@@ -550,7 +550,7 @@ class PartitionService:
             gw_routing=request.gw_routing,
             explicit=self.explicit_ipus(layout, allocation, request),
             where=f"allocation {allocation.id}",
-            occupancy=Occupancy(self.ledger.holders(allocation.id), held, held_for),
+            occupancy=Occupancy(lambda: self.ledger.holders(allocation.id), held, held_for),
         )
         return self.partition_of(request, access.user_id, allocation, placement)
 

@@ -35,8 +35,9 @@ class WaitingRequests:
         self._endings: dict[str, tuple[float, VipuError]] = {}
 
     def notify(self) -> None:
-        """Something changed: wake the waiting clients and the dispatcher."""
-        self.wake.set()
+        """Something changed: wake the waiting clients, and the dispatcher if a request waits."""
+        if self._requests:
+            self.wake.set()
         with self.changed:
             self.version += 1
             self.changed.notify_all()
