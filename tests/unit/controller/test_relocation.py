@@ -23,7 +23,7 @@ def test_a_relocatable_partition_whose_machine_fails_to_apply_it_moves_at_create
     pod.fault("m01", "IPU 2 failed")
     partition = pod.partitions.create(PartitionRequest("p1", 4, relocatable=True))
     assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
-    assert moved(pod, "p1") == ("ag1", "ag2", "partition p1 is in ERROR: agent ag1: m01: IPU 2 failed")
+    assert moved(pod, "p1") == ("ag1", "ag2", "agent ag1: m01: IPU 2 failed")
     assert pod.held_anywhere("p1") == ["ag2"] and pod.partitions.get("p1").errors == []
     status = pod.partitions.get("p1")
     assert (status.relocatable, status.auto_reset_count) == (True, 0)  # a move at create is no automatic reset

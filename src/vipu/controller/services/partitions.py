@@ -241,11 +241,12 @@ class PartitionService:
             if keep_on_error:
                 raise
             current = self.ledger.get(partition.id)
-            if current is not None:
-                self._begin_remove(current)
-                self._finish_remove(current, self._where(current)[1], force=True)
-            raise type(failure)(failure.message.replace(f"partition {partition.id} is in ERROR",
-                                                        f"partition {partition.id} could not be created and was not kept", 1)) from None
+            if current is None:
+                raise
+            self._begin_remove(current)
+            self._finish_remove(current, self._where(current)[1], force=True)
+            reasons = "; ".join(current.errors) or failure.message
+            raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
     def refuse_if_taken(self, partition_id: str) -> None:
         """AlreadyExists if a partition of that id exists or a request of it waits; the caller holds the id."""

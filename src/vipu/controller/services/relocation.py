@@ -106,7 +106,7 @@ def moved_after_failure(service: PartitionService, partition: Partition, failure
         if current is None or lifecycle.state_of(current) != lifecycle.ERROR_FAILED:
             return None
         try:
-            return relocate(service, current, failed_machines(service, current), failure.message)
+            return relocate(service, current, failed_machines(service, current), "; ".join(current.errors) or failure.message)
         except NoRoom as refusal:
             log.info("partition %s stays in ERROR: %s", partition.id, refusal.message)
             return None
