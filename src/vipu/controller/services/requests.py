@@ -81,6 +81,7 @@ class RequestService:
         self.ledger = partitions.ledger
         self._waiting_calls = threading.BoundedSemaphore(MAX_WAITING_CALLS)
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
+        self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
 
     def close(self) -> None:
         self._grants.shutdown(wait=True, cancel_futures=True)
@@ -254,6 +255,7 @@ class RequestService:
             return
         layout = ClusterLayout.of(cluster)
         grants = []
+        seen = self.queue.version
         with self.ledger.placing(allocation_id):
             waiting = self.queue.in_allocation(allocation_id)
             if not waiting:
@@ -286,7 +288,9 @@ class RequestService:
             first = admission.first
             if first is not None and admission.held != first.held:
                 self.queue.hold(first.partition_id, admission.held)
+        if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
             self._explain(allocation, layout, allowed, admission.held)
+            self._explained[allocation_id] = seen
         if first is not None and admission.held != first.held:
             try:
                 self.store.write(lambda tx: tx.hold_for(first, admission.held))
@@ -297,7 +301,7 @@ class RequestService:
 
     def _explain(self, allocation: Allocation, layout: ClusterLayout, allowed: set[str], held: Shape) -> None:
         """Why each request of the allocation still waits, from placement, against the ledger as the
-        pass left it; the caller holds the allocation's placing lock."""
+        pass left it."""
         waiting = self.queue.in_allocation(allocation.id)
         if not waiting:
             return

@@ -96,9 +96,9 @@ class WaitingRequests:
         self.notify()
 
     def explain(self, reasons: dict[str, str]) -> None:
+        """Why requests wait, as a pass found it: no change that wakes anyone (waiting clients read it when they are answered)."""
         with self.changed:
             self._reasons.update(reasons)
-        self.notify()
 
     def reason(self, partition_id: str) -> str:
         with self.changed:
