@@ -170,8 +170,9 @@ class RequestService:
         """The waiting requests of the allocations the caller may use (or of one), each queue in order."""
         if allocation_id:
             self.partitions.allocation(allocation_id, access)
-        return [self._seen(r) for r in self.queue.all()
-                if access.may_use(r.allocation_id) and allocation_id in ("", r.allocation_id)]
+        chosen = [allocation_id] if allocation_id else [a for a in self.queue.allocations() if access.may_use(a)]
+        return [Waiting(request, position, self.queue.reason(request.partition_id))
+                for a in chosen for position, request in enumerate(self.queue.in_allocation(a, granting=True), start=1)]
 
     def cancel(self, partition_id: str, access: Access = OPEN_ACCESS) -> None:
         """Cancel a waiting request: its user's, or anyone's for an administrator."""
@@ -265,7 +266,6 @@ class RequestService:
                                     "no partition starts in it until the test ends" for r in waiting})
                 return
             allowed = set(allocation.agent_ids)
-            holders = self.ledger.holders(allocation_id)
             first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
             admission = admit(waiting, self.ledger.used_ipus(allocation_id),
                               place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
@@ -274,7 +274,8 @@ class RequestService:
                                                               gw_routing=r.request.gw_routing,
                                                               explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
                               choose_held=lambda r, used: choose_reservation(
-                                  layout, allowed, used, r.size, holders=holders, num_segments=r.request.num_segments,
+                                  layout, allowed, used, r.size, holders=self.ledger.holders(allocation_id),
+                                  num_segments=r.request.num_segments,
                                   ipulink_routing=r.request.ipulink_routing,
                                   explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
                               held=first_held)
