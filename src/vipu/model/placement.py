@@ -22,7 +22,7 @@ fill it upwards from the bottom, so small partitions do not break the runs large
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from functools import partial
 
@@ -218,25 +218,31 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_C
     return candidates
 
 
-def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
+def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) -> Iterator[tuple[int, int, tuple[int, ...]]]:
+    """(segments, machines per segment, the ILDs holding them) of each way a partition of `size`
+    may take whole machines, with the routing asked."""
     machines = size // IPUS_PER_MACHINE
-    upwards = 1 if size < LARGE_PARTITION_IPUS else -1
-    candidates = []
     for count in segment_counts:
         per_segment = machines // count
         if per_segment == 0 or per_segment * count != machines:
             continue
         if routing is not None and not _routing_allows(layout, routing, per_segment):
             continue
-        ild_sets = [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]
-        for ilds in ild_sets:
-            for start in _machine_windows(layout, per_segment):
-                fits = [runs.fit(d, start, per_segment) for d in ilds]
-                if any(fit is None for fit in fits):
-                    continue
-                score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
-                candidates.append(_Candidate(score, (count, ilds[0], start),
-                                             partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
+        for ilds in [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]:
+            yield count, per_segment, ilds
+
+
+def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
+    upwards = 1 if size < LARGE_PARTITION_IPUS else -1
+    candidates = []
+    for count, per_segment, ilds in _segment_plans(layout, size, segment_counts, routing):
+        for start in _machine_windows(layout, per_segment):
+            fits = [runs.fit(d, start, per_segment) for d in ilds]
+            if any(fit is None for fit in fits):
+                continue
+            score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+            candidates.append(_Candidate(score, (count, ilds[0], start),
+                                         partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
     return candidates
 
 
@@ -353,14 +359,15 @@ def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, 
         candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
     if explicit:
         wanted = set(explicit)
-        candidates = [c for c in candidates if _topology_ids(layout, c.segments) == wanted]
+        candidates = [c for c in candidates if _topology_ids(layout, (ipu for _, ipus in c.segments for ipu in ipus)) == wanted]
     if not candidates:
         return None
     return min(candidates, key=(lambda c: c.position) if first_fit else (lambda c: c.score))
 
 
-def _topology_ids(layout: ClusterLayout, segments: Segments) -> set[tuple[int, int]]:
-    return {(d, layout.topology_id(agent, ipu)) for d, ipus in segments for agent, ipu in ipus}
+def _topology_ids(layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> set[tuple[int, int]]:
+    """The (ILD, topology id) of IPUs given as (agent, index)."""
+    return {(layout.locate(agent)[0], layout.topology_id(agent, index)) for agent, index in ipus}
 
 
 def shapes(layout: ClusterLayout, allowed: Set[str], size: int, *, num_segments: int = 0,
@@ -371,23 +378,14 @@ def shapes(layout: ClusterLayout, allowed: Set[str], size: int, *, num_segments:
         found = [frozenset((agent, i) for i in group) for agent in layout.agent_ids if agent in allowed
                  for group in SUB_MACHINE_GROUPS[size]]
     else:
-        machines = size // IPUS_PER_MACHINE
         found = []
-        for count in _segment_counts(layout, size, num_segments):
-            per_segment = machines // count
-            if per_segment == 0 or per_segment * count != machines:
-                continue
-            if ipulink_routing is not None and not _routing_allows(layout, ipulink_routing, per_segment):
-                continue
-            ild_sets = [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]
-            for ilds in ild_sets:
-                for start in _every_window(layout, per_segment):
-                    segments = _run_of_machines(layout, ilds, start, per_segment)
-                    if all(agent in allowed for _, ipus in segments for agent, _ in ipus):
-                        found.append(frozenset(ipu for _, ipus in segments for ipu in ipus))
+        for _, per_segment, ilds in _segment_plans(layout, size, _segment_counts(layout, size, num_segments), ipulink_routing):
+            for start in _every_window(layout, per_segment):
+                segments = _run_of_machines(layout, ilds, start, per_segment)
+                if all(agent in allowed for _, ipus in segments for agent, _ in ipus):
+                    found.append(frozenset(ipu for _, ipus in segments for ipu in ipus))
     if explicit:
-        found = [shape for shape in found
-                 if {(layout.locate(a)[0], layout.topology_id(a, i)) for a, i in shape} == set(explicit)]
+        found = [shape for shape in found if _topology_ids(layout, shape) == set(explicit)]
     return list(dict.fromkeys(found))
 
 
