@@ -244,8 +244,8 @@ def test_a_node_failure_ends_the_job_and_its_partition(world):
 
 def test_a_job_waits_with_a_reason_while_the_controller_is_down_or_full(world):
     """Without the licences of test_slurm_queue.py, Slurm starts a job the pod has no room for: its
-    prolog waits in vipu's queue (QueueTimeout), the reason in its comment; cancelling the job
-    cancels its request."""
+    prolog waits in vipu's queue (QueueTimeout), the reason in its comment, and the job runs once
+    room appears, never requeued."""
     holder = world.submit("--ipus=16", "--wrap", "sleep 300")
     world.wait_for(holder, "RUNNING")
     full = world.submit("--ipus=8", "--wrap", "true")
@@ -255,8 +255,11 @@ def test_a_job_waits_with_a_reason_while_the_controller_is_down_or_full(world):
     assert world.partitions() == [f"slurm-{holder}"]
     api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
     assert [r.partition_id for r in api.ListQueued(vipuuser_pb2.ListQueuedRequest()).requests] == [f"slurm-{full}"]
+    world.slurm.run("scancel", holder)
+    world.wait_done(full)
+    said = [line for line in world.slurm.log("slurmctld").splitlines() if line.endswith(f" for JobId={full}")]
+    assert said and not [line for line in said if "requeued" in line], said  # it waited; its prolog never failed
     world.cancel_submitted()
-    wait_until(lambda: not api.ListQueued(vipuuser_pb2.ListQueuedRequest()).requests, what="its epilog to cancel its request")
 
     world.pod.stop_server()
     try:

@@ -260,6 +260,9 @@ class Partitions:
             with self._lock:
                 self._release_after_failed_create(partition_id, controller, failure)
             raise failure
+        if state.status.ready_state != vipuuser_pb2.PS_ACTIVE:  # its machines are being configured
+            return 202, {"id": partition_id, "waiting": True, "controller": controller.address,
+                         "detail": f"partition {partition_id} is being made on V-IPU controller {controller.address}"}
         return 201, {"id": partition_id, "created": True, "controller": controller.address}
 
     def _release_after_failed_create(self, partition_id: str, controller: Controller, failure: BaseException) -> None:

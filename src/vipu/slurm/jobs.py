@@ -121,7 +121,7 @@ class JobPartitions:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
         gcds = int((job or {}).get("NumTasks") or 1)
         try:
-            self._forget_finished_jobs()
+            self.forget_finished_jobs()
             try:
                 config = self._create_partition(name, ipus, gcds, replicas)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
@@ -168,20 +168,25 @@ class JobPartitions:
         except VipuError as error:
             log.warning("partition %s left behind for the next prolog to remove: %s", name, error.message)
 
-    def _forget_finished_jobs(self) -> None:
-        """Remove the partitions of jobs that are over, whose epilog could not reach the controller.
-        The partitions are listed before the jobs' states are asked: a job whose partition is listed
-        was submitted before the states were taken, so a job missing from them is over."""
-        ours = [p.id for p in self.user.list_partitions()
-                if p.id.startswith(PARTITION_PREFIX) and p.id.removeprefix(PARTITION_PREFIX).isdigit()]
-        if not ours:
+    def forget_finished_jobs(self) -> None:
+        """Remove the partitions, and cancel the waiting requests, of jobs that are over: those whose
+        epilog could not reach the controller, or never ran (slurmctld may kill the epilog of a job
+        cancelled while its prolog waits). They are listed before the jobs' states are asked: a job
+        whose partition or request is listed was submitted before the states were taken, so a job
+        missing from them is over. Run by each prolog, and by vipu-slurm-service every few seconds."""
+        def ours(ids) -> list[str]:
+            return [i for i in ids if i.startswith(PARTITION_PREFIX) and i.removeprefix(PARTITION_PREFIX).isdigit()]
+
+        made = ours(p.id for p in self.user.list_partitions())
+        waiting = ours(q.partition_id for q in self.user.list_queued())
+        if not made and not waiting:
             return
         states = self.slurm.job_states()
-        for name in ours:
+        for name in [*waiting, *made]:
             job_id = name.removeprefix(PARTITION_PREFIX)
             if states.get(job_id, "COMPLETED") in OVER:
                 ipuof_files.remove(self.config.ipuof_dir, name)
-                self._remove_quietly(name)
+                self._remove_quietly(name)  # cancels the request of one that only waits
                 log.info("removed partition %s of finished job %s", name, job_id)
 
 

@@ -13,8 +13,9 @@ done, `ok` or `failed: REASON` (the job's comment says it too, as the programs d
 that got no `working` starts the program instead; one that got `working` and nothing more fails
 the step, since the work may be half done.
 
-It also keeps Slurm's licences `ipu` equal to the IPUs free for jobs (`licences.sync`), every
-`--licences-interval` seconds.
+Every `--licences-interval` seconds it also keeps Slurm's licences `ipu` equal to the IPUs free
+for jobs (`licences.sync`), and removes what jobs that are over left at the controller (their
+epilog may not have run: `JobPartitions.forget_finished_jobs`).
 
 vipu.conf is read when the service starts: restart it after changing the file.
 """
@@ -125,7 +126,8 @@ def serve(path: Path, jobs: JobPartitions) -> _Service:
 @click.option("--conf", "conf_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               envvar="VIPU_SLURM_CONF", help="vipu.conf. Default: beside slurm.conf.")
 @click.option("--licences-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds between syncs of Slurm's licences ipu with the IPUs free (vipu-slurm-licences); 0: none.")
+              help="Seconds between syncs of Slurm's licences ipu with the IPUs free (vipu-slurm-licences), and sweeps "
+                   "of what finished jobs left; 0: none.")
 def main(socket_path, conf_path, licences_interval):
     """Do vipu's prolog and epilog work for slurmctld's jobs, handed over by the shell front doors."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-slurm-service: %(message)s", stream=sys.stderr)
@@ -140,7 +142,7 @@ def main(socket_path, conf_path, licences_interval):
     log.info("serving the prolog and epilog of jobs with IPUs on %s", socket_path)
     stop = threading.Event()
     if licences_interval:
-        threading.Thread(target=keep_licences, args=(jobs, licences_interval, stop), name="licences", daemon=True).start()
+        threading.Thread(target=upkeep, args=(jobs, licences_interval, stop), name="upkeep", daemon=True).start()
     try:
         service.serve_forever(poll_interval=0.5)
     finally:
@@ -149,11 +151,13 @@ def main(socket_path, conf_path, licences_interval):
         socket_path.unlink(missing_ok=True)
 
 
-def keep_licences(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
-    """Sync Slurm's licences with the IPUs free every `interval` seconds until `stop`; say when what it found changes."""
+def upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
+    """Every `interval` seconds until `stop`: sweep what finished jobs left, and sync Slurm's
+    licences with the IPUs free; say when what it found changes."""
     said = ""
     while True:
         try:
+            jobs.forget_finished_jobs()
             line = licences.sync(jobs.user).describe()
         except VipuError as error:
             line = f"licences not synced: {error.message}"

@@ -33,6 +33,7 @@ class Controller:
         self.partitions: dict[str, pb.PartitionRequirements] = {}
         self.refuse: dict[str, list[Exception]] = {}
         self.queued: list[pb.QueuedRequest] = []  # what successive waiting calls answer; empty: no room is ever lacking
+        self.waiting: set[str] = set()  # requests waiting for room, by partition id
         self.waits: list[int] = []  # the wait_seconds of each create
 
     def call(self, _stub, method, request):
@@ -49,9 +50,13 @@ class Controller:
         if method == "WaitPartition":
             return pb.WaitPartitionReply(queued=self.queued.pop(0))
         if method == "RemovePartition":
-            if self.partitions.pop(request.partition_id, None) is None:
+            if request.partition_id in self.waiting:  # a remove of a request that waits cancels it
+                self.waiting.remove(request.partition_id)
+            elif self.partitions.pop(request.partition_id, None) is None:
                 raise NotFound(f"partition {request.partition_id} does not exist")
             return pb.RemovePartitionReply()
+        if method == "ListQueued":
+            return pb.ListQueuedReply(requests=[pb.QueuedRequest(partition_id=p) for p in sorted(self.waiting)])
         if method == "ListPartitions":
             return pb.ListPartitionsReply(partitions=[pb.Partition(id=p) for p in self.partitions])
         if method == "GetPartitionIpuofConfig":
@@ -162,14 +167,17 @@ def test_a_partition_left_by_an_earlier_attempt_is_replaced(world):
     assert controller.partitions["slurm-7"].size == 4
 
 
-def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
+def test_the_prolog_removes_partitions_and_cancels_requests_of_jobs_that_are_over(world):
     jobs, controller, slurm, _ = world
     for job_id in ("3", "4", "5"):
         controller.partitions[f"slurm-{job_id}"] = pb.PartitionRequirements(id=f"slurm-{job_id}", size=1, num_gcds=1)
     controller.partitions["mine"] = pb.PartitionRequirements(id="mine", size=1, num_gcds=1)
-    slurm.known.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}})  # Slurm forgot job 3
+    controller.waiting = {"slurm-6", "slurm-8"}  # job 6's epilog never ran; job 8's prolog waits
+    slurm.known.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}, "6": {"JobState": "CANCELLED"},
+                        "8": {"JobState": "CONFIGURING"}})  # Slurm forgot job 3
     jobs.prolog(JOB)
     assert sorted(controller.partitions) == ["mine", "slurm-4", "slurm-7"]
+    assert controller.waiting == {"slurm-8"}
 
 
 def test_files_that_cannot_be_written_undo_the_partition(world, tmp_path):

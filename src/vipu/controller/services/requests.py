@@ -33,7 +33,16 @@ from vipu.controller.services.partitions import PartitionService
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState
-from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, VipuError
+from vipu.model.errors import (
+    AlreadyExists,
+    Conflict,
+    InvalidArgument,
+    NoRoom,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    VipuError,
+)
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
 from vipu.model.queue import WaitingRequest, admit
 from vipu.model.reasons import span
@@ -201,11 +210,16 @@ class RequestService:
         return cancelled
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
-        """Remove a partition, or cancel its request if it still waits (what integrations call when a job ends)."""
+        """Remove a partition, or cancel its request if it still waits (what integrations call when a
+        job ends). A request that starts meanwhile has its partition removed instead (a forced
+        remove waits for its create to end)."""
         waiting = self.queue.get(partition_id)
         if waiting is not None and self.ledger.get(partition_id) is None:
-            self.cancel(partition_id, access)
-            return
+            try:
+                self.cancel(partition_id, access)
+                return
+            except (Conflict, Unavailable) as started:  # granted meanwhile: it is a partition now, or about to be
+                log.info("partition %s: %s; removing the partition instead", partition_id, started.message)
         self.partitions.remove(partition_id, force=force, access=access)
 
     def _end(self, request: WaitingRequest, transition: str, ending: VipuError) -> None:
