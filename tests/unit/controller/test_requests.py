@@ -256,3 +256,14 @@ def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with
         assert pod.partitions.list() == [] and not any(pod.partitions.ledger.used_ipus("a1").values())
         assert all(pod.held(f"ag{m}") == set() for m in range(1, MACHINES + 1))
     assert outcomes  # which way each round went is the race's; both are correct
+
+
+def test_a_waiting_relocatable_request_granted_onto_a_failing_machine_starts_elsewhere(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    assert isinstance(queued.create(PartitionRequest("r", 4, relocatable=True), wait_seconds=60), Waiting)
+    pod.fault("m01", "IPU 2 failed")  # where r would go
+    pod.partitions.remove("full")
+    partition = wait(queued, "r")
+    assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+    assert partition.relocation.startswith("moved from ag1 to ag2 on ") and partition.relocation.endswith(
+        "UTC: agent ag1: m01: IPU 2 failed")

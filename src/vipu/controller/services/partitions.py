@@ -434,6 +434,8 @@ class PartitionService:
         create does; the caller holds it."""
         with self.store.reading() as tx:
             agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+        if partition.relocatable:
+            return self._configure_or_move(partition, layout, agents, keep_on_error)
         return self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
 
     def allocation(self, allocation_id: str, access: Access = OPEN_ACCESS) -> Allocation:
