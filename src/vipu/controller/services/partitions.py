@@ -103,10 +103,10 @@ class PartitionService:
         self.store = store
         self.hardware = hardware
         self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
-        self.holds = PartitionHolds()
+        self.queue = WaitingRequests()  # the requests waiting for room, which RequestService serves
+        self.holds = PartitionHolds(released=self.queue.notify)  # clients waiting for a partition wait for its operation
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
         self.ledger = Ledger()
-        self.queue = WaitingRequests()  # the requests waiting for room, which RequestService serves
         self.ledger.watch(self.queue.notify)
         self.load()
 

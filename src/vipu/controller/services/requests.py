@@ -160,9 +160,8 @@ class RequestService:
         """The partition if it is settled, or its request if it waits; None while its create is under way."""
         partition = self.ledger.get(partition_id)
         if partition is not None and access.may_use(partition.allocation_id):
-            state = lifecycle.state_of(partition)
-            if state in lifecycle.BUSY:
-                return None
+            if lifecycle.state_of(partition) in lifecycle.BUSY or self.partitions.holds.is_held(partition_id):
+                return None  # an operation is under way: a failed create, say, that moves it elsewhere
             if partition.ready_state is ReadyState.ACTIVE:
                 _, gcds, version = self.partitions.ipuof_config(partition_id, access=access)
                 return Settled(partition, gcds, version)
