@@ -109,6 +109,10 @@ def test_twenty_one_ipu_jobs_on_a_four_ipu_pod_run_four_at_a_time_and_the_rest_w
 def test_ipus_held_outside_slurm_are_reserved_out_of_its_licences(world):
     assert world.pod.user("create", "partition", "by-hand", "--size", "2").code == 0
     reserved(world, 2)
+    synced = subprocess.run([str(BIN / "vipu-slurm-licences"), "--conf", str(world.slurm.directory / "vipu.conf")],
+                            capture_output=True, text=True, env=world.slurm.env, timeout=60)
+    assert (synced.returncode, synced.stdout) == (
+        0, "vipu-slurm-licences: 4 licences ipu; 2 IPUs held outside Slurm, reserved (vipu-outside)\n"), synced.stderr
     job = world.submit("--ipus=4", "--wrap", "true")
     wait_until(lambda: queue(world, [job]).get(job) == ("PENDING", "Licenses"), what="the job to wait for licences")
     assert world.partitions() == ["by-hand"]
