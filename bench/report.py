@@ -57,6 +57,20 @@ def allocator(data: dict) -> list[str]:
             "", f"Refused with enough IPUs free, by size: {sizes}."]
 
 
+def queueing(data: dict) -> list[str]:
+    lines = [f"**Allocator quality with waiting** (`bench.queueing`, the same trace of {data['requests']} requests, "
+             f"{data['machines']} machines, seed {data['seed']}, every request waiting until it starts; waits in units of "
+             f"{data['wait_unit']}):", ""]
+    for run in data["runs"]:
+        rows = [[r["policy"], r["mean_wait"], r["median_wait"], r["p99_wait"], r["started_at_once_percent"],
+                 r["mean_utilisation_percent"], r["utilisation_below_bound_points"], r["longest_queue"], r["pass_p99_ms"]]
+                for r in run["results"]]
+        lines += [f"Offered load {run['load']}:", "",
+                  *markdown(["policy", "mean wait", "median wait", "p99 wait", "started at once %", "mean utilisation %",
+                             "utilisation below the bound (points)", "longest queue", "pass p99 ms"], rows), ""]
+    return lines[:-1]
+
+
 def slurm(data: dict) -> list[str]:
     rows = [[r["ipus"], r["slurm"]["median_ms"], r["slurm"]["p90_ms"], r["vipu"]["median_ms"], r["vipu"]["p90_ms"],
              r["vipu_api"]["median_ms"], r["vipu_api"]["p90_ms"], r["ratio"], r["ratio_api"]] for r in data["runs"]]
@@ -153,8 +167,9 @@ def main():
     parts: list[str] = []
     first = None
     renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                 ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
-                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("crashes", crashes), ("soak", soak))
+                 ("queueing", queueing), ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile),
+                 ("roundtrips", roundtrips), ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web),
+                 ("crashes", crashes), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

@@ -47,7 +47,7 @@ class Recorder:
         with self.lock:
             details = error.details() or ""
             if operation == "create" and error.code() == grpc.StatusCode.FAILED_PRECONDITION and (
-                    "not enough free IPUs" in details or "no room for a partition" in details):
+                    details.startswith("no free ") or details.startswith("no allocation has room")):
                 self.refusals += 1
             else:
                 self.errors[f"{operation}: {error.code().name}: {error.details()}"] += 1

@@ -30,21 +30,28 @@ REQUIREMENTS = st.builds(
 
 
 def state(api) -> list:
-    return sorted((p.id, p.SerializeToString()) for p in api.ListPartitions(pb.ListPartitionsRequest()).partitions)
+    partitions = api.ListPartitions(pb.ListPartitionsRequest()).partitions
+    waiting = api.ListQueued(pb.ListQueuedRequest()).requests
+    return sorted((p.id, p.SerializeToString()) for p in partitions) + sorted(r.partition_id for r in waiting)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(requirements=REQUIREMENTS, other_id=IDS, force=st.booleans())
-def test_random_requests_are_served_or_refused_cleanly(registered_pod, requirements, other_id, force):
+@given(requirements=REQUIREMENTS, other_id=IDS, force=st.booleans(), wait_seconds=st.one_of(st.just(0), UINT),
+       relocate=st.booleans(), seconds=st.integers(0, 1))
+def test_random_requests_are_served_or_refused_cleanly(registered_pod, requirements, other_id, force, wait_seconds, relocate,
+                                                        seconds):
     api = pb_grpc.UserServiceStub(registered_pod._channel(registered_pod.user_port))
     if not state(api):
         api.CreatePartition(pb.CreatePartitionRequest(requirements=pb.PartitionRequirements(id="held", size=4)))
     calls = [
-        ("CreatePartition", pb.CreatePartitionRequest(requirements=requirements)),
-        ("ResetPartition", pb.ResetPartitionRequest(partition_id=other_id)),
+        ("CreatePartition", pb.CreatePartitionRequest(requirements=requirements, wait_seconds=wait_seconds, relocatable=relocate)),
+        ("ResetPartition", pb.ResetPartitionRequest(partition_id=other_id, relocatable=relocate)),
         ("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=other_id)),
         ("GetPartitionIpuofConfig", pb.GetPartitionIpuofConfigRequest(partition_id=other_id)),
         ("ListPartitions", pb.ListPartitionsRequest(allocation_id=other_id)),
+        ("WaitPartition", pb.WaitPartitionRequest(partition_id=other_id, seconds=seconds)),
+        ("ListQueued", pb.ListQueuedRequest(allocation_id=other_id)),
+        ("CancelQueued", pb.CancelQueuedRequest(partition_id=other_id)),
     ]
     for method, request in calls:
         before = state(api)
@@ -55,8 +62,8 @@ def test_random_requests_are_served_or_refused_cleanly(registered_pod, requireme
             assert error.details() and "\n" not in error.details() and "Traceback" not in error.details()
             assert state(api) == before, (method, request)
     created = requirements.id
-    if created and created != "held" and created in dict(state(api)):
-        api.RemovePartition(pb.RemovePartitionRequest(partition_id=created, force=force))
+    if created and created != "held" and created in {entry if isinstance(entry, str) else entry[0] for entry in state(api)}:
+        api.RemovePartition(pb.RemovePartitionRequest(partition_id=created, force=force))  # or cancels its request
 
 
 def test_malformed_bytes_are_refused_in_one_line_and_a_storm_of_them_barely_touches_the_log(registered_pod):

@@ -32,6 +32,16 @@ def test_the_allocator_benchmark_compares_three_allocators_on_one_trace(tmp_path
         assert 0 < row["mean_utilisation_percent"] <= 100
 
 
+def test_the_queueing_benchmark_replays_the_trace_with_every_request_waiting_until_it_starts(tmp_path):
+    result = bench(tmp_path, "queueing", "--requests", "300", "--machines", "16", "--load", "0.9")
+    rows = {r["policy"]: r for r in result["runs"][0]["results"]}
+    assert list(rows) == ["FIFO + backfill", "plain FIFO", "capacity bound"]
+    assert rows["capacity bound"]["utilisation_below_bound_points"] == 0
+    for row in rows.values():
+        assert 0 <= row["median_wait"] <= row["p99_wait"] and 0 < row["mean_utilisation_percent"] <= 100
+    assert rows["FIFO + backfill"]["mean_wait"] <= rows["plain FIFO"]["mean_wait"]  # backfill never delays the first
+
+
 @pytest.mark.functional
 def test_the_partition_benchmark_measures_pairs_through_the_user_api(tmp_path):
     result = bench(tmp_path, "partitions", "--machines", "2", "--clients", "1,2", "--stores", "sqlite", "--duration", "1")

@@ -38,7 +38,8 @@ def test_a_create_kept_on_error_is_in_error_with_the_agents_reasons(pod):
     assert "m08: IPU-Link port 5 has no cable" in pod.user("get", "partition", "ring").out
     assert rows(pod.user("list", "partitions").out)[0][-1] == "ERROR"
     # An ERROR partition keeps its IPUs until it is reset or removed, and has no IPUoF configuration.
-    failed_line(pod.user("create", "partition", "other", "--size", "4"), "create partition", "other", "0 free")
+    failed_line(pod.user("create", "partition", "other", "--size", "4"), "create partition", "other",
+                "all 32 of its IPUs are in use; it fits when ring is removed")
     failed_line(pod.user("get", "partition", "ring", "--ipu-configs"), "get partition", "ring", "ring is ERROR")
 
     pod.wipe_rack_only()

@@ -6,6 +6,7 @@ replica's address (`-H h1,h2,h3`).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -155,6 +156,26 @@ def test_a_standby_serves_within_10_seconds_of_the_leader_being_killed(replicate
     assert the_leader(replicas) is successor
     admin_hosts = ",".join(f"127.0.0.1:{r.admin_port}" for r in replicas)
     assert [row[0] for row in rows(cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory).out)] == ["ag1", "ag2"]
+
+
+def test_the_queue_outlives_the_leader_and_a_client_waiting_through_the_takeover_gets_its_partition(replicated):
+    pod, replicas = replicated
+    hosts = ",".join(r.address for r in replicas)
+    assert cli("vipu", hosts, "create", "partition", "full", "--size", "8", cwd=pod.directory).code == 0
+    waiting = subprocess.Popen([str(BIN / "vipu"), "-H", hosts, "--api-timeout", "5", "create", "partition", "patient", "--size", "4",
+                                "--wait", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=pod.directory, env={**os.environ, "VIPU_IPUOF_DIR": str(pod.directory / "ipuof")})
+    wait_until(lambda: rows(cli("vipu", hosts, "list", "requests", cwd=pod.directory).out), what="the request to wait")
+    leader = the_leader(replicas)
+    leader.process.kill()
+    listed = wait_until(lambda: (r := cli("vipu", hosts, "list", "requests", cwd=pod.directory)).code == 0 and r,
+                        timeout=TAKEOVER_LIMIT + 5, what="a standby to serve")
+    assert [row[:4] for row in rows(listed.out)] == [["1", "patient", "alloc-1", "4"]]  # the successor found the queue
+    assert waiting.poll() is None
+    assert cli("vipu", hosts, "remove", "partition", "full", cwd=pod.directory).code == 0
+    out, err = waiting.communicate(timeout=60)
+    assert (waiting.returncode, out) == (0, "create partition (patient): success.\n"), err
+    assert len(pod.held_anywhere("patient")) == 1
 
 
 @pytest.mark.parametrize("replicated", [10.0], indirect=True)  # a lease long enough for its expiry to tell

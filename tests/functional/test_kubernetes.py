@@ -286,18 +286,27 @@ def test_an_interactive_job_ends_after_its_ttl(cluster):
     wait_until(lambda: cluster.pods("session") == [], what="the expired session's pods to go")
 
 
-def test_jobs_that_together_exceed_the_pod_queue_instead_of_oversubscribing(cluster):
+def test_jobs_that_together_exceed_the_pod_queue_in_the_controller_in_their_order_instead_of_oversubscribing(cluster):
     cluster.submit("big", replicas=8, interactive={"ttl": 3600})
     cluster.wait_for("big", "Running")
+    cluster.submit("whole", replicas=8, interactive={"ttl": 3600})
+    wait_until(lambda: "(number 1): first in the queue" in cluster.condition("whole").get("message", ""),
+               what="the second job to wait in the controller's queue")
     cluster.submit("small", replicas=4, interactive={"ttl": 3600})
-    wait_until(lambda: "waiting for a V-IPU controller with room" in cluster.condition("small").get("message", ""),
-               what="the second job to wait for IPUs")
-    assert cluster.condition("small")["type"] == "Pending" and cluster.pods("small") == []
+    wait_until(lambda: "(number 2): number 2 in the queue, behind p-default-whole (8 IPUs)" in
+               cluster.condition("small").get("message", ""), what="the third job to wait behind it")
+    assert cluster.condition("small")["message"].startswith(
+        "IPUJob default/small is waiting for a V-IPU controller with room: waiting in the queue of V-IPU controller 127.0.0.1:")
+    assert cluster.condition("whole")["type"] == "Pending" and cluster.pods("whole") == cluster.pods("small") == []
     assert cluster.partitions() == {"p-default-big": 8}
     assert cluster.get("/stats") == {"default": {"used": 8, "available": 0}, "total": {"used": 8, "available": 0}}
     assert cluster.post("/query", {"size": 2}) == {"available": False, "numOfPartitions": 0, "message": ""}
 
-    cluster.delete("big")  # frees its IPUs: the waiting job gets them
+    cluster.delete("big")  # frees its IPUs: the first waiting job gets them, though the second would fit too
+    cluster.wait_for("whole", "Running", timeout=60)
+    assert cluster.partitions() == {"p-default-whole": 8}
+    assert cluster.condition("small")["type"] == "Pending" and "(number 1)" in cluster.condition("small")["message"]
+    cluster.delete("whole")
     cluster.wait_for("small", "Running", timeout=60)
     assert cluster.partitions() == {"p-default-small": 4}
     assert cluster.get("/stats") == {"default": {"used": 4, "available": 4}, "total": {"used": 4, "available": 4}}

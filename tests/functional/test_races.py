@@ -55,7 +55,7 @@ def test_32_clients_racing_for_the_last_free_ipus_get_exactly_the_capacity(racin
     winners = [f"race-{n}" for n, result in enumerate(results) if result == "won"]
     assert len(winners) == 3, results
     refusals = [result for result in results if result != "won"]
-    assert all(code == grpc.StatusCode.FAILED_PRECONDITION and "not enough free IPUs" in details
+    assert all(code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("no free IPU in allocation")
                for code, details in refusals), refusals
 
     partitions = api.ListPartitions(pb.ListPartitionsRequest()).partitions

@@ -101,6 +101,19 @@ def test_tenants_see_and_touch_only_what_is_given_to_them(pod, tenants):
     before = pod.snapshot()
     failed_line(pod.user("remove", "partition", "pa", config=bob), "remove partition", "pa",
                 "partition pa belongs to user alice; only its owner or an administrator removes it")
+    # Two users waiting in one allocation: each sees the queue, only its owner (or an administrator) cancels a request.
+    waiting = subprocess.Popen([str(BIN / "vipu"), "-H", "127.0.0.1", "--api-port", str(pod.user_port), "--config", str(bob),
+                                "create", "partition", "pb", "--size", "4", "--wait", "--timeout", "60"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=pod.directory,
+                               env={**os.environ, "VIPU_IPUOF_DIR": str(pod.ipuof_dir)})
+    wait_until(lambda: [r[1] for r in rows(pod.user("list", "requests", config=alice).out)] == ["pb"], what="bob's request")
+    assert [r[:5] for r in rows(pod.user("list", "requests", config=alice).out)] == [["1", "pb", "a1", "4", "bob"]]
+    assert rows(pod.user("list", "requests", config=carol).out) == []
+    failed_line(pod.user("remove", "request", "pb", config=alice), "remove request", "pb",
+                "the request of partition pb is user bob's; only its owner or an administrator cancels it")
+    failed_line(pod.user("remove", "request", "pb", config=carol), "remove request", "pb", "no request of partition pb waits")
+    assert pod.user("remove", "request", "pb", config=bob).code == 0
+    assert waiting.wait(timeout=30) == 1 and "the request of partition pb was cancelled by bob" in waiting.stderr.read()
     # Another tenant sees nothing of it and can touch none of it.
     assert rows(pod.user("list", "partitions", config=carol).out) == []
     assert [r[0] for r in rows(pod.user("list", "allocations", config=carol).out)] == ["a2"]

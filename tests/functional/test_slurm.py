@@ -243,12 +243,22 @@ def test_a_node_failure_ends_the_job_and_its_partition(world):
 
 
 def test_a_job_waits_with_a_reason_while_the_controller_is_down_or_full(world):
+    """Without the licences of test_slurm_queue.py, Slurm starts a job the pod has no room for: its
+    prolog waits in vipu's queue (QueueTimeout), the reason in its comment, and the job runs once
+    room appears, never requeued."""
     holder = world.submit("--ipus=16", "--wrap", "sleep 300")
     world.wait_for(holder, "RUNNING")
     full = world.submit("--ipus=8", "--wrap", "true")
-    wait_until(lambda: "vipu: no partition of 8 IPUs yet" in world.comment(full), what="the full pod's reason")
+    wait_until(lambda: world.comment(full).startswith("vipu: waiting for its IPUs: first in the queue, ag1-ag2 held for it; "
+                                                      "no free 8-IPU run in allocation alloc-1"), timeout=60, what="the full pod's reason")
     world.assert_waiting(full)
     assert world.partitions() == [f"slurm-{holder}"]
+    api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
+    assert [r.partition_id for r in api.ListQueued(vipuuser_pb2.ListQueuedRequest()).requests] == [f"slurm-{full}"]
+    world.slurm.run("scancel", holder)
+    world.wait_done(full)
+    said = [line for line in world.slurm.log("slurmctld").splitlines() if line.endswith(f" for JobId={full}")]
+    assert said and not [line for line in said if "requeued" in line], said  # it waited; its prolog never failed
     world.cancel_submitted()
 
     world.pod.stop_server()

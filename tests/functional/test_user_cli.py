@@ -129,7 +129,8 @@ def test_bad_requests_are_refused_in_one_line_and_change_nothing(registered_pod)
         (["create", "partition", "p2", "--size", "3"], "partition size must be a power of two, not 3"),
         (["create", "partition", "p2", "--size", "0"], "partition size must be a power of two, not 0"),
         (["create", "partition", "p2", "--size", "64"], "larger than the cluster's 32 IPUs"),
-        (["create", "partition", "p2", "--size", "32"], "not enough free IPUs in allocation alloc-1: 32 requested, 16 free"),
+        (["create", "partition", "p2", "--size", "32"], "no free 32-IPU run in allocation alloc-1: 16 of 32 IPUs are free, "
+                                                        "the largest free run is 16 IPUs (ag1-ag4); it fits when p1 is removed"),
         (["create", "partition", "p1", "--size", "4"], "partition p1 already exists"),
         (["create", "partition", "p2", "--size", "4", "--allocation", "nope"], "allocation nope does not exist"),
         (["create", "partition", "p2", "--size", "4", "--cluster", "nope"], "cluster nope does not exist"),
@@ -165,7 +166,9 @@ def test_partitions_never_span_allocations(pod):
     api.CreateAllocation(admin_pb2.CreateAllocationRequest(id="a2", cluster_id="cl0", agent_ids=["ag3", "ag4"]))
     assert pod.user("create", "partition", "p1", "--size", "8", "--allocation", "a2").code == 0
     assert pod.held_anywhere("p1") == ["m03", "m04"]
-    failed_line(pod.user("create", "partition", "p2", "--size", "16"), "create partition", "p2", "no allocation has room")
+    failed_line(pod.user("create", "partition", "p2", "--size", "16"), "create partition", "p2",
+                "no allocation can hold a partition of 16 IPUs as asked (allocation a1 has 8 IPUs (2 machines): a partition of "
+                "16 IPUs never fits in it; allocation a2 has 8 IPUs (2 machines): a partition of 16 IPUs never fits in it)")
     assert rows(pod.user("list", "partitions", "--allocation", "a2").out)[0][0] == "p1"
     assert rows(pod.user("list", "partitions", "--allocation", "a1").out) == []
 
@@ -235,7 +238,8 @@ def test_an_index_places_a_reconfigurable_partition_at_that_run_of_its_allocatio
     assert pod.held("m01") == {"r2": [2, 3]}
     assert pairs(pod.user("get", "partition", "r2").out)["Sync Type"] == "c2-compatible"
     failed_line(pod.user("create", "partition", "again", "--size", "4", "--reconfigurable", "--index", "2"),
-                "create partition", "again", "the named IPUs are not a free, linkable set of 4 in allocation alloc-1")
+                "create partition", "again", "no free 4-IPU run in allocation alloc-1: 26 of 32 IPUs are free, the largest free run is "
+                                             "16 IPUs (ag5-ag8); it fits when r4 is removed")
     failed_line(pod.user("create", "partition", "far", "--size", "8", "--reconfigurable", "--index", "4"),
                 "create partition", "far", "allocation alloc-1 has 4 place(s) for a partition of 8 IPUs (indices 0 to 3), not index 4")
     failed_line(pod.user("create", "partition", "plain", "--size", "4", "--index", "0"),

@@ -27,6 +27,7 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import InvalidArgument
+from vipu.model.queue import WaitingRequest
 from vipu.model.topology import LinkKind
 
 IPULINK_ROUTING = {
@@ -287,7 +288,16 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     )
     if partition.last_auto_reset is not None:
         status.last_auto_reset_time.FromDatetime(partition.last_auto_reset)
+    status.relocatable, status.relocation = partition.relocatable, partition.relocation
     return status
+
+
+def queued_to_proto(request: WaitingRequest, position: int, reason: str) -> user_pb2.QueuedRequest:
+    queued = user_pb2.QueuedRequest(partition_id=request.partition_id, allocation_id=request.allocation_id, size=request.size,
+                                    user=request.owner, position=position, reason=reason)
+    queued.since.FromDatetime(request.since)
+    queued.deadline.FromDatetime(request.deadline)
+    return queued
 
 
 def config_to_proto(partition: Partition, gcds: list[GcdConfig], ipuof_server_version: str) -> user_pb2.PartitionConfig:

@@ -24,6 +24,7 @@ from vipu.cli.common import (
     render_pairs,
     render_table,
     reporting,
+    requests_command,
     run,
     split_list,
     succeed,
@@ -552,6 +553,7 @@ def discover_agents(admin, auto_add, as_json):
 
 
 capacity_command(list_)
+requests_command(list_)
 
 
 def main() -> None:

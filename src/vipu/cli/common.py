@@ -237,3 +237,22 @@ def capacity_command(group: click.Group) -> None:
         rows = [[a.allocation_id, a.cluster_id, str(a.total_ipus), str(a.used_ipus), str(a.free_ipus), str(a.largest),
                  *([str(a.fitting)] if size else []), a.blocked or "-"] for a in reply.allocations]
         click.echo(render_table(headers, rows))
+
+
+def requests_command(group: click.Group) -> None:
+    """`list requests`, the same in both CLIs: the requests waiting for room, each allocation's queue in order."""
+
+    @group.command("requests")
+    @click.option("--allocation", "allocation_id", default="", help="Only this allocation's queue.")
+    @json_option
+    @pass_client
+    def list_requests(client, allocation_id, as_json):
+        """Show the partition requests waiting for room: their place in their allocation's queue,
+        size, user, since when they wait and why."""
+        with reporting("list requests"):
+            queued = client.list_queued(allocation_id)
+        if as_json:
+            return echo_json({"requests": queued})
+        rows = [[str(q.position), q.partition_id, q.allocation_id, str(q.size), q.user or "-",
+                 q.since.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC"), q.reason] for q in queued]
+        click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows))

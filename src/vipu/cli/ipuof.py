@@ -4,6 +4,11 @@
     vipu-ipuof run /path/p1_ipuof.conf     # or name the files
     IPUOF_CONFIG_PATH=/path/p1_ipuof.conf vipu-ipuof run
     IPUOF_VIPU_API_HOST=h IPUOF_VIPU_API_PARTITION_ID=p1 vipu-ipuof run   # asks vipu-server, as Poplar does
+
+Files out of date (the partition moved to other IPUs, `vipu reset partition --relocate` or a
+relocatable partition's machine failing) are read again from vipu-server when the run fails on
+them, rewritten in place, and the run made again: vipu-server is found from IPUOF_VIPU_API_HOST
+and IPUOF_VIPU_API_PORT, else as `vipu` finds it (VIPU_CLI_API_HOST, its configuration file).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
 from vipu.ipuof import client as ipuof_client
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import InvalidArgument
+from vipu.model.errors import InvalidArgument, VipuError
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT)
@@ -55,9 +60,42 @@ def run_program(configs, partition_id, ipuof_dir, seed, timeout):
         partitions = {gcd.partition_id for gcd in gcds}
         if len(partitions) > 1:
             raise InvalidArgument(f"the files belong to several partitions: {', '.join(sorted(partitions))}")
-        ipus = client.run(gcds, seed)
+        rewritten = ""
+        try:
+            ipus = client.run(gcds, seed)
+        except VipuError:
+            fresh = _read_again(gcds, os.environ, timeout) if paths else None
+            if fresh is None:
+                raise
+            gcds, rewritten = fresh, "; its IPUoF files were out of date (it moved) and are rewritten"
+            ipus = client.run(gcds, seed)
         client.close()
-    click.echo(f"run ({gcds[0].partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) ran the test program.")
+    click.echo(f"run ({gcds[0].partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) ran the test program{rewritten}.")
+
+
+def _read_again(gcds: list[ipuof_client.GcdFile], env, timeout: float) -> list[ipuof_client.GcdFile] | None:
+    """The partition's files rewritten from vipu-server's configuration, if that differs from theirs;
+    None if it does not, or vipu-server cannot say (the run's own failure is then the answer)."""
+    partition_id = gcds[0].partition_id
+    port = env.get("IPUOF_VIPU_API_PORT", "")
+    try:
+        with UserClient.connect(env.get("IPUOF_VIPU_API_HOST") or None, int(port) if port.isdigit() else None,
+                                timeout=timeout) as user:
+            config = user.ipuof_config(partition_id)
+    except VipuError:
+        return None
+    current = {int(g.attributes.get("GCD Id", n)): g for n, g in enumerate(config.gcd_configs)}
+    fresh = []
+    for old in gcds:
+        gcd = current.get(old.gcd_id)
+        if gcd is None:
+            return None
+        fresh.append(ipuof_client.parse(ipuof_files.document(gcd), str(old.path), old.path))
+    if [g.devices for g in fresh] == [g.devices for g in gcds]:
+        return None
+    for old in gcds:
+        ipuof_files.write_gcd(old.path, current[old.gcd_id])
+    return fresh
 
 
 def _from_controller(env) -> list[ipuof_client.GcdFile]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.cli.common import (
@@ -22,6 +25,7 @@ from vipu.cli.common import (
     render_pairs,
     render_table,
     reporting,
+    requests_command,
     run,
     split_list,
     succeed,
@@ -29,7 +33,7 @@ from vipu.cli.common import (
 from vipu.client.settings import client_settings
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import InvalidArgument
+from vipu.model.errors import InvalidArgument, VipuError
 
 SYNC_TYPES = {
     "c2-compatible": pb.ST_GS2_DEFAULT,
@@ -40,6 +44,8 @@ SYNC_TYPES = {
 SYNC_NAMES = {number: name for name, number in SYNC_TYPES.items()}
 COUNT = click.IntRange(0, 2**32 - 1)  # what a uint32 field can carry; the server judges the value
 IPULINK_ROUTINGS = {"dnc": pb.IRT_DNC, "swnc": pb.IRT_SWNC, "btnc": pb.IRT_BTNC, "ringswnc": pb.IRT_RINGSWNC}
+DEFAULT_WAIT_SECONDS = 3600
+MAX_WAIT_SECONDS = 7 * 24 * 3600  # the controller's limit
 
 
 def ild_routing(value: int) -> str:
@@ -84,7 +90,7 @@ def get():
 
 @cli.group(cls=CommandGroup)
 def remove():
-    """Remove a partition."""
+    """Remove a partition, or cancel a request waiting for room."""
 
 
 @cli.group(cls=CommandGroup)
@@ -122,23 +128,44 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
 @click.option("--disable-auto-reset", is_flag=True, help="Do not reset the partition automatically after errors.")
 @click.option("--keep-on-error", is_flag=True,
               help="If an agent fails, keep the partition in ERROR, holding its IPUs, for inspection. Default: leave nothing.")
+@click.option("--relocatable", is_flag=True,
+              help="Move the partition to other IPUs of its allocation, keeping its id, when its machines fail.")
+@click.option("--wait", is_flag=True, help="If there is no room now, wait in the allocation's queue until the partition starts.")
+@click.option("--timeout", type=click.IntRange(1, MAX_WAIT_SECONDS), default=DEFAULT_WAIT_SECONDS, show_default=True,
+              help="With --wait: give up after this many seconds, saying why it waited.")
 @ipuof_dir_option
 @pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
-                     sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, ipuof_dir):
+                     sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, relocatable, wait,
+                     timeout, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
+    if not wait and click.get_current_context().get_parameter_source("timeout") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--timeout needs --wait")
     with reporting("create partition", partition_id):
-        config = user.create_partition(
-            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
-            allocation_id=allocation_id, reconfigurable=reconfigurable,
-            sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
-            ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
-            num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
-            index=index)
+        try:
+            config = user.create_partition(
+                partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
+                allocation_id=allocation_id, reconfigurable=reconfigurable,
+                sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
+                ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
+                num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
+                index=index, relocatable=relocatable, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
+        except KeyboardInterrupt:
+            if wait:  # the request would wait on, for nobody
+                with contextlib.suppress(VipuError):
+                    user.cancel_queued(partition_id)
+            raise
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
+
+
+def _say_where_it_waits(queued: pb.QueuedRequest) -> None:
+    """On a terminal, a line on standard error each time a waiting request's place or reason changes."""
+    if sys.stderr.isatty():
+        click.echo(f"waiting ({queued.partition_id}): number {queued.position} in allocation {queued.allocation_id}'s queue: "
+                   f"{queued.reason}", err=True)
 
 
 @remove.command("partition")
@@ -158,13 +185,35 @@ def remove_partition(user, partition_id, force, ipuof_dir):
     succeed("remove partition", partition_id)
 
 
-@reset.command("partition")
+@remove.command("request")
 @click.argument("partition_id")
 @pass_client
-def reset_partition(user, partition_id):
+def remove_request(user, partition_id):
+    """Cancel a request waiting for room."""
+    with reporting("remove request", partition_id):
+        user.cancel_queued(partition_id)
+    succeed("remove request", partition_id)
+
+
+@reset.command("partition")
+@click.argument("partition_id")
+@click.option("--relocate", is_flag=True,
+              help="Move it to other IPUs of its allocation, off the machines that failed it (or all of its own), "
+                   "and rewrite its IPUoF configuration.")
+@ipuof_dir_option
+@pass_client
+def reset_partition(user, partition_id, relocate, ipuof_dir):
     """Reset a partition: clear and re-apply its configuration."""
     with reporting("reset partition", partition_id):
-        user.reset_partition(partition_id)
+        user.reset_partition(partition_id, relocate=relocate)
+        if relocate:
+            directory = ipuof_dir or ipuof_files.default_dir()
+            try:
+                ipuof_files.remove(directory, partition_id)
+                ipuof_files.write(directory, partition_id, user.ipuof_config(partition_id))
+            except OSError as error:
+                raise InvalidArgument(f"the partition moved, but its IPUoF files in {directory} could not be rewritten: "
+                                      f"{error.strerror}") from error
     succeed("reset partition", partition_id)
 
 
@@ -228,6 +277,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("Auto-reset Retries", f"{status.auto_reset_retry_count}/{status.max_auto_reset_retries}"),
         ("Last Auto-reset", status.last_auto_reset_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
          if status.HasField("last_auto_reset_time") else "-"),
+        ("Relocatable", "yes" if status.relocatable else "no"),
+        ("Relocated", status.relocation or "-"),
         ("Errors", list(status.errors) or "-"),
     ]))
     rows = [[str(i.routing_id), str(i.routing_id // (len(spec.ipus) // spec.num_gcds)), i.agent_id, str(i.agent_ipu_index),
@@ -267,6 +318,7 @@ def list_ipu_attrs(user, agents, as_json):
 
 
 capacity_command(list_)
+requests_command(list_)
 
 
 def main() -> None:

@@ -71,6 +71,10 @@ class AdminClient(EndpointClient):
         """Room now in every allocation (or the one named, or a cluster's), as `UserClient.capacity`."""
         return self._call("GetCapacity", user_pb.GetCapacityRequest(size=size, allocation_id=allocation_id, cluster_id=cluster_id))
 
+    def list_queued(self, allocation_id: str = "") -> list[user_pb.QueuedRequest]:
+        """The requests waiting for room in every allocation (or one), each queue in order."""
+        return list(self._call("ListQueued", user_pb.ListQueuedRequest(allocation_id=allocation_id)).requests)
+
     def get_allocation(self, allocation_id: str) -> pb.Allocation:
         return self._call("GetAllocation", pb.GetRequest(id=allocation_id))
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
+from collections.abc import Callable
+
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.client.base import EndpointClient
 from vipu.client.connection import Stream
-from vipu.model.errors import NotFound
+from vipu.client.retry import RetryPolicy
+from vipu.model.errors import HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
+
+# How long one waiting call may last at most, and how long past its own deadline a waiting client
+# lets the controller end the request (so that it is told the controller's last reason).
+WAIT_CALL_SECONDS = 20
+DEADLINE_GRACE_SECONDS = 5.0
+# Between waiting calls that failed for a moment (the leader changed, say).
+WAIT_RETRY = RetryPolicy(attempts=None, first_delay=0.2, longest_delay=2.0)
 
 
 class UserClient(EndpointClient):
@@ -20,26 +33,92 @@ class UserClient(EndpointClient):
                          cluster_id: str = "", allocation_id: str = "", reconfigurable: bool = False,
                          sync_type: int = pb.ST_UNDEFINED, ipulink_routing: int = pb.IRT_UNDEFINED,
                          num_ipulink_segments: int = 0, disable_auto_reset: bool = False,
-                         keep_on_error: bool = False, index: int | None = None) -> pb.PartitionConfig:
+                         keep_on_error: bool = False, index: int | None = None, relocatable: bool = False,
+                         wait: float = 0.0, on_wait: Callable[[pb.QueuedRequest], None] | None = None) -> pb.PartitionConfig:
         """Create a partition; its IPUoF configuration, every GCD (what `ipuof_files.write` takes).
-        `index` places a reconfigurable partition at the index-th run of `size` IPUs of its allocation."""
-        requirements = pb.PartitionRequirements(
-            id=partition_id, size=size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
-            allocation_id=allocation_id, reconfigurable=reconfigurable, sync_type=sync_type,  # type: ignore[arg-type]
-            ipulink_routing_type=ipulink_routing, num_ipulink_segments=num_ipulink_segments)  # type: ignore[arg-type]
-        if index is not None:
-            requirements.index = index
-        created = self._call("CreatePartition", pb.CreatePartitionRequest(
-            requirements=requirements, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error))
+        `index` places a reconfigurable partition at the index-th run of `size` IPUs of its allocation.
+        With `wait` (seconds), a request that does not fit now waits for room in its allocation's
+        queue until the partition is ACTIVE (`on_wait` is told of its place and reason as they
+        change); at the deadline it is cancelled and NoRoom says why it waited."""
+        created = self.create_or_queue(
+            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id, allocation_id=allocation_id,
+            reconfigurable=reconfigurable, sync_type=sync_type, ipulink_routing=ipulink_routing,
+            num_ipulink_segments=num_ipulink_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
+            index=index, relocatable=relocatable, wait_seconds=math.ceil(wait))
         if created.HasField("ipuof_config"):
             return created.ipuof_config
+        if created.HasField("queued"):
+            return self.wait_partition(partition_id, math.ceil(wait), on_wait, created.queued)
         return self.ipuof_config(partition_id)  # a controller from before the reply carried it
+
+    def create_or_queue(self, partition_id: str, size: int, *, wait_seconds: int = 0, index: int | None = None,
+                        disable_auto_reset: bool = False, keep_on_error: bool = False, relocatable: bool = False,
+                        **requirements) -> pb.CreatePartitionReply:
+        """One create call: the reply carries the new partition's IPUoF configuration, or, given
+        `wait_seconds`, where its request waits for room (`queued`) if it does not fit now.
+        `requirements` are PartitionRequirements' fields, by their names in `create_partition`."""
+        names = {"ipulink_routing": "ipulink_routing_type"}  # the rest are named as the message names them
+        asked = pb.PartitionRequirements(id=partition_id, size=size, **{names.get(k, k): v for k, v in requirements.items()})
+        if index is not None:
+            asked.index = index
+        return self._call("CreatePartition", pb.CreatePartitionRequest(
+            requirements=asked, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, relocatable=relocatable,
+            wait_seconds=wait_seconds))
+
+    def wait_once(self, partition_id: str, seconds: int) -> pb.WaitPartitionReply:
+        """One waiting call: at most `seconds` (and WAIT_CALL_SECONDS) until the partition is settled;
+        the reply says where its request waits (`queued`), or the partition's status and, once ACTIVE,
+        its IPUoF configuration. How a request that ended without a partition ended is raised."""
+        return self._call("WaitPartition", pb.WaitPartitionRequest(partition_id=partition_id,
+                                                                     seconds=max(0, min(seconds, WAIT_CALL_SECONDS))))
+
+    def wait_partition(self, partition_id: str, seconds: float, on_wait: Callable[[pb.QueuedRequest], None] | None = None,
+                       queued: pb.QueuedRequest | None = None) -> pb.PartitionConfig:
+        """Wait up to `seconds` for a partition whose request waits (or whose create is under way)
+        to be ACTIVE; its IPUoF configuration. NoRoom at the deadline, the request cancelled; the
+        controller's error if the request ended otherwise; HardwareFailure if it went to ERROR.
+        Each call waits at most WAIT_CALL_SECONDS; one the controller could not answer (a new
+        leader taking over, say) is made again until the deadline."""
+        deadline = time.monotonic() + seconds + DEADLINE_GRACE_SECONDS
+        if queued is not None and on_wait is not None:
+            on_wait(queued)
+        retries = WAIT_RETRY.delays()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                with contextlib.suppress(VipuError):  # the controller lets it go at its own deadline anyway
+                    self.cancel_queued(partition_id)
+                why = f": {queued.reason}" if queued is not None else ""
+                raise NoRoom(f"partition {partition_id} did not start within {seconds:g} s{why}")
+            try:
+                reply = self.wait_once(partition_id, max(1, min(math.floor(remaining), math.floor(self.connection.timeout / 2))))
+            except Unavailable:
+                time.sleep(min(next(retries), max(0.0, deadline - time.monotonic())))
+                continue
+            if reply.HasField("queued"):
+                if on_wait is not None and (queued is None or (reply.queued.position, reply.queued.reason)
+                                            != (queued.position, queued.reason)):
+                    on_wait(reply.queued)
+                queued = reply.queued
+            elif reply.status.ready_state == pb.PS_ACTIVE:
+                return reply.ipuof_config if reply.HasField("ipuof_config") else self.ipuof_config(partition_id)
+            elif reply.status.ready_state == pb.PS_ERROR:
+                raise HardwareFailure(f"partition {partition_id} is in ERROR: {'; '.join(reply.status.errors)}")
+
+    def list_queued(self, allocation_id: str = "") -> list[pb.QueuedRequest]:
+        """The requests waiting for room in the allocations this user may use (or one), each queue in order."""
+        return list(self._call("ListQueued", pb.ListQueuedRequest(allocation_id=allocation_id)).requests)
+
+    def cancel_queued(self, partition_id: str) -> None:
+        """Cancel a request that waits for room."""
+        self._call("CancelQueued", pb.CancelQueuedRequest(partition_id=partition_id))
 
     def remove_partition(self, partition_id: str, force: bool = False) -> None:
         self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
 
-    def reset_partition(self, partition_id: str) -> None:
-        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id))
+    def reset_partition(self, partition_id: str, relocate: bool = False) -> None:
+        """Reset a partition; with `relocate`, onto other IPUs of its allocation, off machines that failed it."""
+        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id, relocatable=relocate))
 
     def list_partitions(self, allocation_id: str = "") -> list[pb.Partition]:
         return list(self._call("ListPartitions", pb.ListPartitionsRequest(allocation_id=allocation_id)).partitions)

@@ -37,6 +37,7 @@ from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.controller.services.requests import RequestService
 from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
@@ -108,7 +109,8 @@ class Controller:
         self.store.on_commit = self._committed
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test, self.changes)
-        self.allocations = AllocationService(self.store, self.partitions)
+        self.requests = RequestService(self.partitions)
+        self.allocations = AllocationService(self.store, self.partitions, self.requests)
         self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
@@ -128,6 +130,7 @@ class Controller:
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
         self._health: threading.Thread | None = None
+        self._dispatcher: threading.Thread | None = None
 
     def _committed(self, changed: frozenset[str]) -> None:
         for what in changed:
@@ -159,9 +162,12 @@ class Controller:
             self.discovery.start()
 
     def _start_health(self) -> None:
+        """Health passes, and the passes over the queues of waiting requests, each in a thread of its own."""
         self._health = threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health",
                                         daemon=True)
         self._health.start()
+        self._dispatcher = threading.Thread(target=self.requests.run, args=(self._stop,), name="queues", daemon=True)
+        self._dispatcher.start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""
@@ -178,6 +184,7 @@ class Controller:
 
     def _deposed(self, reason: str) -> None:
         self._stop.set()
+        self.partitions.queue.wake.set()
         self.store.own(False)
         self._on_deposed(reason)
 
@@ -190,12 +197,12 @@ class Controller:
             yield
 
     def _register_user(self, server: grpc.Server) -> None:
-        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions, self.changes), server)
+        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions, self.requests, self.changes), server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
-                                 self.users, self.config.port, self.partitions)
+                                 self.users, self.config.port, self.partitions, self.requests)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
@@ -213,6 +220,7 @@ class Controller:
         (the simulated pod of --sim) is stopped after this, so no pass sees its agents go."""
         self._stop.set()
         self.changes.close()  # before the servers stop: their grace must not wait on watchers
+        self.partitions.queue.wake.set()
         self.clustertests.shutdown()
         if self.discovery is not None:
             self.discovery.stop()
@@ -220,6 +228,9 @@ class Controller:
             server.stop(grace=2).wait()
         if self._health is not None:
             self._health.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
+        if self._dispatcher is not None:
+            self._dispatcher.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
+        self.requests.close()
         if self.leadership is not None:
             self.leadership.stop()  # after the last request, so that the next leader starts from what it left
         self.hardware.close()

@@ -38,6 +38,11 @@ def document(gcd: pb.PartitionConfig.Gcd) -> dict:
     return {"attributes": dict(sorted(gcd.attributes.items())), "devices": devices}
 
 
+def write_gcd(path: Path, gcd: pb.PartitionConfig.Gcd, owner: int | None = None) -> None:
+    """One GCD's file, written atomically and readable by its owner only (it holds the attach key)."""
+    write_file(path, (json.dumps(document(gcd), indent=2) + "\n").encode(), 0o600, owner)
+
+
 def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner: int | None = None) -> list[Path]:
     """Write every GCD's file, each atomically and readable by its owner only (it holds the
     partition's attach key); `owner` (a uid) gets them, when the caller is root writing for a job's
@@ -46,7 +51,7 @@ def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner:
     paths = []
     for index, gcd in enumerate(config.gcd_configs):
         path = directory / file_name(partition_id, index, len(config.gcd_configs))
-        write_file(path, (json.dumps(document(gcd), indent=2) + "\n").encode(), 0o600, owner)
+        write_gcd(path, gcd, owner)
         paths.append(path)
     return paths
 

@@ -1,9 +1,11 @@
 """`vipu-ipujob-init`: the init container of an IPUJob's launcher pod.
 
 It waits until every worker pod of the job is Ready, then has the V-IPU proxy create the job's
-partition (or reset it, when the job already owns it from an earlier run). While the IPUs are
-taken it waits and asks again, so a job that does not fit yet queues instead of failing; a request
-that can never succeed (a bad size, say) ends it with status 1 and the reason on standard error.
+partition (or reset it, when the job already owns it from an earlier run). A job that does not
+fit yet waits in the controller's queue, first come first served: the proxy answers 202 with its
+place and reason after each WAIT_SECONDS, and it asks again at once. Only when the controller or
+the proxy cannot be reached does it back off before asking again. A request that can never
+succeed (a bad size, say) ends it with status 1 and the reason on standard error.
 Everything it needs comes from the environment the operator gives it (`jobs.launcher_pod`).
 """
 
@@ -23,7 +25,8 @@ from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
 
 log = logging.getLogger("vipu-ipujob-init")
 
-WAITING = RetryPolicy(attempts=None, first_delay=1.0, longest_delay=30.0)  # as long as the IPUs are taken
+WAITING = RetryPolicy(attempts=None, first_delay=1.0, longest_delay=30.0)  # while the proxy or the controller is away
+WAIT_SECONDS = 20  # how long each call waits in the controller's queue; within the REST call's timeout
 
 
 def _ready(pod: client.V1Pod) -> bool:
@@ -60,9 +63,10 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
     """Create or reset the job's partition through the proxy, waiting while the IPUs are taken."""
     body = {"id": env["IPUJOB_PARTITION"], "namespace": env["IPUJOB_NAMESPACE"], "job": env["IPUJOB_NAME"],
             "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0")),
-            "controller": env.get("IPUJOB_CONTROLLER", "")}
+            "controller": env.get("IPUJOB_CONTROLLER", ""), "wait": WAIT_SECONDS}
     url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
-    for wait in WAITING.delays():
+    delays, said = WAITING.delays(), ""
+    while True:
         try:
             status, reply = rest.call("POST", url, body)
         except OSError as error:
@@ -71,9 +75,14 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
             return reply
         if verdict_of_http(status) is Verdict.NEVER:  # 404: the job is gone; 422: the hardware failed it
             raise Refused(reply.get("detail", f"HTTP {status}"))
-        log.info("waiting for partition %s of %d IPUs: %s", body["id"], body["size"], reply.get("detail", f"HTTP {status}"))
-        time.sleep(wait)
-    raise AssertionError("WAITING has no last attempt")
+        why = reply.get("detail", f"HTTP {status}")
+        if why != said:
+            log.info("waiting for partition %s of %d IPUs: %s", body["id"], body["size"], why)
+            said = why
+        if status == 202:  # it waits in the controller's queue: ask again at once, it keeps its place
+            body["resume"] = True
+            continue
+        time.sleep(next(delays))
 
 
 def main() -> None:

@@ -1,15 +1,21 @@
 """`vipu-ipu-proxy`: the V-IPU proxy between IPUJobs and the V-IPU controllers (vipu-server).
 
 REST end-points:
-- `POST /controllers/choose` {namespace, job, uid, size}: the first controller in the list with
-  room for the job now (the operator asks before it makes the job's pods, which then run on the
-  nodes carrying that controller's label); 409 when none has.
-- `POST /partitions` {id, namespace, job, uid, size, replicas, controller}: create the job's partition, or
-  reset it when the job already owns it (a restarted job starts on clean IPUs). 201 created,
-  200 reset; errors as `vipu.client.retry.http_status` says: 409 when the IPUs are not free yet
-  or the id belongs to someone else, 401 when the controller refuses the proxy's credentials
-  (try later), 400, 403, 404 or 422 (the hardware failed it) for what asking again cannot mend,
-  503 when the controller cannot be reached, 500 for anything else.
+- `POST /controllers/choose` {namespace, job, uid, size[, id, replicas]}: the controller the job's
+  pods go to (the operator asks before it makes them; they run on the nodes carrying that
+  controller's label): the first in the list with room for the job now. When none has, and the
+  job's partition `id` is given, its request waits for room in the queue of the controller that
+  can hold it with the least work ahead (first come, first served there), and the answer is 409
+  with its place and reason until it has started; then that controller.
+- `POST /partitions` {id, namespace, job, uid, size, replicas, controller[, wait, resume]}: create
+  the job's partition, or reset it when the job already owns it (a restarted job starts on clean
+  IPUs; not when `resume`, the launcher's next try after a 202, finds it started). A request that
+  does not fit waits in the controller's queue; the call waits up to `wait` seconds for it. 201
+  created, 200 reset, 202 still waiting (its place and reason); errors as
+  `vipu.client.retry.http_status` says: 409 when the id belongs to someone else, 401 when the
+  controller refuses the proxy's credentials (try later), 400, 403, 404 or 422 (the hardware
+  failed it) for what asking again cannot mend, 503 when the controller cannot be reached, 500
+  for anything else.
 - `POST /partitions/{id}/reset`, `DELETE /partitions/{id}` (the operator, when a job is deleted).
 - `GET /stats`: IPUs used per namespace by tracked partitions, and in total, with those available.
 - `POST /query` {size}: whether a partition of that size fits now, and how many would.
@@ -40,9 +46,10 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
 from pydantic import BaseModel, Field
 
+from vipu.api.protos import vipuuser_pb2
 from vipu.client.retry import http_status
 from vipu.client.settings import ClientSettings
-from vipu.client.user import UserClient
+from vipu.client.user import WAIT_CALL_SECONDS, UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
@@ -61,6 +68,8 @@ log = logging.getLogger("vipu.k8s.proxy")
 
 # Refusals of a create that the controller gives before it makes anything: nothing to clean up.
 REFUSED_BEFORE_MAKING = (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Conflict)
+# How long a job's request may wait in a controller's queue; the job asks again after that.
+QUEUE_SECONDS = 24 * 3600
 
 
 class JobRequest(BaseModel):
@@ -68,12 +77,15 @@ class JobRequest(BaseModel):
     job: str
     uid: str
     size: int = Field(gt=0)
+    id: str = ""  # the job's partition: given, a job with no room anywhere waits in a controller's queue
+    replicas: int = Field(default=0, ge=0)
 
 
 class PartitionRequest(JobRequest):
     id: str
-    replicas: int = Field(default=0, ge=0)
     controller: str = ""  # host:port; the first listed when empty
+    wait: int = Field(default=0, ge=0, le=WAIT_CALL_SECONDS)  # seconds this call waits for a waiting request
+    resume: bool = False  # the launcher asks again after a 202: a started partition is not reset
 
 
 class Query(BaseModel):
@@ -84,9 +96,11 @@ class Partitions:
     """The proxy's work, apart from HTTP: the listed controllers and one tracker."""
 
     def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], UserClient],
-                 tracker: Tracker, cluster_id: str = "", job_alive: Callable[[str, str, str], bool] = lambda *_: True):
+                 tracker: Tracker, cluster_id: str = "", job_alive: Callable[[str, str, str], bool] = lambda *_: True,
+                 queue_seconds: int = QUEUE_SECONDS):
         """`job_alive(namespace, name, uid)`: whether that IPUJob exists and is not being deleted."""
         self.job_alive = job_alive
+        self.queue_seconds = queue_seconds
         self.controllers = controllers
         self._connect = connect
         self._clients: dict[str, UserClient] = {}
@@ -115,10 +129,20 @@ class Partitions:
         return entry, self._owned_controller(entry)
 
     def choose(self, request: JobRequest) -> dict:
-        """The controller a job's pods and partition go to: its own if it has one, else the first with room."""
-        owned = next((e for e in self.tracker.entries().values() if e.uid == request.uid), None)
+        """The controller a job's pods and partition go to: its own if it has one (once its request
+        has started), else the first with room; else, given the job's partition id, its request
+        waits in a controller's queue and the Conflict says where and why."""
+        owned = next(((partition_id, e) for partition_id, e in self.tracker.entries().items() if e.uid == request.uid), None)
         if owned is not None:
-            return self._owned_controller(owned).describe()
+            controller = self._owned_controller(owned[1])
+            try:
+                queued = self._queued(controller, owned[0])
+            except Conflict:  # its request ended (it waited its time, or was cancelled): it is asked for again
+                self.tracker.drop(owned[0])
+            else:
+                if queued is not None:
+                    raise Conflict(_waiting(controller, queued)["detail"])
+                return controller.describe()
         refusals = []
         for controller in self.controllers():
             try:
@@ -129,7 +153,37 @@ class Partitions:
             if fits:
                 return controller.describe()
             refusals.append(f"{controller.address}: no room")
-        raise Conflict(f"no V-IPU controller has room for {request.size} IPUs now ({'; '.join(refusals)})")
+        if not request.id:
+            raise Conflict(f"no V-IPU controller has room for {request.size} IPUs now ({'; '.join(refusals)})")
+        controller = self._least_work_ahead(request.size)
+        status, answer = self.create(PartitionRequest(**request.model_dump(), controller=controller.address))
+        if status == 202:
+            raise Conflict(answer["detail"])
+        return controller.describe()
+
+    def _queued(self, controller: Controller, partition_id: str) -> vipuuser_pb2.QueuedRequest | None:
+        """Where the partition's request waits at the controller; None if it does not wait (the
+        partition exists, or nothing yet: the launcher's create settles it)."""
+        try:
+            state = self._user(controller).wait_once(partition_id, 0)
+        except NotFound:
+            return None
+        return state.queued if state.HasField("queued") else None
+
+    def _least_work_ahead(self, size: int) -> Controller:
+        """Of the controllers with an allocation big enough, the one with the fewest IPUs in use and
+        waiting; the first listed if none can say."""
+        work: dict[str, tuple[int, int]] = {}
+        for controller in self.controllers():
+            try:
+                rooms = self._room(controller).allocations
+                if max((a.total_ipus for a in rooms), default=0) >= size:
+                    queued = sum(q.size for q in self._user(controller).list_queued())
+                    work[controller.address] = (sum(a.used_ipus for a in rooms) + queued, len(work))
+            except VipuError as error:
+                log.warning("cannot ask %s for its queue: %s", controller.address, error.message)
+        chosen = min(work, key=lambda address: work[address], default=None)
+        return self._controller(chosen or "")
 
     def _owned_controller(self, entry: Entry) -> Controller:
         """The controller holding a tracked partition, still reached if since dropped from the list."""
@@ -137,41 +191,79 @@ class Partitions:
         return next((c for c in self.controllers() if c.address == entry.controller), None) or Controller(host, int(port))
 
     def create(self, request: PartitionRequest) -> tuple[int, dict]:
+        """Create the job's partition, queueing its request if there is no room, or reset the one it
+        owns; then wait for a waiting request up to `request.wait` seconds."""
         with self._lock:
             owner = self.tracker.get(request.id)
             if owner is not None and owner.uid == request.uid:
+                controller = self._owned_controller(owner)
+                user = self._user(controller)
                 try:
-                    self._user(self._owned_controller(owner)).reset_partition(request.id)
-                    log.info("partition %s of job %s/%s reset", request.id, request.namespace, request.job)
-                    return 200, {"id": request.id, "reset": True}
-                except NotFound:  # removed behind the proxy's back, or released after a failed create: make it again
+                    state = user.wait_once(request.id, 0)
+                except (NotFound, Conflict):  # removed behind the proxy's back, its request ended: make it again
                     self.tracker.drop(request.id)
                     owner = None
+                else:
+                    if not state.HasField("queued") and not request.resume:
+                        user.reset_partition(request.id)
+                        log.info("partition %s of job %s/%s reset", request.id, request.namespace, request.job)
+                        return 200, {"id": request.id, "reset": True}
             if owner is not None:
-                raise AlreadyExists(f"partition {request.id} belongs to job {owner.namespace}/{owner.job} (uid {owner.uid})")
-            if not self.job_alive(request.namespace, request.job, request.uid):
-                # its finaliser may have released the job's IPUs already: a partition now would be left behind
-                raise NotFound(f"job {request.namespace}/{request.job} is gone or being deleted: no partition for it")
-            controller = self._controller(request.controller)
-            entry = Entry(request.namespace, request.job, request.uid, request.size, controller.address,
-                          datetime.now(UTC).isoformat(timespec="seconds"))
-            self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
-            try:
-                self._user(controller).create_partition(request.id, request.size, cluster_id=self.cluster_id,
-                                                        num_replicas=request.replicas)
-            except AlreadyExists:
-                self.tracker.drop(request.id)
-                raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "
-                                    f"for job {request.namespace}/{request.job}") from None
-            except REFUSED_BEFORE_MAKING:
-                self.tracker.drop(request.id)
-                raise
-            except BaseException as failure:
-                self._release_after_failed_create(request.id, controller, failure)
-                raise
+                if owner.uid != request.uid:
+                    raise AlreadyExists(f"partition {request.id} belongs to job {owner.namespace}/{owner.job} (uid {owner.uid})")
+            else:
+                controller = self._make(request)
+        return self._waited(controller, request.id, request.wait)
+
+    def _make(self, request: PartitionRequest) -> Controller:
+        """Ask the controller for the job's partition, tracked first; its request may wait there. The caller holds the lock."""
+        if not self.job_alive(request.namespace, request.job, request.uid):
+            # its finaliser may have released the job's IPUs already: a partition now would be left behind
+            raise NotFound(f"job {request.namespace}/{request.job} is gone or being deleted: no partition for it")
+        controller = self._controller(request.controller)
+        entry = Entry(request.namespace, request.job, request.uid, request.size, controller.address,
+                      datetime.now(UTC).isoformat(timespec="seconds"))
+        self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
+        try:
+            made = self._user(controller).create_or_queue(request.id, request.size, cluster_id=self.cluster_id,
+                                                          num_replicas=request.replicas, wait_seconds=self.queue_seconds)
+        except AlreadyExists:
+            self.tracker.drop(request.id)
+            raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "
+                                f"for job {request.namespace}/{request.job}") from None
+        except REFUSED_BEFORE_MAKING:
+            self.tracker.drop(request.id)
+            raise
+        except BaseException as failure:
+            self._release_after_failed_create(request.id, controller, failure)
+            raise
+        if made.HasField("queued"):
+            log.info("partition %s of %d IPUs for job %s/%s waits on %s: %s", request.id, request.size, request.namespace,
+                     request.job, controller.address, made.queued.reason)
+        else:
             log.info("partition %s of %d IPUs created on %s for job %s/%s", request.id, request.size, controller.address,
                      request.namespace, request.job)
-            return 201, {"id": request.id, "created": True, "controller": controller.address}
+        return controller
+
+    def _waited(self, controller: Controller, partition_id: str, seconds: int) -> tuple[int, dict]:
+        """Wait up to `seconds` for the partition (outside the lock): 201 once it is ACTIVE, 202 while its request waits."""
+        try:
+            state = self._user(controller).wait_once(partition_id, seconds)
+        except (Conflict, HardwareFailure):  # its request expired or was cancelled, or its create failed: nothing is left
+            with self._lock:
+                self.tracker.drop(partition_id)
+            raise
+        if state.HasField("queued"):
+            return 202, _waiting(controller, state.queued)
+        if state.status.ready_state == vipuuser_pb2.PS_ERROR:
+            failure = HardwareFailure(f"partition {partition_id} is in ERROR: {'; '.join(state.status.errors)}")
+            with self._lock:
+                self._release_after_failed_create(partition_id, controller, failure)
+            raise failure
+        if state.status.ready_state != vipuuser_pb2.PS_ACTIVE:  # its machines are being configured
+            return 202, {"id": partition_id, "waiting": True, "controller": controller.address,
+                         "detail": f"partition {partition_id} is being made on V-IPU controller {controller.address}"}
+        return 201, {"id": partition_id, "created": True, "controller": controller.address}
 
     def _release_after_failed_create(self, partition_id: str, controller: Controller, failure: BaseException) -> None:
         """A create that reached the controller and failed may have left the partition (in ERROR,
@@ -216,13 +308,16 @@ class Partitions:
 
     def stats(self) -> dict:
         in_use = available = 0
+        made: set[str] = set()  # tracked partitions that exist, not requests that wait
         for controller in self.controllers():
             busy, free = self.usage(controller)
             in_use += busy
             available += free
+            made |= {p.id for p in self._user(controller).list_partitions()}
         per_namespace: dict[str, int] = {}
-        for entry in self.tracker.entries().values():
-            per_namespace[entry.namespace] = per_namespace.get(entry.namespace, 0) + entry.size
+        for partition_id, entry in self.tracker.entries().items():
+            if partition_id in made:
+                per_namespace[entry.namespace] = per_namespace.get(entry.namespace, 0) + entry.size
         report = {namespace: {"used": ipus, "available": available} for namespace, ipus in sorted(per_namespace.items())}
         report["total"] = {"used": in_use, "available": available}
         return report
@@ -253,6 +348,12 @@ class Partitions:
             return {"available": False, "numOfPartitions": 0, "message": f"size must be a power of two, not {size}"}
         count = sum(self._room(controller, size).fitting for controller in self.controllers())
         return {"available": count > 0, "numOfPartitions": count, "message": ""}
+
+
+def _waiting(controller: Controller, queued: vipuuser_pb2.QueuedRequest) -> dict:
+    """The answer for a request that waits in a controller's queue."""
+    return {"id": queued.partition_id, "waiting": True, "controller": controller.address, "position": queued.position,
+            "detail": f"waiting in the queue of V-IPU controller {controller.address} (number {queued.position}): {queued.reason}"}
 
 
 IPUS_ANNOTATION = "graphcore.ai/ipus"

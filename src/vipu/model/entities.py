@@ -271,6 +271,8 @@ class Partition:
     # What an IPUoF client must present to attach to its IPUs: in its IPUoF configuration, new for
     # every partition made, so a file kept from a removed partition opens no later one of its name.
     attach_key: str = field(default="", repr=False)
+    relocatable: bool = False  # may move to other IPUs of its allocation when its machines fail
+    relocation: str = ""  # where it last moved, when and why; empty if it never moved
 
     @property
     def agent_ids(self) -> list[str]:

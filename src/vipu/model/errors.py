@@ -34,6 +34,15 @@ class Conflict(VipuError):
     """The request is valid but the current state forbids it: in use, no room, under test."""
 
 
+class NoRoom(Conflict):
+    """Valid, but there is no room for it now: a request that may wait for room. `allocations`
+    names those it could fit in, were partitions to end."""
+
+    def __init__(self, message: str, allocations: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.allocations = allocations
+
+
 class ConcurrentUpdate(Conflict):
     """Another request changed the same entities between this one's read and its write."""
 

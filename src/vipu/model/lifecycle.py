@@ -14,6 +14,9 @@ before `create` and after `removed` or `abandon`.
     lost        ACTIVE/IDLE                         -> ERROR/FAILED (an agent stopped answering
                                                        or lost the partition's settings)
     reset       ACTIVE/IDLE, ERROR/FAILED           -> PENDING/RESETTING
+    relocate    ACTIVE/IDLE, ERROR/FAILED           -> PENDING/RESETTING, on other IPUs of its
+                                                       allocation (the store replaces its IPUs in
+                                                       the same compare-and-set)
     remove      ACTIVE/IDLE -> ACTIVE/REMOVING, ERROR/FAILED -> ERROR/REMOVING
     removed     ACTIVE/REMOVING, ERROR/REMOVING     -> ABSENT
 """
@@ -41,6 +44,7 @@ TRANSITIONS: dict[str, dict[State | None, State | None]] = {
     "abandon": {PENDING_CREATING: ABSENT},
     "lost": {ACTIVE_IDLE: ERROR_FAILED},
     "reset": {ACTIVE_IDLE: PENDING_RESETTING, ERROR_FAILED: PENDING_RESETTING},
+    "relocate": {ACTIVE_IDLE: PENDING_RESETTING, ERROR_FAILED: PENDING_RESETTING},
     "remove": {ACTIVE_IDLE: ACTIVE_REMOVING, ERROR_FAILED: ERROR_REMOVING},
     "removed": {ACTIVE_REMOVING: ABSENT, ERROR_REMOVING: ABSENT},
 }

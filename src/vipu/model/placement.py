@@ -22,12 +22,13 @@ fill it upwards from the bottom, so small partitions do not break the runs large
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from functools import partial
 
+from vipu.model import reasons
 from vipu.model.entities import IPUS_PER_MACHINE, GwRouting, IpuLinkRouting, PlacedIpu
-from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.model.topology import ClusterLayout
 
 # Partitions this large fill free runs from the top of the cluster, smaller ones from the bottom.
@@ -48,6 +49,29 @@ class Placement:
 
 
 Segments = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...)) per segment
+Shape = frozenset[tuple[str, int]]  # the IPUs of a partition, as (agent, index) pairs
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Who holds the IPUs in use, by (agent, index), and the free IPUs `held` for the first request
+    waiting in the allocation (`held_for`, its partition id): placement keeps off those, and says
+    in a refusal which partitions stand in the way. `holders` may be a function giving them, called
+    only for a refusal, so that a placement that succeeds never works them out."""
+
+    holders: Mapping[tuple[str, int], str] | Callable[[], Mapping[tuple[str, int], str]]
+    held: Shape = frozenset()
+    held_for: str = ""
+
+    def who_holds(self) -> Mapping[tuple[str, int], str]:
+        return self.holders() if callable(self.holders) else self.holders
+
+    def with_held(self, used: Mapping[str, Set[int]]) -> dict[str, set[int]]:
+        """The IPUs in use, and those held, by agent."""
+        taken = {agent: set(indices) for agent, indices in used.items()}
+        for agent, index in self.held:
+            taken.setdefault(agent, set()).add(index)
+        return taken
 
 
 @dataclass(frozen=True)
@@ -194,25 +218,31 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_C
     return candidates
 
 
-def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
+def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) -> Iterator[tuple[int, int, tuple[int, ...]]]:
+    """(segments, machines per segment, the ILDs holding them) of each way a partition of `size`
+    may take whole machines, with the routing asked."""
     machines = size // IPUS_PER_MACHINE
-    upwards = 1 if size < LARGE_PARTITION_IPUS else -1
-    candidates = []
     for count in segment_counts:
         per_segment = machines // count
         if per_segment == 0 or per_segment * count != machines:
             continue
         if routing is not None and not _routing_allows(layout, routing, per_segment):
             continue
-        ild_sets = [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]
-        for ilds in ild_sets:
-            for start in _machine_windows(layout, per_segment):
-                fits = [runs.fit(d, start, per_segment) for d in ilds]
-                if any(fit is None for fit in fits):
-                    continue
-                score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
-                candidates.append(_Candidate(score, (count, ilds[0], start),
-                                             partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
+        for ilds in [(d,) for d in range(layout.num_ilds)] if count == 1 else [tuple(range(layout.num_ilds))]:
+            yield count, per_segment, ilds
+
+
+def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
+    upwards = 1 if size < LARGE_PARTITION_IPUS else -1
+    candidates = []
+    for count, per_segment, ilds in _segment_plans(layout, size, segment_counts, routing):
+        for start in _machine_windows(layout, per_segment):
+            fits = [runs.fit(d, start, per_segment) for d in ilds]
+            if any(fit is None for fit in fits):
+                continue
+            score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+            candidates.append(_Candidate(score, (count, ilds[0], start),
+                                         partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
     return candidates
 
 
@@ -244,15 +274,54 @@ def place_partition(
     explicit: tuple[tuple[int, int], ...] = (),
     where: str = "the allocation",
     first_fit: bool = False,
+    occupancy: Occupancy | None = None,
 ) -> Placement:
     """Choose the IPUs of a partition of `size` among the `allowed` machines of `layout`.
 
     `used` maps agents to the IPU indices already taken. `explicit` names the IPUs wanted as
     (ILD, topology id) pairs; they must form a shape the hardware can link and be free.
-    Raises InvalidArgument for a request no cluster could satisfy, Conflict when this one has
-    no room. `first_fit` takes the first shape that fits in cluster order instead of the best
-    fit: the baseline the allocator benchmark compares against.
+    `occupancy`, when given, says who holds the IPUs in use and which free IPUs are held for a
+    waiting request (placement avoids those too). Raises InvalidArgument, naming the rule, for a
+    request that could never fit these machines, however empty; Conflict, saying why in one line
+    (`vipu.model.reasons`), when there is no room now. `first_fit` takes the first shape that
+    fits in cluster order instead of the best fit: the baseline the allocator benchmark compares
+    against.
     """
+    check_rules(layout, size, num_gcds=num_gcds, num_segments=num_segments, ipulink_routing=ipulink_routing,
+                gw_routing=gw_routing, explicit=explicit)
+    taken = used if occupancy is None or not occupancy.held else occupancy.with_held(used)
+    best = _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit)
+    if best is None:
+        raise _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit)
+    return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
+
+
+def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit) -> VipuError:
+    """Why the request does not fit: the rule, if no shape of it lies within the machines however
+    empty (InvalidArgument); else what is free and what would make room (Conflict)."""
+    possible = shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing, explicit=explicit)
+    if not possible:
+        return reasons.never_fits(layout, allowed, size, where, named=bool(explicit))
+    if occupancy is None:
+        return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, used))
+    return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, occupancy.with_held(used)),
+                           occupancy.who_holds(), occupancy.held, occupancy.held_for)
+
+
+def try_place(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *, num_gcds: int = 1,
+              num_segments: int = 0, ipulink_routing: IpuLinkRouting | None = None, gw_routing: GwRouting | None = None,
+              explicit: tuple[tuple[int, int], ...] = (), first_fit: bool = False) -> Placement | None:
+    """`place_partition` for a request already found valid, without saying why: None when there is
+    no room. What the queue and the allocator benchmark call many times over."""
+    best = _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit)
+    return None if best is None else _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
+
+
+def check_rules(layout: ClusterLayout, size: int, *, num_gcds: int = 1, num_segments: int = 0,
+                ipulink_routing: IpuLinkRouting | None = None, gw_routing: GwRouting | None = None,
+                explicit: tuple[tuple[int, int], ...] = ()) -> None:
+    """InvalidArgument naming the rule a request breaks whatever the cluster holds: its size, GCDs,
+    routing, IPU-Link segments or named IPUs."""
     if not is_power_of_two(size):
         raise InvalidArgument(f"partition size must be a power of two, not {size}")
     if not is_power_of_two(num_gcds) or num_gcds > size:
@@ -267,40 +336,80 @@ def place_partition(
     capacity = layout.ipus_per_ild * layout.num_ilds
     if size > capacity:
         raise InvalidArgument(f"partition size {size} is larger than the cluster's {capacity} IPUs")
-
-    if size >= IPUS_PER_MACHINE and ipulink_routing is not None:
-        _check_routing_can_fit(layout, size, num_segments, ipulink_routing)
-    free = _free_ipu_count(layout, allowed, used)
-    if size > free:
-        raise Conflict(f"not enough free IPUs in {where}: {size} requested, {free} free")
-
-    if size < IPUS_PER_MACHINE:
+    if size >= IPUS_PER_MACHINE:
+        if ipulink_routing is not None:
+            _check_routing_can_fit(layout, size, num_segments, ipulink_routing)
+        _segment_counts(layout, size, num_segments)
+    else:
         if num_segments > 1:
             raise InvalidArgument("a partition smaller than one machine has a single IPU-Link segment")
         if ipulink_routing not in (None, IpuLinkRouting.DNC):
             raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
+
+
+def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit) -> _Candidate | None:
+    """The shape placement chooses among those free now, or None."""
+    if size > _free_ipu_count(layout, allowed, used):
+        return None
+    if size < IPUS_PER_MACHINE:
         candidates = _sub_machine_candidates(layout, allowed, used, size, every=bool(explicit))
     else:
         counts = _segment_counts(layout, size, num_segments)
         runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
         candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
-
     if explicit:
         wanted = set(explicit)
-        candidates = [
-            c for c in candidates
-            if {(d, layout.topology_id(agent, ipu)) for d, ipus in c.segments for agent, ipu in ipus} == wanted
-        ]
-        if not candidates:
-            raise Conflict(f"the named IPUs are not a free, linkable set of {size} in {where}")
+        candidates = [c for c in candidates if _topology_ids(layout, (ipu for _, ipus in c.segments for ipu in ipus)) == wanted]
     if not candidates:
-        raise Conflict(
-            f"no room for a partition of {size} IPUs in {where}: {free} IPUs are free "
-            "but not as one linkable block"
-        )
+        return None
+    return min(candidates, key=(lambda c: c.position) if first_fit else (lambda c: c.score))
 
-    best = min(candidates, key=(lambda c: c.position) if first_fit else (lambda c: c.score))
-    return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
+
+def _topology_ids(layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> set[tuple[int, int]]:
+    """The (ILD, topology id) of IPUs given as (agent, index)."""
+    return {(layout.locate(agent)[0], layout.topology_id(agent, index)) for agent, index in ipus}
+
+
+def shapes(layout: ClusterLayout, allowed: Set[str], size: int, *, num_segments: int = 0,
+           ipulink_routing: IpuLinkRouting | None = None, explicit: tuple[tuple[int, int], ...] = ()) -> list[Shape]:
+    """Every shape a partition of `size` could take among the `allowed` machines were they all free,
+    best-fit's preferred first: what a waiting request may be held, and what a refusal weighs."""
+    if size < IPUS_PER_MACHINE:
+        found = [frozenset((agent, i) for i in group) for agent in layout.agent_ids if agent in allowed
+                 for group in SUB_MACHINE_GROUPS[size]]
+    else:
+        found = []
+        for _, per_segment, ilds in _segment_plans(layout, size, _segment_counts(layout, size, num_segments), ipulink_routing):
+            for start in _every_window(layout, per_segment):
+                segments = _run_of_machines(layout, ilds, start, per_segment)
+                if all(agent in allowed for _, ipus in segments for agent, _ in ipus):
+                    found.append(frozenset(ipu for _, ipus in segments for ipu in ipus))
+    if explicit:
+        found = [shape for shape in found if _topology_ids(layout, shape) == set(explicit)]
+    return list(dict.fromkeys(found))
+
+
+def _every_window(layout: ClusterLayout, machines: int) -> list[int]:
+    """Start positions of every run of `machines` consecutive machines of one ILD, wrapping ones too in a torus."""
+    if machines >= layout.machines_per_ild:
+        return [0] if machines == layout.machines_per_ild else []
+    return list(range(layout.machines_per_ild if layout.is_torus else layout.machines_per_ild - machines + 1))
+
+
+def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *,
+                       holders: Mapping[tuple[str, int], str] | None = None, num_segments: int = 0,
+                       ipulink_routing: IpuLinkRouting | None = None,
+                       explicit: tuple[tuple[int, int], ...] = ()) -> Shape:
+    """The IPUs to hold for the first waiting request while partitions end: the shape that the
+    fewest partitions block (`holders` names them; without it, the fewest IPUs in use), then the
+    fewest IPUs in use, then best-fit's order. Empty when no shape exists."""
+    def blocked(shape: Shape) -> tuple[int, int]:
+        busy = [ipu for ipu in shape if ipu[1] in used.get(ipu[0], ())]
+        blocking = len({holders[ipu] for ipu in busy if ipu in holders}) if holders is not None else len(busy)
+        return blocking, len(busy)
+
+    options = shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing, explicit=explicit)
+    return min(options, key=blocked, default=frozenset())
 
 
 def _placement(layout, best: _Candidate, size, num_gcds, ipulink_routing, gw_routing) -> Placement:
@@ -393,9 +502,8 @@ def count_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, S
         for position in _filled_positions(layout, start, length, machines, upwards=size < LARGE_PARTITION_IPUS):
             taken.setdefault(layout.agent_at(d, position), set()).update(range(IPUS_PER_MACHINE))
     while True:
-        try:
-            placed = place_partition(layout, allowed, taken, size)
-        except Conflict:
+        placed = try_place(layout, allowed, taken, size)
+        if placed is None:
             return count
         count += 1
         for ipu in placed.ipus:
@@ -420,13 +528,18 @@ def _filled_positions(layout: ClusterLayout, start: int, length: int, machines: 
 
 def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
     """The largest partition, with the default options, that fits in the free IPUs now; 0 if none."""
+    largest = largest_placement(layout, allowed, used)
+    return 0 if largest is None else len(largest.ipus)
+
+
+def largest_placement(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> Placement | None:
+    """Where the largest partition with the default options would go now; None if nothing fits."""
     size = 1
     while size * 2 <= min(_free_ipu_count(layout, allowed, used), layout.ipus_per_ild * layout.num_ilds):
         size *= 2
     while size >= 1:
-        try:
-            place_partition(layout, allowed, used, size)
-            return size
-        except Conflict:
-            size //= 2
-    return 0
+        placed = try_place(layout, allowed, used, size)
+        if placed is not None:
+            return placed
+        size //= 2
+    return None

@@ -7,6 +7,8 @@ The file sits beside slurm.conf and holds `Key=Value` lines, keys in any case, `
     IpuofDir=/shared/ipuof        # required: where jobs' IPUoF files go; every node must see it
     MaxIpusPerJob=256
     ApiTimeout=50                 # seconds
+    QueueTimeout=300              # seconds a job's prolog waits in vipu's queue for its IPUs to form one
+                                  # partition (free but scattered); 0: requeue the job at once
     IsSecure=yes                  # then ApiUser, ApiAccessKey, ClientCertFile, ClientKeyFile
     ApiUser=slurm                 # and ServerCertFile are required
 """
@@ -22,7 +24,9 @@ from vipu.model.errors import InvalidArgument
 
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 SECURE_KEYS = ("ApiUser", "ApiAccessKey", "ClientCertFile", "ClientKeyFile", "ServerCertFile")
-KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "IsSecure", *SECURE_KEYS)
+KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "QueueTimeout", "IsSecure", *SECURE_KEYS)
+# The shell front doors give up on vipu-slurm-service after 600 s without a word: a prolog waits less.
+MAX_QUEUE_TIMEOUT = 540
 TRUE, FALSE = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
 
 
@@ -34,6 +38,7 @@ class VipuSlurmConfig:
     api_port: int = 8090
     max_ipus_per_job: int = 256
     api_timeout: float = 50.0
+    queue_timeout: int = 300
     is_secure: bool = False
     api_user: str = ""
     api_access_key: str = ""
@@ -94,6 +99,10 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
         missing = [key for key in SECURE_KEYS if not values.get(key)]
         if missing:
             raise InvalidArgument(f"{path}: IsSecure needs {', '.join(missing)}")
+    queue_timeout = values.get("QueueTimeout", "300")
+    if not queue_timeout.isdigit() or int(queue_timeout) > MAX_QUEUE_TIMEOUT:
+        raise InvalidArgument(f"{path}: QueueTimeout must be a whole number of seconds from 0 to {MAX_QUEUE_TIMEOUT}, "
+                              f"not {queue_timeout!r}")
     port = positive("ApiPort", 8090)
     if port > 65535:
         raise InvalidArgument(f"{path}: ApiPort must be from 1 to 65535, not {port}")
@@ -104,6 +113,7 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
     return VipuSlurmConfig(
         path=path, api_host=values["ApiHost"], ipuof_dir=Path(values["IpuofDir"]), api_port=port,
         max_ipus_per_job=positive("MaxIpusPerJob", 256), api_timeout=positive("ApiTimeout", 50.0, float),
+        queue_timeout=int(queue_timeout),
         is_secure=secure, api_user=values.get("ApiUser", "") if secure else "",
         api_access_key=values.get("ApiAccessKey", "") if secure else "",
         client_cert=file("ClientCertFile"), client_key=file("ClientKeyFile"), server_cert=file("ServerCertFile"),

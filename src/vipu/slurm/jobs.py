@@ -3,9 +3,12 @@
 `vipu-slurm-prolog` runs as PrologSlurmctld when Slurm grants a job its nodes. For a job
 submitted with `--ipus` (the SPANK plugin passes it as SPANK_VIPU_IPUS) it creates partition
 `slurm-<job id>` of that size, one GCD per task (`-n`), and writes its IPUoF files into IpuofDir
-for the job's tasks to find. If the controller cannot be reached or has no room, the prolog
-fails, so Slurm requeues the job; a request no controller could satisfy cancels it. Either way
-the job's comment says why.
+for the job's tasks to find. Slurm starts the job only once the licences `ipu` it holds say
+enough IPUs are free (`job_submit.lua`, `licences`), so the partition is normally made at once;
+should the free IPUs not form one partition of its size, the request waits in vipu's queue up to
+QueueTimeout, its reason in the job's comment. If the controller cannot be reached or that wait
+ends, the prolog fails, so Slurm requeues the job; a request no controller could satisfy cancels
+it. Either way the job's comment says why.
 
 `vipu-slurm-epilog` runs as EpilogSlurmctld at every job end (success, failure, scancel, time
 limit, node failure) and removes the partition and its files. A partition an epilog could not
@@ -55,7 +58,7 @@ class JobFailed(VipuError):
         self.permanent = permanent
 
 
-def _command(name: str) -> str:
+def command(name: str) -> str:
     """A Slurm command's path: slurmctld runs its scripts with an empty PATH."""
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *SYSTEM_PATH])) or name
 
@@ -66,7 +69,7 @@ class Scontrol:
     def job(self, job_id: str) -> dict[str, str] | None:
         """The job's fields (`scontrol show job -o`), or None if Slurm no longer knows it. Only
         the job's own: its user names it, and a name may look like fields."""
-        done = subprocess.run([_command("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([command("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
             return None
         return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
@@ -74,16 +77,16 @@ class Scontrol:
     def job_states(self) -> dict[str, str]:
         """The state of every job slurmctld knows, by id (`squeue`: ids and states only, nothing a
         user wrote): one call however many jobs there are. A job it forgot is over."""
-        done = subprocess.run([_command("squeue"), "-h", "-t", "all", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([command("squeue"), "-h", "-t", "all", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
             raise JobFailed(f"squeue failed: {done.stderr.strip() or done.returncode}")
         return dict(line.split(None, 1) for line in done.stdout.splitlines() if len(line.split()) == 2)
 
     def comment(self, job_id: str, text: str) -> None:
-        subprocess.run([_command("scontrol"), "update", f"JobId={job_id}", f"Comment={text[:250]}"], capture_output=True, timeout=30)
+        subprocess.run([command("scontrol"), "update", f"JobId={job_id}", f"Comment={text[:250]}"], capture_output=True, timeout=30)
 
     def cancel(self, job_id: str) -> None:
-        subprocess.run([_command("scancel"), job_id], capture_output=True, timeout=30)
+        subprocess.run([command("scancel"), job_id], capture_output=True, timeout=30)
 
 
 class JobPartitions:
@@ -118,7 +121,7 @@ class JobPartitions:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
         gcds = int((job or {}).get("NumTasks") or 1)
         try:
-            self._forget_finished_jobs()
+            self.forget_finished_jobs()
             try:
                 config = self._create_partition(name, ipus, gcds, replicas)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
@@ -151,7 +154,10 @@ class JobPartitions:
         return True
 
     def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int):
-        return self.user.create_partition(name, ipus, num_gcds=gcds, num_replicas=replicas)
+        job_id = name.removeprefix(PARTITION_PREFIX)
+        return self.user.create_partition(
+            name, ipus, num_gcds=gcds, num_replicas=replicas, wait=self.config.queue_timeout,
+            on_wait=lambda queued: self.slurm.comment(job_id, f"vipu: waiting for its IPUs: {queued.reason}"))
 
     def _remove(self, name: str) -> None:
         self.user.remove_partition(name, force=True)
@@ -162,20 +168,25 @@ class JobPartitions:
         except VipuError as error:
             log.warning("partition %s left behind for the next prolog to remove: %s", name, error.message)
 
-    def _forget_finished_jobs(self) -> None:
-        """Remove the partitions of jobs that are over, whose epilog could not reach the controller.
-        The partitions are listed before the jobs' states are asked: a job whose partition is listed
-        was submitted before the states were taken, so a job missing from them is over."""
-        ours = [p.id for p in self.user.list_partitions()
-                if p.id.startswith(PARTITION_PREFIX) and p.id.removeprefix(PARTITION_PREFIX).isdigit()]
-        if not ours:
+    def forget_finished_jobs(self) -> None:
+        """Remove the partitions, and cancel the waiting requests, of jobs that are over: those whose
+        epilog could not reach the controller, or never ran (slurmctld may kill the epilog of a job
+        cancelled while its prolog waits). They are listed before the jobs' states are asked: a job
+        whose partition or request is listed was submitted before the states were taken, so a job
+        missing from them is over. Run by each prolog, and by vipu-slurm-service every few seconds."""
+        def ours(ids) -> list[str]:
+            return [i for i in ids if i.startswith(PARTITION_PREFIX) and i.removeprefix(PARTITION_PREFIX).isdigit()]
+
+        made = ours(p.id for p in self.user.list_partitions())
+        waiting = ours(q.partition_id for q in self.user.list_queued())
+        if not made and not waiting:
             return
         states = self.slurm.job_states()
-        for name in ours:
+        for name in [*waiting, *made]:
             job_id = name.removeprefix(PARTITION_PREFIX)
             if states.get(job_id, "COMPLETED") in OVER:
                 ipuof_files.remove(self.config.ipuof_dir, name)
-                self._remove_quietly(name)
+                self._remove_quietly(name)  # cancels the request of one that only waits
                 log.info("removed partition %s of finished job %s", name, job_id)
 
 

@@ -13,6 +13,10 @@ done, `ok` or `failed: REASON` (the job's comment says it too, as the programs d
 that got no `working` starts the program instead; one that got `working` and nothing more fails
 the step, since the work may be half done.
 
+Every `--licences-interval` seconds it also keeps Slurm's licences `ipu` equal to the IPUs free
+for jobs (`licences.sync`), and removes what jobs that are over left at the controller (their
+epilog may not have run: `JobPartitions.forget_finished_jobs`).
+
 vipu.conf is read when the service starts: restart it after changing the file.
 """
 
@@ -31,6 +35,7 @@ import click
 
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.slurm import config as slurm_config
+from vipu.slurm import licences
 from vipu.slurm.jobs import JobPartitions
 
 log = logging.getLogger("vipu.slurm.service")
@@ -120,7 +125,10 @@ def serve(path: Path, jobs: JobPartitions) -> _Service:
               show_default=True, envvar="VIPU_SLURM_SOCKET", help="Where to listen; the front doors' VIPU_SLURM_SOCKET.")
 @click.option("--conf", "conf_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               envvar="VIPU_SLURM_CONF", help="vipu.conf. Default: beside slurm.conf.")
-def main(socket_path, conf_path):
+@click.option("--licences-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between syncs of Slurm's licences ipu with the IPUs free (vipu-slurm-licences), and sweeps "
+                   "of what finished jobs left; 0: none.")
+def main(socket_path, conf_path, licences_interval):
     """Do vipu's prolog and epilog work for slurmctld's jobs, handed over by the shell front doors."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-slurm-service: %(message)s", stream=sys.stderr)
     try:
@@ -132,8 +140,29 @@ def main(socket_path, conf_path):
     for signum in (signal.SIGTERM, signal.SIGINT):  # shutdown() waits for serve_forever, so from another thread
         signal.signal(signum, lambda *_: threading.Thread(target=service.shutdown).start())
     log.info("serving the prolog and epilog of jobs with IPUs on %s", socket_path)
+    stop = threading.Event()
+    if licences_interval:
+        threading.Thread(target=upkeep, args=(jobs, licences_interval, stop), name="upkeep", daemon=True).start()
     try:
         service.serve_forever(poll_interval=0.5)
     finally:
+        stop.set()
         service.server_close()
         socket_path.unlink(missing_ok=True)
+
+
+def upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
+    """Every `interval` seconds until `stop`: sweep what finished jobs left, and sync Slurm's
+    licences with the IPUs free; say when what it found changes."""
+    said = ""
+    while True:
+        try:
+            jobs.forget_finished_jobs()
+            line = licences.sync(jobs.user).describe()
+        except VipuError as error:
+            line = f"licences not synced: {error.message}"
+        if line != said:
+            log.info("%s", line)
+            said = line
+        if stop.wait(interval):
+            return

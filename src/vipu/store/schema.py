@@ -5,7 +5,9 @@ constraints, so the database refuses what the services' own checks might miss:
 
 - an agent is in at most one cluster (`cluster_agents.agent_id` unique);
 - a machine is in at most one allocation (`allocation_agents.agent_id` unique);
-- an IPU is in at most one partition (`partition_ipus (agent_id, ipu_index)` unique).
+- an IPU is in at most one partition (`partition_ipus (agent_id, ipu_index)` unique);
+- a partition id waits in at most one request (`partition_requests.partition_id` unique), and a
+  request goes with its allocation.
 
 The `leases` table elects one leader among controllers sharing the store (`vipu-server --ha`).
 """
@@ -32,8 +34,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 6  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
-# 5: partitions.last_auto_reset_at; 6: partitions.attach_key
+SCHEMA_VERSION = 7  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+# 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -48,6 +50,8 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     3: ["ALTER TABLE partitions ADD COLUMN owner VARCHAR(64) NOT NULL DEFAULT ''"],
     5: ["ALTER TABLE partitions ADD COLUMN last_auto_reset_at TIMESTAMP WITH TIME ZONE"],
     6: ["ALTER TABLE partitions ADD COLUMN attach_key VARCHAR(64) NOT NULL DEFAULT ''", _give_attach_keys],
+    7: ["ALTER TABLE partitions ADD COLUMN relocatable BOOLEAN NOT NULL DEFAULT false",
+        "ALTER TABLE partitions ADD COLUMN relocation VARCHAR(512) NOT NULL DEFAULT ''"],
 }
 
 ID = String(64)
@@ -130,6 +134,8 @@ class PartitionRow(Base):
     last_auto_reset_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     attach_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    relocatable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    relocation: Mapped[str] = mapped_column(String(512), default="", server_default="")  # where it last moved, and why
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"
@@ -147,6 +153,23 @@ class PartitionIpuRow(Base):
     topology_id: Mapped[int] = mapped_column(Integer)
     segment: Mapped[int] = mapped_column(Integer)
     gcd: Mapped[int] = mapped_column(Integer)
+
+
+class PartitionRequestRow(Base):
+    """A partition request waiting for room in an allocation (`vipu.model.queue`): the row exists
+    while it waits. `sequence` is its arrival order, first come first served."""
+
+    __tablename__ = "partition_requests"
+    __table_args__ = ({"sqlite_autoincrement": True},)  # an arrival number is never given twice
+    sequence: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    partition_id: Mapped[str] = mapped_column(ID, unique=True)
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), index=True)
+    owner: Mapped[str] = mapped_column(String(64), default="")
+    requirements: Mapped[dict] = mapped_column(JSON)  # the PartitionRequest's fields
+    keep_on_error: Mapped[bool] = mapped_column(Boolean, default=False)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    deadline: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    held: Mapped[list] = mapped_column(JSON, default=list)  # [[agent, index], ...] held for it while it is first
 
 
 class ClusterTestRunRow(Base):

@@ -44,7 +44,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from vipu.model import lifecycle
+from vipu.model import lifecycle, queue
 from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
 from vipu.model.entities import (
     Agent,
@@ -59,6 +59,7 @@ from vipu.model.entities import (
     MachineInventory,
     OperationState,
     Partition,
+    PartitionRequest,
     PlacedIpu,
     ReadyState,
     Role,
@@ -68,6 +69,7 @@ from vipu.model.entities import (
 from vipu.model.errors import (
     AlreadyExists,
     ConcurrentUpdate,
+    Conflict,
     InvalidArgument,
     Unavailable,
     VipuError,
@@ -85,6 +87,7 @@ from vipu.store.schema import (
     LeaseRow,
     MetaRow,
     PartitionIpuRow,
+    PartitionRequestRow,
     PartitionRow,
     UserAllocationRow,
     UserRow,
@@ -99,6 +102,7 @@ STATEMENT_DEADLINE_SECONDS = 30
 GENERATION_KEY = "configuration_generation"
 PARTITIONS = typing.cast(Table, PartitionRow.__table__)  # declared as a FromClause
 IPUS = typing.cast(Table, PartitionIpuRow.__table__)
+REQUESTS = typing.cast(Table, PartitionRequestRow.__table__)
 
 # The partition statements, built once: building and keying a statement costs more than running it.
 ONE_PARTITION = select(PARTITIONS).where(PARTITIONS.c.id == bindparam("id"))
@@ -141,6 +145,11 @@ def _partition_update(columns: tuple[str, ...]):
 
 
 DELETE_PARTITION_IN_STATE = delete(PARTITIONS).where(_in_state())
+DELETE_IPUS_OF_PARTITION = delete(IPUS).where(IPUS.c.partition_id == bindparam("partition"))
+# A waiting request is the row of its arrival number and partition id: a request that has gone is not there.
+THE_REQUEST = and_(REQUESTS.c.sequence == bindparam("arrival"), REQUESTS.c.partition_id == bindparam("request"))
+DELETE_REQUEST = delete(REQUESTS).where(THE_REQUEST)
+HOLD_FOR_REQUEST = update(REQUESTS).where(THE_REQUEST).values(held=bindparam("new_held"))
 
 
 def _first_line(error: DBAPIError) -> str:
@@ -241,6 +250,37 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         owner=row.owner or "",
         created=_utc(row.created_at),
         attach_key=row.attach_key or "",
+        relocatable=bool(row.relocatable),
+        relocation=row.relocation or "",
+    )
+
+
+def _requirements_to_json(request: PartitionRequest) -> dict:
+    fields = dataclasses.asdict(request)
+    for name in ("sync_type", "ipulink_routing", "gw_routing"):
+        fields[name] = fields[name].value if fields[name] is not None else None
+    fields["explicit_ipus"] = [list(ipu) for ipu in request.explicit_ipus]
+    return fields
+
+
+def _requirements_from_json(data: dict) -> PartitionRequest:
+    fields = dict(data)
+    for name, kind in (("sync_type", SyncType), ("ipulink_routing", IpuLinkRouting), ("gw_routing", GwRouting)):
+        fields[name] = kind(fields[name]) if fields.get(name) is not None else None
+    fields["explicit_ipus"] = tuple(tuple(ipu) for ipu in fields.get("explicit_ipus", ()))
+    return PartitionRequest(**fields)
+
+
+def _waiting(row) -> queue.WaitingRequest:
+    return queue.WaitingRequest(
+        request=_requirements_from_json(row.requirements),
+        allocation_id=row.allocation_id,
+        owner=row.owner or "",
+        since=typing.cast(datetime, _utc(row.since)),
+        deadline=typing.cast(datetime, _utc(row.deadline)),
+        keep_on_error=row.keep_on_error,
+        sequence=row.sequence,
+        held=frozenset((agent, index) for agent, index in row.held or ()),
     )
 
 
@@ -595,22 +635,30 @@ class Transaction:
                 auto_reset_count=partition.auto_reset_count,
                 owner=partition.owner,
                 attach_key=partition.attach_key,
+                relocatable=partition.relocatable,
+                relocation=partition.relocation,
                 **({"created_at": partition.created} if partition.created is not None else {}),
             ))
-            connection.execute(NEW_IPUS, [
-                {"partition_id": partition.id, "routing_id": i.routing_id, "agent_id": i.agent_id, "ipu_index": i.index,
-                 "ild": i.ild, "topology_id": i.topology_id, "segment": i.segment, "gcd": i.gcd}
-                for i in partition.ipus
-            ])
+            self._add_ipus(partition.id, partition.ipus)
         except IntegrityError as error:
             raise ConcurrentUpdate(f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request") from error
 
+    def _add_ipus(self, partition_id: str, ipus: list[PlacedIpu]) -> None:
+        self.connection.execute(NEW_IPUS, [
+            {"partition_id": partition_id, "routing_id": i.routing_id, "agent_id": i.agent_id, "ipu_index": i.index,
+             "ild": i.ild, "topology_id": i.topology_id, "segment": i.segment, "gcd": i.gcd}
+            for i in ipus
+        ])
+
     def transition(self, partition: Partition, name: str, errors: list[str] | None = None,
-                   auto_reset_count: int | None = None) -> lifecycle.State | None:
+                   auto_reset_count: int | None = None, ipus: list[PlacedIpu] | None = None,
+                   relocation: str | None = None) -> lifecycle.State | None:
         """Apply the life cycle's transition `name` to a partition, as a compare-and-set on the state
         it was read in; the partition object follows. Refused with a `Conflict` naming both states
         when the table has no such move or another operation changed the partition meanwhile.
-        Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
+        `ipus` replaces its IPUs in the same statement group ('relocate'; taken ones are a lost race,
+        ConcurrentUpdate), and `relocation` records where it went and why. Returns the state it went
+        to (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
@@ -624,12 +672,21 @@ class Transaction:
             if auto_reset_count is not None:
                 values["auto_reset_count"] = auto_reset_count
                 values["last_auto_reset_at"] = datetime.now(UTC)
+            if relocation is not None:
+                values["relocation"] = relocation
             parameters = {f"new_{column}": value for column, value in values.items()}
             changed = connection.execute(_partition_update(tuple(values)), {**expected, **parameters}).rowcount
         if changed != 1:
             row = connection.execute(PARTITION_STATE, {"id": partition.id}).first()
             found = None if row is None else (ReadyState(row.ready_state), OperationState(row.operation_state))
             raise lifecycle.moved_meanwhile(partition.id, name, source, found)
+        if ipus is not None:
+            connection.execute(DELETE_IPUS_OF_PARTITION, {"partition": partition.id})
+            try:
+                with connection.begin_nested():
+                    self._add_ipus(partition.id, ipus)
+            except IntegrityError as error:
+                raise ConcurrentUpdate(f"the IPUs chosen for partition {partition.id} were taken by a concurrent request") from error
         if target is not lifecycle.ABSENT:
             partition.ready_state, partition.operation_state = target
             if errors is not None:
@@ -637,7 +694,46 @@ class Transaction:
             if auto_reset_count is not None:
                 partition.auto_reset_count = auto_reset_count
                 partition.last_auto_reset = values["last_auto_reset_at"]
+            if ipus is not None:
+                partition.ipus = list(ipus)
+            if relocation is not None:
+                partition.relocation = relocation
         return target
+
+    # Requests waiting for room (vipu.model.queue): plain statements, like the partitions
+
+    def list_requests(self) -> list[queue.WaitingRequest]:
+        """Every waiting request, in arrival order."""
+        return [_waiting(row) for row in self.connection.execute(select(REQUESTS).order_by(REQUESTS.c.sequence))]
+
+    def add_request(self, request: queue.WaitingRequest) -> None:
+        """Record a request by its life cycle's 'enqueue'; it gets its arrival number. A partition id
+        already waiting is a lost race (ConcurrentUpdate)."""
+        queue.target(request.partition_id, "enqueue", queue.ABSENT)
+        try:
+            with self.connection.begin_nested():
+                inserted = self.connection.execute(insert(REQUESTS).values(
+                    partition_id=request.partition_id, allocation_id=request.allocation_id, owner=request.owner,
+                    requirements=_requirements_to_json(request.request), keep_on_error=request.keep_on_error,
+                    since=request.since, deadline=request.deadline, held=[list(ipu) for ipu in sorted(request.held)]))
+        except IntegrityError as error:
+            raise ConcurrentUpdate(f"a request for partition {request.partition_id} is already waiting, or its allocation "
+                                   "went, by a concurrent change") from error
+        request.sequence = typing.cast(tuple, inserted.inserted_primary_key)[0]
+
+    def end_request(self, request: queue.WaitingRequest, transition: str) -> None:
+        """Apply 'grant', 'cancel' or 'expire': the request stops waiting, as a compare-and-set on its
+        arrival number; a `Conflict` if it no longer waits (another change ended it meanwhile)."""
+        queue.target(request.partition_id, transition, queue.WAITING)
+        gone = self.connection.execute(DELETE_REQUEST, {"arrival": request.sequence, "request": request.partition_id})
+        if gone.rowcount != 1:
+            raise Conflict(f"the request for partition {request.partition_id} is no longer waiting: "
+                           f"another change ended it before '{transition}'")
+
+    def hold_for(self, request: queue.WaitingRequest, held: frozenset[tuple[str, int]]) -> None:
+        """Record the IPUs held for a request while it is first; nothing if it no longer waits."""
+        self.connection.execute(HOLD_FOR_REQUEST, {"arrival": request.sequence, "request": request.partition_id,
+                                                   "new_held": [list(ipu) for ipu in sorted(held)]})
 
     def get_user(self, user_id: str) -> User | None:
         row = self.session.get(UserRow, user_id)

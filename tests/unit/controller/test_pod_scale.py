@@ -21,6 +21,7 @@ from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.controller.services.requests import RequestService
 from vipu.model.entities import Cluster, IldTopology, PartitionRequest, ReadyState
 from vipu.model.errors import VipuError
 from vipu.store.store import Store
@@ -51,7 +52,7 @@ def large_pod(tmp_path, store_url):
     store = Store(store_url)
     hardware = Hardware(gateway, workers=32)
     partitions = PartitionService(store, hardware, set())
-    allocations = AllocationService(store, partitions)
+    allocations = AllocationService(store, partitions, RequestService(partitions))
     clusters = ClusterService(store, allocations, set())
     agents = AgentService(store, gateway, clusters)
     for n, machine in enumerate(rack.machines, start=1):

@@ -21,6 +21,7 @@ from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.reconcile import Reconciler
+from vipu.controller.services.requests import RequestService
 from vipu.model import clustertests as ct
 from vipu.model.entities import (
     MAX_AUTO_RESETS,
@@ -119,7 +120,7 @@ class Pod:
         self.hardware = Hardware(self.gateway, workers=8)
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test)
-        self.allocations = AllocationService(self.store, self.partitions)
+        self.allocations = AllocationService(self.store, self.partitions, RequestService(self.partitions))
         self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters)
         self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
@@ -145,14 +146,6 @@ class Pod:
 
     def heal(self):
         save_rack(self.rack, self.rack_path)
-
-
-@pytest.fixture
-def pod(tmp_path):
-    pod = Pod(tmp_path)
-    yield pod
-    pod.hardware.close()
-    pod.store.close()
 
 
 def test_a_partition_is_configured_on_exactly_its_agents(pod):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.client.retry import Verdict, http_status, verdict_of_http
 from vipu.k8s.controllers import Controller
-from vipu.k8s.proxy import PartitionRequest, Partitions
-from vipu.model.errors import Conflict, HardwareFailure, NotFound, Unavailable, VipuError
+from vipu.k8s.proxy import QUEUE_SECONDS, JobRequest, PartitionRequest, Partitions
+from vipu.model.errors import Conflict, HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
 
 CONTROLLER = Controller("ctl", 8090)
 
@@ -38,7 +39,7 @@ class User:
         self.create_fails_with, self.leaves_partition, self.removal_fails_with = create_fails_with, leaves_partition, removal_fails_with
         self.partitions: set[str] = set()
 
-    def create_partition(self, partition_id, size, **_):
+    def create_or_queue(self, partition_id, size, **_):
         if self.leaves_partition:
             self.partitions.add(partition_id)
         raise self.create_fails_with
@@ -98,3 +99,70 @@ def test_a_refusal_made_before_anything_was_created_is_simply_forgotten():
     with pytest.raises(Conflict) as refused:
         partitions.create(REQUEST)
     assert tracker.tracked == {} and http_status(refused.value) == 409 and verdict_of_http(409) is Verdict.LATER
+
+
+class QueueingUser:
+    """A controller with no room: requests wait until `grant`, as its queue would make them."""
+
+    def __init__(self):
+        self.waiting: dict[str, int] = {}  # partition id -> its size
+        self.made: set[str] = set()
+        self.asked: list[dict] = []
+        self.ended: dict[str, VipuError] = {}
+
+    def capacity(self, size=0, **_):
+        return pb.GetCapacityReply(allocations=[pb.AllocationCapacity(total_ipus=8, used_ipus=8, fitting=0)])
+
+    def list_queued(self):
+        return [pb.QueuedRequest(partition_id=p, size=n) for p, n in self.waiting.items()]
+
+    def create_or_queue(self, partition_id, size, **options):
+        self.asked.append({"id": partition_id, **options})
+        self.waiting[partition_id] = size
+        return pb.CreatePartitionReply(partition_id=partition_id, queued=self._queued(partition_id))
+
+    def wait_once(self, partition_id, seconds):
+        if partition_id in self.ended:
+            raise self.ended.pop(partition_id)
+        if partition_id in self.waiting:
+            return pb.WaitPartitionReply(queued=self._queued(partition_id))
+        if partition_id in self.made:
+            return pb.WaitPartitionReply(status=pb.PartitionStatus(partition_id=partition_id, ready_state=pb.PS_ACTIVE))
+        raise NotFound(f"partition {partition_id} does not exist and no request of it waits")
+
+    def reset_partition(self, partition_id, relocate=False):
+        raise AssertionError("a partition just started is not reset")
+
+    def grant(self, partition_id):
+        del self.waiting[partition_id]
+        self.made.add(partition_id)
+
+    def _queued(self, partition_id):
+        return pb.QueuedRequest(partition_id=partition_id, position=list(self.waiting).index(partition_id) + 1,
+                                reason="first in the queue, ag1-ag2 held for it; it fits when p7 is removed")
+
+
+def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_there_when_granted():
+    user = QueueingUser()
+    partitions, tracker = proxy(user)  # type: ignore[arg-type]
+    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8)
+    for _ in range(2):  # the operator asks again at each resync: the request keeps its place
+        with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
+            partitions.choose(job)
+    assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS}]
+    assert list(tracker.tracked) == ["p-default-job"]
+    user.grant("p-default-job")
+    assert partitions.choose(job) == CONTROLLER.describe()  # its pods go there now
+    launcher = PartitionRequest(**job.model_dump(), controller="ctl:8090", wait=20, resume=True)
+    assert partitions.create(launcher) == (201, {"id": "p-default-job", "created": True, "controller": "ctl:8090"})
+
+
+def test_a_launcher_whose_request_waits_is_told_202_with_its_place_and_a_request_that_ended_is_made_again():
+    user = QueueingUser()
+    partitions, tracker = proxy(user)  # type: ignore[arg-type]
+    status, answer = partitions.create(PartitionRequest(**{**REQUEST.model_dump(), "wait": 20}))
+    assert (status, answer["waiting"], answer["position"]) == (202, True, 1)
+    user.ended["p-default-job"] = NoRoom("no room for partition p-default-job after waiting 86400 s: ...")
+    user.waiting.clear()
+    assert partitions.create(PartitionRequest(**{**REQUEST.model_dump(), "resume": True}))[0] == 202  # asked for again
+    assert len(user.asked) == 2 and "p-default-job" in tracker.tracked

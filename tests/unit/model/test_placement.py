@@ -70,7 +70,7 @@ def test_a_pod_fills_completely_with_single_machine_partitions(machines, topolog
         placement = place_partition(layout, set(layout.agent_ids), used, 4)
         assert_linkable(layout, placement, 4)
         take(used, placement)
-    with pytest.raises(Conflict, match="0 free"):
+    with pytest.raises(Conflict, match=f"no free 4-IPU run in the allocation: all {machines * 4} of its IPUs are in use$"):
         place_partition(layout, set(layout.agent_ids), used, 4)
 
 
@@ -93,7 +93,8 @@ def test_a_size_beyond_the_cluster_is_invalid_and_beyond_the_free_ipus_a_conflic
     layout = pod(4)
     with pytest.raises(InvalidArgument, match="larger than the cluster's 16 IPUs"):
         place_partition(layout, set(layout.agent_ids), {}, 32)
-    with pytest.raises(Conflict, match="16 requested, 12 free"):
+    with pytest.raises(Conflict, match=r"no free 16-IPU run in the allocation: 12 of 16 IPUs are free, "
+                                       r"the largest free run is 8 IPUs \(ag2-ag3\)$"):
         place_partition(layout, set(layout.agent_ids), {"ag1": {0, 1, 2, 3}}, 16)
 
 
@@ -112,7 +113,8 @@ def test_free_ipus_that_are_not_a_linkable_block_are_refused():
     layout = pod(4)
     # One IPU taken on every machine: 12 IPUs free, but no whole machine.
     used = {agent: {0} for agent in layout.agent_ids}
-    with pytest.raises(Conflict, match="12 IPUs are free but not as one linkable block"):
+    with pytest.raises(Conflict, match=r"no free 4-IPU run in the allocation: 12 of 16 IPUs are free, "
+                                       r"the largest free group is 2 IPUs \(ag1 IPUs 2-3\)$"):
         place_partition(layout, set(layout.agent_ids), used, 4)
     # Rung pairs 0-1 are broken everywhere but 2-3 are free.
     assert sorted(i.index for i in place_partition(layout, set(layout.agent_ids), used, 2).ipus) == [2, 3]
@@ -212,8 +214,11 @@ def test_explicit_ipus_are_honoured_when_they_form_a_free_block():
     wanted = tuple((0, t) for t in range(8, 16))  # machines ag3 and ag4
     placement = place_partition(layout, set(layout.agent_ids), {}, 8, explicit=wanted)
     assert {i.agent_id for i in placement.ipus} == {"ag3", "ag4"}
-    with pytest.raises(Conflict, match="not a free, linkable set"):
+    with pytest.raises(InvalidArgument, match=r"^the named IPUs are not a linkable set of 8 IPUs in the allocation$"):
         place_partition(layout, set(layout.agent_ids), {}, 8, explicit=tuple((0, t) for t in (0, 1, 2, 3, 8, 9, 10, 11)))
+    with pytest.raises(Conflict, match=r"^no free 8-IPU run in the allocation: 15 of 16 IPUs are free, "
+                                       r"the largest free run is 8 IPUs \(ag1-ag2\)$"):
+        place_partition(layout, set(layout.agent_ids), {"ag4": {0}}, 8, explicit=wanted)
     with pytest.raises(InvalidArgument, match="IPU 1 of IPU-Link domain 0 is named more than once"):
         place_partition(layout, set(layout.agent_ids), {}, 2, explicit=((0, 0), (0, 1), (0, 1)))
 
@@ -223,7 +228,7 @@ def test_only_machines_of_the_allocation_are_used():
     allowed = {"ag5", "ag6"}
     placement = place_partition(layout, allowed, {}, 8)
     assert {i.agent_id for i in placement.ipus} == allowed
-    with pytest.raises(Conflict, match="16 requested, 8 free"):
+    with pytest.raises(InvalidArgument, match=r"^the allocation has 8 IPUs \(2 machines\): a partition of 16 IPUs never fits in it$"):
         place_partition(layout, allowed, {}, 16)
 
 

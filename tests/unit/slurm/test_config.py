@@ -19,8 +19,9 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_are_the_seeds(tmp_path):
     config = load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/shared/ipuof\n"))
     assert (config.api_host, config.api_port, config.ipuof_dir) == ("ctl", 8090, Path("/shared/ipuof"))
-    assert (config.max_ipus_per_job, config.api_timeout, config.is_secure) == (256, 50.0, False)
+    assert (config.max_ipus_per_job, config.api_timeout, config.is_secure, config.queue_timeout) == (256, 50.0, False, 300)
     assert not config.client_settings().tls
+    assert load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=0\n")).queue_timeout == 0  # requeue at once
 
 
 def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
@@ -54,6 +55,8 @@ def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
     ("ApiHost=ctl\nIpuofDir=/x\nApiPort=70000\n", "ApiPort must be from 1 to 65535, not 70000"),
     ("ApiHost=ctl\nIpuofDir=/x\nMaxIpusPerJob=0\n", "MaxIpusPerJob must be a positive number, not '0'"),
     ("ApiHost=ctl\nIpuofDir=/x\nIsSecure=maybe\n", "IsSecure must be yes or no, not 'maybe'"),
+    ("ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=600\n", "QueueTimeout must be a whole number of seconds from 0 to 540, not '600'"),
+    ("ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=-1\n", "QueueTimeout must be a whole number of seconds from 0 to 540, not '-1'"),
     ("ApiHost=ctl\nIpuofDir=/x\nIsSecure=yes\nApiUser=u\n", "IsSecure needs ApiAccessKey, ClientCertFile, ClientKeyFile, ServerCertFile"),
 ])
 def test_each_mistake_is_one_clear_line(tmp_path, text, message):

@@ -3,6 +3,7 @@ real ones are in tests/functional/test_slurm.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from vipu.model.errors import (
     Conflict,
     HardwareFailure,
     InvalidArgument,
+    NoRoom,
     NotFound,
     Unavailable,
 )
@@ -23,24 +25,38 @@ from vipu.slurm.jobs import JobFailed, JobPartitions
 
 
 class Controller:
-    """Partitions by id; `refuse` maps a method to the error it raises next."""
+    """Partitions by id; `refuse` maps a method to the error it raises next (None: none, that time)."""
+
+    timeout = 10.0  # a Connection's, which bounds each waiting call
 
     def __init__(self):
         self.partitions: dict[str, pb.PartitionRequirements] = {}
         self.refuse: dict[str, list[Exception]] = {}
+        self.queued: list[pb.QueuedRequest] = []  # what successive waiting calls answer; empty: no room is ever lacking
+        self.waiting: set[str] = set()  # requests waiting for room, by partition id
+        self.waits: list[int] = []  # the wait_seconds of each create
 
     def call(self, _stub, method, request):
-        if self.refuse.get(method):
-            raise self.refuse[method].pop(0)
+        if self.refuse.get(method) and (refusal := self.refuse[method].pop(0)) is not None:
+            raise refusal
         if method == "CreatePartition":
             if request.requirements.id in self.partitions:
                 raise AlreadyExists(f"partition {request.requirements.id} already exists")
+            self.waits.append(request.wait_seconds)
+            if self.queued:
+                return pb.CreatePartitionReply(partition_id=request.requirements.id, queued=self.queued.pop(0))
             self.partitions[request.requirements.id] = request.requirements
             return pb.CreatePartitionReply(partition_id=request.requirements.id)
+        if method == "WaitPartition":
+            return pb.WaitPartitionReply(queued=self.queued.pop(0))
         if method == "RemovePartition":
-            if self.partitions.pop(request.partition_id, None) is None:
+            if request.partition_id in self.waiting:  # a remove of a request that waits cancels it
+                self.waiting.remove(request.partition_id)
+            elif self.partitions.pop(request.partition_id, None) is None:
                 raise NotFound(f"partition {request.partition_id} does not exist")
             return pb.RemovePartitionReply()
+        if method == "ListQueued":
+            return pb.ListQueuedReply(requests=[pb.QueuedRequest(partition_id=p) for p in sorted(self.waiting)])
         if method == "ListPartitions":
             return pb.ListPartitionsReply(partitions=[pb.Partition(id=p) for p in self.partitions])
         if method == "GetPartitionIpuofConfig":
@@ -54,6 +70,7 @@ class Slurm:
     def __init__(self, known: dict[str, dict[str, str]]):
         self.known = known
         self.comments: dict[str, str] = {}
+        self.said: list[str] = []
         self.cancelled: list[str] = []
 
     def job(self, job_id):
@@ -64,6 +81,7 @@ class Slurm:
 
     def comment(self, job_id, text):
         self.comments[job_id] = text
+        self.said.append(text)
 
     def cancel(self, job_id):
         self.cancelled.append(job_id)
@@ -115,6 +133,19 @@ def test_no_room_or_no_controller_requeues_with_a_reason_and_leaves_nothing(worl
     assert slurm.cancelled == [] and controller.partitions == {} and not ipuof.exists()
 
 
+def test_a_job_whose_ipus_are_scattered_waits_in_the_queue_saying_why_then_is_requeued_with_the_last_reason(world):
+    jobs, controller, slurm, _ = world
+    jobs.config = dataclasses.replace(jobs.config, queue_timeout=1)
+    why = "first in the queue, ag1 held for it; no free 4-IPU run in allocation a1: 3 of 8 IPUs are free; it fits when p2 is removed"
+    controller.queued = [pb.QueuedRequest(partition_id="slurm-7", position=1, reason=why)] * 2
+    controller.refuse["WaitPartition"] = [None, NoRoom(f"no room for partition slurm-7 after waiting 1 s: {why}")]
+    with pytest.raises(JobFailed) as failed:
+        jobs.prolog(JOB)
+    assert controller.waits == [1] and not failed.value.permanent
+    assert slurm.said == [f"vipu: waiting for its IPUs: {why}",
+                          f"vipu: no partition of 4 IPUs yet, job requeued: no room for partition slurm-7 after waiting 1 s: {why}"]
+
+
 def test_a_request_the_controller_can_never_satisfy_cancels_the_job(world):
     jobs, controller, slurm, _ = world
     controller.refuse["CreatePartition"] = [InvalidArgument("3 replicas do not divide evenly into 2 GCD(s)")]
@@ -136,14 +167,17 @@ def test_a_partition_left_by_an_earlier_attempt_is_replaced(world):
     assert controller.partitions["slurm-7"].size == 4
 
 
-def test_the_prolog_removes_partitions_of_jobs_that_are_over(world):
+def test_the_prolog_removes_partitions_and_cancels_requests_of_jobs_that_are_over(world):
     jobs, controller, slurm, _ = world
     for job_id in ("3", "4", "5"):
         controller.partitions[f"slurm-{job_id}"] = pb.PartitionRequirements(id=f"slurm-{job_id}", size=1, num_gcds=1)
     controller.partitions["mine"] = pb.PartitionRequirements(id="mine", size=1, num_gcds=1)
-    slurm.known.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}})  # Slurm forgot job 3
+    controller.waiting = {"slurm-6", "slurm-8"}  # job 6's epilog never ran; job 8's prolog waits
+    slurm.known.update({"4": {"JobState": "RUNNING"}, "5": {"JobState": "CANCELLED"}, "6": {"JobState": "CANCELLED"},
+                        "8": {"JobState": "CONFIGURING"}})  # Slurm forgot job 3
     jobs.prolog(JOB)
     assert sorted(controller.partitions) == ["mine", "slurm-4", "slurm-7"]
+    assert controller.waiting == {"slurm-8"}
 
 
 def test_files_that_cannot_be_written_undo_the_partition(world, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import event
@@ -21,11 +22,13 @@ from vipu.model.entities import (
     MachineInventory,
     OperationState,
     Partition,
+    PartitionRequest,
     PlacedIpu,
     ReadyState,
     SyncType,
 )
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable, VipuError
+from vipu.model.queue import WaitingRequest
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store, normalise_url
 
@@ -350,6 +353,9 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN owner"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN last_auto_reset_at"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN attach_key"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocatable"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocation"))
+        tx.session.execute(text("DROP TABLE partition_requests"))
         tx.session.execute(text("UPDATE vipu_meta SET value = '2' WHERE key = 'schema_version'"))
     populated.close()
     reopened = Store(store_url)
@@ -357,6 +363,8 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         with reopened.reading() as tx:
             assert tx.get_partition("p1").owner == "" and tx.get_partition("p1").last_auto_reset is None
             assert len(tx.get_partition("p1").attach_key) >= 20  # a key of its own, made by the migration
+            assert (tx.get_partition("p1").relocatable, tx.get_partition("p1").relocation) == (False, "")
+            assert tx.list_requests() == []
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:
         reopened.close()
@@ -552,3 +560,85 @@ def test_a_takeover_waits_for_the_writes_the_old_leader_has_under_way(postgres_u
         observer.dispose()
         leader.close()
         successor.close()
+
+
+def waiting(pid: str, size: int = 4, **fields) -> WaitingRequest:
+    now = datetime.now(UTC).replace(microsecond=0)
+    request = PartitionRequest(pid, size, num_gcds=2, sync_type=SyncType.GS2_DEFAULT, ipulink_routing=IpuLinkRouting.SWNC,
+                               explicit_ipus=((0, 1), (0, 2)), index=None, relocatable=True)
+    return WaitingRequest(request, "a1", "alice", now, now + timedelta(seconds=60), **fields)
+
+
+def test_waiting_requests_round_trip_in_arrival_order_and_end_by_compare_and_set(populated):
+    first, second = waiting("big", 8), waiting("small", 1, keep_on_error=True)
+    with populated.transaction() as tx:
+        tx.add_request(first)
+        tx.add_request(second)
+    assert 0 < first.sequence < second.sequence
+    with populated.transaction() as tx:
+        tx.hold_for(first, frozenset({("ag1", 0), ("ag1", 1)}))
+    with populated.reading() as tx:
+        stored = tx.list_requests()
+    first.held = frozenset({("ag1", 0), ("ag1", 1)})
+    assert stored == [first, second]
+    with populated.transaction() as tx:
+        tx.end_request(second, "cancel")
+    with pytest.raises(Conflict, match="the request for partition small is no longer waiting: another change ended it before 'expire'"):
+        with populated.transaction() as tx:
+            tx.end_request(second, "expire")
+    with pytest.raises(ConcurrentUpdate):  # one request per partition id
+        with populated.transaction() as tx:
+            tx.add_request(waiting("big"))
+    with populated.reading() as tx:
+        assert [r.partition_id for r in tx.list_requests()] == ["big"]
+
+
+def test_a_grant_ends_the_request_and_records_its_partition_together_or_not_at_all(populated):
+    request = waiting("p1")
+    with populated.transaction() as tx:
+        tx.add_request(request)
+        tx.add_partition(partition("taken", "ag1"))
+    with pytest.raises(ConcurrentUpdate):  # its IPUs were taken meanwhile: the request still waits
+        with populated.transaction() as tx:
+            tx.end_request(request, "grant")
+            tx.add_partition(partition("p1", "ag1"))
+    with populated.reading() as tx:
+        assert [r.partition_id for r in tx.list_requests()] == ["p1"] and tx.get_partition("p1") is None
+    with populated.transaction() as tx:
+        tx.end_request(request, "grant")
+        tx.add_partition(partition("p1", "ag2"))
+    with populated.reading() as tx:
+        assert tx.list_requests() == [] and tx.get_partition("p1").agent_ids == ["ag2"]
+
+
+def test_requests_go_with_their_allocation(populated):
+    with populated.transaction() as tx:
+        tx.add_request(waiting("p1"))
+    with populated.transaction() as tx:
+        tx.delete_allocation("a1")
+    with populated.reading() as tx:
+        assert tx.list_requests() == []
+
+
+def test_a_relocation_replaces_the_ipus_with_its_transition(populated):
+    p = partition("p1", "ag1")
+    p.relocatable = True
+    with populated.transaction() as tx:
+        tx.add_partition(p)
+        tx.add_partition(partition("other", "ag2", (0,)))
+        tx.transition(p, "configured", errors=[])
+    moved = [PlacedIpu("ag2", i, 0, 4 + i, 0, r, 0) for r, i in enumerate((0, 1, 2, 3))]
+    with pytest.raises(ConcurrentUpdate):  # IPU 0 of ag2 is other's
+        with populated.transaction() as tx:
+            tx.transition(p, "relocate", ipus=moved, relocation="moved")
+    with populated.reading() as tx:
+        p = tx.get_partition("p1")
+        assert p.agent_ids == ["ag1"] and (p.ready_state, p.relocation) == (ReadyState.ACTIVE, "")
+    moved = [PlacedIpu("ag2", i, 0, 4 + i, 0, r, 0) for r, i in enumerate((1, 2, 3))] + [PlacedIpu("ag1", 0, 0, 0, 0, 3, 0)]
+    with populated.transaction() as tx:
+        tx.transition(p, "relocate", ipus=moved, relocation="moved from ag1")
+    with populated.reading() as tx:
+        stored = tx.get_partition("p1")
+    assert stored.ipus == p.ipus == moved
+    assert (stored.ready_state, stored.operation_state, stored.relocatable, stored.relocation) == (
+        ReadyState.PENDING, OperationState.RESETTING, True, "moved from ag1")

@@ -100,6 +100,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
                 _registered_method=True)
+        self.ListQueued = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListQueued',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
+                _registered_method=True)
         self.TestCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/TestCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
@@ -233,6 +238,12 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueued(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -372,6 +383,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetCapacity,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.SerializeToString,
+            ),
+            'ListQueued': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueued,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.SerializeToString,
             ),
             'TestCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.TestCluster,
@@ -780,6 +796,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/GetCapacity',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueued(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListQueued',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -174,16 +174,18 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds")
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
     KEEP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
     keep_on_error: bool
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ...) -> None: ...
+    wait_seconds: int
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
@@ -244,12 +246,14 @@ class PartitionConfig(_message.Message):
     def __init__(self, ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., reconfigurable: _Optional[bool] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gcd_configs: _Optional[_Iterable[_Union[PartitionConfig.Gcd, _Mapping]]] = ..., ipuof_server_version: _Optional[str] = ...) -> None: ...
 
 class CreatePartitionReply(_message.Message):
-    __slots__ = ("partition_id", "ipuof_config")
+    __slots__ = ("partition_id", "ipuof_config", "queued")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ipuof_config: PartitionConfig
-    def __init__(self, partition_id: _Optional[str] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
+    queued: QueuedRequest
+    def __init__(self, partition_id: _Optional[str] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
 
 class ResetPartitionRequest(_message.Message):
     __slots__ = ("partition_id", "relocatable")
@@ -295,7 +299,7 @@ class GetPartitionIpuofConfigReply(_message.Message):
     def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time")
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +307,8 @@ class PartitionStatus(_message.Message):
     MAX_AUTO_RESET_RETRIES_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESET_RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAST_AUTO_RESET_TIME_FIELD_NUMBER: _ClassVar[int]
+    RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
+    RELOCATION_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ready_state: PartitionReadyState
     operation_state: PartitionOperationState
@@ -310,7 +316,9 @@ class PartitionStatus(_message.Message):
     max_auto_reset_retries: int
     auto_reset_retry_count: int
     last_auto_reset_time: _timestamp_pb2.Timestamp
-    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    relocatable: bool
+    relocation: str
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
     __slots__ = ("partition_id",)
@@ -437,3 +445,63 @@ class Change(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueuedRequest(_message.Message):
+    __slots__ = ("partition_id", "allocation_id", "size", "user", "position", "since", "deadline", "reason")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    allocation_id: str
+    size: int
+    user: str
+    position: int
+    since: _timestamp_pb2.Timestamp
+    deadline: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, partition_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., size: _Optional[int] = ..., user: _Optional[str] = ..., position: _Optional[int] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WaitPartitionRequest(_message.Message):
+    __slots__ = ("partition_id", "seconds")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    seconds: int
+    def __init__(self, partition_id: _Optional[str] = ..., seconds: _Optional[int] = ...) -> None: ...
+
+class WaitPartitionReply(_message.Message):
+    __slots__ = ("status", "ipuof_config", "queued")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    status: PartitionStatus
+    ipuof_config: PartitionConfig
+    queued: QueuedRequest
+    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
+
+class ListQueuedRequest(_message.Message):
+    __slots__ = ("allocation_id",)
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    def __init__(self, allocation_id: _Optional[str] = ...) -> None: ...
+
+class ListQueuedReply(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[QueuedRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[QueuedRequest, _Mapping]]] = ...) -> None: ...
+
+class CancelQueuedRequest(_message.Message):
+    __slots__ = ("partition_id",)
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+
+class CancelQueuedReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -84,6 +84,21 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.FromString,
                 _registered_method=True)
+        self.WaitPartition = channel.unary_unary(
+                '/virmgrpc.UserService/WaitPartition',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionReply.FromString,
+                _registered_method=True)
+        self.ListQueued = channel.unary_unary(
+                '/virmgrpc.UserService/ListQueued',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
+                _registered_method=True)
+        self.CancelQueued = channel.unary_unary(
+                '/virmgrpc.UserService/CancelQueued',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
+                _registered_method=True)
 
 
 class UserServiceServicer:
@@ -150,6 +165,24 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitPartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueued(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelQueued(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UserServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +235,21 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.WatchChanges,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.SerializeToString,
+            ),
+            'WaitPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitPartition,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionReply.SerializeToString,
+            ),
+            'ListQueued': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueued,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.SerializeToString,
+            ),
+            'CancelQueued': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelQueued,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -474,6 +522,87 @@ class UserService:
             '/virmgrpc.UserService/WatchChanges',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.WatchChangesRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.Change.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/WaitPartition',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.WaitPartitionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueued(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/ListQueued',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelQueued(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/CancelQueued',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
             options,
             channel_credentials,
             insecure,

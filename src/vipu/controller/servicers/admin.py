@@ -6,12 +6,13 @@ from vipu.api import convert
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.controller.discovery import DiscoveryListener
-from vipu.controller.servicers.user import capacity_reply
+from vipu.controller.servicers.user import capacity_reply, queued_reply
 from vipu.controller.services.agents import AgentService, AgentView
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.clustertests import ClusterTestService
 from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.requests import RequestService
 from vipu.controller.services.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
@@ -40,8 +41,9 @@ def _user(user: User) -> pb.User:
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
                  clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
-                 user_port: int, partitions: PartitionService):
+                 user_port: int, partitions: PartitionService, requests: RequestService):
         self.partitions = partitions
+        self.requests = requests
         self.agents = agents
         self.clusters = clusters
         self.allocations = allocations
@@ -90,6 +92,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def GetCapacity(self, request, context):
         return capacity_reply(self.partitions.capacity(request.size, request.allocation_id, request.cluster_id))
+
+    def ListQueued(self, request, context):
+        return queued_reply(self.requests.list(request.allocation_id))
 
     def GetAllocation(self, request, context):
         return convert.admin_allocation_to_proto(*self.allocations.get(request.id))

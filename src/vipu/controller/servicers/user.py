@@ -8,11 +8,13 @@ from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.controller.auth import caller
 from vipu.controller.services.changes import ChangeFeed
 from vipu.controller.services.partitions import AllocationRoom, PartitionService
+from vipu.controller.services.requests import RequestService, Waiting
 
 
 class UserServicer(pb_grpc.UserServiceServicer):
-    def __init__(self, partitions: PartitionService, changes: ChangeFeed):
+    def __init__(self, partitions: PartitionService, requests: RequestService, changes: ChangeFeed):
         self.partitions = partitions
+        self.requests = requests
         self.changes = changes
 
     def ListPartitions(self, request, context):
@@ -30,16 +32,22 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.ListIPUAttributesReply(entries=entries)
 
     def CreatePartition(self, request, context):
-        partition, gcds, version = self.partitions.create_with_ipuof(convert.requirements_from_proto(request), caller(),
-                                                                     keep_on_error=request.keep_on_error)
+        created = self.requests.create(convert.requirements_from_proto(request), caller(), keep_on_error=request.keep_on_error,
+                                       wait_seconds=request.wait_seconds)
+        if isinstance(created, Waiting):
+            return pb.CreatePartitionReply(partition_id=created.request.partition_id, queued=queued_to_proto(created))
+        partition, gcds, version = created
         return pb.CreatePartitionReply(partition_id=partition.id, ipuof_config=convert.config_to_proto(partition, gcds, version))
 
     def RemovePartition(self, request, context):
-        self.partitions.remove(request.partition_id, force=request.force, access=caller())
+        self.requests.remove(request.partition_id, force=request.force, access=caller())
         return pb.RemovePartitionReply()
 
     def ResetPartition(self, request, context):
-        self.partitions.reset(request.partition_id, caller())
+        if request.relocatable:
+            self.partitions.relocate(request.partition_id, caller())
+        else:
+            self.partitions.reset(request.partition_id, caller())
         return pb.ResetPartitionReply()
 
     def GetPartitionIpuofConfig(self, request, context):
@@ -61,6 +69,32 @@ class UserServicer(pb_grpc.UserServiceServicer):
         context.add_callback(self.changes.wake)  # a watcher that goes away stops waiting at once
         for topics in self.changes.watch(caller(), context.is_active):
             yield pb.Change(topics=sorted(topic.value for topic in topics))
+
+    def WaitPartition(self, request, context):
+        settled = self.requests.wait(request.partition_id, request.seconds, caller())
+        reply = pb.WaitPartitionReply()
+        if settled.waiting is not None:
+            reply.queued.CopyFrom(queued_to_proto(settled.waiting))
+        if settled.partition is not None:
+            reply.status.CopyFrom(convert.status_to_proto(settled.partition))
+        if settled.gcds is not None and settled.partition is not None:
+            reply.ipuof_config.CopyFrom(convert.config_to_proto(settled.partition, settled.gcds, settled.ipuof_version))
+        return reply
+
+    def ListQueued(self, request, context):
+        return queued_reply(self.requests.list(request.allocation_id, caller()))
+
+    def CancelQueued(self, request, context):
+        self.requests.cancel(request.partition_id, caller())
+        return pb.CancelQueuedReply()
+
+
+def queued_to_proto(waiting: Waiting) -> pb.QueuedRequest:
+    return convert.queued_to_proto(waiting.request, waiting.position, waiting.reason)
+
+
+def queued_reply(waiting: list[Waiting]) -> pb.ListQueuedReply:
+    return pb.ListQueuedReply(requests=[queued_to_proto(w) for w in waiting])
 
 
 def capacity_reply(rooms: list[AllocationRoom]) -> pb.GetCapacityReply:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 
 from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.requests import RequestService
 from vipu.model.entities import Allocation, check_id
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
@@ -12,9 +13,10 @@ from vipu.store.store import Store
 
 
 class AllocationService:
-    def __init__(self, store: Store, partitions: PartitionService):
+    def __init__(self, store: Store, partitions: PartitionService, requests: RequestService):
         self.store = store
         self.partitions = partitions
+        self.requests = requests
 
     def create(self, allocation_id: str, cluster_id: str, agent_ids: tuple[str, ...] = (), size: int = 0) -> Allocation:
         check_id("allocation", allocation_id)
@@ -49,14 +51,16 @@ class AllocationService:
             return allocation, [p.id for p in tx.list_partitions(allocation_id=allocation_id)]
 
     def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
-        """Remove an allocation; with `force`, its partitions first. What else was removed."""
+        """Remove an allocation; with `force`, its partitions first. The requests waiting in it are
+        cancelled. What else was removed."""
         allocation, partition_ids = self.get(allocation_id)
         if partition_ids and not force:
             raise Conflict(
                 f"allocation {allocation_id} holds {len(partition_ids)} partition(s) ({', '.join(partition_ids)}); "
                 "remove them first, or use --force to remove them with it"
             )
-        removed = []
+        removed = [f"request of partition {partition_id}"
+                   for partition_id in self.requests.cancel_all(allocation_id, f"allocation {allocation_id} is removed")]
         for partition_id in partition_ids:
             self.partitions.remove(partition_id, force=True)
             removed.append(f"partition {partition_id}")

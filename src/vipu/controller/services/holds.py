@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from vipu.model.errors import Conflict, Unavailable, VipuError
@@ -26,9 +26,11 @@ FINISHING_WAIT_SECONDS = 30.0
 
 
 class PartitionHolds:
-    def __init__(self) -> None:
+    def __init__(self, released: Callable[[], None] = lambda: None) -> None:
+        """`released()` is called after each hold ends (outside the holds' lock)."""
         self._changed = threading.Condition()
         self._held: dict[str, str] = {}  # partition id -> what the holder is doing
+        self._released = released
 
     @contextmanager
     def hold(self, partition_id: str, doing: str, wait: float = 0.0, busy: VipuError | None = None) -> Iterator[None]:
@@ -53,9 +55,27 @@ class PartitionHolds:
         try:
             yield
         finally:
-            with self._changed:
-                del self._held[partition_id]
-                self._changed.notify_all()
+            self.release(partition_id)
+
+    def claim(self, partition_id: str, doing: str) -> bool:
+        """Hold the partition if nobody does, never waiting, for work another thread finishes and
+        `release`s (a grant of a waiting request, handed from the dispatcher to a worker)."""
+        with self._changed:
+            if partition_id in self._held:
+                return False
+            self._held[partition_id] = doing
+            return True
+
+    def is_held(self, partition_id: str) -> bool:
+        """Whether an operation holds the partition now."""
+        with self._changed:
+            return partition_id in self._held
+
+    def release(self, partition_id: str) -> None:
+        with self._changed:
+            self._held.pop(partition_id, None)
+            self._changed.notify_all()
+        self._released()
 
     @contextmanager
     def held_if_free(self, partition_id: str, doing: str) -> Iterator[bool]:
@@ -68,9 +88,7 @@ class PartitionHolds:
             yield free
         finally:
             if free:
-                with self._changed:
-                    del self._held[partition_id]
-                    self._changed.notify_all()
+                self.release(partition_id)
 
 
 class Capacity:

@@ -6,15 +6,17 @@ crash loses nothing it said. The one exception is a new partition: placement res
 here, under its allocation's lock, before the store records it, so that the next placement in
 the allocation need not wait for that commit; a reservation the store refuses is forgotten.
 Placement reads the IPUs in use from here rather than from the store; operations read the
-partition they work on from here. Callers get copies, never the entries themselves. Each change
-is published to the controller's change feed, if given, once made here.
+partition they work on from here. Callers get copies, never the entries themselves. After every
+change, whoever waits for partitions to change inside the controller (the queue of waiting
+requests) is told, and the change is published to the controller's change feed, if given, for
+the clients watching (live views).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from vipu.controller.services.changes import ChangeFeed, Topic
 from vipu.model.entities import Partition
@@ -31,6 +33,15 @@ class Ledger:
         self._partitions: dict[str, Partition] = {}
         self._used: dict[str, dict[str, set[int]]] = {}  # allocation id -> agent id -> IPU indices
         self._placing: dict[str, threading.Lock] = {}
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` after every change of a partition (outside the ledger's lock)."""
+        self._watchers.append(changed)
+
+    def _changed(self) -> None:
+        for changed in self._watchers:
+            changed()
 
     def load(self, partitions: Iterable[Partition]) -> None:
         """Start afresh from what the store holds."""
@@ -38,6 +49,7 @@ class Ledger:
             self._partitions, self._used = {}, {}
             for partition in partitions:
                 self._add(_copy(partition))
+        self._changed()
 
     def get(self, partition_id: str) -> Partition | None:
         with self._lock:
@@ -55,6 +67,12 @@ class Ledger:
         with self._lock:
             return {agent: set(indices) for agent, indices in self._used.get(allocation_id, {}).items()}
 
+    def holders(self, allocation_id: str) -> dict[tuple[str, int], str]:
+        """The partition holding each IPU in use in the allocation, by (agent, index)."""
+        with self._lock:
+            return {(ipu.agent_id, ipu.index): p.id for p in self._partitions.values() if p.allocation_id == allocation_id
+                    for ipu in p.ipus}
+
     def placing(self, allocation_id: str) -> threading.Lock:
         """The lock under which partitions are placed in one allocation and recorded."""
         with self._lock:
@@ -69,12 +87,14 @@ class Ledger:
         with self._lock:
             self._remove(partition.id)
             self._add(_copy(partition))
+        self._changed()
         self._published(partition.allocation_id)
 
     def forget(self, partition_id: str) -> None:
         """A partition the store has just deleted; its IPUs are free."""
         with self._lock:
             gone = self._remove(partition_id)
+        self._changed()
         if gone is not None:
             self._published(gone.allocation_id)
 

@@ -21,10 +21,12 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from vipu.controller.services import relocation
 from vipu.controller.services.changes import ChangeFeed
 from vipu.controller.services.hardware import Hardware
 from vipu.controller.services.holds import FINISHING, Capacity, PartitionHolds
 from vipu.controller.services.ledger import Ledger
+from vipu.controller.services.waiting import WaitingRequests
 from vipu.model import lifecycle
 from vipu.model.configuration import (
     IPUOF_SERVER_VERSION_KEY,
@@ -53,12 +55,13 @@ from vipu.model.errors import (
     Conflict,
     HardwareFailure,
     InvalidArgument,
+    NoRoom,
     NotFound,
     PermissionDenied,
     Unavailable,
     VipuError,
 )
-from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting, place_partition
+from vipu.model.placement import Occupancy, Placement, count_fitting, is_power_of_two, largest_fitting, place_partition
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store, Transaction
 
@@ -102,15 +105,19 @@ class PartitionService:
         self.store = store
         self.hardware = hardware
         self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
-        self.holds = PartitionHolds()
+        self.queue = WaitingRequests()  # the requests waiting for room, which RequestService serves
+        self.holds = PartitionHolds(released=self.queue.notify)  # clients waiting for a partition wait for its operation
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
         self.ledger = Ledger(changes)
+        self.ledger.watch(self.queue.notify)
         self.load()
 
     def load(self) -> None:
-        """Take every partition from the store: at start-up, and when this controller takes the lead."""
+        """Take every partition and waiting request from the store: at start-up, and when this
+        controller takes the lead."""
         with self.store.reading() as tx:
             self.ledger.load(tx.list_partitions())
+            self.queue.load(tx.list_requests())
 
     # Reading
 
@@ -205,8 +212,7 @@ class PartitionService:
         self._check_request(request)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
-            if self.ledger.get(request.id) is not None:
-                raise taken
+            self.refuse_if_taken(request.id)
             for attempt in range(PLACEMENT_ATTEMPTS):
                 try:
                     partition, layout, agents = self._place(request, access)
@@ -217,9 +223,41 @@ class PartitionService:
                     if attempt == PLACEMENT_ATTEMPTS - 1:
                         raise
                     self.load()
-            self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
+            if request.relocatable:
+                partition = self._configure_or_move(partition, layout, agents, keep_on_error)
+                layout, agents = self._where(partition)
+            else:
+                self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
             inventories = {a: agent.inventory for a, agent in agents.items()}
             return partition, gcd_configs(partition, inventories), self._ipuof_version(inventories.values())
+
+    def _configure_or_move(self, partition: Partition, layout: ClusterLayout, agents: dict[str, Agent], keep_on_error: bool) -> Partition:
+        """Configure a new relocatable partition; should agents fail it, move it off them. If it can
+        move nowhere, it is kept in ERROR if asked, else removed, and the failure raised."""
+        try:
+            return self._configure(partition, layout, agents, on_failure="fail")
+        except VipuError as failure:
+            moved = relocation.moved_after_failure(self, partition, failure)
+            if moved is not None:
+                return moved
+            if keep_on_error:
+                raise
+            current = self.ledger.get(partition.id)
+            if current is None:
+                raise
+            self._begin_remove(current)
+            self._finish_remove(current, self._where(current)[1], force=True)
+            reasons = "; ".join(current.errors) or failure.message
+            raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
+
+    def refuse_if_taken(self, partition_id: str) -> None:
+        """AlreadyExists if a partition of that id exists or a request of it waits; the caller holds the id."""
+        if self.ledger.get(partition_id) is not None:
+            raise AlreadyExists(f"partition {partition_id} already exists")
+        waiting = self.queue.get(partition_id)
+        if waiting is not None:
+            raise AlreadyExists(f"partition {partition_id} already waits for room in allocation {waiting.allocation_id}")
+        self.queue.forget_ending(partition_id)
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
@@ -234,6 +272,21 @@ class PartitionService:
             if failures:
                 raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
             return self._configure(partition, layout, agents, on_failure="fail")
+
+    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
+        """Move a partition to other IPUs of its allocation, off the machines that failed it, or off
+        all of its own when none did (`vipu.controller.services.relocation`); `automatic` counts
+        the move as an automatic reset."""
+        self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
+        with self.operations.admitted(), self.holds.hold(partition_id, "relocating"):
+            partition = self._partition(partition_id, access)
+            self._refuse_if_busy(partition)
+            failed = relocation.failed_machines(self, partition)
+            if failed:
+                why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
+            else:
+                why = f"asked by {access.user_id}" if access.user_id else "asked for"
+            return relocation.relocate(self, partition, failed or set(partition.agent_ids), why, automatic)
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
         """Clear a partition from its agents and forget it. A forced remove of a partition under
@@ -378,6 +431,25 @@ class PartitionService:
         if lifecycle.state_of(partition) in lifecycle.BUSY:
             raise Conflict(f"partition {partition.id} is busy ({partition.operation_state.value.lower()})")
 
+    def configure_new(self, partition: Partition, layout: ClusterLayout, keep_on_error: bool = False) -> Partition:
+        """Configure a partition just recorded PENDING/CREATING (a waiting request's, granted), as a
+        create does; the caller holds it."""
+        with self.store.reading() as tx:
+            agents = {a: self._agent(tx, a) for a in partition.agent_ids}
+        if partition.relocatable:
+            return self._configure_or_move(partition, layout, agents, keep_on_error)
+        return self._configure(partition, layout, agents, on_failure="fail" if keep_on_error else "abandon")
+
+    def allocation(self, allocation_id: str, access: Access = OPEN_ACCESS) -> Allocation:
+        """An allocation the caller may use; NotFound or PermissionDenied otherwise."""
+        with self.store.reading() as tx:
+            return self._allocation(tx, allocation_id, access)
+
+    def allocations_for(self, request: PartitionRequest, access: Access = OPEN_ACCESS) -> builtins.list[Allocation]:
+        """The allocations a request may take its IPUs from, in order; a Conflict if there are none."""
+        with self.store.reading() as tx:
+            return self._candidates(tx, request, access)
+
     @staticmethod
     def _check_request(request: PartitionRequest) -> None:
         check_partition_id(request.id)
@@ -401,24 +473,25 @@ class PartitionService:
             raise InvalidArgument("naming the IPUs of a partition needs its cluster id too")
 
     def _place(self, request: PartitionRequest, access: Access) -> tuple[Partition, ClusterLayout, dict[str, Agent]]:
-        """Place the partition in the first allocation it fits, against the ledger's IPUs in use,
-        under that allocation's lock (no other lock), and reserve its IPUs there; then record it
-        in the store, outside the lock, so that its commit can join others (`Store.write`)."""
+        """Place the partition in the first allocation it fits, against the ledger's IPUs in use
+        (and those held for a request waiting there), under that allocation's lock (no other lock),
+        and reserve its IPUs there; then record it in the store, outside the lock, so that its
+        commit can join others (`Store.write`)."""
         with self.store.reading() as tx:
             candidates = self._candidates(tx, request, access)
             layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in candidates}}
-        refusals: list[Conflict] = []
+        refusals: list[tuple[str, VipuError]] = []
         for allocation in candidates:
             if allocation.cluster_id in self.under_test:
-                refusals.append(Conflict(f"cluster {allocation.cluster_id} is under test; "
-                                         "no partition can be created in it until the test ends"))
+                refusals.append((allocation.id, NoRoom(f"cluster {allocation.cluster_id} is under test; "
+                                                       "no partition can be created in it until the test ends")))
                 continue
             layout = layouts[allocation.cluster_id]
             with self.ledger.placing(allocation.id):
                 try:
                     partition = self._fit(request, access, allocation, layout)
-                except Conflict as refusal:
-                    refusals.append(refusal)
+                except (Conflict, InvalidArgument) as refusal:
+                    refusals.append((allocation.id, refusal))
                     continue
                 self.ledger.reserve(partition)
             try:
@@ -429,9 +502,22 @@ class PartitionService:
             with self.store.reading() as tx:
                 agents = {a: self._agent(tx, a) for a in partition.agent_ids}
             return partition, layout, agents
+        raise self._refusal(request, refusals)
+
+    @staticmethod
+    def _refusal(request: PartitionRequest, refusals: builtins.list[tuple[str, VipuError]]) -> VipuError:
+        """One error for the refusals of every allocation tried: NoRoom naming the allocations that
+        could hold the request once partitions end, if any could; else the rule (or rules) it breaks."""
+        room = tuple(allocation for allocation, refusal in refusals if isinstance(refusal, NoRoom))
         if len(refusals) == 1:
-            raise refusals[0]
-        raise Conflict(f"no allocation has room for a partition of {request.size} IPUs ({'; '.join(r.message for r in refusals)})")
+            return refusals[0][1]
+        messages = list(dict.fromkeys(refusal.message for _, refusal in refusals))
+        if len(messages) == 1:
+            return refusals[0][1]
+        if room:
+            return NoRoom(f"no allocation has room for a partition of {request.size} IPUs ({'; '.join(messages)})", room)
+        family = type(refusals[0][1]) if all(type(r) is type(refusals[0][1]) for _, r in refusals) else Conflict
+        return family(f"no allocation can hold a partition of {request.size} IPUs as asked ({'; '.join(messages)})")
 
     def _candidates(self, tx: Transaction, request: PartitionRequest, access: Access) -> builtins.list[Allocation]:
         """The allocations the request may take its IPUs from, in order; a Conflict if there are none."""
@@ -455,7 +541,9 @@ class PartitionService:
         return candidates
 
     def _fit(self, request: PartitionRequest, access: Access, allocation: Allocation, layout: ClusterLayout) -> Partition:
-        """The partition placed in the allocation's free IPUs; a Conflict saying why it does not fit."""
+        """The partition placed in the allocation's free IPUs, around those held for the first request
+        waiting there; NoRoom saying why it does not fit, or InvalidArgument naming the rule it breaks."""
+        held, held_for = self.queue.held(allocation.id)
         placement = place_partition(
             layout,
             set(allocation.agent_ids),
@@ -465,9 +553,19 @@ class PartitionService:
             num_segments=request.num_segments,
             ipulink_routing=request.ipulink_routing,
             gw_routing=request.gw_routing,
-            explicit=request.explicit_ipus if request.index is None else self._slot(layout, allocation, request),
+            explicit=self.explicit_ipus(layout, allocation, request),
             where=f"allocation {allocation.id}",
+            occupancy=Occupancy(lambda: self.ledger.holders(allocation.id), held, held_for),
         )
+        return self.partition_of(request, access.user_id, allocation, placement)
+
+    def explicit_ipus(self, layout: ClusterLayout, allocation: Allocation, request: PartitionRequest) -> tuple[tuple[int, int], ...]:
+        """The (ILD, topology id) of the IPUs the request names, or of its index's place; empty if neither."""
+        return request.explicit_ipus if request.index is None else self._slot(layout, allocation, request)
+
+    @staticmethod
+    def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, placement: Placement) -> Partition:
+        """The new partition a request makes at a placement in an allocation."""
         if request.index is not None:  # the vendor's rule: an indexed reconfigurable partition is c2-compatible, whatever was asked
             sync = SyncType.GS2_DEFAULT
         else:
@@ -486,9 +584,10 @@ class PartitionService:
             num_segments=placement.num_segments,
             ipus=list(placement.ipus),
             disable_auto_reset=request.disable_auto_reset,
-            owner=access.user_id,
+            owner=owner,
             created=datetime.now(UTC),
             attach_key=new_attach_key(),
+            relocatable=request.relocatable,
         )
 
     @staticmethod

@@ -13,7 +13,8 @@ Down. An agent a partition operation holds is skipped, never waited for. An agen
 partitions in ERROR with the reason. Once every agent of such a partition answers again, the
 pass resets it, unless it was created with automatic reset disabled, up to MAX_AUTO_RESETS times
 (the partition's status counts them). Partitions in ERROR for a fault of the hardware are left
-to their users: a reset would only fail again.
+to their users: a reset would only fail again. A partition created relocatable moves instead,
+at once, off the machines that failed it, when its allocation has room (`relocation`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from vipu.controller.services import relocation
 from vipu.controller.services.hardware import Hardware, Work
 from vipu.controller.services.partitions import PartitionService
 from vipu.model import lifecycle
@@ -34,7 +36,7 @@ from vipu.model.entities import (
     Partition,
     ReadyState,
 )
-from vipu.model.errors import PermissionDenied, Unavailable, VipuError
+from vipu.model.errors import NoRoom, PermissionDenied, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -102,13 +104,26 @@ class Reconciler:
         self.reset_failed()
 
     def reset_failed(self) -> None:
-        """Reset ERROR partitions whose agents all answer, as their automatic reset policy allows."""
+        """Move relocatable ERROR partitions off the machines that failed them, and reset ERROR
+        partitions whose agents all answer, as their automatic reset policy allows."""
         with self.store.reading() as tx:
-            up = {a.id for a in tx.list_agents() if a.status is AgentStatus.UP}
-            due = [p for p in tx.list_partitions()
-                   if lifecycle.state_of(p) == lifecycle.ERROR_FAILED and not p.disable_auto_reset
-                   and p.errors and all(LOST in e for e in p.errors)  # a fault of the hardware would only fail again
-                   and p.auto_reset_count < MAX_AUTO_RESETS and set(p.agent_ids) <= up]
+            agents = tx.list_agents()
+            partitions = tx.list_partitions()
+        down = {a.id for a in agents if a.status is AgentStatus.DOWN}
+        moved = set()
+        for partition in partitions:
+            if relocation.due_for_relocation(partition, down, LOST):
+                try:
+                    self.partitions.relocate(partition.id, automatic=True)
+                    moved.add(partition.id)
+                except NoRoom as refusal:  # it waits in ERROR for room, or for its machines to answer again
+                    log.debug("partition %s cannot move yet: %s", partition.id, refusal.message)
+                except VipuError as error:
+                    log.warning("partition %s: automatic relocation failed: %s", partition.id, error.message)
+        due = [p for p in partitions
+               if p.id not in moved and lifecycle.state_of(p) == lifecycle.ERROR_FAILED and not p.disable_auto_reset
+               and p.errors and all(LOST in e for e in p.errors)  # a fault of the hardware would only fail again
+               and p.auto_reset_count < MAX_AUTO_RESETS and not set(p.agent_ids) & down]
         for partition in due:
             log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1, MAX_AUTO_RESETS)
             try:

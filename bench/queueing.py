@@ -1,0 +1,170 @@
+"""Allocator quality with waiting: `bench.allocator`'s trace replayed with a queue instead of refusals.
+
+Every request waits until it starts (no deadline), then holds its IPUs for its duration. Three
+policies see the same trace (`bench.allocator.make_trace`, the same seed and load):
+
+- FIFO + backfill: vipu's queue as the controller runs it, `vipu.model.queue.admit` over vipu's
+  placement: first come, first served, a shape held for the first waiting request as partitions
+  end, and requests behind it started outside that shape;
+- plain FIFO: the same placement with nothing started ahead of the first waiting request;
+- capacity bound: a request starts, in arrival order, as soon as enough IPUs are free, whatever
+  their shape and whatever waits ahead of it (nothing held): what the pod could do if cabling did
+  not matter. It is the reference the first two are measured against, not a policy vipu could
+  run (large requests may wait behind small ones indefinitely).
+
+Recorded: the mean, median and p99 wait (time from arrival to start, in units of the median job
+duration), mean utilisation while requests arrive, the longest queue, and each policy's distance
+to the capacity bound.
+
+    python -m bench.queueing --requests 10000 --machines 64 --load 0.9
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import click
+
+from bench.allocator import Pod, Request, make_trace
+from bench.common import save, table
+from vipu.model.entities import IPUS_PER_MACHINE
+from vipu.model.placement import choose_reservation, try_place
+from vipu.model.queue import admit
+
+POLICIES = ("FIFO + backfill", "plain FIFO", "capacity bound")
+
+
+@dataclass(frozen=True)
+class Job:
+    number: int
+    request: Request
+
+    @property
+    def size(self) -> int:
+        return self.request.size
+
+
+@dataclass
+class Waited:
+    waits: list[float] = field(default_factory=list)
+    ipu_time: float = 0.0  # IPUs in use, integrated over the arrival period
+    longest_queue: int = 0
+    pass_seconds: list[float] = field(default_factory=list)
+
+
+def _admission(pod: Pod, policy: str):
+    """The policy as a function (waiting jobs, IPUs in use by agent, free IPUs, held) -> (started
+    [(job, its IPUs)], held); the capacity bound's jobs take no IPUs in particular."""
+    if policy == "capacity bound":
+        def greedy(waiting: list[Job], used: dict, free: int, held):
+            started = []
+            for job in waiting:
+                if job.size <= free:
+                    started.append((job, []))
+                    free -= job.size
+            return started, frozenset()
+
+        return greedy
+    layout, allowed = pod.layout, pod.allowed
+
+    def queued(waiting: list[Job], used: dict, free: int, held):
+        decided = admit(waiting, used, lambda job, taken: try_place(layout, allowed, taken, job.size),
+                        lambda job, taken: choose_reservation(layout, allowed, taken, job.size), held=held,
+                        backfill=policy == "FIFO + backfill")
+        return [(job, [(i.agent_id, i.index) for i in placement.ipus]) for job, placement in decided.started], decided.held
+
+    return queued
+
+
+def replay(trace: list[Request], machines: int, policy: str) -> Waited:
+    pod, outcome = Pod(machines, "best-fit"), Waited()
+    capacity, count_used = machines * IPUS_PER_MACHINE, 0
+    used: dict[str, set[int]] = {}  # by agent, as placement reads it
+    decide = _admission(pod, policy)
+    horizon = trace[-1].arrival
+    departures: list[tuple[float, int, list[tuple[str, int]]]] = []
+    waiting: list[Job] = []
+    held: frozenset = frozenset()
+    arrived, last = 0, 0.0
+    while arrived < len(trace) or waiting or departures:
+        now = min(trace[arrived].arrival if arrived < len(trace) else float("inf"),
+                  departures[0][0] if departures else float("inf"))
+        outcome.ipu_time += (min(now, horizon) - min(last, horizon)) * count_used
+        last = now
+        while departures and departures[0][0] <= now:
+            _, number, ipus = heapq.heappop(departures)
+            count_used -= trace[number].size
+            for agent, index in ipus:
+                used[agent].discard(index)
+                if not used[agent]:
+                    del used[agent]
+        while arrived < len(trace) and trace[arrived].arrival <= now:
+            waiting.append(Job(arrived, trace[arrived]))
+            arrived += 1
+        outcome.longest_queue = max(outcome.longest_queue, len(waiting))
+        began = time.perf_counter()
+        started, held = decide(waiting, used, capacity - count_used, held)
+        outcome.pass_seconds.append(time.perf_counter() - began)
+        starting = {job.number for job, _ in started}
+        for job, ipus in started:
+            outcome.waits.append(now - job.request.arrival)
+            count_used += job.size
+            for agent, index in ipus:
+                used.setdefault(agent, set()).add(index)
+            heapq.heappush(departures, (now + job.request.duration, job.number, ipus))
+        waiting = [job for job in waiting if job.number not in starting]
+    assert len(outcome.waits) == len(trace) and count_used == 0, "every request ran, and every IPU came back"
+    return outcome
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+@click.command()
+@click.option("--requests", default=10_000, show_default=True)
+@click.option("--machines", default=64, show_default=True, help="IPU-Machines in the pod (one torus domain).")
+@click.option("--load", "loads", default="0.9,0.7", show_default=True, help="Offered loads (fractions of the pod's IPUs), comma separated.")
+@click.option("--seed", default=2026, show_default=True)
+@click.option("--name", default="queueing", show_default=True, help="Results file: bench/results/NAME.json.")
+def main(requests, machines, loads, seed, name):
+    """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill) and plain FIFO."""
+    runs = []
+    for load in [float(text) for text in loads.split(",")]:
+        trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
+        horizon = trace[-1].arrival
+        results = {}
+        for policy in POLICIES:
+            waited = replay(trace, machines, policy)
+            results[policy] = {
+                "policy": policy,
+                "mean_wait": round(statistics.fmean(waited.waits), 3),
+                "median_wait": round(statistics.median(waited.waits), 3),
+                "p99_wait": round(percentile(waited.waits, 0.99), 3),
+                "started_at_once_percent": round(100 * sum(w == 0 for w in waited.waits) / len(waited.waits), 1),
+                "mean_utilisation_percent": round(100 * waited.ipu_time / (horizon * machines * IPUS_PER_MACHINE), 2),
+                "longest_queue": waited.longest_queue,
+                "pass_p99_ms": round(1000 * percentile(waited.pass_seconds, 0.99), 3),
+            }
+        bound = results["capacity bound"]
+        for result in results.values():
+            result["utilisation_below_bound_points"] = round(bound["mean_utilisation_percent"] - result["mean_utilisation_percent"], 2)
+            result["mean_wait_over_bound"] = round(result["mean_wait"] / bound["mean_wait"], 2) if bound["mean_wait"] else None
+        runs.append({"load": load, "results": list(results.values())})
+        click.echo(f"offered load {load}:")
+        click.echo(table(["policy", "mean wait", "median wait", "p99 wait", "started at once %", "mean utilisation %",
+                          "below bound (points)", "longest queue", "pass p99 ms"],
+                         [[r["policy"], r["mean_wait"], r["median_wait"], r["p99_wait"], r["started_at_once_percent"],
+                           r["mean_utilisation_percent"], r["utilisation_below_bound_points"], r["longest_queue"], r["pass_p99_ms"]]
+                          for r in results.values()]))
+    path = save(name, {"benchmark": "queueing", "requests": requests, "machines": machines, "seed": seed,
+                       "wait_unit": "the median job duration", "runs": runs})
+    click.echo(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Why a partition does not fit, in one line: what is free, what would make room, or the rule.
+
+Placement calls these when it finds no room, with the shapes the request could take were its
+machines empty, so every refusal and every waiting request's reason is worked out from the same
+shapes placement chooses among:
+
+- a request no shape of which lies within the machines, however empty, breaks a rule, named
+  (InvalidArgument): `allocation a1 has 16 IPUs (4 machines): a partition of 32 IPUs never fits in it`;
+- otherwise it waits for room (NoRoom, a Conflict): what is free, the largest partition that fits now and
+  which partitions stand in the way of the shape needing the fewest to go:
+  `no free 32-IPU run in allocation alloc-1: 16 of 64 IPUs are free, the largest free run is 16
+  IPUs (ag5-ag8); it fits when p7 or p9 is removed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Set
+
+from vipu.model.entities import IPUS_PER_MACHINE, natural_key
+from vipu.model.errors import InvalidArgument, NoRoom
+from vipu.model.topology import ClusterLayout
+
+Ipu = tuple[str, int]  # (agent, index)
+# Names listed before the rest are counted: a reason stays one short line.
+NAMES_LISTED = 3
+
+
+def never_fits(layout: ClusterLayout, allowed: Set[str], size: int, where: str, named: bool) -> InvalidArgument:
+    """The rule a request breaks when no shape of it lies within the machines, however empty."""
+    machines = [agent for agent in layout.agent_ids if agent in allowed]
+    total = len(machines) * IPUS_PER_MACHINE
+    if named:
+        return InvalidArgument(f"the named IPUs are not a linkable set of {size} IPUs in {where}")
+    if size > total:
+        return InvalidArgument(f"{where} has {total} IPUs ({len(machines)} machines): a partition of {size} IPUs never fits in it")
+    needs = (f"{size // IPUS_PER_MACHINE} consecutive machines of one IPU-Link domain, or a run at the same positions "
+             "in every domain of a looped cluster")
+    return InvalidArgument(f"a partition of {size} IPUs needs {needs}, with the routing asked; "
+                           f"the machines of {where} ({span(layout, {(a, i) for a in machines for i in range(IPUS_PER_MACHINE)})}) "
+                           "hold none")
+
+
+def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, where: str,
+            possible: list[frozenset[Ipu]], largest, holders: Mapping[Ipu, str] | None = None,
+            held: frozenset[Ipu] = frozenset(), held_for: str = "") -> NoRoom:
+    """What is free and what would make room, for a request some shape of which could fit. `largest`
+    is the placement of the largest partition that fits now (None if none does); `holders` names
+    the partition holding each IPU in use; `held` are IPUs kept for `held_for`, first in the queue."""
+    what = {1: "no free IPU", 2: "no free pair of IPUs"}.get(size, f"no free {size}-IPU run")
+    machines = [agent for agent in layout.agent_ids if agent in allowed]
+    total = len(machines) * IPUS_PER_MACHINE
+    free = total - sum(len(used.get(agent, ())) for agent in machines)
+    facts = []
+    if free == 0:
+        facts.append(f"all {total} of its IPUs are in use")
+    else:
+        facts.append(f"{free} of {total} IPUs are free")
+        if largest is not None:
+            kind = "run" if len(largest.ipus) >= IPUS_PER_MACHINE else "group"
+            count = len(largest.ipus)
+            facts.append(f"the largest free {kind} is {count} IPU{'s' if count > 1 else ''} "
+                         f"({span(layout, {(i.agent_id, i.index) for i in largest.ipus})})")
+        held_free = {ipu for ipu in held if ipu[1] not in used.get(ipu[0], ())}
+        if held_free:
+            count = len(held_free)
+            facts.append(f"{count} free IPU{'s' if count > 1 else ''} ({span(layout, held_free)}) {'are' if count > 1 else 'is'} "
+                         f"held for {held_for}, first in the queue")
+    fix = what_makes_room(possible, holders, held, held_for) if holders is not None else ""
+    return NoRoom(f"{what} in {where}: {', '.join(facts)}{'; ' + fix if fix else ''}")
+
+
+def what_makes_room(possible: list[frozenset[Ipu]], holders: Mapping[Ipu, str], held: frozenset[Ipu] = frozenset(),
+                    held_for: str = "") -> str:
+    """Which partitions must go for some shape to be free: the fewest, each choice that needs no more."""
+    choices: set[frozenset[str]] = set()
+    fewest = None
+    for shape in possible:
+        if shape & held:
+            continue  # those IPUs go to the first request in the queue
+        blockers = frozenset(holders[ipu] for ipu in shape if ipu in holders)
+        if not blockers:
+            continue
+        if fewest is None or len(blockers) < fewest:
+            fewest, choices = len(blockers), set()
+        if len(blockers) == fewest:
+            choices.add(blockers)
+    if fewest is None:
+        return f"the IPUs it could take are held for {held_for}, first in the queue" if held else ""
+    ordered = sorted((sorted(c, key=natural_key) for c in choices), key=lambda names: [natural_key(n) for n in names])
+    if fewest == 1:
+        return f"it fits when {_either(name for (name,) in ordered)} is removed"
+    first = ordered[0]
+    if fewest > NAMES_LISTED:
+        return f"it fits when {fewest} partitions are removed ({', '.join(first[:NAMES_LISTED])}, ...)"
+    alternative = f" (or {_both(ordered[1])})" if len(ordered) > 1 else ""
+    return f"it fits when {_both(first)} are removed{alternative}"
+
+
+def _either(names: Iterable[str]) -> str:
+    names = list(names)
+    if len(names) > NAMES_LISTED:
+        return f"{', '.join(names[:NAMES_LISTED])} or one of {len(names) - NAMES_LISTED} others"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _both(names: list[str]) -> str:
+    return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def span(layout: ClusterLayout, ipus: Iterable[Ipu]) -> str:
+    """IPUs as people read them: runs of whole machines in rack order (`ag5-ag8`), then the IPUs of
+    machines taken in part (`ag3 IPUs 0-1`); past four parts, how many more."""
+    by_agent: dict[str, set[int]] = {}
+    for agent, index in ipus:
+        by_agent.setdefault(agent, set()).add(index)
+    order = {agent: n for n, agent in enumerate(layout.agent_ids)}
+    parts: list[str] = []
+    run: list[str] = []
+
+    def close_run() -> None:
+        if run:
+            parts.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run.clear()
+
+    for agent in sorted(by_agent, key=lambda a: order.get(a, len(order))):
+        indices = sorted(by_agent[agent])
+        if len(indices) == IPUS_PER_MACHINE:
+            if run and order.get(agent) != order.get(run[-1], -2) + 1:
+                close_run()
+            run.append(agent)
+            continue
+        close_run()
+        if len(indices) == 1:
+            parts.append(f"{agent} IPU {indices[0]}")
+        elif indices == list(range(indices[0], indices[-1] + 1)):
+            parts.append(f"{agent} IPUs {indices[0]}-{indices[-1]}")
+        else:
+            parts.append(f"{agent} IPUs {','.join(map(str, indices))}")
+    close_run()
+    if len(parts) > 4:
+        return f"{', '.join(parts[:3])} and {len(parts) - 3} more"
+    return ", ".join(parts)

@@ -1,0 +1,104 @@
+"""Relocation: a relocatable partition moves, keeping its id, off machines that fail it (test_services' pod)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from vipu.model.entities import MAX_AUTO_RESETS, OperationState, PartitionRequest, ReadyState
+from vipu.model.errors import HardwareFailure, NoRoom
+
+NOTE = re.compile(r"^moved from (\S+) to (\S+) on \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: (.*)$")
+
+
+def moved(pod, partition_id: str) -> tuple[str, str, str]:
+    """(from where, to where, why) of the partition's last move."""
+    found = NOTE.match(pod.partitions.get(partition_id).relocation)
+    assert found, pod.partitions.get(partition_id).relocation
+    return found.group(1), found.group(2), found.group(3)
+
+
+def test_a_relocatable_partition_whose_machine_fails_to_apply_it_moves_at_create(pod):
+    pod.fault("m01", "IPU 2 failed")
+    partition = pod.partitions.create(PartitionRequest("p1", 4, relocatable=True))
+    assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+    assert moved(pod, "p1") == ("ag1", "ag2", "agent ag1: m01: IPU 2 failed")
+    assert pod.held_anywhere("p1") == ["ag2"] and pod.partitions.get("p1").errors == []
+    status = pod.partitions.get("p1")
+    assert (status.relocatable, status.auto_reset_count) == (True, 0)  # a move at create is no automatic reset
+
+
+def test_a_relocatable_create_with_nowhere_else_to_go_leaves_nothing_unless_kept(pod):
+    pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
+    pod.partitions.create(PartitionRequest("mid", 8, explicit_ipus=tuple((0, 8 + i) for i in range(8)), cluster_id="cl0"))
+    pod.fault("m01", "IPU 2 failed")  # p1 fits only on ag1-ag2, which fails
+    with pytest.raises(HardwareFailure, match=r"^partition p1 could not be created and was not kept: agent ag1: m01: IPU 2 failed$"):
+        pod.partitions.create(PartitionRequest("p1", 8, relocatable=True))
+    assert pod.held_anywhere("p1") == [] and "p1" not in [p.id for p in pod.partitions.list()]
+    with pytest.raises(HardwareFailure, match=r"^partition p1 is in ERROR: agent ag1: m01: IPU 2 failed$"):
+        pod.partitions.create(PartitionRequest("p1", 8, relocatable=True), keep_on_error=True)
+    assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
+
+
+def test_a_relocatable_partition_whose_agent_goes_down_moves_at_the_next_health_pass_and_the_old_machine_is_cleared(pod):
+    pod.partitions.create(PartitionRequest("p1", 8, relocatable=True))  # ag1-ag2
+    pod.partitions.create(PartitionRequest("plain", 4))  # ag3, not relocatable
+    pod.gateway.unreachable.add(pod.address("ag2"))
+    pod.reconciler.check_all()
+    partition = pod.partitions.get("p1")
+    assert (partition.ready_state, partition.operation_state) == (ReadyState.ACTIVE, OperationState.IDLE)
+    assert "ag2" not in partition.agent_ids and partition.auto_reset_count == 1
+    source, target, why = moved(pod, "p1")
+    assert (source, why) == ("ag1-ag2", "agent ag2 is down: unreachable (connection refused)")
+    assert target == "-".join(partition.agent_ids[::len(partition.agent_ids) - 1])
+    assert pod.held_anywhere("p1") == sorted(["ag2", *partition.agent_ids])  # ag2, away, still holds the old settings
+    pod.gateway.unreachable.clear()  # it returns: the reconciler clears them
+    pod.reconciler.check_all()
+    assert pod.held_anywhere("p1") == partition.agent_ids and pod.partitions.get("p1").agent_ids == partition.agent_ids
+
+
+def test_a_partition_not_relocatable_keeps_its_ipus_and_waits_for_its_machine(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()
+    assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").agent_ids) == (ReadyState.ERROR, ["ag1"])
+    assert pod.partitions.get("p1").relocation == ""
+
+
+def test_relocation_on_demand_moves_any_partition_off_its_own_machines_and_keeps_its_key(pod):
+    partition = pod.partitions.create(PartitionRequest("p1", 4))
+    again = pod.partitions.relocate("p1")
+    assert again.agent_ids == ["ag2"] and again.attach_key == partition.attach_key
+    assert moved(pod, "p1") == ("ag1", "ag2", "asked for")
+    assert pod.held_anywhere("p1") == ["ag2"]
+
+
+def test_a_relocatable_partition_with_no_room_elsewhere_stays_in_error_until_there_is(pod):
+    pod.partitions.create(PartitionRequest("p1", 4, relocatable=True))  # ag1
+    pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
+    pod.partitions.create(PartitionRequest("mid", 8, explicit_ipus=tuple((0, 8 + i) for i in range(8)), cluster_id="cl0"))
+    pod.partitions.create(PartitionRequest("one", 4))  # ag2
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()
+    assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
+    with pytest.raises(NoRoom, match=r"^no free 4-IPU run in allocation a1 without ag1: all 28 of its IPUs are in use; "
+                                     r"it fits when mid, one or rest is removed$"):
+        pod.partitions.relocate("p1")
+    pod.partitions.remove("one")
+    pod.reconciler.check_all()
+    assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+
+
+def test_automatic_moves_stop_when_the_automatic_reset_retries_are_spent(pod):
+    pod.partitions.create(PartitionRequest("p1", 4, relocatable=True))
+    for attempt in range(1, MAX_AUTO_RESETS + 2):
+        where = pod.partitions.get("p1").agent_ids[0]
+        pod.gateway.unreachable = {pod.address(where)}
+        pod.reconciler.check_all()
+        partition = pod.partitions.get("p1")
+        if attempt <= MAX_AUTO_RESETS:
+            assert (partition.ready_state, partition.auto_reset_count) == (ReadyState.ACTIVE, attempt)
+            assert partition.agent_ids != [where]
+        else:
+            assert (partition.ready_state, partition.agent_ids) == (ReadyState.ERROR, [where])

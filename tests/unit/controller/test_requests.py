@@ -1,0 +1,269 @@
+"""Requests waiting for room, served by the real services over simulated machines (test_services' pod).
+
+The dispatcher runs in its own thread as in vipu-server; tests wait for outcomes with the same
+bounded waiting call clients use, never with sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.unit.controller.test_services import MACHINES
+from vipu.controller.services.partitions import PartitionService
+from vipu.controller.services.requests import RequestService, Waiting
+from vipu.model.entities import Access, PartitionRequest, ReadyState
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable
+
+ANYONE = Access()  # open mode
+ALICE = Access("alice", frozenset({"a1"}))
+BOB = Access("bob", frozenset({"a1"}))
+CAROL = Access("carol", frozenset())
+
+
+class Dispatching:
+    """A RequestService over a pod, its dispatcher running, as vipu-server runs it."""
+
+    def __init__(self, partitions: PartitionService):
+        self.requests = RequestService(partitions)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.requests.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.requests.queue.wake.set()
+        self.thread.join(timeout=10)
+        self.requests.close()
+
+
+@pytest.fixture
+def queued(pod):
+    dispatching = Dispatching(pod.partitions)
+    yield dispatching.requests
+    dispatching.close()
+
+
+def wait(requests: RequestService, partition_id: str, access=ANYONE, timeout: float = 10.0):
+    """The partition once it is settled (what a client's loop of waiting calls does), failing after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        settled = requests.wait(partition_id, deadline - time.monotonic(), access)
+        if settled.waiting is None:
+            return settled.partition
+        assert time.monotonic() < deadline, f"partition {partition_id} still waits: {settled.waiting.reason}"
+
+
+def queue_up(requests: RequestService, partition_id: str, size: int, access=ANYONE, seconds: float = 60) -> Waiting:
+    result = requests.create(PartitionRequest(partition_id, size), access, wait_seconds=seconds)
+    assert isinstance(result, Waiting), f"{partition_id} started at once"
+    return result
+
+
+def machines_of(requests: RequestService, partition_id: str) -> list[str]:
+    return requests.partitions.get(partition_id).agent_ids
+
+
+def started_at_once(requests: RequestService, partition_id: str, size: int) -> list[str]:
+    """Ask, willing to wait; the machines of the partition, which must have started at once."""
+    result = requests.create(PartitionRequest(partition_id, size), wait_seconds=60)
+    assert not isinstance(result, Waiting), f"{partition_id} waits: {result.reason}"
+    return result[0].agent_ids
+
+
+def on_machine(number: int) -> PartitionRequest:
+    return PartitionRequest(f"on-ag{number}", 4, cluster_id="cl0", explicit_ipus=tuple((0, 4 * (number - 1) + i) for i in range(4)))
+
+
+def until(requests: RequestService, condition, timeout: float = 10.0) -> None:
+    """Until `condition()` holds, waking at each change of the queue or the partitions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = requests.queue.version
+        if condition():
+            return
+        assert time.monotonic() < deadline, "timed out"
+        requests.queue.wait_for_change(seen, deadline - time.monotonic())
+
+
+def test_requests_wait_in_arrival_order_and_start_as_room_appears(pod, queued):
+    pod.partitions.create(PartitionRequest("x", 16))
+    pod.partitions.create(PartitionRequest("y", 16))
+    first = queue_up(queued, "big", 32)
+    second = queue_up(queued, "small", 16)
+    assert (first.position, second.position) == (1, 2)
+    assert first.reason == ("first in the queue, ag1-ag8 held for it; no free 32-IPU run in allocation a1: all 32 of its IPUs "
+                            "are in use; it fits when x and y are removed")
+    pod.partitions.remove("x")  # room for small, but only on IPUs held for big: it waits
+    assert queued.wait("small", 0.5).waiting.reason.startswith("number 2 in the queue, behind big (32 IPUs); no free 16-IPU run")
+    pod.partitions.remove("y")
+    assert wait(queued, "big").ready_state is ReadyState.ACTIVE
+    assert queued.wait("small", 0.2).waiting.position == 1
+    pod.partitions.remove("big")
+    assert wait(queued, "small").ready_state is ReadyState.ACTIVE
+    assert queued.list() == []
+
+
+def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_and_never_on_them(pod, queued):
+    pod.partitions.create(on_machine(2))
+    pod.partitions.create(on_machine(6))
+    big = queue_up(queued, "big", 16)
+    assert big.reason == ("first in the queue, ag1-ag4 held for it; no free 16-IPU run in allocation a1: 24 of 32 IPUs are free, "
+                          "the largest free run is 8 IPUs (ag7-ag8); it fits when on-ag2 or on-ag6 is removed")
+    # Behind big, these fit outside ag1-ag4 and start at once: backfill.
+    assert started_at_once(queued, "s8", 8) == ["ag7", "ag8"]
+    assert started_at_once(queued, "s4", 4) == ["ag5"]
+    one = queue_up(queued, "s1", 1)  # only IPUs held for big are free
+    assert one.reason == ("number 2 in the queue, behind big (16 IPUs); no free IPU in allocation a1: 12 of 32 IPUs are free, "
+                          "12 free IPUs (ag1, ag3-ag4) are held for big, first in the queue; it fits when on-ag6, s4 or s8 is removed")
+    with pytest.raises(NoRoom):  # a create that does not wait is held off those IPUs too
+        pod.partitions.create(PartitionRequest("now", 1))
+    pod.partitions.remove("on-ag2")  # big starts at once, on what was held for it
+    assert wait(queued, "big").agent_ids == ["ag1", "ag2", "ag3", "ag4"]
+    assert queued.wait("s1", 0.2).waiting.position == 1  # nothing is free for it yet
+    pod.partitions.remove("on-ag6")
+    assert wait(queued, "s1").agent_ids == ["ag6"]
+
+
+def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod, queued):
+    pod.partitions.create(PartitionRequest("x", 16))
+    pod.partitions.create(PartitionRequest("y", 16))
+    queue_up(queued, "big", 32)
+    queue_up(queued, "later", 4)
+    held = queued.queue.get("big").held
+    assert len(held) == 32
+    # A new controller on the same store: it finds the queue, in order, and what is held for the first.
+    again = Dispatching(PartitionService(pod.store, pod.hardware, set()))
+    try:
+        assert [(w.request.partition_id, w.position) for w in again.requests.list()] == [("big", 1), ("later", 2)]
+        assert again.requests.queue.get("big").held == held
+        again.requests.partitions.remove("x")
+        again.requests.partitions.remove("y")
+        assert wait(again.requests, "big").ready_state is ReadyState.ACTIVE
+    finally:
+        again.close()
+
+
+def test_a_waiting_request_is_cancelled_by_its_user_or_an_administrator_only(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "a", 4, ALICE)
+    queue_up(queued, "b", 4, BOB)
+    assert [(w.request.partition_id, w.request.owner, w.position) for w in queued.list(access=BOB)] == [("a", "alice", 1),
+                                                                                                      ("b", "bob", 2)]
+    assert queued.list(access=CAROL) == []
+    with pytest.raises(PermissionDenied, match="the request of partition a is user alice's; only its owner or an administrator"):
+        queued.cancel("a", BOB)
+    with pytest.raises(NotFound, match="no request of partition a waits"):
+        queued.cancel("a", CAROL)
+    with pytest.raises(AlreadyExists, match="partition a already waits for room in allocation a1"):
+        pod.partitions.create(PartitionRequest("a", 1), BOB)
+    queued.cancel("a", ALICE)
+    with pytest.raises(Conflict, match="the request of partition a was cancelled by alice"):
+        queued.wait("a", 1, ALICE)
+    queued.remove("b", access=ANYONE)  # removing a partition that only waits cancels its request
+    assert queued.list() == []
+    with pod.store.reading() as tx:
+        assert tx.list_requests() == []
+    pod.partitions.remove("full")
+    with pytest.raises(NotFound):
+        pod.partitions.get("a")
+
+
+def test_a_request_goes_at_its_deadline_saying_why_it_waited(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "late", 8, seconds=1)
+    with pytest.raises(NoRoom, match=r"^no room for partition late after waiting 1 s: first in the queue, ag1-ag2 held for it; "
+                                     r"no free 8-IPU run in allocation a1: all 32 of its IPUs are in use; it fits when full is removed$"):
+        wait(queued, "late")
+    assert queued.list() == []
+
+
+def test_bad_waits_are_refused_and_requests_that_never_fit_do_not_wait(pod, queued):
+    for seconds in (-1, 8 * 24 * 3600):
+        with pytest.raises(InvalidArgument, match="a request waits from 1 s to 604800 s"):
+            queued.create(PartitionRequest("p", 4), wait_seconds=seconds)
+    with pytest.raises(InvalidArgument, match="larger than the cluster's 32 IPUs"):
+        queued.create(PartitionRequest("p", 64), wait_seconds=10)
+    with pytest.raises(NotFound, match="partition nope does not exist and no request of it waits"):
+        queued.wait("nope", 1)
+    assert queued.list() == []
+
+
+def test_racing_waiting_requests_and_removals_each_start_once_on_ipus_of_their_own(pod, queued):
+    """16 clients at once ask for 4 IPUs each, willing to wait, while the 8 machines' partitions go."""
+    for n in range(1, MACHINES + 1):
+        pod.partitions.create(on_machine(n))
+    start = threading.Barrier(16 + 1)
+
+    def ask(n: int) -> None:
+        start.wait()
+        queued.create(PartitionRequest(f"w{n}", 4), wait_seconds=60)
+
+    with ThreadPoolExecutor(16) as pool:
+        asked = [pool.submit(ask, n) for n in range(16)]
+        start.wait()
+        for n in range(1, MACHINES + 1):
+            pod.partitions.remove(f"on-ag{n}")
+        for future in asked:
+            future.result()
+    until(queued, lambda: len(queued.list()) == 16 - MACHINES)
+    first_wave = sorted(p.id for p in pod.partitions.list())
+    assert len(first_wave) == MACHINES and all(wait(queued, name).ready_state is ReadyState.ACTIVE for name in first_wave)
+    for name in first_wave:
+        pod.partitions.remove(name)
+    second_wave = sorted(f"w{n}" for n in range(16) if f"w{n}" not in first_wave)
+    assert all(wait(queued, name).ready_state is ReadyState.ACTIVE for name in second_wave)
+    assert sorted(p.id for p in pod.partitions.list()) == second_wave and queued.list() == []
+    assert [len(pod.held(f"ag{m}")) for m in range(1, MACHINES + 1)] == [1] * MACHINES  # each machine one partition
+
+
+def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with_nothing_lost(pod, queued):
+    """Round after round, the partition in the way goes while its waiting request is cancelled: the
+    request either became its partition or went, never both, and the store, the ledger and the
+    machines agree."""
+    outcomes = set()
+    for _ in range(12):
+        pod.partitions.create(PartitionRequest("full", 32))
+        queue_up(queued, "r", 32)
+        start = threading.Barrier(2)
+
+        def free(start=start) -> None:
+            start.wait()
+            pod.partitions.remove("full")
+
+        def cancel(start=start) -> None:
+            start.wait()
+            with contextlib.suppress(Conflict, NotFound, Unavailable):  # it started first
+                queued.cancel("r")
+
+        with ThreadPoolExecutor(2) as pool:
+            for done in [pool.submit(free), pool.submit(cancel)]:
+                done.result()
+        until(queued, lambda: queued.queue.get("r") is None and (
+            (p := pod.partitions.ledger.get("r")) is None or p.ready_state is ReadyState.ACTIVE))
+        with pod.store.reading() as tx:
+            assert tx.list_requests() == []
+            assert [p.id for p in tx.list_partitions()] == [p.id for p in pod.partitions.list()]
+        started = pod.partitions.ledger.get("r") is not None
+        outcomes.add(started)
+        if started:
+            assert pod.held_anywhere("r") == [f"ag{m}" for m in range(1, MACHINES + 1)]
+            pod.partitions.remove("r")
+        assert pod.partitions.list() == [] and not any(pod.partitions.ledger.used_ipus("a1").values())
+        assert all(pod.held(f"ag{m}") == set() for m in range(1, MACHINES + 1))
+    assert outcomes  # which way each round went is the race's; both are correct
+
+
+def test_a_waiting_relocatable_request_granted_onto_a_failing_machine_starts_elsewhere(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    assert isinstance(queued.create(PartitionRequest("r", 4, relocatable=True), wait_seconds=60), Waiting)
+    pod.fault("m01", "IPU 2 failed")  # where r would go
+    pod.partitions.remove("full")
+    partition = wait(queued, "r")
+    assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+    assert partition.relocation.startswith("moved from ag1 to ag2 on ") and partition.relocation.endswith(
+        "UTC: agent ag1: m01: IPU 2 failed")
