@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sqlite3
 import threading
 import time
@@ -89,6 +90,8 @@ from vipu.store.schema import (
     UserAllocationRow,
     UserRow,
 )
+
+log = logging.getLogger(__name__)
 
 LAST_TEST_RUN = "last"
 # What a committed write changed, besides partitions, as `Store.on_commit` is told.
@@ -401,8 +404,15 @@ class Transaction:
             self._connection.commit()
         if self._changed_configuration:
             self._cache.changed()
+
+    def _tell_committed(self) -> None:
+        """Tell `Store.on_commit` what this transaction, now committed, changed. The write stands
+        whatever the hook does, so its failure is logged, never raised in the writer."""
         if self._changed and self._on_commit is not None:
-            self._on_commit(frozenset(self._changed))
+            try:
+                self._on_commit(frozenset(self._changed))
+            except Exception:
+                log.exception("telling of a committed change failed")
 
     def _close(self) -> None:
         """Release the session and the connection; what was not committed is rolled back."""
@@ -772,7 +782,7 @@ class Store:
                            else "SELECT extract(epoch from clock_timestamp())::float8")
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
-        # Told, after each write transaction commits, what it changed besides partitions (those
+        # Told, after each write transaction has committed, what it changed besides partitions (those
         # the ledger reports): CONFIGURATION_CHANGED, USERS_CHANGED, TESTS_CHANGED. Live views hang on it.
         self.on_commit: Callable[[frozenset[str]], None] | None = None
         self._initialise()
@@ -865,6 +875,7 @@ class Store:
             raise self._refusal(error) from error
         finally:
             tx._close()
+        tx._tell_committed()
 
     def _refusal(self, error: IntegrityError | OperationalError) -> VipuError:
         """What the caller of a write the database refused is told."""

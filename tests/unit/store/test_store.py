@@ -158,6 +158,23 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}, "ag2": {0, 1, 2, 3}}
 
 
+def test_the_commit_hook_is_told_after_the_commit_and_its_failure_leaves_the_write_standing(populated, caplog):
+    seen = []
+
+    def failing_hook(changed: frozenset[str]) -> None:
+        with populated.reading() as tx:  # another connection: the write is committed by now
+            seen.append((changed, tx.get_agent("ag9") is not None))
+        raise RuntimeError("a live view's listener broke")
+
+    populated.on_commit = failing_hook
+    with populated.transaction() as tx:
+        tx.add_agent(agent(9))
+    assert seen == [(frozenset({"configuration"}), True)]
+    assert "telling of a committed change failed" in caplog.text and "a live view's listener broke" in caplog.text
+    with populated.reading() as tx:
+        assert tx.get_agent("ag9") is not None
+
+
 def test_no_statement_waits_past_the_stores_deadline(store):
     with store.transaction() as tx:
         if store.is_sqlite:
