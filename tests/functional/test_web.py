@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import Pod
+from tests.functional.harness import PROMPTLY, Pod, wait_until
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.client.settings import parse_hcl
 
@@ -164,11 +164,16 @@ def secure_dashboard(tmp_path_factory):
         keys = {"admin": pod.admin_key}
         for user, allocation in (("alice", "a1"), ("carol", "a2")):
             assert pod.admin("create", "user", user, "--allocations", allocation).code == 0  # writes USER.vipu-cli.hcl
-            config = pod.directory / f"{user}.vipu-cli.hcl"
-            keys[user] = str(parse_hcl(config.read_text(), str(config))["api-access-key"])
+            keys[user] = key_in(pod, user)
         yield pod, pod.start_web(), keys
     finally:
         pod.stop()
+
+
+def key_in(pod: Pod, user: str) -> str:
+    """The key in the user's configuration file, as vipu-admin last wrote it."""
+    config = pod.directory / f"{user}.vipu-cli.hcl"
+    return str(parse_hcl(config.read_text(), str(config))["api-access-key"])
 
 
 def log_in(page, user: str, key: str) -> None:
@@ -221,5 +226,32 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         log_in(administrator, "admin", keys["admin"])
         administrator.wait_for_selector(".machine")
         assert administrator.locator(".machine").count() == 4 and administrator.locator(".ipu[data-partition=pc]").count() == 4
+    finally:
+        browser.close()
+
+
+def test_in_secure_mode_a_replaced_key_ends_the_session_at_once_after_a_single_refusal(secure_dashboard, playwright):
+    pod, url, _ = secure_dashboard
+    assert pod.admin("create", "user", "dave", "--allocations", "a1").code == 0
+    browser = launch(playwright, *trusting(pod.tls.server_cert))
+    try:
+        page = browser.new_context(base_url=url).new_page()
+        log_in(page, "dave", key_in(pod, "dave"))
+        page.wait_for_selector(".machine")
+        live(page)
+
+        def refusals() -> int:  # the controller's log line for each login of dave's it refused
+            return (pod.directory / "server.log").read_text().count("authentication of user 'dave'")
+
+        assert pod.admin("update", "user", "dave", "--rotate-key").code == 0
+        page.wait_for_url(f"{url}/login?next=/", timeout=PROMPTLY * 1000)  # the open page, told, asks to log in
+        wait_until(lambda: "vipu-server refuses the key of dave" in (pod.directory / "web.log").read_text(), timeout=PROMPTLY,
+                   what="vipu-web to stop using the old key")
+        assert refusals() == 1  # the watch placed again after the change of users, and nothing after it
+        page.goto("/partitions")
+        assert page.url.startswith(f"{url}/login")
+        log_in(page, "dave", key_in(pod, "dave"))  # the new key: not locked out
+        page.wait_for_selector(".machine")
+        assert refusals() == 1
     finally:
         browser.close()
