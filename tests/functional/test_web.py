@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 import time
@@ -151,6 +152,21 @@ def test_a_form_posted_from_another_site_is_refused(dashboard):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(forged, timeout=10)
     assert refused.value.code == 403
+
+
+def test_a_form_over_4_kb_is_refused_before_its_body_is_read(dashboard):
+    pod, url = dashboard
+    with socket.create_connection(("127.0.0.1", pod.web_port), timeout=10) as raw:
+        raw.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                    b"Content-Length: 1000000000\r\n\r\nuser=")  # a gigabyte said, five bytes sent
+        answer = http.client.HTTPResponse(raw)
+        answer.begin()  # at once: not after a gigabyte, nor at the deadline
+        assert (answer.status, answer.read()) == (413, b"refused: a form larger than 4096 bytes")
+    unsaid = urllib.request.Request(f"{url}/login", data=iter([b"user=" + b"u" * 3000, b"&key=" + b"k" * 3000]), method="POST",
+                                    headers={"Content-Type": "application/x-www-form-urlencoded"})  # chunked: no length said
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(unsaid, timeout=10)
+    assert refused.value.code == 413
 
 
 @pytest.fixture(scope="module")

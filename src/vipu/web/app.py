@@ -49,6 +49,10 @@ class LoginNeeded(Exception):
     pass
 
 
+class FormTooLarge(Exception):
+    pass
+
+
 def age(created) -> str:
     """How long ago a protobuf Timestamp was, as a person says it."""
     if not created.seconds:
@@ -85,6 +89,10 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     @app.exception_handler(LoginNeeded)
     async def to_login(request: Request, _: LoginNeeded):
         return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+
+    @app.exception_handler(FormTooLarge)
+    async def too_large(request: Request, _: FormTooLarge):
+        return Response(f"refused: a form larger than {MAX_FORM_BYTES} bytes", status_code=413)
 
     def source_of(request: Request) -> Source:
         source = sessions.source(request.cookies.get(COOKIE))
@@ -287,9 +295,16 @@ def _same_origin(request: Request) -> bool:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        return {}
+    """The fields of a posted form; FormTooLarge past MAX_FORM_BYTES, as soon as its Content-Length
+    says so or its body grows past it (the login is posted by anyone, before any session)."""
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_FORM_BYTES:
+        raise FormTooLarge()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormTooLarge()
     return {key: values[-1] for key, values in parse_qs(body.decode(errors="replace")).items()}
 
 
