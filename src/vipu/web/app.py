@@ -230,32 +230,39 @@ async def _changes(source: Source, since: int, still_valid) -> AsyncIterator[str
     while the source is not watching, `change` of every part every RETRY_SECONDS (the page
     polls); `ended` when the session has."""
     loop = asyncio.get_running_loop()
-    changed: asyncio.Queue[set[str]] = asyncio.Queue()
+    pending: set[str] = set()  # the parts changed since the page was last told: one set, however many changes
+    changed = asyncio.Event()
+
+    def add(parts: set[str]) -> None:
+        pending.update(parts)
+        changed.set()
 
     def heard(parts: set[str]) -> None:  # on the watch's thread
         with contextlib.suppress(RuntimeError):  # the server has stopped, and its loop with it
-            loop.call_soon_threadsafe(changed.put_nowait, parts)
+            loop.call_soon_threadsafe(add, parts)
 
     stop = source.listen(heard)
     if source.version != since:  # changed between the page's drawing and now
-        changed.put_nowait(set(PARTS))
+        add(set(PARTS))
     try:
         yield f"retry: {int(RETRY_SECONDS * 1000)}\n\n"
         while True:
             yield f"event: state\ndata: {'live' if source.watching else 'polling'}\n\n"
             try:
-                parts = await asyncio.wait_for(changed.get(), HEARTBEAT_SECONDS if source.watching else RETRY_SECONDS)
+                await asyncio.wait_for(changed.wait(), HEARTBEAT_SECONDS if source.watching else RETRY_SECONDS)
             except TimeoutError:
-                parts = set() if source.watching else set(PARTS)
+                if not source.watching:
+                    add(set(PARTS))
             if not still_valid():
                 yield "event: ended\ndata: \n\n"
                 return
-            if not parts:
+            if not changed.is_set():
                 yield ": quiet\n\n"
                 continue
             await asyncio.sleep(THROTTLE_SECONDS)  # a burst of changes becomes one redraw
-            while not changed.empty():
-                parts |= changed.get_nowait()
+            parts = set(pending)
+            pending.clear()
+            changed.clear()
             yield f"event: change\ndata: {json.dumps(sorted(parts))}\n\n"
     finally:
         stop()
