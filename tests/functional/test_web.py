@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
 from tests.functional.harness import PROMPTLY, Pod, wait_until
+from tests.ports import free_port
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.client.settings import parse_hcl
 
+ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 LIVE_SECONDS = 2.0  # a change appears on an open page within this, without a reload
 
@@ -167,6 +172,15 @@ def test_a_form_over_4_kb_is_refused_before_its_body_is_read(dashboard):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(unsaid, timeout=10)
     assert refused.value.code == 413
+
+
+@pytest.mark.parametrize("argument", ["--help", "--tls-init"])
+def test_scripts_pod_starts_no_dashboard_beside_a_vipu_server_that_only_sets_up_or_explains(argument, tmp_path):
+    done = subprocess.run([str(ROOT / "scripts" / "pod"), argument, "--tls-dir", str(tmp_path / "certs")], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**os.environ, "VIPU_WEB_PORT": str(free_port())})
+    assert done.returncode == 0, done.stderr
+    assert "Usage: vipu-server" in done.stdout if argument == "--help" else (tmp_path / "certs" / "ca").is_dir()
+    assert "the dashboard" not in done.stderr and "vipu-web" not in done.stderr
 
 
 @pytest.fixture(scope="module")
