@@ -46,7 +46,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 from sqlalchemy.orm import Session, sessionmaker
 
 from vipu.model import lifecycle
-from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
+from vipu.model.clustertests import CableVerdict, CableVerdicts, Outcome, RunState, Status, TestRun, TestType
 from vipu.model.entities import (
     Agent,
     AgentStatus,
@@ -80,6 +80,7 @@ from vipu.store.schema import (
     AllocationAgentRow,
     AllocationRow,
     Base,
+    CableVerdictsRow,
     ClusterAgentRow,
     ClusterRow,
     ClusterTestRunRow,
@@ -715,6 +716,22 @@ class Transaction:
              "summary": list(o.summary), "duration": o.duration, "cables": o.cable_failures}
             for o in run.outcomes
         ]
+
+    def get_cable_verdicts(self, cluster_id: str) -> CableVerdicts | None:
+        row = self.session.get(CableVerdictsRow, cluster_id)
+        if row is None:
+            return None
+        return CableVerdicts(RunState(row.run_state),
+                             {key: (CableVerdict(cable["verdict"]), tuple(cable["lines"])) for key, cable in row.cables.items()})
+
+    def save_cable_verdicts(self, cluster_id: str, verdicts: CableVerdicts) -> None:
+        self._changed.add(TESTS_CHANGED)
+        row = self.session.get(CableVerdictsRow, cluster_id)
+        if row is None:
+            row = CableVerdictsRow(cluster_id=cluster_id)
+            self.session.add(row)
+        row.run_state = verdicts.run_state.value
+        row.cables = {key: {"verdict": verdict.value, "lines": list(lines)} for key, (verdict, lines) in verdicts.cables.items()}
 
     def _flush(self, conflict_message: str) -> None:
         try:

@@ -337,6 +337,29 @@ def test_the_last_cluster_test_is_kept_and_replaced(store, store_url):
         reopened.close()
 
 
+def test_each_clusters_cable_verdicts_are_kept_and_go_with_the_cluster(populated, store_url):
+    from vipu.model.clustertests import CableVerdict, CableVerdicts, RunState
+
+    verdicts = CableVerdicts(RunState.FINISHED, {"IPU-Link ag1:5 ag2:1": (CableVerdict.FAILED, ("Cabling: ag1:5 <--> ag2:1",)),
+                                                 "Sync-Link ag1:6 ag2:2": (CableVerdict.PASSED, ())})
+    with populated.transaction() as tx:
+        assert tx.get_cable_verdicts("cl0") is None
+        tx.save_cable_verdicts("cl0", CableVerdicts(RunState.RUNNING))
+        tx.save_cable_verdicts("cl0", verdicts)  # replaced
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert tx.get_cable_verdicts("cl0") == verdicts
+        with reopened.transaction() as tx:
+            tx.delete_allocation("a1")
+            tx.delete_cluster("cl0")
+        with reopened.reading() as tx:
+            assert tx.get_cable_verdicts("cl0") is None
+    finally:
+        reopened.close()
+
+
 def test_users_their_grants_and_credentials(populated):
     from vipu.model.entities import Role, User
     from vipu.store.store import Credential
