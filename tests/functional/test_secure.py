@@ -27,7 +27,7 @@ from tests.functional.harness import (
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2, agent_pb2, agent_pb2_grpc
 from vipu.api.tls import TlsFiles, agent_channel_credentials, generate, issue
-from vipu.client import Unauthenticated, UserClient
+from vipu.client import Unauthenticated, Unavailable, UserClient
 from vipu.client.settings import parse_hcl
 
 
@@ -150,6 +150,34 @@ def test_a_watch_of_changes_tells_each_user_only_what_they_may_see_and_ends_with
         carol_watch.cancel()
         alice.close()
         carol.close()
+
+
+def test_a_user_watches_at_most_twice_at_once_and_a_cancelled_watch_frees_its_place_at_once(pod, tenants):
+    alice, bob = (UserClient.connect(config=tenants[user]) for user in ("alice", "bob"))
+    streams = []
+
+    def placed(client: UserClient) -> bool:
+        stream = client.watch_changes()
+        try:
+            next(iter(stream))
+        except Unavailable:
+            return False
+        streams.append(stream)
+        return True
+
+    try:
+        assert placed(alice) and placed(alice)
+        with pytest.raises(Unavailable, match="user alice watches this controller's changes 2 times already, as often as one user"):
+            next(iter(alice.watch_changes()))
+        assert placed(bob)  # a share of his own
+        streams[0].cancel()
+        # Well within the 10 s heartbeat, the first time the watch would otherwise have looked.
+        wait_until(lambda: placed(alice), timeout=PROMPTLY, what="the cancelled watch's place")
+    finally:
+        for stream in streams:
+            stream.cancel()
+        alice.close()
+        bob.close()
 
 
 def test_every_refusal_names_its_cause_and_changes_nothing(pod, tenants, tmp_path):

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import http.client
+import os
 import socket
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import Pod
+from tests.functional.harness import PROMPTLY, Pod, wait_until
+from tests.ports import free_port
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.client.settings import parse_hcl
 
+ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 LIVE_SECONDS = 2.0  # a change appears on an open page within this, without a reload
 
@@ -153,6 +159,30 @@ def test_a_form_posted_from_another_site_is_refused(dashboard):
     assert refused.value.code == 403
 
 
+def test_a_form_over_4_kb_is_refused_before_its_body_is_read(dashboard):
+    pod, url = dashboard
+    with socket.create_connection(("127.0.0.1", pod.web_port), timeout=10) as raw:
+        raw.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                    b"Content-Length: 1000000000\r\n\r\nuser=")  # a gigabyte said, five bytes sent
+        answer = http.client.HTTPResponse(raw)
+        answer.begin()  # at once: not after a gigabyte, nor at the deadline
+        assert (answer.status, answer.read()) == (413, b"refused: a form larger than 4096 bytes")
+    unsaid = urllib.request.Request(f"{url}/login", data=iter([b"user=" + b"u" * 3000, b"&key=" + b"k" * 3000]), method="POST",
+                                    headers={"Content-Type": "application/x-www-form-urlencoded"})  # chunked: no length said
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(unsaid, timeout=10)
+    assert refused.value.code == 413
+
+
+@pytest.mark.parametrize("argument", ["--help", "--tls-init"])
+def test_scripts_pod_starts_no_dashboard_beside_a_vipu_server_that_only_sets_up_or_explains(argument, tmp_path):
+    done = subprocess.run([str(ROOT / "scripts" / "pod"), argument, "--tls-dir", str(tmp_path / "certs")], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**os.environ, "VIPU_WEB_PORT": str(free_port())})
+    assert done.returncode == 0, done.stderr
+    assert "Usage: vipu-server" in done.stdout if argument == "--help" else (tmp_path / "certs" / "ca").is_dir()
+    assert "the dashboard" not in done.stderr and "vipu-web" not in done.stderr
+
+
 @pytest.fixture(scope="module")
 def secure_dashboard(tmp_path_factory):
     """A secure controller of 4 machines: allocations a1 (ag1, ag2) for alice and a2 (ag3, ag4) for carol."""
@@ -164,11 +194,16 @@ def secure_dashboard(tmp_path_factory):
         keys = {"admin": pod.admin_key}
         for user, allocation in (("alice", "a1"), ("carol", "a2")):
             assert pod.admin("create", "user", user, "--allocations", allocation).code == 0  # writes USER.vipu-cli.hcl
-            config = pod.directory / f"{user}.vipu-cli.hcl"
-            keys[user] = str(parse_hcl(config.read_text(), str(config))["api-access-key"])
+            keys[user] = key_in(pod, user)
         yield pod, pod.start_web(), keys
     finally:
         pod.stop()
+
+
+def key_in(pod: Pod, user: str) -> str:
+    """The key in the user's configuration file, as vipu-admin last wrote it."""
+    config = pod.directory / f"{user}.vipu-cli.hcl"
+    return str(parse_hcl(config.read_text(), str(config))["api-access-key"])
 
 
 def log_in(page, user: str, key: str) -> None:
@@ -221,5 +256,32 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         log_in(administrator, "admin", keys["admin"])
         administrator.wait_for_selector(".machine")
         assert administrator.locator(".machine").count() == 4 and administrator.locator(".ipu[data-partition=pc]").count() == 4
+    finally:
+        browser.close()
+
+
+def test_in_secure_mode_a_replaced_key_ends_the_session_at_once_after_a_single_refusal(secure_dashboard, playwright):
+    pod, url, _ = secure_dashboard
+    assert pod.admin("create", "user", "dave", "--allocations", "a1").code == 0
+    browser = launch(playwright, *trusting(pod.tls.server_cert))
+    try:
+        page = browser.new_context(base_url=url).new_page()
+        log_in(page, "dave", key_in(pod, "dave"))
+        page.wait_for_selector(".machine")
+        live(page)
+
+        def refusals() -> int:  # the controller's log line for each login of dave's it refused
+            return (pod.directory / "server.log").read_text().count("authentication of user 'dave'")
+
+        assert pod.admin("update", "user", "dave", "--rotate-key").code == 0
+        page.wait_for_url(f"{url}/login?next=/", timeout=PROMPTLY * 1000)  # the open page, told, asks to log in
+        wait_until(lambda: "vipu-server refuses the key of dave" in (pod.directory / "web.log").read_text(), timeout=PROMPTLY,
+                   what="vipu-web to stop using the old key")
+        assert refusals() == 1  # the watch placed again after the change of users, and nothing after it
+        page.goto("/partitions")
+        assert page.url.startswith(f"{url}/login")
+        log_in(page, "dave", key_in(pod, "dave"))  # the new key: not locked out
+        page.wait_for_selector(".machine")
+        assert refusals() == 1
     finally:
         browser.close()

@@ -33,6 +33,11 @@ class Stream:
                 return
             raise self._explained(error) from None
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether `cancel()` ended it (its iteration then simply stops)."""
+        return self._cancelled
+
     def cancel(self) -> None:
         self._cancelled = True
         self._call.cancel()

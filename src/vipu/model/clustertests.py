@@ -6,7 +6,9 @@ observations with what the cluster's topology expects, count the elements as see
 (14 Sync-Link cables and 28 cables in an 8-machine mesh, 16 links inside each machine, traffic
 windows of 16 IPUs sliding by two machines), and word the summary lines the CLI prints. Each
 outcome also keeps the lines about each cable it failed, so that a cluster's cabling can be shown
-with every cable's verdict (`cable_results`).
+with every cable's verdict: each cluster keeps, for each of its cables, the verdict of the last
+of its tests that judged it (`CableVerdicts`), which a test of another cluster, or one judging
+other kinds of cable, leaves as it was.
 
 An agent that did not answer has `None` for its observations; every element that needs it fails.
 """
@@ -422,3 +424,24 @@ def cable_results(layout: ClusterLayout, outcomes: list[Outcome]) -> list[CableR
         verdict = CableVerdict.FAILED if lines else CableVerdict.PASSED if cable.kind in judged else CableVerdict.UNTESTED
         results.append(CableResult(cable, verdict, lines))
     return results
+
+
+@dataclass
+class CableVerdicts:
+    """What one cluster's tests last said of each of its cables they judged, kept across runs."""
+
+    run_state: RunState  # the cluster's latest run's
+    cables: dict[str, tuple[CableVerdict, tuple[str, ...]]] = field(default_factory=dict)  # Cable.key -> verdict, lines
+
+
+def kept_verdicts(kept: CableVerdicts | None, layout: ClusterLayout, run: TestRun) -> CableVerdicts:
+    """A cluster's verdicts once `run` of it (perhaps under way) has judged what it has so far:
+    each cable it judged takes its verdict; the others keep theirs."""
+    judged = {r.cable.key: (r.verdict, r.lines) for r in cable_results(layout, run.outcomes) if r.verdict is not CableVerdict.UNTESTED}
+    return CableVerdicts(run.state, {**(kept.cables if kept is not None else {}), **judged})
+
+
+def kept_results(layout: ClusterLayout, kept: CableVerdicts | None) -> list[CableResult]:
+    """Every cable the cluster expects, with its kept verdict; untested when no test of the cluster judged it."""
+    cables = kept.cables if kept is not None else {}
+    return [CableResult(cable, *cables.get(cable.key, (CableVerdict.UNTESTED, ()))) for cable in layout.cables()]

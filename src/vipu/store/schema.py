@@ -34,8 +34,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 7  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
-# 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation
+SCHEMA_VERSION = 8  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+# 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
+# 8: cable_verdicts
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -181,6 +182,16 @@ class ClusterTestRunRow(Base):
     state: Mapped[str] = mapped_column(String(16))
     tests: Mapped[list] = mapped_column(JSON)
     outcomes: Mapped[list] = mapped_column(JSON)
+
+
+class CableVerdictsRow(Base):
+    """Each cluster's cables as its tests last judged them (`vipu.model.clustertests.CableVerdicts`),
+    gone with the cluster."""
+
+    __tablename__ = "cable_verdicts"
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True)
+    run_state: Mapped[str] = mapped_column(String(16))
+    cables: Mapped[dict] = mapped_column(JSON)  # Cable.key -> {"verdict": ..., "lines": [...]}
 
 
 class UserRow(Base):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sqlite3
 import threading
 import time
@@ -45,7 +46,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 from sqlalchemy.orm import Session, sessionmaker
 
 from vipu.model import lifecycle, queue
-from vipu.model.clustertests import Outcome, RunState, Status, TestRun, TestType
+from vipu.model.clustertests import CableVerdict, CableVerdicts, Outcome, RunState, Status, TestRun, TestType
 from vipu.model.entities import (
     Agent,
     AgentStatus,
@@ -81,6 +82,7 @@ from vipu.store.schema import (
     AllocationAgentRow,
     AllocationRow,
     Base,
+    CableVerdictsRow,
     ClusterAgentRow,
     ClusterRow,
     ClusterTestRunRow,
@@ -92,6 +94,8 @@ from vipu.store.schema import (
     UserAllocationRow,
     UserRow,
 )
+
+log = logging.getLogger(__name__)
 
 LAST_TEST_RUN = "last"
 # What a committed write changed, besides partitions, as `Store.on_commit` is told.
@@ -441,8 +445,15 @@ class Transaction:
             self._connection.commit()
         if self._changed_configuration:
             self._cache.changed()
+
+    def _tell_committed(self) -> None:
+        """Tell `Store.on_commit` what this transaction, now committed, changed. The write stands
+        whatever the hook does, so its failure is logged, never raised in the writer."""
         if self._changed and self._on_commit is not None:
-            self._on_commit(frozenset(self._changed))
+            try:
+                self._on_commit(frozenset(self._changed))
+            except Exception:
+                log.exception("telling of a committed change failed")
 
     def _close(self) -> None:
         """Release the session and the connection; what was not committed is rolled back."""
@@ -802,6 +813,22 @@ class Transaction:
             for o in run.outcomes
         ]
 
+    def get_cable_verdicts(self, cluster_id: str) -> CableVerdicts | None:
+        row = self.session.get(CableVerdictsRow, cluster_id)
+        if row is None:
+            return None
+        return CableVerdicts(RunState(row.run_state),
+                             {key: (CableVerdict(cable["verdict"]), tuple(cable["lines"])) for key, cable in row.cables.items()})
+
+    def save_cable_verdicts(self, cluster_id: str, verdicts: CableVerdicts) -> None:
+        self._changed.add(TESTS_CHANGED)
+        row = self.session.get(CableVerdictsRow, cluster_id)
+        if row is None:
+            row = CableVerdictsRow(cluster_id=cluster_id)
+            self.session.add(row)
+        row.run_state = verdicts.run_state.value
+        row.cables = {key: {"verdict": verdict.value, "lines": list(lines)} for key, (verdict, lines) in verdicts.cables.items()}
+
     def _flush(self, conflict_message: str) -> None:
         try:
             self.session.flush()
@@ -868,7 +895,7 @@ class Store:
                            else "SELECT extract(epoch from clock_timestamp())::float8")
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
-        # Told, after each write transaction commits, what it changed besides partitions (those
+        # Told, after each write transaction has committed, what it changed besides partitions (those
         # the ledger reports): CONFIGURATION_CHANGED, USERS_CHANGED, TESTS_CHANGED. Live views hang on it.
         self.on_commit: Callable[[frozenset[str]], None] | None = None
         self._initialise()
@@ -961,6 +988,7 @@ class Store:
             raise self._refusal(error) from error
         finally:
             tx._close()
+        tx._tell_committed()
 
     def _refusal(self, error: IntegrityError | OperationalError) -> VipuError:
         """What the caller of a write the database refused is told."""

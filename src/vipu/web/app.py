@@ -49,6 +49,10 @@ class LoginNeeded(Exception):
     pass
 
 
+class FormTooLarge(Exception):
+    pass
+
+
 def age(created) -> str:
     """How long ago a protobuf Timestamp was, as a person says it."""
     if not created.seconds:
@@ -85,6 +89,10 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     @app.exception_handler(LoginNeeded)
     async def to_login(request: Request, _: LoginNeeded):
         return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+
+    @app.exception_handler(FormTooLarge)
+    async def too_large(request: Request, _: FormTooLarge):
+        return Response(f"refused: a form larger than {MAX_FORM_BYTES} bytes", status_code=413)
 
     def source_of(request: Request) -> Source:
         source = sessions.source(request.cookies.get(COOKIE))
@@ -222,32 +230,39 @@ async def _changes(source: Source, since: int, still_valid) -> AsyncIterator[str
     while the source is not watching, `change` of every part every RETRY_SECONDS (the page
     polls); `ended` when the session has."""
     loop = asyncio.get_running_loop()
-    changed: asyncio.Queue[set[str]] = asyncio.Queue()
+    pending: set[str] = set()  # the parts changed since the page was last told: one set, however many changes
+    changed = asyncio.Event()
+
+    def add(parts: set[str]) -> None:
+        pending.update(parts)
+        changed.set()
 
     def heard(parts: set[str]) -> None:  # on the watch's thread
         with contextlib.suppress(RuntimeError):  # the server has stopped, and its loop with it
-            loop.call_soon_threadsafe(changed.put_nowait, parts)
+            loop.call_soon_threadsafe(add, parts)
 
     stop = source.listen(heard)
     if source.version != since:  # changed between the page's drawing and now
-        changed.put_nowait(set(PARTS))
+        add(set(PARTS))
     try:
         yield f"retry: {int(RETRY_SECONDS * 1000)}\n\n"
         while True:
             yield f"event: state\ndata: {'live' if source.watching else 'polling'}\n\n"
             try:
-                parts = await asyncio.wait_for(changed.get(), HEARTBEAT_SECONDS if source.watching else RETRY_SECONDS)
+                await asyncio.wait_for(changed.wait(), HEARTBEAT_SECONDS if source.watching else RETRY_SECONDS)
             except TimeoutError:
-                parts = set() if source.watching else set(PARTS)
+                if not source.watching:
+                    add(set(PARTS))
             if not still_valid():
                 yield "event: ended\ndata: \n\n"
                 return
-            if not parts:
+            if not changed.is_set():
                 yield ": quiet\n\n"
                 continue
             await asyncio.sleep(THROTTLE_SECONDS)  # a burst of changes becomes one redraw
-            while not changed.empty():
-                parts |= changed.get_nowait()
+            parts = set(pending)
+            pending.clear()
+            changed.clear()
             yield f"event: change\ndata: {json.dumps(sorted(parts))}\n\n"
     finally:
         stop()
@@ -287,9 +302,16 @@ def _same_origin(request: Request) -> bool:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        return {}
+    """The fields of a posted form; FormTooLarge past MAX_FORM_BYTES, as soon as its Content-Length
+    says so or its body grows past it (the login is posted by anyone, before any session)."""
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_FORM_BYTES:
+        raise FormTooLarge()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormTooLarge()
     return {key: values[-1] for key, values in parse_qs(body.decode(errors="replace")).items()}
 
 

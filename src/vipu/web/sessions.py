@@ -6,7 +6,8 @@ key on the user end-point (a wrong one is refused there, costs its scrypt, and c
 controller's lockout of that user from the dashboard's address), and the viewer is an
 administrator when the admin end-point answers them too. The session's id, 256 random bits, is
 the browser's only token; the key stays in this process's memory with the viewer's `Source`,
-which the sessions of one user and key share, and is forgotten when their last session ends.
+which the sessions of one user and key share, and is forgotten when their last session ends; a
+key the controller refuses (replaced, or its user removed) ends its sessions at once.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Sessions:
             if source is None or source.refused or source.viewer.admin != is_admin:
                 if source is not None:
                     source.close()
-                source = self._sources[key] = Source(settings, self.admin_port, Viewer(user_id, is_admin))
+                source = self._sources[key] = Source(settings, self.admin_port, Viewer(user_id, is_admin), on_refused=self._forget)
             self._sessions[session_id] = Session(source, time.monotonic() + SESSION_SECONDS)
         return session_id
 
@@ -87,9 +88,17 @@ class Sessions:
             self._sessions.pop(session_id or "", None)
             self._expire(time.monotonic())
 
+    def _forget(self, source: Source) -> None:
+        """End the sessions of a source whose key the controller refuses (the source stops itself)."""
+        with self._lock:
+            for session_id in [s for s, session in self._sessions.items() if session.source is source]:
+                del self._sessions[session_id]
+            for key in [k for k, kept in self._sources.items() if kept is source]:
+                del self._sources[key]
+
     def _expire(self, now: float) -> None:
         """Forget ended sessions, and the sources no session uses any more (the caller holds the lock)."""
-        for session_id in [s for s, session in self._sessions.items() if session.expires <= now or session.source.refused]:
+        for session_id in [s for s, session in self._sessions.items() if session.expires <= now]:
             del self._sessions[session_id]
         used = {id(session.source) for session in self._sessions.values()}
         for key in [k for k, source in self._sources.items() if id(source) not in used]:

@@ -10,12 +10,21 @@ restarting, say) nothing is kept and pages read afresh, and the watch is tried a
 watch is in place its thread reads every part, so that the first page finds them read (reading
 again at every change would read more often than pages redraw). One part is read by one thread
 at a time; another wanting it meanwhile takes that read's result.
+
+The controller ends every watch after a change of users; the watch is placed again at once. A
+watch that hears nothing for `QUIET_SECONDS`, not even the controller's heartbeat, is given up as
+broken: a controller that vanished without closing its connection (its host lost, its process
+stopped) would otherwise leave the pages "Live" on what they last read. Once the controller
+refuses the viewer's key (replaced, or the user removed) the source stops at once and tells
+`on_refused`, which ends the viewer's sessions: every further try would cost the controller a
+scrypt and count towards its lockout of the user from the dashboard's address.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -27,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 2.0
 TIMEOUT_SECONDS = 15.0
+QUIET_SECONDS = 25.0  # the controller's heartbeat comes every 10 s: two of them missed, and then some
 
 # The parts of what a viewer sees, and the topics of WatchChanges that change each.
 PARTS = ("partitions", "allocations", "agents", "clusters", "tests")
@@ -52,8 +62,10 @@ def _tests(admin: AdminClient) -> admin_pb2.ClusterTestReport | None:
 
 
 class Source:
-    def __init__(self, settings: ClientSettings, admin_port: int, viewer: Viewer):
+    def __init__(self, settings: ClientSettings, admin_port: int, viewer: Viewer,
+                 on_refused: Callable[[Source], None] = lambda source: None):
         self.viewer = viewer
+        self.on_refused = on_refused
         self.user = UserClient(settings, timeout=TIMEOUT_SECONDS)
         self.admin = AdminClient(replace(settings, port=admin_port), timeout=TIMEOUT_SECONDS) if viewer.admin else None
         self.problem = ""  # why the watch is not in place, for the pages to say
@@ -67,10 +79,13 @@ class Source:
         self._watching = False
         self.version = 0  # counts the changes heard: a page drawn at one version learns of later ones when it listens
         self._listeners: set[Callable[[set[str]], None]] = set()
-        self._stream: Stream | None = None
+        self._stream: Stream | None = None  # the watch under way
+        self._heard_at = 0.0  # when it last said anything (time.monotonic)
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name=f"watch-{viewer.user_id or 'open'}", daemon=True)
+        name = viewer.user_id or "open"
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{name}", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._end_quiet_watches, name=f"watch-guard-{name}", daemon=True).start()
 
     # Reading
 
@@ -100,6 +115,8 @@ class Source:
         return self.admin
 
     def _read(self, part: str, fetch: Callable[[], object]):
+        if self.refused:  # asking again would only cost the controller a scrypt, and count as a failed login
+            raise Unauthenticated(self.problem)
         with self._lock:
             if self._watching and part in self._kept:
                 return self._kept[part]
@@ -110,8 +127,8 @@ class Source:
                 generation = self._generations[part]
             try:
                 value = fetch()
-            except Unauthenticated:
-                self.refused = True
+            except Unauthenticated as error:
+                self._refused(error.message)
                 raise
             with self._lock:
                 if self._watching and self._generations[part] == generation:  # no change heard while it was read
@@ -124,6 +141,8 @@ class Source:
         if self.admin is not None:
             readers += [self.agents, self.clusters, self.tests]
         for read in readers:
+            if self._closed.is_set():
+                return
             try:
                 read()
             except VipuError as error:  # a page reading it will meet the same and say so
@@ -162,30 +181,70 @@ class Source:
     def _watch(self) -> None:
         while not self._closed.is_set():
             try:
-                self._stream = self.user.watch_changes()
-                first = True
-                for change in self._stream:
-                    if first:  # in place: whatever was read before may have missed a change
-                        self.problem, first = "", False
-                        self._changed(set(PARTS), watching=True)
-                        self._read_all()
-                    elif change.topics:
-                        self._changed({p for topic in change.topics for p in _CHANGED_BY.get(topic, ())}, watching=True)
+                ended = self._follow()
             except Unauthenticated as error:
-                self.refused, self.problem = True, error.message
+                self._refused(error.message)
+                return
             except VipuError as error:
-                self.problem = error.message
+                ended = error.message
             if self._closed.is_set():
                 return
+            if ended is None:
+                continue
+            self.problem = ended
             self._changed(set(PARTS), watching=False)
-            if self.problem:
-                log.info("watching vipu-server's changes for %s: %s", self.viewer.user_id or "the dashboard", self.problem)
+            log.info("watching vipu-server's changes for %s: %s", self.viewer.user_id or "the dashboard", ended)
             self._closed.wait(RETRY_SECONDS)
+
+    def _follow(self) -> str | None:
+        """Place a watch and follow it to its end: None when it ended as designed, after a change
+        of users (to be placed again at once), else why it ended."""
+        stream = self.user.watch_changes()
+        with self._lock:
+            self._stream, self._heard_at = stream, time.monotonic()
+        first, users_changed = True, False
+        for change in stream:
+            with self._lock:
+                self._heard_at = time.monotonic()
+            if first:  # in place: whatever was read before may have missed a change
+                self.problem, first = "", False
+                self._changed(set(PARTS), watching=True)
+                self._read_all()
+                with self._lock:  # the reading took its time, not the watch's
+                    self._heard_at = time.monotonic()
+            elif "users" in change.topics:  # the last message: the watch placed again reads all the viewer now may see
+                users_changed = True
+            elif change.topics:
+                self._changed({p for topic in change.topics for p in _CHANGED_BY.get(topic, ())}, watching=True)
+        if stream.cancelled:
+            return f"vipu-server said nothing for {QUIET_SECONDS:.0f} s"
+        return None if users_changed else "vipu-server ended the watch"
+
+    def _end_quiet_watches(self) -> None:
+        """Cancel the watch once it has said nothing for QUIET_SECONDS (on a thread of its own)."""
+        while not self._closed.wait(QUIET_SECONDS / 5):
+            with self._lock:
+                stream, quiet = self._stream, time.monotonic() - self._heard_at
+            if stream is not None and quiet > QUIET_SECONDS:
+                stream.cancel()
+
+    def _refused(self, message: str) -> None:
+        """The controller refuses the viewer's key: stop, and end the viewer's sessions now."""
+        with self._lock:
+            if self.refused:
+                return
+            self.refused, self.problem = True, message
+        log.info("vipu-server refuses the key of %s (%s): their sessions end", self.viewer.user_id, message)
+        self.on_refused(self)
+        self.close()
+        self._changed(set(PARTS), watching=False)  # the pages' event streams look, and find their session ended
 
     def close(self) -> None:
         self._closed.set()
-        if self._stream is not None:
-            self._stream.cancel()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
         self.user.close()
         if self.admin is not None:
             self.admin.close()

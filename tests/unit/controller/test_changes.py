@@ -25,16 +25,50 @@ def test_a_user_hears_of_their_allocations_partitions_and_the_configuration_neve
 
 def test_a_wait_ends_at_the_first_change_the_watcher_may_see():
     feed = ChangeFeed()
+    looks = threading.Semaphore(0)  # released each time the waiter looks at the feed, holding its lock
+
+    def looking() -> bool:
+        looks.release()
+        return True
+
     seen: list = []
-    waiting = threading.Thread(target=lambda: seen.append(feed.wait(0, ALICE, timeout=30)))
+    waiting = threading.Thread(target=lambda: seen.append(feed.wait(0, ALICE, timeout=30, wanted=looking)))
     waiting.start()
-    feed.publish(Topic.PARTITIONS, "a2")  # another tenant's: alice goes on waiting
+    assert looks.acquire(timeout=5)  # it looked, found nothing, and waits: a publish now wakes it
+    feed.publish(Topic.PARTITIONS, "a2")  # another tenant's: alice looks and goes on waiting
+    assert looks.acquire(timeout=5)
     feed.publish(Topic.TESTS)
-    waiting.join(0.2)
-    assert waiting.is_alive()
+    assert looks.acquire(timeout=5)
+    assert seen == []
     feed.publish(Topic.PARTITIONS, "a1")
     waiting.join(5)
     assert seen == [(3, {Topic.PARTITIONS})]
+
+
+def test_a_waiter_judges_each_change_once_however_many_it_may_not_see_pile_up():
+    judged: list[str] = []
+
+    class Judged(Access):
+        def may_use(self, allocation_id: str) -> bool:
+            judged.append(allocation_id)
+            return super().may_use(allocation_id)
+
+    feed = ChangeFeed()
+    looks = threading.Semaphore(0)
+
+    def looking() -> bool:
+        looks.release()
+        return True
+
+    waiting = threading.Thread(target=lambda: feed.wait(0, Judged("alice", frozenset({"a1"})), timeout=30, wanted=looking))
+    waiting.start()
+    assert looks.acquire(timeout=5)
+    for _ in range(100):  # another tenant's: each wakes alice's waiter, which reads only what is new
+        feed.publish(Topic.PARTITIONS, "a2")
+        assert looks.acquire(timeout=5)
+    feed.publish(Topic.PARTITIONS, "a1")
+    waiting.join(5)
+    assert judged == ["a2"] * 100 + ["a1"]
 
 
 def test_a_watcher_too_far_behind_hears_that_everything_it_may_see_changed():
@@ -56,6 +90,39 @@ def test_a_watch_starts_empty_beats_when_quiet_and_ends_after_a_change_of_users(
     assert next(watch) == {Topic.USERS}
     with pytest.raises(StopIteration):
         next(watch)
+
+
+def test_a_watcher_that_goes_away_gives_its_place_back_at_once():
+    feed = ChangeFeed(max_watchers=1)
+    gone = threading.Event()
+    watch = feed.watch(OPEN_ACCESS, wanted=lambda: not gone.is_set(), heartbeat=60)
+    assert next(watch) == set()
+    waiting = threading.Thread(target=lambda: list(watch))  # for a change, or a minute of quiet
+    waiting.start()
+    with pytest.raises(Unavailable):
+        next(feed.watch(OPEN_ACCESS, wanted=lambda: True))
+    gone.set()
+    feed.wake()  # as the end-point does when a call ends
+    waiting.join(5)
+    assert not waiting.is_alive()
+    assert next(feed.watch(OPEN_ACCESS, wanted=lambda: True)) == set()  # its place
+
+
+def test_one_user_holds_at_most_their_share_of_the_places_and_open_mode_only_the_total():
+    feed = ChangeFeed(max_watchers=5, max_per_user=2)
+    alices = [feed.watch(ALICE, wanted=lambda: True) for _ in range(3)]
+    assert next(alices[0]) == next(alices[1]) == set()
+    with pytest.raises(Unavailable, match=r"^user alice watches this controller's changes 2 times already, as often as one"):
+        next(alices[2])
+    bobs = feed.watch(Access("bob", frozenset()), wanted=lambda: True)
+    assert next(bobs) == set()
+    alices[0].close()  # its call ended
+    alices.append(feed.watch(ALICE, wanted=lambda: True))
+    assert next(alices[-1]) == set()
+    anonymous = [feed.watch(OPEN_ACCESS, wanted=lambda: True) for _ in range(3)]  # a user's share does not bound them
+    assert next(anonymous[0]) == next(anonymous[1]) == set()
+    with pytest.raises(Unavailable, match=r"^5 clients watch this controller's changes already"):
+        next(anonymous[2])
 
 
 def test_watchers_have_a_bounded_number_of_places_and_closing_ends_every_watch():

@@ -12,8 +12,9 @@ import threading
 import pytest
 
 from tests.unit.backends.test_sim_machine import settings
+from vipu.backends.sim import faults
 from vipu.backends.sim.machine import RackFile, SimMachine
-from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
 from vipu.controller.services.agents import AgentService
 from vipu.controller.services.allocations import AllocationService
 from vipu.controller.services.clusters import ClusterService
@@ -42,6 +43,7 @@ from vipu.model.errors import (
     Unavailable,
     VipuError,
 )
+from vipu.model.topology import LinkKind
 from vipu.store.store import Store
 
 MACHINES = 8
@@ -353,6 +355,44 @@ def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
         pod.clustertests.status()
     assert "cl0" not in pod.partitions.under_test
+
+
+def test_a_cluster_keeps_each_cables_last_verdict_through_tests_of_another_cluster_or_of_other_cables(pod):
+    pod.clusters.remove("cl0", force=True)
+    for cluster_id, agents in (("cl0", (1, 2, 3, 4)), ("cl1", (5, 6, 7, 8))):
+        pod.clusters.create(Cluster(cluster_id, tuple(f"ag{n}" for n in agents), IldTopology.MESH))
+    unplugged = load_rack(pod.rack_path)
+    faults.unplug(unplugged, "m02", LinkKind.IPULINK, 5)
+    unplugged.time_scale = 0  # the tests' steps without their simulated durations
+    save_rack(unplugged, pod.rack_path)
+
+    def verdicts(cluster_id: str) -> tuple[ct.RunState | None, dict[str, str]]:
+        state, cables = pod.clustertests.cabling(cluster_id)
+        return state, {r.cable.key: r.verdict.value for r in cables}
+
+    state, untested = verdicts("cl0")
+    assert state is None and set(untested.values()) == {"untested"}
+    pod.clustertests.start("cl0", set(), wait=True)  # Sync-Link judges its cables, Cabling the IPU-Link ones
+    judged = verdicts("cl0")
+    assert judged[0] is ct.RunState.FINISHED and [k for k, v in judged[1].items() if v != "passed"] == ["IPU-Link ag2:5 ag3:1"]
+    assert judged[1]["IPU-Link ag2:5 ag3:1"] == "failed" and judged[1].keys() == untested.keys()
+    pod.clustertests.start("cl1", set(), wait=True)
+    pod.clustertests.start("cl0", {ct.TestType.VERSION}, wait=True)  # judges no cable
+    assert verdicts("cl0") == judged
+    assert set(verdicts("cl1")[1].values()) == {"passed"}
+    pod.clustertests.start("cl0", {ct.TestType.SYNC}, wait=True)  # the Sync-Link cables judged again, the others kept
+    assert verdicts("cl0") == judged
+    pod.clusters.remove("cl0")
+    pod.clusters.create(Cluster("cl0", ("ag1", "ag2", "ag3", "ag4"), IldTopology.MESH))
+    assert verdicts("cl0") == (None, untested)  # a new cluster of the name starts untested
+
+
+def test_a_run_a_crashed_controller_left_running_is_interrupted_for_its_cables_too(pod):
+    with pod.store.transaction() as tx:
+        tx.save_test_run(ct.TestRun("cl0", ct.RunState.RUNNING, [ct.TestType.VERSION]))
+        tx.save_cable_verdicts("cl0", ct.CableVerdicts(ct.RunState.RUNNING))
+    pod.clustertests.recover()
+    assert pod.clustertests.cabling("cl0")[0] is ct.RunState.INTERRUPTED
 
 
 def test_partitions_of_a_lost_agent_are_reset_when_it_returns_as_often_as_their_policy_allows(pod):

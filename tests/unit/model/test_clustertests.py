@@ -206,6 +206,27 @@ def test_each_cable_takes_the_verdict_of_the_tests_that_judged_it_with_their_lin
     assert {verdict for verdict, _ in verdicts(bench).values()} == {"untested"}
 
 
+def test_a_cluster_keeps_each_cables_verdict_until_a_later_test_of_it_judges_that_cable(tmp_path):
+    bench = Bench(tmp_path, 4)
+    bench.fault(lambda r: faults.unplug(r, "m01", LinkKind.IPULINK, 5))
+
+    def results(kept) -> dict[str, tuple[str, tuple[str, ...]]]:
+        return {r.cable.key: (r.verdict.value, r.lines) for r in ct.kept_results(bench.layout, kept)}
+
+    assert {verdict for verdict, _ in results(None).values()} == {"untested"}
+    first = ct.kept_verdicts(None, bench.layout, ct.TestRun("cl0", ct.RunState.FINISHED, [], [bench.sync(), bench.cabling()]))
+    judged = results(first)
+    assert judged == verdicts(bench, bench.sync(), bench.cabling())  # of one run: that run's verdicts
+    assert judged["IPU-Link ag1:5 ag2:1"][0] == "failed" and {verdict for verdict, _ in judged.values()} == {"failed", "passed"}
+
+    running = ct.kept_verdicts(first, bench.layout, ct.TestRun("cl0", ct.RunState.RUNNING, [], [bench.versions()]))
+    assert running.run_state is ct.RunState.RUNNING and results(running) == judged  # a test that judges no cable
+    bench.fault(lambda r: faults.break_link(r, "m03", "6", LinkKind.SYNC))
+    later = results(ct.kept_verdicts(running, bench.layout, ct.TestRun("cl0", ct.RunState.STOPPED, [], [bench.sync()])))
+    assert later.pop("Sync-Link ag3:6 ag4:2") == ("failed", ("Sync-Link: ag3:6 <--> 2:ag4",))
+    assert later == {key: verdict for key, verdict in judged.items() if key != "Sync-Link ag3:6 ag4:2"}  # the rest as they were
+
+
 def test_a_cable_failing_in_traffic_and_training_keeps_every_test_line(tmp_path):
     bench = Bench(tmp_path, 4)
     bench.fault(lambda r: faults.set_errors(r, "m02", "5", 327))

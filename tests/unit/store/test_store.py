@@ -161,6 +161,23 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}, "ag2": {0, 1, 2, 3}}
 
 
+def test_the_commit_hook_is_told_after_the_commit_and_its_failure_leaves_the_write_standing(populated, caplog):
+    seen = []
+
+    def failing_hook(changed: frozenset[str]) -> None:
+        with populated.reading() as tx:  # another connection: the write is committed by now
+            seen.append((changed, tx.get_agent("ag9") is not None))
+        raise RuntimeError("a live view's listener broke")
+
+    populated.on_commit = failing_hook
+    with populated.transaction() as tx:
+        tx.add_agent(agent(9))
+    assert seen == [(frozenset({"configuration"}), True)]
+    assert "telling of a committed change failed" in caplog.text and "a live view's listener broke" in caplog.text
+    with populated.reading() as tx:
+        assert tx.get_agent("ag9") is not None
+
+
 def test_no_statement_waits_past_the_stores_deadline(store):
     with store.transaction() as tx:
         if store.is_sqlite:
@@ -319,6 +336,29 @@ def test_the_last_cluster_test_is_kept_and_replaced(store, store_url):
             tx.save_test_run(TestRun("cl1", RunState.RUNNING, [TestType.VERSION]))
         with reopened.reading() as tx:
             assert tx.get_test_run() == TestRun("cl1", RunState.RUNNING, [TestType.VERSION])
+    finally:
+        reopened.close()
+
+
+def test_each_clusters_cable_verdicts_are_kept_and_go_with_the_cluster(populated, store_url):
+    from vipu.model.clustertests import CableVerdict, CableVerdicts, RunState
+
+    verdicts = CableVerdicts(RunState.FINISHED, {"IPU-Link ag1:5 ag2:1": (CableVerdict.FAILED, ("Cabling: ag1:5 <--> ag2:1",)),
+                                                 "Sync-Link ag1:6 ag2:2": (CableVerdict.PASSED, ())})
+    with populated.transaction() as tx:
+        assert tx.get_cable_verdicts("cl0") is None
+        tx.save_cable_verdicts("cl0", CableVerdicts(RunState.RUNNING))
+        tx.save_cable_verdicts("cl0", verdicts)  # replaced
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert tx.get_cable_verdicts("cl0") == verdicts
+        with reopened.transaction() as tx:
+            tx.delete_allocation("a1")
+            tx.delete_cluster("cl0")
+        with reopened.reading() as tx:
+            assert tx.get_cable_verdicts("cl0") is None
     finally:
         reopened.close()
 

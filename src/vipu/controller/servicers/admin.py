@@ -154,5 +154,5 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.RemoveReply()
 
     def GetCabling(self, request, context):
-        run, cables = self.clustertests.cabling(request.id)
-        return convert.cabling_to_proto(request.id, run.state.value if run is not None else "", cables)
+        state, cables = self.clustertests.cabling(request.id)
+        return convert.cabling_to_proto(request.id, state.value if state is not None else "", cables)

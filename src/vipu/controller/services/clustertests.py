@@ -4,7 +4,8 @@ A run goes through the planned tests in the suite's order. Each step asks every 
 to act and report (`AgentGateway.diagnose`), and `vipu.model.clustertests` judges the reports. A
 test whose dependency failed earlier in the same run is skipped with the reason. The run is
 saved after every step, so `--status` after a controller restart still has the last results;
-a run the controller did not finish is recorded as interrupted.
+a run the controller did not finish is recorded as interrupted. With it are saved the verdicts
+of the cables it has judged so far, which the cluster keeps until its next test that judges them.
 
 While a run is going, no partition is created in its cluster and the cluster cannot be removed.
 """
@@ -66,6 +67,10 @@ class ClusterTestService:
             if run is not None and run.state is RunState.RUNNING:
                 run.state = RunState.INTERRUPTED
                 tx.save_test_run(run)
+                kept = tx.get_cable_verdicts(run.cluster_id)
+                if kept is not None:
+                    kept.run_state = run.state
+                    tx.save_cable_verdicts(run.cluster_id, kept)
 
     def start(self, cluster_id: str, tests: set[TestType], wait: bool) -> TestRun:
         with self._lock:
@@ -90,8 +95,7 @@ class ClusterTestService:
                     agents[agent_id] = agent
                 context = _Context(ClusterLayout.of(cluster), agents)
             run = TestRun(cluster_id, RunState.RUNNING, planned)
-            with self.store.transaction() as tx:
-                tx.save_test_run(run)
+            self._save(run, context.layout)
             self._run = run
             self._stop.clear()
             self.under_test.add(cluster_id)
@@ -129,21 +133,16 @@ class ClusterTestService:
             raise Conflict("No results available. No cluster test has run.")
         return last, None
 
-    def cabling(self, cluster_id: str) -> tuple[TestRun | None, list[judge.CableResult]]:
-        """The cluster's cables, judged by its latest test run (the one under way, or else the
-        last), and that run; None, with every cable untested, when the latest run was of another
-        cluster or there was none."""
+    def cabling(self, cluster_id: str) -> tuple[RunState | None, list[judge.CableResult]]:
+        """The cluster's cables, each with the verdict of the last test of the cluster that
+        judged it (the run under way included), and the state of the cluster's latest run; None,
+        with every cable untested, when no test has run on the cluster."""
         with self.store.reading() as tx:
             cluster = tx.get_cluster(cluster_id)
+            kept = tx.get_cable_verdicts(cluster_id) if cluster is not None else None
         if cluster is None:
             raise NotFound(f"cluster {cluster_id} does not exist")
-        try:
-            run: TestRun | None = self.progress()[0]
-        except Conflict:  # no test has run
-            run = None
-        if run is not None and run.cluster_id != cluster_id:
-            run = None
-        return run, judge.cable_results(ClusterLayout.of(cluster), run.outcomes if run is not None else [])
+        return kept.run_state if kept is not None else None, judge.kept_results(ClusterLayout.of(cluster), kept)
 
     def stop(self) -> str:
         """Stop the running test after its current step; the cluster it was testing."""
@@ -194,22 +193,24 @@ class ClusterTestService:
                     break
                 outcomes[test] = outcome
                 run.outcomes.append(outcome)
-                self._save(run)
+                self._save(run, context.layout)
             else:
                 run.state = RunState.FINISHED
         except Exception:
             log.exception("cluster test of %s failed", run.cluster_id)
             run.state = RunState.INTERRUPTED
         finally:
-            self._save(run)
+            self._save(run, context.layout)
             with self._lock:
                 self.under_test.discard(run.cluster_id)
                 self._run = self._thread = self._running_test = None
             log.info("cluster test of %s %s", run.cluster_id, run.state.value)
 
-    def _save(self, run: TestRun) -> None:
+    def _save(self, run: TestRun, layout: ClusterLayout) -> None:
+        """The run as it stands, and the verdicts of the cables it has judged so far."""
         with self.store.transaction() as tx:
             tx.save_test_run(run)
+            tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
 
     # The steps
 
