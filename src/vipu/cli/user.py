@@ -34,6 +34,7 @@ from vipu.client.settings import client_settings
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
 from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.queue import MAX_WAIT_SECONDS
 
 SYNC_TYPES = {
     "c2-compatible": pb.ST_GS2_DEFAULT,
@@ -45,7 +46,6 @@ SYNC_NAMES = {number: name for name, number in SYNC_TYPES.items()}
 COUNT = click.IntRange(0, 2**32 - 1)  # what a uint32 field can carry; the server judges the value
 IPULINK_ROUTINGS = {"dnc": pb.IRT_DNC, "swnc": pb.IRT_SWNC, "btnc": pb.IRT_BTNC, "ringswnc": pb.IRT_RINGSWNC}
 DEFAULT_WAIT_SECONDS = 3600
-MAX_WAIT_SECONDS = 7 * 24 * 3600  # the controller's limit
 
 
 def ild_routing(value: int) -> str:

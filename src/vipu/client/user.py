@@ -13,10 +13,10 @@ from vipu.client.base import EndpointClient
 from vipu.client.connection import Stream
 from vipu.client.retry import RetryPolicy
 from vipu.model.errors import HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
+from vipu.model.queue import WAIT_CALL_SECONDS
 
-# How long one waiting call may last at most, and how long past its own deadline a waiting client
-# lets the controller end the request (so that it is told the controller's last reason).
-WAIT_CALL_SECONDS = 20
+# How long past its own deadline a waiting client lets the controller end the request (so that it
+# is told the controller's last reason).
 DEADLINE_GRACE_SECONDS = 5.0
 # Between waiting calls that failed for a moment (the leader changed, say).
 WAIT_RETRY = RetryPolicy(attempts=None, first_delay=0.2, longest_delay=2.0)

@@ -34,6 +34,11 @@ from vipu.model.placement import Placement, Shape
 WAITING = "WAITING"
 ABSENT = None
 
+# The longest a request may wait: no request waits without a deadline.
+MAX_WAIT_SECONDS = 7 * 24 * 3600
+# The longest one waiting call (the API's WaitPartition) lasts; clients call again until their own deadline.
+WAIT_CALL_SECONDS = 20
+
 TRANSITIONS: dict[str, dict[str | None, str | None]] = {
     "enqueue": {ABSENT: WAITING},
     "grant": {WAITING: ABSENT},
@@ -48,7 +53,7 @@ def target(partition_id: str, transition: str, source: str | None) -> str | None
     if moves is None:
         raise ValueError(f"no transition named {transition!r} in the request life cycle")
     if source not in moves:
-        raise Conflict(f"the request for partition {partition_id} is {'waiting' if source else 'not waiting'}: "
+        raise Conflict(f"the request for partition {partition_id} is {'already waiting' if source else 'no longer waiting'}: "
                        f"'{transition}' does not apply")
     return moves[source]
 

@@ -44,16 +44,12 @@ from vipu.model.errors import (
     VipuError,
 )
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
-from vipu.model.queue import WaitingRequest, admit
+from vipu.model.queue import MAX_WAIT_SECONDS, WAIT_CALL_SECONDS, WaitingRequest, admit
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger(__name__)
 
-# The longest a request may wait: no request waits without a deadline.
-MAX_WAIT_SECONDS = 7 * 24 * 3600
-# The longest one waiting call blocks a server thread, and how many may block at once.
-WAIT_CALL_SECONDS = 20.0
 MAX_WAITING_CALLS = 16
 # Requests of one queue whose reason each pass works out; those further back are told their place.
 EXPLAINED = 20
