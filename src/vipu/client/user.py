@@ -117,8 +117,9 @@ class UserClient(EndpointClient):
         self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
 
     def reset_partition(self, partition_id: str, relocate: bool = False) -> None:
-        """Reset a partition; with `relocate`, onto other IPUs of its allocation, off machines that failed it."""
-        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id, relocatable=relocate))
+        """Reset a partition; with `relocate`, move it now to other IPUs of its allocation, off the
+        machines that failed it (or all of its own)."""
+        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id, relocate=relocate))
 
     def list_partitions(self, allocation_id: str = "") -> list[pb.Partition]:
         return list(self._call("ListPartitions", pb.ListPartitionsRequest(allocation_id=allocation_id)).partitions)

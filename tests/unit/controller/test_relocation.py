@@ -102,3 +102,18 @@ def test_automatic_moves_stop_when_the_automatic_reset_retries_are_spent(pod):
             assert partition.agent_ids != [where]
         else:
             assert (partition.ready_state, partition.agent_ids) == (ReadyState.ERROR, [where])
+
+
+def test_the_published_reset_with_relocatable_moves_only_a_partition_that_machines_failed(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))  # ag1
+    for name, size, first in (("p2", 4, 4), ("p3", 8, 8), ("p4", 16, 16)):  # the allocation is full
+        pod.partitions.create(PartitionRequest(name, size, explicit_ipus=tuple((0, first + i) for i in range(size)), cluster_id="cl0"))
+    healthy = pod.partitions.relocate("p1", only_off_failed=True)  # no machine failed it: reset in place, though there is no room
+    assert (healthy.ready_state, healthy.agent_ids, healthy.relocation) == (ReadyState.ACTIVE, ["ag1"], "")
+    assert pod.held_anywhere("p1") == ["ag1"]
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # not relocatable: it waits in ERROR for its machine
+    pod.partitions.remove("p2")
+    moved_off = pod.partitions.relocate("p1", only_off_failed=True)
+    assert (moved_off.ready_state, moved_off.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+    assert moved(pod, "p1")[:2] == ("ag1", "ag2")

@@ -256,12 +256,14 @@ class CreatePartitionReply(_message.Message):
     def __init__(self, partition_id: _Optional[str] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
 
 class ResetPartitionRequest(_message.Message):
-    __slots__ = ("partition_id", "relocatable")
+    __slots__ = ("partition_id", "relocatable", "relocate")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
+    RELOCATE_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     relocatable: bool
-    def __init__(self, partition_id: _Optional[str] = ..., relocatable: _Optional[bool] = ...) -> None: ...
+    relocate: bool
+    def __init__(self, partition_id: _Optional[str] = ..., relocatable: _Optional[bool] = ..., relocate: _Optional[bool] = ...) -> None: ...
 
 class ResetPartitionReply(_message.Message):
     __slots__ = ()
@@ -475,14 +477,16 @@ class WaitPartitionRequest(_message.Message):
     def __init__(self, partition_id: _Optional[str] = ..., seconds: _Optional[int] = ...) -> None: ...
 
 class WaitPartitionReply(_message.Message):
-    __slots__ = ("status", "ipuof_config", "queued")
+    __slots__ = ("status", "ipuof_config", "queued", "busy")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     status: PartitionStatus
     ipuof_config: PartitionConfig
     queued: QueuedRequest
-    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
+    busy: bool
+    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class ListQueuedRequest(_message.Message):
     __slots__ = ("allocation_id",)

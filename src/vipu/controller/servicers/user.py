@@ -44,8 +44,10 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.RemovePartitionReply()
 
     def ResetPartition(self, request, context):
-        if request.relocatable:
+        if request.relocate:
             self.partitions.relocate(request.partition_id, caller())
+        elif request.relocatable:  # the published meaning: move it only if machines failed it
+            self.partitions.relocate(request.partition_id, caller(), only_off_failed=True)
         else:
             self.partitions.reset(request.partition_id, caller())
         return pb.ResetPartitionReply()

@@ -265,23 +265,31 @@ class PartitionService:
         with self.operations.admitted(), self.holds.hold(partition_id, "resetting"):
             partition = self._partition(partition_id, access)
             self._refuse_if_busy(partition)
-            self._apply(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
-            layout, agents = self._where(partition)
-            with self.hardware.locks.hold(agents):
-                failures = self.hardware.clear(agents.values(), partition.id)
-            if failures:
-                raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
-            return self._configure(partition, layout, agents, on_failure="fail")
+            return self._reset_in_place(partition, automatic)
 
-    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
+    def _reset_in_place(self, partition: Partition, automatic: bool) -> Partition:
+        """Reset a settled partition that the caller holds."""
+        self._apply(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
+        layout, agents = self._where(partition)
+        with self.hardware.locks.hold(agents):
+            failures = self.hardware.clear(agents.values(), partition.id)
+        if failures:
+            raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
+        return self._configure(partition, layout, agents, on_failure="fail")
+
+    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False,
+                 only_off_failed: bool = False) -> Partition:
         """Move a partition to other IPUs of its allocation, off the machines that failed it, or off
         all of its own when none did (`vipu.controller.services.relocation`); `automatic` counts
-        the move as an automatic reset."""
+        the move as an automatic reset. With `only_off_failed` (the published API's reset with
+        `relocatable`), a partition that no machine failed is reset in place instead."""
         self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
         with self.operations.admitted(), self.holds.hold(partition_id, "relocating"):
             partition = self._partition(partition_id, access)
             self._refuse_if_busy(partition)
             failed = relocation.failed_machines(self, partition)
+            if not failed and only_off_failed:
+                return self._reset_in_place(partition, automatic)
             if failed:
                 why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
             else:
