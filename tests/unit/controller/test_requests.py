@@ -9,11 +9,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.ports import free_port
 from tests.unit.controller.test_services import MACHINES
+from vipu.api.protos.vipuuser_pb2_grpc import add_UserServiceServicer_to_server
+from vipu.api.serving import serve
+from vipu.api.status import GuardInterceptor
+from vipu.client import user as client_user
+from vipu.client.settings import ClientSettings
+from vipu.client.user import UserClient
+from vipu.controller.servicers.user import UserServicer
+from vipu.controller.services.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
 from vipu.model.entities import Access, PartitionRequest, ReadyState
@@ -28,8 +38,8 @@ CAROL = Access("carol", frozenset())
 class Dispatching:
     """A RequestService over a pod, its dispatcher running, as vipu-server runs it."""
 
-    def __init__(self, partitions: PartitionService):
-        self.requests = RequestService(partitions)
+    def __init__(self, partitions: PartitionService, **options):
+        self.requests = RequestService(partitions, **options)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.requests.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -267,3 +277,70 @@ def test_a_waiting_relocatable_request_granted_onto_a_failing_machine_starts_els
     assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
     assert partition.relocation.startswith("moved from ag1 to ag2 on ") and partition.relocation.endswith(
         "UTC: agent ag1: m01: IPU 2 failed")
+
+
+@contextlib.contextmanager
+def user_end_point(pod, requests: RequestService) -> Iterator[UserClient]:
+    """The pod's user end-point served over gRPC, as vipu-server serves it, and a client of it."""
+    port = free_port()
+    server = serve(lambda s: add_UserServiceServicer_to_server(UserServicer(pod.partitions, requests, ChangeFeed()), s),
+                   "127.0.0.1", port, GuardInterceptor())
+    try:
+        with UserClient(ClientSettings(host="127.0.0.1", port=port), 30) as user:
+            yield user
+    finally:
+        server.stop(0)
+
+
+def test_a_client_finding_every_waiting_place_taken_pauses_between_calls_instead_of_spinning(pod, monkeypatch):
+    dispatching = Dispatching(pod.partitions, workers=MAX_WATCHERS + 2)  # one place for a waiting call
+    requests = dispatching.requests
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(requests, "holder", 4)
+    queue_up(requests, "patient", 4)
+    with ThreadPoolExecutor(1) as pool, user_end_point(pod, requests) as user:
+        def hold_the_place() -> None:
+            while requests.wait("holder", 20).busy:  # the poll below had it for a moment
+                pass
+
+        holding = pool.submit(hold_the_place)
+        deadline = time.monotonic() + 10
+        while not requests.wait("patient", 0.05).busy:
+            assert time.monotonic() < deadline, "the holder never took the place"
+        calls = []
+        served = requests.wait
+        monkeypatch.setattr(requests, "wait", lambda *args: calls.append(args) or served(*args))
+        monkeypatch.setattr(client_user, "DEADLINE_GRACE_SECONDS", 0.0)
+        with pytest.raises(NoRoom, match="partition patient did not start within 3 s"):
+            user.wait_partition("patient", 3)
+        # Told busy each time, it paused 0.2, 0.4, 0.8, 1.6 s: calling again at once would make hundreds of calls.
+        assert 2 <= len(calls) <= 6, len(calls)
+        assert requests.queue.get("patient") is None  # withdrawn at its deadline
+        requests.cancel("holder")
+        with pytest.raises(Conflict, match="the request of partition holder was cancelled"):
+            holding.result(timeout=10)
+    dispatching.close()
+
+
+def test_a_client_giving_up_a_request_that_started_meanwhile_removes_its_partition(pod, queued, monkeypatch):
+    def start(partition_id: str) -> None:
+        pod.partitions.remove("full")
+        until(queued, lambda: (p := pod.partitions.ledger.get(partition_id)) is not None and p.ready_state is ReadyState.ACTIVE)
+
+    def interrupt(_queued) -> None:  # told where it waits, the user presses Ctrl-C just as it starts
+        start("r")
+        raise KeyboardInterrupt
+
+    with user_end_point(pod, queued) as user:
+        pod.partitions.create(PartitionRequest("full", 32))
+        with pytest.raises(KeyboardInterrupt):
+            user.create_partition("r", 4, wait=60, on_wait=interrupt)
+        assert pod.partitions.list() == [] and pod.held_anywhere("r") == [] and queued.list() == []
+
+        pod.partitions.create(PartitionRequest("full", 32))  # its client's deadline passes just as it starts
+        queue_up(queued, "s", 4)
+        start("s")
+        monkeypatch.setattr(client_user, "DEADLINE_GRACE_SECONDS", 0.0)
+        with pytest.raises(NoRoom, match="partition s did not start within 0 s"):
+            user.wait_partition("s", 0)
+        assert pod.partitions.list() == [] and pod.held_anywhere("s") == []

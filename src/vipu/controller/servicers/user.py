@@ -74,7 +74,7 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def WaitPartition(self, request, context):
         settled = self.requests.wait(request.partition_id, request.seconds, caller())
-        reply = pb.WaitPartitionReply()
+        reply = pb.WaitPartitionReply(busy=settled.busy)
         if settled.waiting is not None:
             reply.queued.CopyFrom(queued_to_proto(settled.waiting))
         if settled.partition is not None:

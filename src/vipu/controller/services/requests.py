@@ -11,11 +11,15 @@ PENDING/CREATING, in the same store transaction that ends the request (its 'gran
 configured on its agents by a worker of its own, like any create. The pass also works out why
 each request still waits, with placement's reasons.
 
-Clients wait with `wait`: a bounded call (at most WAIT_CALL_SECONDS, and at most MAX_WAITING_CALLS
-calls blocked at once; beyond that a call answers at once) that returns when the partition is
-settled, or at its time with the request's place and reason; clients call it again until their
-own deadline. The queue lives in the store, so it outlives a restart or a change of leader, and
-the next serving controller goes on from it.
+Clients wait with `wait`: a bounded call (at most WAIT_CALL_SECONDS) that returns when the
+partition is settled, or at its time with the request's place and reason; clients call it again
+until their own deadline. Each blocked call holds one of the user end-point's threads, so only
+`waiting_places` of them block at once: half the threads the watchers of the change feed leave,
+the other half kept for ordinary calls. A call past that answers at once, marked `busy`, and
+clients pause before calling again, longer each time (`vipu.client.retry.answered_early`).
+
+The queue lives in the store, so it outlives a restart or a change of leader, and the next
+serving controller goes on from it.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from vipu.controller.services.changes import MAX_WATCHERS
 from vipu.controller.services.partitions import PartitionService
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
@@ -50,7 +55,6 @@ from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger(__name__)
 
-MAX_WAITING_CALLS = 16
 # Requests of one queue whose reason each pass works out; those further back are told their place.
 EXPLAINED = 20
 GRANT_WORKERS = 4
@@ -76,15 +80,24 @@ class Settled:
     gcds: list[GcdConfig] | None = None
     ipuof_version: str = ""
     waiting: Waiting | None = None
+    busy: bool = False  # every place for a waiting call was taken: this call did not wait
+
+
+def waiting_places(workers: int, watchers: int) -> int:
+    """How many waiting calls may block at once on an end-point of `workers` threads, `watchers`
+    of which the change feed's watchers may hold: half of the rest, so that ordinary calls
+    always find a thread."""
+    return max(1, (workers - watchers) // 2)
 
 
 class RequestService:
-    def __init__(self, partitions: PartitionService):
+    def __init__(self, partitions: PartitionService, workers: int = 32, watchers: int = MAX_WATCHERS):
+        """`workers`: the user end-point's threads; `watchers`: how many the change feed's watchers may hold."""
         self.partitions = partitions
         self.store = partitions.store
         self.queue = partitions.queue
         self.ledger = partitions.ledger
-        self._waiting_calls = threading.BoundedSemaphore(MAX_WAITING_CALLS)
+        self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
         self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
 
@@ -134,19 +147,22 @@ class RequestService:
 
     def wait(self, partition_id: str, seconds: float, access: Access = OPEN_ACCESS) -> Settled:
         """Until the partition is settled (ACTIVE or ERROR), or for at most `seconds` (bounded by
-        WAIT_CALL_SECONDS) while its request waits or its create is under way; then what it is. A
-        request that ended without a partition raises how it ended."""
-        blocking = self._waiting_calls.acquire(blocking=False)  # else answer at once: threads stay free
-        deadline = time.monotonic() + (min(max(seconds, 0.0), WAIT_CALL_SECONDS) if blocking else 0.0)
+        WAIT_CALL_SECONDS) while its request waits or its create is under way; then what it is,
+        `busy` if every waiting place was taken so that the call did not wait. A request that
+        ended without a partition raises how it ended."""
+        asked = min(max(seconds, 0.0), WAIT_CALL_SECONDS)
+        blocking = asked > 0 and self._waiting_calls.acquire(blocking=False)  # else answer at once: threads stay free
+        busy = asked > 0 and not blocking
+        deadline = time.monotonic() + (asked if blocking else 0.0)
         try:
             while True:
                 seen = self.queue.version
                 settled = self._settled(partition_id, access)
                 remaining = deadline - time.monotonic()
                 if settled is not None and (settled.waiting is None or remaining <= 0):
-                    return settled
+                    return replace(settled, busy=busy)
                 if remaining <= 0:
-                    return Settled(partition=self.partitions.get(partition_id, access))  # its create is under way
+                    return Settled(partition=self.partitions.get(partition_id, access), busy=busy)  # its create is under way
                 self.queue.wait_for_change(seen, remaining)
         finally:
             if blocking:
