@@ -344,3 +344,15 @@ def test_a_client_giving_up_a_request_that_started_meanwhile_removes_its_partiti
         with pytest.raises(NoRoom, match="partition s did not start within 0 s"):
             user.wait_partition("s", 0)
         assert pod.partitions.list() == [] and pod.held_anywhere("s") == []
+
+
+def test_nothing_starts_on_or_is_held_on_a_machine_that_is_down(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # ag1 is down, full in ERROR
+    queue_up(queued, "r", 16)
+    held_on = {agent for agent, _ in queued.queue.get("r").held}
+    assert len(held_on) == 4 and "ag1" not in held_on, held_on
+    pod.partitions.remove("full", force=True)
+    partition = wait(queued, "r")
+    assert partition.ready_state is ReadyState.ACTIVE and "ag1" not in partition.agent_ids

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -39,6 +40,7 @@ from vipu.model.entities import (
     OPEN_ACCESS,
     Access,
     Agent,
+    AgentStatus,
     Allocation,
     Cluster,
     OperationState,
@@ -616,6 +618,11 @@ class PartitionService:
         with self.store.reading() as tx:
             layout = ClusterLayout.of(self._cluster(tx, partition.cluster_id))
             return layout, {a: self._agent(tx, a) for a in partition.agent_ids}
+
+    @staticmethod
+    def down_agents(tx: Transaction, agent_ids: Iterable[str]) -> set[str]:
+        """Those of the agents the store has down: no partition is placed, moved or held IPUs on them."""
+        return {a for a in agent_ids if (agent := tx.get_agent(a)) is not None and agent.status is AgentStatus.DOWN}
 
     @staticmethod
     def _agent(tx: Transaction, agent_id: str) -> Agent:

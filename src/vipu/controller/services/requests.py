@@ -276,6 +276,7 @@ class RequestService:
         with self.store.reading() as tx:
             allocation = tx.get_allocation(allocation_id)
             cluster = tx.get_cluster(allocation.cluster_id) if allocation is not None else None
+            down = self.partitions.down_agents(tx, allocation.agent_ids) if allocation is not None else set()
         if allocation is None or cluster is None:
             self.cancel_all(allocation_id, f"allocation {allocation_id} was removed")
             return
@@ -290,7 +291,7 @@ class RequestService:
                 self.queue.explain({r.partition_id: f"cluster {allocation.cluster_id} is under test; "
                                     "no partition starts in it until the test ends" for r in waiting})
                 return
-            allowed = set(allocation.agent_ids)
+            allowed = set(allocation.agent_ids) - down  # nothing starts, nor is held, on a machine that is down
             first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
             admission = admit(waiting, self.ledger.used_ipus(allocation_id),
                               place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
