@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,8 +27,11 @@ from vipu.controller.servicers.user import UserServicer
 from vipu.controller.services.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
+from vipu.controller.services.waiting import WaitingRequests
 from vipu.model.entities import Access, PartitionRequest, ReadyState
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable
+from vipu.model.queue import WaitingRequest
+from vipu.store.store import Transaction
 
 ANYONE = Access()  # open mode
 ALICE = Access("alice", frozenset({"a1"}))
@@ -356,3 +360,86 @@ def test_nothing_starts_on_or_is_held_on_a_machine_that_is_down(pod, queued):
     pod.partitions.remove("full", force=True)
     partition = wait(queued, "r")
     assert partition.ready_state is ReadyState.ACTIVE and "ag1" not in partition.agent_ids
+
+
+def test_while_the_first_request_is_granted_the_ipus_held_are_those_of_the_request_behind_it():
+    waiting = WaitingRequests()
+    now = datetime.now(UTC)
+    for sequence, name in enumerate(("granted", "next"), start=1):
+        waiting.add(WaitingRequest(PartitionRequest(name, 8), "a1", "", now, now + timedelta(seconds=60), sequence=sequence))
+    shape = frozenset(("ag3", i) for i in range(4))
+    waiting.hold("next", shape)  # what the pass that grants the first holds for the next
+    waiting.granting("granted")
+    assert waiting.held("a1") == (shape, "next")  # creates keep off it while the grant is recorded
+
+
+def test_the_shape_held_for_the_first_request_counts_the_partitions_started_in_the_same_pass(pod):
+    pod.partitions.create(PartitionRequest("f", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0"))  # ag1-ag2
+    pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 16 + i) for i in range(4)), cluster_id="cl0"))  # ag5
+    requests = RequestService(pod.partitions)  # passes only when called
+    a = PartitionRequest("a", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0")  # where f is
+    assert isinstance(requests.create(a, wait_seconds=60), Waiting)
+    assert isinstance(requests.create(PartitionRequest("b", 16), wait_seconds=60), Waiting)
+    pod.partitions.remove("f")
+    requests.dispatch()  # a starts on ag1-ag2; b is first now
+    held_on = {agent for agent, _ in pod.partitions.queue.get("b").held}
+    # Around a, ag1-ag4 is blocked by one partition as much as ag3-ag6, ag4-ag7 or ag5-ag8 by p, but with 8 IPUs in use, not 4.
+    assert len(held_on) == 4 and not held_on & {"ag1", "ag2"}, held_on
+    requests.close()
+
+
+def test_a_grant_failing_unexpectedly_leaves_its_request_waiting_and_the_next_pass_starts_it(pod, queued, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "r", 4)
+    admitted, failures = pod.partitions.operations.admitted, []
+
+    def fail_once():
+        if not failures and threading.current_thread().name.startswith("grant"):
+            failures.append("once")
+            raise RuntimeError("something unforeseen")
+        return admitted()
+
+    monkeypatch.setattr(pod.partitions.operations, "admitted", fail_once)
+    pod.partitions.remove("full")
+    assert wait(queued, "r").ready_state is ReadyState.ACTIVE and failures == ["once"]
+
+
+def test_a_queue_whose_pass_fails_does_not_stop_the_passes_over_the_others(pod, queued, monkeypatch):
+    pod.allocations.remove("a1")
+    pod.allocations.create("a1", "cl0", agent_ids=("ag1", "ag2", "ag3", "ag4"))
+    pod.allocations.create("a2", "cl0", agent_ids=("ag5", "ag6", "ag7", "ag8"))
+    pod.partitions.create(PartitionRequest("full1", 16, allocation_id="a1"))
+    pod.partitions.create(PartitionRequest("full2", 16, allocation_id="a2"))
+    for name, allocation in (("r1", "a1"), ("r2", "a2")):
+        assert isinstance(queued.create(PartitionRequest(name, 4, allocation_id=allocation), wait_seconds=60), Waiting)
+    explicit_ipus = pod.partitions.explicit_ipus
+
+    def failing_in_a1(layout, allocation, request):
+        if allocation.id == "a1":
+            raise RuntimeError("a1's pass fails")
+        return explicit_ipus(layout, allocation, request)
+
+    monkeypatch.setattr(pod.partitions, "explicit_ipus", failing_in_a1)
+    pod.partitions.remove("full2")
+    assert wait(queued, "r2").agent_ids == ["ag5"]
+
+
+def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    hold_for, failures = Transaction.hold_for, []
+
+    def fail_once(tx, request, held):
+        if not failures:
+            failures.append("once")
+            raise Unavailable("the store cannot be reached")
+        return hold_for(tx, request, held)
+
+    monkeypatch.setattr(Transaction, "hold_for", fail_once)
+    requests = RequestService(pod.partitions)  # passes only when called
+    assert isinstance(requests.create(PartitionRequest("r", 8), wait_seconds=60), Waiting)
+    held = pod.partitions.queue.get("r").held
+    assert held and failures == ["once"]
+    requests.dispatch()
+    with pod.store.reading() as tx:
+        assert tx.list_requests()[0].held == held
+    requests.close()

@@ -30,7 +30,7 @@ def pod(machines: int) -> ClusterLayout:
 def rules(layout: ClusterLayout):
     allowed = set(layout.agent_ids)
     return (lambda job, used: try_place(layout, allowed, used, job.size),
-            lambda job, used: choose_reservation(layout, allowed, used, job.size))
+            lambda job, used, started: choose_reservation(layout, allowed, used, job.size))
 
 
 def test_requests_start_in_arrival_order_while_each_fits():

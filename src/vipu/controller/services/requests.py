@@ -25,7 +25,6 @@ serving controller goes on from it.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import logging
 import threading
 import time
@@ -100,6 +99,7 @@ class RequestService:
         self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
         self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
+        self._holds_unrecorded: set[str] = set()  # first requests whose held IPUs the store does not have yet
 
     def close(self) -> None:
         self._grants.shutdown(wait=True, cancel_futures=True)
@@ -257,10 +257,15 @@ class RequestService:
                 log.exception("a pass over the waiting requests failed")
 
     def dispatch(self, only: str = "") -> None:
-        """One pass: expire what is due, then start what fits in each allocation's queue (or one's)."""
+        """One pass: expire what is due, then start what fits in each allocation's queue (or one's).
+        What fails for one request or one allocation (the store, say) is logged and tried again
+        by the next pass; the others go on."""
         self._expire_due()
         for allocation_id in [only] if only else self.queue.allocations():
-            self._pass(allocation_id)
+            try:
+                self._pass(allocation_id)
+            except Exception:
+                log.exception("the pass over the queue of allocation %s failed", allocation_id)
 
     def _expire_due(self) -> None:
         now = datetime.now(UTC)
@@ -269,8 +274,12 @@ class RequestService:
                 waited = (request.deadline - request.since).total_seconds()
                 ending = NoRoom(f"no room for partition {request.partition_id} after waiting {waited:g} s: "
                                 f"{self.queue.reason(request.partition_id)}")
-                with contextlib.suppress(Conflict):  # granted or cancelled meanwhile
+                try:
                     self._end(request, "expire", ending)
+                except Conflict:  # granted or cancelled meanwhile
+                    pass
+                except Exception:
+                    log.exception("partition %s: its request could not be expired; the next pass tries again", request.partition_id)
 
     def _pass(self, allocation_id: str) -> None:
         with self.store.reading() as tx:
@@ -281,50 +290,67 @@ class RequestService:
             self.cancel_all(allocation_id, f"allocation {allocation_id} was removed")
             return
         layout = ClusterLayout.of(cluster)
-        grants = []
+        grants: builtins.list[tuple[WaitingRequest, Partition]] = []
         seen = self.queue.version
-        with self.ledger.placing(allocation_id):
-            waiting = self.queue.in_allocation(allocation_id)
-            if not waiting:
-                return
-            if allocation.cluster_id in self.partitions.under_test:
-                self.queue.explain({r.partition_id: f"cluster {allocation.cluster_id} is under test; "
-                                    "no partition starts in it until the test ends" for r in waiting})
-                return
-            allowed = set(allocation.agent_ids) - down  # nothing starts, nor is held, on a machine that is down
-            first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
-            admission = admit(waiting, self.ledger.used_ipus(allocation_id),
-                              place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
-                                                              num_segments=r.request.num_segments,
-                                                              ipulink_routing=r.request.ipulink_routing,
-                                                              gw_routing=r.request.gw_routing,
-                                                              explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
-                              choose_held=lambda r, used: choose_reservation(
-                                  layout, allowed, used, r.size, holders=self.ledger.holders(allocation_id),
-                                  num_segments=r.request.num_segments,
-                                  ipulink_routing=r.request.ipulink_routing,
-                                  explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
-                              held=first_held)
-            for request, placement in admission.started:
-                if not self.partitions.holds.claim(request.partition_id, "creating"):
-                    continue  # an operation on its id (a cancel) is under way: the next pass decides
-                partition = self.partitions.partition_of(request.request, request.owner, allocation, placement)
-                self.ledger.reserve(partition)
-                self.queue.granting(request.partition_id)
-                grants.append((request, partition))
-            first = admission.first
-            if first is not None and admission.held != first.held:
-                self.queue.hold(first.partition_id, admission.held)
-        if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
-            self._explain(allocation, layout, allowed, admission.held)
-            self._explained[allocation_id] = seen
-        if first is not None and admission.held != first.held:
-            try:
-                self.store.write(lambda tx: tx.hold_for(first, admission.held))
-            except VipuError as error:  # kept in memory; written again when it next changes
-                log.warning("could not record the IPUs held for partition %s: %s", first.partition_id, error.message)
-        for request, partition in grants:
-            self._grants.submit(self._grant, request, partition, layout)
+        try:  # the grants reserved are made whatever fails after them
+            with self.ledger.placing(allocation_id):
+                waiting = self.queue.in_allocation(allocation_id)
+                if not waiting:
+                    return
+                if allocation.cluster_id in self.partitions.under_test:
+                    self.queue.explain({r.partition_id: f"cluster {allocation.cluster_id} is under test; "
+                                        "no partition starts in it until the test ends" for r in waiting})
+                    return
+                allowed = set(allocation.agent_ids) - down  # nothing starts, nor is held, on a machine that is down
+                first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
+                holders = self.ledger.holders(allocation_id)
+
+                def choose_held(r: WaitingRequest, used, started) -> Shape:
+                    """The shape the fewest partitions block, counting those this pass starts."""
+                    blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
+                    return choose_reservation(layout, allowed, used, r.size, holders=blocking,
+                                              num_segments=r.request.num_segments, ipulink_routing=r.request.ipulink_routing,
+                                              explicit=self.partitions.explicit_ipus(layout, allocation, r.request))
+
+                admission = admit(waiting, self.ledger.used_ipus(allocation_id),
+                                  place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
+                                                                  num_segments=r.request.num_segments,
+                                                                  ipulink_routing=r.request.ipulink_routing,
+                                                                  gw_routing=r.request.gw_routing,
+                                                                  explicit=self.partitions.explicit_ipus(layout, allocation,
+                                                                                                         r.request)),
+                                  choose_held=choose_held, held=first_held)
+                for request, placement in admission.started:
+                    if not self.partitions.holds.claim(request.partition_id, "creating"):
+                        continue  # an operation on its id (a cancel) is under way: the next pass decides
+                    partition = self.partitions.partition_of(request.request, request.owner, allocation, placement)
+                    self.ledger.reserve(partition)
+                    self.queue.granting(request.partition_id)
+                    grants.append((request, partition))
+                first = admission.first
+                changed = first is not None and admission.held != first.held
+                if first is not None and changed:
+                    self.queue.hold(first.partition_id, admission.held)
+            if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
+                self._explain(allocation, layout, allowed, admission.held)
+                self._explained[allocation_id] = seen
+            if first is not None and (changed or first.partition_id in self._holds_unrecorded):
+                self._record_hold(first, admission.held)
+        finally:
+            for request, partition in grants:
+                self._grants.submit(self._grant, request, partition, layout)
+
+    def _record_hold(self, first: WaitingRequest, held: Shape) -> None:
+        """Write the IPUs held for a first request to its row, so that they outlive a restart; one
+        that could not be written is kept in memory and written by the next pass."""
+        try:
+            self.store.write(lambda tx: tx.hold_for(first, held))
+        except VipuError as error:
+            self._holds_unrecorded.add(first.partition_id)
+            log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
+                        first.partition_id, error.message)
+        else:
+            self._holds_unrecorded.discard(first.partition_id)
 
     def _explain(self, allocation: Allocation, layout: ClusterLayout, allowed: set[str], held: Shape) -> None:
         """Why each request of the allocation still waits, from placement, against the ledger as the
@@ -370,13 +396,18 @@ class RequestService:
                 log.info("partition %s of %d IPUs starts in allocation %s after waiting %.1f s", partition.id, partition.size,
                          partition.allocation_id, (datetime.now(UTC) - request.since).total_seconds())
                 self.partitions.configure_new(partition, layout, keep_on_error=request.keep_on_error)
-        except VipuError as error:
+        except Exception as failure:  # whatever it was, nothing is left reserved or marked for ever
+            if isinstance(failure, VipuError):
+                error = failure
+                log.warning("partition %s: %s", partition.id, error.message)
+            else:
+                error = VipuError(f"partition {partition.id} could not be started: {failure}")
+                log.exception("partition %s: its grant failed", partition.id)
             if not recorded:
                 self.ledger.forget(partition.id)
-                self.queue.granting(request.partition_id, underway=False)
+                self.queue.granting(request.partition_id, underway=False)  # still waiting: the next pass tries again
             elif self.ledger.get(partition.id) is None:
                 self.queue.remove(partition.id, error)  # for its waiting clients: no partition came of it
-            log.warning("partition %s: %s", partition.id, error.message)
         finally:
             self.partitions.holds.release(partition.id)
 

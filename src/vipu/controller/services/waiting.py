@@ -80,8 +80,9 @@ class WaitingRequests:
             return sorted({r.allocation_id for r in self._requests.values()})
 
     def held(self, allocation_id: str) -> tuple[Shape, str]:
-        """The IPUs held for the allocation's first waiting request, and its partition id."""
-        waiting = self.in_allocation(allocation_id, granting=True)
+        """The IPUs held for the allocation's first waiting request, and its partition id: one being
+        granted no longer counts (its partition has its IPUs), the request behind it does."""
+        waiting = self.in_allocation(allocation_id)
         return (waiting[0].held, waiting[0].partition_id) if waiting else (frozenset(), "")
 
     def hold(self, partition_id: str, held: Shape) -> None:
