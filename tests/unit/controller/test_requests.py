@@ -175,9 +175,13 @@ def test_a_waiting_request_is_cancelled_by_its_user_or_an_administrator_only(pod
         queued.cancel("a", CAROL)
     with pytest.raises(AlreadyExists, match="partition a already waits for room in allocation a1"):
         pod.partitions.create(PartitionRequest("a", 1), BOB)
+    with pytest.raises(AlreadyExists, match=r"^partition b already waits for room$"):  # not where, to another tenant
+        pod.partitions.create(PartitionRequest("b", 1), CAROL)
     queued.cancel("a", ALICE)
     with pytest.raises(Conflict, match="the request of partition a was cancelled by alice"):
         queued.wait("a", 1, ALICE)
+    with pytest.raises(NotFound, match="partition a does not exist and no request of it waits"):  # nor how it ended
+        queued.wait("a", 1, CAROL)
     queued.remove("b", access=ANYONE)  # removing a partition that only waits cancels its request
     assert queued.list() == []
     with pod.store.reading() as tx:
@@ -443,3 +447,33 @@ def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod,
     with pod.store.reading() as tx:
         assert tx.list_requests()[0].held == held
     requests.close()
+
+
+def test_no_request_is_left_waiting_in_an_allocation_being_removed(pod, queued, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    cancel_all, latecomers = pod.allocations.requests.cancel_all, []
+
+    def then_a_request_arrives(allocation_id, reason):
+        cancelled = cancel_all(allocation_id, reason)
+        try:
+            latecomers.append(queued.create(PartitionRequest("late", 4), wait_seconds=60))
+        except Conflict as refusal:
+            latecomers.append(refusal)
+        return cancelled
+
+    monkeypatch.setattr(pod.allocations.requests, "cancel_all", then_a_request_arrives)
+    pod.allocations.remove("a1", force=True)
+    assert [str(r) for r in latecomers] == ["allocation a1 is being removed: no request waits in it"]
+    assert queued.list() == [] and pod.partitions.queue.get("late") is None
+
+
+def test_a_request_whose_row_went_without_the_queue_knowing_is_cancelled_all_the_same(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "r", 4)
+    with pod.store.transaction() as tx:  # as its allocation's removal deletes it
+        tx.end_request(pod.partitions.queue.get("r"), "cancel")
+    queued.cancel("r")
+    assert queued.list() == []
+    with pytest.raises(Conflict, match="the request of partition r was cancelled"):
+        queued.wait("r", 1)
+    queue_up(queued, "r", 4)  # its id is free again

@@ -214,7 +214,7 @@ class PartitionService:
         self._check_request(request)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
-            self.refuse_if_taken(request.id)
+            self.refuse_if_taken(request.id, access)
             for attempt in range(PLACEMENT_ATTEMPTS):
                 try:
                     partition, layout, agents = self._place(request, access)
@@ -252,13 +252,15 @@ class PartitionService:
             reasons = "; ".join(current.errors) or failure.message
             raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
-    def refuse_if_taken(self, partition_id: str) -> None:
-        """AlreadyExists if a partition of that id exists or a request of it waits; the caller holds the id."""
+    def refuse_if_taken(self, partition_id: str, access: Access = OPEN_ACCESS) -> None:
+        """AlreadyExists if a partition of that id exists or a request of it waits (naming where only
+        to a caller who may use that allocation); the caller holds the id."""
         if self.ledger.get(partition_id) is not None:
             raise AlreadyExists(f"partition {partition_id} already exists")
         waiting = self.queue.get(partition_id)
         if waiting is not None:
-            raise AlreadyExists(f"partition {partition_id} already waits for room in allocation {waiting.allocation_id}")
+            where = f" in allocation {waiting.allocation_id}" if access.may_use(waiting.allocation_id) else ""
+            raise AlreadyExists(f"partition {partition_id} already waits for room{where}")
         self.queue.forget_ending(partition_id)
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:

@@ -25,6 +25,7 @@ serving controller goes on from it.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import threading
 import time
@@ -39,6 +40,7 @@ from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState
 from vipu.model.errors import (
     AlreadyExists,
+    ConcurrentUpdate,
     Conflict,
     InvalidArgument,
     NoRoom,
@@ -121,14 +123,23 @@ class RequestService:
 
     def _enqueue(self, request: PartitionRequest, access: Access, keep_on_error: bool, wait_seconds: float,
                  refusal: NoRoom) -> Waiting:
-        allocation_id = self._least_work_ahead(refusal.allocations or self._allocation_ids(request, access))
+        fitting = refusal.allocations or self._allocation_ids(request, access)
+        open_ones = tuple(a for a in fitting if not self.queue.is_closing(a))
+        if not open_ones:
+            raise Conflict(f"allocation {fitting[0]} is being removed: no request waits in it")
+        allocation_id = self._least_work_ahead(open_ones)
         now = datetime.now(UTC)
         waiting = WaitingRequest(request, allocation_id, access.user_id, now, now + timedelta(seconds=wait_seconds), keep_on_error)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.partitions.holds.hold(request.id, "queueing", busy=taken):
-            self.partitions.refuse_if_taken(request.id)
+            self.partitions.refuse_if_taken(request.id, access)
             self.store.write(lambda tx: tx.add_request(waiting))
             self.queue.add(waiting)
+            if self.queue.is_closing(allocation_id):  # its removal began meanwhile, and may have missed it
+                closed = Conflict(f"allocation {allocation_id} is being removed: no request waits in it")
+                with contextlib.suppress(Conflict):
+                    self._end(waiting, "cancel", closed)
+                raise closed
         log.info("partition %s of %d IPUs waits in allocation %s (up to %g s): %s", request.id, request.size,
                  allocation_id, wait_seconds, refusal.message)
         self.dispatch(allocation_id)  # it may start at once, should room have appeared meanwhile
@@ -181,9 +192,9 @@ class RequestService:
         request = self.queue.get(partition_id)
         if request is not None and access.may_use(request.allocation_id):
             return Settled(waiting=self._seen(request))
-        ending = self.queue.ending(partition_id)
-        if ending is not None:
-            raise ending
+        ended = self.queue.ending(partition_id)
+        if ended is not None and access.may_use(ended[0]):
+            raise ended[1]
         raise NotFound(f"partition {partition_id} does not exist and no request of it waits")
 
     def list(self, allocation_id: str = "", access: Access = OPEN_ACCESS) -> list[Waiting]:
@@ -234,9 +245,18 @@ class RequestService:
         self.partitions.remove(partition_id, force=force, access=access)
 
     def _end(self, request: WaitingRequest, transition: str, ending: VipuError) -> None:
-        """Take the request out of the queue by `transition`, keeping how it ended for its clients."""
-        self.store.write(lambda tx: tx.end_request(request, transition))
-        self.queue.remove(request.partition_id, ending)
+        """Take the request out of the queue by `transition`, keeping how it ended for its clients.
+        A Conflict if it ended meanwhile; but one whose row went without this controller ending
+        it (deleted with its allocation) is taken out all the same: it waits no more."""
+        try:
+            self.store.write(lambda tx: tx.end_request(request, transition))
+        except Conflict:
+            current = self.queue.get(request.partition_id)
+            if (current is None or current.sequence != request.sequence or self.queue.is_granting(request.partition_id)
+                    or self.ledger.get(request.partition_id) is not None):
+                raise  # ended here meanwhile, or became its partition
+            log.info("partition %s: its request was no longer in the store (its allocation was removed)", request.partition_id)
+        self.queue.remove(request, ending)
         log.info("partition %s: %s", request.partition_id, ending.message)
 
     def _seen(self, request: WaitingRequest) -> Waiting:
@@ -392,7 +412,7 @@ class RequestService:
             with self.partitions.operations.admitted():
                 self.store.write(lambda tx: self._record_grant(tx, request, partition))
                 recorded = True
-                self.queue.remove(request.partition_id)
+                self.queue.remove(request)
                 log.info("partition %s of %d IPUs starts in allocation %s after waiting %.1f s", partition.id, partition.size,
                          partition.allocation_id, (datetime.now(UTC) - request.since).total_seconds())
                 self.partitions.configure_new(partition, layout, keep_on_error=request.keep_on_error)
@@ -406,8 +426,11 @@ class RequestService:
             if not recorded:
                 self.ledger.forget(partition.id)
                 self.queue.granting(request.partition_id, underway=False)  # still waiting: the next pass tries again
+                if isinstance(error, Conflict) and not isinstance(error, ConcurrentUpdate):
+                    with contextlib.suppress(Conflict):  # its row went (with its allocation, say): it waits no more
+                        self._end(request, "cancel", error)
             elif self.ledger.get(partition.id) is None:
-                self.queue.remove(partition.id, error)  # for its waiting clients: no partition came of it
+                self.queue.remove(request, error)  # for its waiting clients: no partition came of it
         finally:
             self.partitions.holds.release(partition.id)
 
