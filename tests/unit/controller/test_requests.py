@@ -481,3 +481,14 @@ def test_a_request_whose_row_went_without_the_queue_knowing_is_cancelled_all_the
         queued.wait("r", 1)
     queue_up(queued, "r", 4)  # its id is free again
 
+
+def test_capacity_says_which_free_ipus_are_on_machines_down_and_which_are_held_for_the_first_request(pod):
+    pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 4 + i) for i in range(4)), cluster_id="cl0"))  # ag2
+    pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # ag1, free, is down
+    requests = RequestService(pod.partitions)
+    assert isinstance(requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
+    room = pod.partitions.capacity()[0]
+    assert (room.free_ipus, room.down_ipus, room.held_ipus, room.held_for) == (12, 4, 8, "big")
+    requests.close()

@@ -96,6 +96,9 @@ class AllocationRoom:
     fitting: int
     largest: int
     blocked: str = ""
+    down_ipus: int = 0  # of the free IPUs, those on machines that are down
+    held_ipus: int = 0  # of the free IPUs, those held for the first waiting request, `held_for`
+    held_for: str = ""
 
     @property
     def free_ipus(self) -> int:
@@ -175,16 +178,20 @@ class PartitionService:
                     raise NotFound(f"cluster {cluster_id} does not exist")
                 allocations = [a for a in tx.list_allocations(cluster_id or None) if access.may_use(a.id)]
             layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in allocations}}
+            down = {a.id: self.down_agents(tx, a.agent_ids) for a in allocations}
         rooms = []
         for allocation in allocations:
             layout, allowed = layouts[allocation.cluster_id], set(allocation.agent_ids)
             used = self.ledger.used_ipus(allocation.id)
             in_use = sum(len(ipus) for agent, ipus in used.items() if agent in allowed)
             blocked = (f"cluster {allocation.cluster_id} is under test" if allocation.cluster_id in self.under_test else "")
+            held, held_for = self.queue.held(allocation.id)
             rooms.append(AllocationRoom(
                 allocation.id, allocation.cluster_id, len(allowed) * IPUS_PER_MACHINE, in_use,
                 fitting=0 if blocked or not size else count_fitting(layout, allowed, used, size),
-                largest=0 if blocked else largest_fitting(layout, allowed, used), blocked=blocked))
+                largest=0 if blocked else largest_fitting(layout, allowed, used), blocked=blocked,
+                down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in down[allocation.id]),
+                held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())), held_for=held_for))
         return rooms
 
     def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:
