@@ -72,7 +72,7 @@ def _admission(pod: Pod, policy: str):
 
     def queued(waiting: list[Job], used: dict, free: int, held):
         decided = admit(waiting, used, lambda job, taken: try_place(layout, allowed, taken, job.size),
-                        lambda job, taken: choose_reservation(layout, allowed, taken, job.size), held=held,
+                        lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size), held=held,
                         backfill=policy == "FIFO + backfill")
         return [(job, [(i.agent_id, i.index) for i in placement.ipus]) for job, placement in decided.started], decided.held
 

@@ -1,6 +1,7 @@
 -- vipu's job_submit filter for Slurm's job_submit/lua plugin: a job's --ipus=N becomes a request
 -- of N licences "ipu", so that Slurm starts it only while N IPUs are free and otherwise keeps it
--- PENDING with its own reason (Licenses).
+-- PENDING with its own reason (Licenses). A later change of the job's licences (scontrol update
+-- Licenses=...) keeps that count: a job cannot escape it.
 --
 -- Install it as job_submit.lua beside slurm.conf, with
 --     JobSubmitPlugins=lua
@@ -41,6 +42,20 @@ local function with_ipus(licenses, ipus)
     return table.concat(kept, ",")
 end
 
+-- The count of licences "ipu" in a job's licences ("ipu:4,other:1"), or nil.
+local function licensed_ipus(licenses)
+    if licenses == nil then
+        return nil
+    end
+    for item in string.gmatch(licenses, "[^,]+") do
+        local name, count = string.match(item, "^([^:]+):?(%d*)$")
+        if name == LICENCE then
+            return tonumber(count) or 1
+        end
+    end
+    return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
     local ipus = requested_ipus(job_desc)
     if ipus ~= nil and ipus > 0 then
@@ -50,6 +65,15 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    if job_desc.licenses == nil then
+        return slurm.SUCCESS
+    end
+    -- The job's IPUs are what its licences "ipu" count since its submission: asked for with --ipus,
+    -- they stay asked for whatever licences the change names.
+    local ipus = licensed_ipus(job_rec.licenses)
+    if ipus ~= nil and ipus > 0 then
+        job_desc.licenses = with_ipus(job_desc.licenses, ipus)
+    end
     return slurm.SUCCESS
 end
 

@@ -184,11 +184,20 @@ def test_a_relocatable_partition_whose_machine_fails_to_apply_it_is_made_elsewhe
 def test_reset_relocate_moves_a_partition_on_demand_and_rewrites_its_files(pod):
     pod.register(machines=2)
     assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    before = (pod.ipuof_dir / "p1_ipuof.conf").read_text()
     moved = pod.user("reset", "partition", "p1", "--relocate")
     assert moved.out == "reset partition (p1): success.\n", moved.err
     assert MOVED.match(pairs(pod.user("get", "partition", "p1").out)["Relocated"]).groups() == ("ag1", "ag2", "asked for")
     assert devices(pod, "p1") == [(endpoint(pod, "m02"), i) for i in range(4)]
     assert ipuof(pod, "--partition", "p1").code == 0
+
+    (pod.ipuof_dir / "p1_ipuof.conf").write_text(before)  # a copy from before the move, which cannot be rewritten:
+    (pod.ipuof_dir / ".p1_ipuof.conf.tmp").mkdir()  # where the new file would be written first is taken
+    ran = ipuof(pod, "--partition", "p1", env=reaching_the_controller(pod))
+    assert (ran.code, ran.out) == (0, "run (p1): success. 4 IPUs in 1 GCD(s) ran the test program; its IPUoF files are out of "
+                                      "date (it moved) and could not be rewritten (Is a directory), so it ran on vipu-server's "
+                                      "configuration.\n"), ran.err
+    (pod.ipuof_dir / ".p1_ipuof.conf.tmp").rmdir()
     assert pod.user("create", "partition", "p2", "--size", "4").code == 0  # ag1
     refused = pod.user("reset", "partition", "p1", "--relocate")
     assert refused.code == 1 and refused.err == (

@@ -116,6 +116,11 @@ def test_ipus_held_outside_slurm_are_reserved_out_of_its_licences(world):
     job = world.submit("--ipus=4", "--wrap", "true")
     wait_until(lambda: queue(world, [job]).get(job) == ("PENDING", "Licenses"), what="the job to wait for licences")
     assert world.partitions() == ["by-hand"]
+    for licences in ("", "ipu:1"):  # its user cannot change the IPUs it counts
+        changed = world.slurm.run("scontrol", "update", f"JobId={job}", f"Licenses={licences}")
+        assert changed.returncode == 0, changed.stderr
+        assert world.job(job)["Licenses"] == "ipu:4"
+        wait_until(lambda: queue(world, [job]).get(job) == ("PENDING", "Licenses"), what="the job to wait for licences again")
     assert world.pod.user("remove", "partition", "by-hand").code == 0
     reserved(world, 0)
     world.wait_done(job, timeout=60)

@@ -67,15 +67,17 @@ def run_program(configs, partition_id, ipuof_dir, seed, timeout):
             fresh = _read_again(gcds, os.environ, timeout) if paths else None
             if fresh is None:
                 raise
-            gcds, rewritten = fresh, "; its IPUoF files were out of date (it moved) and are rewritten"
+            gcds, rewritten = fresh
             ipus = client.run(gcds, seed)
         client.close()
     click.echo(f"run ({gcds[0].partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) ran the test program{rewritten}.")
 
 
-def _read_again(gcds: list[ipuof_client.GcdFile], env, timeout: float) -> list[ipuof_client.GcdFile] | None:
-    """The partition's files rewritten from vipu-server's configuration, if that differs from theirs;
-    None if it does not, or vipu-server cannot say (the run's own failure is then the answer)."""
+def _read_again(gcds: list[ipuof_client.GcdFile], env, timeout: float) -> tuple[list[ipuof_client.GcdFile], str] | None:
+    """The partition's configuration from vipu-server, if it differs from its files', with the
+    files rewritten from it, and what to say of them; None if it does not differ, or vipu-server
+    cannot say (the run's own failure is then the answer). Files that cannot be rewritten (their
+    directory not writable, say) do not stop the run on the fresh configuration."""
     partition_id = gcds[0].partition_id
     port = env.get("IPUOF_VIPU_API_PORT", "")
     try:
@@ -93,9 +95,13 @@ def _read_again(gcds: list[ipuof_client.GcdFile], env, timeout: float) -> list[i
         fresh.append(ipuof_client.parse(ipuof_files.document(gcd), str(old.path), old.path))
     if [g.devices for g in fresh] == [g.devices for g in gcds]:
         return None
-    for old in gcds:
-        ipuof_files.write_gcd(old.path, current[old.gcd_id])
-    return fresh
+    try:
+        for old in gcds:
+            ipuof_files.write_gcd(old.path, current[old.gcd_id])
+    except OSError as error:
+        return fresh, (f"; its IPUoF files are out of date (it moved) and could not be rewritten ({error.strerror}), "
+                       "so it ran on vipu-server's configuration")
+    return fresh, "; its IPUoF files were out of date (it moved) and are rewritten"
 
 
 def _from_controller(env) -> list[ipuof_client.GcdFile]:

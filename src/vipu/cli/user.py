@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -33,7 +32,8 @@ from vipu.cli.common import (
 from vipu.client.settings import client_settings
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.errors import InvalidArgument
+from vipu.model.queue import MAX_WAIT_SECONDS
 
 SYNC_TYPES = {
     "c2-compatible": pb.ST_GS2_DEFAULT,
@@ -45,7 +45,6 @@ SYNC_NAMES = {number: name for name, number in SYNC_TYPES.items()}
 COUNT = click.IntRange(0, 2**32 - 1)  # what a uint32 field can carry; the server judges the value
 IPULINK_ROUTINGS = {"dnc": pb.IRT_DNC, "swnc": pb.IRT_SWNC, "btnc": pb.IRT_BTNC, "ringswnc": pb.IRT_RINGSWNC}
 DEFAULT_WAIT_SECONDS = 3600
-MAX_WAIT_SECONDS = 7 * 24 * 3600  # the controller's limit
 
 
 def ild_routing(value: int) -> str:
@@ -144,19 +143,13 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
     if not wait and click.get_current_context().get_parameter_source("timeout") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--timeout needs --wait")
     with reporting("create partition", partition_id):
-        try:
-            config = user.create_partition(
-                partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
-                allocation_id=allocation_id, reconfigurable=reconfigurable,
-                sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
-                ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
-                num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
-                index=index, relocatable=relocatable, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
-        except KeyboardInterrupt:
-            if wait:  # the request would wait on, for nobody
-                with contextlib.suppress(VipuError):
-                    user.cancel_queued(partition_id)
-            raise
+        config = user.create_partition(  # interrupted while it waits, the request is withdrawn
+            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
+            allocation_id=allocation_id, reconfigurable=reconfigurable,
+            sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
+            ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
+            num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
+            index=index, relocatable=relocatable, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 

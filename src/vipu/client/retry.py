@@ -88,3 +88,11 @@ class RetryPolicy:
         for n in tries:
             yield min(self.first_delay * 2 ** (n - 1), self.longest_delay)
 
+
+
+def answered_early(asked: float, took: float) -> bool:
+    """Whether a call asked to wait up to `asked` seconds that came back after `took` seconds with
+    nothing settled came back well before its time: the server did not wait (its places for
+    waiting calls were all taken, say), so calling again at once would spin. Such a client pauses
+    first, by a RetryPolicy, as after a temporary error."""
+    return took < asked / 2

@@ -11,14 +11,15 @@ from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.client.base import EndpointClient
 from vipu.client.connection import Stream
-from vipu.client.retry import RetryPolicy
+from vipu.client.retry import RetryPolicy, answered_early
 from vipu.model.errors import HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
+from vipu.model.queue import WAIT_CALL_SECONDS
 
-# How long one waiting call may last at most, and how long past its own deadline a waiting client
-# lets the controller end the request (so that it is told the controller's last reason).
-WAIT_CALL_SECONDS = 20
+# How long past its own deadline a waiting client lets the controller end the request (so that it
+# is told the controller's last reason).
 DEADLINE_GRACE_SECONDS = 5.0
-# Between waiting calls that failed for a moment (the leader changed, say).
+# Between waiting calls that failed for a moment (the leader changed, say), or that the controller
+# answered at once without waiting (its places for waiting calls all taken).
 WAIT_RETRY = RetryPolicy(attempts=None, first_delay=0.2, longest_delay=2.0)
 
 
@@ -39,16 +40,29 @@ class UserClient(EndpointClient):
         `index` places a reconfigurable partition at the index-th run of `size` IPUs of its allocation.
         With `wait` (seconds), a request that does not fit now waits for room in its allocation's
         queue until the partition is ACTIVE (`on_wait` is told of its place and reason as they
-        change); at the deadline it is cancelled and NoRoom says why it waited."""
-        created = self.create_or_queue(
-            partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id, allocation_id=allocation_id,
-            reconfigurable=reconfigurable, sync_type=sync_type, ipulink_routing=ipulink_routing,
-            num_ipulink_segments=num_ipulink_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
-            index=index, relocatable=relocatable, wait_seconds=math.ceil(wait))
+        change); at the deadline it is withdrawn and NoRoom says why it waited. Interrupted
+        (Ctrl-C) while it waits, the request is withdrawn too: cancelled, or the partition it
+        became meanwhile removed."""
+        try:
+            created = self.create_or_queue(
+                partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
+                allocation_id=allocation_id, reconfigurable=reconfigurable, sync_type=sync_type,
+                ipulink_routing=ipulink_routing, num_ipulink_segments=num_ipulink_segments,
+                disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, index=index, relocatable=relocatable,
+                wait_seconds=math.ceil(wait))
+        except KeyboardInterrupt:
+            if wait:  # no answer yet: the id may be a partition made before, so only a waiting request is cancelled
+                with contextlib.suppress(VipuError):
+                    self.cancel_queued(partition_id)
+            raise
         if created.HasField("ipuof_config"):
             return created.ipuof_config
         if created.HasField("queued"):
-            return self.wait_partition(partition_id, math.ceil(wait), on_wait, created.queued)
+            try:
+                return self.wait_partition(partition_id, math.ceil(wait), on_wait, created.queued)
+            except KeyboardInterrupt:
+                self.withdraw(partition_id)
+                raise
         return self.ipuof_config(partition_id)  # a controller from before the reply carried it
 
     def create_or_queue(self, partition_id: str, size: int, *, wait_seconds: int = 0, index: int | None = None,
@@ -78,22 +92,24 @@ class UserClient(EndpointClient):
         to be ACTIVE; its IPUoF configuration. NoRoom at the deadline, the request cancelled; the
         controller's error if the request ended otherwise; HardwareFailure if it went to ERROR.
         Each call waits at most WAIT_CALL_SECONDS; one the controller could not answer (a new
-        leader taking over, say) is made again until the deadline."""
+        leader taking over, say), or answered at once without waiting (its places for waiting
+        calls all taken), is made again after a pause that grows, until the deadline."""
         deadline = time.monotonic() + seconds + DEADLINE_GRACE_SECONDS
         if queued is not None and on_wait is not None:
             on_wait(queued)
-        retries = WAIT_RETRY.delays()
+        pauses = WAIT_RETRY.delays()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                with contextlib.suppress(VipuError):  # the controller lets it go at its own deadline anyway
-                    self.cancel_queued(partition_id)
+                self.withdraw(partition_id)  # the controller lets it go at its own deadline anyway
                 why = f": {queued.reason}" if queued is not None else ""
                 raise NoRoom(f"partition {partition_id} did not start within {seconds:g} s{why}")
+            asked = max(1, min(math.floor(remaining), math.floor(self.connection.timeout / 2), WAIT_CALL_SECONDS))
+            began = time.monotonic()
             try:
-                reply = self.wait_once(partition_id, max(1, min(math.floor(remaining), math.floor(self.connection.timeout / 2))))
+                reply = self.wait_once(partition_id, asked)
             except Unavailable:
-                time.sleep(min(next(retries), max(0.0, deadline - time.monotonic())))
+                time.sleep(min(next(pauses), max(0.0, deadline - time.monotonic())))
                 continue
             if reply.HasField("queued"):
                 if on_wait is not None and (queued is None or (reply.queued.position, reply.queued.reason)
@@ -104,6 +120,17 @@ class UserClient(EndpointClient):
                 return reply.ipuof_config if reply.HasField("ipuof_config") else self.ipuof_config(partition_id)
             elif reply.status.ready_state == pb.PS_ERROR:
                 raise HardwareFailure(f"partition {partition_id} is in ERROR: {'; '.join(reply.status.errors)}")
+            if reply.busy or answered_early(asked, time.monotonic() - began):
+                time.sleep(min(next(pauses), max(0.0, deadline - time.monotonic())))
+            else:
+                pauses = WAIT_RETRY.delays()
+
+    def withdraw(self, partition_id: str) -> None:
+        """Give up a request made to wait: cancel it if it still waits, or remove the partition it
+        became meanwhile (a forced remove, which waits for its create to end); nothing if neither
+        is left. Errors are left to the controller, which ends a request at its own deadline."""
+        with contextlib.suppress(VipuError):
+            self.remove_partition(partition_id, force=True)
 
     def list_queued(self, allocation_id: str = "") -> list[pb.QueuedRequest]:
         """The requests waiting for room in the allocations this user may use (or one), each queue in order."""
@@ -117,8 +144,9 @@ class UserClient(EndpointClient):
         self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
 
     def reset_partition(self, partition_id: str, relocate: bool = False) -> None:
-        """Reset a partition; with `relocate`, onto other IPUs of its allocation, off machines that failed it."""
-        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id, relocatable=relocate))
+        """Reset a partition; with `relocate`, move it now to other IPUs of its allocation, off the
+        machines that failed it (or all of its own)."""
+        self._call("ResetPartition", pb.ResetPartitionRequest(partition_id=partition_id, relocate=relocate))
 
     def list_partitions(self, allocation_id: str = "") -> list[pb.Partition]:
         return list(self._call("ListPartitions", pb.ListPartitionsRequest(allocation_id=allocation_id)).partitions)

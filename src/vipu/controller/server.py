@@ -109,7 +109,7 @@ class Controller:
         self.store.on_commit = self._committed
         under_test: set[str] = set()
         self.partitions = PartitionService(self.store, self.hardware, under_test, self.changes)
-        self.requests = RequestService(self.partitions)
+        self.requests = RequestService(self.partitions, config.workers, self.changes.max_watchers)
         self.allocations = AllocationService(self.store, self.partitions, self.requests)
         self.clusters = ClusterService(self.store, self.allocations, under_test)
         self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))

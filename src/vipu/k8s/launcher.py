@@ -3,9 +3,10 @@
 It waits until every worker pod of the job is Ready, then has the V-IPU proxy create the job's
 partition (or reset it, when the job already owns it from an earlier run). A job that does not
 fit yet waits in the controller's queue, first come first served: the proxy answers 202 with its
-place and reason after each WAIT_SECONDS, and it asks again at once. Only when the controller or
-the proxy cannot be reached does it back off before asking again. A request that can never
-succeed (a bad size, say) ends it with status 1 and the reason on standard error.
+place and reason after each WAIT_SECONDS, and it asks again at once. When the controller or the
+proxy cannot be reached, or a 202 comes back well before WAIT_SECONDS (the controller's places
+for waiting calls were all taken, so nobody waited), it backs off before asking again. A request
+that can never succeed (a bad size, say) ends it with status 1 and the reason on standard error.
 Everything it needs comes from the environment the operator gives it (`jobs.launcher_pod`).
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 
 from kubernetes import client, watch
 
-from vipu.client.retry import RetryPolicy, Verdict, verdict_of_http
+from vipu.client.retry import RetryPolicy, Verdict, answered_early, verdict_of_http
 from vipu.k8s import kube, rest
 from vipu.k8s.jobs import JOB_LABEL, ROLE_LABEL
 
@@ -67,6 +68,7 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
     url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
     delays, said = WAITING.delays(), ""
     while True:
+        began = time.monotonic()
         try:
             status, reply = rest.call("POST", url, body)
         except OSError as error:
@@ -79,9 +81,11 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
         if why != said:
             log.info("waiting for partition %s of %d IPUs: %s", body["id"], body["size"], why)
             said = why
-        if status == 202:  # it waits in the controller's queue: ask again at once, it keeps its place
+        if status == 202:  # it waits in the controller's queue, and keeps its place there
             body["resume"] = True
-            continue
+            if not answered_early(WAIT_SECONDS, time.monotonic() - began):  # the call waited its time: ask again at once
+                delays = WAITING.delays()
+                continue
         time.sleep(next(delays))
 
 

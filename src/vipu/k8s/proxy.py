@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field
 from vipu.api.protos import vipuuser_pb2
 from vipu.client.retry import http_status
 from vipu.client.settings import ClientSettings
-from vipu.client.user import WAIT_CALL_SECONDS, UserClient
+from vipu.client.user import UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
@@ -63,6 +63,7 @@ from vipu.model.errors import (
     Unauthenticated,
     VipuError,
 )
+from vipu.model.queue import WAIT_CALL_SECONDS
 
 log = logging.getLogger("vipu.k8s.proxy")
 

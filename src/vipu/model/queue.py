@@ -34,6 +34,11 @@ from vipu.model.placement import Placement, Shape
 WAITING = "WAITING"
 ABSENT = None
 
+# The longest a request may wait: no request waits without a deadline.
+MAX_WAIT_SECONDS = 7 * 24 * 3600
+# The longest one waiting call (the API's WaitPartition) lasts; clients call again until their own deadline.
+WAIT_CALL_SECONDS = 20
+
 TRANSITIONS: dict[str, dict[str | None, str | None]] = {
     "enqueue": {ABSENT: WAITING},
     "grant": {WAITING: ABSENT},
@@ -48,7 +53,7 @@ def target(partition_id: str, transition: str, source: str | None) -> str | None
     if moves is None:
         raise ValueError(f"no transition named {transition!r} in the request life cycle")
     if source not in moves:
-        raise Conflict(f"the request for partition {partition_id} is {'waiting' if source else 'not waiting'}: "
+        raise Conflict(f"the request for partition {partition_id} is {'already waiting' if source else 'no longer waiting'}: "
                        f"'{transition}' does not apply")
     return moves[source]
 
@@ -90,11 +95,13 @@ class Admission(Generic[T]):
 
 
 def admit(queue: Sequence[T], used: Used, place: Callable[[T, Used], Placement | None],
-          choose_held: Callable[[T, Used], Shape], held: Shape = frozenset(), backfill: bool = True) -> Admission[T]:
+          choose_held: Callable[[T, Used, Sequence[tuple[T, Placement]]], Shape], held: Shape = frozenset(),
+          backfill: bool = True) -> Admission[T]:
     """Which of the waiting requests (in arrival order) start now, against the IPUs `used`.
 
-    `place(request, used)` is placement (None: no room); `choose_held(request, used)` picks the
-    shape to hold for a first request that does not fit; `held` is what is already held for the
+    `place(request, used)` is placement (None: no room); `choose_held(request, used, started)`
+    picks the shape to hold for a first request that does not fit, `used` counting the requests
+    `started` ahead of it in this pass (and where); `held` is what is already held for the
     queue's first request (kept while it stays first, so that what backfill decided around it
     stays true). Without `backfill`, nothing starts ahead of the first request: plain FIFO, the
     baseline the allocator benchmark compares against.
@@ -113,7 +120,7 @@ def admit(queue: Sequence[T], used: Used, place: Callable[[T, Used], Placement |
         return Admission(tuple(started), None, frozenset())
     first = waiting[0]
     if not held:
-        held = choose_held(first, taken)
+        held = choose_held(first, taken, started)
     if backfill:
         outside = {agent: set(indices) for agent, indices in taken.items()}
         for agent, index in held:

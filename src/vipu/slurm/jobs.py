@@ -43,6 +43,14 @@ def partition_id(job_id: str) -> str:
     return f"{PARTITION_PREFIX}{job_id}"
 
 
+def job_of(partition: str) -> str | None:
+    """The id of the Slurm job whose partition (or request) this is by its name (`slurm-<job id>`),
+    or None. A name alone proves nothing (anyone may name a partition so): who counts what as a
+    job's checks the id against Slurm's jobs."""
+    job_id = partition.removeprefix(PARTITION_PREFIX)
+    return job_id if partition.startswith(PARTITION_PREFIX) and job_id.isdigit() else None
+
+
 
 def job_owner(env: Mapping[str, str]) -> int | None:
     """The job's user, who must read its IPUoF files (readable by their owner only), when the
@@ -175,7 +183,7 @@ class JobPartitions:
         whose partition or request is listed was submitted before the states were taken, so a job
         missing from them is over. Run by each prolog, and by vipu-slurm-service every few seconds."""
         def ours(ids) -> list[str]:
-            return [i for i in ids if i.startswith(PARTITION_PREFIX) and i.removeprefix(PARTITION_PREFIX).isdigit()]
+            return [i for i in ids if job_of(i) is not None]
 
         made = ours(p.id for p in self.user.list_partitions())
         waiting = ours(q.partition_id for q in self.user.list_queued())

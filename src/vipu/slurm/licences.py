@@ -6,10 +6,18 @@ slurm.conf declares `Licenses=ipu:N`, N the IPUs of the allocations vipu gives S
 licences. Slurm then starts a job only while enough IPUs are free, and otherwise keeps it PENDING
 in its own order with its own reason (`Licenses`): no job is started to be refused and requeued.
 
-IPUs held by partitions made outside Slurm (`vipu create partition`, Kubernetes jobs) are taken
-out of Slurm's count by a reservation of licences only, `vipu-outside`, which no job uses: `sync`
-sets it to what those partitions hold, so that the licences free for jobs are the IPUs free.
-vipu-slurm-service runs it every `--licences-interval` seconds; `vipu-slurm-licences` once.
+IPUs that Slurm's jobs cannot have are taken out of Slurm's count by a reservation of licences
+only, `vipu-outside`, which no job uses: `sync` sets it to them, so that the licences free for
+jobs are the IPUs free for them. They are the IPUs of partitions that are not a Slurm job's
+(`vipu create partition`, Kubernetes jobs; a partition named `slurm-<n>` counts as job n's only
+while Slurm knows job n and it is not over, so a name alone escapes nothing), the free IPUs on
+machines that are down, and the free IPUs held for a request waiting first in its allocation's
+queue that is not a Slurm job's. vipu-slurm-service runs it every `--licences-interval` seconds;
+`vipu-slurm-licences` once.
+
+slurmctld (22.05, as the Slurm tests run it) accepts the reservation's creation and its updates
+while running jobs hold the licences it takes (it does not need the IGNORE_JOBS flag): the jobs
+keep theirs, and the next jobs wait for licences until enough are free.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import click
 from vipu.client.user import UserClient
 from vipu.model.errors import InvalidArgument, Unavailable, VipuError
 from vipu.slurm import config as slurm_config
-from vipu.slurm.jobs import PARTITION_PREFIX, command
+from vipu.slurm.jobs import OVER, Scontrol, command, job_of
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +48,22 @@ class Count:
 
     licences: int  # Licenses=ipu:N in slurm.conf
     given: int  # the IPUs of the allocations vipu gives Slurm's user
-    outside: int  # held by partitions Slurm's jobs did not make: reserved out of Slurm's count
+    outside: int  # held by partitions Slurm's jobs did not make
+    down: int = 0  # free, but on machines that are down
+    held: int = 0  # free, but held for a request waiting first in its queue that is not a Slurm job's
+
+    @property
+    def reserved(self) -> int:
+        """What no job may have: reserved out of Slurm's count (at most all of it)."""
+        return min(self.outside + self.down + self.held, self.licences)
 
     def describe(self) -> str:
-        line = f"{self.licences} licences {LICENCE}; {self.outside} IPUs held outside Slurm, reserved ({RESERVATION})"
+        line = f"{self.licences} licences {LICENCE}; {self.outside} IPUs held outside Slurm"
+        if self.down:
+            line += f", {self.down} free on machines that are down"
+        if self.held:
+            line += f", {self.held} free held for a request outside Slurm"
+        line += f", reserved ({RESERVATION})"
         if self.licences != self.given:
             line += (f"; but vipu gives Slurm's user {self.given} IPUs: set Licenses={LICENCE}:{self.given} in slurm.conf "
                      "and reconfigure")
@@ -79,14 +99,23 @@ def reserve(count: int) -> None:
                           f"{done.stderr.strip() or done.stdout.strip()}")
 
 
-def sync(user: UserClient) -> Count:
-    """Reserve out of Slurm's licences the IPUs that partitions made outside Slurm hold now."""
+def sync(user: UserClient, slurm: Scontrol | None = None) -> Count:
+    """Reserve out of Slurm's licences the IPUs its jobs cannot have now (the module says which)."""
     total = licences()
-    given = sum(a.total_ipus for a in user.capacity().allocations)
-    outside = sum(len(p.spec.ipus) for p in user.list_partitions()
-                  if not (p.id.startswith(PARTITION_PREFIX) and p.id.removeprefix(PARTITION_PREFIX).isdigit()))
-    reserve(min(outside, total))
-    return Count(total, given, outside)
+    rooms = user.capacity().allocations
+    partitions = user.list_partitions()
+    jobs = (slurm or Scontrol()).job_states()
+
+    def slurms(partition: str) -> bool:
+        job = job_of(partition)
+        return job is not None and jobs.get(job, "COMPLETED") not in OVER
+
+    count = Count(total, sum(a.total_ipus for a in rooms),
+                  outside=sum(len(p.spec.ipus) for p in partitions if not slurms(p.id)),
+                  down=sum(a.down_ipus for a in rooms),
+                  held=sum(a.held_ipus for a in rooms if a.held_for and not slurms(a.held_for)))
+    reserve(count.reserved)
+    return count
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

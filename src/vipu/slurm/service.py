@@ -158,7 +158,7 @@ def upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
     while True:
         try:
             jobs.forget_finished_jobs()
-            line = licences.sync(jobs.user).describe()
+            line = licences.sync(jobs.user, jobs.slurm).describe()
         except VipuError as error:
             line = f"licences not synced: {error.message}"
         if line != said:

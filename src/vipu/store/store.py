@@ -70,7 +70,6 @@ from vipu.model.entities import (
 from vipu.model.errors import (
     AlreadyExists,
     ConcurrentUpdate,
-    Conflict,
     InvalidArgument,
     Unavailable,
     VipuError,
@@ -153,6 +152,7 @@ DELETE_IPUS_OF_PARTITION = delete(IPUS).where(IPUS.c.partition_id == bindparam("
 # A waiting request is the row of its arrival number and partition id: a request that has gone is not there.
 THE_REQUEST = and_(REQUESTS.c.sequence == bindparam("arrival"), REQUESTS.c.partition_id == bindparam("request"))
 DELETE_REQUEST = delete(REQUESTS).where(THE_REQUEST)
+REQUEST_OF_PARTITION = select(REQUESTS.c.sequence).where(REQUESTS.c.partition_id == bindparam("request"))
 HOLD_FOR_REQUEST = update(REQUESTS).where(THE_REQUEST).values(held=bindparam("new_held"))
 
 
@@ -718,9 +718,11 @@ class Transaction:
         return [_waiting(row) for row in self.connection.execute(select(REQUESTS).order_by(REQUESTS.c.sequence))]
 
     def add_request(self, request: queue.WaitingRequest) -> None:
-        """Record a request by its life cycle's 'enqueue'; it gets its arrival number. A partition id
-        already waiting is a lost race (ConcurrentUpdate)."""
-        queue.target(request.partition_id, "enqueue", queue.ABSENT)
+        """Record a request by its life cycle's 'enqueue'; it gets its arrival number. A request of
+        that partition id found waiting is refused by the life cycle (a `Conflict`); one that
+        appears meanwhile is a lost race (ConcurrentUpdate)."""
+        found = self.connection.execute(REQUEST_OF_PARTITION, {"request": request.partition_id}).first()
+        queue.target(request.partition_id, "enqueue", queue.ABSENT if found is None else queue.WAITING)
         try:
             with self.connection.begin_nested():
                 inserted = self.connection.execute(insert(REQUESTS).values(
@@ -734,12 +736,10 @@ class Transaction:
 
     def end_request(self, request: queue.WaitingRequest, transition: str) -> None:
         """Apply 'grant', 'cancel' or 'expire': the request stops waiting, as a compare-and-set on its
-        arrival number; a `Conflict` if it no longer waits (another change ended it meanwhile)."""
-        queue.target(request.partition_id, transition, queue.WAITING)
+        arrival number: the row deleted, it was WAITING; none, it no longer waits (another change
+        ended it meanwhile), and the life cycle refuses the transition with a `Conflict`."""
         gone = self.connection.execute(DELETE_REQUEST, {"arrival": request.sequence, "request": request.partition_id})
-        if gone.rowcount != 1:
-            raise Conflict(f"the request for partition {request.partition_id} is no longer waiting: "
-                           f"another change ended it before '{transition}'")
+        queue.target(request.partition_id, transition, queue.WAITING if gone.rowcount == 1 else queue.ABSENT)
 
     def hold_for(self, request: queue.WaitingRequest, held: frozenset[tuple[str, int]]) -> None:
         """Record the IPUs held for a request while it is first; nothing if it no longer waits."""

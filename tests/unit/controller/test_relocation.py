@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from vipu.controller.services.requests import RequestService, Waiting
 from vipu.model.entities import MAX_AUTO_RESETS, OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import HardwareFailure, NoRoom
 
@@ -102,3 +105,67 @@ def test_automatic_moves_stop_when_the_automatic_reset_retries_are_spent(pod):
             assert partition.agent_ids != [where]
         else:
             assert (partition.ready_state, partition.agent_ids) == (ReadyState.ERROR, [where])
+
+
+def test_the_published_reset_with_relocatable_moves_only_a_partition_that_machines_failed(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))  # ag1
+    for name, size, first in (("p2", 4, 4), ("p3", 8, 8), ("p4", 16, 16)):  # the allocation is full
+        pod.partitions.create(PartitionRequest(name, size, explicit_ipus=tuple((0, first + i) for i in range(size)), cluster_id="cl0"))
+    healthy = pod.partitions.relocate("p1", only_off_failed=True)  # no machine failed it: reset in place, though there is no room
+    assert (healthy.ready_state, healthy.agent_ids, healthy.relocation) == (ReadyState.ACTIVE, ["ag1"], "")
+    assert pod.held_anywhere("p1") == ["ag1"]
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # not relocatable: it waits in ERROR for its machine
+    pod.partitions.remove("p2")
+    moved_off = pod.partitions.relocate("p1", only_off_failed=True)
+    assert (moved_off.ready_state, moved_off.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
+    assert moved(pod, "p1")[:2] == ("ag1", "ag2")
+
+
+def test_a_move_keeps_the_old_ipus_taken_until_its_old_machine_is_cleared(pod):
+    """A create racing the clear of a moved partition's old machine is placed elsewhere, never on
+    settings still there."""
+    pod.partitions.create(PartitionRequest("p1", 4))  # ag1
+    clearing, may_clear = threading.Event(), threading.Event()
+    clear_all = pod.gateway.clear_all
+
+    def slow_clear(targets, partition_id):
+        if partition_id == "p1":
+            clearing.set()
+            assert may_clear.wait(10)
+        return clear_all(targets, partition_id)
+
+    pod.gateway.clear_all = slow_clear
+    with ThreadPoolExecutor(1) as pool:
+        moving = pool.submit(pod.partitions.relocate, "p1")
+        assert clearing.wait(10)
+        racer = pod.partitions.create(PartitionRequest("q", 4))  # while ag1 still holds p1's old settings
+        may_clear.set()
+        assert moving.result(timeout=10).agent_ids == ["ag2"]
+    assert (racer.ready_state, racer.agent_ids) == (ReadyState.ACTIVE, ["ag3"])
+    assert pod.partitions.create(PartitionRequest("r", 4)).agent_ids == ["ag1"]  # cleared: free again
+    assert pod.held_anywhere("p1") == ["ag2"] and pod.held("ag1") == {"r"}
+
+
+def test_a_partition_never_moves_to_a_machine_that_is_down(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))  # ag1
+    pod.gateway.unreachable.add(pod.address("ag2"))
+    pod.reconciler.check_all()  # ag2 is down; p1 is not on it
+    assert pod.partitions.relocate("p1").agent_ids == ["ag3"]
+    assert moved(pod, "p1")[:2] == ("ag1", "ag3")
+
+
+def test_a_move_onto_ipus_held_for_the_first_waiting_request_has_that_request_held_another_shape(pod):
+    pod.partitions.create(PartitionRequest("p1", 4))  # ag1
+    pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
+    pod.partitions.create(PartitionRequest("mid", 8, explicit_ipus=tuple((0, 8 + i) for i in range(8)), cluster_id="cl0"))
+    requests = RequestService(pod.partitions)  # passes only when called
+    assert isinstance(requests.create(PartitionRequest("big", 8), wait_seconds=60), Waiting)
+    held = pod.partitions.queue.get("big").held
+    assert {agent for agent, _ in held} == {"ag1", "ag2"}
+    assert pod.partitions.relocate("p1").agent_ids == ["ag2"]  # nothing else is free
+    assert pod.partitions.queue.get("big").held == frozenset()  # not kept on a shape the move now blocks
+    requests.dispatch()
+    assert pod.partitions.queue.get("big").held  # chosen afresh
+    with pod.store.reading() as tx:
+        assert tx.list_requests()[0].held == pod.partitions.queue.get("big").held

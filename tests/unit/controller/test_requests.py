@@ -9,15 +9,29 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.ports import free_port
 from tests.unit.controller.test_services import MACHINES
+from vipu.api.protos.vipuuser_pb2_grpc import add_UserServiceServicer_to_server
+from vipu.api.serving import serve
+from vipu.api.status import GuardInterceptor
+from vipu.client import user as client_user
+from vipu.client.settings import ClientSettings
+from vipu.client.user import UserClient
+from vipu.controller.servicers.user import UserServicer
+from vipu.controller.services.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
+from vipu.controller.services.waiting import WaitingRequests
 from vipu.model.entities import Access, PartitionRequest, ReadyState
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable
+from vipu.model.queue import WaitingRequest
+from vipu.store.store import Store, Transaction
 
 ANYONE = Access()  # open mode
 ALICE = Access("alice", frozenset({"a1"}))
@@ -28,8 +42,8 @@ CAROL = Access("carol", frozenset())
 class Dispatching:
     """A RequestService over a pod, its dispatcher running, as vipu-server runs it."""
 
-    def __init__(self, partitions: PartitionService):
-        self.requests = RequestService(partitions)
+    def __init__(self, partitions: PartitionService, **options):
+        self.requests = RequestService(partitions, **options)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.requests.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -129,15 +143,19 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
     assert wait(queued, "s1").agent_ids == ["ag6"]
 
 
-def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod, queued):
+def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod):
+    before = Dispatching(pod.partitions)
     pod.partitions.create(PartitionRequest("x", 16))
     pod.partitions.create(PartitionRequest("y", 16))
-    queue_up(queued, "big", 32)
-    queue_up(queued, "later", 4)
-    held = queued.queue.get("big").held
+    queue_up(before.requests, "big", 32)
+    queue_up(before.requests, "later", 4)
+    held = before.requests.queue.get("big").held
     assert len(held) == 32
-    # A new controller on the same store: it finds the queue, in order, and what is held for the first.
-    again = Dispatching(PartitionService(pod.store, pod.hardware, set()))
+    before.close()  # the controller stops: its dispatcher and its memory are gone
+    # A new controller on the same database, through a store of its own: it finds the queue, in
+    # order, and what is held for the first.
+    store = Store(f"sqlite:///{tmp_path / 'vipu.db'}")
+    again = Dispatching(PartitionService(store, pod.hardware, set()))
     try:
         assert [(w.request.partition_id, w.position) for w in again.requests.list()] == [("big", 1), ("later", 2)]
         assert again.requests.queue.get("big").held == held
@@ -146,6 +164,7 @@ def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod, queued):
         assert wait(again.requests, "big").ready_state is ReadyState.ACTIVE
     finally:
         again.close()
+        store.close()
 
 
 def test_a_waiting_request_is_cancelled_by_its_user_or_an_administrator_only(pod, queued):
@@ -161,9 +180,13 @@ def test_a_waiting_request_is_cancelled_by_its_user_or_an_administrator_only(pod
         queued.cancel("a", CAROL)
     with pytest.raises(AlreadyExists, match="partition a already waits for room in allocation a1"):
         pod.partitions.create(PartitionRequest("a", 1), BOB)
+    with pytest.raises(AlreadyExists, match=r"^partition b already waits for room$"):  # not where, to another tenant
+        pod.partitions.create(PartitionRequest("b", 1), CAROL)
     queued.cancel("a", ALICE)
     with pytest.raises(Conflict, match="the request of partition a was cancelled by alice"):
         queued.wait("a", 1, ALICE)
+    with pytest.raises(NotFound, match="partition a does not exist and no request of it waits"):  # nor how it ended
+        queued.wait("a", 1, CAROL)
     queued.remove("b", access=ANYONE)  # removing a partition that only waits cancels its request
     assert queued.list() == []
     with pod.store.reading() as tx:
@@ -224,8 +247,8 @@ def test_racing_waiting_requests_and_removals_each_start_once_on_ipus_of_their_o
 def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with_nothing_lost(pod, queued):
     """Round after round, the partition in the way goes while its waiting request is cancelled: the
     request either became its partition or went, never both, and the store, the ledger and the
-    machines agree."""
-    outcomes = set()
+    machines agree. Which way a round goes is the race's: both are correct, so each round's checks
+    are the proof."""
     for _ in range(12):
         pod.partitions.create(PartitionRequest("full", 32))
         queue_up(queued, "r", 32)
@@ -249,13 +272,11 @@ def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with
             assert tx.list_requests() == []
             assert [p.id for p in tx.list_partitions()] == [p.id for p in pod.partitions.list()]
         started = pod.partitions.ledger.get("r") is not None
-        outcomes.add(started)
         if started:
             assert pod.held_anywhere("r") == [f"ag{m}" for m in range(1, MACHINES + 1)]
             pod.partitions.remove("r")
         assert pod.partitions.list() == [] and not any(pod.partitions.ledger.used_ipus("a1").values())
         assert all(pod.held(f"ag{m}") == set() for m in range(1, MACHINES + 1))
-    assert outcomes  # which way each round went is the race's; both are correct
 
 
 def test_a_waiting_relocatable_request_granted_onto_a_failing_machine_starts_elsewhere(pod, queued):
@@ -267,3 +288,207 @@ def test_a_waiting_relocatable_request_granted_onto_a_failing_machine_starts_els
     assert (partition.ready_state, partition.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
     assert partition.relocation.startswith("moved from ag1 to ag2 on ") and partition.relocation.endswith(
         "UTC: agent ag1: m01: IPU 2 failed")
+
+
+@contextlib.contextmanager
+def user_end_point(pod, requests: RequestService) -> Iterator[UserClient]:
+    """The pod's user end-point served over gRPC, as vipu-server serves it, and a client of it."""
+    port = free_port()
+    server = serve(lambda s: add_UserServiceServicer_to_server(UserServicer(pod.partitions, requests, ChangeFeed()), s),
+                   "127.0.0.1", port, GuardInterceptor())
+    try:
+        with UserClient(ClientSettings(host="127.0.0.1", port=port), 30) as user:
+            yield user
+    finally:
+        server.stop(0)
+
+
+def test_a_client_finding_every_waiting_place_taken_pauses_between_calls_instead_of_spinning(pod, monkeypatch):
+    dispatching = Dispatching(pod.partitions, workers=MAX_WATCHERS + 2)  # one place for a waiting call
+    requests = dispatching.requests
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(requests, "holder", 4)
+    queue_up(requests, "patient", 4)
+    with ThreadPoolExecutor(1) as pool, user_end_point(pod, requests) as user:
+        def hold_the_place() -> None:
+            while requests.wait("holder", 20).busy:  # the poll below had it for a moment
+                pass
+
+        holding = pool.submit(hold_the_place)
+        deadline = time.monotonic() + 10
+        while not requests.wait("patient", 0.05).busy:
+            assert time.monotonic() < deadline, "the holder never took the place"
+        calls = []
+        served = requests.wait
+        monkeypatch.setattr(requests, "wait", lambda *args: calls.append(args) or served(*args))
+        monkeypatch.setattr(client_user, "DEADLINE_GRACE_SECONDS", 0.0)
+        with pytest.raises(NoRoom, match="partition patient did not start within 3 s"):
+            user.wait_partition("patient", 3)
+        # Told busy each time, it paused 0.2, 0.4, 0.8, 1.6 s: calling again at once would make hundreds of calls.
+        assert 2 <= len(calls) <= 6, len(calls)
+        assert requests.queue.get("patient") is None  # withdrawn at its deadline
+        requests.cancel("holder")
+        with pytest.raises(Conflict, match="the request of partition holder was cancelled"):
+            holding.result(timeout=10)
+    dispatching.close()
+
+
+def test_a_client_giving_up_a_request_that_started_meanwhile_removes_its_partition(pod, queued, monkeypatch):
+    def start(partition_id: str) -> None:
+        pod.partitions.remove("full")
+        until(queued, lambda: (p := pod.partitions.ledger.get(partition_id)) is not None and p.ready_state is ReadyState.ACTIVE)
+
+    def interrupt(_queued) -> None:  # told where it waits, the user presses Ctrl-C just as it starts
+        start("r")
+        raise KeyboardInterrupt
+
+    with user_end_point(pod, queued) as user:
+        pod.partitions.create(PartitionRequest("full", 32))
+        with pytest.raises(KeyboardInterrupt):
+            user.create_partition("r", 4, wait=60, on_wait=interrupt)
+        assert pod.partitions.list() == [] and pod.held_anywhere("r") == [] and queued.list() == []
+
+        pod.partitions.create(PartitionRequest("full", 32))  # its client's deadline passes just as it starts
+        queue_up(queued, "s", 4)
+        start("s")
+        monkeypatch.setattr(client_user, "DEADLINE_GRACE_SECONDS", 0.0)
+        with pytest.raises(NoRoom, match="partition s did not start within 0 s"):
+            user.wait_partition("s", 0)
+        assert pod.partitions.list() == [] and pod.held_anywhere("s") == []
+
+
+def test_nothing_starts_on_or_is_held_on_a_machine_that_is_down(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # ag1 is down, full in ERROR
+    queue_up(queued, "r", 16)
+    held_on = {agent for agent, _ in queued.queue.get("r").held}
+    assert len(held_on) == 4 and "ag1" not in held_on, held_on
+    pod.partitions.remove("full", force=True)
+    partition = wait(queued, "r")
+    assert partition.ready_state is ReadyState.ACTIVE and "ag1" not in partition.agent_ids
+
+
+def test_while_the_first_request_is_granted_the_ipus_held_are_those_of_the_request_behind_it():
+    waiting = WaitingRequests()
+    now = datetime.now(UTC)
+    for sequence, name in enumerate(("granted", "next"), start=1):
+        waiting.add(WaitingRequest(PartitionRequest(name, 8), "a1", "", now, now + timedelta(seconds=60), sequence=sequence))
+    shape = frozenset(("ag3", i) for i in range(4))
+    waiting.hold("next", shape)  # what the pass that grants the first holds for the next
+    waiting.granting("granted")
+    assert waiting.held("a1") == (shape, "next")  # creates keep off it while the grant is recorded
+
+
+def test_the_shape_held_for_the_first_request_counts_the_partitions_started_in_the_same_pass(pod):
+    pod.partitions.create(PartitionRequest("f", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0"))  # ag1-ag2
+    pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 16 + i) for i in range(4)), cluster_id="cl0"))  # ag5
+    requests = RequestService(pod.partitions)  # passes only when called
+    a = PartitionRequest("a", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0")  # where f is
+    assert isinstance(requests.create(a, wait_seconds=60), Waiting)
+    assert isinstance(requests.create(PartitionRequest("b", 16), wait_seconds=60), Waiting)
+    pod.partitions.remove("f")
+    requests.dispatch()  # a starts on ag1-ag2; b is first now
+    held_on = {agent for agent, _ in pod.partitions.queue.get("b").held}
+    # Around a, ag1-ag4 is blocked by one partition as much as ag3-ag6, ag4-ag7 or ag5-ag8 by p, but with 8 IPUs in use, not 4.
+    assert len(held_on) == 4 and not held_on & {"ag1", "ag2"}, held_on
+    requests.close()
+
+
+def test_a_grant_failing_unexpectedly_leaves_its_request_waiting_and_the_next_pass_starts_it(pod, queued, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "r", 4)
+    admitted, failures = pod.partitions.operations.admitted, []
+
+    def fail_once():
+        if not failures and threading.current_thread().name.startswith("grant"):
+            failures.append("once")
+            raise RuntimeError("something unforeseen")
+        return admitted()
+
+    monkeypatch.setattr(pod.partitions.operations, "admitted", fail_once)
+    pod.partitions.remove("full")
+    assert wait(queued, "r").ready_state is ReadyState.ACTIVE and failures == ["once"]
+
+
+def test_a_queue_whose_pass_fails_does_not_stop_the_passes_over_the_others(pod, queued, monkeypatch):
+    pod.allocations.remove("a1")
+    pod.allocations.create("a1", "cl0", agent_ids=("ag1", "ag2", "ag3", "ag4"))
+    pod.allocations.create("a2", "cl0", agent_ids=("ag5", "ag6", "ag7", "ag8"))
+    pod.partitions.create(PartitionRequest("full1", 16, allocation_id="a1"))
+    pod.partitions.create(PartitionRequest("full2", 16, allocation_id="a2"))
+    for name, allocation in (("r1", "a1"), ("r2", "a2")):
+        assert isinstance(queued.create(PartitionRequest(name, 4, allocation_id=allocation), wait_seconds=60), Waiting)
+    explicit_ipus = pod.partitions.explicit_ipus
+
+    def failing_in_a1(layout, allocation, request):
+        if allocation.id == "a1":
+            raise RuntimeError("a1's pass fails")
+        return explicit_ipus(layout, allocation, request)
+
+    monkeypatch.setattr(pod.partitions, "explicit_ipus", failing_in_a1)
+    pod.partitions.remove("full2")
+    assert wait(queued, "r2").agent_ids == ["ag5"]
+
+
+def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    hold_for, failures = Transaction.hold_for, []
+
+    def fail_once(tx, request, held):
+        if not failures:
+            failures.append("once")
+            raise Unavailable("the store cannot be reached")
+        return hold_for(tx, request, held)
+
+    monkeypatch.setattr(Transaction, "hold_for", fail_once)
+    requests = RequestService(pod.partitions)  # passes only when called
+    assert isinstance(requests.create(PartitionRequest("r", 8), wait_seconds=60), Waiting)
+    held = pod.partitions.queue.get("r").held
+    assert held and failures == ["once"]
+    requests.dispatch()
+    with pod.store.reading() as tx:
+        assert tx.list_requests()[0].held == held
+    requests.close()
+
+
+def test_no_request_is_left_waiting_in_an_allocation_being_removed(pod, queued, monkeypatch):
+    pod.partitions.create(PartitionRequest("full", 32))
+    cancel_all, latecomers = pod.allocations.requests.cancel_all, []
+
+    def then_a_request_arrives(allocation_id, reason):
+        cancelled = cancel_all(allocation_id, reason)
+        try:
+            latecomers.append(queued.create(PartitionRequest("late", 4), wait_seconds=60))
+        except Conflict as refusal:
+            latecomers.append(refusal)
+        return cancelled
+
+    monkeypatch.setattr(pod.allocations.requests, "cancel_all", then_a_request_arrives)
+    pod.allocations.remove("a1", force=True)
+    assert [str(r) for r in latecomers] == ["allocation a1 is being removed: no request waits in it"]
+    assert queued.list() == [] and pod.partitions.queue.get("late") is None
+
+
+def test_a_request_whose_row_went_without_the_queue_knowing_is_cancelled_all_the_same(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    queue_up(queued, "r", 4)
+    with pod.store.transaction() as tx:  # as its allocation's removal deletes it
+        tx.end_request(pod.partitions.queue.get("r"), "cancel")
+    queued.cancel("r")
+    assert queued.list() == []
+    with pytest.raises(Conflict, match="the request of partition r was cancelled"):
+        queued.wait("r", 1)
+    queue_up(queued, "r", 4)  # its id is free again
+
+
+def test_capacity_says_which_free_ipus_are_on_machines_down_and_which_are_held_for_the_first_request(pod):
+    pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 4 + i) for i in range(4)), cluster_id="cl0"))  # ag2
+    pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
+    pod.gateway.unreachable.add(pod.address("ag1"))
+    pod.reconciler.check_all()  # ag1, free, is down
+    requests = RequestService(pod.partitions)
+    assert isinstance(requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
+    room = pod.partitions.capacity()[0]
+    assert (room.free_ipus, room.down_ipus, room.held_ipus, room.held_for) == (12, 4, 8, "big")
+    requests.close()

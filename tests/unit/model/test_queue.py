@@ -30,7 +30,7 @@ def pod(machines: int) -> ClusterLayout:
 def rules(layout: ClusterLayout):
     allowed = set(layout.agent_ids)
     return (lambda job, used: try_place(layout, allowed, used, job.size),
-            lambda job, used: choose_reservation(layout, allowed, used, job.size))
+            lambda job, used, started: choose_reservation(layout, allowed, used, job.size))
 
 
 def test_requests_start_in_arrival_order_while_each_fits():
@@ -67,7 +67,7 @@ def test_the_life_cycle_names_every_move_and_refuses_others():
     assert queue.target("p1", "enqueue", queue.ABSENT) == queue.WAITING
     for name in ("grant", "cancel", "expire"):
         assert queue.target("p1", name, queue.WAITING) is queue.ABSENT
-    with pytest.raises(Conflict, match="the request for partition p1 is not waiting: 'cancel' does not apply"):
+    with pytest.raises(Conflict, match="the request for partition p1 is no longer waiting: 'cancel' does not apply"):
         queue.target("p1", "cancel", queue.ABSENT)
     with pytest.raises(ValueError):
         queue.target("p1", "jump", queue.WAITING)

@@ -256,12 +256,14 @@ class CreatePartitionReply(_message.Message):
     def __init__(self, partition_id: _Optional[str] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
 
 class ResetPartitionRequest(_message.Message):
-    __slots__ = ("partition_id", "relocatable")
+    __slots__ = ("partition_id", "relocatable", "relocate")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
+    RELOCATE_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     relocatable: bool
-    def __init__(self, partition_id: _Optional[str] = ..., relocatable: _Optional[bool] = ...) -> None: ...
+    relocate: bool
+    def __init__(self, partition_id: _Optional[str] = ..., relocatable: _Optional[bool] = ..., relocate: _Optional[bool] = ...) -> None: ...
 
 class ResetPartitionReply(_message.Message):
     __slots__ = ()
@@ -407,7 +409,7 @@ class GetCapacityRequest(_message.Message):
     def __init__(self, size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class AllocationCapacity(_message.Message):
-    __slots__ = ("allocation_id", "cluster_id", "total_ipus", "used_ipus", "free_ipus", "fitting", "largest", "blocked")
+    __slots__ = ("allocation_id", "cluster_id", "total_ipus", "used_ipus", "free_ipus", "fitting", "largest", "blocked", "down_ipus", "held_ipus", "held_for")
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_IPUS_FIELD_NUMBER: _ClassVar[int]
@@ -416,6 +418,9 @@ class AllocationCapacity(_message.Message):
     FITTING_FIELD_NUMBER: _ClassVar[int]
     LARGEST_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    DOWN_IPUS_FIELD_NUMBER: _ClassVar[int]
+    HELD_IPUS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FOR_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     cluster_id: str
     total_ipus: int
@@ -424,7 +429,10 @@ class AllocationCapacity(_message.Message):
     fitting: int
     largest: int
     blocked: str
-    def __init__(self, allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_ipus: _Optional[int] = ..., used_ipus: _Optional[int] = ..., free_ipus: _Optional[int] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ..., blocked: _Optional[str] = ...) -> None: ...
+    down_ipus: int
+    held_ipus: int
+    held_for: str
+    def __init__(self, allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_ipus: _Optional[int] = ..., used_ipus: _Optional[int] = ..., free_ipus: _Optional[int] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ..., blocked: _Optional[str] = ..., down_ipus: _Optional[int] = ..., held_ipus: _Optional[int] = ..., held_for: _Optional[str] = ...) -> None: ...
 
 class GetCapacityReply(_message.Message):
     __slots__ = ("allocations", "fitting", "largest")
@@ -475,14 +483,16 @@ class WaitPartitionRequest(_message.Message):
     def __init__(self, partition_id: _Optional[str] = ..., seconds: _Optional[int] = ...) -> None: ...
 
 class WaitPartitionReply(_message.Message):
-    __slots__ = ("status", "ipuof_config", "queued")
+    __slots__ = ("status", "ipuof_config", "queued", "busy")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     IPUOF_CONFIG_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     status: PartitionStatus
     ipuof_config: PartitionConfig
     queued: QueuedRequest
-    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ...) -> None: ...
+    busy: bool
+    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class ListQueuedRequest(_message.Message):
     __slots__ = ("allocation_id",)

@@ -44,8 +44,10 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.RemovePartitionReply()
 
     def ResetPartition(self, request, context):
-        if request.relocatable:
+        if request.relocate:
             self.partitions.relocate(request.partition_id, caller())
+        elif request.relocatable:  # the published meaning: move it only if machines failed it
+            self.partitions.relocate(request.partition_id, caller(), only_off_failed=True)
         else:
             self.partitions.reset(request.partition_id, caller())
         return pb.ResetPartitionReply()
@@ -72,7 +74,7 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def WaitPartition(self, request, context):
         settled = self.requests.wait(request.partition_id, request.seconds, caller())
-        reply = pb.WaitPartitionReply()
+        reply = pb.WaitPartitionReply(busy=settled.busy)
         if settled.waiting is not None:
             reply.queued.CopyFrom(queued_to_proto(settled.waiting))
         if settled.partition is not None:
@@ -101,7 +103,8 @@ def capacity_reply(rooms: list[AllocationRoom]) -> pb.GetCapacityReply:
     return pb.GetCapacityReply(
         allocations=[pb.AllocationCapacity(allocation_id=r.allocation_id, cluster_id=r.cluster_id, total_ipus=r.total_ipus,
                                            used_ipus=r.used_ipus, free_ipus=r.free_ipus, fitting=r.fitting, largest=r.largest,
-                                           blocked=r.blocked) for r in rooms],
+                                           blocked=r.blocked, down_ipus=r.down_ipus, held_ipus=r.held_ipus,
+                                           held_for=r.held_for) for r in rooms],
         fitting=sum(r.fitting for r in rooms),
         largest=max((r.largest for r in rooms), default=0),
     )

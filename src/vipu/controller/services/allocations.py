@@ -59,11 +59,12 @@ class AllocationService:
                 f"allocation {allocation_id} holds {len(partition_ids)} partition(s) ({', '.join(partition_ids)}); "
                 "remove them first, or use --force to remove them with it"
             )
-        removed = [f"request of partition {partition_id}"
-                   for partition_id in self.requests.cancel_all(allocation_id, f"allocation {allocation_id} is removed")]
-        for partition_id in partition_ids:
-            self.partitions.remove(partition_id, force=True)
-            removed.append(f"partition {partition_id}")
-        with self.store.transaction() as tx:
-            tx.delete_allocation(allocation.id)
+        with self.partitions.queue.closing(allocation_id):  # no request starts to wait in it meanwhile
+            removed = [f"request of partition {partition_id}"
+                       for partition_id in self.requests.cancel_all(allocation_id, f"allocation {allocation_id} is removed")]
+            for partition_id in partition_ids:
+                self.partitions.remove(partition_id, force=True)
+                removed.append(f"partition {partition_id}")
+            with self.store.transaction() as tx:
+                tx.delete_allocation(allocation.id)
         return removed

@@ -2,9 +2,12 @@
 
 It is loaded from the store when the controller starts to serve (at start-up, or when it takes
 the lead) and changed only after the store has committed the same change (write-through), so a
-crash loses nothing it said. The one exception is a new partition: placement reserves its IPUs
-here, under its allocation's lock, before the store records it, so that the next placement in
-the allocation need not wait for that commit; a reservation the store refuses is forgotten.
+crash loses nothing it said. The exceptions are placements: placement reserves a new
+partition's IPUs here, or a moving partition's new IPUs, under its allocation's lock, before the
+store records them, so that the next placement in the allocation need not wait for that commit;
+a reservation the store refuses is undone. A moving partition's old IPUs also stay taken here
+(`linger`) until its old machines are cleared, though the store has let them go: a partition
+placed on them meanwhile would meet the old settings there.
 Placement reads the IPUs in use from here rather than from the store; operations read the
 partition they work on from here. Callers get copies, never the entries themselves. After every
 change, whoever waits for partitions to change inside the controller (the queue of waiting
@@ -33,6 +36,7 @@ class Ledger:
         self._partitions: dict[str, Partition] = {}
         self._used: dict[str, dict[str, set[int]]] = {}  # allocation id -> agent id -> IPU indices
         self._placing: dict[str, threading.Lock] = {}
+        self._lingering: dict[str, tuple[str, frozenset[tuple[str, int]]]] = {}  # partition id -> (allocation, old IPUs)
         self._watchers: list[Callable[[], None]] = []
 
     def watch(self, changed: Callable[[], None]) -> None:
@@ -44,7 +48,7 @@ class Ledger:
             changed()
 
     def load(self, partitions: Iterable[Partition]) -> None:
-        """Start afresh from what the store holds."""
+        """Start afresh from what the store holds (the IPUs that moves under way left keep lingering)."""
         with self._lock:
             self._partitions, self._used = {}, {}
             for partition in partitions:
@@ -63,15 +67,24 @@ class Ledger:
             return [_copy(p) for p in sorted(chosen, key=lambda p: p.id)]
 
     def used_ipus(self, allocation_id: str) -> dict[str, set[int]]:
-        """The IPUs the allocation's partitions take, by agent."""
+        """The IPUs the allocation's partitions take, by agent, with those moves left and have not cleared yet."""
         with self._lock:
-            return {agent: set(indices) for agent, indices in self._used.get(allocation_id, {}).items()}
+            used = {agent: set(indices) for agent, indices in self._used.get(allocation_id, {}).items()}
+            for allocation, ipus in self._lingering.values():
+                if allocation == allocation_id:
+                    for agent, index in ipus:
+                        used.setdefault(agent, set()).add(index)
+            return used
 
     def holders(self, allocation_id: str) -> dict[tuple[str, int], str]:
-        """The partition holding each IPU in use in the allocation, by (agent, index)."""
+        """The partition holding each IPU in use in the allocation, by (agent, index): a moving
+        partition holds its old IPUs too until they are cleared."""
         with self._lock:
-            return {(ipu.agent_id, ipu.index): p.id for p in self._partitions.values() if p.allocation_id == allocation_id
-                    for ipu in p.ipus}
+            held = {ipu: partition_id for partition_id, (allocation, ipus) in self._lingering.items()
+                    if allocation == allocation_id for ipu in ipus}
+            held.update({(ipu.agent_id, ipu.index): p.id for p in self._partitions.values() if p.allocation_id == allocation_id
+                         for ipu in p.ipus})
+            return held
 
     def placing(self, allocation_id: str) -> threading.Lock:
         """The lock under which partitions are placed in one allocation and recorded."""
@@ -89,6 +102,20 @@ class Ledger:
             self._add(_copy(partition))
         self._changed()
         self._published(partition.allocation_id)
+
+    def linger(self, partition: Partition) -> None:
+        """A partition about to move, under its allocation's lock: its present IPUs stay taken until
+        `cleared`, whatever the store and this ledger record of it meanwhile."""
+        with self._lock:
+            self._lingering[partition.id] = (partition.allocation_id, frozenset((i.agent_id, i.index) for i in partition.ipus))
+
+    def cleared(self, partition_id: str) -> None:
+        """The old machines of a moved partition are cleared (or the move did not happen): its old IPUs are free."""
+        with self._lock:
+            gone = self._lingering.pop(partition_id, None)
+        if gone is not None:
+            self._changed()
+            self._published(gone[0])
 
     def forget(self, partition_id: str) -> None:
         """A partition the store has just deleted; its IPUs are free."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -39,6 +40,7 @@ from vipu.model.entities import (
     OPEN_ACCESS,
     Access,
     Agent,
+    AgentStatus,
     Allocation,
     Cluster,
     OperationState,
@@ -94,6 +96,9 @@ class AllocationRoom:
     fitting: int
     largest: int
     blocked: str = ""
+    down_ipus: int = 0  # of the free IPUs, those on machines that are down
+    held_ipus: int = 0  # of the free IPUs, those held for the first waiting request, `held_for`
+    held_for: str = ""
 
     @property
     def free_ipus(self) -> int:
@@ -173,16 +178,20 @@ class PartitionService:
                     raise NotFound(f"cluster {cluster_id} does not exist")
                 allocations = [a for a in tx.list_allocations(cluster_id or None) if access.may_use(a.id)]
             layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in allocations}}
+            down = {a.id: self.down_agents(tx, a.agent_ids) for a in allocations}
         rooms = []
         for allocation in allocations:
             layout, allowed = layouts[allocation.cluster_id], set(allocation.agent_ids)
             used = self.ledger.used_ipus(allocation.id)
             in_use = sum(len(ipus) for agent, ipus in used.items() if agent in allowed)
             blocked = (f"cluster {allocation.cluster_id} is under test" if allocation.cluster_id in self.under_test else "")
+            held, held_for = self.queue.held(allocation.id)
             rooms.append(AllocationRoom(
                 allocation.id, allocation.cluster_id, len(allowed) * IPUS_PER_MACHINE, in_use,
                 fitting=0 if blocked or not size else count_fitting(layout, allowed, used, size),
-                largest=0 if blocked else largest_fitting(layout, allowed, used), blocked=blocked))
+                largest=0 if blocked else largest_fitting(layout, allowed, used), blocked=blocked,
+                down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in down[allocation.id]),
+                held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())), held_for=held_for))
         return rooms
 
     def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:
@@ -212,7 +221,7 @@ class PartitionService:
         self._check_request(request)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.operations.admitted(), self.holds.hold(request.id, "creating", busy=taken):
-            self.refuse_if_taken(request.id)
+            self.refuse_if_taken(request.id, access)
             for attempt in range(PLACEMENT_ATTEMPTS):
                 try:
                     partition, layout, agents = self._place(request, access)
@@ -250,13 +259,15 @@ class PartitionService:
             reasons = "; ".join(current.errors) or failure.message
             raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
-    def refuse_if_taken(self, partition_id: str) -> None:
-        """AlreadyExists if a partition of that id exists or a request of it waits; the caller holds the id."""
+    def refuse_if_taken(self, partition_id: str, access: Access = OPEN_ACCESS) -> None:
+        """AlreadyExists if a partition of that id exists or a request of it waits (naming where only
+        to a caller who may use that allocation); the caller holds the id."""
         if self.ledger.get(partition_id) is not None:
             raise AlreadyExists(f"partition {partition_id} already exists")
         waiting = self.queue.get(partition_id)
         if waiting is not None:
-            raise AlreadyExists(f"partition {partition_id} already waits for room in allocation {waiting.allocation_id}")
+            where = f" in allocation {waiting.allocation_id}" if access.may_use(waiting.allocation_id) else ""
+            raise AlreadyExists(f"partition {partition_id} already waits for room{where}")
         self.queue.forget_ending(partition_id)
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
@@ -265,23 +276,31 @@ class PartitionService:
         with self.operations.admitted(), self.holds.hold(partition_id, "resetting"):
             partition = self._partition(partition_id, access)
             self._refuse_if_busy(partition)
-            self._apply(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
-            layout, agents = self._where(partition)
-            with self.hardware.locks.hold(agents):
-                failures = self.hardware.clear(agents.values(), partition.id)
-            if failures:
-                raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
-            return self._configure(partition, layout, agents, on_failure="fail")
+            return self._reset_in_place(partition, automatic)
 
-    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
+    def _reset_in_place(self, partition: Partition, automatic: bool) -> Partition:
+        """Reset a settled partition that the caller holds."""
+        self._apply(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
+        layout, agents = self._where(partition)
+        with self.hardware.locks.hold(agents):
+            failures = self.hardware.clear(agents.values(), partition.id)
+        if failures:
+            raise self._fail(partition, failures, f"cannot reset partition {partition.id}", "fail")
+        return self._configure(partition, layout, agents, on_failure="fail")
+
+    def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False,
+                 only_off_failed: bool = False) -> Partition:
         """Move a partition to other IPUs of its allocation, off the machines that failed it, or off
         all of its own when none did (`vipu.controller.services.relocation`); `automatic` counts
-        the move as an automatic reset."""
+        the move as an automatic reset. With `only_off_failed` (the published API's reset with
+        `relocatable`), a partition that no machine failed is reset in place instead."""
         self._partition(partition_id, access)  # first: another tenant's partition is not even found busy
         with self.operations.admitted(), self.holds.hold(partition_id, "relocating"):
             partition = self._partition(partition_id, access)
             self._refuse_if_busy(partition)
             failed = relocation.failed_machines(self, partition)
+            if not failed and only_off_failed:
+                return self._reset_in_place(partition, automatic)
             if failed:
                 why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
             else:
@@ -608,6 +627,11 @@ class PartitionService:
         with self.store.reading() as tx:
             layout = ClusterLayout.of(self._cluster(tx, partition.cluster_id))
             return layout, {a: self._agent(tx, a) for a in partition.agent_ids}
+
+    @staticmethod
+    def down_agents(tx: Transaction, agent_ids: Iterable[str]) -> set[str]:
+        """Those of the agents the store has down: no partition is placed, moved or held IPUs on them."""
+        return {a for a in agent_ids if (agent := tx.get_agent(a)) is not None and agent.status is AgentStatus.DOWN}
 
     @staticmethod
     def _agent(tx: Transaction, agent_id: str) -> Agent:

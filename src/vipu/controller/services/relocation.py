@@ -3,25 +3,32 @@
 A partition created relocatable (the published API's flag) whose machine fails moves when its
 allocation has room: at create, when an agent fails to apply it; at a health pass, when one of
 its agents stops answering or loses it and cannot take it back; and on demand, with `vipu reset
-partition P --relocate` (the reset request's own relocatable flag), for any partition. It avoids
-the machines that failed it (agents down, or named in its errors), or, when none did, all of its
-own.
+partition P --relocate` (the reset request's added `relocate`), for any partition, or with the
+published reset's `relocatable`, for a partition that machines failed. It avoids the machines
+that failed it (agents down, or named in its errors), or, when none did, all of its own.
 
 A move is the life cycle's 'relocate' (ACTIVE/IDLE or ERROR/FAILED to PENDING/RESETTING), which
 the store applies together with the change of IPUs and a note of where it went and why; then the
 reachable old agents are cleared and the new ones configured, as a reset does. A controller
 stopped half-way finishes it as an interrupted reset; an old agent that was down is cleared by
 the reconciler when it answers again, since the store no longer gives it the partition. The
-partition's IPUoF configuration changes with its devices (its attach key does not), so clients
-read it again: `vipu reset partition --relocate` rewrites the files, and `vipu-ipuof` rewrites
-files it finds out of date.
+partition's IPUoF configuration changes with its devices, so clients read it again: `vipu reset
+partition --relocate` rewrites the files, and `vipu-ipuof` rewrites files it finds out of date.
 
-Relocation may take IPUs held for the first request waiting in the allocation, if nothing else
-is free: it restores work that was running.
+Relocation never moves a partition onto a machine that is down. It may take IPUs held for the
+first request waiting in the allocation, if nothing else is free: it restores work that was
+running, and may so delay that request's start (the one exception to backfill never delaying
+it); that request is then held another shape, chosen afresh by the queue's next pass.
+
+The attach key stays the same: IPUoF files written before the move, and the old settings that an
+agent down during the move still holds when it returns, carry the same old key, so a new key
+would not keep such files from attaching there. What does is the reconciler clearing those
+settings at the first health pass that reaches the agent, before it is used again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from datetime import UTC, datetime
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from vipu.model import lifecycle
 from vipu.model.entities import MAX_AUTO_RESETS, OPEN_ACCESS, AgentStatus, Partition
-from vipu.model.errors import NoRoom, VipuError
+from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, place_partition
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
@@ -53,21 +60,29 @@ def failed_machines(service: PartitionService, partition: Partition) -> set[str]
 
 
 def relocate(service: PartitionService, partition: Partition, avoid: set[str], why: str, automatic: bool = False) -> Partition:
-    """Move a settled partition off the machines `avoid`, to other IPUs of its allocation, and
-    configure it there; the caller holds it. NoRoom if the allocation has no room for it elsewhere;
-    the configuration's failure (the partition then in ERROR on its new IPUs) if that fails."""
+    """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
+    its allocation, and configure it there; the caller holds it. NoRoom if the allocation has no
+    room for it elsewhere; the configuration's failure (the partition then in ERROR on its new
+    IPUs) if that fails.
+
+    As a create is placed, the move is placed and its new IPUs reserved in the ledger under the
+    allocation's lock, and recorded in the store after it. Its old IPUs stay taken in the ledger
+    until its reachable old machines are cleared, so that nothing is placed on settings still
+    there."""
     with service.store.reading() as tx:
         allocation = service._allocation(tx, partition.allocation_id, OPEN_ACCESS)
         layout = ClusterLayout.of(service._cluster(tx, partition.cluster_id))
+        down = service.down_agents(tx, allocation.agent_ids)
     own = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
+    before = dataclasses.replace(partition, ipus=list(partition.ipus))
     with service.ledger.placing(allocation.id):
         used = {agent: set(indices) for agent, indices in service.ledger.used_ipus(allocation.id).items()}
         for agent, index in own:
             used[agent].discard(index)
         holders = {ipu: holder for ipu, holder in service.ledger.holders(allocation.id).items() if ipu not in own}
         held, held_for = service.queue.held(allocation.id)
-        allowed = set(allocation.agent_ids) - avoid
-        where = f"allocation {allocation.id} without {', '.join(sorted(avoid))}"
+        allowed = set(allocation.agent_ids) - avoid - down
+        where = f"allocation {allocation.id} without {', '.join(sorted(avoid | down))}"
 
         def place(occupancy: Occupancy):
             return place_partition(layout, allowed, used, partition.size, num_gcds=partition.num_gcds,
@@ -79,21 +94,33 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
         except NoRoom:  # nothing else free: take what is held for the queue's first request
             placement = place(Occupancy(holders))
         moved = {(ipu.agent_id, ipu.index) for ipu in placement.ipus}
-        note = (f"moved from {span(layout, own)} to {span(layout, moved)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: "
-                f"{why}")[:NOTE_LENGTH]
-        old_agents = partition.agent_ids
-        fields: dict = {"ipus": list(placement.ipus), "relocation": note}
-        if automatic:
-            fields["auto_reset_count"] = partition.auto_reset_count + 1
-        service._apply(partition, ("relocate", fields))
-    log.warning("partition %s %s", partition.id, note)
-    with service.store.reading() as tx:
-        reachable = [found for agent_id in old_agents
-                     if (found := tx.get_agent(agent_id)) is not None and found.status is AgentStatus.UP]
-    with service.hardware.locks.hold([a.id for a in reachable]):
-        for agent_id, error in service.hardware.clear(reachable, partition.id).items():
-            log.warning("partition %s moved; agent %s still holds its old settings until the reconciler clears them: %s",
-                        partition.id, agent_id, error.message)
+        if moved & held:  # that request is held another shape at the next pass, not one it may never get
+            service.queue.hold(held_for, frozenset())
+        service.ledger.linger(partition)
+        service.ledger.reserve(dataclasses.replace(partition, ipus=list(placement.ipus)))
+    note = (f"moved from {span(layout, own)} to {span(layout, moved)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: "
+            f"{why}")[:NOTE_LENGTH]
+    fields: dict = {"ipus": list(placement.ipus), "relocation": note}
+    if automatic:
+        fields["auto_reset_count"] = partition.auto_reset_count + 1
+    try:
+        try:
+            service._apply(partition, ("relocate", fields))
+        except Conflict:  # another change won: the ledger holds what the store holds
+            raise
+        except BaseException:
+            service.ledger.record(before)  # the store did not take the move
+            raise
+        log.warning("partition %s %s", partition.id, note)
+        with service.store.reading() as tx:
+            reachable = [found for agent_id in before.agent_ids
+                         if (found := tx.get_agent(agent_id)) is not None and found.status is AgentStatus.UP]
+        with service.hardware.locks.hold([a.id for a in reachable]):
+            for agent_id, error in service.hardware.clear(reachable, partition.id).items():
+                log.warning("partition %s moved; agent %s still holds its old settings until the reconciler clears them: %s",
+                            partition.id, agent_id, error.message)
+    finally:
+        service.ledger.cleared(partition.id)
     layout, agents = service._where(partition)
     return service._configure(partition, layout, agents, on_failure="fail")
 

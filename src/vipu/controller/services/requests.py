@@ -11,11 +11,15 @@ PENDING/CREATING, in the same store transaction that ends the request (its 'gran
 configured on its agents by a worker of its own, like any create. The pass also works out why
 each request still waits, with placement's reasons.
 
-Clients wait with `wait`: a bounded call (at most WAIT_CALL_SECONDS, and at most MAX_WAITING_CALLS
-calls blocked at once; beyond that a call answers at once) that returns when the partition is
-settled, or at its time with the request's place and reason; clients call it again until their
-own deadline. The queue lives in the store, so it outlives a restart or a change of leader, and
-the next serving controller goes on from it.
+Clients wait with `wait`: a bounded call (at most WAIT_CALL_SECONDS) that returns when the
+partition is settled, or at its time with the request's place and reason; clients call it again
+until their own deadline. Each blocked call holds one of the user end-point's threads, so only
+`waiting_places` of them block at once: half the threads the watchers of the change feed leave,
+the other half kept for ordinary calls. A call past that answers at once, marked `busy`, and
+clients pause before calling again, longer each time (`vipu.client.retry.answered_early`).
+
+The queue lives in the store, so it outlives a restart or a change of leader, and the next
+serving controller goes on from it.
 """
 
 from __future__ import annotations
@@ -26,15 +30,17 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from vipu.controller.services.changes import MAX_WATCHERS
 from vipu.controller.services.partitions import PartitionService
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState
 from vipu.model.errors import (
     AlreadyExists,
+    ConcurrentUpdate,
     Conflict,
     InvalidArgument,
     NoRoom,
@@ -44,17 +50,12 @@ from vipu.model.errors import (
     VipuError,
 )
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
-from vipu.model.queue import WaitingRequest, admit
+from vipu.model.queue import MAX_WAIT_SECONDS, WAIT_CALL_SECONDS, WaitingRequest, admit
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger(__name__)
 
-# The longest a request may wait: no request waits without a deadline.
-MAX_WAIT_SECONDS = 7 * 24 * 3600
-# The longest one waiting call blocks a server thread, and how many may block at once.
-WAIT_CALL_SECONDS = 20.0
-MAX_WAITING_CALLS = 16
 # Requests of one queue whose reason each pass works out; those further back are told their place.
 EXPLAINED = 20
 GRANT_WORKERS = 4
@@ -80,17 +81,27 @@ class Settled:
     gcds: list[GcdConfig] | None = None
     ipuof_version: str = ""
     waiting: Waiting | None = None
+    busy: bool = False  # every place for a waiting call was taken: this call did not wait
+
+
+def waiting_places(workers: int, watchers: int) -> int:
+    """How many waiting calls may block at once on an end-point of `workers` threads, `watchers`
+    of which the change feed's watchers may hold: half of the rest, so that ordinary calls
+    always find a thread."""
+    return max(1, (workers - watchers) // 2)
 
 
 class RequestService:
-    def __init__(self, partitions: PartitionService):
+    def __init__(self, partitions: PartitionService, workers: int = 32, watchers: int = MAX_WATCHERS):
+        """`workers`: the user end-point's threads; `watchers`: how many the change feed's watchers may hold."""
         self.partitions = partitions
         self.store = partitions.store
         self.queue = partitions.queue
         self.ledger = partitions.ledger
-        self._waiting_calls = threading.BoundedSemaphore(MAX_WAITING_CALLS)
+        self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
         self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
+        self._holds_unrecorded: set[str] = set()  # first requests whose held IPUs the store does not have yet
 
     def close(self) -> None:
         self._grants.shutdown(wait=True, cancel_futures=True)
@@ -112,14 +123,23 @@ class RequestService:
 
     def _enqueue(self, request: PartitionRequest, access: Access, keep_on_error: bool, wait_seconds: float,
                  refusal: NoRoom) -> Waiting:
-        allocation_id = self._least_work_ahead(refusal.allocations or self._allocation_ids(request, access))
+        fitting = refusal.allocations or self._allocation_ids(request, access)
+        open_ones = tuple(a for a in fitting if not self.queue.is_closing(a))
+        if not open_ones:
+            raise Conflict(f"allocation {fitting[0]} is being removed: no request waits in it")
+        allocation_id = self._least_work_ahead(open_ones)
         now = datetime.now(UTC)
         waiting = WaitingRequest(request, allocation_id, access.user_id, now, now + timedelta(seconds=wait_seconds), keep_on_error)
         taken = AlreadyExists(f"partition {request.id} already exists")
         with self.partitions.holds.hold(request.id, "queueing", busy=taken):
-            self.partitions.refuse_if_taken(request.id)
+            self.partitions.refuse_if_taken(request.id, access)
             self.store.write(lambda tx: tx.add_request(waiting))
             self.queue.add(waiting)
+            if self.queue.is_closing(allocation_id):  # its removal began meanwhile, and may have missed it
+                closed = Conflict(f"allocation {allocation_id} is being removed: no request waits in it")
+                with contextlib.suppress(Conflict):
+                    self._end(waiting, "cancel", closed)
+                raise closed
         log.info("partition %s of %d IPUs waits in allocation %s (up to %g s): %s", request.id, request.size,
                  allocation_id, wait_seconds, refusal.message)
         self.dispatch(allocation_id)  # it may start at once, should room have appeared meanwhile
@@ -138,19 +158,22 @@ class RequestService:
 
     def wait(self, partition_id: str, seconds: float, access: Access = OPEN_ACCESS) -> Settled:
         """Until the partition is settled (ACTIVE or ERROR), or for at most `seconds` (bounded by
-        WAIT_CALL_SECONDS) while its request waits or its create is under way; then what it is. A
-        request that ended without a partition raises how it ended."""
-        blocking = self._waiting_calls.acquire(blocking=False)  # else answer at once: threads stay free
-        deadline = time.monotonic() + (min(max(seconds, 0.0), WAIT_CALL_SECONDS) if blocking else 0.0)
+        WAIT_CALL_SECONDS) while its request waits or its create is under way; then what it is,
+        `busy` if every waiting place was taken so that the call did not wait. A request that
+        ended without a partition raises how it ended."""
+        asked = min(max(seconds, 0.0), WAIT_CALL_SECONDS)
+        blocking = asked > 0 and self._waiting_calls.acquire(blocking=False)  # else answer at once: threads stay free
+        busy = asked > 0 and not blocking
+        deadline = time.monotonic() + (asked if blocking else 0.0)
         try:
             while True:
                 seen = self.queue.version
                 settled = self._settled(partition_id, access)
                 remaining = deadline - time.monotonic()
                 if settled is not None and (settled.waiting is None or remaining <= 0):
-                    return settled
+                    return replace(settled, busy=busy)
                 if remaining <= 0:
-                    return Settled(partition=self.partitions.get(partition_id, access))  # its create is under way
+                    return Settled(partition=self.partitions.get(partition_id, access), busy=busy)  # its create is under way
                 self.queue.wait_for_change(seen, remaining)
         finally:
             if blocking:
@@ -169,9 +192,9 @@ class RequestService:
         request = self.queue.get(partition_id)
         if request is not None and access.may_use(request.allocation_id):
             return Settled(waiting=self._seen(request))
-        ending = self.queue.ending(partition_id)
-        if ending is not None:
-            raise ending
+        ended = self.queue.ending(partition_id)
+        if ended is not None and access.may_use(ended[0]):
+            raise ended[1]
         raise NotFound(f"partition {partition_id} does not exist and no request of it waits")
 
     def list(self, allocation_id: str = "", access: Access = OPEN_ACCESS) -> list[Waiting]:
@@ -222,9 +245,18 @@ class RequestService:
         self.partitions.remove(partition_id, force=force, access=access)
 
     def _end(self, request: WaitingRequest, transition: str, ending: VipuError) -> None:
-        """Take the request out of the queue by `transition`, keeping how it ended for its clients."""
-        self.store.write(lambda tx: tx.end_request(request, transition))
-        self.queue.remove(request.partition_id, ending)
+        """Take the request out of the queue by `transition`, keeping how it ended for its clients.
+        A Conflict if it ended meanwhile; but one whose row went without this controller ending
+        it (deleted with its allocation) is taken out all the same: it waits no more."""
+        try:
+            self.store.write(lambda tx: tx.end_request(request, transition))
+        except Conflict:
+            current = self.queue.get(request.partition_id)
+            if (current is None or current.sequence != request.sequence or self.queue.is_granting(request.partition_id)
+                    or self.ledger.get(request.partition_id) is not None):
+                raise  # ended here meanwhile, or became its partition
+            log.info("partition %s: its request was no longer in the store (its allocation was removed)", request.partition_id)
+        self.queue.remove(request, ending)
         log.info("partition %s: %s", request.partition_id, ending.message)
 
     def _seen(self, request: WaitingRequest) -> Waiting:
@@ -245,10 +277,15 @@ class RequestService:
                 log.exception("a pass over the waiting requests failed")
 
     def dispatch(self, only: str = "") -> None:
-        """One pass: expire what is due, then start what fits in each allocation's queue (or one's)."""
+        """One pass: expire what is due, then start what fits in each allocation's queue (or one's).
+        What fails for one request or one allocation (the store, say) is logged and tried again
+        by the next pass; the others go on."""
         self._expire_due()
         for allocation_id in [only] if only else self.queue.allocations():
-            self._pass(allocation_id)
+            try:
+                self._pass(allocation_id)
+            except Exception:
+                log.exception("the pass over the queue of allocation %s failed", allocation_id)
 
     def _expire_due(self) -> None:
         now = datetime.now(UTC)
@@ -257,61 +294,83 @@ class RequestService:
                 waited = (request.deadline - request.since).total_seconds()
                 ending = NoRoom(f"no room for partition {request.partition_id} after waiting {waited:g} s: "
                                 f"{self.queue.reason(request.partition_id)}")
-                with contextlib.suppress(Conflict):  # granted or cancelled meanwhile
+                try:
                     self._end(request, "expire", ending)
+                except Conflict:  # granted or cancelled meanwhile
+                    pass
+                except Exception:
+                    log.exception("partition %s: its request could not be expired; the next pass tries again", request.partition_id)
 
     def _pass(self, allocation_id: str) -> None:
         with self.store.reading() as tx:
             allocation = tx.get_allocation(allocation_id)
             cluster = tx.get_cluster(allocation.cluster_id) if allocation is not None else None
+            down = self.partitions.down_agents(tx, allocation.agent_ids) if allocation is not None else set()
         if allocation is None or cluster is None:
             self.cancel_all(allocation_id, f"allocation {allocation_id} was removed")
             return
         layout = ClusterLayout.of(cluster)
-        grants = []
+        grants: builtins.list[tuple[WaitingRequest, Partition]] = []
         seen = self.queue.version
-        with self.ledger.placing(allocation_id):
-            waiting = self.queue.in_allocation(allocation_id)
-            if not waiting:
-                return
-            if allocation.cluster_id in self.partitions.under_test:
-                self.queue.explain({r.partition_id: f"cluster {allocation.cluster_id} is under test; "
-                                    "no partition starts in it until the test ends" for r in waiting})
-                return
-            allowed = set(allocation.agent_ids)
-            first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
-            admission = admit(waiting, self.ledger.used_ipus(allocation_id),
-                              place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
-                                                              num_segments=r.request.num_segments,
-                                                              ipulink_routing=r.request.ipulink_routing,
-                                                              gw_routing=r.request.gw_routing,
-                                                              explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
-                              choose_held=lambda r, used: choose_reservation(
-                                  layout, allowed, used, r.size, holders=self.ledger.holders(allocation_id),
-                                  num_segments=r.request.num_segments,
-                                  ipulink_routing=r.request.ipulink_routing,
-                                  explicit=self.partitions.explicit_ipus(layout, allocation, r.request)),
-                              held=first_held)
-            for request, placement in admission.started:
-                if not self.partitions.holds.claim(request.partition_id, "creating"):
-                    continue  # an operation on its id (a cancel) is under way: the next pass decides
-                partition = self.partitions.partition_of(request.request, request.owner, allocation, placement)
-                self.ledger.reserve(partition)
-                self.queue.granting(request.partition_id)
-                grants.append((request, partition))
-            first = admission.first
-            if first is not None and admission.held != first.held:
-                self.queue.hold(first.partition_id, admission.held)
-        if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
-            self._explain(allocation, layout, allowed, admission.held)
-            self._explained[allocation_id] = seen
-        if first is not None and admission.held != first.held:
-            try:
-                self.store.write(lambda tx: tx.hold_for(first, admission.held))
-            except VipuError as error:  # kept in memory; written again when it next changes
-                log.warning("could not record the IPUs held for partition %s: %s", first.partition_id, error.message)
-        for request, partition in grants:
-            self._grants.submit(self._grant, request, partition, layout)
+        try:  # the grants reserved are made whatever fails after them
+            with self.ledger.placing(allocation_id):
+                waiting = self.queue.in_allocation(allocation_id)
+                if not waiting:
+                    return
+                if allocation.cluster_id in self.partitions.under_test:
+                    self.queue.explain({r.partition_id: f"cluster {allocation.cluster_id} is under test; "
+                                        "no partition starts in it until the test ends" for r in waiting})
+                    return
+                allowed = set(allocation.agent_ids) - down  # nothing starts, nor is held, on a machine that is down
+                first_held = waiting[0].held if {agent for agent, _ in waiting[0].held} <= allowed else frozenset()
+                holders = self.ledger.holders(allocation_id)
+
+                def choose_held(r: WaitingRequest, used, started) -> Shape:
+                    """The shape the fewest partitions block, counting those this pass starts."""
+                    blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
+                    return choose_reservation(layout, allowed, used, r.size, holders=blocking,
+                                              num_segments=r.request.num_segments, ipulink_routing=r.request.ipulink_routing,
+                                              explicit=self.partitions.explicit_ipus(layout, allocation, r.request))
+
+                admission = admit(waiting, self.ledger.used_ipus(allocation_id),
+                                  place=lambda r, used: try_place(layout, allowed, used, r.size, num_gcds=r.request.num_gcds,
+                                                                  num_segments=r.request.num_segments,
+                                                                  ipulink_routing=r.request.ipulink_routing,
+                                                                  gw_routing=r.request.gw_routing,
+                                                                  explicit=self.partitions.explicit_ipus(layout, allocation,
+                                                                                                         r.request)),
+                                  choose_held=choose_held, held=first_held)
+                for request, placement in admission.started:
+                    if not self.partitions.holds.claim(request.partition_id, "creating"):
+                        continue  # an operation on its id (a cancel) is under way: the next pass decides
+                    partition = self.partitions.partition_of(request.request, request.owner, allocation, placement)
+                    self.ledger.reserve(partition)
+                    self.queue.granting(request.partition_id)
+                    grants.append((request, partition))
+                first = admission.first
+                changed = first is not None and admission.held != first.held
+                if first is not None and changed:
+                    self.queue.hold(first.partition_id, admission.held)
+            if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
+                self._explain(allocation, layout, allowed, admission.held)
+                self._explained[allocation_id] = seen
+            if first is not None and (changed or first.partition_id in self._holds_unrecorded):
+                self._record_hold(first, admission.held)
+        finally:
+            for request, partition in grants:
+                self._grants.submit(self._grant, request, partition, layout)
+
+    def _record_hold(self, first: WaitingRequest, held: Shape) -> None:
+        """Write the IPUs held for a first request to its row, so that they outlive a restart; one
+        that could not be written is kept in memory and written by the next pass."""
+        try:
+            self.store.write(lambda tx: tx.hold_for(first, held))
+        except VipuError as error:
+            self._holds_unrecorded.add(first.partition_id)
+            log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
+                        first.partition_id, error.message)
+        else:
+            self._holds_unrecorded.discard(first.partition_id)
 
     def _explain(self, allocation: Allocation, layout: ClusterLayout, allowed: set[str], held: Shape) -> None:
         """Why each request of the allocation still waits, from placement, against the ledger as the
@@ -353,17 +412,25 @@ class RequestService:
             with self.partitions.operations.admitted():
                 self.store.write(lambda tx: self._record_grant(tx, request, partition))
                 recorded = True
-                self.queue.remove(request.partition_id)
+                self.queue.remove(request)
                 log.info("partition %s of %d IPUs starts in allocation %s after waiting %.1f s", partition.id, partition.size,
                          partition.allocation_id, (datetime.now(UTC) - request.since).total_seconds())
                 self.partitions.configure_new(partition, layout, keep_on_error=request.keep_on_error)
-        except VipuError as error:
+        except Exception as failure:  # whatever it was, nothing is left reserved or marked for ever
+            if isinstance(failure, VipuError):
+                error = failure
+                log.warning("partition %s: %s", partition.id, error.message)
+            else:
+                error = VipuError(f"partition {partition.id} could not be started: {failure}")
+                log.exception("partition %s: its grant failed", partition.id)
             if not recorded:
                 self.ledger.forget(partition.id)
-                self.queue.granting(request.partition_id, underway=False)
+                self.queue.granting(request.partition_id, underway=False)  # still waiting: the next pass tries again
+                if isinstance(error, Conflict) and not isinstance(error, ConcurrentUpdate):
+                    with contextlib.suppress(Conflict):  # its row went (with its allocation, say): it waits no more
+                        self._end(request, "cancel", error)
             elif self.ledger.get(partition.id) is None:
-                self.queue.remove(partition.id, error)  # for its waiting clients: no partition came of it
-            log.warning("partition %s: %s", partition.id, error.message)
+                self.queue.remove(request, error)  # for its waiting clients: no partition came of it
         finally:
             self.partitions.holds.release(partition.id)
 

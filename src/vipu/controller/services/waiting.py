@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from vipu.model.errors import VipuError
 from vipu.model.placement import Shape
@@ -32,7 +33,8 @@ class WaitingRequests:
         self._requests: dict[str, WaitingRequest] = {}  # by partition id
         self._granting: set[str] = set()
         self._reasons: dict[str, str] = {}
-        self._endings: dict[str, tuple[float, VipuError]] = {}
+        self._endings: dict[str, tuple[float, str, VipuError]] = {}  # by partition id: when, in which allocation, how
+        self._closing: set[str] = set()  # allocations being removed: no request waits in them
 
     def notify(self) -> None:
         """Something changed: wake the waiting clients, and the dispatcher if a request waits."""
@@ -80,14 +82,34 @@ class WaitingRequests:
             return sorted({r.allocation_id for r in self._requests.values()})
 
     def held(self, allocation_id: str) -> tuple[Shape, str]:
-        """The IPUs held for the allocation's first waiting request, and its partition id."""
-        waiting = self.in_allocation(allocation_id, granting=True)
+        """The IPUs held for the allocation's first waiting request, and its partition id: one being
+        granted no longer counts (its partition has its IPUs), the request behind it does."""
+        waiting = self.in_allocation(allocation_id)
         return (waiting[0].held, waiting[0].partition_id) if waiting else (frozenset(), "")
 
     def hold(self, partition_id: str, held: Shape) -> None:
         with self.changed:
             if partition_id in self._requests:
                 self._requests[partition_id].held = held
+
+    @contextmanager
+    def closing(self, allocation_id: str) -> Iterator[None]:
+        """While an allocation is being removed: no request is to wait in it."""
+        with self.changed:
+            self._closing.add(allocation_id)
+        try:
+            yield
+        finally:
+            with self.changed:
+                self._closing.discard(allocation_id)
+
+    def is_closing(self, allocation_id: str) -> bool:
+        with self.changed:
+            return allocation_id in self._closing
+
+    def is_granting(self, partition_id: str) -> bool:
+        with self.changed:
+            return partition_id in self._granting
 
     def granting(self, partition_id: str, underway: bool = True) -> None:
         """Mark a request as being granted (its partition is being recorded), or no longer."""
@@ -110,24 +132,27 @@ class WaitingRequests:
             return 1 + sum(1 for r in self._requests.values() if r.allocation_id == request.allocation_id
                            and r.sequence < request.sequence)
 
-    def remove(self, partition_id: str, ending: VipuError | None = None) -> None:
+    def remove(self, request: WaitingRequest, ending: VipuError | None = None) -> None:
         """The request stopped waiting: granted (no `ending`), or ended without a partition, which
-        clients asking after it are told for a while."""
+        clients asking after it (those who may use its allocation) are told for a while."""
         now = time.monotonic()
+        partition_id = request.partition_id
         with self.changed:
             self._requests.pop(partition_id, None)
             self._granting.discard(partition_id)
             self._reasons.pop(partition_id, None)
             if ending is not None:
-                self._endings[partition_id] = (now, ending)
+                self._endings[partition_id] = (now, request.allocation_id, ending)
             self._endings = {p: e for p, e in self._endings.items() if now - e[0] < ENDINGS_KEPT_SECONDS}
         self.notify()
 
-    def ending(self, partition_id: str) -> VipuError | None:
-        """How the request of that id ended without a partition, if it did lately."""
+    def ending(self, partition_id: str) -> tuple[str, VipuError] | None:
+        """How the request of that id ended without a partition, if it did lately, and the allocation it waited in."""
         with self.changed:
             kept = self._endings.get(partition_id)
-            return kept[1] if kept is not None and time.monotonic() - kept[0] < ENDINGS_KEPT_SECONDS else None
+            if kept is None or time.monotonic() - kept[0] >= ENDINGS_KEPT_SECONDS:
+                return None
+            return kept[1], kept[2]
 
     def forget_ending(self, partition_id: str) -> None:
         """A new request or partition of that id is made: the old one's ending no longer applies."""
