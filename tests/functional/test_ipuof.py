@@ -34,7 +34,7 @@ def test_a_configuration_that_no_longer_matches_the_hardware_is_refused(register
     assert pod.user("remove", "partition", "p1").code == 0
     failed_line(ipuof(pod, str(stale)), "run", "p1_ipuof.conf", "IPU 0 of m01 belongs to no partition")
     assert pod.user("create", "partition", "p2", "--size", "4").code == 0
-    failed_line(ipuof(pod, str(stale)), "run", "p1_ipuof.conf", "IPU 0 of m01 belongs to partition p2, not p1")
+    failed_line(ipuof(pod, str(stale)), "run", "p1_ipuof.conf", "IPU 0 of m01 belongs to another partition, not p1")
     failed_line(ipuof(pod, "--partition", "p1"), "run", "p1", "no IPUoF configuration of partition p1")
 
 

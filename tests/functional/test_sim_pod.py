@@ -8,6 +8,7 @@ import socket
 import subprocess
 import urllib.request
 
+import grpc
 import pytest
 
 from tests.functional.harness import BIN, Result, pairs, rows, wait_until
@@ -73,9 +74,13 @@ def sim_server(tmp_path):
         server.stop()
 
 
-def agent_processes(directory) -> int:
+def agent_pids(directory) -> set[int]:
     done = subprocess.run(["pgrep", "-f", f"vipu.agent --rack {directory}/sim-rack.yaml"], capture_output=True, text=True)
-    return len(done.stdout.split())
+    return {int(pid) for pid in done.stdout.split()}
+
+
+def agent_processes(directory) -> int:
+    return len(agent_pids(directory))
 
 
 def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restart(sim_server, tmp_path):
@@ -91,6 +96,17 @@ def test_the_simulated_pod_is_ready_for_partitions_and_comes_back_after_a_restar
     assert exporter == f"http://127.0.0.1:{sim_server.base + 6000}/metrics"
     scraped = urllib.request.urlopen(exporter, timeout=5).read().decode()
     assert 'vipu_agent_ipus{use="partition"} 4.0' in scraped and "vipu_agent_partitions 1.0" in scraped
+    for port, method in ((sim_server.base, "/vipu.agent.v1.AgentService/ListPartitions"),
+                         (sim_server.base + 2000, "/vipu.ipuof.v1.IpuofService/Run")):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(b"\xff\xff\xff\xff\x0f", timeout=5)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    scraped = urllib.request.urlopen(exporter, timeout=5).read().decode()
+    assert 'vipu_agent_malformed_requests_total{method="ListPartitions",service="vipu.agent.v1.AgentService"} 3.0' in scraped
+    assert 'vipu_agent_malformed_requests_total{method="Run",service="vipu.ipuof.v1.IpuofService"} 3.0' in scraped
 
     sim_server.stop()
     assert agent_processes(tmp_path) == 0
@@ -112,10 +128,12 @@ def test_the_simulated_pod_restarts_after_a_kill_and_keeps_what_an_administrator
     sim_server.process.send_signal(signal.SIGKILL)  # no clean-up: its agents go on, holding their ports
     sim_server.process.wait(timeout=30)
     sim_server.log.close()
-    assert agent_processes(tmp_path) == MACHINES
+    orphans = agent_pids(tmp_path)
+    assert len(orphans) == MACHINES
 
     sim_server.start()
-    assert agent_processes(tmp_path) == MACHINES  # the orphans were stopped, new agents serve their ports
+    serving = agent_pids(tmp_path)
+    assert len(serving) == MACHINES and not serving & orphans  # the orphans were stopped, new agents serve their ports
     assert "registered on an earlier start, kept as the store has it" in sim_server.log_path.read_text()
     allocations = rows(sim_server.run("vipu-admin", admin, "list", "allocations").out)
     assert [a[0] for a in allocations] == ["mine"]  # alloc-1 was not made again

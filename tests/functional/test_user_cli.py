@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from tests.functional.harness import failed_line, pairs, rows
-from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.api.protos import admin_pb2, admin_pb2_grpc, vipuuser_pb2, vipuuser_pb2_grpc
 
 
 def test_a_partition_is_created_listed_shown_reset_and_removed(registered_pod):
@@ -257,9 +257,17 @@ def test_ids_are_matched_whole_and_a_long_one_is_refused_in_a_short_line(registe
                 requirements=vipuuser_pb2.PartitionRequirements(id=partition_id, size=1)), timeout=10)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert refused.value.details().startswith("invalid partition id ") and len(refused.value.details()) < 300
-    with pytest.raises(grpc.RpcError) as missing:
-        api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="y" * 100_000), timeout=10)
-    assert missing.value.code() != grpc.StatusCode.RESOURCE_EXHAUSTED and len(missing.value.details()) < 1100
+    admin = admin_pb2_grpc.AdminServiceStub(registered_pod._channel(registered_pod.admin_port))
+    shortened = "'" + "y" * 40 + "'... (100000 characters)"
+    for kind, look_up in (("partition", lambda i: api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id=i))),
+                          ("allocation", lambda i: api.ListPartitions(vipuuser_pb2.ListPartitionsRequest(allocation_id=i))),
+                          ("agent", lambda i: admin.GetAgent(admin_pb2.GetRequest(id=i))),
+                          ("cluster", lambda i: admin.GetCluster(admin_pb2.GetRequest(id=i)))):
+        for missing_id, named in (("y" * 100_000, shortened), ("p1\n", "'p1\\n'"), ("q1", "q1")):
+            with pytest.raises(grpc.RpcError) as missing:
+                look_up(missing_id)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            assert missing.value.details() == f"{kind} {named} does not exist"
     assert rows(registered_pod.user("list", "partitions").out) == []
 
 

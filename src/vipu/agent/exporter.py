@@ -1,11 +1,13 @@
 """The agent's OpenMetrics exporter (`http://HOST:PORT/metrics`, port 2112 on real machines).
 
-Each scrape reads the backend, so the figures are never stale.
+Each scrape reads the backend, so the figures are never stale. Requests refused as malformed at
+the machine's gRPC end-points (agent and IPUoF) are counted too: a client sending garbage is seen
+here, while the log notes it only at a bounded rate.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 from vipu.backends.base import MachineBackend
@@ -30,10 +32,23 @@ class MachineCollector:
         yield GaugeMetricFamily("vipu_agent_partitions", "Partitions configured on the machine", value=len(partitions))
 
 
-def start_exporter(backend: MachineBackend, host: str, port: int) -> None:
-    registry = CollectorRegistry()
-    registry.register(MachineCollector(backend))
-    try:
-        start_http_server(port, addr=host, registry=registry)
-    except OSError as error:
-        raise Unavailable(f"cannot serve metrics on {host}:{port}: {error.strerror}") from error
+class MachineMetrics:
+    """One machine's metrics, in a registry of its own (a process may serve several machines)."""
+
+    def __init__(self, backend: MachineBackend):
+        self.registry = CollectorRegistry()
+        self.registry.register(MachineCollector(backend))
+        self.malformed = Counter(
+            "vipu_agent_malformed_requests", "Requests whose bytes were not the method's message, by service and method",
+            ["service", "method"], registry=self.registry,
+        )
+
+    def count_malformed(self, method_path: str) -> None:
+        service, _, method = method_path.lstrip("/").partition("/")
+        self.malformed.labels(service, method).inc()
+
+    def serve(self, host: str, port: int) -> None:
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise Unavailable(f"cannot serve metrics on {host}:{port}: {error.strerror}") from error

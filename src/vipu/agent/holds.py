@@ -10,14 +10,16 @@ controller of the site; only configuring it claims it.
 
 A takeover waits for the operations under way to end (refusing new ones meanwhile), then clears
 every partition of the machine, so nothing the old holder applied stays configured; each grant
-is used once while the agent runs (and expires within a minute).
+is used once (and expires within a minute).
 
-The holder is kept in a file so that a restarted agent still knows it. On a plaintext link
+The holder, and the grants used that have not expired, are kept in a file so that a restarted
+agent still knows them. On a plaintext link
 nobody is known, so nothing is held or refused: that is what secure mode is for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -53,10 +55,9 @@ class MachineHold:
         self.path = path
         self.authority = authority
         self._changed = threading.Condition()
-        self._holder = self._load()
+        self._holder, self._used_grants = self._load()  # used grants: their SHA-256 -> when they expire
         self._active = 0  # operations under way, which a takeover waits for
         self._taking = False  # a takeover is under way: nothing new starts
-        self._used_grants: dict[str, float] = {}  # grant -> when it expires
 
     @property
     def enforced(self) -> bool:
@@ -67,23 +68,25 @@ class MachineHold:
         with self._changed:
             return self._holder
 
-    def _load(self) -> str:
+    def _load(self) -> tuple[str, dict[str, float]]:
         if self.path is None or not self.path.exists():
-            return ""
+            return "", {}
         try:
-            holder = json.loads(self.path.read_text())["holder"]
+            kept = json.loads(self.path.read_text())
+            holder, used = kept["holder"], kept.get("used_grants", {})
             if not isinstance(holder, str):
                 raise TypeError(f"the holder is {holder!r}, not a name")
-            return holder
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            return holder, {str(grant): float(expires) for grant, expires in used.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"cannot read the holder of machine {self.machine_name} from {self.path} ({error}); "
                                   "remove the file only if no controller should keep the machine") from None
 
     def _keep(self, holder: str) -> None:
-        """Record the holder, on disk first: a holder the agent would forget on restart is no holder."""
+        """Record the holder and the grants used, on disk first: a holder the agent would forget on
+        restart is no holder, and a used grant it would forget could be used again."""
         if self.path is not None:
             try:
-                write_file(self.path, (json.dumps({"holder": holder}) + "\n").encode())
+                write_file(self.path, (json.dumps({"holder": holder, "used_grants": self._used_grants}) + "\n").encode())
             except OSError as error:
                 raise Unavailable(f"cannot record the holder of machine {self.machine_name} in {self.path}: "
                                   f"{error.strerror or error}") from None
@@ -136,10 +139,11 @@ class MachineHold:
             return ""
         assert self.authority is not None
         expires = grants.check(grant, self.authority, serial, caller)
+        used = hashlib.sha256(grant.encode()).hexdigest()
         with self._changed:
             now = time.time()
             self._used_grants = {g: e for g, e in self._used_grants.items() if e > now}
-            if grant in self._used_grants:
+            if used in self._used_grants:
                 raise PermissionDenied("the takeover grant was used already; each grant hands a machine over once")
             if self._taking:
                 raise Unavailable(f"machine {self.machine_name} is being handed to another controller; try again")
@@ -152,8 +156,8 @@ class MachineHold:
                 previous = self._holder
             clear_all()  # outside the lock, nothing else admitted meanwhile
             with self._changed:
+                self._used_grants[used] = expires
                 self._keep(caller)
-                self._used_grants[grant] = expires
         finally:
             with self._changed:
                 self._taking = False

@@ -16,7 +16,7 @@ import click
 import grpc
 
 from vipu.agent.announcer import Announcer
-from vipu.agent.exporter import start_exporter
+from vipu.agent.exporter import MachineMetrics
 from vipu.agent.holds import MachineHold
 from vipu.agent.ipuof import IpuofServicer
 from vipu.agent.service import AgentServicer
@@ -46,6 +46,7 @@ class MachineHost:
         self.tls_dir = tls_dir  # the agent link's files: only the site's controllers, by their certificates, are answered
         self.hold = MachineHold(backend.machine_name, state_dir / f"{backend.machine_name}.holder",
                                 link_authority(tls_dir) if tls_dir is not None else None)
+        self.metrics = MachineMetrics(backend)
         self.servers: list[grpc.Server] = []
 
     def open(self) -> None:
@@ -53,12 +54,12 @@ class MachineHost:
         try:
             self.servers.append(serve(
                 lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend, self.hold), s),
-                self.host, self.port, GuardInterceptor(),
+                self.host, self.port, GuardInterceptor(count_malformed=self.metrics.count_malformed),
                 credentials=agent_server_credentials(self.tls_dir) if self.tls_dir is not None else None))
             if self.ipuof_port:
                 self.servers.append(serve(
                     lambda s: ipuof_pb2_grpc.add_IpuofServiceServicer_to_server(IpuofServicer(self.backend), s),
-                    self.host, self.ipuof_port, GuardInterceptor()))
+                    self.host, self.ipuof_port, GuardInterceptor(count_malformed=self.metrics.count_malformed)))
         except VipuError:
             self.close()
             raise
@@ -128,7 +129,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
             hosts.append(host)
             metrics_port = machine.exporter_port if exporter_port is None else exporter_port
             if metrics_port:
-                start_exporter(backend, host.host, metrics_port)
+                host.metrics.serve(host.host, metrics_port)
             log.info("machine %s (%s) served on %s:%s", name, machine.serial, host.host, host.port)
         announcer = None
         if announce_interval:

@@ -145,9 +145,13 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
               help="Initialise the store and exit; with --secure, also the TLS certificates and a default administrator.")
 @click.option("--secure", is_flag=True, help="Mutual TLS on both end-points, and users who prove themselves with access keys.")
 @click.option("--login-failures", type=click.IntRange(0, 10_000), default=10, show_default=True,
-              help="With --secure: failed logins from one address that lock it out for --login-lockout seconds; 0: never.")
+              help="With --secure: failed logins of one user from one address, within --login-lockout seconds, that refuse "
+                   "that user from that address for as long; 0: never.")
+@click.option("--login-failures-per-address", type=click.IntRange(0, 1_000_000), default=100, show_default=True,
+              help="With --secure: failed logins from one address, of any users, within --login-lockout seconds, that refuse "
+                   "that address for as long to every user who has not logged in from it in the last day; 0: never.")
 @click.option("--login-lockout", type=click.FloatRange(1, 86_400), default=60.0, show_default=True,
-              help="With --secure: seconds an address is refused after --login-failures failed logins within as many seconds.")
+              help="With --secure: the window in which failed logins are counted, and how long a lockout lasts.")
 @click.option("--tls-init", is_flag=True, help="Generate a certificate authority and server and client certificates, and exit.")
 @click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIRECTORY, show_default=True,
               help="Where the TLS certificates are (server/, client/, ca/).")
@@ -172,10 +176,9 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
-         health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_lockout, tls_init, tls_dir,
-         tls_hosts,
-         default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild, sim_base_port, ha, ha_lease_seconds, advertise_address,
-         log_level):
+         health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
+         login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
+         sim_base_port, ha, ha_lease_seconds, advertise_address, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -200,6 +203,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             discovery_port=discovery_port,
             secure=secure,
             login_failures=login_failures,
+            login_failures_per_address=login_failures_per_address,
             login_lockout=login_lockout,
             tls_dir=tls_dir,
             ha_lease_seconds=ha_lease_seconds if ha else 0.0,

@@ -67,20 +67,21 @@ class ServerConfig:
     tls_dir: Path = DEFAULT_DIRECTORY
     ha_lease_seconds: float = 0.0  # above 0: one of several replicas, leading while it holds the store's lease
     advertise_address: str = ""  # how clients reach this replica, as a standby tells them of the leader
-    login_failures: int = 10  # failed logins from one address within login_lockout seconds that lock it out; 0: never
+    login_failures: int = 10  # failed logins of one user from one address within login_lockout that lock it out there; 0: never
+    login_failures_per_address: int = 100  # of any users, that lock out an address but for users proven from it; 0: never
     login_lockout: float = 60.0
 
 
 def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
     """In secure mode, the agent link's mutual TLS (the certificates `--tls-init` makes in the TLS
-    directory's controller/); plaintext in open mode, or, with a warning, when they are missing."""
+    directory's controller/); plaintext in open mode only. A secure controller without them refuses
+    to start: reaching agents in plaintext would let anyone who reaches them configure machines."""
     if not config.secure:
         return None
     files = TlsFiles(config.tls_dir)
     if not files.has_agent_link:
-        log.warning("secure mode, but no agent link certificates in %s and %s: the agents are reached in plaintext; "
-                    "'vipu-server --init --secure --tls-dir %s' makes them", files.agents_dir, files.controller_dir, files.root)
-        return None
+        raise InvalidArgument(f"secure mode needs the agent link's certificates in {files.agents_dir} and {files.controller_dir}; "
+                              f"'vipu-server --init --secure --tls-dir {files.root}' makes them")
     return agent_channel_credentials(files)
 
 
@@ -102,8 +103,9 @@ class Controller:
         if (config.listen_address, config.port) == (config.admin_listen_address, config.admin_port):
             raise InvalidArgument("the user and admin end-points need different addresses or ports")
         self.config = config
+        link = agent_link(config)
         self.store = Store(config.db_url)
-        self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=agent_link(config))
+        self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=link)
         self.hardware = Hardware(self.gateway, workers=config.workers)
         self.changes = ChangeFeed()
         self.store.on_commit = self._committed
@@ -118,8 +120,8 @@ class Controller:
         self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
                           if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
-        self.users = (UserService(self.store, LoginThrottle(config.login_failures, config.login_lockout), self.metrics.count_failed_login)
-                      if config.secure else None)
+        throttle = LoginThrottle(config.login_failures, config.login_lockout, config.login_failures_per_address)
+        self.users = UserService(self.store, throttle, self.metrics.count_failed_login) if config.secure else None
         self.leadership = None
         if config.ha_lease_seconds > 0:
             where = f"{config.advertise_address or config.listen_address}, user port {config.port}, admin port {config.admin_port}"

@@ -17,6 +17,7 @@ import grpc
 
 from vipu.api.protos import ipuof_pb2, ipuof_pb2_grpc
 from vipu.api.status import error_from_rpc
+from vipu.ipuof import files
 from vipu.model.clustertests import program_checksum
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound
@@ -72,11 +73,10 @@ def read(path: Path) -> GcdFile:
 
 def files_of(partition_id: str, directory: Path) -> list[Path]:
     """A partition's IPUoF files in a directory, in GCD order."""
-    single = directory / f"{partition_id}_ipuof.conf"
+    single = directory / files.file_name(partition_id, 0, 1)
     if single.exists():
         return [single]
-    found = sorted(directory.glob(f"{partition_id}_gcd*_ipuof.conf"),
-                   key=lambda p: int(p.name[len(partition_id) + 4: -len("_ipuof.conf")] or -1))
+    found = files.gcd_files(directory, partition_id) if directory.is_dir() else []
     if not found:
         raise NotFound(f"no IPUoF configuration of partition {partition_id} in {directory}")
     return found

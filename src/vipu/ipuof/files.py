@@ -2,7 +2,9 @@
 
 `vipu create partition` writes them, `vipu remove partition` deletes them, and the Slurm and
 Kubernetes integrations write the same files for their jobs. A single-GCD partition p1 gets
-`p1_ipuof.conf`; GCD n of a multi-GCD partition gets `p1_gcd<n>_ipuof.conf`.
+`p1_ipuof.conf`; GCD n of a multi-GCD partition gets `p1_gcd<n>_ipuof.conf`. No two partitions'
+files can share a name, because a partition id may not end in `_gcd` and a number
+(`vipu.model.entities.check_partition_id`): `q_gcd0_ipuof.conf` can only be GCD 0 of `q`.
 
 Each file holds the GCD's `attributes` (partition id, GCD id, routing and sync types, fabric
 reconfigurable, ...) and its `devices` in routing order, each with the IPUoF end-point (ip,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from vipu.api.atomic import write_file
@@ -56,15 +59,21 @@ def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner:
     return paths
 
 
+def gcd_files(directory: Path, partition_id: str) -> list[Path]:
+    """The multi-GCD files of a partition in a directory, in GCD order: exactly the names
+    `file_name` gives, so no file of another partition (such as `q_gcd0x`'s of `q`) is taken."""
+    pattern = re.compile(rf"{re.escape(partition_id)}_gcd([0-9]+)_ipuof\.conf")
+    numbered = [(int(match.group(1)), path) for path in directory.iterdir() if (match := pattern.fullmatch(path.name))]
+    return [path for _, path in sorted(numbered)]
+
+
 def remove(directory: Path, partition_id: str) -> list[Path]:
     """Delete a partition's files; return the paths deleted."""
     if not directory.is_dir():
         return []
-    names = {f"{partition_id}_ipuof.conf"}
-    removed = []
-    for path in directory.iterdir():
-        if path.name in names or (path.name.startswith(f"{partition_id}_gcd") and path.name.endswith("_ipuof.conf")
-                                  and path.name[len(partition_id) + 4 : -len("_ipuof.conf")].isdigit()):
-            path.unlink()
-            removed.append(path)
+    single = directory / file_name(partition_id, 0, 1)
+    removed = [single] if single.exists() else []
+    removed += gcd_files(directory, partition_id)
+    for path in removed:
+        path.unlink()
     return sorted(removed)

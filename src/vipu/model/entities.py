@@ -30,6 +30,12 @@ def quoted(value: str) -> str:
     return f"{value[:QUOTED_MAX]!r}... ({len(value)} characters)"
 
 
+def shown(value: str) -> str:
+    """An id as a message names it: as it is when it is of the grammar (so at most ID_MAX_LENGTH
+    plain characters), else quoted and shortened, as nothing of that id can exist."""
+    return value if _ID_PATTERN.fullmatch(value) else quoted(value)
+
+
 def check_id(kind: str, value: str) -> str:
     """Return `value` if it is a usable id for an entity of `kind`, else raise InvalidArgument."""
     if not _ID_PATTERN.fullmatch(value or ""):

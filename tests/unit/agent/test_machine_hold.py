@@ -103,7 +103,11 @@ def test_a_takeover_needs_the_site_authoritys_grant_for_this_machine_and_taker_o
     configure(machine, "ctl-a")
     with pytest.raises(PermissionDenied, match="used already"):  # the same grant cannot take it again
         machine.claim("ctl-b", grant, "SN1", clear_all)
-    assert machine.holder == "ctl-a"
+    restarted = hold(tmp_path)
+    with pytest.raises(PermissionDenied, match="used already"):  # nor after the agent restarts
+        restarted.claim("ctl-b", grant, "SN1", clear_all)
+    assert machine.holder == restarted.holder == "ctl-a"
+    clear_all.assert_called_once()
 
 
 def test_a_takeover_clears_the_machine_only_after_the_holders_operation_under_way_and_admits_none_meanwhile(tmp_path):

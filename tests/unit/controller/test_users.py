@@ -120,3 +120,40 @@ def test_a_user_guessed_at_from_one_address_is_locked_out_there_for_a_while_and_
         assert any("from ipv4:10.0.0.9:51001 refused: wrong access key" in r.getMessage() for r in caplog.records)
     finally:
         store.close()
+
+
+def test_an_address_trying_many_users_is_locked_out_for_all_but_the_users_proven_from_it(tmp_path, caplog):
+    now = [1000.0]
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    users = UserService(store, LoginThrottle(limit=3, lockout=60, address_limit=5, clock=lambda: now[0]))
+    try:
+        _, alices = users.create("alice")
+        _, bobs = users.create("bob")
+        shared, elsewhere = "ipv4:10.0.0.9:51000", "ipv4:10.0.0.7:40000"
+        assert users.authenticate("alice", alices, peer=shared).user_id == "alice"  # alice works through that address
+        for guessed in ("u1", "u2", "u3", "u4", "bob"):  # one failure each: no single user is locked out
+            with pytest.raises(Unauthenticated, match="invalid user id or access key"):
+                users.authenticate(guessed, "guess", peer=shared)
+        with pytest.raises(Unauthenticated, match=r"^too many failed logins from this address; try again in 60 s$"):
+            users.authenticate("bob", bobs, peer=shared)  # even the right key of a user not proven from there
+        assert users.authenticate("alice", alices, peer=shared).user_id == "alice"
+        assert users.authenticate("bob", bobs, peer=elsewhere).user_id == "bob"
+        now[0] += 61
+        assert users.authenticate("bob", bobs, peer=shared).user_id == "bob"
+        lockouts = [r.getMessage() for r in caplog.records if "refused for" in r.getMessage()]
+        assert lockouts == ["logins from ipv4:10.0.0.9 refused for 60 s, but for users proven from there, after 5 failures"]
+    finally:
+        store.close()
+
+
+def test_limits_of_zero_lock_nobody_out(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    users = UserService(store, LoginThrottle(limit=0, lockout=60, address_limit=0))
+    try:
+        _, key = users.create("alice")
+        for _ in range(20):
+            with pytest.raises(Unauthenticated, match="invalid user id or access key"):
+                users.authenticate("alice", "guess", peer="ipv4:10.0.0.9:51000")
+        assert users.authenticate("alice", key, peer="ipv4:10.0.0.9:51000").user_id == "alice"
+    finally:
+        store.close()

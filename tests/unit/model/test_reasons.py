@@ -83,6 +83,8 @@ def test_ipus_held_for_the_first_waiting_request_are_left_alone_and_said_so():
      "RINGSWNC routing needs a partition that takes whole IPU-Link domains of a torus cluster, and this one is a mesh, not 16 IPUs"),
     (pod(8), 16, {"ipulink_routing": IpuLinkRouting.RINGSWNC},
      r"RINGSWNC routing needs a partition that takes whole IPU-Link domains of 8 machines \(32 IPUs\) each, not 16 IPUs"),
+    (pod(16), 4, {"ipulink_routing": IpuLinkRouting.RINGSWNC},  # the probe's case, on scripts/pod's 16 machines
+     r"RINGSWNC routing needs a partition that takes whole IPU-Link domains of 16 machines \(64 IPUs\) each, not 4 IPUs"),
     (pod(4), 2, {"ipulink_routing": IpuLinkRouting.SWNC}, "SWNC routing needs a partition of two machines or more"),
     (pod(4), 16, {"num_segments": 2}, "a partition of 2 IPU-Link segments needs a cluster of 2 IPU-Link domains; this one has 1"),
     (pod(8, ilds=2), 4, {"num_segments": 2},

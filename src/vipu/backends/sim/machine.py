@@ -210,7 +210,8 @@ class SimMachine(MachineBackend):
         if owner is None or settings is None:
             raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to no partition")
         if owner != partition_id:
-            raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to partition {owner}, not {partition_id}")
+            # Never which: the caller proved nothing yet, and partition names are their tenants' own.
+            raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to another partition, not {partition_id}")
         if not hmac.compare_digest(settings.attach_key.encode(), attach_key.encode()):
             raise PermissionDenied(f"the attach key is not partition {partition_id}'s: an IPUoF configuration of an earlier "
                                    "partition of that name, or none")

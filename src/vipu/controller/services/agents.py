@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from vipu.controller.services.clusters import ClusterService
 from vipu.controller.services.gateway import AgentGateway
-from vipu.model.entities import Agent, AgentStatus, check_id, natural_key
+from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -135,7 +135,7 @@ class AgentService:
         with self.store.reading() as tx:
             agent = tx.get_agent(agent_id)
             if agent is None:
-                raise NotFound(f"agent {agent_id} does not exist")
+                raise NotFound(f"agent {shown(agent_id)} does not exist")
             holders = {}
             for partition in tx.partitions_on_agent(agent_id):
                 for ipu in partition.ipus_on(agent_id):

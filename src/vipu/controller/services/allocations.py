@@ -6,7 +6,7 @@ import builtins
 
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService
-from vipu.model.entities import Allocation, check_id
+from vipu.model.entities import Allocation, check_id, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
 from vipu.store.store import Store
@@ -27,7 +27,7 @@ class AllocationService:
                 raise AlreadyExists(f"allocation {allocation_id} already exists")
             cluster = tx.get_cluster(cluster_id)
             if cluster is None:
-                raise NotFound(f"cluster {cluster_id} does not exist")
+                raise NotFound(f"cluster {shown(cluster_id)} does not exist")
             taken = {a: alloc for a, alloc in tx.allocation_of_agents().items() if a in cluster.agent_ids}
             if agent_ids:
                 check_allocation_machines(cluster.id, cluster.agent_ids, taken, tuple(agent_ids))
@@ -47,7 +47,7 @@ class AllocationService:
         with self.store.reading() as tx:
             allocation = tx.get_allocation(allocation_id)
             if allocation is None:
-                raise NotFound(f"allocation {allocation_id} does not exist")
+                raise NotFound(f"allocation {shown(allocation_id)} does not exist")
             return allocation, [p.id for p in tx.list_partitions(allocation_id=allocation_id)]
 
     def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 
 from vipu.controller.services.allocations import AllocationService
-from vipu.model.entities import Cluster, check_id
+from vipu.model.entities import Cluster, check_id, shown
 from vipu.model.errors import AlreadyExists, Conflict, NotFound
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
@@ -27,7 +27,7 @@ class ClusterService:
             membership = tx.cluster_of_agents()
             for agent_id in cluster.agent_ids:
                 if tx.get_agent(agent_id) is None:
-                    raise NotFound(f"agent {agent_id} does not exist")
+                    raise NotFound(f"agent {shown(agent_id)} does not exist")
                 if agent_id in membership:
                     raise Conflict(f"agent {agent_id} is already in cluster {membership[agent_id]}")
             tx.add_cluster(cluster)
@@ -42,7 +42,7 @@ class ClusterService:
         with self.store.reading() as tx:
             cluster = tx.get_cluster(cluster_id)
             if cluster is None:
-                raise NotFound(f"cluster {cluster_id} does not exist")
+                raise NotFound(f"cluster {shown(cluster_id)} does not exist")
             return cluster, [a.id for a in tx.list_allocations(cluster_id)]
 
     def remove(self, cluster_id: str, force: bool = False) -> builtins.list[str]:

@@ -29,7 +29,7 @@ from vipu.model.clustertests import (
     TestRun,
     TestType,
 )
-from vipu.model.entities import IPUS_PER_MACHINE, Agent, ReadyState
+from vipu.model.entities import IPUS_PER_MACHINE, Agent, ReadyState, shown
 from vipu.model.errors import Conflict, NotFound, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
@@ -79,7 +79,7 @@ class ClusterTestService:
             with self.store.reading() as tx:
                 cluster = tx.get_cluster(cluster_id)
                 if cluster is None:
-                    raise NotFound(f"cluster {cluster_id} does not exist")
+                    raise NotFound(f"cluster {shown(cluster_id)} does not exist")
                 planned = judge.plan(tests)
                 busy = [p.id for p in tx.list_partitions(cluster_id=cluster_id) if p.ready_state is not ReadyState.ERROR]
                 if busy and DISRUPTIVE & set(planned):
@@ -91,7 +91,7 @@ class ClusterTestService:
                 for agent_id in cluster.agent_ids:
                     agent = tx.get_agent(agent_id)
                     if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
-                        raise NotFound(f"agent {agent_id} does not exist")
+                        raise NotFound(f"agent {shown(agent_id)} does not exist")
                     agents[agent_id] = agent
                 context = _Context(ClusterLayout.of(cluster), agents)
             run = TestRun(cluster_id, RunState.RUNNING, planned)
@@ -141,7 +141,7 @@ class ClusterTestService:
             cluster = tx.get_cluster(cluster_id)
             kept = tx.get_cable_verdicts(cluster_id) if cluster is not None else None
         if cluster is None:
-            raise NotFound(f"cluster {cluster_id} does not exist")
+            raise NotFound(f"cluster {shown(cluster_id)} does not exist")
         return kept.run_state if kept is not None else None, judge.kept_results(ClusterLayout.of(cluster), kept)
 
     def stop(self) -> str:

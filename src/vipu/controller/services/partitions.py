@@ -50,6 +50,7 @@ from vipu.model.entities import (
     SyncType,
     check_partition_id,
     new_attach_key,
+    shown,
 )
 from vipu.model.errors import (
     AlreadyExists,
@@ -175,7 +176,7 @@ class PartitionService:
                 allocations = [self._allocation(tx, allocation_id, access)]
             else:
                 if cluster_id and tx.get_cluster(cluster_id) is None:
-                    raise NotFound(f"cluster {cluster_id} does not exist")
+                    raise NotFound(f"cluster {shown(cluster_id)} does not exist")
                 allocations = [a for a in tx.list_allocations(cluster_id or None) if access.may_use(a.id)]
             layouts = {c: ClusterLayout.of(self._cluster(tx, c)) for c in {a.cluster_id for a in allocations}}
             down = {a.id: self.down_agents(tx, a.agent_ids) for a in allocations}
@@ -202,7 +203,7 @@ class PartitionService:
                 visible = {a for alloc in tx.list_allocations() if access.may_use(alloc.id) for a in alloc.agent_ids}
             unknown = [a for a in agent_ids if a not in visible]
             if unknown:
-                raise NotFound(f"agent {unknown[0]} does not exist")
+                raise NotFound(f"agent {shown(unknown[0])} does not exist")
             chosen = agent_ids or sorted(visible)
             agents = [self._agent(tx, a) for a in chosen]
         return [IpuAttributes(a.id, {i.index: dict(i.attributes) for i in a.inventory.ipus}) for a in agents]
@@ -546,7 +547,7 @@ class PartitionService:
                 raise InvalidArgument(f"allocation {request.allocation_id} is not in cluster {request.cluster_id}")
         elif request.cluster_id:
             if tx.get_cluster(request.cluster_id) is None:
-                raise NotFound(f"cluster {request.cluster_id} does not exist")
+                raise NotFound(f"cluster {shown(request.cluster_id)} does not exist")
             candidates = [a for a in tx.list_allocations(request.cluster_id) if access.may_use(a.id)]
         else:
             candidates = [a for a in tx.list_allocations() if access.may_use(a.id)]
@@ -638,7 +639,7 @@ class PartitionService:
         """An agent a partition or allocation names, which the store's foreign keys keep while they exist."""
         agent = tx.get_agent(agent_id)
         if agent is None:
-            raise NotFound(f"agent {agent_id} does not exist")
+            raise NotFound(f"agent {shown(agent_id)} does not exist")
         return agent
 
     @staticmethod
@@ -646,14 +647,14 @@ class PartitionService:
         """The cluster an allocation or partition is in, which the store's foreign keys keep while they exist."""
         cluster = tx.get_cluster(cluster_id)
         if cluster is None:
-            raise NotFound(f"cluster {cluster_id} does not exist")
+            raise NotFound(f"cluster {shown(cluster_id)} does not exist")
         return cluster
 
     @staticmethod
     def _allocation(tx: Transaction, allocation_id: str, access: Access) -> Allocation:
         allocation = tx.get_allocation(allocation_id)
         if allocation is None:
-            raise NotFound(f"allocation {allocation_id} does not exist")
+            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
         if not access.may_use(allocation_id):
             raise PermissionDenied(f"allocation {allocation_id} is not given to user {access.user_id}")
         return allocation
@@ -663,5 +664,5 @@ class PartitionService:
         not exist, so that its existence tells nothing."""
         partition = self.ledger.get(partition_id)
         if partition is None or not access.may_use(partition.allocation_id):
-            raise NotFound(f"partition {partition_id} does not exist")
+            raise NotFound(f"partition {shown(partition_id)} does not exist")
         return partition

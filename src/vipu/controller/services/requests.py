@@ -37,7 +37,7 @@ from vipu.controller.services.changes import MAX_WATCHERS
 from vipu.controller.services.partitions import PartitionService
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
-from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState
+from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import (
     AlreadyExists,
     ConcurrentUpdate,
@@ -195,7 +195,7 @@ class RequestService:
         ended = self.queue.ending(partition_id)
         if ended is not None and access.may_use(ended[0]):
             raise ended[1]
-        raise NotFound(f"partition {partition_id} does not exist and no request of it waits")
+        raise NotFound(f"partition {shown(partition_id)} does not exist and no request of it waits")
 
     def list(self, allocation_id: str = "", access: Access = OPEN_ACCESS) -> list[Waiting]:
         """The waiting requests of the allocations the caller may use (or of one), each queue in order."""
@@ -209,7 +209,7 @@ class RequestService:
         """Cancel a waiting request: its user's, or anyone's for an administrator."""
         request = self.queue.get(partition_id)
         if request is None or not access.may_use(request.allocation_id):
-            raise NotFound(f"no request of partition {partition_id} waits")
+            raise NotFound(f"no request of partition {shown(partition_id)} waits")
         if not access.unrestricted and request.owner and request.owner != access.user_id:
             raise PermissionDenied(f"the request of partition {partition_id} is user {request.owner}'s; only its owner or an "
                                    "administrator cancels it")

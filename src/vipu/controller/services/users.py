@@ -20,7 +20,7 @@ import threading
 import time
 import typing
 
-from vipu.model.entities import Access, Role, User, check_id, quoted
+from vipu.model.entities import Access, Role, User, check_id, quoted, shown
 from vipu.model.errors import (
     Conflict,
     InvalidArgument,
@@ -49,18 +49,30 @@ def credential_for(key: str, version: int) -> Credential:
 
 
 class LoginThrottle:
-    """Failed logins by the caller's address and the user named: after `limit` of them within
-    `lockout` seconds, that user is refused from that address for `lockout` seconds without the key
-    being checked, so that guessing one user's key is slowed while other users behind the same
-    address (a NAT, the Kubernetes proxy) go on. A success forgets that pair's failures. `limit`
-    0 turns it off. `clock` is for tests."""
+    """Failed logins, counted by the caller's address, with two limits within `lockout` seconds:
 
-    TRACKED_ADDRESSES = 10_000  # beyond this, addresses whose failures have all expired are forgotten
+    - `limit` failures for one user from one address: that user is refused from that address for
+      `lockout` seconds without the key being checked, so guessing one user's key is slowed while
+      other users behind the same address (a NAT, the Kubernetes proxy, the dashboard) go on;
+    - `address_limit` failures from one address, whatever users they named: the address is
+      refused for `lockout` seconds for every user not proven from it (who logged in from it in
+      the last PROVEN_SECONDS), so trying many users' keys is slowed too, while the users working
+      through a shared address go on.
 
-    def __init__(self, limit: int = 10, lockout: float = 60.0, clock: typing.Callable[[], float] = time.monotonic):
-        self.limit, self.lockout, self.clock = limit, lockout, clock
-        self._failures: dict[str, collections.deque[float]] = {}
-        self._locked_until: dict[str, float] = {}
+    A success forgets that user's failures at that address. A limit of 0 turns it off. Refusals
+    by a lockout cost no scrypt and are not logged one by one: the log says when a lockout starts.
+    `clock` is for tests."""
+
+    TRACKED = 10_000  # beyond this many entries, those whose time has passed are forgotten
+    PROVEN_SECONDS = 24 * 3600.0
+
+    def __init__(self, limit: int = 10, lockout: float = 60.0, address_limit: int = 100,
+                 clock: typing.Callable[[], float] = time.monotonic):
+        self.limit, self.lockout, self.address_limit, self.clock = limit, lockout, address_limit, clock
+        self._failures: dict[tuple[str, str], collections.deque[float]] = {}  # (address, user) -> when
+        self._address_failures: dict[str, collections.deque[float]] = {}
+        self._locked_until: dict[tuple[str, str], float] = {}  # (address, user or "" for the whole address) -> until
+        self._proven: dict[tuple[str, str], float] = {}  # (address, user) -> last success
         self._lock = threading.Lock()
 
     @staticmethod
@@ -68,43 +80,61 @@ class LoginThrottle:
         """gRPC's peer ('ipv4:10.0.0.5:51234', 'ipv6:[::1]:51234') without its port."""
         return peer.rpartition(":")[0] or peer
 
-    def _key(self, peer: str, user_id: str) -> str:
-        return f"{self.address(peer)} {user_id}"
-
     def check(self, peer: str, user_id: str) -> None:
-        if not self.limit or not peer:
+        if not peer:
             return
+        address, now = self.address(peer), self.clock()
         with self._lock:
-            until = self._locked_until.get(self._key(peer, user_id), 0.0)
-        wait = until - self.clock()
-        if wait > 0:
-            raise Unauthenticated(f"too many failed logins for user {user_id} from this address; try again in {wait:.0f} s")
+            user_wait = self._locked_until.get((address, user_id), 0.0) - now
+            address_wait = self._locked_until.get((address, ""), 0.0) - now
+            proven = self._proven.get((address, user_id), -self.PROVEN_SECONDS) > now - self.PROVEN_SECONDS
+        if user_wait > 0:
+            raise Unauthenticated(f"too many failed logins for user {user_id} from this address; try again in {user_wait:.0f} s")
+        if address_wait > 0 and not proven:
+            raise Unauthenticated(f"too many failed logins from this address; try again in {address_wait:.0f} s")
 
     def failed(self, peer: str, user_id: str) -> None:
-        if not self.limit or not peer:
+        if not peer:
             return
-        key, now = self._key(peer, user_id), self.clock()
+        address, now = self.address(peer), self.clock()
         with self._lock:
-            recent = self._failures.setdefault(key, collections.deque())
-            recent.append(now)
-            while recent and recent[0] <= now - self.lockout:
-                recent.popleft()
-            if len(recent) >= self.limit:
-                self._locked_until[key] = now + self.lockout
-                log.warning("logins of user %s from %s refused for %.0f s after %d failures", quoted(user_id), self.address(peer),
-                            self.lockout, len(recent))
-            if len(self._failures) > self.TRACKED_ADDRESSES:
+            if self.limit and self._reaches(self._failures, (address, user_id), now, self.limit):
+                self._locked_until[(address, user_id)] = now + self.lockout
+                log.warning("logins of user %s from %s refused for %.0f s after %d failures", quoted(user_id), address,
+                            self.lockout, self.limit)
+            if self.address_limit and self._reaches(self._address_failures, address, now, self.address_limit):
+                self._locked_until[(address, "")] = now + self.lockout
+                log.warning("logins from %s refused for %.0f s, but for users proven from there, after %d failures",
+                            address, self.lockout, self.address_limit)
+            if len(self._failures) + len(self._address_failures) + len(self._proven) > self.TRACKED:
                 self._forget_expired(now)
 
+    def _reaches(self, failures: dict, key, now: float, limit: int) -> bool:
+        """Record a failure under `key`: does it make `limit` within the lockout? Then the count
+        starts again, so that a lockout starts (and is logged) once per `limit` failures."""
+        recent = failures.setdefault(key, collections.deque())
+        recent.append(now)
+        while recent and recent[0] <= now - self.lockout:
+            recent.popleft()
+        if len(recent) < limit:
+            return False
+        recent.clear()
+        return True
+
     def succeeded(self, peer: str, user_id: str) -> None:
+        if not peer:
+            return
+        address = self.address(peer)
         with self._lock:
-            self._failures.pop(self._key(peer, user_id), None)
+            self._failures.pop((address, user_id), None)
+            self._proven[(address, user_id)] = self.clock()
 
     def _forget_expired(self, now: float) -> None:
-        for address in [a for a, times in self._failures.items() if not times or times[-1] <= now - self.lockout]:
-            del self._failures[address]
-        for address in [a for a, until in self._locked_until.items() if until <= now]:
-            del self._locked_until[address]
+        stale = now - self.lockout
+        self._failures = {key: times for key, times in self._failures.items() if times and times[-1] > stale}
+        self._address_failures = {key: times for key, times in self._address_failures.items() if times and times[-1] > stale}
+        self._locked_until = {key: until for key, until in self._locked_until.items() if until > now}
+        self._proven = {key: when for key, when in self._proven.items() if when > now - self.PROVEN_SECONDS}
 
 
 class UserService:
@@ -136,7 +166,7 @@ class UserService:
         with self.store.reading() as tx:
             user = tx.get_user(user_id)
         if user is None:
-            raise NotFound(f"user {user_id} does not exist")
+            raise NotFound(f"user {shown(user_id)} does not exist")
         return user
 
     def update(self, user_id: str, give: tuple[str, ...] = (), deny: tuple[str, ...] = (), rotate: bool = False) -> tuple[User, str]:
@@ -148,7 +178,7 @@ class UserService:
         with self.store.transaction() as tx:
             user = tx.get_user(user_id)
             if user is None:
-                raise NotFound(f"user {user_id} does not exist")
+                raise NotFound(f"user {shown(user_id)} does not exist")
             self._check_allocations(tx, give)
             unknown = [a for a in deny if a not in user.allocation_ids]
             if unknown:
@@ -160,7 +190,7 @@ class UserService:
                 key = new_key()
                 current = tx.get_credential(user_id)
                 if current is None:  # not while the user exists: the credential is on the user's row
-                    raise NotFound(f"user {user_id} does not exist")
+                    raise NotFound(f"user {shown(user_id)} does not exist")
                 tx.set_credential(user_id, credential_for(key, current.version + 1))
         return user, key
 
@@ -168,7 +198,7 @@ class UserService:
         with self.store.transaction() as tx:
             user = tx.get_user(user_id)
             if user is None:
-                raise NotFound(f"user {user_id} does not exist")
+                raise NotFound(f"user {shown(user_id)} does not exist")
             if user.role is Role.ADMIN and sum(u.role is Role.ADMIN for u in tx.list_users()) == 1:
                 raise Conflict(f"user {user_id} is the last administrator")
             tx.delete_user(user_id)
@@ -227,4 +257,4 @@ class UserService:
     def _check_allocations(tx, allocation_ids) -> None:
         for allocation_id in allocation_ids:
             if tx.get_allocation(allocation_id) is None:
-                raise NotFound(f"allocation {allocation_id} does not exist")
+                raise NotFound(f"allocation {shown(allocation_id)} does not exist")
