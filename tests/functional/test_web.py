@@ -19,11 +19,13 @@ from tests.browser import launch, trusting
 from tests.functional.harness import PROMPTLY, Pod, wait_until
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.backends.sim import faults
 from vipu.client.settings import parse_hcl
 
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 LIVE_SECONDS = 2.0  # a change appears on an open page within this, without a reload
+AGENT_DOWN_SECONDS = 15.0  # a machine gone is seen at the controller's next health pass (every 0.3 s here), then shown live
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,13 @@ def not_reloaded(page) -> bool:
     return page.evaluate("window.notReloaded === true")
 
 
-def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
+def listed_partitions(pod: Pod) -> list[vipuuser_pb2.Partition]:
+    """The partitions as the controller lists them to its administrator."""
+    return list(vipuuser_pb2_grpc.UserServiceStub(pod._server_channel(pod.user_port)).ListPartitions(
+        vipuuser_pb2.ListPartitionsRequest()).partitions)
+
+
+def test_the_rack_shows_64_ipus_each_in_its_partitions_colour_and_each_agent_up_or_down(dashboard, page):
     pod, _ = dashboard
     for partition, size in (("p16", 16), ("p4", 4), ("p2", 2), ("p1", 1)):
         assert pod.user("create", "partition", partition, "--size", str(size)).code == 0, partition
@@ -83,9 +91,7 @@ def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
         agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), partition: ipu.dataset.partition,
         colour: getComputedStyle(ipu).backgroundColor, failed: ipu.classList.contains('failed')}))""")
     assert len(ipus) == 64
-    user = vipuuser_pb2_grpc.UserServiceStub(pod._server_channel(pod.user_port))
-    holders = {(i.agent_id, i.agent_ipu_index): p.id for p in user.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions
-               for i in p.spec.ipus}
+    holders = {(i.agent_id, i.agent_ipu_index): p.id for p in listed_partitions(pod) for i in p.spec.ipus}
     assert {(ipu["agent"], ipu["index"]): ipu["partition"] for ipu in ipus if ipu["partition"]} == holders
     legend = dict(page.eval_on_selector_all(".legend li[data-partition]", """items => items.map(
         li => [li.dataset.partition, getComputedStyle(li.querySelector('.swatch')).backgroundColor])"""))
@@ -96,7 +102,23 @@ def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
     assert len(set(legend.values()) | {FREE}) == len(legend) + 1  # every partition a colour of its own, none the free one
     marked = page.eval_on_selector_all(".machine.in-error", "machines => machines.map(m => m.dataset.agent)")
     assert marked == ["ag4", "ag3"]  # the ERROR partition's machines, listed top first
-    assert page.eval_on_selector_all(".machine .dot.up", "dots => dots.length") == 16
+    assert agent_states(page) == {f"ag{n}": "up" for n in range(1, 17)}
+    assert "all up" in page.inner_text("#summary")
+
+    assert not any(agent == "ag10" for agent, _ in holders)  # so that no partition goes to ERROR with it
+    live(page)
+    pod.edit_rack(lambda rack: faults.silence(rack, "m10"))  # its agent closes its ports, as a machine switched off
+    page.wait_for_selector(".machine.down[data-agent=ag10]", timeout=AGENT_DOWN_SECONDS * 1000)
+    assert not_reloaded(page)
+    assert agent_states(page) == {**{f"ag{n}": "up" for n in range(1, 17)}, "ag10": "down"}
+    assert page.inner_text(".machine[data-agent=ag10] .badge") == "DOWN"
+    assert "1 down" in page.inner_text("#summary")
+
+
+def agent_states(page) -> dict[str, str]:
+    """Each machine's agent as its dot on the racks page says: up or down."""
+    return dict(page.eval_on_selector_all(".machine", """machines => machines.map(
+        m => [m.dataset.agent, [...m.querySelector('.dot').classList].filter(c => c !== 'dot').join(' ')])"""))
 
 
 def test_a_partition_created_from_the_cli_appears_without_a_reload(dashboard, page):
