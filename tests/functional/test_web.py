@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,33 @@ def agent_states(page) -> dict[str, str]:
     """Each machine's agent as its dot on the racks page says: up or down."""
     return dict(page.eval_on_selector_all(".machine", """machines => machines.map(
         m => [m.dataset.agent, [...m.querySelector('.dot').classList].filter(c => c !== 'dot').join(' ')])"""))
+
+
+def test_the_partitions_table_says_each_partitions_state_size_gcds_owner_age_and_errors(dashboard, page):
+    pod, _ = dashboard
+    assert pod.user("create", "partition", "split", "--size", "4", "--num-gcds", "2").code == 0
+    assert pod.user("create", "partition", "pair", "--size", "2").code == 0
+    pod.edit_rack(lambda rack: [faults.fail_configuration(rack, m.name, "IPU 1 lost its PCIe link") for m in rack.machines])
+    assert pod.user("create", "partition", "broken", "--size", "4", "--keep-on-error").code == 1
+    listed = {p.id: p for p in listed_partitions(pod)}
+    assert list(listed["broken"].status.errors) and all("IPU 1 lost its PCIe link" in e for e in listed["broken"].status.errors)
+    page.goto("/partitions")
+    shown = page.eval_on_selector_all("#partition-table tr[data-partition]", """rows => rows.map(row => ({
+        id: row.dataset.partition, cells: [...row.cells].slice(0, 8).map(cell => cell.innerText.trim()), created: row.cells[7].title,
+        errors: [...row.cells[8].querySelectorAll('div')].map(line => line.textContent), errorsText: row.cells[8].innerText.trim()}))""")
+    # state (and its last operation, when not IDLE), size, GCDs, owner ("-": none in open mode), allocation, cluster
+    expected = {"broken": ["ERROR FAILED", "4", "1", "-", "alloc-1", "cl0"], "pair": ["ACTIVE", "2", "1", "-", "alloc-1", "cl0"],
+                "split": ["ACTIVE", "4", "2", "-", "alloc-1", "cl0"]}
+    assert [row["id"] for row in shown] == sorted(expected)
+    for row in shown:
+        partition = listed[row["id"]]
+        assert row["cells"][:7] == [row["id"], *expected[row["id"]]]
+        created = datetime.fromtimestamp(partition.created.seconds, UTC)
+        assert row["created"] == created.strftime("%Y-%m-%d %H:%M:%S UTC")
+        age = re.fullmatch(r"(\d+) s", row["cells"][7])
+        assert age and 0 <= int(age[1]) <= time.time() - partition.created.seconds + 1, row["cells"][7]
+        assert row["errors"] == list(partition.status.errors)
+        assert row["errorsText"] == ("-" if not partition.status.errors else "\n".join(partition.status.errors))
 
 
 def test_a_partition_created_from_the_cli_appears_without_a_reload(dashboard, page):
