@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import socket
@@ -148,6 +149,37 @@ def test_the_partitions_table_says_each_partitions_state_size_gcds_owner_age_and
         assert age and 0 <= int(age[1]) <= time.time() - partition.created.seconds + 1, row["cells"][7]
         assert row["errors"] == list(partition.status.errors)
         assert row["errorsText"] == ("-" if not partition.status.errors else "\n".join(partition.status.errors))
+
+
+def test_a_partitions_page_highlights_its_ipus_in_the_rack_and_shows_its_ipuof_configuration_but_not_its_attach_key(dashboard, page):
+    pod, _ = dashboard
+    assert pod.user("create", "partition", "split", "--size", "4", "--num-gcds", "2").code == 0
+    assert pod.user("create", "partition", "other", "--size", "8").code == 0
+    got = pod.user("get", "partition", "split", "--ipu-configs", "--json")
+    assert got.code == 0, got.err
+    configs = [gcd["ipuof_config"] for gcd in json.loads(got.out)]  # as vipu writes them to ~/.ipuof.conf.d/
+    attach_key = configs[0]["attributes"]["Attach Key"]
+    split = next(p for p in listed_partitions(pod) if p.id == "split")
+
+    page.goto("/partitions/split")
+    ipus = page.eval_on_selector_all("#partition .machine .ipu", """ipus => ipus.map(ipu => ({
+        agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), partition: ipu.dataset.partition,
+        opacity: getComputedStyle(ipu).opacity}))""")
+    assert len(ipus) == 64  # the cluster holding it
+    highlighted = {(ipu["agent"], ipu["index"]) for ipu in ipus if ipu["opacity"] == "1"}
+    assert highlighted == {(i.agent_id, i.agent_ipu_index) for i in split.spec.ipus}
+    assert all(ipu["partition"] == "split" for ipu in ipus if (ipu["agent"], ipu["index"]) in highlighted)
+    assert {ipu["partition"] for ipu in ipus if (ipu["agent"], ipu["index"]) not in highlighted} == {"", "other"}  # dimmed
+
+    tables = page.eval_on_selector_all("#partition aside table", """tables => tables.map(
+        table => [...table.tBodies[0].rows].map(row => [...row.cells].map(cell => cell.innerText)))""")
+    attributes = page.eval_on_selector_all("#partition aside dl.attributes", """lists => lists.map(
+        list => Object.fromEntries([...list.querySelectorAll('dt')].map(key => [key.textContent, key.nextElementSibling.textContent])))""")
+    assert len(configs) == 2
+    assert tables == [[[str(d["routing_id"]), f"{d['ip']}:{d['server_port']}", str(d["device_id"]), str(d["ipu_id"]), d["chip_id"]]
+                       for d in config["devices"]] for config in configs]
+    assert attributes == [{k: v for k, v in config["attributes"].items() if k != "Attach Key"} for config in configs]
+    assert attach_key and attach_key not in page.content()
 
 
 def test_a_partition_created_from_the_cli_appears_without_a_reload(dashboard, page):
