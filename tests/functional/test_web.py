@@ -23,7 +23,9 @@ from tests.functional.harness import PROMPTLY, Pod, wait_until
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.backends.sim import faults
+from vipu.backends.sim.rack import generate_rack
 from vipu.client.settings import parse_hcl
+from vipu.model.entities import IldTopology
 
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
@@ -232,6 +234,39 @@ def test_a_cable_failed_by_an_injected_fault_shows_as_failed_after_a_cluster_tes
     assert set(verdicts) == {"failed", "passed"}
     cable.click(force=True)  # a real click on the line; its box is 0 wide, which Playwright takes for invisible
     assert "Cabling: ag3:5 [IPU-Link]" in page.inner_text(".cable-detail")
+
+
+def in_two_domains(pod: Pod, allocations: dict[str, list[str]]) -> None:
+    """The pod cabled and registered again as a looped torus of two IPU-Link domains, ag1-ag8 and
+    ag9-ag16 (GW-Links from each machine to the one at its place in the other), with these allocations."""
+    pod.edit_rack(lambda rack: setattr(rack, "cables", generate_rack(16, topology=IldTopology.TORUS, num_ilds=2).cables))
+    api = pod.admin_api
+    api.RemoveCluster(admin_pb2.RemoveRequest(id="cl0", force=True))
+    api.CreateCluster(admin_pb2.CreateClusterRequest(id="cl0", agent_ids=[f"ag{n}" for n in range(1, 17)],
+                                                     topology=admin_pb2.ILD_TOPOLOGY_TORUS, num_ipulinkdomains=2))
+    for allocation, agents in allocations.items():
+        api.CreateAllocation(admin_pb2.CreateAllocationRequest(id=allocation, cluster_id="cl0", agent_ids=agents))
+
+
+def test_the_racks_outline_each_ipu_link_domain_and_each_allocation_within_it(dashboard, page):
+    pod, _ = dashboard
+    in_two_domains(pod, {"left": [f"ag{n}" for n in range(1, 9)], "right": [f"ag{n}" for n in range(9, 13)]})
+    page.goto("/")
+    domains = page.eval_on_selector_all(".domain", """domains => domains.map(domain => ({
+        outlined: domain.classList.contains('outlined'), border: getComputedStyle(domain).borderTopStyle,
+        label: domain.querySelector('.domain-label')?.textContent,
+        runs: [...domain.querySelectorAll('.run')].map(run => ({
+            allocation: run.dataset.allocation || '', border: getComputedStyle(run).borderTopStyle,
+            label: run.querySelector('.run-label')?.textContent || '',
+            machines: [...run.querySelectorAll('.machine')].map(m => m.dataset.agent)}))}))""")
+    top_first = lambda first, last: [f"ag{n}" for n in range(last, first - 1, -1)]  # noqa: E731
+    assert domains == [
+        {"outlined": True, "border": "solid", "label": "IPU-Link domain 0",
+         "runs": [{"allocation": "left", "border": "dashed", "label": "left", "machines": top_first(1, 8)}]},
+        {"outlined": True, "border": "solid", "label": "IPU-Link domain 1",
+         "runs": [{"allocation": "", "border": "none", "label": "", "machines": top_first(13, 16)},
+                  {"allocation": "right", "border": "dashed", "label": "right", "machines": top_first(9, 12)}]},
+    ]
 
 
 def test_a_form_posted_from_another_site_is_refused(dashboard):
