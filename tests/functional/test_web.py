@@ -19,13 +19,14 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import PROMPTLY, Pod, wait_until
+from tests.functional.harness import PROMPTLY, Pod, rows, wait_until
 from tests.ports import free_port
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import generate_rack
 from vipu.client.settings import parse_hcl
 from vipu.model.entities import IldTopology
+from vipu.model.topology import GW_OUT_PORT, LinkKind
 
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
@@ -267,6 +268,54 @@ def test_the_racks_outline_each_ipu_link_domain_and_each_allocation_within_it(da
          "runs": [{"allocation": "", "border": "none", "label": "", "machines": top_first(13, 16)},
                   {"allocation": "right", "border": "dashed", "label": "right", "machines": top_first(9, 12)}]},
     ]
+
+
+def test_gw_links_between_domains_are_drawn_with_the_verdict_of_a_cluster_test_whose_results_show_as_the_cli_printed_them(
+        dashboard, page):
+    pod, _ = dashboard
+    in_two_domains(pod, {})
+    pod.edit_rack(lambda rack: faults.unplug(rack, "m02", LinkKind.GWLINK, GW_OUT_PORT))  # ag2's GW-Link to ag10
+    printed = pod.admin("test", "cluster", "cl0")  # the default six, waited for
+    assert printed.code == 1 and "Some tests failed" in printed.err, printed.err
+    page.goto("/tests")
+    printed_table = printed_results(printed.out)
+    assert page.inner_text("#results h2").startswith(printed.out.splitlines()[0])  # "Showing test results for cluster cl0"
+    assert shown_results(page) == printed_table
+
+    page.goto("/cabling")
+    cables = page.eval_on_selector_all("g.cable.gw-link", """cables => cables.map(cable => ({name: cable.dataset.cable,
+        verdict: cable.dataset.verdict, title: cable.querySelector('title').textContent,
+        ends: [...cable.querySelectorAll('text.far-end')].map(label => label.textContent)}))""")
+    forth = {f"GW-Link ag{n}:1 <--> ag{n + 8}:2": [] for n in range(1, 9)}
+    back = {f"GW-Link ag{n + 8}:1 <--> ag{n}:2": [f"to ag{n}", f"from ag{n + 8}"] for n in range(1, 9)}  # drawn as two named stubs
+    assert {cable["name"]: cable["ends"] for cable in cables} == forth | back
+    failed = [cable for cable in cables if cable["verdict"] == "failed"]
+    assert [cable["name"] for cable in failed] == ["GW-Link ag2:1 <--> ag10:2"]
+    assert {cable["verdict"] for cable in cables if cable not in failed} == {"passed"}
+    verdicts = page.eval_on_selector_all("g.cable", "cables => cables.map(c => c.dataset.verdict)")
+    assert len(verdicts) == 2 * (8 * 4 + 7 * 2) + 16 and verdicts.count("failed") == 1  # two 8-machine tori and their GW-Links
+    name, *lines = failed[0]["title"].split("\n")  # on hover: the cable, then each failing test's line about it
+    assert name == "GW-Link ag2:1 <--> ag10:2: failed"
+    summaries = {test: summary for test, _, _, summary in printed_table}
+    assert [test for test, _, _ in (line.partition(": ") for line in lines)] == ["Sync-Link", "Cabling"]
+    assert all(text in summaries[test] for test, _, text in (line.partition(": ") for line in lines)), lines
+
+
+def shown_results(page) -> list[list]:
+    """The tests page's results: each test's name, duration, passed count and summary lines."""
+    return page.eval_on_selector_all("#test-results tr[data-test]", """rows => rows.map(row => [...[...row.cells].slice(0, 3).map(
+        cell => cell.innerText.trim()), [...row.cells[3].children].map(line => line.textContent)])""")
+
+
+def printed_results(out: str) -> list[list]:
+    """`vipu-admin test cluster`'s results table the same way (a summary of several lines spreads over rows)."""
+    results: list[list] = []
+    for test, duration, passed, summary in rows(out):
+        if test:
+            results.append([test, duration, passed, [summary]])
+        else:
+            results[-1][3].append(summary)
+    return results
 
 
 def test_a_form_posted_from_another_site_is_refused(dashboard):
