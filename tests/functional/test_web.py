@@ -418,13 +418,23 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         assert "does not exist" in page.inner_text("#partition")
         page.goto("/cabling")
         assert "Only administrators" in page.inner_text("main")
+        page.goto("/partitions")
+        assert owners(page) == {"pa": "alice"}
 
         administrator = browser.new_context(base_url=url).new_page()
         log_in(administrator, "admin", keys["admin"])
         administrator.wait_for_selector(".machine")
         assert administrator.locator(".machine").count() == 4 and administrator.locator(".ipu[data-partition=pc]").count() == 4
+        administrator.goto("/partitions")
+        assert owners(administrator) == {"pa": "alice", "pc": "admin"}
     finally:
         browser.close()
+
+
+def owners(page) -> dict[str, str]:
+    """Each partition's owner, as the partitions table says."""
+    return dict(page.eval_on_selector_all("#partition-table tr[data-partition]",
+                                          "rows => rows.map(row => [row.dataset.partition, row.cells[4].innerText])"))
 
 
 def test_in_secure_mode_a_replaced_key_ends_the_session_at_once_after_a_single_refusal(secure_dashboard, playwright):
