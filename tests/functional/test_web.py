@@ -420,6 +420,11 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         assert "Only administrators" in page.inner_text("main")
         page.goto("/partitions")
         assert owners(page) == {"pa": "alice"}
+        status, text = page.evaluate("""async () => {  // the form an administrator's page has, posted from alice's
+            const answer = await fetch('/tests', {method: 'POST', body: new URLSearchParams({cluster: 'cl0'})});
+            return [answer.status, await answer.text()]; }""")
+        assert status == 403 and "Only administrators see and run cluster tests." in text
+        assert "No cluster test has run." in pod.admin("test", "cluster", "--status").err  # none started
 
         administrator = browser.new_context(base_url=url).new_page()
         log_in(administrator, "admin", keys["admin"])
