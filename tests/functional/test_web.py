@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -20,7 +21,7 @@ from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
 from tests.functional.harness import PROMPTLY, Pod, rows, wait_until
-from tests.ports import free_port
+from tests.ports import free_port, free_run
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import generate_rack
@@ -348,6 +349,52 @@ def test_scripts_pod_starts_no_dashboard_beside_a_vipu_server_that_only_sets_up_
     assert done.returncode == 0, done.stderr
     assert "Usage: vipu-server" in done.stdout if argument == "--help" else (tmp_path / "certs" / "ca").is_dir()
     assert "the dashboard" not in done.stderr and "vipu-web" not in done.stderr
+
+
+def test_scripts_pod_serves_the_dashboard_on_vipu_web_port_over_its_pod_and_ctrl_c_stops_everything(tmp_path):
+    user_port, admin_port, web_port = free_port(), free_port(), free_port()
+    options = ["--sim", "2", "--sim-base-port", str(free_run(2)), "--data-dir", str(tmp_path), "--listen-address", "127.0.0.1",
+               "--port", str(user_port), "--admin-port", str(admin_port), "--metrics-port", "0"]
+    environment = {key: value for key, value in os.environ.items() if key != "VIPU_CLI_API_HOST"}
+    with open(tmp_path / "pod.log", "wb") as log:
+        script = subprocess.Popen([str(ROOT / "scripts" / "pod"), *options], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                  env={**environment, "VIPU_WEB_PORT": str(web_port)},
+                                  start_new_session=True)  # a process group of its own, as a terminal gives its command
+    group = script.pid
+    try:
+        def racks() -> str:
+            if script.poll() is not None:
+                raise AssertionError(f"scripts/pod exited with status {script.returncode}:\n{(tmp_path / 'pod.log').read_text()[-3000:]}")
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{web_port}/", timeout=5).read().decode()
+            except OSError:  # not listening yet
+                return ""
+            return page if 'data-agent="ag2"' in page else ""  # once the controller has registered its pod
+
+        page = wait_until(racks, timeout=90, what="the dashboard of scripts/pod")
+        assert 'data-agent="ag1"' in page and f"controller localhost:{user_port}" in page  # the controller's --port, followed
+        assert f"the dashboard: http://localhost:{web_port}/" in (tmp_path / "pod.log").read_text()
+
+        os.killpg(group, signal.SIGINT)  # Ctrl-C
+        script.wait(timeout=60)
+        wait_until(lambda: not alive(group), timeout=30, what="the controller, its agents and the dashboard to end")
+        said = (tmp_path / "pod.log").read_text()
+        assert "vipu.server: stopping" in said and "Traceback" not in said  # each stopped by the script, not killed
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", web_port), timeout=5).close()
+    finally:
+        if alive(group):
+            os.killpg(group, signal.SIGKILL)
+            script.wait()
+
+
+def alive(group: int) -> bool:
+    """Whether any process of the process group is left."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
