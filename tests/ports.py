@@ -47,3 +47,18 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free loopback port left in {_PORTS.start}-{_PORTS.stop - 1}")
+
+
+def free_run(count: int) -> int:
+    """A base port for `vipu-server --sim COUNT --sim-base-port`: `count` free ports from it and
+    from 6000 above it (agents and their exporters)."""
+    for _ in range(100):
+        base = random.randrange(30000, 40000)
+        try:
+            for port in [*range(base, base + count), *range(base + 6000, base + 6000 + count)]:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 import urllib.request
 
@@ -12,23 +10,9 @@ import grpc
 import pytest
 
 from tests.functional.harness import BIN, Result, pairs, rows, wait_until
-from tests.ports import free_port
+from tests.ports import free_port, free_run
 
 MACHINES = 4
-
-
-def free_run(count: int) -> int:
-    """A base port with `count` free ports from it and from 6000 above it (agents and their exporters)."""
-    for _ in range(100):
-        base = random.randrange(30000, 40000)
-        try:
-            for port in [*range(base, base + count), *range(base + 6000, base + 6000 + count)]:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no run of free ports")
 
 
 class SimServer:

@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import re
+import signal
 import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import PROMPTLY, Pod, wait_until
-from tests.ports import free_port
+from tests.functional.harness import PROMPTLY, Pod, rows, wait_until
+from tests.ports import free_port, free_run
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.backends.sim import faults
+from vipu.backends.sim.rack import generate_rack
 from vipu.client.settings import parse_hcl
+from vipu.model.entities import IldTopology
+from vipu.model.topology import GW_OUT_PORT, LinkKind
 
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 LIVE_SECONDS = 2.0  # a change appears on an open page within this, without a reload
+AGENT_DOWN_SECONDS = 15.0  # a machine gone is seen at the controller's next health pass (every 0.3 s here), then shown live
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +81,13 @@ def not_reloaded(page) -> bool:
     return page.evaluate("window.notReloaded === true")
 
 
-def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
+def listed_partitions(pod: Pod) -> list[vipuuser_pb2.Partition]:
+    """The partitions as the controller lists them to its administrator."""
+    return list(vipuuser_pb2_grpc.UserServiceStub(pod._server_channel(pod.user_port)).ListPartitions(
+        vipuuser_pb2.ListPartitionsRequest()).partitions)
+
+
+def test_the_rack_shows_64_ipus_each_in_its_partitions_colour_and_each_agent_up_or_down(dashboard, page):
     pod, _ = dashboard
     for partition, size in (("p16", 16), ("p4", 4), ("p2", 2), ("p1", 1)):
         assert pod.user("create", "partition", partition, "--size", str(size)).code == 0, partition
@@ -83,9 +98,7 @@ def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
         agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), partition: ipu.dataset.partition,
         colour: getComputedStyle(ipu).backgroundColor, failed: ipu.classList.contains('failed')}))""")
     assert len(ipus) == 64
-    user = vipuuser_pb2_grpc.UserServiceStub(pod._server_channel(pod.user_port))
-    holders = {(i.agent_id, i.agent_ipu_index): p.id for p in user.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions
-               for i in p.spec.ipus}
+    holders = {(i.agent_id, i.agent_ipu_index): p.id for p in listed_partitions(pod) for i in p.spec.ipus}
     assert {(ipu["agent"], ipu["index"]): ipu["partition"] for ipu in ipus if ipu["partition"]} == holders
     legend = dict(page.eval_on_selector_all(".legend li[data-partition]", """items => items.map(
         li => [li.dataset.partition, getComputedStyle(li.querySelector('.swatch')).backgroundColor])"""))
@@ -96,7 +109,81 @@ def test_the_rack_shows_64_ipus_each_in_its_partitions_colour(dashboard, page):
     assert len(set(legend.values()) | {FREE}) == len(legend) + 1  # every partition a colour of its own, none the free one
     marked = page.eval_on_selector_all(".machine.in-error", "machines => machines.map(m => m.dataset.agent)")
     assert marked == ["ag4", "ag3"]  # the ERROR partition's machines, listed top first
-    assert page.eval_on_selector_all(".machine .dot.up", "dots => dots.length") == 16
+    assert agent_states(page) == {f"ag{n}": "up" for n in range(1, 17)}
+    assert "all up" in page.inner_text("#summary")
+
+    assert not any(agent == "ag10" for agent, _ in holders)  # so that no partition goes to ERROR with it
+    live(page)
+    pod.edit_rack(lambda rack: faults.silence(rack, "m10"))  # its agent closes its ports, as a machine switched off
+    page.wait_for_selector(".machine.down[data-agent=ag10]", timeout=AGENT_DOWN_SECONDS * 1000)
+    assert not_reloaded(page)
+    assert agent_states(page) == {**{f"ag{n}": "up" for n in range(1, 17)}, "ag10": "down"}
+    assert page.inner_text(".machine[data-agent=ag10] .badge") == "DOWN"
+    assert "1 down" in page.inner_text("#summary")
+
+
+def agent_states(page) -> dict[str, str]:
+    """Each machine's agent as its dot on the racks page says: up or down."""
+    return dict(page.eval_on_selector_all(".machine", """machines => machines.map(
+        m => [m.dataset.agent, [...m.querySelector('.dot').classList].filter(c => c !== 'dot').join(' ')])"""))
+
+
+def test_the_partitions_table_says_each_partitions_state_size_gcds_owner_age_and_errors(dashboard, page):
+    pod, _ = dashboard
+    assert pod.user("create", "partition", "split", "--size", "4", "--num-gcds", "2").code == 0
+    assert pod.user("create", "partition", "pair", "--size", "2").code == 0
+    pod.edit_rack(lambda rack: [faults.fail_configuration(rack, m.name, "IPU 1 lost its PCIe link") for m in rack.machines])
+    assert pod.user("create", "partition", "broken", "--size", "4", "--keep-on-error").code == 1
+    listed = {p.id: p for p in listed_partitions(pod)}
+    assert list(listed["broken"].status.errors) and all("IPU 1 lost its PCIe link" in e for e in listed["broken"].status.errors)
+    page.goto("/partitions")
+    shown = page.eval_on_selector_all("#partition-table tr[data-partition]", """rows => rows.map(row => ({
+        id: row.dataset.partition, cells: [...row.cells].slice(0, 8).map(cell => cell.innerText.trim()), created: row.cells[7].title,
+        errors: [...row.cells[8].querySelectorAll('div')].map(line => line.textContent), errorsText: row.cells[8].innerText.trim()}))""")
+    # state (and its last operation, when not IDLE), size, GCDs, owner ("-": none in open mode), allocation, cluster
+    expected = {"broken": ["ERROR FAILED", "4", "1", "-", "alloc-1", "cl0"], "pair": ["ACTIVE", "2", "1", "-", "alloc-1", "cl0"],
+                "split": ["ACTIVE", "4", "2", "-", "alloc-1", "cl0"]}
+    assert [row["id"] for row in shown] == sorted(expected)
+    for row in shown:
+        partition = listed[row["id"]]
+        assert row["cells"][:7] == [row["id"], *expected[row["id"]]]
+        created = datetime.fromtimestamp(partition.created.seconds, UTC)
+        assert row["created"] == created.strftime("%Y-%m-%d %H:%M:%S UTC")
+        age = re.fullmatch(r"(\d+) s", row["cells"][7])
+        assert age and 0 <= int(age[1]) <= time.time() - partition.created.seconds + 1, row["cells"][7]
+        assert row["errors"] == list(partition.status.errors)
+        assert row["errorsText"] == ("-" if not partition.status.errors else "\n".join(partition.status.errors))
+
+
+def test_a_partitions_page_highlights_its_ipus_in_the_rack_and_shows_its_ipuof_configuration_but_not_its_attach_key(dashboard, page):
+    pod, _ = dashboard
+    assert pod.user("create", "partition", "split", "--size", "4", "--num-gcds", "2").code == 0
+    assert pod.user("create", "partition", "other", "--size", "8").code == 0
+    got = pod.user("get", "partition", "split", "--ipu-configs", "--json")
+    assert got.code == 0, got.err
+    configs = [gcd["ipuof_config"] for gcd in json.loads(got.out)]  # as vipu writes them to ~/.ipuof.conf.d/
+    attach_key = configs[0]["attributes"]["Attach Key"]
+    split = next(p for p in listed_partitions(pod) if p.id == "split")
+
+    page.goto("/partitions/split")
+    ipus = page.eval_on_selector_all("#partition .machine .ipu", """ipus => ipus.map(ipu => ({
+        agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), partition: ipu.dataset.partition,
+        opacity: getComputedStyle(ipu).opacity}))""")
+    assert len(ipus) == 64  # the cluster holding it
+    highlighted = {(ipu["agent"], ipu["index"]) for ipu in ipus if ipu["opacity"] == "1"}
+    assert highlighted == {(i.agent_id, i.agent_ipu_index) for i in split.spec.ipus}
+    assert all(ipu["partition"] == "split" for ipu in ipus if (ipu["agent"], ipu["index"]) in highlighted)
+    assert {ipu["partition"] for ipu in ipus if (ipu["agent"], ipu["index"]) not in highlighted} == {"", "other"}  # dimmed
+
+    tables = page.eval_on_selector_all("#partition aside table", """tables => tables.map(
+        table => [...table.tBodies[0].rows].map(row => [...row.cells].map(cell => cell.innerText)))""")
+    attributes = page.eval_on_selector_all("#partition aside dl.attributes", """lists => lists.map(
+        list => Object.fromEntries([...list.querySelectorAll('dt')].map(key => [key.textContent, key.nextElementSibling.textContent])))""")
+    assert len(configs) == 2
+    assert tables == [[[str(d["routing_id"]), f"{d['ip']}:{d['server_port']}", str(d["device_id"]), str(d["ipu_id"]), d["chip_id"]]
+                       for d in config["devices"]] for config in configs]
+    assert attributes == [{k: v for k, v in config["attributes"].items() if k != "Attach Key"} for config in configs]
+    assert attach_key and attach_key not in page.content()
 
 
 def test_a_partition_created_from_the_cli_appears_without_a_reload(dashboard, page):
@@ -151,6 +238,87 @@ def test_a_cable_failed_by_an_injected_fault_shows_as_failed_after_a_cluster_tes
     assert "Cabling: ag3:5 [IPU-Link]" in page.inner_text(".cable-detail")
 
 
+def in_two_domains(pod: Pod, allocations: dict[str, list[str]]) -> None:
+    """The pod cabled and registered again as a looped torus of two IPU-Link domains, ag1-ag8 and
+    ag9-ag16 (GW-Links from each machine to the one at its place in the other), with these allocations."""
+    pod.edit_rack(lambda rack: setattr(rack, "cables", generate_rack(16, topology=IldTopology.TORUS, num_ilds=2).cables))
+    api = pod.admin_api
+    api.RemoveCluster(admin_pb2.RemoveRequest(id="cl0", force=True))
+    api.CreateCluster(admin_pb2.CreateClusterRequest(id="cl0", agent_ids=[f"ag{n}" for n in range(1, 17)],
+                                                     topology=admin_pb2.ILD_TOPOLOGY_TORUS, num_ipulinkdomains=2))
+    for allocation, agents in allocations.items():
+        api.CreateAllocation(admin_pb2.CreateAllocationRequest(id=allocation, cluster_id="cl0", agent_ids=agents))
+
+
+def test_the_racks_outline_each_ipu_link_domain_and_each_allocation_within_it(dashboard, page):
+    pod, _ = dashboard
+    in_two_domains(pod, {"left": [f"ag{n}" for n in range(1, 9)], "right": [f"ag{n}" for n in range(9, 13)]})
+    page.goto("/")
+    domains = page.eval_on_selector_all(".domain", """domains => domains.map(domain => ({
+        outlined: domain.classList.contains('outlined'), border: getComputedStyle(domain).borderTopStyle,
+        label: domain.querySelector('.domain-label')?.textContent,
+        runs: [...domain.querySelectorAll('.run')].map(run => ({
+            allocation: run.dataset.allocation || '', border: getComputedStyle(run).borderTopStyle,
+            label: run.querySelector('.run-label')?.textContent || '',
+            machines: [...run.querySelectorAll('.machine')].map(m => m.dataset.agent)}))}))""")
+    top_first = lambda first, last: [f"ag{n}" for n in range(last, first - 1, -1)]  # noqa: E731
+    assert domains == [
+        {"outlined": True, "border": "solid", "label": "IPU-Link domain 0",
+         "runs": [{"allocation": "left", "border": "dashed", "label": "left", "machines": top_first(1, 8)}]},
+        {"outlined": True, "border": "solid", "label": "IPU-Link domain 1",
+         "runs": [{"allocation": "", "border": "none", "label": "", "machines": top_first(13, 16)},
+                  {"allocation": "right", "border": "dashed", "label": "right", "machines": top_first(9, 12)}]},
+    ]
+
+
+def test_gw_links_between_domains_are_drawn_with_the_verdict_of_a_cluster_test_whose_results_show_as_the_cli_printed_them(
+        dashboard, page):
+    pod, _ = dashboard
+    in_two_domains(pod, {})
+    pod.edit_rack(lambda rack: faults.unplug(rack, "m02", LinkKind.GWLINK, GW_OUT_PORT))  # ag2's GW-Link to ag10
+    printed = pod.admin("test", "cluster", "cl0")  # the default six, waited for
+    assert printed.code == 1 and "Some tests failed" in printed.err, printed.err
+    page.goto("/tests")
+    printed_table = printed_results(printed.out)
+    assert page.inner_text("#results h2").startswith(printed.out.splitlines()[0])  # "Showing test results for cluster cl0"
+    assert shown_results(page) == printed_table
+
+    page.goto("/cabling")
+    cables = page.eval_on_selector_all("g.cable.gw-link", """cables => cables.map(cable => ({name: cable.dataset.cable,
+        verdict: cable.dataset.verdict, title: cable.querySelector('title').textContent,
+        ends: [...cable.querySelectorAll('text.far-end')].map(label => label.textContent)}))""")
+    forth = {f"GW-Link ag{n}:1 <--> ag{n + 8}:2": [] for n in range(1, 9)}
+    back = {f"GW-Link ag{n + 8}:1 <--> ag{n}:2": [f"to ag{n}", f"from ag{n + 8}"] for n in range(1, 9)}  # drawn as two named stubs
+    assert {cable["name"]: cable["ends"] for cable in cables} == forth | back
+    failed = [cable for cable in cables if cable["verdict"] == "failed"]
+    assert [cable["name"] for cable in failed] == ["GW-Link ag2:1 <--> ag10:2"]
+    assert {cable["verdict"] for cable in cables if cable not in failed} == {"passed"}
+    verdicts = page.eval_on_selector_all("g.cable", "cables => cables.map(c => c.dataset.verdict)")
+    assert len(verdicts) == 2 * (8 * 4 + 7 * 2) + 16 and verdicts.count("failed") == 1  # two 8-machine tori and their GW-Links
+    name, *lines = failed[0]["title"].split("\n")  # on hover: the cable, then each failing test's line about it
+    assert name == "GW-Link ag2:1 <--> ag10:2: failed"
+    summaries = {test: summary for test, _, _, summary in printed_table}
+    assert [test for test, _, _ in (line.partition(": ") for line in lines)] == ["Sync-Link", "Cabling"]
+    assert all(text in summaries[test] for test, _, text in (line.partition(": ") for line in lines)), lines
+
+
+def shown_results(page) -> list[list]:
+    """The tests page's results: each test's name, duration, passed count and summary lines."""
+    return page.eval_on_selector_all("#test-results tr[data-test]", """rows => rows.map(row => [...[...row.cells].slice(0, 3).map(
+        cell => cell.innerText.trim()), [...row.cells[3].children].map(line => line.textContent)])""")
+
+
+def printed_results(out: str) -> list[list]:
+    """`vipu-admin test cluster`'s results table the same way (a summary of several lines spreads over rows)."""
+    results: list[list] = []
+    for test, duration, passed, summary in rows(out):
+        if test:
+            results.append([test, duration, passed, [summary]])
+        else:
+            results[-1][3].append(summary)
+    return results
+
+
 def test_a_form_posted_from_another_site_is_refused(dashboard):
     _, url = dashboard
     forged = urllib.request.Request(f"{url}/tests", data=b"cluster=cl0", method="POST", headers={"Origin": "http://evil.example"})
@@ -181,6 +349,52 @@ def test_scripts_pod_starts_no_dashboard_beside_a_vipu_server_that_only_sets_up_
     assert done.returncode == 0, done.stderr
     assert "Usage: vipu-server" in done.stdout if argument == "--help" else (tmp_path / "certs" / "ca").is_dir()
     assert "the dashboard" not in done.stderr and "vipu-web" not in done.stderr
+
+
+def test_scripts_pod_serves_the_dashboard_on_vipu_web_port_over_its_pod_and_ctrl_c_stops_everything(tmp_path):
+    user_port, admin_port, web_port = free_port(), free_port(), free_port()
+    options = ["--sim", "2", "--sim-base-port", str(free_run(2)), "--data-dir", str(tmp_path), "--listen-address", "127.0.0.1",
+               "--port", str(user_port), "--admin-port", str(admin_port), "--metrics-port", "0"]
+    environment = {key: value for key, value in os.environ.items() if key != "VIPU_CLI_API_HOST"}
+    with open(tmp_path / "pod.log", "wb") as log:
+        script = subprocess.Popen([str(ROOT / "scripts" / "pod"), *options], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                  env={**environment, "VIPU_WEB_PORT": str(web_port)},
+                                  start_new_session=True)  # a process group of its own, as a terminal gives its command
+    group = script.pid
+    try:
+        def racks() -> str:
+            if script.poll() is not None:
+                raise AssertionError(f"scripts/pod exited with status {script.returncode}:\n{(tmp_path / 'pod.log').read_text()[-3000:]}")
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{web_port}/", timeout=5).read().decode()
+            except OSError:  # not listening yet
+                return ""
+            return page if 'data-agent="ag2"' in page else ""  # once the controller has registered its pod
+
+        page = wait_until(racks, timeout=90, what="the dashboard of scripts/pod")
+        assert 'data-agent="ag1"' in page and f"controller localhost:{user_port}" in page  # the controller's --port, followed
+        assert f"the dashboard: http://localhost:{web_port}/" in (tmp_path / "pod.log").read_text()
+
+        os.killpg(group, signal.SIGINT)  # Ctrl-C
+        script.wait(timeout=60)
+        wait_until(lambda: not alive(group), timeout=30, what="the controller, its agents and the dashboard to end")
+        said = (tmp_path / "pod.log").read_text()
+        assert "vipu.server: stopping" in said and "Traceback" not in said  # each stopped by the script, not killed
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", web_port), timeout=5).close()
+    finally:
+        if alive(group):
+            os.killpg(group, signal.SIGKILL)
+            script.wait()
+
+
+def alive(group: int) -> bool:
+    """Whether any process of the process group is left."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -251,13 +465,28 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         assert "does not exist" in page.inner_text("#partition")
         page.goto("/cabling")
         assert "Only administrators" in page.inner_text("main")
+        page.goto("/partitions")
+        assert owners(page) == {"pa": "alice"}
+        status, text = page.evaluate("""async () => {  // the form an administrator's page has, posted from alice's
+            const answer = await fetch('/tests', {method: 'POST', body: new URLSearchParams({cluster: 'cl0'})});
+            return [answer.status, await answer.text()]; }""")
+        assert status == 403 and "Only administrators see and run cluster tests." in text
+        assert "No cluster test has run." in pod.admin("test", "cluster", "--status").err  # none started
 
         administrator = browser.new_context(base_url=url).new_page()
         log_in(administrator, "admin", keys["admin"])
         administrator.wait_for_selector(".machine")
         assert administrator.locator(".machine").count() == 4 and administrator.locator(".ipu[data-partition=pc]").count() == 4
+        administrator.goto("/partitions")
+        assert owners(administrator) == {"pa": "alice", "pc": "admin"}
     finally:
         browser.close()
+
+
+def owners(page) -> dict[str, str]:
+    """Each partition's owner, as the partitions table says."""
+    return dict(page.eval_on_selector_all("#partition-table tr[data-partition]",
+                                          "rows => rows.map(row => [row.dataset.partition, row.cells[4].innerText])"))
 
 
 def test_in_secure_mode_a_replaced_key_ends_the_session_at_once_after_a_single_refusal(secure_dashboard, playwright):
