@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+from datetime import UTC, datetime
 
 import grpc
 import pytest
@@ -50,6 +51,7 @@ def queued(pod: Pod, program: str = "vipu") -> list[list[str]]:
 def test_requests_wait_in_order_with_their_reasons_and_start_as_room_appears(pod):
     pod.register(machines=2)  # alloc-1: 8 IPUs
     assert pod.user("create", "partition", "full", "--size", "8").code == 0
+    asked = datetime.now(UTC).replace(microsecond=0)
     refused = pod.user("create", "partition", "now", "--size", "4")
     failed_line(refused, "create partition", "now",
                 "no free 4-IPU run in allocation alloc-1: all 8 of its IPUs are in use; it fits when full is removed")
@@ -66,6 +68,8 @@ def test_requests_wait_in_order_with_their_reasons_and_start_as_room_appears(pod
     ]
     assert queued(pod) == expected
     assert queued(pod, "vipu-admin") == expected
+    since = [datetime.strptime(row[5], "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC) for row in rows(pod.user("list", "requests").out)]
+    assert asked <= since[0] <= since[1] <= datetime.now(UTC), since  # "Waiting Since": when each came, in order
     failed_line(pod.user("create", "partition", "first", "--size", "1"), "create partition", "first",
                 "partition first already waits for room in allocation alloc-1")
     vendor = vipuuser_pb2_grpc.UserServiceStub(pod._channel(pod.user_port))  # a client of the published API: refused at once
@@ -83,7 +87,7 @@ def test_requests_wait_in_order_with_their_reasons_and_start_as_room_appears(pod
     wait_until(lambda: queued(pod)[0][:2] == ["1", "second"] and "it fits when first is removed" in queued(pod)[0][5],
                what="second's new reason")
 
-    cancelled = pod.user("remove", "request", "second")
+    cancelled = pod.admin("remove", "request", "second")  # an administrator cancels anyone's
     assert cancelled.out == "remove request (second): success.\n"
     failed_line(second.result(), "create partition", "second", "the request of partition second was cancelled")
     assert queued(pod) == [] and not (pod.ipuof_dir / "second_ipuof.conf").exists()
@@ -176,9 +180,22 @@ def test_a_relocatable_partition_whose_machine_fails_to_apply_it_is_made_elsewhe
     source, target, why = MOVED.match(pairs(pod.user("get", "partition", "p1").out)["Relocated"]).groups()
     assert (source, target, why) == ("ag1", "ag2", "agent ag1: m01: IPU 2 failed")
     assert devices(pod, "p1") == [(endpoint(pod, "m02"), i) for i in range(4)]  # the files name where it is
-    assert ipuof(pod, "--partition", "p1").code == 0
+    assert ipuof(pod, "--partition", "p1").out == "run (p1): success. 4 IPUs in 1 GCD(s) ran the test program.\n"
     plain = pod.user("create", "partition", "p2", "--size", "4", "--allocation", "alloc-1")  # not relocatable: ag1 fails it
     assert plain.code == 1 and "partition p2 could not be created and was not kept: agent ag1: m01: IPU 2 failed" in plain.err
+
+    # Once ACTIVE, a relocatable partition whose machine fails to apply it again (a reset) goes to ERROR
+    # and the next health pass moves it off that machine.
+    pod.fault("m02", "IPU 1 failed")
+    failed = pod.user("reset", "partition", "p1")
+    assert failed.code == 1 and "agent ag2: m02: IPU 1 failed" in failed.err, failed.err
+    shown = wait_until(lambda: (fields := pairs(pod.user("get", "partition", "p1").out))["State"] == "ACTIVE"
+                       and "from ag2" in fields["Relocated"] and fields, timeout=30, what="p1 to move off m02")
+    assert MOVED.match(shown["Relocated"]).groups() == ("ag2", "ag3", "agent ag2: m02: IPU 1 failed")
+    ran = ipuof(pod, "--partition", "p1", env=reaching_the_controller(pod))
+    assert (ran.code, ran.out) == (0, "run (p1): success. 4 IPUs in 1 GCD(s) ran the test program; its IPUoF files were "
+                                      "out of date (it moved) and are rewritten.\n"), ran.err
+    assert devices(pod, "p1") == [(endpoint(pod, "m03"), i) for i in range(4)]
 
 
 def test_reset_relocate_moves_a_partition_on_demand_and_rewrites_its_files(pod):

@@ -320,6 +320,16 @@ def remove_allocation(admin, allocation_id, force, ipuof_dir):
     report_removal("allocation", allocation_id, removed, ipuof_dir)
 
 
+@remove.command("request")
+@click.argument("partition_id")
+@pass_client
+def remove_request(admin, partition_id):
+    """Cancel a request waiting for room, whoever made it."""
+    with reporting("remove request", partition_id):
+        admin.cancel_queued(partition_id)
+    succeed("remove request", partition_id)
+
+
 # Users
 
 

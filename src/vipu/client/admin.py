@@ -75,6 +75,10 @@ class AdminClient(EndpointClient):
         """The requests waiting for room in every allocation (or one), each queue in order."""
         return list(self._call("ListQueued", user_pb.ListQueuedRequest(allocation_id=allocation_id)).requests)
 
+    def cancel_queued(self, partition_id: str) -> None:
+        """Cancel any user's request that waits for room."""
+        self._call("CancelQueued", user_pb.CancelQueuedRequest(partition_id=partition_id))
+
     def get_allocation(self, allocation_id: str) -> pb.Allocation:
         return self._call("GetAllocation", pb.GetRequest(id=allocation_id))
 

@@ -24,6 +24,7 @@ from vipu.client import user as client_user
 from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
 from vipu.controller.servicers.user import UserServicer
+from vipu.controller.services import requests as requests_module
 from vipu.controller.services.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
@@ -141,6 +142,26 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
     assert queued.wait("s1", 0.2).waiting.position == 1  # nothing is free for it yet
     pod.partitions.remove("on-ag6")
     assert wait(queued, "s1").agent_ids == ["ag6"]
+
+
+def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):
+    pod.partitions.create(PartitionRequest("whole", 32))
+    placed = []
+    real_place = requests_module.place_partition
+    monkeypatch.setattr(requests_module, "place_partition", lambda *a, **k: placed.append(a[3]) or real_place(*a, **k))
+    queue_up(queued, "first", 32)
+    for n in range(2, 41):
+        queue_up(queued, f"r{n}", 8 if n % 2 else 4)
+    until(queued, lambda: {w.request.partition_id for w in queued.list() if "; " in w.reason} == {"first"} |
+          {f"r{n}" for n in range(2, 41)})
+    back = {w.request.partition_id: w for w in queued.list()}
+    assert back["r40"].reason == ("number 40 in the queue, behind first (32 IPUs); no free 4-IPU run in allocation a1: "
+                                  "all 32 of its IPUs are in use; the IPUs it could take are held for first, first in the queue")
+    assert back["r39"].reason.startswith("number 39 in the queue, behind first (32 IPUs); no free 8-IPU run in allocation a1")
+    placed.clear()
+    pod.partitions.reset("whole")  # a change: every reason worked out again, placement asked once per shape
+    until(queued, lambda: len(placed) >= 3)
+    assert sorted(placed) == [4, 8, 32]
 
 
 def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod):

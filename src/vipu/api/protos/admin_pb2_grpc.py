@@ -105,6 +105,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
                 _registered_method=True)
+        self.CancelQueued = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/CancelQueued',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
+                _registered_method=True)
         self.TestCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/TestCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
@@ -249,6 +254,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelQueued(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TestCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -388,6 +399,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListQueued,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.SerializeToString,
+            ),
+            'CancelQueued': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelQueued,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.SerializeToString,
             ),
             'TestCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.TestCluster,
@@ -823,6 +839,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/ListQueued',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListQueuedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelQueued(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/CancelQueued',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
             options,
             channel_credentials,
             insecure,

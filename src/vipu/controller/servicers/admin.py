@@ -5,6 +5,8 @@ from __future__ import annotations
 from vipu.api import convert
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
+from vipu.api.protos import vipuuser_pb2 as user_pb
+from vipu.controller.auth import caller
 from vipu.controller.discovery import DiscoveryListener
 from vipu.controller.servicers.user import capacity_reply, queued_reply
 from vipu.controller.services.agents import AgentService, AgentView
@@ -95,6 +97,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def ListQueued(self, request, context):
         return queued_reply(self.requests.list(request.allocation_id))
+
+    def CancelQueued(self, request, context):
+        self.requests.cancel(request.partition_id, caller())
+        return user_pb.CancelQueuedReply()
 
     def GetAllocation(self, request, context):
         return convert.admin_allocation_to_proto(*self.allocations.get(request.id))

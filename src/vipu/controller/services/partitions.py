@@ -116,6 +116,7 @@ class PartitionService:
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
         self.ledger = Ledger(changes)
         self.ledger.watch(self.queue.notify)
+        self.failed_before = relocation.FailedBefore()  # machines relocation keeps partitions off
         self.load()
 
     def load(self) -> None:
@@ -306,7 +307,7 @@ class PartitionService:
                 why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
             else:
                 why = f"asked by {access.user_id}" if access.user_id else "asked for"
-            return relocation.relocate(self, partition, failed or set(partition.agent_ids), why, automatic)
+            return relocation.relocate(self, partition, failed or set(partition.agent_ids), why, automatic, because_failed=bool(failed))
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
         """Clear a partition from its agents and forget it. A forced remove of a partition under

@@ -5,7 +5,11 @@ allocation has room: at create, when an agent fails to apply it; at a health pas
 its agents stops answering or loses it and cannot take it back; and on demand, with `vipu reset
 partition P --relocate` (the reset request's added `relocate`), for any partition, or with the
 published reset's `relocatable`, for a partition that machines failed. It avoids the machines
-that failed it (agents down, or named in its errors), or, when none did, all of its own.
+that failed it (agents down, or named in its errors), or, when none did, all of its own. It also
+keeps off the machines that failed the same partition before, while other room is left, so that
+a partition does not go back and forth between two faulty machines until its automatic moves are
+used up; that memory lives with the controller process (a restart forgets it, and the bound on
+automatic moves still holds).
 
 A move is the life cycle's 'relocate' (ACTIVE/IDLE or ERROR/FAILED to PENDING/RESETTING), which
 the store applies together with the change of IPUs and a note of where it went and why; then the
@@ -31,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -59,9 +65,30 @@ def failed_machines(service: PartitionService, partition: Partition) -> set[str]
     return (down | named) & set(partition.agent_ids)
 
 
-def relocate(service: PartitionService, partition: Partition, avoid: set[str], why: str, automatic: bool = False) -> Partition:
+class FailedBefore:
+    """The machines each partition was moved off because they failed it, by partition and attach
+    key (a partition made again under the same id starts afresh); forgotten with the partition."""
+
+    def __init__(self) -> None:
+        self._machines: dict[tuple[str, str], set[str]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, partition: Partition) -> set[str]:
+        with self._lock:
+            return set(self._machines.get((partition.id, partition.attach_key), ()))
+
+    def add(self, partition: Partition, machines: set[str], live: Callable[[str, str], bool]) -> None:
+        """Remember `machines` for the partition, forgetting partitions `live(id, attach_key)` denies."""
+        with self._lock:
+            self._machines = {key: known for key, known in self._machines.items() if live(*key)}
+            self._machines.setdefault((partition.id, partition.attach_key), set()).update(machines)
+
+
+def relocate(service: PartitionService, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
+             because_failed: bool = True) -> Partition:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
-    its allocation, and configure it there; the caller holds it. NoRoom if the allocation has no
+    its allocation, and configure it there; the caller holds it. `because_failed`: the machines of
+    `avoid` failed it, and are kept off while other room is left. NoRoom if the allocation has no
     room for it elsewhere; the configuration's failure (the partition then in ERROR on its new
     IPUs) if that fails.
 
@@ -82,17 +109,27 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
         holders = {ipu: holder for ipu, holder in service.ledger.holders(allocation.id).items() if ipu not in own}
         held, held_for = service.queue.held(allocation.id)
         allowed = set(allocation.agent_ids) - avoid - down
-        where = f"allocation {allocation.id} without {', '.join(sorted(avoid | down))}"
+        failed_before = service.failed_before.of(partition) & allowed
 
-        def place(occupancy: Occupancy):
-            return place_partition(layout, allowed, used, partition.size, num_gcds=partition.num_gcds,
+        def place(without: set[str], occupancy: Occupancy):
+            where = f"allocation {allocation.id} without {', '.join(sorted(avoid | down | without))}"
+            return place_partition(layout, allowed - without, used, partition.size, num_gcds=partition.num_gcds,
                                    num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing, where=where,
                                    occupancy=occupancy)
 
-        try:
-            placement = place(Occupancy(holders, held, held_for))
-        except NoRoom:  # nothing else free: take what is held for the queue's first request
-            placement = place(Occupancy(holders))
+        # In order: off the machines that failed it before, then, when nothing else is free, on
+        # IPUs held for the queue's first request, and last on a machine that failed it before.
+        leaving_held, taking_held = Occupancy(holders, held, held_for), Occupancy(holders)
+        attempts = [(failed_before, leaving_held), (failed_before, taking_held)] if failed_before else []
+        attempts += [(set(), leaving_held), (set(), taking_held)]
+        for without, occupancy in attempts:
+            try:
+                placement = place(without, occupancy)
+                break
+            except NoRoom as refusal:
+                no_room = refusal
+        else:
+            raise no_room
         moved = {(ipu.agent_id, ipu.index) for ipu in placement.ipus}
         if moved & held:  # that request is held another shape at the next pass, not one it may never get
             service.queue.hold(held_for, frozenset())
@@ -112,6 +149,9 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
             service.ledger.record(before)  # the store did not take the move
             raise
         log.warning("partition %s %s", partition.id, note)
+        if because_failed:
+            service.failed_before.add(partition, avoid, lambda pid, key: (found := service.ledger.get(pid)) is not None
+                                      and found.attach_key == key)
         with service.store.reading() as tx:
             reachable = [found for agent_id in before.agent_ids
                          if (found := tx.get_agent(agent_id)) is not None and found.status is AgentStatus.UP]

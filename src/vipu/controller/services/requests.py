@@ -56,8 +56,10 @@ from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger(__name__)
 
-# Requests of one queue whose reason each pass works out; those further back are told their place.
-EXPLAINED = 20
+# Shapes of request whose reason one pass works out for the requests behind the first: requests
+# of one shape (size, GCDs, segments, routings, explicit IPUs) share it, so this bounds the cost
+# only when over this many differently shaped requests wait; those beyond are told their place.
+EXPLAINED_SHAPES = 64
 GRANT_WORKERS = 4
 # How long a cancel waits for an operation holding its partition id (its grant under way).
 CANCEL_WAIT_SECONDS = 5.0
@@ -374,32 +376,38 @@ class RequestService:
 
     def _explain(self, allocation: Allocation, layout: ClusterLayout, allowed: set[str], held: Shape) -> None:
         """Why each request of the allocation still waits, from placement, against the ledger as the
-        pass left it."""
+        pass left it. Every request behind the first sees the same room (less what is held for the
+        first), so placement is asked once per shape of request."""
         waiting = self.queue.in_allocation(allocation.id)
         if not waiting:
             return
         used, holders = self.ledger.used_ipus(allocation.id), self.ledger.holders(allocation.id)
         first = waiting[0]
-        reasons = {}
-        for position, request in enumerate(waiting, start=1):
-            if position == 1:
-                where = f"first in the queue, {span(layout, held)} held for it" if held else "first in the queue"
-                occupancy = Occupancy(holders)
-            elif position > EXPLAINED:
-                reasons[request.partition_id] = f"number {position} in the queue, behind {first.partition_id}"
-                continue
-            else:
-                where = f"number {position} in the queue, behind {first.partition_id} ({first.size} IPUs)"
-                occupancy = Occupancy(holders, held, first.partition_id)
+        behind_first = Occupancy(holders, held, first.partition_id)
+        verdicts: dict[tuple, str] = {}  # a shape of request -> what placement says of it behind the first
+
+        def verdict(r: PartitionRequest, occupancy: Occupancy) -> str:
             try:
-                r = request.request
                 place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                                 ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                                 explicit=self.partitions.explicit_ipus(layout, allocation, r),
                                 where=f"allocation {allocation.id}", occupancy=occupancy)
-                reasons[request.partition_id] = f"{where}; starting"
+                return "starting"
             except VipuError as refusal:
-                reasons[request.partition_id] = f"{where}; {refusal.message}"
+                return refusal.message
+
+        reasons = {}
+        for position, request in enumerate(waiting, start=1):
+            r = request.request
+            if position == 1:
+                where = f"first in the queue, {span(layout, held)} held for it" if held else "first in the queue"
+                reasons[request.partition_id] = f"{where}; {verdict(r, Occupancy(holders))}"
+                continue
+            shape = (r.size, r.num_gcds, r.num_segments, r.ipulink_routing, r.gw_routing, r.explicit_ipus)
+            if shape not in verdicts and len(verdicts) < EXPLAINED_SHAPES:
+                verdicts[shape] = verdict(r, behind_first)
+            where = f"number {position} in the queue, behind {first.partition_id} ({first.size} IPUs)"
+            reasons[request.partition_id] = f"{where}; {verdicts[shape]}" if shape in verdicts else where
         self.queue.explain(reasons)
 
     def _grant(self, request: WaitingRequest, partition: Partition, layout: ClusterLayout) -> None:
