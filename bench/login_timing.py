@@ -4,8 +4,8 @@ A secure controller's user end-point is called over mutual TLS with three kinds 
 in a shuffled order so that drift in the machine's speed touches each kind alike: a known user's
 right key, a known user's wrong key, and a user that does not exist. Both refusals should cost one
 scrypt each (the unknown user's key is checked against a decoy), so their times should match; the
-right key takes the remembered short cut. The login throttle is off for the run, or the wrong keys
-would lock the user out.
+right key takes the remembered short cut. Both lockouts are off for the run, or the wrong keys
+would lock the user and then the address out.
 
     python -m bench.login_timing --samples 200
 """
@@ -38,7 +38,7 @@ WARM_UP = 10
 def main(samples, seed, name):
     """Time logins with a right key, a wrong key and an unknown user, interleaved."""
     with TemporaryDirectory(prefix="vipu-bench-") as directory:
-        pod = Pod(Path(directory), machines=1, secure=True, server_options=("--login-failures", "0"))
+        pod = Pod(Path(directory), machines=1, secure=True, server_options=("--login-failures", "0", "--login-failures-per-address", "0"))
         try:
             pod.start()
             files = pod.tls
