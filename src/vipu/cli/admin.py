@@ -12,6 +12,7 @@ from vipu.api.protos import admin_pb2 as pb
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
+    cancel_request_command,
     capacity_command,
     connection_options,
     echo_json,
@@ -320,16 +321,6 @@ def remove_allocation(admin, allocation_id, force, ipuof_dir):
     report_removal("allocation", allocation_id, removed, ipuof_dir)
 
 
-@remove.command("request")
-@click.argument("partition_id")
-@pass_client
-def remove_request(admin, partition_id):
-    """Cancel a request waiting for room, whoever made it."""
-    with reporting("remove request", partition_id):
-        admin.cancel_queued(partition_id)
-    succeed("remove request", partition_id)
-
-
 # Users
 
 
@@ -564,6 +555,7 @@ def discover_agents(admin, auto_add, as_json):
 
 capacity_command(list_)
 requests_command(list_)
+cancel_request_command(remove, "anyone's")
 
 
 def main() -> None:

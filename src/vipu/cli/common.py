@@ -256,3 +256,15 @@ def requests_command(group: click.Group) -> None:
         rows = [[str(q.position), q.partition_id, q.allocation_id, str(q.size), q.user or "-",
                  q.since.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC"), q.reason] for q in queued]
         click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows))
+
+
+def cancel_request_command(group: click.Group, whose: str) -> None:
+    """`remove request P`, the same in both CLIs but for `whose` requests it may cancel."""
+
+    @group.command("request", help=f"Cancel a request waiting for room ({whose}).")
+    @click.argument("partition_id")
+    @pass_client
+    def remove_request(client, partition_id):
+        with reporting("remove request", partition_id):
+            client.cancel_queued(partition_id)
+        succeed("remove request", partition_id)

@@ -13,6 +13,7 @@ from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
+    cancel_request_command,
     capacity_command,
     connection_options,
     echo_json,
@@ -178,16 +179,6 @@ def remove_partition(user, partition_id, force, ipuof_dir):
     succeed("remove partition", partition_id)
 
 
-@remove.command("request")
-@click.argument("partition_id")
-@pass_client
-def remove_request(user, partition_id):
-    """Cancel a request waiting for room."""
-    with reporting("remove request", partition_id):
-        user.cancel_queued(partition_id)
-    succeed("remove request", partition_id)
-
-
 @reset.command("partition")
 @click.argument("partition_id")
 @click.option("--relocate", is_flag=True,
@@ -312,6 +303,7 @@ def list_ipu_attrs(user, agents, as_json):
 
 capacity_command(list_)
 requests_command(list_)
+cancel_request_command(remove, "your own, or anyone's for an administrator")
 
 
 def main() -> None:
