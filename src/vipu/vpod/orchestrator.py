@@ -5,7 +5,8 @@ recorded only once it is done (a compare-and-set on the step and the state). So 
 killed at any moment and started again (`resume`) finishes every creation and release under
 way, and the invariants hold throughout: a machine belongs to at most one vPOD (the store's
 row), an Active vPOD has its controller running (the supervisor), and a controller runs only for
-a vPOD that is not released. One orchestrator works on a store at a time.
+a vPOD that is not released. One orchestrator works on a store at a time. `vipu.vpod.crash`
+names the points, after each step, at which the crash tests kill it.
 
 Creation: reserved (the machines, with the vPOD's row, in one transaction) -> prepared (the
 controller's directory, store, certificates) -> started -> handed (each machine's agent
@@ -38,6 +39,7 @@ from vipu.model.entities import IldTopology, check_id
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
 from vipu.store.vpods import SiteMachine, Vpod, VpodStore
 from vipu.vpod.agents import SiteAgents
+from vipu.vpod.crash import crash_point
 from vipu.vpod.site import pick_machines
 from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
 
@@ -114,6 +116,7 @@ class Orchestrator:
                         raise
                     continue
                 log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
+                crash_point("create:reserved")
                 self._continue_create(vpod)
                 return self.store.get(vpod.id), self.credentials(vpod.id)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -130,6 +133,7 @@ class Orchestrator:
                 self.store.advance(vpod.id, vpod.step, step, expected_state="Creating", state="Active" if step == "active" else None)
                 vpod.step = step
                 log.info("vPOD %s: %s", vpod.id, step)
+                crash_point(f"create:{step}")
         except VipuError as error:
             with contextlib.suppress(ConcurrentUpdate):  # released meanwhile: nothing to mark
                 self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Creating", state="Failed", error=error.message)
@@ -165,6 +169,7 @@ class Orchestrator:
                     continue
                 grant = self.agents.grant(machine, controller_name(vpod.id))
                 admin.create_agent(machine.name, machine.host, machine.port, takeover_grant=grant)
+                crash_point("create:handing")
 
     def _configure(self, vpod: Vpod) -> None:
         with self.tenants.admin(vpod.id) as admin:
@@ -209,6 +214,7 @@ class Orchestrator:
         with self._alone(vpod_id):
             vpod = self.store.start_release(vpod_id, test=self.test_on_release)
             log.info("vPOD %s: releasing, from step %s", vpod_id, vpod.step)
+            crash_point("release:begun")
             self._continue_release(vpod)
         return self.store.get(vpod_id)
 
@@ -226,8 +232,10 @@ class Orchestrator:
             self.store.advance(vpod.id, vpod.step, step, expected_state="Releasing", error="")
             vpod.step = step
             log.info("vPOD %s: %s", vpod.id, step)
+            crash_point(f"release:{step}")
         self.store.finish_release(vpod.id, vpod.step)
         log.info("vPOD %s released; machines %s are free", vpod.id, ", ".join(vpod.machines))
+        crash_point("release:released")
 
     def _empty(self, vpod: Vpod) -> None:
         """Remove the tenant's partitions through their controller, so its store says what the
@@ -272,6 +280,7 @@ class Orchestrator:
     def _take_back(self, vpod: Vpod) -> None:
         for machine in self._machines(vpod):
             self.agents.take_back(machine)
+            crash_point("release:taking-back")
 
     def _stop(self, vpod: Vpod) -> None:
         self.tenants.stop(vpod.id)
@@ -317,6 +326,7 @@ def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterT
         under_way = None
     if under_way is None or (under_way.cluster_id, under_way.state) != (cluster_id, "running"):
         admin.test_cluster(cluster_id, wait=False)
+        crash_point("release:testing")
     deadline = time.monotonic() + RELEASE_TEST_DEADLINE_SECONDS
     while True:
         report = admin.cluster_test_progress()

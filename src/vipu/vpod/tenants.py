@@ -35,6 +35,7 @@ from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.errors import Unavailable, VipuError
 from vipu.store.vpods import Vpod
+from vipu.vpod.crash import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ class LocalControllers(TenantControllers):
                  "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
         self._children[vpod.id] = process
+        crash_point("controller:launched")
         write_file(directory / "controller.pid", str(process.pid).encode())
         log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
 
