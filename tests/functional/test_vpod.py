@@ -4,6 +4,7 @@ through agent ownership, tenants kept apart, releases that leave machines clean 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.tls import TlsFiles, client_credentials
 from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.model.entities import IldTopology
+from vipu.store.vpods import VpodStore
+from vipu.vpod.crash import CRASH_AT_VARIABLE, CRASH_POINTS, CREATE_POINTS, RELEASE_POINTS
 
 pytestmark = pytest.mark.functional
 
@@ -60,13 +63,26 @@ class Site:
         wait_until(lambda: "served on" in (directory / "agents.log").read_text()
                    and (directory / "agents.log").read_text().count("served on") == machines, what="the site's agents")
 
-    def serve(self, *extra: str) -> None:
+    def serve(self, *extra: str, crash_at: str | None = None) -> None:
+        """Start vipu-vpod; with `crash_at`, one that SIGKILLs itself at that point (vipu.vpod.crash)."""
         self.serve_options = extra or self.serve_options
+        env = {**(self.env or os.environ)}
+        env.pop(CRASH_AT_VARIABLE, None)
+        if crash_at is not None:
+            env[CRASH_AT_VARIABLE] = crash_at
+        self.served_from = self.log_size()
         with open(self.directory / "vpod.log", "ab") as log:
             self.server = subprocess.Popen(
                 [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), "--rack", str(self.rack_path), "--port", str(self.port),
-                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT, env=env)
         wait_until(self._answers, timeout=60, what="vipu-vpod")
+
+    def log_size(self) -> int:
+        log = self.directory / "vpod.log"
+        return log.stat().st_size if log.exists() else 0
+
+    def log_since_served(self) -> str:
+        return (self.directory / "vpod.log").read_text()[self.served_from:]
 
     def _answers(self) -> bool:
         if self.server is not None and self.server.poll() is not None:
@@ -84,25 +100,57 @@ class Site:
             return json.loads(answer.read())
 
     def vpod(self, *args: str, cwd: Path | None = None) -> Result:
-        env = {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{self.port}", "VIPU_VPOD_KEY": self.key}
-        done = subprocess.run([str(BIN / "vipu-vpod"), *args], capture_output=True, text=True, timeout=300, env=env,
+        done = subprocess.run([str(BIN / "vipu-vpod"), *args], capture_output=True, text=True, timeout=300, env=self._client_env(),
                               cwd=cwd or self.directory)
         return Result(done.returncode, done.stdout, done.stderr)
 
-    def controller_pids(self) -> dict[str, int]:
-        """The tenants' controllers running now, by vPOD id."""
-        running = {}
-        for pid_file in (self.data / "vpods").glob("*/controller.pid"):
-            pid = int(pid_file.read_text())
-            if Path(f"/proc/{pid}").exists() and str(pid_file.parent).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                running[pid_file.parent.name] = pid
+    def vpod_in_background(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([str(BIN / "vipu-vpod"), *args], env=self._client_env(), cwd=self.directory, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def _client_env(self) -> dict[str, str]:
+        return {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{self.port}", "VIPU_VPOD_KEY": self.key}
+
+    def controllers(self) -> dict[str, list[int]]:
+        """The tenants' controllers running now, by vPOD id: every live process whose command line
+        serves a vPOD's directory, whatever its pid file says (or if it has none)."""
+        running: dict[str, list[int]] = {}
+        vpods = str(self.data / "vpods") + "/"
+        for entry in Path("/proc").iterdir():
+            try:
+                arguments = (entry / "cmdline").read_bytes().decode().split("\0") if entry.name.isdigit() else []
+            except OSError:
+                continue
+            for option, value in itertools.pairwise(arguments):
+                if option == "--data-dir" and value.startswith(vpods):
+                    running.setdefault(value.removeprefix(vpods), []).append(int(entry.name))
         return running
+
+    def controller_pids(self) -> dict[str, int]:
+        """The tenants' controllers running now, by vPOD id: one each."""
+        running = self.controllers()
+        assert all(len(pids) == 1 for pids in running.values()), running
+        return {vpod_id: pids[0] for vpod_id, pids in running.items()}
+
+    def holder(self, machine_name: str) -> str:
+        """The controller the machine's agent obeys ("" for none yet)."""
+        address = f"127.0.0.1:{self.rack.machine(machine_name).port}"
+        return self._agent(address, TlsFiles(self.data / "orchestrator")).GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).holder
+
+    def recorded(self, vpod_id: str) -> tuple[str, str]:
+        """The vPOD's state and last step as its store has them, read while no vipu-vpod runs."""
+        store = VpodStore(f"sqlite:///{self.data / 'vpod.db'}")
+        try:
+            vpod = store.get(vpod_id)
+            return vpod.state, vpod.step
+        finally:
+            store.close()
 
     def held(self, machine_name: str) -> list[str]:
         """The partitions a machine holds, read as the controller holding it (or the orchestrator)."""
         address = f"127.0.0.1:{self.rack.machine(machine_name).port}"
         orchestrator = TlsFiles(self.data / "orchestrator")
-        holder = self._agent(address, orchestrator).GetInventory(agent_pb2.GetInventoryRequest(), timeout=10).holder
+        holder = self.holder(machine_name)
         reader = TlsFiles(self.data / "vpods" / holder.removeprefix("vpod-") / "vipu-certs") if holder.startswith("vpod-") else orchestrator
         reply = self._agent(address, reader).ListPartitions(agent_pb2.ListPartitionsRequest(), timeout=10)
         return [p.partition_id for p in reply.partitions]
@@ -114,8 +162,9 @@ class Site:
     def stop(self) -> None:
         for vpod in self.rest("GET", "/v1/vpods")["vpods"] if self.server and self.server.poll() is None else []:
             self.vpod("release", vpod["id"])
-        for pid in self.controller_pids().values():
-            os.kill(pid, signal.SIGKILL)
+        for pids in self.controllers().values():
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         for process in (self.server, self.agents):
             if process is not None and process.poll() is None:
                 process.terminate()
@@ -135,6 +184,12 @@ def site(tmp_path):
 def created(result: Result) -> str:
     assert result.code == 0, result.err
     return result.out.split("(", 1)[1].split(")", 1)[0]
+
+
+def run_vipu(config: Path, *args: str) -> Result:
+    """vipu, as a tenant's user with that configuration file."""
+    done = subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
+    return Result(done.returncode, done.stdout, done.stderr)
 
 
 def test_two_tenants_get_controllers_of_their_own_and_a_release_leaves_machines_clean_for_a_third(site, tmp_path):
@@ -207,65 +262,105 @@ def test_refusals_are_one_line_and_change_nothing(site):
 
 
 def check_invariants(site: Site) -> dict[str, dict]:
-    """What must hold whenever vipu-vpod is up again: no machine in two vPODs, every vPOD not
-    released is Active or Failed with its controller running, no controller without a vPOD, and
-    each machine held by its vPOD's controller, or clean when free. The vPODs, by id."""
+    """What must hold whenever vipu-vpod is up again: every vPOD not released is Active (a
+    creation or release under way was finished) with exactly one controller running; no
+    controller runs for anything else; no machine is in two vPODs; each machine of a vPOD obeys
+    that vPOD's controller, as its agent says, and each free machine obeys no tenant and is clean.
+    The vPODs, by id."""
     vpods = {v["id"]: v for v in site.rest("GET", "/v1/vpods")["vpods"]}
     machines = {m["name"]: m["vpod"] for m in site.rest("GET", "/v1/machines")["machines"]}
     for vpod in vpods.values():
-        assert vpod["state"] in ("Active", "Failed"), vpod
+        assert vpod["state"] == "Active", vpod
         assert all(machines[name] == vpod["id"] for name in vpod["machines"]), (vpod, machines)
     assert {owner for owner in machines.values() if owner} <= set(vpods)
-    running = site.controller_pids()
-    assert set(running) <= set(vpods), (running, vpods)
-    assert {i for i, v in vpods.items() if v["state"] == "Active"} <= set(running)
+    running = site.controllers()
+    assert sorted(running) == sorted(vpods) and all(len(pids) == 1 for pids in running.values()), (running, vpods)
     for name, owner in machines.items():
-        if not owner:
-            assert site.held(name) == [], name
+        holder = site.holder(name)
+        if owner:
+            assert holder == f"vpod-{owner}", (name, owner, holder)
+        else:
+            assert holder in ("", "vipu-vpod") and site.held(name) == [], (name, holder)
     return vpods
 
 
-def test_kill_9_of_the_orchestrator_at_any_step_of_a_create_or_release_leaves_the_invariants(site, tmp_path):
-    """Releases run the cluster test too: one the orchestrator died in is followed, not doubted."""
-    assert site.server is not None
-    site.server.terminate()
-    site.server.wait(timeout=30)
-    site.serve("--test-on-release")
-    env = {**os.environ, "VIPU_VPOD_URL": f"http://127.0.0.1:{site.port}", "VIPU_VPOD_KEY": site.key}
-    # seconds after a create reserved its machines, and after a release began, at which vipu-vpod dies
-    for n, (into_create, into_release) in enumerate([(0.0, 0.3), (0.9, 0.0), (1.8, 0.6)]):
-        logged = (site.directory / "vpod.log").stat().st_size
-        client = subprocess.Popen([str(BIN / "vipu-vpod"), "create", f"t{n}", "--machines", "4", "--out", str(tmp_path / f"t{n}")],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killed_at = _kill_after(site, logged, f"of tenant t{n}: machines", into_create)
-        client.communicate(timeout=60)
-        site.serve()  # resumes what was under way
+# What the store says at each crash point: the step recorded last, and the vPOD's state then.
+RECORDED_AT = {"create:reserved": ("Creating", "reserved"), "create:prepared": ("Creating", "prepared"),
+               "controller:launched": ("Creating", "prepared"), "create:started": ("Creating", "started"),
+               "create:handing": ("Creating", "started"), "create:handed": ("Creating", "handed"),
+               "create:configured": ("Creating", "configured"), "create:active": ("Active", "active"),
+               "release:begun": ("Releasing", "active"), "release:emptied": ("Releasing", "emptied"),
+               "release:testing": ("Releasing", "emptied"), "release:tested": ("Releasing", "tested"),
+               "release:taking-back": ("Releasing", "tested"), "release:taken-back": ("Releasing", "taken-back"),
+               "release:stopped": ("Releasing", "stopped"), "release:archived": ("Releasing", "archived"),
+               "release:released": ("Released", "released")}
+
+
+def test_kill_9_of_the_orchestrator_at_every_step_of_a_create_and_a_release_leaves_the_invariants(site, tmp_path):
+    """vipu-vpod SIGKILLs itself at each crash point of vipu.vpod.crash in turn (each step of a
+    creation and of a release, right after the store recorded it, and the points in the middle of
+    steps), beside a vPOD of another tenant that must not notice. Each time the test checks where
+    it died, starts it again, and checks the invariants once the operation was finished. Releases
+    run the cluster test too."""
+    assert sorted(RECORDED_AT) == sorted(CRASH_POINTS)
+    bystander_id = created(site.vpod("create", "keep", "--machines", "4", "--out", str(tmp_path / "keep")))
+    keep = tmp_path / "keep" / "keep.vipu-cli.hcl"
+    assert run_vipu(keep, "create", "partition", "k1", "--size", "16").code == 0
+    rounds = list(itertools.zip_longest(CREATE_POINTS, RELEASE_POINTS))
+    restart(site, "--test-on-release", crash_at=rounds[0][0])
+    for n, (create_at, release_at) in enumerate(rounds):
+        tenant, vpod_id = f"t{n}", f"t{n}-1"
+        creating = site.vpod_in_background("create", tenant, "--machines", "4", "--out", str(tmp_path / tenant))
+        died_at(site, create_at, vpod_id, creating)
+        restart(site, crash_at=release_at)  # resumes the creation
         vpods = check_invariants(site)
-        (vpod_id,) = [i for i, v in vpods.items() if v["tenant"] == f"t{n}"]
-        assert vpods[vpod_id]["state"] == "Active", (killed_at, vpods[vpod_id])
-        logged = (site.directory / "vpod.log").stat().st_size
-        client = subprocess.Popen([str(BIN / "vipu-vpod"), "release", vpod_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killed_at = _kill_after(site, logged, f"vPOD {vpod_id}: releasing", into_release)
-        client.communicate(timeout=60)
-        site.serve()
-        assert vpod_id not in check_invariants(site), killed_at
+        assert vpods[vpod_id]["machines"] == ["m05", "m06", "m07", "m08"], (create_at, vpods[vpod_id])
+        assert vpods[bystander_id]["machines"] == ["m01", "m02", "m03", "m04"] and site.held("m01") == ["k1"]  # untouched
+        got = site.vpod("get", vpod_id, "--credentials", str(tmp_path / tenant))  # whether or not the creator heard back
+        assert got.code == 0 and got.err == f"configuration written: {tmp_path / tenant / f'{tenant}.vipu-cli.hcl'}\n", got.err
+        assert run_vipu(tmp_path / tenant / f"{tenant}.vipu-cli.hcl", "create", "partition", "p", "--size", "16").code == 0
+
+        releasing = site.vpod_in_background("release", vpod_id)
+        died_at(site, release_at, vpod_id, releasing)
+        next_create = rounds[n + 1][0] if n + 1 < len(rounds) else None
+        restart(site, crash_at=next_create)  # resumes the release
+        assert vpod_id not in check_invariants(site), release_at
         assert site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Released"
-        assert [m["name"] for m in site.rest("GET", "/v1/machines")["machines"] if m["held_back"]] == [], killed_at
+        assert [m["name"] for m in site.rest("GET", "/v1/machines")["machines"] if m["held_back"]] == [], release_at
+    assert site.held("m01") == ["k1"] and run_vipu(keep, "list", "partitions").code == 0
 
 
-def _kill_after(site: Site, start: int, marker: str, seconds: float) -> str:
-    """SIGKILL vipu-vpod `seconds` after its log shows `marker` (written after byte `start`); the
-    last step its log names by then."""
+def restart(site: Site, *options: str, crash_at: str | None) -> None:
+    """Start vipu-vpod again, stopping it first if it did not kill itself."""
     assert site.server is not None
-    log = site.directory / "vpod.log"
-    wait_until(lambda: marker in log.read_text()[start:], timeout=60, what=marker)
-    try:
-        site.server.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        site.server.kill()
-    site.server.wait()
-    steps = [line for line in log.read_text()[start:].splitlines() if "vPOD" in line]
-    return steps[-1] if steps else "before any step"
+    if site.server.poll() is None:
+        site.server.terminate()
+        site.server.wait(timeout=30)
+    site.serve(*options, crash_at=crash_at)
+
+
+def died_at(site: Site, point: str | None, vpod_id: str, client: subprocess.Popen) -> None:
+    """vipu-vpod killed itself at `point` during the client's call (none: the call succeeded), and
+    what the store, the machines and the controllers show is that point, no earlier, no later."""
+    assert site.server is not None
+    _, err = client.communicate(timeout=300)
+    if point is None:
+        assert client.returncode == 0, err
+        return
+    assert site.server.wait(timeout=60) == -signal.SIGKILL, point
+    assert site.log_since_served().rstrip().endswith(f"crash point {point} reached: SIGKILL"), (point, site.log_since_served()[-2000:])
+    assert client.returncode == 1 and len(err.splitlines()) == 1 and "cannot reach the orchestrator" in err, (point, err)
+    assert site.recorded(vpod_id) == RECORDED_AT[point], point
+    machines = ["m05", "m06", "m07", "m08"]
+    controllers = site.controllers()
+    if point == "controller:launched":  # started, and its pid file never written: only its command line finds it
+        assert len(controllers.get(vpod_id, [])) == 1 and not (site.data / "vpods" / vpod_id / "controller.pid").exists()
+    if point == "create:handing":
+        assert [site.holder(m) == f"vpod-{vpod_id}" for m in machines] == [True, False, False, False]
+    if point == "release:taking-back":
+        assert [site.holder(m) for m in machines] == ["vipu-vpod"] + [f"vpod-{vpod_id}"] * 3
+    if point in ("release:stopped", "release:archived", "release:released"):
+        assert vpod_id not in controllers
 
 
 def test_with_keystone_a_tenant_sees_and_releases_only_its_own_vpods(tmp_path):
