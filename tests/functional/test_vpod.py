@@ -93,11 +93,19 @@ class Site:
         except OSError:
             return False
 
-    def rest(self, method: str, path: str, key: str | None = None) -> dict:
+    def rest(self, method: str, path: str, key: str | None = None, body: dict | None = None) -> dict:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                         headers={"Authorization": f"Bearer {self.key if key is None else key}"})
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"Bearer {self.key if key is None else key}",
+                                                  "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             return json.loads(answer.read())
+
+    def refused(self, method: str, path: str, key: str | None = None, body: dict | None = None) -> tuple[int, dict]:
+        """The status and body of a call that must be refused."""
+        with pytest.raises(urllib.error.HTTPError) as refusal:
+            self.rest(method, path, key, body)
+        return refusal.value.code, json.loads(refusal.value.read())
 
     def vpod(self, *args: str, cwd: Path | None = None) -> Result:
         done = subprocess.run([str(BIN / "vipu-vpod"), *args], capture_output=True, text=True, timeout=300, env=self._client_env(),
@@ -257,8 +265,53 @@ def test_refusals_are_one_line_and_change_nothing(site):
     ):
         action = "get vpod" if args[0] == "get" else f"{args[0]} vpod"
         failed_line(site.vpod(*args), action, subject, reason)
+    # and through the API, each refusal one line in the document's error model
+    assert site.refused("POST", "/v1/vpods", body={"tenant": "acme", "machines": 0}) == (
+        422, {"error": "the request is not valid: machines: Input should be greater than or equal to 1"})
+    assert site.refused("POST", "/v1/vpods", body={"machines": 1}) == (422, {"error": "the request is not valid: tenant: Field required"})
+    assert site.refused("GET", "/v1/nothing-here") == (404, {"error": "Not Found"})
+    assert site.refused("GET", "/v1/vpods", key="not-the-key") == (
+        401, {"error": "give the orchestrator's administrator key (Authorization: Bearer KEY)"})
     assert site.rest("GET", "/v1/machines") == before and site.rest("GET", "/v1/vpods")["vpods"] == []
     assert site.controller_pids() == {}
+
+
+# Each route of the API: its success status and the model of its reply.
+ROUTES = {("post", "/v1/vpods"): ("201", "CreatedReply"), ("get", "/v1/vpods"): ("200", "VpodsReply"),
+          ("get", "/v1/vpods/{vpod_id}"): ("200", "VpodReply"), ("get", "/v1/vpods/{vpod_id}/credentials"): ("200", "CredentialsReply"),
+          ("delete", "/v1/vpods/{vpod_id}"): ("200", "VpodReply"), ("get", "/v1/machines"): ("200", "MachinesReply"),
+          ("post", "/v1/machines/repaired"): ("200", "MachinesReply")}
+
+
+def openapi(site: Site, schemes: list[str]) -> dict:
+    """The API's OpenAPI document, read with no credentials: every route there with its reply's
+    model, its errors' model, and exactly `schemes` as the ways to authenticate. Its schemas."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{site.port}/openapi.json", timeout=30) as answer:
+        document = json.loads(answer.read())
+    operations = {(method, path): operation for path, item in document["paths"].items() for method, operation in item.items()}
+    assert sorted(operations) == sorted(ROUTES)
+    for route, (status, model) in ROUTES.items():
+        responses = operations[route]["responses"]
+        assert responses[status]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}, route
+        errors = [code for code in responses if code[0] in "45"]
+        assert {"401", "500", "503"} <= set(errors) and ("422" in errors) == (route != ("get", "/v1/machines")), (route, errors)
+        assert all(responses[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorReply"}
+                   for code in errors), route
+        assert operations[route]["security"] == [{scheme: []} for scheme in schemes], route
+    schemes_declared = document["components"]["securitySchemes"]
+    assert sorted(schemes_declared) == sorted(schemes)
+    assert (schemes_declared["AdminKey"]["type"], schemes_declared["AdminKey"]["scheme"]) == ("http", "bearer")
+    if "KeystoneToken" in schemes:
+        assert {k: schemes_declared["KeystoneToken"][k] for k in ("type", "in", "name")} == {"type": "apiKey", "in": "header",
+                                                                                            "name": "X-Auth-Token"}
+    assert "HTTPValidationError" not in json.dumps(document)  # validation errors are ErrorReply lines too
+    return document["components"]["schemas"]
+
+
+def test_the_openapi_document_declares_every_route_with_its_replies_and_security(site):
+    schemas = openapi(site, ["AdminKey"])
+    machine = site.rest("GET", "/v1/machines")["machines"][0]
+    assert sorted(machine) == sorted(schemas["MachineView"]["properties"]) == sorted(schemas["MachineView"]["required"])
 
 
 def check_invariants(site: Site) -> dict[str, dict]:

@@ -223,10 +223,8 @@ def call(ctx: click.Context, method: str, path: str, body: dict | None = None) -
     except urllib.error.HTTPError as error:
         try:
             reason = json.loads(error.read()).get("error") or error.reason
-        except ValueError:
+        except (ValueError, AttributeError):  # not the API's {"error": ...}: a proxy's page, say
             reason = error.reason
-        if isinstance(reason, list):  # FastAPI's own validation errors
-            reason = "; ".join(f"{'.'.join(str(p) for p in r.get('loc', [])[1:])}: {r.get('msg')}" for r in reason)
         raise VipuError(str(reason)) from None
     except (urllib.error.URLError, OSError) as error:
         raise VipuError(f"cannot reach the orchestrator at {url}: {getattr(error, 'reason', error)}") from None
