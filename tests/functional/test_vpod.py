@@ -27,6 +27,7 @@ from tests.processes import dying_with_parent
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.tls import TlsFiles, client_credentials
 from vipu.backends.sim.rack import generate_rack, save_rack
+from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology
 from vipu.store.vpods import VpodStore
 from vipu.vpod.crash import CRASH_AT_VARIABLE, CRASH_POINTS, CREATE_POINTS, RELEASE_POINTS
@@ -39,13 +40,16 @@ RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "vipu-vpo
 class Site:
     """A site: its rack's agents (one process), `vipu-vpod init` and `vipu-vpod serve`."""
 
-    def __init__(self, directory: Path, machines: int = 16, env: dict[str, str] | None = None):
-        """`env`: vipu-vpod's environment (KUBECONFIG, say)."""
+    def __init__(self, directory: Path, machines: int = 16, env: dict[str, str] | None = None,
+                 topology: IldTopology = IldTopology.MESH, ilds: int = 1, db_url: str | None = None):
+        """`env`: vipu-vpod's environment (KUBECONFIG, say); `topology` and `ilds`: how the rack is
+        cabled; `db_url`: the orchestrator's store, if not SQLite in its data directory."""
         self.directory = directory
         self.env = env
         self.data = directory / "vpod"
+        self.db_options = ("--db", db_url) if db_url else ()
         self.rack_path = directory / "site.yaml"
-        self.rack = generate_rack(machines, topology=IldTopology.MESH, time_scale=0.001)
+        self.rack = generate_rack(machines, topology=topology, num_ilds=ilds, time_scale=0.001)
         for machine in self.rack.machines:
             machine.port, machine.ipuof_port = free_port(), free_port()
         save_rack(self.rack, self.rack_path)
@@ -53,7 +57,8 @@ class Site:
         self.port_base = 30000 + (os.getpid() % 300) * 100  # tenants' controllers: three ports each from here
         self.server: subprocess.Popen | None = None
         self.serve_options: tuple[str, ...] = ()  # kept for restarts
-        done = subprocess.run([str(BIN / "vipu-vpod"), "init", "--data-dir", str(self.data), "--tls-hosts", "localhost,127.0.0.1"],
+        done = subprocess.run([str(BIN / "vipu-vpod"), "init", "--data-dir", str(self.data), *self.db_options, "--tls-hosts",
+                               "localhost,127.0.0.1"],
                               capture_output=True, text=True, timeout=60, check=True)
         self.key = next(line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Administrator key is"))
         with open(directory / "agents.log", "ab") as log:
@@ -73,8 +78,9 @@ class Site:
         self.served_from = self.log_size()
         with open(self.directory / "vpod.log", "ab") as log:
             self.server = subprocess.Popen(
-                [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), "--rack", str(self.rack_path), "--port", str(self.port),
-                 "--port-base", str(self.port_base), *self.serve_options], stdout=log, stderr=subprocess.STDOUT, env=env)
+                [str(BIN / "vipu-vpod"), "serve", "--data-dir", str(self.data), *self.db_options, "--rack", str(self.rack_path),
+                 "--port", str(self.port), "--port-base", str(self.port_base), *self.serve_options],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
         wait_until(self._answers, timeout=60, what="vipu-vpod")
 
     def log_size(self) -> int:
@@ -200,56 +206,143 @@ def run_vipu(config: Path, *args: str) -> Result:
     return Result(done.returncode, done.stdout, done.stderr)
 
 
-def test_two_tenants_get_controllers_of_their_own_and_a_release_leaves_machines_clean_for_a_third(site, tmp_path):
-    acme_id = created(site.vpod("create", "acme", "--machines", "8", "--out", str(tmp_path / "acme")))
-    bravo_id = created(site.vpod("create", "bravo", "--machines", "8", "--out", str(tmp_path / "bravo")))
-    acme, bravo = tmp_path / "acme" / "acme.vipu-cli.hcl", tmp_path / "bravo" / "bravo.vipu-cli.hcl"
-    vpods = {v["id"]: v for v in site.rest("GET", "/v1/vpods")["vpods"]}
-    assert vpods[acme_id]["machines"] == [f"m{n:02d}" for n in range(1, 9)] and vpods[acme_id]["state"] == "Active"
-    assert vpods[bravo_id]["machines"] == [f"m{n:02d}" for n in range(9, 17)]
-    assert set(site.controller_pids()) == {acme_id, bravo_id}
+def test_two_tenants_of_keystone_get_controllers_of_their_own_kept_apart_and_a_release_leaves_machines_clean_for_a_third(tmp_path):
+    """Seed 003 on a site of 16 machines, a real Keystone the tenants' identity: each tenant's
+    user makes a vPOD of 8 machines with their project's token and partitions in their own
+    controller; neither reaches the other's machines, controller or vPOD; a release leaves the
+    machines clean for a third tenant. A project's token lists only its own vPODs, the
+    administrators' token every tenant's; an expired, revoked or unknown token is refused in one line."""
+    keystone = Keystone(tmp_path / "keystone", token_seconds=8).start()
+    site = None
+    try:
+        for project in ("service", "acme", "bravo", "charlie"):
+            keystone.project(project)
+        keystone.user("vipu-vpod", "service-secret", "service", role="service")
+        for user, project in (("alice", "acme"), ("bob", "bravo"), ("carol", "charlie")):
+            keystone.user(user, f"{user}-secret", project)
+        (tmp_path / "keystone-password").write_text("service-secret\n")
+        site = Site(tmp_path / "site", topology=IldTopology.TORUS, ilds=2)  # two tori of 8 machines
+        site.serve("--keystone-url", keystone.url, "--keystone-password-file", str(tmp_path / "keystone-password"))
+        schemas = openapi(site, ["KeystoneToken", "AdminKey"])
+        tokens = {"alice": "acme", "bob": "bravo", "carol": "charlie", "admin": "admin"}
 
-    def user(config: Path, *args: str) -> Result:
-        done = subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
-        return Result(done.returncode, done.stdout, done.stderr)
+        def token(user: str) -> str:
+            return keystone.token(user, f"{user}-secret" if user != "admin" else ADMIN_PASSWORD, tokens[user])
 
-    assert user(acme, "create", "partition", "a1", "--size", "32").code == 0
-    assert user(bravo, "create", "partition", "b1", "--size", "8").code == 0
-    assert site.held("m01") == ["a1"] and site.held("m09") == ["b1"]
-    # a tenant's controller that dies is started again by the orchestrator and resumes from its store
-    killed = site.controller_pids()[acme_id]
-    os.kill(killed, signal.SIGKILL)
-    wait_until(lambda: site.controller_pids().get(acme_id, killed) != killed and " a1 " in user(acme, "list", "partitions").out,
-               timeout=60, what="acme's controller to be started again with its partition")
-    # acme's controller cannot configure bravo's machines, even as its administrator, nor take them
-    acme_admin = site.data / "vpods" / acme_id / "vpod-admin.vipu-cli.hcl"
-    register = [str(BIN / "vipu-admin"), "--config", str(acme_admin), "create", "agent", "stolen", "--host", "127.0.0.1",
-                "--port", str(site.rack.machine("m09").port)]
-    for extra, reason in (((), f"machine m09 is held by controller vpod-{bravo_id}, not vpod-{acme_id}"),
-                          (("--take-over",), "this controller does not hold the site's agent-link authority key")):
-        done = subprocess.run([*register, *extra], capture_output=True, text=True, timeout=60)
-        failed_line(Result(done.returncode, done.stdout, done.stderr), "create agent", "stolen", reason)
-    assert site.held("m09") == ["b1"]
-    # acme's credentials open nothing of bravo's controller
-    refused = user(acme, "--api-port", str(vpods[bravo_id]["user_port"]), "list", "partitions")
-    assert refused.code == 1 and len(refused.err.splitlines()) == 1 and "Traceback" not in refused.err
-    # the orchestration API answers its administrator only
-    with pytest.raises(urllib.error.HTTPError) as wrong:
-        site.rest("GET", "/v1/vpods", key="not-the-key")
-    assert wrong.value.code == 401 and "administrator key" in json.loads(wrong.value.read())["error"]
+        def as_user(user: str, *args: str) -> Result:
+            return site.vpod("--token", token(user), *args)
 
-    released = site.vpod("release", acme_id)
-    assert (released.code, released.out) == (0, f"release vpod ({acme_id}): success.\n"), released.err
-    assert acme_id not in site.controller_pids() and (site.data / "archive" / acme_id / "vipu.db").exists()
-    machines = {m["name"]: m["vpod"] for m in site.rest("GET", "/v1/machines")["machines"]}
-    assert [machines[f"m{n:02d}"] for n in range(1, 9)] == [""] * 8 and machines["m09"] == bravo_id
-    assert all(site.held(f"m{n:02d}") == [] for n in range(1, 9))  # clean
-    assert site.held("m09") == ["b1"]  # bravo untouched
+        def rest(user: str, method: str, path: str, given: str | None = None) -> tuple[int, dict]:
+            request = urllib.request.Request(f"http://127.0.0.1:{site.port}{path}", method=method,
+                                             headers={"X-Auth-Token": given or token(user)})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    return answer.status, json.loads(answer.read())
+            except urllib.error.HTTPError as refused:
+                return refused.code, json.loads(refused.read())
 
-    charlie_id = created(site.vpod("create", "charlie", "--machines", "8", "--out", str(tmp_path / "charlie")))
-    assert site.rest("GET", f"/v1/vpods/{charlie_id}")["vpod"]["machines"] == [f"m{n:02d}" for n in range(1, 9)]
-    assert user(tmp_path / "charlie" / "charlie.vipu-cli.hcl", "create", "partition", "c1", "--size", "32").code == 0
-    assert site.held("m08") == ["c1"]
+        acme_id = created(as_user("alice", "create", "acme", "--machines", "8", "--topology", "torus", "--out", str(tmp_path / "acme")))
+        bravo_id = created(as_user("bob", "create", "bravo", "--machines", "8", "--out", str(tmp_path / "bravo")))
+        acme, bravo = tmp_path / "acme" / "acme.vipu-cli.hcl", tmp_path / "bravo" / "bravo.vipu-cli.hcl"
+        vpods = {v["id"]: v for v in site.rest("GET", "/v1/vpods")["vpods"]}
+        assert sorted(vpods[acme_id]) == sorted(schemas["VpodView"]["properties"])  # the reply is the documented model
+        assert (vpods[acme_id]["machines"], vpods[acme_id]["topology"], vpods[acme_id]["state"]) == (
+            [f"m{n:02d}" for n in range(1, 9)], "torus", "Active")
+        assert vpods[bravo_id]["machines"] == [f"m{n:02d}" for n in range(9, 17)]
+        assert set(site.controller_pids()) == {acme_id, bravo_id}
+
+        # the orchestration API: a project's token is that tenant, and another tenant's vPOD does not exist for it
+        assert [v["id"] for v in rest("alice", "GET", "/v1/vpods")[1]["vpods"]] == [acme_id]
+        assert sorted(v["id"] for v in rest("admin", "GET", "/v1/vpods")[1]["vpods"]) == sorted([acme_id, bravo_id])
+        for method, path in (("GET", f"/v1/vpods/{bravo_id}"), ("GET", f"/v1/vpods/{bravo_id}/credentials"),
+                             ("DELETE", f"/v1/vpods/{bravo_id}")):
+            assert rest("alice", method, path) == (404, {"error": f"vPOD {bravo_id} does not exist"})
+        failed_line(as_user("alice", "get", bravo_id, "--credentials", str(tmp_path / "stolen")), "get vpod", bravo_id,
+                    f"vPOD {bravo_id} does not exist")
+        failed_line(as_user("alice", "release", bravo_id), "release vpod", bravo_id, f"vPOD {bravo_id} does not exist")
+        failed_line(as_user("alice", "create", "bravo", "--machines", "1"), "create vpod", "bravo",
+                    "a token of project acme makes vPODs of tenant acme only, not bravo")
+        assert rest("alice", "GET", "/v1/machines") == (403, {"error": "the site's machines are for its administrators"})
+        assert not (tmp_path / "stolen").exists() and site.rest("GET", f"/v1/vpods/{bravo_id}")["vpod"]["state"] == "Active"
+
+        # each tenant's user makes partitions in their own controller
+        assert run_vipu(acme, "create", "partition", "a1", "--size", "32").code == 0
+        assert run_vipu(bravo, "create", "partition", "b1", "--size", "8").code == 0
+        assert site.held("m01") == ["a1"] and site.held("m09") == ["b1"]
+        # a tenant's controller that dies is started again by the orchestrator and resumes from its store
+        killed = site.controller_pids()[acme_id]
+        os.kill(killed, signal.SIGKILL)
+        wait_until(lambda: site.controller_pids().get(acme_id, killed) != killed and " a1 " in run_vipu(acme, "list", "partitions").out,
+                   timeout=60, what="acme's controller to be started again with its partition")
+        # acme's controller cannot configure bravo's machines, even as its administrator, nor take them
+        acme_admin = site.data / "vpods" / acme_id / "vpod-admin.vipu-cli.hcl"
+        register = [str(BIN / "vipu-admin"), "--config", str(acme_admin), "create", "agent", "stolen", "--host", "127.0.0.1",
+                    "--port", str(site.rack.machine("m09").port)]
+        for extra, reason in (((), f"machine m09 is held by controller vpod-{bravo_id}, not vpod-{acme_id}"),
+                              (("--take-over",), "this controller does not hold the site's agent-link authority key")):
+            done = subprocess.run([*register, *extra], capture_output=True, text=True, timeout=60)
+            failed_line(Result(done.returncode, done.stdout, done.stderr), "create agent", "stolen", reason)
+        assert site.held("m09") == ["b1"]
+        # acme's credentials aimed at bravo's controller. As written, acme's client trusts acme's authority only
+        # and refuses bravo's server; told to trust bravo's, it is refused by bravo's controller itself: acme's
+        # client certificate at the handshake, and acme's user and key (with bravo's user's certificate) at the login
+        alice_key = str(parse_hcl(acme.read_text(), str(acme))["api-access-key"])
+        acme_certs, bravo_certs = tmp_path / "acme" / "acme-certs", tmp_path / "bravo" / "bravo-certs"
+        bravo_port, bravo_metrics = vpods[bravo_id]["user_port"], vpods[bravo_id]["metrics_port"]
+        failed_line(run_vipu(acme, "--api-port", str(bravo_port), "list", "partitions"), "list partitions", None,
+                    f"vipu-server at 127.0.0.1:{bravo_port}: its certificate is not signed by the certificate authority in "
+                    f"{acme_certs / 'ca.pem'}")
+        refusals = failed_logins(bravo_metrics)
+        for name, certificate, key, reason in (
+            ("acme-certificate", acme_certs / "client.pem", acme_certs / "client-key.pem",
+             f"vipu-server at 127.0.0.1:{bravo_port} closed the TLS connection: it does not accept the client certificate "
+             f"{acme_certs / 'client.pem'}"),
+            ("bravo-certificate", bravo_certs / "client.pem", bravo_certs / "client-key.pem",
+             "invalid user id or access key for user acme"),
+        ):
+            config = tmp_path / f"{name}.vipu-cli.hcl"
+            settings = ClientSettings("127.0.0.1", bravo_port, "acme", alice_key, bravo_certs / "ca.pem", certificate, key)
+            write_client_config(config, settings)
+            failed_line(run_vipu(config, "list", "partitions"), "list partitions", None, reason)
+        assert failed_logins(bravo_metrics) == refusals + 1  # bravo's controller checked acme's key, and refused it
+        assert run_vipu(bravo, "list", "partitions").code == 0
+
+        # tokens that are not valid, in one line
+        revoked, expiring = token("alice"), token("alice")
+        keystone.revoke(revoked)
+        assert rest("alice", "GET", "/v1/vpods", given=expiring)[0] == 200
+        not_valid = (401, {"error": "the Keystone token is not valid: expired, revoked, or from another Keystone"})
+        for given in (revoked, "not-a-token-of-this-keystone"):
+            assert rest("alice", "GET", "/v1/vpods", given=given) == not_valid
+        failed_line(site.vpod("--token", revoked, "list"), "list vpods", None, "the Keystone token is not valid")
+
+        released = as_user("alice", "release", acme_id)
+        assert (released.code, released.out) == (0, f"release vpod ({acme_id}): success.\n"), released.err
+        assert acme_id not in site.controller_pids() and (site.data / "archive" / acme_id / "vipu.db").exists()
+        machines = {m["name"]: m["vpod"] for m in site.rest("GET", "/v1/machines")["machines"]}
+        assert [machines[f"m{n:02d}"] for n in range(1, 9)] == [""] * 8 and machines["m09"] == bravo_id
+        assert all(site.held(f"m{n:02d}") == [] for n in range(1, 9))  # clean
+        assert site.held("m09") == ["b1"]  # bravo untouched
+
+        charlie_id = created(as_user("carol", "create", "charlie", "--machines", "8", "--out", str(tmp_path / "charlie")))
+        assert site.rest("GET", f"/v1/vpods/{charlie_id}")["vpod"]["machines"] == [f"m{n:02d}" for n in range(1, 9)]
+        assert run_vipu(tmp_path / "charlie" / "charlie.vipu-cli.hcl", "create", "partition", "c1", "--size", "32").code == 0
+        assert site.held("m08") == ["c1"]
+        assert sorted(v["id"] for v in json.loads(as_user("admin", "list", "--json").out)) == sorted([bravo_id, charlie_id])
+        wait_until(lambda: rest("alice", "GET", "/v1/vpods", given=expiring) == not_valid, timeout=30,
+                   what="the token to expire")  # remembered no longer than the token lives
+        failed_line(site.vpod("--token", expiring, "list"), "list vpods", None, "the Keystone token is not valid")
+    finally:
+        if site is not None:
+            site.stop()
+        keystone.stop()
+
+
+def failed_logins(metrics_port: int) -> float:
+    """The logins a controller refused for invalid credentials, by its metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith('vipu_failed_logins_total{reason="invalid credentials"}'))
 
 
 def test_refusals_are_one_line_and_change_nothing(site):
@@ -414,64 +507,6 @@ def died_at(site: Site, point: str | None, vpod_id: str, client: subprocess.Pope
         assert [site.holder(m) for m in machines] == ["vipu-vpod"] + [f"vpod-{vpod_id}"] * 3
     if point in ("release:stopped", "release:archived", "release:released"):
         assert vpod_id not in controllers
-
-
-def test_with_keystone_a_tenant_sees_and_releases_only_its_own_vpods(tmp_path):
-    """Tokens of a real Keystone: a project's token is that tenant, the administrators' token
-    serves every tenant, and an expired, revoked or unknown token is refused in one line."""
-    keystone = Keystone(tmp_path / "keystone", token_seconds=4).start()
-    site = None
-    try:
-        for project in ("service", "acme", "bravo"):
-            keystone.project(project)
-        keystone.user("vipu-vpod", "service-secret", "service", role="service")
-        keystone.user("alice", "alice-secret", "acme")
-        keystone.user("bob", "bob-secret", "bravo")
-        (tmp_path / "keystone-password").write_text("service-secret\n")
-        site = Site(tmp_path / "site", machines=8)
-        site.serve("--keystone-url", keystone.url, "--keystone-password-file", str(tmp_path / "keystone-password"))
-
-        def as_user(user: str, project: str, *args: str) -> Result:
-            token = keystone.token(user, f"{user}-secret" if user != "admin" else ADMIN_PASSWORD, project)
-            return site.vpod("--token", token, *args)
-
-        acme_id = created(as_user("alice", "acme", "create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
-        bravo_id = created(as_user("bob", "bravo", "create", "bravo", "--machines", "4", "--out", str(tmp_path / "bravo")))
-        def rest(user: str, project: str, method: str, path: str, token: str | None = None) -> tuple[int, dict]:
-            token = token or keystone.token(user, f"{user}-secret" if user != "admin" else ADMIN_PASSWORD, project)
-            request = urllib.request.Request(f"http://127.0.0.1:{site.port}{path}", method=method, headers={"X-Auth-Token": token})
-            try:
-                with urllib.request.urlopen(request, timeout=60) as answer:
-                    return answer.status, json.loads(answer.read())
-            except urllib.error.HTTPError as refused:
-                return refused.code, json.loads(refused.read())
-
-        assert [v["id"] for v in rest("alice", "acme", "GET", "/v1/vpods")[1]["vpods"]] == [acme_id]
-        assert sorted(v["id"] for v in rest("admin", "admin", "GET", "/v1/vpods")[1]["vpods"]) == sorted([acme_id, bravo_id])
-        for method, path in (("GET", f"/v1/vpods/{bravo_id}"), ("GET", f"/v1/vpods/{bravo_id}/credentials"),
-                             ("DELETE", f"/v1/vpods/{bravo_id}")):
-            assert rest("alice", "acme", method, path) == (404, {"error": f"vPOD {bravo_id} does not exist"})
-        failed_line(as_user("alice", "acme", "create", "bravo", "--machines", "1"), "create vpod", "bravo",
-                    "a token of project acme makes vPODs of tenant acme only, not bravo")
-        assert rest("alice", "acme", "GET", "/v1/machines") == (403, {"error": "the site's machines are for its administrators"})
-
-        revoked = keystone.token("alice", "alice-secret", "acme")
-        keystone.revoke(revoked)
-        expiring = keystone.token("alice", "alice-secret", "acme")
-        assert rest("alice", "acme", "GET", "/v1/vpods", token=expiring)[0] == 200
-        not_valid = (401, {"error": "the Keystone token is not valid: expired, revoked, or from another Keystone"})
-        for token in (revoked, "not-a-token-of-this-keystone"):
-            assert rest("alice", "acme", "GET", "/v1/vpods", token=token) == not_valid
-        wait_until(lambda: rest("alice", "acme", "GET", "/v1/vpods", token=expiring) == not_valid, timeout=30,
-                   what="the token to expire")  # remembered no longer than the token lives
-        failed_line(site.vpod("--token", expiring, "list"), "list vpods", None, "the Keystone token is not valid")
-
-        assert as_user("alice", "acme", "release", acme_id).code == 0
-        assert [v["id"] for v in json.loads(as_user("admin", "admin", "list", "--json").out)] == [bravo_id]
-    finally:
-        if site is not None:
-            site.stop()
-        keystone.stop()
 
 
 def test_with_a_release_test_the_machines_a_failing_cable_joins_are_held_back_until_repaired(tmp_path):
