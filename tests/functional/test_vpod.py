@@ -18,7 +18,7 @@ import grpc
 import psycopg
 import pytest
 
-from tests.functional.harness import BIN, Result, failed_line, wait_until
+from tests.functional.harness import BIN, Result, blocks, failed_line, wait_until
 from tests.keystone import ADMIN_PASSWORD, Keystone
 from tests.kubecluster import KubeCluster
 from tests.kubelet import Kubelet
@@ -507,6 +507,43 @@ def died_at(site: Site, point: str | None, vpod_id: str, client: subprocess.Pope
         assert [site.holder(m) for m in machines] == ["vipu-vpod"] + [f"vpod-{vpod_id}"] * 3
     if point in ("release:stopped", "release:archived", "release:released"):
         assert vpod_id not in controllers
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_torus_of_two_ipu_link_domains_is_made_shown_resumed_and_released(tmp_path, postgres_url):
+    """The orchestrator's store on a real PostgreSQL (serve --db), a vPOD asked for with --topology
+    and --ilds, shown by get, adopted by a restarted vipu-vpod, and released."""
+    site = Site(tmp_path, machines=8, topology=IldTopology.TORUS, ilds=2, db_url=postgres_url)
+    try:
+        site.serve()
+        vpod_id = created(site.vpod("create", "acme", "--machines", "8", "--topology", "torus", "--ilds", "2",
+                                    "--out", str(tmp_path / "acme")))
+        (document,) = json.loads(site.vpod("get", vpod_id, "--json").out)
+        assert (document["topology"], document["ilds"], document["state"]) == ("torus", 2, "Active")
+        shown = site.vpod("get", vpod_id)
+        assert shown.code == 0 and [[cell.strip() for cell in line.split("|")] for line in blocks(shown.out)[1]] == [
+            [vpod_id, "acme", "Active", "m01..m08 (8)", "torus", "acme", str(document["user_port"]), ""]], shown.out
+        cluster = subprocess.run([str(BIN / "vipu-admin"), "--config", str(site.data / "vpods" / vpod_id / "vpod-admin.vipu-cli.hcl"),
+                                  "get", "cluster", "cl0", "--json"], capture_output=True, text=True, timeout=60)
+        assert cluster.returncode == 0, cluster.stderr
+        shape = {k: v for k, v in json.loads(cluster.stdout).items() if k in ("topology", "num_ipulinkdomains", "agent_ids")}
+        assert shape == {"topology": "ILD_TOPOLOGY_TORUS", "num_ipulinkdomains": 2, "agent_ids": [f"m0{n}" for n in range(1, 9)]}
+        with psycopg.connect(postgres_url) as store:  # the orchestrator's rows are there, not in a SQLite file
+            assert store.execute("SELECT id, state, topology, ilds FROM vpods").fetchall() == [(vpod_id, "Active", "torus", 2)]
+        assert not (site.data / "vpod.db").exists()
+
+        config = tmp_path / "acme" / "acme.vipu-cli.hcl"
+        assert run_vipu(config, "create", "partition", "p1", "--size", "16").code == 0
+        restart(site, crash_at=None)  # adopts the controller, from what PostgreSQL keeps
+        assert check_invariants(site)[vpod_id]["state"] == "Active" and " p1 " in run_vipu(config, "list", "partitions").out
+        released = site.vpod("release", vpod_id)
+        assert released.code == 0, released.err
+        with psycopg.connect(postgres_url) as store:
+            assert store.execute("SELECT state FROM vpods").fetchall() == [("Released",)]
+            assert store.execute("SELECT count(*) FROM site_machines WHERE vpod_id IS NOT NULL").fetchone() == (0,)
+        assert check_invariants(site) == {}
+    finally:
+        site.stop()
 
 
 def test_with_a_release_test_the_machines_a_failing_cable_joins_are_held_back_until_repaired(tmp_path):
