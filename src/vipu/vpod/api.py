@@ -5,7 +5,8 @@ Callers present a Keystone token (`X-Auth-Token`, when the orchestrator has Keys
 by `vipu-vpod init` (checked against a salted scrypt hash, in constant time). A tenant sees,
 creates and releases only its own vPODs; another tenant's looks like one that does not exist.
 Every refusal is one JSON line, `{"error": "..."}`, with the HTTP status
-`vipu.client.retry.http_status` gives its family.
+`vipu.client.retry.http_status` gives its family. The document names both: each route's reply
+and error models, and the security schemes (KeystoneToken, AdminKey) its routes accept.
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ import base64
 import hashlib
 import hmac
 import secrets
+from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vipu.client.retry import http_status
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
 from vipu.store.vpods import SiteMachine, Vpod
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
-from vipu.vpod.orchestrator import Credentials, Orchestrator
+from vipu.vpod.orchestrator import Credentials, Orchestrator, as_failure
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"
@@ -48,41 +52,137 @@ class CreateVpod(BaseModel):
     user: str = Field("", description="The tenant's first user; the tenant's name if empty.")
 
 
-def vpod_document(vpod: Vpod) -> dict:
-    user_port, admin_port, metrics_port = vpod.ports
-    return {"id": vpod.id, "tenant": vpod.tenant, "state": vpod.state, "step": vpod.step, "machines": vpod.machines,
-            "topology": vpod.topology, "ilds": vpod.ilds, "user": vpod.user_id, "user_port": user_port, "admin_port": admin_port,
-            "metrics_port": metrics_port, "error": vpod.error, "created_at": vpod.created_at, "released_at": vpod.released_at}
-
-
-def credentials_document(credentials: Credentials) -> dict:
-    return {"user": credentials.user_id, "access_key": credentials.access_key, "host": credentials.host,
-            "port": credentials.port, "admin_port": credentials.admin_port, "server_ca": credentials.server_ca.decode(),
-            "client_cert": credentials.client_cert.decode(), "client_key": credentials.client_key.decode()}
-
-
 class RepairedMachines(BaseModel):
     machines: list[str] = Field(min_length=1, description="Machines held back by a failed release test, repaired since.")
 
 
-def machine_document(machine: SiteMachine) -> dict:
-    return {"name": machine.name, "position": machine.position, "host": machine.host, "port": machine.port,
-            "vpod": machine.vpod_id, "held_back": machine.held_back}
+class ErrorReply(BaseModel):
+    """Every refusal and failure: one line saying why."""
+
+    error: str = Field(description="Why, in one line.")
+
+
+class VpodView(BaseModel):
+    """A vPOD: its machines, where its controller listens, and how far its creation or release went."""
+
+    id: str
+    tenant: str
+    state: Literal["Creating", "Active", "Releasing", "Released", "Failed"] = Field(
+        description="Failed: its creation failed, and its machines are being given back (then Released, the reason kept).")
+    step: str = Field(description="The last step done of its creation or release.")
+    machines: list[str] = Field(description="In rack order.")
+    topology: str
+    ilds: int
+    user: str = Field(description="The tenant's first user in its controller.")
+    user_port: int
+    admin_port: int
+    metrics_port: int
+    error: str = Field(description="Why its creation failed, or why its release stopped; empty otherwise.")
+    created_at: float = Field(description="Seconds since the epoch.")
+    released_at: float | None = None
+
+
+class CredentialsView(BaseModel):
+    """What the tenant's first user needs to reach their controller (mutual TLS and an access key)."""
+
+    user: str
+    access_key: str
+    host: str
+    port: int = Field(description="The controller's user end-point.")
+    admin_port: int
+    server_ca: str = Field(description="PEM: the authority the controller's server certificate is checked against.")
+    client_cert: str = Field(description="PEM: the user's client certificate.")
+    client_key: str = Field(description="PEM: its key.")
+
+
+class MachineView(BaseModel):
+    name: str
+    position: int = Field(description="Rack order, 0 first.")
+    host: str
+    port: int = Field(description="The machine's agent.")
+    vpod: str = Field(description="The vPOD holding it; empty when free.")
+    held_back: str = Field(description="Why a failed release test keeps it out of the pool; empty when not.")
+
+
+class CreatedReply(BaseModel):
+    vpod: VpodView
+    credentials: CredentialsView
+
+
+class VpodReply(BaseModel):
+    vpod: VpodView
+
+
+class VpodsReply(BaseModel):
+    vpods: list[VpodView]
+
+
+class CredentialsReply(BaseModel):
+    credentials: CredentialsView
+
+
+class MachinesReply(BaseModel):
+    machines: list[MachineView]
+
+
+def vpod_view(vpod: Vpod) -> VpodView:
+    user_port, admin_port, metrics_port = vpod.ports
+    return VpodView(id=vpod.id, tenant=vpod.tenant, state=vpod.state, step=vpod.step, machines=vpod.machines,  # type: ignore[arg-type]
+                    topology=vpod.topology, ilds=vpod.ilds, user=vpod.user_id, user_port=user_port, admin_port=admin_port,
+                    metrics_port=metrics_port, error=vpod.error, created_at=vpod.created_at, released_at=vpod.released_at)
+
+
+def credentials_view(credentials: Credentials) -> CredentialsView:
+    return CredentialsView(user=credentials.user_id, access_key=credentials.access_key, host=credentials.host, port=credentials.port,
+                           admin_port=credentials.admin_port, server_ca=credentials.server_ca.decode(),
+                           client_cert=credentials.client_cert.decode(), client_key=credentials.client_key.decode())
+
+
+def machine_view(machine: SiteMachine) -> MachineView:
+    return MachineView(name=machine.name, position=machine.position, host=machine.host, port=machine.port, vpod=machine.vpod_id,
+                       held_back=machine.held_back)
+
+
+def _errors(**described: str) -> dict[int | str, dict]:
+    """The error responses of a route, each an ErrorReply: those every route may give, and `described` (status_NNN=why)."""
+    every = {401: "No credentials, or credentials not valid (an unknown key, an expired or revoked token).",
+             500: "An internal error of vipu-vpod.",
+             503: "The store, or Keystone, cannot be reached; or another operation changed the same vPOD: try again."}
+    every.update({int(name.removeprefix("status_")): why for name, why in described.items()})
+    return {status: {"model": ErrorReply, "description": why} for status, why in sorted(every.items())}
+
+
+NOT_VALID = "The request is not well formed: a field missing, of the wrong kind or out of range."
+
+KEYSTONE_TOKEN = APIKeyHeader(name="X-Auth-Token", scheme_name="KeystoneToken", auto_error=False,
+                              description="An OpenStack Keystone token: scoped to a tenant's project, it acts for that tenant only; "
+                                          "with the site administrators' role on their project, for every tenant.")
+ADMIN_KEY = HTTPBearer(scheme_name="AdminKey", auto_error=False,
+                       description="The orchestrator's administrator key, made by vipu-vpod init: a site administrator.")
 
 
 def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -> FastAPI:
+    """The API. Its OpenAPI document declares the KeystoneToken scheme only when Keystone is the identity."""
     app = FastAPI(title="vipu-vpod", description="Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely.")
     stored_key = orchestrator.store.setting(ADMIN_KEY_SETTING)
     asked = "a Keystone token (X-Auth-Token) or " if tokens is not None else ""
 
-    def caller_of(request: Request) -> Caller:
-        token = request.headers.get("x-auth-token", "")
+    def identify(token: str | None, bearer: HTTPAuthorizationCredentials | None) -> Caller:
+        """Run in a worker thread (FastAPI's for sync dependencies): scrypt and Keystone stay off the event loop."""
         if token and tokens is not None:
             return tokens.caller(token)
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and key and stored_key is not None and key_matches(key.strip(), stored_key):
+        if bearer is not None and bearer.credentials and stored_key is not None and key_matches(bearer.credentials.strip(), stored_key):
             return SITE_ADMINISTRATOR
         raise Unauthenticated(f"give {asked}the orchestrator's administrator key (Authorization: Bearer KEY)")
+
+    def token_or_key(token: str | None = Security(KEYSTONE_TOKEN),
+                     bearer: HTTPAuthorizationCredentials | None = Security(ADMIN_KEY)) -> Caller:
+        return identify(token, bearer)
+
+    def key_only(bearer: HTTPAuthorizationCredentials | None = Security(ADMIN_KEY)) -> Caller:
+        return identify(None, bearer)
+
+    authenticated = token_or_key if tokens is not None else key_only
 
     def refusal(error: VipuError) -> JSONResponse:
         return JSONResponse(status_code=http_status(error), content={"error": error.message})
@@ -91,65 +191,79 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -
     def refused(request: Request, error: VipuError) -> JSONResponse:
         return refusal(error)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if request.url.path in ("/openapi.json", "/docs"):
-            return await call_next(request)
-        try:  # scrypt or a call to Keystone: off the event loop
-            request.state.caller = await run_in_threadpool(caller_of, request)
-        except VipuError as error:
-            return refusal(error)
-        return await call_next(request)
+    @app.exception_handler(RequestValidationError)
+    def not_valid(request: Request, error: RequestValidationError) -> JSONResponse:
+        reasons = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}" for e in error.errors())
+        return JSONResponse(status_code=422, content={"error": f"the request is not valid: {reasons}"})
 
-    def visible(request: Request, vpod_id: str) -> Vpod:
+    @app.exception_handler(StarletteHTTPException)
+    def http_refusal(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(status_code=error.status_code, content={"error": str(error.detail)}, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    def failed(request: Request, error: Exception) -> JSONResponse:
+        return refusal(as_failure(error))
+
+    def visible(caller: Caller, vpod_id: str) -> Vpod:
         """The vPOD, if the caller may see it: another tenant's looks like one that does not exist."""
-        caller: Caller = request.state.caller
         vpod = orchestrator.store.get(vpod_id)
         if not caller.admin and vpod.tenant != caller.tenant:
             raise NotFound(f"vPOD {vpod_id} does not exist")
         return vpod
 
-    @app.post("/v1/vpods", status_code=201)
-    def create_vpod(request: Request, body: CreateVpod) -> dict:
-        caller: Caller = request.state.caller
+    @app.post("/v1/vpods", status_code=201, response_model=CreatedReply, responses=_errors(
+        status_400="A tenant, user, topology or shape that is not valid, or that the site's cables cannot form.",
+        status_403="A tenant's token asks for another tenant's vPOD.",
+        status_409="Not enough free machines side by side, or no free ports for the controller.", status_422=NOT_VALID))
+    def create_vpod(body: CreateVpod, caller: Caller = Depends(authenticated)) -> CreatedReply:
+        """Create a tenant's vPOD: its own controller, its machines, its first user (steps 1 to 3 of seed 003)."""
         if not caller.admin and body.tenant != caller.tenant:
             raise PermissionDenied(f"a token of project {caller.tenant} makes vPODs of tenant {caller.tenant} only, not {body.tenant}")
         vpod, credentials = orchestrator.create(body.tenant, body.machines, body.topology, body.ilds, body.user)
-        return {"vpod": vpod_document(vpod), "credentials": credentials_document(credentials)}
+        return CreatedReply(vpod=vpod_view(vpod), credentials=credentials_view(credentials))
 
-    @app.get("/v1/vpods")
-    def list_vpods(request: Request, tenant: str | None = None) -> dict:
-        caller: Caller = request.state.caller
+    @app.get("/v1/vpods", response_model=VpodsReply, responses=_errors(status_422=NOT_VALID))
+    def list_vpods(tenant: str | None = None, caller: Caller = Depends(authenticated)) -> VpodsReply:
+        """The vPODs not released: a tenant's own, or (for an administrator) every tenant's or `tenant`'s."""
         if not caller.admin:
             tenant = caller.tenant
-        return {"vpods": [vpod_document(v) for v in orchestrator.store.list(tenant)]}
+        return VpodsReply(vpods=[vpod_view(v) for v in orchestrator.store.list(tenant)])
 
-    @app.get("/v1/vpods/{vpod_id}")
-    def get_vpod(request: Request, vpod_id: str) -> dict:
-        return {"vpod": vpod_document(visible(request, vpod_id))}
+    @app.get("/v1/vpods/{vpod_id}", response_model=VpodReply, responses=_errors(
+        status_404="No such vPOD, or another tenant's.", status_422=NOT_VALID))
+    def get_vpod(vpod_id: str, caller: Caller = Depends(authenticated)) -> VpodReply:
+        """One vPOD, released ones too."""
+        return VpodReply(vpod=vpod_view(visible(caller, vpod_id)))
 
-    @app.get("/v1/vpods/{vpod_id}/credentials")
-    def get_credentials(request: Request, vpod_id: str) -> dict:
-        return {"credentials": credentials_document(orchestrator.credentials(visible(request, vpod_id).id))}
+    @app.get("/v1/vpods/{vpod_id}/credentials", response_model=CredentialsReply, responses=_errors(
+        status_404="No such vPOD, or another tenant's.", status_409="The vPOD is not Active.", status_422=NOT_VALID))
+    def get_credentials(vpod_id: str, caller: Caller = Depends(authenticated)) -> CredentialsReply:
+        """The tenant's first user's credentials for their controller."""
+        return CredentialsReply(credentials=credentials_view(orchestrator.credentials(visible(caller, vpod_id).id)))
 
-    @app.delete("/v1/vpods/{vpod_id}")
-    def release_vpod(request: Request, vpod_id: str) -> dict:
-        return {"vpod": vpod_document(orchestrator.release(visible(request, vpod_id).id))}
+    @app.delete("/v1/vpods/{vpod_id}", response_model=VpodReply, responses=_errors(
+        status_404="No such vPOD (or released already), or another tenant's.",
+        status_409="Another operation on the vPOD did not end in time.", status_422=NOT_VALID))
+    def release_vpod(vpod_id: str, caller: Caller = Depends(authenticated)) -> VpodReply:
+        """Release a vPOD: its partitions removed, its machines taken back clean, its controller stopped and archived."""
+        return VpodReply(vpod=vpod_view(orchestrator.release(visible(caller, vpod_id).id)))
 
-    def administrator(request: Request) -> None:
-        if not request.state.caller.admin:
+    def administrator(caller: Caller = Depends(authenticated)) -> Caller:
+        if not caller.admin:
             raise PermissionDenied("the site's machines are for its administrators")
+        return caller
 
-    @app.get("/v1/machines")
-    def list_machines(request: Request) -> dict:
-        administrator(request)
-        return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
+    @app.get("/v1/machines", response_model=MachinesReply, responses=_errors(status_403="The caller is a tenant."))
+    def list_machines(caller: Caller = Depends(administrator)) -> MachinesReply:
+        """The site's machines in rack order, the vPOD holding each, and those held back."""
+        return MachinesReply(machines=[machine_view(m) for m in orchestrator.store.machines()])
 
-    @app.post("/v1/machines/repaired")
-    def repaired_machines(request: Request, body: RepairedMachines) -> dict:
+    @app.post("/v1/machines/repaired", response_model=MachinesReply, responses=_errors(
+        status_403="The caller is a tenant.", status_404="A machine that is not the site's.",
+        status_409="A machine in a vPOD, or not held back.", status_422=NOT_VALID))
+    def repaired_machines(body: RepairedMachines, caller: Caller = Depends(administrator)) -> MachinesReply:
         """Machines held back by a failed release test go back to the pool."""
-        administrator(request)
         orchestrator.store.repaired(body.machines)
-        return {"machines": [machine_document(m) for m in orchestrator.store.machines()]}
+        return MachinesReply(machines=[machine_view(m) for m in orchestrator.store.machines()])
 
     return app

@@ -28,6 +28,7 @@ from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, repo
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.store.vpods import VpodStore
+from vipu.vpod.crash import CRASH_AT_VARIABLE, CRASH_POINTS
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
 KEY_FILE = "admin.key"
@@ -145,6 +146,9 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
     data_dir = data_dir.expanduser()
     stop = threading.Event()
     with reporting("serve"):
+        crash_at = os.environ.get(CRASH_AT_VARIABLE)
+        if crash_at is not None and crash_at not in CRASH_POINTS:
+            raise InvalidArgument(f"{CRASH_AT_VARIABLE}={crash_at} names no crash point; the points are: {', '.join(CRASH_POINTS)}")
         store = VpodStore(store_url(data_dir, db_url))
         rack = read_site(rack_path)
         store.add_machines(site_machines(rack))
@@ -219,10 +223,8 @@ def call(ctx: click.Context, method: str, path: str, body: dict | None = None) -
     except urllib.error.HTTPError as error:
         try:
             reason = json.loads(error.read()).get("error") or error.reason
-        except ValueError:
+        except (ValueError, AttributeError):  # not the API's {"error": ...}: a proxy's page, say
             reason = error.reason
-        if isinstance(reason, list):  # FastAPI's own validation errors
-            reason = "; ".join(f"{'.'.join(str(p) for p in r.get('loc', [])[1:])}: {r.get('msg')}" for r in reason)
         raise VipuError(str(reason)) from None
     except (urllib.error.URLError, OSError) as error:
         raise VipuError(f"cannot reach the orchestrator at {url}: {getattr(error, 'reason', error)}") from None

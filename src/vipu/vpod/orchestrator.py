@@ -5,7 +5,8 @@ recorded only once it is done (a compare-and-set on the step and the state). So 
 killed at any moment and started again (`resume`) finishes every creation and release under
 way, and the invariants hold throughout: a machine belongs to at most one vPOD (the store's
 row), an Active vPOD has its controller running (the supervisor), and a controller runs only for
-a vPOD that is not released. One orchestrator works on a store at a time.
+a vPOD that is not released. One orchestrator works on a store at a time. `vipu.vpod.crash`
+names the points, after each step, at which the crash tests kill it.
 
 Creation: reserved (the machines, with the vPOD's row, in one transaction) -> prepared (the
 controller's directory, store, certificates) -> started -> handed (each machine's agent
@@ -16,6 +17,9 @@ Release: emptied (every partition and cluster removed in the tenant's controller
 failing test names are held back from the pool) -> taken back (each machine held by the
 orchestrator again, cleared) -> stopped -> archived (the controller's directory kept under
 archive/) -> released (the machines free, in one transaction).
+A creation that fails, whatever the reason, gives its machines back: the vPOD is marked Failed
+with the reason, then undone by the release's steps (nothing to empty or test: no tenant had it),
+ending Released with that reason kept. An undoing cut short is finished by `resume`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from vipu.model.entities import IldTopology, check_id
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
 from vipu.store.vpods import SiteMachine, Vpod, VpodStore
 from vipu.vpod.agents import SiteAgents
+from vipu.vpod.crash import crash_point
 from vipu.vpod.site import pick_machines
 from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
 
@@ -114,6 +119,7 @@ class Orchestrator:
                         raise
                     continue
                 log.info("vPOD %s of tenant %s: machines %s reserved", vpod.id, tenant, ", ".join(machines))
+                crash_point("create:reserved")
                 self._continue_create(vpod)
                 return self.store.get(vpod.id), self.credentials(vpod.id)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -130,11 +136,28 @@ class Orchestrator:
                 self.store.advance(vpod.id, vpod.step, step, expected_state="Creating", state="Active" if step == "active" else None)
                 vpod.step = step
                 log.info("vPOD %s: %s", vpod.id, step)
+                crash_point(f"create:{step}")
+        except Exception as error:  # noqa: BLE001 - whatever stops a creation, its machines go back
+            failure = as_failure(error)
+            self._give_back(vpod, failure)
+            raise failure from None
+
+    def _give_back(self, vpod: Vpod, failure: VipuError) -> None:
+        """Mark a creation that failed Failed, with the reason, and undo it: its machines taken
+        back and cleared, its controller stopped and archived, the vPOD Released. Unless a release
+        (or another orchestrator) has the vPOD by now: then that one ends it."""
+        log.warning("vPOD %s failed after step %s: %s", vpod.id, vpod.step, failure.message)
+        try:
+            self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Creating", state="Failed", error=failure.message)
         except VipuError as error:
-            with contextlib.suppress(ConcurrentUpdate):  # released meanwhile: nothing to mark
-                self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Creating", state="Failed", error=error.message)
-            log.warning("vPOD %s failed at step %s: %s", vpod.id, vpod.step, error.message)
-            raise
+            log.warning("vPOD %s: not marked Failed (%s); whoever has it now ends it", vpod.id, error.message)
+            return
+        vpod.state, vpod.error = "Failed", failure.message
+        try:
+            self._continue_release(vpod)
+        except VipuError as error:
+            log.warning("vPOD %s: its machines are not all given back yet (%s); the next start of vipu-vpod, or "
+                        "vipu-vpod release %s, finishes it", vpod.id, error.message, vpod.id)
 
     def _free_ports(self) -> list[int]:
         """Three consecutive ports from the base that no vPOD has and nothing listens on."""
@@ -165,6 +188,7 @@ class Orchestrator:
                     continue
                 grant = self.agents.grant(machine, controller_name(vpod.id))
                 admin.create_agent(machine.name, machine.host, machine.port, takeover_grant=grant)
+                crash_point("create:handing")
 
     def _configure(self, vpod: Vpod) -> None:
         with self.tenants.admin(vpod.id) as admin:
@@ -209,25 +233,37 @@ class Orchestrator:
         with self._alone(vpod_id):
             vpod = self.store.start_release(vpod_id, test=self.test_on_release)
             log.info("vPOD %s: releasing, from step %s", vpod_id, vpod.step)
+            crash_point("release:begun")
             self._continue_release(vpod)
         return self.store.get(vpod_id)
 
     def _continue_release(self, vpod: Vpod) -> None:
+        """The release's steps from the one after the last recorded, for a vPOD Releasing, or Failed
+        (a failed creation undone: its error, the creation's reason, is kept)."""
         steps = {"emptied": self._empty, "tested": self._test, "taken-back": self._take_back, "stopped": self._stop,
                  "archived": self._archive}
+        releasing = vpod.state == "Releasing"
+        if not releasing:  # a failed creation: no tenant had the vPOD, so nothing of theirs to empty or test
+            steps.update(emptied=_nothing, tested=_nothing)
         first = RELEASE_STEPS.index(vpod.step) + 1 if vpod.step in RELEASE_STEPS else 0
         for step in RELEASE_STEPS[first:]:
             try:
                 steps[step](vpod)
-            except VipuError as error:  # stays Releasing, saying why; a later release or restart tries again
-                with contextlib.suppress(ConcurrentUpdate):
-                    self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Releasing", error=error.message)
-                raise
-            self.store.advance(vpod.id, vpod.step, step, expected_state="Releasing", error="")
+            except Exception as error:  # noqa: BLE001 - it stays where it is, saying why; a later release or restart tries again
+                failure = as_failure(error)
+                if releasing:
+                    try:
+                        self.store.advance(vpod.id, vpod.step, vpod.step, expected_state="Releasing", error=failure.message)
+                    except VipuError as unrecorded:
+                        log.warning("vPOD %s: the reason its release stopped is not recorded: %s", vpod.id, unrecorded.message)
+                raise failure from None
+            self.store.advance(vpod.id, vpod.step, step, expected_state=vpod.state, error="" if releasing else None)
             vpod.step = step
             log.info("vPOD %s: %s", vpod.id, step)
+            crash_point(f"release:{step}")
         self.store.finish_release(vpod.id, vpod.step)
         log.info("vPOD %s released; machines %s are free", vpod.id, ", ".join(vpod.machines))
+        crash_point("release:released")
 
     def _empty(self, vpod: Vpod) -> None:
         """Remove the tenant's partitions through their controller, so its store says what the
@@ -272,6 +308,7 @@ class Orchestrator:
     def _take_back(self, vpod: Vpod) -> None:
         for machine in self._machines(vpod):
             self.agents.take_back(machine)
+            crash_point("release:taking-back")
 
     def _stop(self, vpod: Vpod) -> None:
         self.tenants.stop(vpod.id)
@@ -296,6 +333,9 @@ class Orchestrator:
                     elif vpod.state == "Releasing":
                         log.info("vPOD %s: resuming its release after step %s", vpod.id, vpod.step)
                         self._continue_release(vpod)
+                    elif vpod.state == "Failed":
+                        log.info("vPOD %s: giving back the machines of its failed creation, after step %s", vpod.id, vpod.step)
+                        self._continue_release(vpod)
                     elif vpod.state == "Active":
                         self.tenants.start(vpod)
             except VipuError as error:
@@ -317,6 +357,7 @@ def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterT
         under_way = None
     if under_way is None or (under_way.cluster_id, under_way.state) != (cluster_id, "running"):
         admin.test_cluster(cluster_id, wait=False)
+        crash_point("release:testing")
     deadline = time.monotonic() + RELEASE_TEST_DEADLINE_SECONDS
     while True:
         report = admin.cluster_test_progress()
@@ -329,6 +370,20 @@ def _run_cluster_test(admin: AdminClient, cluster_id: str) -> admin_pb2.ClusterT
                 admin.stop_cluster_test()
             raise Unavailable(f"the cluster test did not end within {RELEASE_TEST_DEADLINE_SECONDS:.0f} s")
         time.sleep(0.2)
+
+
+def _nothing(vpod: Vpod) -> None:
+    """A step with nothing to do for this vPOD, recorded all the same."""
+
+
+def as_failure(error: Exception) -> VipuError:
+    """What a caller is told of an error, in one line: a VipuError as it is; anything else (a
+    fault of vipu-vpod's own) as an internal error naming its kind, logged whole."""
+    if isinstance(error, VipuError):
+        return error
+    log.error("internal error", exc_info=error)
+    first = next((line for line in str(error).splitlines() if line.strip()), "no reason given")
+    return VipuError(f"internal error of vipu-vpod ({type(error).__name__}): {first.strip()}")
 
 
 def _names(line: str, machine: str) -> bool:

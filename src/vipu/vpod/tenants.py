@@ -7,7 +7,8 @@ controller runs is the runner's business:
 
 - `LocalControllers` (the embedded default): processes on this host, in sessions of their own,
   with the store (SQLite), log and process id in that directory. They outlive an orchestrator
-  that stops or dies, and a new one adopts them by their process ids.
+  that stops or dies, and a new one adopts them by their process ids, or, when one died before
+  writing the id down, by the `--data-dir` its command line names.
 - `vipu.vpod.kubernetes.KubernetesControllers`: a Deployment per vPOD, its store a PostgreSQL
   database of its own.
 
@@ -35,6 +36,7 @@ from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.errors import Unavailable, VipuError
 from vipu.store.vpods import Vpod
+from vipu.vpod.crash import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -237,19 +239,24 @@ class LocalControllers(TenantControllers):
 
     def _pid(self, vpod_id: str) -> int | None:
         """The controller's process id while it runs: a child of ours, or one an earlier
-        orchestrator started (known by its pid file and its command line naming the directory)."""
+        orchestrator started, known by its pid file; failing that, any process serving the vPOD's
+        directory (one whose starter died before writing its pid file), adopted."""
         child = self._children.get(vpod_id)
-        if child is not None:
-            return child.pid if child.poll() is None else None
+        if child is not None and child.poll() is None:
+            return child.pid
+        directory = self.directory(vpod_id)
         try:
-            pid = int((self.directory(vpod_id) / "controller.pid").read_text())
-            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            pid: int | None = int((directory / "controller.pid").read_text())
         except (OSError, ValueError):
-            return None
-        data_dir = str(self.directory(vpod_id)).encode()
-        if not any(a == b"--data-dir" and b == data_dir for a, b in itertools.pairwise(arguments)) or _zombie(pid):
-            return None  # the number went to another process, or that one died
-        return pid
+            pid = None
+        if pid is not None and _serves(pid, directory):
+            return pid
+        orphan = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _serves(int(p.name), directory)), None)
+        if orphan is not None:
+            log.warning("vPOD %s: adopting its controller, process %d, which no pid file named", vpod_id, orphan)
+            with contextlib.suppress(OSError):  # the pid file only spares the next look a search
+                write_file(directory / "controller.pid", str(orphan).encode())
+        return orphan
 
     def alive(self, vpod_id: str) -> bool:
         return self._pid(vpod_id) is not None
@@ -270,6 +277,7 @@ class LocalControllers(TenantControllers):
                  "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
         self._children[vpod.id] = process
+        crash_point("controller:launched")
         write_file(directory / "controller.pid", str(process.pid).encode())
         log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
 
@@ -294,6 +302,17 @@ class LocalControllers(TenantControllers):
     def _reap(self) -> None:
         for child in list(self._children.values()):
             child.poll()  # reaps one that ended
+
+
+def _serves(pid: int, directory: Path) -> bool:
+    """Whether the process is alive and a controller of that data directory (its command line
+    names it): not a number that went to another process since."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    data_dir = str(directory).encode()
+    return any(a == b"--data-dir" and b == data_dir for a, b in itertools.pairwise(arguments)) and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:

@@ -60,3 +60,12 @@ def test_controllers_stay_where_the_live_vpods_have_theirs_until_those_are_relea
                       "postgresql://u@h/postgres")
     assert code == 1 and "cannot reach Kubernetes" in err and len(err.splitlines()) == 1  # past the runner: no cluster here
     assert store.setting("runner") == "kubernetes:vpods"
+
+
+def test_a_crash_point_that_does_not_exist_is_refused_before_anything_is_served(tmp_path, monkeypatch):
+    """A misspelt point would let a crash test's orchestrator run on, never killed where asked."""
+    monkeypatch.setenv("VIPU_VPOD_CRASH_AT", "create:handled")
+    code, err = serve(tmp_path)
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("serve: failed: VIPU_VPOD_CRASH_AT=create:handled names no crash point; the points are: create:reserved, ")
+    assert not (tmp_path / "data" / "vpod.db").exists()
