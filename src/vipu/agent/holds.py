@@ -13,8 +13,8 @@ every partition of the machine, so nothing the old holder applied stays configur
 is used once (and expires within a minute).
 
 The holder, and the grants used that have not expired, are kept in a file so that a restarted
-agent still knows them. On a plaintext link
-nobody is known, so nothing is held or refused: that is what secure mode is for.
+agent still knows them. On a plaintext link nobody is known, so nothing is held or refused: that
+is what secure mode is for.
 """
 
 from __future__ import annotations
