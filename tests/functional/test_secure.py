@@ -80,14 +80,21 @@ def test_a_secure_controller_without_the_agent_links_certificates_refuses_to_sta
     made = subprocess.run([str(BIN / "vipu-server"), "--init", "--secure", "--db", db, "--default-user-id", "ops"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert made.returncode == 0, made.stderr
-    shutil.rmtree(tmp_path / "vipu-certs" / "controller")
+    for made_since in ("controller", "agents"):  # as a directory made before the agent link had certificates of its own
+        shutil.rmtree(tmp_path / "vipu-certs" / made_since)
     started = subprocess.run([str(BIN / "vipu-server"), "--secure", "--db", db, "--port", str(free_port()),
                               "--admin-port", str(free_port()), "--metrics-port", "0"],
                              capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert started.returncode == 2
     assert started.stderr.splitlines() == [
-        "vipu-server: secure mode needs the agent link's certificates in vipu-certs/agents and vipu-certs/controller; "
-        "'vipu-server --init --secure --tls-dir vipu-certs' makes them"]
+        "vipu-server: secure mode needs the agent link's certificate in vipu-certs/controller, and its agents those in "
+        "vipu-certs/agents; 'vipu-server --init --secure --tls-dir vipu-certs' makes them"]
+    mended = subprocess.run([str(BIN / "vipu-server"), "--init", "--secure", "--db", db], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)  # as the refusal says: the other certificates and the users are kept
+    assert mended.stdout.splitlines()[1:] == [
+        "Using the TLS certificates in the directory: vipu-certs",
+        "Generated agent link TLS certificates in the directories: vipu-certs/agents, vipu-certs/controller",
+        "An administrator exists already; no default user was created."], mended.stdout
 
 
 def test_users_get_a_key_once_and_a_configuration_file_that_works(pod, tenants):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
+from vipu.api.status import service_and_method
 from vipu.backends.base import MachineBackend
 from vipu.model.errors import Unavailable
 
@@ -44,8 +45,7 @@ class MachineMetrics:
         )
 
     def count_malformed(self, method_path: str) -> None:
-        service, _, method = method_path.lstrip("/").partition("/")
-        self.malformed.labels(service, method).inc()
+        self.malformed.labels(*service_and_method(method_path)).inc()
 
     def serve(self, host: str, port: int) -> None:
         try:

@@ -157,7 +157,11 @@ class MachineHold:
             clear_all()  # outside the lock, nothing else admitted meanwhile
             with self._changed:
                 self._used_grants[used] = expires
-                self._keep(caller)
+                try:
+                    self._keep(caller)
+                except Unavailable:  # not recorded: the machine is cleared, but the grant may take it yet
+                    del self._used_grants[used]
+                    raise
         finally:
             with self._changed:
                 self._taking = False

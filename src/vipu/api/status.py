@@ -34,6 +34,12 @@ _CODES: list[tuple[type[errors.VipuError], grpc.StatusCode]] = [
 ]
 
 
+def service_and_method(method_path: str) -> tuple[str, str]:
+    """gRPC's '/package.Service/Method' as the labels of a metric: ('package.Service', 'Method')."""
+    service, _, method = method_path.lstrip("/").partition("/")
+    return service, method
+
+
 def one_line(message: str) -> str:
     """The message with control characters (from names a caller sent, say) escaped: a refusal is one line."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)

@@ -19,6 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 
+from vipu.api.status import service_and_method
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
 from vipu.model.errors import Unavailable
 from vipu.store.store import Store
@@ -81,13 +82,12 @@ class ControllerMetrics:
 
     def observe(self, method_path: str, code: str, seconds: float) -> None:
         """Record one call; `method_path` is gRPC's '/package.Service/Method'."""
-        service, _, method = method_path.lstrip("/").partition("/")
+        service, method = service_and_method(method_path)
         self.requests.labels(service, method, code).inc()
         self.latency.labels(service, method).observe(seconds)
 
     def count_malformed(self, method_path: str) -> None:
-        service, _, method = method_path.lstrip("/").partition("/")
-        self.malformed.labels(service, method).inc()
+        self.malformed.labels(*service_and_method(method_path)).inc()
 
     def count_failed_login(self, reason: str) -> None:
         self.failed_logins.labels(reason).inc()

@@ -68,7 +68,7 @@ class ServerConfig:
     ha_lease_seconds: float = 0.0  # above 0: one of several replicas, leading while it holds the store's lease
     advertise_address: str = ""  # how clients reach this replica, as a standby tells them of the leader
     login_failures: int = 10  # failed logins of one user from one address within login_lockout that lock it out there; 0: never
-    login_failures_per_address: int = 100  # of any users, that lock out an address but for users proven from it; 0: never
+    login_failures_per_address: int = 0  # of any users, that lock out an address but for users proven from it; 0: never
     login_lockout: float = 60.0
 
 
@@ -80,8 +80,8 @@ def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
         return None
     files = TlsFiles(config.tls_dir)
     if not files.has_agent_link:
-        raise InvalidArgument(f"secure mode needs the agent link's certificates in {files.agents_dir} and {files.controller_dir}; "
-                              f"'vipu-server --init --secure --tls-dir {files.root}' makes them")
+        raise InvalidArgument(f"secure mode needs the agent link's certificate in {files.controller_dir}, and its agents those in "
+                              f"{files.agents_dir}; 'vipu-server --init --secure --tls-dir {files.root}' makes them")
     return agent_channel_credentials(files)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from vipu.model.entities import shown
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, Unavailable
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, checked_url
 
@@ -252,7 +253,7 @@ class VpodStore:
         with self.session() as session:
             row = session.get(VpodRow, vpod_id)
             if row is None:
-                raise NotFound(f"vPOD {vpod_id} does not exist")
+                raise NotFound(f"vPOD {shown(vpod_id)} does not exist")
             return _vpod(row)
 
     def list(self, tenant: str | None = None, with_released: bool = False) -> list[Vpod]:
@@ -285,7 +286,7 @@ class VpodStore:
         with self.session() as session:
             row = session.get(VpodRow, vpod_id)
             if row is None or row.state == "Released":
-                raise NotFound(f"vPOD {vpod_id} does not exist")
+                raise NotFound(f"vPOD {shown(vpod_id)} does not exist")
             row.state = "Releasing"
             row.release_test = bool(row.release_test) or test
             return _vpod(row)

@@ -25,10 +25,11 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vipu.client.retry import http_status
+from vipu.model.entities import shown
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
 from vipu.store.vpods import SiteMachine, Vpod
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
-from vipu.vpod.orchestrator import Credentials, Orchestrator, as_failure
+from vipu.vpod.orchestrator import Credentials, Orchestrator
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"
@@ -202,13 +203,15 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -
 
     @app.exception_handler(Exception)
     def failed(request: Request, error: Exception) -> JSONResponse:
-        return refusal(as_failure(error))
+        """One line naming the kind of fault, not its text, which may say more than a caller should
+        hear; Starlette raises the error again once this answered, and the server logs it whole."""
+        return refusal(VipuError(f"internal error of vipu-vpod ({type(error).__name__}); its log says more"))
 
     def visible(caller: Caller, vpod_id: str) -> Vpod:
         """The vPOD, if the caller may see it: another tenant's looks like one that does not exist."""
         vpod = orchestrator.store.get(vpod_id)
         if not caller.admin and vpod.tenant != caller.tenant:
-            raise NotFound(f"vPOD {vpod_id} does not exist")
+            raise NotFound(f"vPOD {shown(vpod_id)} does not exist")
         return vpod
 
     @app.post("/v1/vpods", status_code=201, response_model=CreatedReply, responses=_errors(

@@ -182,3 +182,21 @@ def test_a_holder_that_cannot_be_recorded_is_refused_in_one_line_and_not_held(tm
     with pytest.raises(Unavailable, match="cannot record the holder of machine m01"):
         configure(machine, "ctl-a")
     assert machine.holder == ""
+
+
+def test_a_takeover_that_cannot_be_recorded_leaves_its_grant_good_for_another_try(tmp_path, monkeypatch):
+    machine = hold(tmp_path)
+    configure(machine, "ctl-a")
+    grant, clear_all = grants.sign(SITE_KEY, SITE_CERT, "SN1", "ctl-b"), mock.Mock()
+    real_write = holds.write_file
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(holds, "write_file", full_disk)
+    with pytest.raises(Unavailable, match="cannot record the holder of machine m01"):
+        machine.claim("ctl-b", grant, "SN1", clear_all)
+    assert machine.holder == "ctl-a"
+    monkeypatch.setattr(holds, "write_file", real_write)
+    assert machine.claim("ctl-b", grant, "SN1", clear_all) == "ctl-a"
+    assert hold(tmp_path).holder == "ctl-b"

@@ -67,7 +67,8 @@ def failed_machines(service: PartitionService, partition: Partition) -> set[str]
 
 class FailedBefore:
     """The machines each partition was moved off because they failed it, by partition and attach
-    key (a partition made again under the same id starts afresh); forgotten with the partition."""
+    key (a partition made again under the same id starts afresh). Partitions gone are forgotten
+    whenever another is added, so it holds at most the partitions that live."""
 
     def __init__(self) -> None:
         self._machines: dict[tuple[str, str], set[str]] = {}

@@ -56,9 +56,9 @@ from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger(__name__)
 
-# Shapes of request whose reason one pass works out for the requests behind the first: requests
-# of one shape (size, GCDs, segments, routings, explicit IPUs) share it, so this bounds the cost
-# only when over this many differently shaped requests wait; those beyond are told their place.
+# Shapes of request whose reason one pass works out for the requests behind the first: requests of
+# one shape (size, GCDs, segments, routings, explicit IPUs or index) share it, so this bounds the
+# cost only when over this many differently shaped requests wait; those beyond are told their place.
 EXPLAINED_SHAPES = 64
 GRANT_WORKERS = 4
 # How long a cancel waits for an operation holding its partition id (its grant under way).
@@ -403,7 +403,7 @@ class RequestService:
                 where = f"first in the queue, {span(layout, held)} held for it" if held else "first in the queue"
                 reasons[request.partition_id] = f"{where}; {verdict(r, Occupancy(holders))}"
                 continue
-            shape = (r.size, r.num_gcds, r.num_segments, r.ipulink_routing, r.gw_routing, r.explicit_ipus)
+            shape = (r.size, r.num_gcds, r.num_segments, r.ipulink_routing, r.gw_routing, r.explicit_ipus, r.index)
             if shape not in verdicts and len(verdicts) < EXPLAINED_SHAPES:
                 verdicts[shape] = verdict(r, behind_first)
             where = f"number {position} in the queue, behind {first.partition_id} ({first.size} IPUs)"

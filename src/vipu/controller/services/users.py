@@ -56,8 +56,9 @@ class LoginThrottle:
       other users behind the same address (a NAT, the Kubernetes proxy, the dashboard) go on;
     - `address_limit` failures from one address, whatever users they named: the address is
       refused for `lockout` seconds for every user not proven from it (who logged in from it in
-      the last PROVEN_SECONDS), so trying many users' keys is slowed too, while the users working
-      through a shared address go on.
+      the last PROVEN_SECONDS, as this process remembers), so trying many users' keys is slowed
+      too. Off unless asked for: at an address many users share (the dashboard, a NAT) anyone
+      could lock out every user not proven there, and after a restart nobody is.
 
     A success forgets that user's failures at that address. A limit of 0 turns it off. Refusals
     by a lockout cost no scrypt and are not logged one by one: the log says when a lockout starts.
@@ -66,7 +67,7 @@ class LoginThrottle:
     TRACKED = 10_000  # beyond this many entries, those whose time has passed are forgotten
     PROVEN_SECONDS = 24 * 3600.0
 
-    def __init__(self, limit: int = 10, lockout: float = 60.0, address_limit: int = 100,
+    def __init__(self, limit: int = 10, lockout: float = 60.0, address_limit: int = 0,
                  clock: typing.Callable[[], float] = time.monotonic):
         self.limit, self.lockout, self.address_limit, self.clock = limit, lockout, address_limit, clock
         self._failures: dict[tuple[str, str], collections.deque[float]] = {}  # (address, user) -> when
@@ -89,7 +90,8 @@ class LoginThrottle:
             address_wait = self._locked_until.get((address, ""), 0.0) - now
             proven = self._proven.get((address, user_id), -self.PROVEN_SECONDS) > now - self.PROVEN_SECONDS
         if user_wait > 0:
-            raise Unauthenticated(f"too many failed logins for user {user_id} from this address; try again in {user_wait:.0f} s")
+            raise Unauthenticated(f"too many failed logins for user {shown(user_id)} from this address; "
+                                  f"try again in {user_wait:.0f} s")
         if address_wait > 0 and not proven:
             raise Unauthenticated(f"too many failed logins from this address; try again in {address_wait:.0f} s")
 
@@ -239,7 +241,7 @@ class UserService:
         log.warning("authentication of user %s from %s refused: %s", quoted(user_id), peer or "?", reason)
         self.count_refusal("invalid credentials")  # never which: the metrics end-point checks nobody
         self.throttle.failed(peer, user_id)
-        raise Unauthenticated(f"invalid user id or access key for user {user_id}")
+        raise Unauthenticated(f"invalid user id or access key for user {shown(user_id)}")
 
     def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
         fingerprint = hashlib.sha256(key.encode()).digest()
