@@ -4,17 +4,25 @@ They are taken below the kernel's ephemeral range, which it hands out as the loc
 outgoing connection on the machine: a port from that range, free when probed, could be taken by
 some connection before the server it was meant for binds it (a pod of 1,024 machines binds its
 ports over many seconds, while other processes connect). Each session starts at a random place in
-the range below, so that sessions running side by side rarely probe the same ports.
+the range below, so that sessions running side by side rarely probe the same ports; the workers
+of one run (pytest-xdist, as scripts/test runs the suite) each take a share of their own, so they
+never do. The ports the README's walk-throughs use as written are never handed out, as those
+walk-throughs may run meanwhile (test_readme.py).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 SPAN = 12_000
+# vipu-server's and vipu-vpod's default ports, and the simulated pods' from their default base
+# ports (18101, and 18301 for the vPOD walk-through): agents, IPUoF, RDMA and exporters.
+WALKTHROUGH_PORTS = frozenset({*range(8090, 8096), *range(9100, 9103),
+                               *(port for offset in (0, 2000, 4000, 6000) for port in range(18101 + offset, 18401 + offset))})
 
 _handed_out: set[int] = set()
 
@@ -27,7 +35,15 @@ def _below_ephemeral() -> range:
     return range(max(1024, low - SPAN), low)
 
 
-_PORTS = _below_ephemeral()
+def _share(ports: range) -> range:
+    """This pytest-xdist worker's share of the ports (all of them outside xdist)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = len(ports) // workers
+    return range(ports.start + worker * size, ports.start + (worker + 1) * size)
+
+
+_PORTS = _share(_below_ephemeral())
 _next = random.randrange(len(_PORTS))
 
 
@@ -37,7 +53,7 @@ def free_port() -> int:
     for _ in range(len(_PORTS)):
         port = _PORTS[_next % len(_PORTS)]
         _next += 1
-        if port in _handed_out:
+        if port in _handed_out or port in WALKTHROUGH_PORTS:
             continue
         with socket.socket() as probe:
             try:
@@ -51,9 +67,10 @@ def free_port() -> int:
 
 def free_run(count: int) -> int:
     """A base port for `vipu-server --sim COUNT --sim-base-port`: `count` free ports from it and
-    from 6000 above it (agents and their exporters)."""
+    from 6000 above it (agents and their exporters). Above free_port's ports, in this worker's share."""
+    bases = _share(range(33000, 40000))
     for _ in range(100):
-        base = random.randrange(30000, 40000)
+        base = random.randrange(bases.start, bases.stop)
         try:
             for port in [*range(base, base + count), *range(base + 6000, base + 6000 + count)]:
                 with socket.socket() as probe:
