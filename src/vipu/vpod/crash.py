@@ -21,6 +21,8 @@ import logging
 import os
 import signal
 
+from vipu.model.errors import InvalidArgument
+
 CRASH_AT_VARIABLE = "VIPU_VPOD_CRASH_AT"
 CREATE_POINTS = ("create:reserved", "create:prepared", "controller:launched", "create:started", "create:handing", "create:handed",
                  "create:configured", "create:active")  # in the order a creation reaches them
@@ -36,3 +38,11 @@ def crash_point(point: str) -> None:
     if os.environ.get(CRASH_AT_VARIABLE) == point:
         log.warning("crash point %s reached: SIGKILL", point)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_setting() -> None:
+    """Refuse, in one line, an environment naming a point that does not exist: a test asking
+    for it would otherwise run without ever crashing."""
+    point = os.environ.get(CRASH_AT_VARIABLE)
+    if point is not None and point not in CRASH_POINTS:
+        raise InvalidArgument(f"{CRASH_AT_VARIABLE}={point} names no crash point; the points are: {', '.join(CRASH_POINTS)}")

@@ -28,7 +28,7 @@ from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, repo
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.store.vpods import VpodStore
-from vipu.vpod.crash import CRASH_AT_VARIABLE, CRASH_POINTS
+from vipu.vpod import crash
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
 KEY_FILE = "admin.key"
@@ -146,9 +146,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
     data_dir = data_dir.expanduser()
     stop = threading.Event()
     with reporting("serve"):
-        crash_at = os.environ.get(CRASH_AT_VARIABLE)
-        if crash_at is not None and crash_at not in CRASH_POINTS:
-            raise InvalidArgument(f"{CRASH_AT_VARIABLE}={crash_at} names no crash point; the points are: {', '.join(CRASH_POINTS)}")
+        crash.check_setting()
         store = VpodStore(store_url(data_dir, db_url))
         rack = read_site(rack_path)
         store.add_machines(site_machines(rack))

@@ -129,7 +129,8 @@ class LoginThrottle:
         address = self.address(peer)
         with self._lock:
             self._failures.pop((address, user_id), None)
-            self._proven[(address, user_id)] = self.clock()
+            if self.address_limit:  # who is proven where matters only to the address lockout
+                self._proven[(address, user_id)] = self.clock()
 
     def _forget_expired(self, now: float) -> None:
         stale = now - self.lockout
