@@ -168,6 +168,41 @@ def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked
     assert [4, 8, 32] in [sorted(sizes) for sizes in passes]  # the pass that explained the whole queue
 
 
+def test_two_passes_ending_together_work_out_the_reasons_one_at_a_time(pod, monkeypatch):
+    pod.partitions.create(PartitionRequest("whole", 32))
+    requests = RequestService(pod.partitions)  # passes only when called
+    queue_up(requests, "r", 4)
+    inside, most_inside, second_came = [0], [0], threading.Event()
+    count = threading.Lock()
+    real_place = requests_module.place_partition
+
+    def place(*args, **kwargs):
+        with count:
+            inside[0] += 1
+            most_inside[0] = max(most_inside[0], inside[0])
+            if inside[0] > 1:
+                second_came.set()
+        second_came.wait(1.0)  # the first pass stays inside until a second joins it, or a second has gone by
+        try:
+            return real_place(*args, **kwargs)
+        finally:
+            with count:
+                inside[0] -= 1
+
+    monkeypatch.setattr(requests_module, "place_partition", place)
+
+    def a_pass():
+        requests._explained.clear()  # as after a change of the queue: the reasons are worked out again
+        requests.dispatch("a1")
+
+    with ThreadPoolExecutor(2) as passes:
+        for done in [passes.submit(a_pass), passes.submit(a_pass)]:
+            done.result(timeout=10)
+    assert most_inside == [1]
+    assert requests.list()[0].reason.startswith("first in the queue")
+    requests.close()
+
+
 def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod):
     before = Dispatching(pod.partitions)
     pod.partitions.create(PartitionRequest("x", 16))

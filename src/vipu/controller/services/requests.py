@@ -103,6 +103,9 @@ class RequestService:
         self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
         self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
+        # A create's own pass and the dispatcher's may end together: one at a time works out the
+        # reasons, so the last written are from the latest look at the ledger, never an older one.
+        self._explaining = threading.Lock()
         self._holds_unrecorded: set[str] = set()  # first requests whose held IPUs the store does not have yet
 
     def close(self) -> None:
@@ -353,9 +356,10 @@ class RequestService:
                 changed = first is not None and admission.held != first.held
                 if first is not None and changed:
                     self.queue.hold(first.partition_id, admission.held)
-            if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
-                self._explain(allocation, layout, allowed, admission.held)
-                self._explained[allocation_id] = seen
+            with self._explaining:
+                if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
+                    self._explain(allocation, layout, allowed, admission.held)
+                    self._explained[allocation_id] = seen
             if first is not None and (changed or first.partition_id in self._holds_unrecorded):
                 self._record_hold(first, admission.held)
         finally:
