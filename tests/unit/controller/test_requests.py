@@ -168,6 +168,19 @@ def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked
     assert [4, 8, 32] in [sorted(sizes) for sizes in passes]  # the pass that explained the whole queue
 
 
+def test_requests_alike_but_for_their_index_are_each_told_what_stands_in_their_own_place(pod, queued):
+    for number in range(1, 9):
+        pod.partitions.create(on_machine(number))
+    first = PartitionRequest("first", 8, cluster_id="cl0", explicit_ipus=tuple((0, 24 + i) for i in range(8)))  # ag7-ag8
+    assert isinstance(queued.create(first, wait_seconds=60), Waiting)
+    for index in (0, 1):  # the index-th run of 4 IPUs of the allocation: ag1's, then ag2's
+        assert isinstance(queued.create(PartitionRequest(f"at{index}", 4, reconfigurable=True, index=index), wait_seconds=60), Waiting)
+    until(queued, lambda: all("; " in w.reason for w in queued.list()))
+    reasons = {w.request.partition_id: w.reason for w in queued.list()}
+    assert reasons["at0"].endswith("it fits when on-ag1 is removed"), reasons["at0"]
+    assert reasons["at1"].endswith("it fits when on-ag2 is removed"), reasons["at1"]
+
+
 def test_two_passes_ending_together_work_out_the_reasons_one_at_a_time(pod, monkeypatch):
     pod.partitions.create(PartitionRequest("whole", 32))
     requests = RequestService(pod.partitions)  # passes only when called
