@@ -74,7 +74,7 @@ def test_an_agent_that_stops_answering_is_shown_down_and_blocks_its_partitions(p
 
 def test_the_machines_of_a_partition_are_configured_and_cleared_together(pod):
     pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
-    delay = 0.5  # each machine's apply and clear; one after another, eight of them would take 4 s
+    delay = 2.0  # each machine's apply and clear; one after another, eight of them would take 16 s
     pod.edit_rack(lambda rack: [faults.slow_down(rack, m.name, int(delay * 1000)) for m in rack.machines])
     api = pb_grpc.UserServiceStub(pod._channel(pod.user_port))
     began = time.monotonic()

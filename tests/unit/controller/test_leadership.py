@@ -16,11 +16,11 @@ LEASE = 0.6
 
 
 class Replica:
-    def __init__(self, store_url: str, name: str):
+    def __init__(self, store_url: str, name: str, lease: float = LEASE):
         self.store = Store(store_url)
         self.elected, self.deposed = threading.Event(), threading.Event()
         self.reasons: list[str] = []
-        self.leadership = Leadership(self.store, name, LEASE, on_elected=self._elected, on_deposed=self._deposed)
+        self.leadership = Leadership(self.store, name, lease, on_elected=self._elected, on_deposed=self._deposed)
 
     def _elected(self) -> None:
         self.leadership.serving()
@@ -39,8 +39,8 @@ class Replica:
 def replicas(store_url):
     made: list[Replica] = []
 
-    def make(name: str) -> Replica:
-        made.append(Replica(store_url, name))
+    def make(name: str, lease: float = LEASE) -> Replica:
+        made.append(Replica(store_url, name, lease))
         return made[-1]
 
     yield make
@@ -73,12 +73,13 @@ def test_the_first_replica_leads_and_the_second_stands_by_naming_it(replicas):
 
 
 def test_a_leader_stopping_hands_over_without_waiting_for_its_lease(replicas):
-    first, second = replicas("first"), replicas("second")
+    lease = 6.0  # renewed every 2 s: unreleased, it would last 4 s or more past the stop
+    first, second = replicas("first", lease), replicas("second", lease)
     first.leadership.start()
     assert first.elected.wait(5)
     second.leadership.start()
     first.leadership.stop()
-    assert second.elected.wait(LEASE)  # a released lease is taken at the standby's next claim
+    assert second.elected.wait(3.6)  # a released lease is taken at the standby's next claim, within 2 s
     assert first.store.read_lease(LEASE_NAME).term == 2
 
 

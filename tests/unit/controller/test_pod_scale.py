@@ -28,6 +28,7 @@ from vipu.store.store import Store
 
 MACHINES = 256
 ANSWER_SECONDS = 0.020
+HANG_SECONDS = 60.0  # what a loaded CI machine may take, far below a hang's forever
 
 
 class SlowGateway(InMemoryGateway):
@@ -65,7 +66,7 @@ def large_pod(tmp_path, store_url):
     store.close()
 
 
-def test_a_health_pass_and_four_large_creates_all_end_within_ten_seconds(large_pod):
+def test_a_health_pass_and_four_large_creates_all_end_none_waiting_on_another(large_pod):
     partitions, reconciler = large_pod
     outcomes: dict[str, object] = {}
 
@@ -81,10 +82,10 @@ def test_a_health_pass_and_four_large_creates_all_end_within_ten_seconds(large_p
     started = time.monotonic()
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(timeout=max(0.0, 10 - (time.monotonic() - started)))
+    for thread in threads:  # a hang, not a speed: they end in a second or two here (bench/ measures speed)
+        thread.join(timeout=max(0.0, HANG_SECONDS - (time.monotonic() - started)))
     stuck = [thread for thread in threads if thread.is_alive()]
-    assert not stuck, f"{len(stuck)} of 5 still running after 10 s; ended: {sorted(outcomes)}"
+    assert not stuck, f"{len(stuck)} of 5 still running after {HANG_SECONDS:g} s; ended: {sorted(outcomes)}"
     for n in range(4):
         created = outcomes[f"p{n}"]
         assert not isinstance(created, VipuError), created

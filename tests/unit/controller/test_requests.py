@@ -339,8 +339,8 @@ def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with
         with ThreadPoolExecutor(2) as pool:
             for done in [pool.submit(free), pool.submit(cancel)]:
                 done.result()
-        until(queued, lambda: queued.queue.get("r") is None and (
-            (p := pod.partitions.ledger.get("r")) is None or p.ready_state is ReadyState.ACTIVE))
+        until(queued, lambda: queued.queue.get("r") is None and not pod.partitions.holds.is_held("r") and (
+            (p := pod.partitions.ledger.get("r")) is None or p.ready_state is ReadyState.ACTIVE))  # and the grant or cancel done
         with pod.store.reading() as tx:
             assert tx.list_requests() == []
             assert [p.id for p in tx.list_partitions()] == [p.id for p in pod.partitions.list()]

@@ -337,6 +337,7 @@ def test_a_controller_stopping_mid_test_records_it_interrupted_not_finished(pod)
     assert pod.gateway.diagnosing.wait(10)
     stopping = threading.Thread(target=pod.clustertests.shutdown)
     stopping.start()
+    assert pod.clustertests._stop.wait(10)  # asked to stop while the step is in flight
     pod.gateway.step_may_go.set()  # the step in flight completes; its result must not count
     stopping.join(10)
     with pod.store.reading() as tx:
@@ -350,6 +351,7 @@ def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     assert pod.gateway.diagnosing.wait(10)
     stopping = threading.Thread(target=pod.clustertests.stop)
     stopping.start()
+    assert pod.clustertests._stop.wait(10)
     pod.gateway.step_may_go.set()
     stopping.join(10)
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):

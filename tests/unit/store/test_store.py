@@ -478,17 +478,18 @@ def test_entities_handed_out_are_copies_a_caller_may_change(populated):
 
 
 def test_one_claimant_holds_the_lease_until_it_expires_then_another_takes_it_in_a_new_term(store, store_url):
-    first = store.claim_lease("lead", "a", "host-a", 0.5)
-    assert (first.holder, first.address, first.term) == ("a", "host-a", 1) and 0 < first.remaining <= 0.5
-    other = Store(store_url)
+    other = Store(store_url)  # opened first: only the claims fall within the lease
+    lease = 2.0
     try:
-        refused = other.claim_lease("lead", "b", "host-b", 0.5)
+        first = store.claim_lease("lead", "a", "host-a", lease)
+        assert (first.holder, first.address, first.term) == ("a", "host-a", 1) and 0 < first.remaining <= lease
+        refused = other.claim_lease("lead", "b", "host-b", lease)
         assert (refused.holder, refused.term) == ("a", 1)  # b is told who leads
-        assert store.claim_lease("lead", "a", "host-a", 0.5).term == 1  # renewing keeps the term
+        assert store.claim_lease("lead", "a", "host-a", lease).term == 1  # renewing keeps the term
         wait_for(lambda: store.read_lease("lead").remaining < 0)
-        taken = other.claim_lease("lead", "b", "host-b", 0.5)
+        taken = other.claim_lease("lead", "b", "host-b", lease)
         assert (taken.holder, taken.address, taken.term) == ("b", "host-b", 2)
-        assert store.claim_lease("lead", "a", "host-a", 0.5).holder == "b"
+        assert store.claim_lease("lead", "a", "host-a", lease).holder == "b"
     finally:
         other.close()
 
