@@ -73,13 +73,13 @@ def test_the_first_replica_leads_and_the_second_stands_by_naming_it(replicas):
 
 
 def test_a_leader_stopping_hands_over_without_waiting_for_its_lease(replicas):
-    lease = 6.0  # renewed every 2 s: unreleased, it would last 4 s or more past the stop
+    lease = 6.0  # the leader renews it every 2 s: unreleased, it would last 4 s or more past the stop
     first, second = replicas("first", lease), replicas("second", lease)
     first.leadership.start()
     assert first.elected.wait(5)
     second.leadership.start()
     first.leadership.stop()
-    assert second.elected.wait(3.6)  # a released lease is taken at the standby's next claim, within 2 s
+    assert second.elected.wait(3.6)  # a released lease is taken at the standby's next claim, within a second
     assert first.store.read_lease(LEASE_NAME).term == 2
 
 
