@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import sync_playwright
@@ -480,6 +481,33 @@ def test_in_secure_mode_a_wrong_key_is_refused_and_a_user_sees_only_their_alloca
         assert owners(administrator) == {"pa": "alice", "pc": "admin"}
     finally:
         browser.close()
+
+
+def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_only_the_guessing_browser(secure_dashboard):
+    pod, _, _ = secure_dashboard
+    assert pod.admin("create", "user", "erin", "--allocations", "a1").code == 0
+    key = key_in(pod, "erin")
+    authority = ssl.create_default_context(cafile=str(pod.tls.ca_for(pod.tls.client_dir)))
+
+    def log_in_from(address: str, given_key: str) -> tuple[int, str]:
+        """The login form posted from a browser at `address` (any 127.x.y.z reaches the loopback)."""
+        connection = http.client.HTTPSConnection("127.0.0.1", pod.web_port, context=authority, timeout=30,
+                                                 source_address=(address, 0))
+        try:
+            connection.request("POST", "/login", urlencode({"user": "erin", "key": given_key, "next": "/"}),
+                               {"Content-Type": "application/x-www-form-urlencoded"})
+            answer = connection.getresponse()
+            return answer.status, answer.read().decode()
+        finally:
+            connection.close()
+
+    for attempt in range(10):  # vipu-server's --login-failures, by default
+        status, page = log_in_from("127.0.0.2", f"a-guess-at-erins-key-{attempt:02d}")
+        assert status == 401 and "invalid user id or access key for user erin" in page
+    status, page = log_in_from("127.0.0.2", key)  # even the right key, from there, for now
+    assert status == 401 and "too many failed logins for user erin from this address" in page
+    assert log_in_from("127.0.0.3", key)[0] == 303  # erin, from another browser through the same dashboard
+    assert "authentication of user 'erin' from 127.0.0.2 through ipv4:127.0.0.1:" in (pod.directory / "server.log").read_text()
 
 
 def owners(page) -> dict[str, str]:

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vipu.api import grants
+from vipu.api import credentials, grants
 from vipu.api.atomic import write_file
 from vipu.model.errors import AlreadyExists, InvalidArgument, PermissionDenied
 
@@ -309,6 +309,11 @@ def _read(path: Path, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as error:
         raise InvalidArgument(f"cannot read the {what} {path}: {error.strerror}") from error
+
+
+def forwarding_proof(files: TlsFiles) -> str:
+    """What the controller and its dashboard, both holding the server key, know and clients do not."""
+    return credentials.forwarding_proof(_read(files.server_key, "server key"))
 
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:

@@ -61,6 +61,7 @@ class Connection:
         self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
         self._opening = threading.Lock()  # a client may be shared by threads (vipu-slurm-service, the proxy)
+        self._metadata = credentials.metadata(settings.user_id, settings.access_key) + settings.forwarded
 
     @property
     def address(self) -> str:
@@ -102,7 +103,7 @@ class Connection:
             try:
                 reply = getattr(stub_class(self._open(address)), method)(
                     request, timeout=None if no_deadline else self.timeout,
-                    metadata=credentials.metadata(self.settings.user_id, self.settings.access_key),
+                    metadata=self._metadata,
                 )
             except grpc.RpcError as error:
                 failure = self._explained(error, address)
@@ -120,7 +121,7 @@ class Connection:
         next call goes to the next replica."""
         address = self.address
         call = getattr(stub_class(self._open(address)), method)(
-            request, metadata=credentials.metadata(self.settings.user_id, self.settings.access_key))
+            request, metadata=self._metadata)
         return Stream(call, lambda error: self._stream_failed(error, address))
 
     def _stream_failed(self, error: grpc.RpcError, address: str) -> VipuError:

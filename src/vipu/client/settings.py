@@ -62,6 +62,7 @@ class ClientSettings:
     server_cert: Path | None = None  # the authority the server's certificate must come from
     client_cert: Path | None = None
     client_key: Path | None = None
+    forwarded: tuple[tuple[str, str], ...] = ()  # a front end's calls for someone else: `credentials.forwarded`
 
     @property
     def tls(self) -> bool:

@@ -2,7 +2,9 @@
 
 In open mode every caller may do everything. In secure mode the caller's user id and access key
 (`vipu.api.credentials`) must match a user; the admin end-point answers administrators only.
-The version service answers anyone who got through mutual TLS.
+The version service answers anyone who got through mutual TLS. A call that proves it comes from
+a holder of the server key (the dashboard) may say whose address it is made for; failed logins
+are then counted against that address.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from vipu.api.credentials import ACCESS_KEY_KEY, USER_ID_KEY
+from vipu.api.credentials import ACCESS_KEY_KEY, USER_ID_KEY, forwarded_for
 from vipu.controller.services.users import UserService
 from vipu.model.entities import OPEN_ACCESS, Access
 
@@ -26,9 +28,10 @@ def caller() -> Access:
 
 
 class Authenticator:
-    def __init__(self, users: UserService | None, admin_only: bool):
+    def __init__(self, users: UserService | None, admin_only: bool, forwarding_proof: str | None = None):
         self.users = users  # None: open mode
         self.admin_only = admin_only
+        self.forwarding_proof = forwarding_proof  # None: no caller may speak for another address
 
     @contextmanager
     def __call__(self, method: str, metadata: Mapping[str, str], peer: str = "") -> Iterator[None]:
@@ -36,7 +39,7 @@ class Authenticator:
             access = OPEN_ACCESS
         else:
             access = self.users.authenticate(metadata.get(USER_ID_KEY, ""), metadata.get(ACCESS_KEY_KEY, ""), self.admin_only,
-                                             peer)
+                                             peer, forwarded_for(dict(metadata), self.forwarding_proof))
         token = _caller.set(access)
         try:
             yield

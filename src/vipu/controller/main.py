@@ -150,7 +150,7 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--login-failures-per-address", type=click.IntRange(0, 1_000_000), default=0, show_default=True,
               help="With --secure: failed logins from one address, of any users, within --login-lockout seconds, that refuse "
                    "that address for as long to every user who has not logged in from it in the last day; 0: never. "
-                   "Not for an address many users share (the dashboard, a NAT): anyone there could lock them out.")
+                   "Not for an address many users share (a NAT, a proxy): anyone there could lock them out.")
 @click.option("--login-lockout", type=click.FloatRange(1, 86_400), default=60.0, show_default=True,
               help="With --secure: the window in which failed logins are counted, and how long a lockout lasts.")
 @click.option("--tls-init", is_flag=True, help="Generate a certificate authority and server and client certificates, and exit.")

@@ -19,7 +19,7 @@ from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import admin_pb2_grpc, version_pb2_grpc, vipuuser_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
-from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials, server_credentials
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials, forwarding_proof, server_credentials
 from vipu.api.tls import takeover_grant as tls_takeover_grant
 from vipu.controller.agentclient import GrpcAgentGateway
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
@@ -209,11 +209,12 @@ class Controller:
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _serve(self, host: str, port: int, register: Callable[[grpc.Server], None], admin_only: bool) -> grpc.Server:
-        authenticate = Authenticator(self.users, admin_only)
+        files = TlsFiles(self.config.tls_dir)
+        authenticate = Authenticator(self.users, admin_only, forwarding_proof(files) if self.config.secure else None)
         guard = GuardInterceptor(self.metrics.observe,
                                  lambda method, metadata, peer: self._admitting(authenticate, method, metadata, peer),
                                  self.metrics.count_malformed)
-        credentials = server_credentials(TlsFiles(self.config.tls_dir)) if self.config.secure else None
+        credentials = server_credentials(files) if self.config.secure else None
         return serve(register, host, port, guard, workers=self.config.workers, credentials=credentials)
 
     def stop(self) -> None:

@@ -199,7 +199,8 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
         form = await _form(request)
         target = _local(form.get("next", "/"))
         try:
-            session_id = await asyncio.to_thread(sessions.login, form.get("user", "").strip(), form.get("key", "").strip())
+            session_id = await asyncio.to_thread(sessions.login, form.get("user", "").strip(), form.get("key", "").strip(),
+                                                 request.client.host if request.client else "")
         except VipuError as error:
             return page(request, "login.html", http_status(error), viewer=None, problem="", next=target, refused=error.message)
         response = RedirectResponse(target, status_code=303)

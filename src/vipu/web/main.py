@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from vipu import __version__
-from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles
+from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, forwarding_proof
 from vipu.client.settings import DEFAULT_HOST, ClientSettings
 from vipu.model.errors import InvalidArgument, VipuError
 
@@ -55,10 +55,11 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
     tls = TlsFiles(tls_dir)
     try:
         settings = controller_settings(api_host, api_port, secure, tls)
+        proof = forwarding_proof(tls) if secure else ""  # the server key, which HTTPS needs too
     except VipuError as error:
         click.echo(f"vipu-web: {error.message}", err=True)
         sys.exit(2)
-    sessions = Sessions(settings, admin_port, secure)
+    sessions = Sessions(settings, admin_port, secure, proof)
     app = create_app(sessions, ", ".join(settings.addresses))
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=2, ssl_certfile=str(tls.server_cert) if secure else None,

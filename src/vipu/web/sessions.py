@@ -3,7 +3,8 @@ mode a person logs in with a user id and access key, which the controller checks
 
 The dashboard holds no users of its own. A login is accepted when the controller accepts the
 key on the user end-point (a wrong one is refused there, costs its scrypt, and counts towards the
-controller's lockout of that user from the dashboard's address), and the viewer is an
+controller's lockout of that user from the browser's address, which the dashboard forwards with
+the proof that it holds the server key), and the viewer is an
 administrator when the admin end-point answers them too. The session's id, 256 random bits, is
 the browser's only token; the key stays in this process's memory with the viewer's `Source`,
 which the sessions of one user and key share, and is forgotten when their last session ends; a
@@ -19,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from vipu.api.credentials import forwarded
 from vipu.client import AdminClient, PermissionDenied, UserClient, VipuError
 from vipu.client.settings import ClientSettings
 from vipu.web.sources import TIMEOUT_SECONDS, Source, Viewer
@@ -38,10 +40,12 @@ class Session:
 class Sessions:
     """Every viewer's `Source`: the one of open mode, or one per user logged in."""
 
-    def __init__(self, settings: ClientSettings, admin_port: int, secure: bool):
+    def __init__(self, settings: ClientSettings, admin_port: int, secure: bool, forwarding_proof: str = ""):
+        """`forwarding_proof` (`vipu.api.tls.forwarding_proof`): logins say whose address they are for."""
         self.settings = settings
         self.admin_port = admin_port
         self.secure = secure
+        self.forwarding_proof = forwarding_proof
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._sources: dict[tuple[str, bytes], Source] = {}  # (user id, key digest) -> their source
@@ -57,14 +61,17 @@ class Sessions:
             session = self._sessions.get(session_id or "")
         return session.source if session is not None and not session.source.refused else None
 
-    def login(self, user_id: str, access_key: str) -> str:
+    def login(self, user_id: str, access_key: str, browser_address: str = "") -> str:
         """A new session's id, once the controller accepts the key; its refusal (Unauthenticated,
         or any error reaching it) otherwise."""
         settings = replace(self.settings, user_id=user_id, access_key=access_key)
-        with UserClient(settings, timeout=TIMEOUT_SECONDS) as user:
+        logging_in = settings
+        if self.forwarding_proof and browser_address:
+            logging_in = replace(settings, forwarded=forwarded(browser_address, self.forwarding_proof))
+        with UserClient(logging_in, timeout=TIMEOUT_SECONDS) as user:
             user.list_allocations()
         try:
-            with AdminClient(replace(settings, port=self.admin_port), timeout=TIMEOUT_SECONDS) as admin:
+            with AdminClient(replace(logging_in, port=self.admin_port), timeout=TIMEOUT_SECONDS) as admin:
                 admin.list_clusters()
             is_admin = True
         except PermissionDenied:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from vipu.api import credentials
+from vipu.controller.auth import Authenticator, caller
 from vipu.controller.services import users as users_module
 from vipu.controller.services.users import LoginThrottle, UserService
 from vipu.model.entities import Allocation, Cluster, Role
@@ -144,6 +146,52 @@ def test_an_address_trying_many_users_is_locked_out_for_all_but_the_users_proven
         assert lockouts == ["logins from ipv4:10.0.0.9 refused for 60 s, but for users proven from there, after 5 failures"]
     finally:
         store.close()
+
+
+def test_through_the_dashboard_failures_count_against_the_browsers_address_when_it_proves_it_holds_the_server_key(tmp_path, caplog):
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    users = UserService(store, LoginThrottle(limit=3, lockout=60))
+    proof = credentials.forwarding_proof(b"the server's private key")
+    authenticate = Authenticator(users, admin_only=False, forwarding_proof=proof)
+    dashboard = "ipv4:10.0.0.2:41000"
+
+    def log_in(user_id: str, key: str, metadata: tuple = (), peer: str = dashboard) -> str:
+        with authenticate("/virmgrpc.UserService/ListAllocations", dict(credentials.metadata(user_id, key) + metadata), peer):
+            return caller().user_id
+
+    try:
+        _, key = users.create("alice")
+        from_attacker = credentials.forwarded("192.0.2.66", proof)
+        for _ in range(3):
+            with pytest.raises(Unauthenticated, match="invalid user id or access key"):
+                log_in("alice", "guess", from_attacker)
+        with pytest.raises(Unauthenticated, match="too many failed logins for user alice from this address"):
+            log_in("alice", key, from_attacker)
+        assert log_in("alice", key, credentials.forwarded("192.0.2.7", proof)) == "alice"  # another browser, same dashboard
+        assert log_in("alice", key) == "alice"  # the dashboard's own calls for alice's open pages
+        assert any("authentication of user 'alice' from 192.0.2.66 through ipv4:10.0.0.2:41000 refused" in r.getMessage()
+                   for r in caplog.records)
+        # Without the proof, a caller's say-so changes nothing: its failures are its own address's.
+        forged = credentials.forwarded("192.0.2.8", "a guess at the proof")
+        for _ in range(3):
+            with pytest.raises(Unauthenticated, match="invalid user id or access key"):
+                log_in("alice", "guess", forged, peer="ipv4:10.0.0.9:50000")
+        with pytest.raises(Unauthenticated, match="too many failed logins"):
+            log_in("alice", key, credentials.forwarded("192.0.2.9", "another guess"), peer="ipv4:10.0.0.9:50001")
+        assert log_in("alice", key, credentials.forwarded("192.0.2.8", proof)) == "alice"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("address, given_proof, counted", [
+    ("192.0.2.66", "right", "192.0.2.66"), ("2001:db8::1", "right", "2001:db8::1"),
+    ("192.0.2.66", "wrong", ""), ("192.0.2.66", "", ""), ("not an address", "right", ""), ("", "right", ""),
+])
+def test_a_forwarded_address_is_taken_only_with_the_proof_and_only_if_it_is_an_address(address, given_proof, counted):
+    proof = credentials.forwarding_proof(b"key")
+    metadata = dict(credentials.forwarded(address, proof if given_proof == "right" else given_proof))
+    assert credentials.forwarded_for(metadata, proof) == counted
+    assert credentials.forwarded_for(metadata, None) == ""  # a controller with no proof (open mode) takes none
 
 
 def test_limits_of_zero_lock_nobody_out(tmp_path):

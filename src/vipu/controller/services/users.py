@@ -53,16 +53,18 @@ class LoginThrottle:
 
     - `limit` failures for one user from one address: that user is refused from that address for
       `lockout` seconds without the key being checked, so guessing one user's key is slowed while
-      other users behind the same address (a NAT, the Kubernetes proxy, the dashboard) go on;
+      other users behind the same address (a NAT, the Kubernetes proxy) go on; the dashboard
+      forwards each browser's address, so there the count is the browser's, not the dashboard's;
     - `address_limit` failures from one address, whatever users they named: the address is
       refused for `lockout` seconds for every user not proven from it (who logged in from it in
       the last PROVEN_SECONDS, as this process remembers), so trying many users' keys is slowed
-      too. Off unless asked for: at an address many users share (the dashboard, a NAT) anyone
+      too. Off unless asked for: at an address many users share (a NAT, a proxy) anyone
       could lock out every user not proven there, and after a restart nobody is.
 
-    A success forgets that user's failures at that address. A limit of 0 turns it off. Refusals
-    by a lockout cost no scrypt and are not logged one by one: the log says when a lockout starts.
-    `clock` is for tests."""
+    Addresses are as `address` makes them of gRPC's peer, or as a front end forwarded them; ""
+    for none (nothing is counted). A success forgets that user's failures at that address. A limit
+    of 0 turns it off. Refusals by a lockout cost no scrypt and are not logged one by one: the log
+    says when a lockout starts. `clock` is for tests."""
 
     TRACKED = 10_000  # beyond this many entries, those whose time has passed are forgotten
     PROVEN_SECONDS = 24 * 3600.0
@@ -81,10 +83,10 @@ class LoginThrottle:
         """gRPC's peer ('ipv4:10.0.0.5:51234', 'ipv6:[::1]:51234') without its port."""
         return peer.rpartition(":")[0] or peer
 
-    def check(self, peer: str, user_id: str) -> None:
-        if not peer:
+    def check(self, address: str, user_id: str) -> None:
+        if not address:
             return
-        address, now = self.address(peer), self.clock()
+        now = self.clock()
         with self._lock:
             user_wait = self._locked_until.get((address, user_id), 0.0) - now
             address_wait = self._locked_until.get((address, ""), 0.0) - now
@@ -95,10 +97,10 @@ class LoginThrottle:
         if address_wait > 0 and not proven:
             raise Unauthenticated(f"too many failed logins from this address; try again in {address_wait:.0f} s")
 
-    def failed(self, peer: str, user_id: str) -> None:
-        if not peer:
+    def failed(self, address: str, user_id: str) -> None:
+        if not address:
             return
-        address, now = self.address(peer), self.clock()
+        now = self.clock()
         with self._lock:
             if self.limit and self._reaches(self._failures, (address, user_id), now, self.limit):
                 self._locked_until[(address, user_id)] = now + self.lockout
@@ -123,10 +125,9 @@ class LoginThrottle:
         recent.clear()
         return True
 
-    def succeeded(self, peer: str, user_id: str) -> None:
-        if not peer:
+    def succeeded(self, address: str, user_id: str) -> None:
+        if not address:
             return
-        address = self.address(peer)
         with self._lock:
             self._failures.pop((address, user_id), None)
             if self.address_limit:  # who is proven where matters only to the address lockout
@@ -212,14 +213,18 @@ class UserService:
         with self.store.reading() as tx:
             return any(u.role is Role.ADMIN for u in tx.list_users())
 
-    def authenticate(self, user_id: str, key: str, admin_only: bool = False, peer: str = "") -> Access:
+    def authenticate(self, user_id: str, key: str, admin_only: bool = False, peer: str = "", forwarded_for: str = "") -> Access:
         """What the holder of this key may do; Unauthenticated or PermissionDenied otherwise. `peer`
-        is the caller's address, for the log and the throttle of failed logins."""
+        is the caller's address as gRPC gives it, for the log and the throttle of failed logins;
+        `forwarded_for`, the address a trusted front end (the dashboard) made the call for, is
+        counted by the throttle instead."""
         if not user_id or not key:
             self.count_refusal("no credentials")
             raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
+        address = forwarded_for or (LoginThrottle.address(peer) if peer else "")
+        caller = f"{forwarded_for} through {peer}" if forwarded_for else peer or "?"
         try:
-            self.throttle.check(peer, user_id)
+            self.throttle.check(address, user_id)
         except Unauthenticated:
             self.count_refusal("locked out")
             raise
@@ -228,20 +233,20 @@ class UserService:
             credential = tx.get_credential(user_id)
         if user is None or credential is None:
             self._matches("", key, self._decoy)  # as long as a known user's wrong key takes
-            self._refuse(user_id, "no such user", peer)
+            self._refuse(user_id, "no such user", caller, address)
         if not self._matches(user_id, key, credential):
-            self._refuse(user_id, "wrong access key", peer)
-        self.throttle.succeeded(peer, user_id)
+            self._refuse(user_id, "wrong access key", caller, address)
+        self.throttle.succeeded(address, user_id)
         if user.role is Role.ADMIN:
             return Access(user.id, None)
         if admin_only:
             raise PermissionDenied(f"user {user.id} is not an administrator; the admin end-point answers administrators only")
         return Access(user.id, frozenset(user.allocation_ids))
 
-    def _refuse(self, user_id: str, reason: str, peer: str) -> typing.NoReturn:
-        log.warning("authentication of user %s from %s refused: %s", quoted(user_id), peer or "?", reason)
+    def _refuse(self, user_id: str, reason: str, caller: str, address: str) -> typing.NoReturn:
+        log.warning("authentication of user %s from %s refused: %s", quoted(user_id), caller, reason)
         self.count_refusal("invalid credentials")  # never which: the metrics end-point checks nobody
-        self.throttle.failed(peer, user_id)
+        self.throttle.failed(address, user_id)
         raise Unauthenticated(f"invalid user id or access key for user {shown(user_id)}")
 
     def _matches(self, user_id: str, key: str, credential: Credential) -> bool:
