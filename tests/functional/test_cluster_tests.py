@@ -111,7 +111,7 @@ def test_a_machine_that_does_not_answer(registered_pod):
 
 def test_asynchronous_runs_and_what_a_running_test_forbids(registered_pod):
     pod = registered_pod
-    pod.edit_rack(lambda r: setattr(r, "time_scale", 0.15))  # the run takes 20 s, time for five commands on a loaded machine
+    pod.edit_rack(lambda r: setattr(r, "time_scale", 0.15))  # its steps take 11 s or more: time for five commands under load
     started = pod.admin("test", "cluster", "cl0", "--start")
     assert (started.code, started.out, started.err) == (0, "", "")  # silent, as in seed 002
     failed_line(pod.admin("test", "cluster", "--status"), "test cluster", "status",

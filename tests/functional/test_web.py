@@ -489,25 +489,25 @@ def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_
     key = key_in(pod, "erin")
     authority = ssl.create_default_context(cafile=str(pod.tls.ca_for(pod.tls.client_dir)))
 
-    def log_in_from(address: str, given_key: str) -> tuple[int, str]:
+    def log_in_from(address: str, given_key: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
         """The login form posted from a browser at `address` (any 127.x.y.z reaches the loopback)."""
         connection = http.client.HTTPSConnection("127.0.0.1", pod.web_port, context=authority, timeout=30,
                                                  source_address=(address, 0))
         try:
             connection.request("POST", "/login", urlencode({"user": "erin", "key": given_key, "next": "/"}),
-                               {"Content-Type": "application/x-www-form-urlencoded"})
+                               {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})})
             answer = connection.getresponse()
             return answer.status, answer.read().decode()
         finally:
             connection.close()
 
-    for attempt in range(10):  # vipu-server's --login-failures, by default
-        status, page = log_in_from("127.0.0.2", f"a-guess-at-erins-key-{attempt:02d}")
+    for attempt in range(10):  # vipu-server's --login-failures, by default; each saying it comes from elsewhere, in vain
+        status, page = log_in_from("127.0.0.1", f"a-guess-at-erins-key-{attempt:02d}", {"X-Forwarded-For": f"192.0.2.{attempt}"})
         assert status == 401 and "invalid user id or access key for user erin" in page
-    status, page = log_in_from("127.0.0.2", key)  # even the right key, from there, for now
+    status, page = log_in_from("127.0.0.1", key)  # even the right key, from there, for now
     assert status == 401 and "too many failed logins for user erin from this address" in page
-    assert log_in_from("127.0.0.3", key)[0] == 303  # erin, from another browser through the same dashboard
-    assert "authentication of user 'erin' from 127.0.0.2 through ipv4:127.0.0.1:" in (pod.directory / "server.log").read_text()
+    assert log_in_from("127.0.0.2", key)[0] == 303  # erin, from another browser through the same dashboard
+    assert "authentication of user 'erin' from ipv4:127.0.0.1 through ipv4:127.0.0.1:" in (pod.directory / "server.log").read_text()
 
 
 def owners(page) -> dict[str, str]:

@@ -312,8 +312,14 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def forwarding_proof(files: TlsFiles) -> str:
-    """What the controller and its dashboard, both holding the server key, know and clients do not."""
-    return credentials.forwarding_proof(_read(files.server_key, "server key"))
+    """What the controller and its dashboard, both holding the server key, know and clients do not;
+    worked out from the key itself, not its file's spelling (PEM's line ends, PKCS#1 or PKCS#8)."""
+    try:
+        key = serialization.load_pem_private_key(_read(files.server_key, "server key"), password=None)
+    except ValueError as error:
+        raise InvalidArgument(f"the server key {files.server_key} is not a private key in PEM: {error}") from None
+    return credentials.forwarding_proof(key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
 
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:

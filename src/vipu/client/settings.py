@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vipu.model.errors import InvalidArgument
@@ -58,11 +58,12 @@ class ClientSettings:
     host: str
     port: int
     user_id: str = ""
-    access_key: str = ""
+    access_key: str = field(default="", repr=False)
     server_cert: Path | None = None  # the authority the server's certificate must come from
     client_cert: Path | None = None
     client_key: Path | None = None
-    forwarded: tuple[tuple[str, str], ...] = ()  # a front end's calls for someone else: `credentials.forwarded`
+    # a front end's calls for someone else (`credentials.forwarded`), its proof among them
+    forwarded: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
     def tls(self) -> bool:

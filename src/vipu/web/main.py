@@ -61,7 +61,9 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
         sys.exit(2)
     sessions = Sessions(settings, admin_port, secure, proof)
     app = create_app(sessions, ", ".join(settings.addresses))
+    # proxy_headers off: a login's address is the socket's, never an X-Forwarded-For anyone may send.
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning", access_log=False,
+                                           proxy_headers=False,
                                            timeout_graceful_shutdown=2, ssl_certfile=str(tls.server_cert) if secure else None,
                                            ssl_keyfile=str(tls.server_key) if secure else None))
     logging.getLogger("vipu.web").info("vipu-web %s for vipu-server at %s: %s://%s:%d/", __version__, ", ".join(settings.addresses),

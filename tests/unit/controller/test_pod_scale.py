@@ -66,7 +66,7 @@ def large_pod(tmp_path, store_url):
     store.close()
 
 
-def test_a_health_pass_and_four_large_creates_all_end_none_waiting_on_another(large_pod):
+def test_a_health_pass_and_four_large_creates_all_end_none_hanging(large_pod):
     partitions, reconciler = large_pod
     outcomes: dict[str, object] = {}
 

@@ -208,12 +208,63 @@ def test_two_passes_ending_together_work_out_the_reasons_one_at_a_time(pod, monk
         requests._explained.clear()  # as after a change of the queue: the reasons are worked out again
         requests.dispatch("a1")
 
-    with ThreadPoolExecutor(2) as passes:
-        for done in [passes.submit(a_pass), passes.submit(a_pass)]:
-            done.result(timeout=10)
-    assert most_inside == [1]
-    assert requests.list()[0].reason.startswith("first in the queue")
-    requests.close()
+    try:
+        with ThreadPoolExecutor(2) as passes:
+            for done in [passes.submit(a_pass), passes.submit(a_pass)]:
+                done.result(timeout=10)
+        assert most_inside == [1]
+        assert requests.list()[0].reason.startswith("first in the queue")
+    finally:
+        requests.close()
+
+
+def test_a_pass_that_placed_before_another_leaves_the_reasons_to_it_when_it_comes_to_them_second(pod, monkeypatch):
+    pod.partitions.create(PartitionRequest("whole", 32))
+    requests = RequestService(pod.partitions)  # passes only when called
+    queue_up(requests, "r", 4)
+    requests._explained.clear()  # both passes below would explain
+    explained_by: list[str] = []
+    real_explain = requests._explain
+    monkeypatch.setattr(requests, "_explain", lambda *a: explained_by.append(threading.current_thread().name) or real_explain(*a))
+    later_done, placed = threading.Event(), threading.Event()
+
+    class EarlierWaits:
+        """The earlier pass, having placed, reaches the reasons only once the later one is done."""
+
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            if threading.current_thread().name == "earlier":
+                placed.set()
+                assert later_done.wait(10)
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    class Gated(dict):
+        def setdefault(self, key, default=None):
+            return EarlierWaits(super().setdefault(key, default))
+
+    monkeypatch.setattr(requests, "_explaining", Gated())
+
+    def later():
+        assert placed.wait(10)  # the earlier pass has placed: this one, r2's, places after it
+        queue_up(requests, "r2", 4)
+        later_done.set()
+
+    try:
+        threads = [threading.Thread(target=requests.dispatch, args=("a1",), name="earlier"),
+                   threading.Thread(target=later, name="later")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert explained_by == ["later"]  # not "earlier" after it, with what it saw before r2 came
+        assert [w.request.partition_id for w in requests.list()] == ["r", "r2"]
+    finally:
+        requests.close()
 
 
 def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod):

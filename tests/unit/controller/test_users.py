@@ -169,8 +169,10 @@ def test_through_the_dashboard_failures_count_against_the_browsers_address_when_
             log_in("alice", key, from_attacker)
         assert log_in("alice", key, credentials.forwarded("192.0.2.7", proof)) == "alice"  # another browser, same dashboard
         assert log_in("alice", key) == "alice"  # the dashboard's own calls for alice's open pages
-        assert any("authentication of user 'alice' from 192.0.2.66 through ipv4:10.0.0.2:41000 refused" in r.getMessage()
+        assert any("authentication of user 'alice' from ipv4:192.0.2.66 through ipv4:10.0.0.2:41000 refused" in r.getMessage()
                    for r in caplog.records)
+        with pytest.raises(Unauthenticated, match="too many failed logins"):  # one host, one count, however it calls
+            log_in("alice", key, peer="ipv4:192.0.2.66:50000")
         # Without the proof, a caller's say-so changes nothing: its failures are its own address's.
         forged = credentials.forwarded("192.0.2.8", "a guess at the proof")
         for _ in range(3):
@@ -179,6 +181,9 @@ def test_through_the_dashboard_failures_count_against_the_browsers_address_when_
         with pytest.raises(Unauthenticated, match="too many failed logins"):
             log_in("alice", key, credentials.forwarded("192.0.2.9", "another guess"), peer="ipv4:10.0.0.9:50001")
         assert log_in("alice", key, credentials.forwarded("192.0.2.8", proof)) == "alice"
+        unproven = [r.getMessage() for r in caplog.records if "said whose address" in r.getMessage()]
+        assert unproven and unproven[0].startswith("a call from ipv4:10.0.0.9:50000 said whose address it was made for")
+        assert "a guess at the proof" not in caplog.text and proof not in caplog.text
     finally:
         store.close()
 

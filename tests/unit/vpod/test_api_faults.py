@@ -50,6 +50,7 @@ def served(tmp_path):
     yield port
     server.should_exit = True
     thread.join(timeout=10)
+    store.close()
 
 
 def test_an_unexpected_fault_answers_one_line_naming_its_kind_and_the_log_keeps_the_rest(served, caplog):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -102,10 +103,12 @@ class RequestService:
         self.ledger = partitions.ledger
         self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
         self._grants = ThreadPoolExecutor(GRANT_WORKERS, thread_name_prefix="grant")
-        self._explained: dict[str, int] = {}  # allocation -> the queue's version its reasons were worked out at
-        # A create's own pass and the dispatcher's may end together: one at a time works out the
-        # reasons, so the last written are from the latest look at the ledger, never an older one.
-        self._explaining = threading.Lock()
+        # A create's own pass and the dispatcher's may end together. One at a time works out an
+        # allocation's reasons, and a pass that placed before the last one through gives way to it:
+        # the reasons written last are never from an older look at the queue than those before.
+        self._explaining: dict[str, threading.Lock] = {}  # allocation -> held while its reasons are worked out
+        self._looks = itertools.count()  # passes in the order they placed, under their allocation's placing lock
+        self._explained: dict[str, tuple[int, int]] = {}  # allocation -> (the last pass through, the queue's version explained)
         self._holds_unrecorded: set[str] = set()  # first requests whose held IPUs the store does not have yet
 
     def close(self) -> None:
@@ -319,6 +322,7 @@ class RequestService:
         seen = self.queue.version
         try:  # the grants reserved are made whatever fails after them
             with self.ledger.placing(allocation_id):
+                look = next(self._looks)
                 waiting = self.queue.in_allocation(allocation_id)
                 if not waiting:
                     return
@@ -356,10 +360,13 @@ class RequestService:
                 changed = first is not None and admission.held != first.held
                 if first is not None and changed:
                     self.queue.hold(first.partition_id, admission.held)
-            with self._explaining:
-                if grants or self._explained.get(allocation_id) != seen:  # else nothing changed since its reasons were found
-                    self._explain(allocation, layout, allowed, admission.held)
-                    self._explained[allocation_id] = seen
+            with self._explaining.setdefault(allocation_id, threading.Lock()):
+                last_look, explained = self._explained.get(allocation_id, (-1, -1))
+                if look > last_look:  # else a pass that placed after this one has been through
+                    if grants or explained != seen:  # else nothing changed since its reasons were found
+                        self._explain(allocation, layout, allowed, admission.held)
+                        explained = seen
+                    self._explained[allocation_id] = (look, explained)
             if first is not None and (changed or first.partition_id in self._holds_unrecorded):
                 self._record_hold(first, admission.held)
         finally:

@@ -61,8 +61,8 @@ class LoginThrottle:
       too. Off unless asked for: at an address many users share (a NAT, a proxy) anyone
       could lock out every user not proven there, and after a restart nobody is.
 
-    Addresses are as `address` makes them of gRPC's peer, or as a front end forwarded them; ""
-    for none (nothing is counted). A success forgets that user's failures at that address. A limit
+    Addresses are as `address` makes them of gRPC's peer, or `address_of` of one a front end
+    forwarded; "" for none (nothing is counted). A success forgets that user's failures at that address. A limit
     of 0 turns it off. Refusals by a lockout cost no scrypt and are not logged one by one: the log
     says when a lockout starts. `clock` is for tests."""
 
@@ -82,6 +82,11 @@ class LoginThrottle:
     def address(peer: str) -> str:
         """gRPC's peer ('ipv4:10.0.0.5:51234', 'ipv6:[::1]:51234') without its port."""
         return peer.rpartition(":")[0] or peer
+
+    @staticmethod
+    def address_of(ip: str) -> str:
+        """An IP address as `address` gives it ('ipv4:10.0.0.5', 'ipv6:[::1]'): one host, one count."""
+        return f"ipv6:[{ip}]" if ":" in ip else f"ipv4:{ip}"
 
     def check(self, address: str, user_id: str) -> None:
         if not address:
@@ -221,8 +226,8 @@ class UserService:
         if not user_id or not key:
             self.count_refusal("no credentials")
             raise Unauthenticated("this controller runs in secure mode: give a user id and access key")
-        address = forwarded_for or (LoginThrottle.address(peer) if peer else "")
-        caller = f"{forwarded_for} through {peer}" if forwarded_for else peer or "?"
+        address = LoginThrottle.address_of(forwarded_for) if forwarded_for else LoginThrottle.address(peer) if peer else ""
+        caller = f"{address} through {peer}" if forwarded_for else peer or "?"
         try:
             self.throttle.check(address, user_id)
         except Unauthenticated:
