@@ -279,6 +279,9 @@ class Partition:
     attach_key: str = field(default="", repr=False)
     relocatable: bool = False  # may move to other IPUs of its allocation when its machines fail
     relocation: str = ""  # where it last moved, when and why; empty if it never moved
+    # The machines it was moved off because they failed it: later moves keep off them while other
+    # room is left, so that it does not go back and forth between two faulty machines.
+    failed_on: tuple[str, ...] = ()
 
     @property
     def agent_ids(self) -> list[str]:

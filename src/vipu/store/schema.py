@@ -34,9 +34,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 8  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 9  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
-# 8: cable_verdicts
+# 8: cable_verdicts; 9: partitions.failed_on
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -53,6 +53,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     6: ["ALTER TABLE partitions ADD COLUMN attach_key VARCHAR(64) NOT NULL DEFAULT ''", _give_attach_keys],
     7: ["ALTER TABLE partitions ADD COLUMN relocatable BOOLEAN NOT NULL DEFAULT false",
         "ALTER TABLE partitions ADD COLUMN relocation VARCHAR(512) NOT NULL DEFAULT ''"],
+    9: ["ALTER TABLE partitions ADD COLUMN failed_on JSON"],
 }
 
 ID = String(64)
@@ -137,6 +138,7 @@ class PartitionRow(Base):
     attach_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
     relocatable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     relocation: Mapped[str] = mapped_column(String(512), default="", server_default="")  # where it last moved, and why
+    failed_on: Mapped[list | None] = mapped_column(JSON, nullable=True)  # the agents it was moved off, failing it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"

@@ -256,6 +256,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         attach_key=row.attach_key or "",
         relocatable=bool(row.relocatable),
         relocation=row.relocation or "",
+        failed_on=tuple(row.failed_on or ()),
     )
 
 
@@ -648,6 +649,7 @@ class Transaction:
                 attach_key=partition.attach_key,
                 relocatable=partition.relocatable,
                 relocation=partition.relocation,
+                failed_on=list(partition.failed_on),
                 **({"created_at": partition.created} if partition.created is not None else {}),
             ))
             self._add_ipus(partition.id, partition.ipus)
@@ -663,12 +665,13 @@ class Transaction:
 
     def transition(self, partition: Partition, name: str, errors: list[str] | None = None,
                    auto_reset_count: int | None = None, ipus: list[PlacedIpu] | None = None,
-                   relocation: str | None = None) -> lifecycle.State | None:
+                   relocation: str | None = None, failed_on: tuple[str, ...] | None = None) -> lifecycle.State | None:
         """Apply the life cycle's transition `name` to a partition, as a compare-and-set on the state
         it was read in; the partition object follows. Refused with a `Conflict` naming both states
         when the table has no such move or another operation changed the partition meanwhile.
         `ipus` replaces its IPUs in the same statement group ('relocate'; taken ones are a lost race,
-        ConcurrentUpdate), and `relocation` records where it went and why. Returns the state it went
+        ConcurrentUpdate), `relocation` records where it went and why, and `failed_on` the machines
+        it keeps off from then on. Returns the state it went
         to (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
@@ -685,6 +688,8 @@ class Transaction:
                 values["last_auto_reset_at"] = datetime.now(UTC)
             if relocation is not None:
                 values["relocation"] = relocation
+            if failed_on is not None:
+                values["failed_on"] = list(failed_on)
             parameters = {f"new_{column}": value for column, value in values.items()}
             changed = connection.execute(_partition_update(tuple(values)), {**expected, **parameters}).rowcount
         if changed != 1:
@@ -709,6 +714,8 @@ class Transaction:
                 partition.ipus = list(ipus)
             if relocation is not None:
                 partition.relocation = relocation
+            if failed_on is not None:
+                partition.failed_on = tuple(failed_on)
         return target
 
     # Requests waiting for room (vipu.model.queue): plain statements, like the partitions

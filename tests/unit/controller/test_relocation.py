@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from vipu.controller.services.partitions import PartitionService
 from vipu.controller.services.requests import RequestService, Waiting
 from vipu.model.entities import MAX_AUTO_RESETS, OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import HardwareFailure, NoRoom
@@ -30,6 +31,20 @@ def test_a_relocatable_partition_whose_machine_fails_to_apply_it_moves_at_create
     assert pod.held_anywhere("p1") == ["ag2"] and pod.partitions.get("p1").errors == []
     status = pod.partitions.get("p1")
     assert (status.relocatable, status.auto_reset_count) == (True, 0)  # a move at create is no automatic reset
+
+
+def test_a_partition_keeps_off_the_machines_that_failed_it_even_after_the_controller_restarts(pod):
+    pod.fault("m01", "IPU 2 failed")
+    assert pod.partitions.create(PartitionRequest("p1", 4, relocatable=True)).agent_ids == ["ag2"]
+    assert pod.partitions.get("p1").failed_on == ("ag1",)
+    pod.heal()  # m01 answers well again: free, first in order, and still the machine that failed p1
+    restarted = PartitionService(pod.store, pod.hardware, set())  # a controller started again on the same store
+    pod.fault("m02", "IPU 1 failed")
+    with pytest.raises(HardwareFailure, match="agent ag2: m02: IPU 1 failed"):
+        restarted.reset("p1")
+    assert restarted.relocate("p1").agent_ids == ["ag3"]  # not back onto ag1
+    assert restarted.get("p1").failed_on == ("ag1", "ag2")
+    assert restarted.get("p1").relocation.startswith("moved from ag2 to ag3 on ")
 
 
 def test_a_relocatable_create_with_nowhere_else_to_go_leaves_nothing_unless_kept(pod):

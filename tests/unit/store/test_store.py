@@ -395,6 +395,7 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN attach_key"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocatable"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocation"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN failed_on"))
         tx.session.execute(text("DROP TABLE partition_requests"))
         tx.session.execute(text("UPDATE vipu_meta SET value = '2' WHERE key = 'schema_version'"))
     populated.close()
@@ -404,6 +405,7 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
             assert tx.get_partition("p1").owner == "" and tx.get_partition("p1").last_auto_reset is None
             assert len(tx.get_partition("p1").attach_key) >= 20  # a key of its own, made by the migration
             assert (tx.get_partition("p1").relocatable, tx.get_partition("p1").relocation) == (False, "")
+            assert tx.get_partition("p1").failed_on == ()
             assert tx.list_requests() == []
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:
@@ -677,9 +679,10 @@ def test_a_relocation_replaces_the_ipus_with_its_transition(populated):
         assert p.agent_ids == ["ag1"] and (p.ready_state, p.relocation) == (ReadyState.ACTIVE, "")
     moved = [PlacedIpu("ag2", i, 0, 4 + i, 0, r, 0) for r, i in enumerate((1, 2, 3))] + [PlacedIpu("ag1", 0, 0, 0, 0, 3, 0)]
     with populated.transaction() as tx:
-        tx.transition(p, "relocate", ipus=moved, relocation="moved from ag1")
+        tx.transition(p, "relocate", ipus=moved, relocation="moved from ag1", failed_on=("ag1",))
     with populated.reading() as tx:
         stored = tx.get_partition("p1")
     assert stored.ipus == p.ipus == moved
     assert (stored.ready_state, stored.operation_state, stored.relocatable, stored.relocation) == (
         ReadyState.PENDING, OperationState.RESETTING, True, "moved from ag1")
+    assert stored.failed_on == p.failed_on == ("ag1",)

@@ -116,7 +116,6 @@ class PartitionService:
         self.operations = Capacity("partition operations", MAX_OPERATIONS, OPERATION_WAIT_SECONDS)
         self.ledger = Ledger(changes)
         self.ledger.watch(self.queue.notify)
-        self.failed_before = relocation.FailedBefore()  # machines relocation keeps partitions off
         self.load()
 
     def load(self) -> None:

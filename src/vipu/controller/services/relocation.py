@@ -35,8 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -65,26 +63,6 @@ def failed_machines(service: PartitionService, partition: Partition) -> set[str]
     return (down | named) & set(partition.agent_ids)
 
 
-class FailedBefore:
-    """The machines each partition was moved off because they failed it, by partition and attach
-    key (a partition made again under the same id starts afresh). Partitions gone are forgotten
-    whenever another is added, so it holds at most the partitions that live."""
-
-    def __init__(self) -> None:
-        self._machines: dict[tuple[str, str], set[str]] = {}
-        self._lock = threading.Lock()
-
-    def of(self, partition: Partition) -> set[str]:
-        with self._lock:
-            return set(self._machines.get((partition.id, partition.attach_key), ()))
-
-    def add(self, partition: Partition, machines: set[str], live: Callable[[str, str], bool]) -> None:
-        """Remember `machines` for the partition, forgetting partitions `live(id, attach_key)` denies."""
-        with self._lock:
-            self._machines = {key: known for key, known in self._machines.items() if live(*key)}
-            self._machines.setdefault((partition.id, partition.attach_key), set()).update(machines)
-
-
 def relocate(service: PartitionService, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
              because_failed: bool = True) -> Partition:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
@@ -110,7 +88,7 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
         holders = {ipu: holder for ipu, holder in service.ledger.holders(allocation.id).items() if ipu not in own}
         held, held_for = service.queue.held(allocation.id)
         allowed = set(allocation.agent_ids) - avoid - down
-        failed_before = service.failed_before.of(partition) & allowed
+        failed_before = set(partition.failed_on) & allowed
 
         def place(without: set[str], occupancy: Occupancy):
             where = f"allocation {allocation.id} without {', '.join(sorted(avoid | down | without))}"
@@ -139,6 +117,8 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
     note = (f"moved from {span(layout, own)} to {span(layout, moved)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: "
             f"{why}")[:NOTE_LENGTH]
     fields: dict = {"ipus": list(placement.ipus), "relocation": note}
+    if because_failed:
+        fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
     if automatic:
         fields["auto_reset_count"] = partition.auto_reset_count + 1
     try:
@@ -150,9 +130,6 @@ def relocate(service: PartitionService, partition: Partition, avoid: set[str], w
             service.ledger.record(before)  # the store did not take the move
             raise
         log.warning("partition %s %s", partition.id, note)
-        if because_failed:
-            service.failed_before.add(partition, avoid, lambda pid, key: (found := service.ledger.get(pid)) is not None
-                                      and found.attach_key == key)
         with service.store.reading() as tx:
             reachable = [found for agent_id in before.agent_ids
                          if (found := tx.get_agent(agent_id)) is not None and found.status is AgentStatus.UP]
