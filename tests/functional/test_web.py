@@ -21,8 +21,9 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import PROMPTLY, Pod, rows, wait_until
+from tests.functional.harness import BIN, PROMPTLY, Pod, rows, wait_until
 from tests.ports import free_port, free_run
+from tests.processes import dying_with_parent
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import generate_rack
@@ -489,10 +490,9 @@ def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_
     key = key_in(pod, "erin")
     authority = ssl.create_default_context(cafile=str(pod.tls.ca_for(pod.tls.client_dir)))
 
-    def log_in_from(address: str, given_key: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    def log_in_from(address: str, given_key: str, headers: dict[str, str] | None = None, port: int = pod.web_port) -> tuple[int, str]:
         """The login form posted from a browser at `address` (any 127.x.y.z reaches the loopback)."""
-        connection = http.client.HTTPSConnection("127.0.0.1", pod.web_port, context=authority, timeout=30,
-                                                 source_address=(address, 0))
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=authority, timeout=30, source_address=(address, 0))
         try:
             connection.request("POST", "/login", urlencode({"user": "erin", "key": given_key, "next": "/"}),
                                {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})})
@@ -508,6 +508,38 @@ def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_
     assert status == 401 and "too many failed logins for user erin from this address" in page
     assert log_in_from("127.0.0.2", key)[0] == 303  # erin, from another browser through the same dashboard
     assert "authentication of user 'erin' from ipv4:127.0.0.1 through ipv4:127.0.0.1:" in (pod.directory / "server.log").read_text()
+
+    # Behind a proxy the dashboard is told to trust, the browser is the one its X-Forwarded-For names.
+    behind_proxy = free_port()
+    with open(pod.directory / "web-behind-proxy.log", "ab") as log:
+        dashboard = subprocess.Popen(dying_with_parent([
+            str(BIN / "vipu-web"), "--listen-address", "127.0.0.1", "--port", str(behind_proxy), "-H", "127.0.0.1",
+            "--api-port", str(pod.user_port), "--admin-port", str(pod.admin_port), "--secure", "--tls-dir", str(pod.tls.root),
+            "--trusted-proxy", "127.0.0.4"]), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def listening() -> bool:
+            assert dashboard.poll() is None, (pod.directory / "web-behind-proxy.log").read_text()[-2000:]
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", behind_proxy)) == 0
+
+        wait_until(listening, what="vipu-web behind its proxy")
+        for attempt in range(10):
+            status, _ = log_in_from("127.0.0.4", f"another-guess-at-erins-key-{attempt:02d}", {"X-Forwarded-For": "192.0.2.50"},
+                                    port=behind_proxy)
+            assert status == 401
+        status, page = log_in_from("127.0.0.4", key, {"X-Forwarded-For": "192.0.2.50"}, port=behind_proxy)
+        assert status == 401 and "too many failed logins for user erin from this address" in page
+        assert log_in_from("127.0.0.4", key, {"X-Forwarded-For": "192.0.2.51"}, port=behind_proxy)[0] == 303
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=30)
+
+
+def test_vipu_web_refuses_a_trusted_proxy_that_is_no_address_in_one_line(tmp_path):
+    done = subprocess.run([str(BIN / "vipu-web"), "--trusted-proxy", "proxy.example", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "vipu-web: --trusted-proxy 'proxy.example' is not an IP address or network (e.g. 10.0.0.5, 10.0.0.0/24)\n"
 
 
 def owners(page) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import sys
 from pathlib import Path
@@ -28,6 +29,14 @@ def controller_settings(host: str, port: int, secure: bool, tls: TlsFiles) -> Cl
     return settings
 
 
+def proxy_network(given: str) -> str:
+    """A trusted proxy's address or network, as uvicorn takes it; InvalidArgument for anything else."""
+    try:
+        return str(ipaddress.ip_network(given.strip(), strict=False))
+    except ValueError:
+        raise InvalidArgument(f"--trusted-proxy {given!r} is not an IP address or network (e.g. 10.0.0.5, 10.0.0.0/24)") from None
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vipu-web")
 @click.option("--listen-address", default="0.0.0.0", show_default=True, help="Address the dashboard listens on.")
@@ -41,9 +50,12 @@ def controller_settings(host: str, port: int, secure: bool, tls: TlsFiles) -> Cl
                    "vipu-server with the client certificate there.")
 @click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIRECTORY, show_default=True,
               help="The certificates vipu-server --init --secure made (server/, client/).")
+@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
+              help="A reverse proxy in front of the dashboard (an address or network) whose X-Forwarded-For is believed, so "
+                   "that logins through it count by the browser's address; repeat for more. None by default.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, log_level):
+def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, trusted_proxies, log_level):
     """Serve the dashboard: the racks, the cabling, the partitions and the cluster tests of one
     vipu-server, live, read through its public API."""
     import uvicorn
@@ -56,14 +68,15 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
     try:
         settings = controller_settings(api_host, api_port, secure, tls)
         proof = forwarding_proof(tls) if secure else ""  # the server key, which HTTPS needs too
+        proxies = [proxy_network(given) for given in trusted_proxies]
     except VipuError as error:
         click.echo(f"vipu-web: {error.message}", err=True)
         sys.exit(2)
     sessions = Sessions(settings, admin_port, secure, proof)
     app = create_app(sessions, ", ".join(settings.addresses))
-    # proxy_headers off: a login's address is the socket's, never an X-Forwarded-For anyone may send.
+    # A login's address is the socket's, or what a trusted proxy says; never an X-Forwarded-For anyone may send.
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning", access_log=False,
-                                           proxy_headers=False,
+                                           proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
                                            timeout_graceful_shutdown=2, ssl_certfile=str(tls.server_cert) if secure else None,
                                            ssl_keyfile=str(tls.server_key) if secure else None))
     logging.getLogger("vipu.web").info("vipu-web %s for vipu-server at %s: %s://%s:%d/", __version__, ", ".join(settings.addresses),
