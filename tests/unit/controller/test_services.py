@@ -345,6 +345,21 @@ def test_a_controller_stopping_mid_test_records_it_interrupted_not_finished(pod)
     assert (run.state, run.outcomes) == (ct.RunState.INTERRUPTED, [])
 
 
+def test_a_stop_whose_step_runs_on_says_so_in_a_line_and_the_run_stops_after_the_step(pod):
+    pod.gateway.step_may_go.clear()
+    pod.clustertests.start("cl0", set(), wait=False)
+    assert pod.gateway.diagnosing.wait(10)
+    with pytest.raises(Unavailable, match=r"^the cluster test of cl0 stops after its current step, still running after 0.2 s; "
+                                          r"'vipu-admin test cluster --status' tells when it has$"):
+        pod.clustertests.stop(wait=0.2)
+    running = pod.clustertests._thread
+    assert running is not None and running.is_alive()
+    pod.gateway.step_may_go.set()
+    running.join(10)
+    with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
+        pod.clustertests.status()
+
+
 def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     pod.gateway.step_may_go.clear()
     pod.clustertests.start("cl0", set(), wait=False)

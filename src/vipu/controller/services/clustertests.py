@@ -30,11 +30,13 @@ from vipu.model.clustertests import (
     TestType,
 )
 from vipu.model.entities import IPUS_PER_MACHINE, Agent, ReadyState, shown
-from vipu.model.errors import Conflict, NotFound, VipuError
+from vipu.model.errors import Conflict, NotFound, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
+
+STOP_WAIT_SECONDS = 50.0  # within the CLIs' default --api-timeout (60 s), so that they hear why it has not stopped yet
 
 
 class _Context:
@@ -144,14 +146,19 @@ class ClusterTestService:
             raise NotFound(f"cluster {shown(cluster_id)} does not exist")
         return kept.run_state if kept is not None else None, judge.kept_results(ClusterLayout.of(cluster), kept)
 
-    def stop(self) -> str:
-        """Stop the running test after its current step; the cluster it was testing."""
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> str:
+        """Stop the running test after its current step; the cluster it was testing. A step that
+        runs on past `wait` seconds (each agent's call may take up to its test deadline) is left to
+        end: the caller hears so, and the run stops after it."""
         with self._lock:
             run, thread = self._run, self._thread
             if run is None or thread is None:  # start sets both together
                 raise Conflict("No cluster test is in progress.")
             self._stop.set()
-        thread.join()
+        thread.join(wait)
+        if thread.is_alive():
+            raise Unavailable(f"the cluster test of {run.cluster_id} stops after its current step, still running after "
+                              f"{wait:g} s; 'vipu-admin test cluster --status' tells when it has")
         return run.cluster_id
 
     def shutdown(self, timeout: float = 5.0) -> None:
