@@ -374,13 +374,14 @@ def test_scripts_pod_serves_the_dashboard_on_vipu_web_port_over_its_pod_and_ctrl
 
         page = wait_until(racks, timeout=90, what="the dashboard of scripts/pod")
         assert 'data-agent="ag1"' in page and f"controller localhost:{user_port}" in page  # the controller's --port, followed
-        assert f"the dashboard: http://localhost:{web_port}/" in (tmp_path / "pod.log").read_text()
+        assert f"the dashboard: http://localhost:{web_port}/" in (tmp_path / "pod.log").read_text(), \
+            (tmp_path / "pod.log").read_text()[-3000:]
 
         os.killpg(group, signal.SIGINT)  # Ctrl-C
         script.wait(timeout=60)
         wait_until(lambda: not alive(group), timeout=30, what="the controller, its agents and the dashboard to end")
         said = (tmp_path / "pod.log").read_text()
-        assert "vipu.server: stopping" in said and "Traceback" not in said  # each stopped by the script, not killed
+        assert "vipu.server: stopping" in said and "Traceback" not in said, said[-3000:]  # each stopped by the script, not killed
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", web_port), timeout=5).close()
     finally:
