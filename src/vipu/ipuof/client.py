@@ -76,7 +76,7 @@ def files_of(partition_id: str, directory: Path) -> list[Path]:
     single = directory / files.file_name(partition_id, 0, 1)
     if single.exists():
         return [single]
-    found = files.gcd_files(directory, partition_id) if directory.is_dir() else []
+    found = files.gcd_files(directory, partition_id)
     if not found:
         raise NotFound(f"no IPUoF configuration of partition {partition_id} in {directory}")
     return found

@@ -60,8 +60,11 @@ def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner:
 
 
 def gcd_files(directory: Path, partition_id: str) -> list[Path]:
-    """The multi-GCD files of a partition in a directory, in GCD order: exactly the names
-    `file_name` gives, so no file of another partition (such as `q_gcd0x`'s of `q`) is taken."""
+    """The multi-GCD files of a partition in a directory (none if it is no directory), in GCD
+    order: exactly the names `file_name` gives, so no file of another partition (such as
+    `q_gcd0x`'s of `q`) is taken."""
+    if not directory.is_dir():
+        return []
     pattern = re.compile(rf"{re.escape(partition_id)}_gcd([0-9]+)_ipuof\.conf")
     numbered = [(int(match.group(1)), path) for path in directory.iterdir() if (match := pattern.fullmatch(path.name))]
     return [path for _, path in sorted(numbered)]
@@ -69,8 +72,6 @@ def gcd_files(directory: Path, partition_id: str) -> list[Path]:
 
 def remove(directory: Path, partition_id: str) -> list[Path]:
     """Delete a partition's files; return the paths deleted."""
-    if not directory.is_dir():
-        return []
     single = directory / file_name(partition_id, 0, 1)
     removed = [single] if single.exists() else []
     removed += gcd_files(directory, partition_id)

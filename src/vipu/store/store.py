@@ -671,8 +671,7 @@ class Transaction:
         when the table has no such move or another operation changed the partition meanwhile.
         `ipus` replaces its IPUs in the same statement group ('relocate'; taken ones are a lost race,
         ConcurrentUpdate), `relocation` records where it went and why, and `failed_on` the machines
-        it keeps off from then on. Returns the state it went
-        to (`lifecycle.ABSENT` when it is gone)."""
+        it keeps off from then on. Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}

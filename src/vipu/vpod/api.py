@@ -29,7 +29,7 @@ from vipu.model.entities import shown
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
 from vipu.store.vpods import SiteMachine, Vpod
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
-from vipu.vpod.orchestrator import Credentials, Orchestrator
+from vipu.vpod.orchestrator import Credentials, Orchestrator, internal_error
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"
@@ -203,9 +203,8 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -
 
     @app.exception_handler(Exception)
     def failed(request: Request, error: Exception) -> JSONResponse:
-        """One line naming the kind of fault, not its text, which may say more than a caller should
-        hear; Starlette raises the error again once this answered, and the server logs it whole."""
-        return refusal(VipuError(f"internal error of vipu-vpod ({type(error).__name__}); its log says more"))
+        """Starlette raises the error again once this answered, and the server logs it whole."""
+        return refusal(internal_error(error))
 
     def visible(caller: Caller, vpod_id: str) -> Vpod:
         """The vPOD, if the caller may see it: another tenant's looks like one that does not exist."""

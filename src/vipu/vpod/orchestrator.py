@@ -378,12 +378,17 @@ def _nothing(vpod: Vpod) -> None:
 
 def as_failure(error: Exception) -> VipuError:
     """What a caller is told of an error, in one line: a VipuError as it is; anything else (a
-    fault of vipu-vpod's own) as an internal error naming its kind, logged whole."""
+    fault of vipu-vpod's own) as `internal_error`, logged whole."""
     if isinstance(error, VipuError):
         return error
     log.error("internal error", exc_info=error)
-    first = next((line for line in str(error).splitlines() if line.strip()), "no reason given")
-    return VipuError(f"internal error of vipu-vpod ({type(error).__name__}): {first.strip()}")
+    return internal_error(error)
+
+
+def internal_error(error: Exception) -> VipuError:
+    """A fault of vipu-vpod's own, in one line naming its kind, not its text, which may say more
+    than a tenant should hear (the log has it)."""
+    return VipuError(f"internal error of vipu-vpod ({type(error).__name__}); its log says more")
 
 
 def _names(line: str, machine: str) -> bool:

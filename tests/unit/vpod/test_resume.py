@@ -83,7 +83,7 @@ def test_a_release_resumed_after_each_step_does_each_later_step_once_and_frees_t
 
 @pytest.mark.parametrize("failure, told", [
     (Unavailable("machine m02: connection refused"), "machine m02: connection refused"),
-    (RuntimeError("boom\nand a second line"), "internal error of vipu-vpod (RuntimeError): boom"),
+    (RuntimeError("boom, at a path of the host"), "internal error of vipu-vpod (RuntimeError); its log says more"),
 ])
 def test_a_creation_that_fails_gives_its_machines_back_and_says_why_in_one_line(store, failure, told):
     orchestrator = StepsRecorded(store, failing={"handed": failure})
@@ -103,7 +103,6 @@ def test_a_failed_creation_not_yet_given_back_keeps_its_machines_until_a_restart
     vpod = store.get("acme-1")
     assert (vpod.state, vpod.step, vpod.error) == ("Failed", "tested", "controller gone")
     assert holders(store)["m01"] == "acme-1"  # still the failed vPOD's, no other's
-    assert "acme-1" not in {v.id for v in orchestrator.running()}  # its controller is not kept running
 
     restarted = StepsRecorded(store)
     restarted.resume()

@@ -8,8 +8,8 @@ published reset's `relocatable`, for a partition that machines failed. It avoids
 that failed it (agents down, or named in its errors), or, when none did, all of its own. It also
 keeps off the machines that failed the same partition before, while other room is left, so that
 a partition does not go back and forth between two faulty machines until its automatic moves are
-used up; that memory lives with the controller process (a restart forgets it, and the bound on
-automatic moves still holds).
+used up; the store keeps those machines with the partition (`Partition.failed_on`, written by the
+same 'relocate'), so a restarted controller keeps off them too.
 
 A move is the life cycle's 'relocate' (ACTIVE/IDLE or ERROR/FAILED to PENDING/RESETTING), which
 the store applies together with the change of IPUs and a note of where it went and why; then the

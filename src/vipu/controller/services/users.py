@@ -62,9 +62,9 @@ class LoginThrottle:
       could lock out every user not proven there, and after a restart nobody is.
 
     Addresses are as `address` makes them of gRPC's peer, or `address_of` of one a front end
-    forwarded; "" for none (nothing is counted). A success forgets that user's failures at that address. A limit
-    of 0 turns it off. Refusals by a lockout cost no scrypt and are not logged one by one: the log
-    says when a lockout starts. `clock` is for tests."""
+    forwarded; "" for none (nothing is counted). A success forgets that user's failures at that
+    address. A limit of 0 turns it off. Refusals by a lockout cost no scrypt and are not logged one
+    by one: the log says when a lockout starts. `clock` is for tests."""
 
     TRACKED = 10_000  # beyond this many entries, those whose time has passed are forgotten
     PROVEN_SECONDS = 24 * 3600.0
