@@ -65,17 +65,26 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port left in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
+SIM_OFFSETS = (0, 2000, 4000, 6000)  # a simulated pod's agents, IPUoF, RDMA and exporters, from its base port
+RUN_BASES = range(10_000, 12_000)  # so its ports lie below free_port's (and the walk-throughs' 18101 and up)
+
+
 def free_run(count: int) -> int:
     """A base port for `vipu-server --sim COUNT --sim-base-port`: `count` free ports from it and
-    from 6000 above it (agents and their exporters). Above free_port's ports, in this worker's share."""
-    bases = _share(range(33000, 40000))
+    from each of SIM_OFFSETS above it. Every worker takes its bases from a share of RUN_BASES, so
+    that no two workers' runs meet at any offset."""
+    bases = _share(RUN_BASES)
     for _ in range(100):
-        base = random.randrange(bases.start, bases.stop)
+        base = random.randrange(bases.start, bases.stop - count)
+        ports = [port + offset for offset in SIM_OFFSETS for port in range(base, base + count)]
+        if _handed_out.intersection(ports):
+            continue
         try:
-            for port in [*range(base, base + count), *range(base + 6000, base + 6000 + count)]:
+            for port in ports:
                 with socket.socket() as probe:
                     probe.bind(("127.0.0.1", port))
-            return base
         except OSError:
             continue
-    raise RuntimeError("no run of free ports")
+        _handed_out.update(ports)
+        return base
+    raise RuntimeError(f"no run of {count} free ports from {bases.start}-{bases.stop - 1}")

@@ -65,6 +65,17 @@ def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
         time.sleep(0.05)
 
 
+def web_answers(web: subprocess.Popen | None, port: int, log: Path) -> bool:
+    """Whether vipu-web listens on its port yet; its log's end if it exited instead."""
+    if web is not None and web.poll() is not None:
+        raise AssertionError(f"vipu-web exited with status {web.returncode}:\n{log.read_text()[-3000:]}")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 class Pod:
     """A rack of simulated machines, one agent process each, and a vipu-server over them.
 
@@ -201,13 +212,7 @@ class Pod:
         return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.web_port}"
 
     def _web_answers(self) -> bool:
-        if self.web is not None and self.web.poll() is not None:
-            raise AssertionError(f"vipu-web exited with status {self.web.returncode}:\n{(self.directory / 'web.log').read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", self.web_port), timeout=1):
-                return True
-        except OSError:
-            return False
+        return web_answers(self.web, self.web_port, self.directory / "web.log")
 
     def stop_web(self) -> None:
         web, self.web = self.web, None

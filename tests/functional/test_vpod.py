@@ -22,7 +22,7 @@ from tests.functional.harness import BIN, Result, blocks, failed_line, wait_unti
 from tests.keystone import ADMIN_PASSWORD, Keystone
 from tests.kubecluster import KubeCluster
 from tests.kubelet import Kubelet
-from tests.ports import free_port
+from tests.ports import free_port, free_run
 from tests.processes import dying_with_parent
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.tls import TlsFiles, client_credentials
@@ -54,7 +54,7 @@ class Site:
             machine.port, machine.ipuof_port = free_port(), free_port()
         save_rack(self.rack, self.rack_path)
         self.port = free_port()
-        self.port_base = 30000 + (os.getpid() % 300) * 100  # tenants' controllers: three ports each from here
+        self.port_base = free_run(30)  # tenants' controllers: three ports each from here
         self.server: subprocess.Popen | None = None
         self.serve_options: tuple[str, ...] = ()  # kept for restarts
         done = subprocess.run([str(BIN / "vipu-vpod"), "init", "--data-dir", str(self.data), *self.db_options, "--tls-hosts",

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
-from tests.functional.harness import BIN, PROMPTLY, Pod, rows, wait_until
+from tests.functional.harness import BIN, PROMPTLY, Pod, rows, wait_until, web_answers
 from tests.ports import free_port, free_run
 from tests.processes import dying_with_parent
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
@@ -518,12 +518,8 @@ def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_
             "--api-port", str(pod.user_port), "--admin-port", str(pod.admin_port), "--secure", "--tls-dir", str(pod.tls.root),
             "--trusted-proxy", "127.0.0.4"]), stdout=log, stderr=subprocess.STDOUT)
     try:
-        def listening() -> bool:
-            assert dashboard.poll() is None, (pod.directory / "web-behind-proxy.log").read_text()[-2000:]
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", behind_proxy)) == 0
-
-        wait_until(listening, what="vipu-web behind its proxy")
+        wait_until(lambda: web_answers(dashboard, behind_proxy, pod.directory / "web-behind-proxy.log"),
+                   what="vipu-web behind its proxy")
         for attempt in range(10):
             status, _ = log_in_from("127.0.0.4", f"another-guess-at-erins-key-{attempt:02d}", {"X-Forwarded-For": "192.0.2.50"},
                                     port=behind_proxy)

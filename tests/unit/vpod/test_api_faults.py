@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 import uvicorn
 
+from tests.functional.harness import wait_until
 from tests.ports import free_port
 from vipu.backends.sim.rack import generate_rack
 from vipu.model.entities import IldTopology
@@ -43,10 +43,8 @@ def served(tmp_path):
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=10, what="the API to start")
+    assert server.started, "the API did not start"
     yield port
     server.should_exit = True
     thread.join(timeout=10)
@@ -59,11 +57,5 @@ def test_an_unexpected_fault_answers_one_line_naming_its_kind_and_the_log_keeps_
         urllib.request.urlopen(request, timeout=30)
     assert refusal.value.code == 500
     assert json.loads(refusal.value.read()) == {"error": "internal error of vipu-vpod (RuntimeError); its log says more"}
-    deadline = time.monotonic() + 10  # the server logs the fault once the answer has gone
-
-    def logged() -> bool:
-        return any(record.exc_info and SECRET in str(record.exc_info[1]) for record in caplog.records)
-
-    while not logged():
-        assert time.monotonic() < deadline, "the fault is not in the log"
-        time.sleep(0.02)
+    wait_until(lambda: any(record.exc_info and SECRET in str(record.exc_info[1]) for record in caplog.records),
+               timeout=10, what="the fault in the log")  # the server logs it once the answer has gone
