@@ -29,8 +29,8 @@ from vipu.api.tls import TlsFiles, client_credentials
 from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology
-from vipu.store.vpods import VpodStore
 from vipu.vpod.crash import CRASH_AT_VARIABLE, CRASH_POINTS, CREATE_POINTS, RELEASE_POINTS
+from vipu.vpod.store import VpodStore
 
 pytestmark = pytest.mark.functional
 

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 
 from vipu.api.credentials import ACCESS_KEY_KEY, FORWARDED_FOR_KEY, FORWARDING_PROOF_KEY, USER_ID_KEY, forwarded_for
 from vipu.api.status import RateLimitedLog
-from vipu.controller.services.users import UserService
+from vipu.controller.usecases.users import UserService
 from vipu.model.entities import OPEN_ACCESS, Access
 
 _caller: ContextVar[Access] = ContextVar("vipu_caller", default=OPEN_ACCESS)

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import click
 
-from vipu import __version__
+from vipu import __version__, failpoints
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate, generate_agent_link
 from vipu.client.settings import ClientSettings, write_client_config
+from vipu.controller.core.owners import QueueLimits
 from vipu.controller.server import Controller, ServerConfig
-from vipu.controller.services.users import UserService
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
+from vipu.controller.usecases.users import UserService
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import Store
@@ -174,12 +175,16 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--advertise-address", default=None,
               help="With --ha: the host name clients reach this replica by, which standbys name as the leader's. "
                    "Default: --listen-address, or this host's name when listening on all addresses.")
+@click.option("--max-waiting-per-user", type=click.IntRange(1, 1_000_000), default=QueueLimits.per_user, show_default=True,
+              help="With --secure: how many requests one user may have waiting for room (create --wait); one more is refused.")
+@click.option("--max-waiting", type=click.IntRange(1, 10_000_000), default=QueueLimits.total, show_default=True,
+              help="How many requests may wait for room on this controller in all; one more is refused.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
-         sim_base_port, ha, ha_lease_seconds, advertise_address, log_level):
+         sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -188,6 +193,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     try:
         if ha and sim_machines:
             raise InvalidArgument("--sim starts a pod for one controller; it cannot be combined with --ha")
+        failpoints.arm_from_environment()
         if init_only or tls_init:
             initialise(db_url, init_only, secure, tls_init, tls_dir, tls_hosts, default_user_id or getpass.getuser(), port, admin_port)
             return
@@ -209,6 +215,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             tls_dir=tls_dir,
             ha_lease_seconds=ha_lease_seconds if ha else 0.0,
             advertise_address=advertise_address or (listen_address if listen_address not in ("0.0.0.0", "::") else socket.getfqdn()),
+            max_waiting_per_user=max_waiting_per_user,
+            max_waiting=max_waiting,
         )
         deposed: list[str] = []
 

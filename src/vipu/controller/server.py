@@ -1,4 +1,4 @@
-"""The controller assembled: store, services, end-points, reconciler and metrics.
+"""The controller assembled: store, use cases and owners, end-points, health passes and metrics.
 
 `Controller` is also the in-process controller of the testing kit: a test can start one on a
 SQLite file, point it at simulated agents and drive it through its real end-points.
@@ -21,24 +21,19 @@ from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials, forwarding_proof, server_credentials
 from vipu.api.tls import takeover_grant as tls_takeover_grant
-from vipu.controller.agentclient import GrpcAgentGateway
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
-from vipu.controller.discovery import DiscoveryListener
-from vipu.controller.leadership import Leadership
+from vipu.controller.core.changes import ChangeFeed, Topic
+from vipu.controller.core.owners import QueueLimits
+from vipu.controller.infrastructure.agentclient import GrpcAgentGateway
+from vipu.controller.infrastructure.discovery import DiscoveryListener
+from vipu.controller.infrastructure.leadership import Leadership
 from vipu.controller.metrics import ControllerMetrics
 from vipu.controller.servicers.admin import AdminServicer
 from vipu.controller.servicers.user import UserServicer
 from vipu.controller.servicers.version import VersionServicer
-from vipu.controller.services.agents import AgentService, no_takeover
-from vipu.controller.services.allocations import AllocationService
-from vipu.controller.services.changes import ChangeFeed, Topic
-from vipu.controller.services.clusters import ClusterService
-from vipu.controller.services.clustertests import ClusterTestService
-from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.reconcile import Reconciler
-from vipu.controller.services.requests import RequestService
-from vipu.controller.services.users import LoginThrottle, UserService
+from vipu.controller.usecases.agents import no_takeover
+from vipu.controller.usecases.users import LoginThrottle, UserService
+from vipu.controller.wiring import ControllerServices
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
@@ -70,6 +65,8 @@ class ServerConfig:
     login_failures: int = 10  # failed logins of one user from one address within login_lockout that lock it out there; 0: never
     login_failures_per_address: int = 0  # of any users, that lock out an address but for users proven from it; 0: never
     login_lockout: float = 60.0
+    max_waiting_per_user: int = QueueLimits.per_user  # requests one user of secure mode may have waiting for room
+    max_waiting: int = QueueLimits.total  # requests that may wait for room on this controller, in all
 
 
 def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
@@ -106,17 +103,13 @@ class Controller:
         link = agent_link(config)
         self.store = Store(config.db_url)
         self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=link)
-        self.hardware = Hardware(self.gateway, workers=config.workers)
         self.changes = ChangeFeed()
         self.store.on_commit = self._committed
-        under_test: set[str] = set()
-        self.partitions = PartitionService(self.store, self.hardware, under_test, self.changes)
-        self.requests = RequestService(self.partitions, config.workers, self.changes.max_watchers)
-        self.allocations = AllocationService(self.store, self.partitions, self.requests)
-        self.clusters = ClusterService(self.store, self.allocations, under_test)
-        self.agents = AgentService(self.store, self.gateway, self.clusters, takeover_grant(config))
-        self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
-        self.clustertests = ClusterTestService(self.store, self.hardware, under_test, self.changes)
+        self.services = services = ControllerServices(self.store, self.gateway, self.changes, config.workers,
+                                                      QueueLimits(config.max_waiting_per_user, config.max_waiting), takeover_grant(config))
+        self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
+        self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
+        self.clustertests, self.health = services.clustertests, services.health
         self.discovery = (DiscoveryListener(list(config.discovery_interfaces), port=config.discovery_port)
                           if config.discovery_interfaces else None)
         self.metrics = ControllerMetrics(self.store)
@@ -132,7 +125,6 @@ class Controller:
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()
         self._health: threading.Thread | None = None
-        self._dispatcher: threading.Thread | None = None
 
     def _committed(self, changed: frozenset[str]) -> None:
         for what in changed:
@@ -158,18 +150,16 @@ class Controller:
         """Finish what a stopped controller left half-done, and start listening for agents. From
         now on this controller is the store's only writer (a standby writes nothing)."""
         self.store.own()
-        self.reconciler.recover()
+        self.health.recover()
         self.clustertests.recover()
         if self.discovery is not None:
             self.discovery.start()
 
     def _start_health(self) -> None:
-        """Health passes, and the passes over the queues of waiting requests, each in a thread of its own."""
-        self._health = threading.Thread(target=self.reconciler.run, args=(self.config.health_interval, self._stop), name="health",
+        """Health passes, in a thread of their own."""
+        self._health = threading.Thread(target=self.health.run, args=(self.config.health_interval, self._stop), name="health",
                                         daemon=True)
         self._health.start()
-        self._dispatcher = threading.Thread(target=self.requests.run, args=(self._stop,), name="queues", daemon=True)
-        self._dispatcher.start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""
@@ -186,7 +176,7 @@ class Controller:
 
     def _deposed(self, reason: str) -> None:
         self._stop.set()
-        self.partitions.queue.wake.set()
+        self.owners.stop(f"this vipu-server is no longer the leader: {reason}", seconds=0)
         self.store.own(False)
         self._on_deposed(reason)
 
@@ -223,7 +213,6 @@ class Controller:
         (the simulated pod of --sim) is stopped after this, so no pass sees its agents go."""
         self._stop.set()
         self.changes.close()  # before the servers stop: their grace must not wait on watchers
-        self.partitions.queue.wake.set()
         self.clustertests.shutdown()
         if self.discovery is not None:
             self.discovery.stop()
@@ -231,11 +220,8 @@ class Controller:
             server.stop(grace=2).wait()
         if self._health is not None:
             self._health.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
-        if self._dispatcher is not None:
-            self._dispatcher.join(timeout=HEALTH_PASS_DEADLINE_SECONDS)
-        self.requests.close()
+        self.services.stop("this vipu-server is stopping")
         if self.leadership is not None:
             self.leadership.stop()  # after the last request, so that the next leader starts from what it left
-        self.hardware.close()
         self.gateway.close()
         self.store.close()

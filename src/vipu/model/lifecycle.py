@@ -23,7 +23,11 @@ before `create` and after `removed` or `abandon`.
 
 from __future__ import annotations
 
-from vipu.model.entities import OperationState, Partition, ReadyState
+import dataclasses
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from vipu.model.entities import OperationState, Partition, PlacedIpu, ReadyState
 from vipu.model.errors import Conflict
 
 State = tuple[ReadyState, OperationState]
@@ -79,3 +83,41 @@ def moved_meanwhile(partition_id: str, transition: str, expected: State | None, 
     """The refusal of a transition whose partition another operation changed since it was read."""
     return Conflict(f"partition {partition_id} is {named(found)}, not {named(expected)} as '{transition}' expected: "
                     "another operation changed it meanwhile")
+
+
+def apply(partition: Partition, name: str, errors: list[str] | None = None, auto_reset_count: int | None = None,
+          ipus: list[PlacedIpu] | None = None, relocation: str | None = None, failed_on: tuple[str, ...] | None = None,
+          now: datetime | None = None) -> State | None:
+    """Change `partition` as the transition `name` (with its fields) does; the state it goes to
+    (ABSENT: it is gone, and the object is left as it was). A Conflict if the table has no such move."""
+    moved_to = target(partition.id, name, state_of(partition))
+    if moved_to is ABSENT:
+        return ABSENT
+    partition.ready_state, partition.operation_state = moved_to
+    if errors is not None:
+        partition.errors = list(errors)
+    if auto_reset_count is not None:
+        partition.auto_reset_count = auto_reset_count
+        partition.last_auto_reset = now or datetime.now(UTC)
+    if ipus is not None:
+        partition.ipus = list(ipus)
+    if relocation is not None:
+        partition.relocation = relocation
+    if failed_on is not None:
+        partition.failed_on = tuple(failed_on)
+    return moved_to
+
+
+def copy(partition: Partition) -> Partition:
+    """A copy that may be changed without changing `partition`."""
+    return dataclasses.replace(partition, ipus=list(partition.ipus), errors=list(partition.errors))
+
+
+def after(partition: Partition, transitions: Iterable[tuple[str, dict]]) -> Partition | None:
+    """The partition as these transitions, one after the other, leave it (None once it is gone),
+    leaving `partition` itself unchanged; a Conflict if the table has no such move."""
+    changed = copy(partition)
+    for name, fields in transitions:
+        if apply(changed, name, **{k: v for k, v in fields.items() if v is not None}) is ABSENT:
+            return None
+    return changed

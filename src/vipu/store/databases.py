@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 
 from vipu.model.entities import check_id
 from vipu.model.errors import AlreadyExists, InvalidArgument, Unavailable
-from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, checked_url
+from vipu.store.engines import STATEMENT_DEADLINE_SECONDS, checked_url, first_line
 
 CONNECT_DEADLINE_SECONDS = 10
 
@@ -48,7 +48,7 @@ def _server(url: str, what: str) -> Iterator[Connection]:
         with engine.connect() as connection:
             yield connection
     except DBAPIError as error:
-        raise Unavailable(f"cannot {what} at {make_url(url).render_as_string(hide_password=True)}: {_first_line(error)}") from None
+        raise Unavailable(f"cannot {what} at {make_url(url).render_as_string(hide_password=True)}: {first_line(error)}") from None
     finally:
         engine.dispose()
 

@@ -14,7 +14,7 @@ from vipu.api import grants
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.api.tls import TlsFiles, client_credentials, link_authority
-from vipu.store.vpods import SiteMachine
+from vipu.vpod.store import SiteMachine
 
 IDENTITY = "vipu-vpod"
 

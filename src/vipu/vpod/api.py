@@ -27,9 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vipu.client.retry import http_status
 from vipu.model.entities import shown
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
-from vipu.store.vpods import SiteMachine, Vpod
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
 from vipu.vpod.orchestrator import Credentials, Orchestrator, internal_error
+from vipu.vpod.store import SiteMachine, Vpod
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"

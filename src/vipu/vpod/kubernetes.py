@@ -43,7 +43,7 @@ from vipu.api.tls import TlsFiles
 from vipu.k8s import kube
 from vipu.model.errors import InvalidArgument, Unavailable
 from vipu.store.databases import close_database, make_database, server_url
-from vipu.store.vpods import Vpod
+from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, TenantControllers, controller_name
 
 log = logging.getLogger(__name__)

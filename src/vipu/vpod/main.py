@@ -27,8 +27,8 @@ from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certifica
 from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
-from vipu.store.vpods import VpodStore
 from vipu.vpod import crash
+from vipu.vpod.store import VpodStore
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
 KEY_FILE = "admin.key"

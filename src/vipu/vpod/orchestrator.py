@@ -40,10 +40,10 @@ from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology, check_id
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
-from vipu.store.vpods import SiteMachine, Vpod, VpodStore
 from vipu.vpod.agents import SiteAgents
 from vipu.vpod.crash import crash_point
 from vipu.vpod.site import pick_machines
+from vipu.vpod.store import SiteMachine, Vpod, VpodStore
 from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
 
 log = logging.getLogger(__name__)

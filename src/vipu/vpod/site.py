@@ -15,7 +15,7 @@ from vipu.backends.sim.rack import Rack, load_rack
 from vipu.model.entities import IldTopology
 from vipu.model.errors import Conflict, InvalidArgument
 from vipu.model.topology import ClusterLayout
-from vipu.store.vpods import SiteMachine
+from vipu.vpod.store import SiteMachine
 
 
 def site_machines(rack: Rack) -> list[SiteMachine]:

@@ -35,8 +35,8 @@ from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.errors import Unavailable, VipuError
-from vipu.store.vpods import Vpod
 from vipu.vpod.crash import crash_point
+from vipu.vpod.store import Vpod
 
 log = logging.getLogger(__name__)
 

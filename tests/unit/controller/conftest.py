@@ -12,8 +12,7 @@ def pod(tmp_path):
     """test_services' pod of simulated machines, reached in memory, on SQLite."""
     pod = Pod(tmp_path)
     yield pod
-    pod.hardware.close()
-    pod.store.close()
+    pod.close()
 
 
 @pytest.fixture
@@ -21,5 +20,4 @@ def pod_on_store(tmp_path, store_url):
     """The in-memory pod of test_services, on SQLite and on PostgreSQL."""
     pod = Pod(tmp_path, store_url=store_url)
     yield pod
-    pod.hardware.close()
-    pod.store.close()
+    pod.close()

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from vipu.controller.services.changes import KEPT_CHANGES, ChangeFeed, Topic
+from vipu.controller.core.changes import KEPT_CHANGES, ChangeFeed, Topic
 from vipu.model.entities import OPEN_ACCESS, Access
 from vipu.model.errors import Unavailable
 

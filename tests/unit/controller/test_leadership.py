@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from vipu.controller.leadership import LEASE_NAME, Leadership
+from vipu.controller.infrastructure.leadership import LEASE_NAME, Leadership
 from vipu.model.errors import Standby, Unavailable
 from vipu.store.schema import LeaseRow
 from vipu.store.store import Store

@@ -15,13 +15,7 @@ import pytest
 
 from tests.unit.controller.test_services import InMemoryGateway
 from vipu.backends.sim.rack import generate_rack, save_rack
-from vipu.controller.services.agents import AgentService
-from vipu.controller.services.allocations import AllocationService
-from vipu.controller.services.clusters import ClusterService
-from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.reconcile import Reconciler
-from vipu.controller.services.requests import RequestService
+from vipu.controller.wiring import ControllerServices
 from vipu.model.entities import Cluster, IldTopology, PartitionRequest, ReadyState
 from vipu.model.errors import VipuError
 from vipu.store.store import Store
@@ -51,18 +45,15 @@ def large_pod(tmp_path, store_url):
     save_rack(rack, rack_path)
     gateway = SlowGateway(rack_path)
     store = Store(store_url)
-    hardware = Hardware(gateway, workers=32)
-    partitions = PartitionService(store, hardware, set())
-    allocations = AllocationService(store, partitions, RequestService(partitions))
-    clusters = ClusterService(store, allocations, set())
-    agents = AgentService(store, gateway, clusters)
+    services = ControllerServices(store, gateway, workers=32)
+    services.owners.load()
     for n, machine in enumerate(rack.machines, start=1):
-        agents.create(f"ag{n}", machine.host, machine.port)
-    clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), IldTopology.TORUS))
-    allocations.create("a1", "cl0", size=MACHINES * 4)
+        services.agents.create(f"ag{n}", machine.host, machine.port)
+    services.clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), IldTopology.TORUS))
+    services.allocations.create("a1", "cl0", size=MACHINES * 4)
     gateway.slow = True
-    yield partitions, Reconciler(store, hardware, partitions)
-    hardware.close()
+    yield services.partitions, services.health
+    services.stop("the test is over")
     store.close()
 
 

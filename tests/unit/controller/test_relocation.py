@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.requests import RequestService, Waiting
+from vipu import failpoints
+from vipu.controller.usecases.requests import Waiting
 from vipu.model.entities import MAX_AUTO_RESETS, OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import HardwareFailure, NoRoom
 
@@ -38,7 +37,7 @@ def test_a_partition_keeps_off_the_machines_that_failed_it_even_after_the_contro
     assert pod.partitions.create(PartitionRequest("p1", 4, relocatable=True)).agent_ids == ["ag2"]
     assert pod.partitions.get("p1").failed_on == ("ag1",)
     pod.heal()  # m01 answers well again: free, first in order, and still the machine that failed p1
-    restarted = PartitionService(pod.store, pod.hardware, set())  # a controller started again on the same store
+    restarted = pod.restarted().partitions  # a controller started again on the same store
     pod.fault("m02", "IPU 1 failed")
     with pytest.raises(HardwareFailure, match="agent ag2: m02: IPU 1 failed"):
         restarted.reset("p1")
@@ -141,22 +140,16 @@ def test_a_move_keeps_the_old_ipus_taken_until_its_old_machine_is_cleared(pod):
     """A create racing the clear of a moved partition's old machine is placed elsewhere, never on
     settings still there."""
     pod.partitions.create(PartitionRequest("p1", 4))  # ag1
-    clearing, may_clear = threading.Event(), threading.Event()
-    clear_all = pod.gateway.clear_all
-
-    def slow_clear(targets, partition_id):
-        if partition_id == "p1":
-            clearing.set()
-            assert may_clear.wait(10)
-        return clear_all(targets, partition_id)
-
-    pod.gateway.clear_all = slow_clear
-    with ThreadPoolExecutor(1) as pool:
-        moving = pool.submit(pod.partitions.relocate, "p1")
-        assert clearing.wait(10)
-        racer = pod.partitions.create(PartitionRequest("q", 4))  # while ag1 still holds p1's old settings
-        may_clear.set()
-        assert moving.result(timeout=10).agent_ids == ["ag2"]
+    clearing = failpoints.arm("agent.clear", "pause")  # the move's clear of its old machine stalls
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            moving = pool.submit(pod.partitions.relocate, "p1")
+            assert clearing.reached.wait(10)
+            racer = pod.partitions.create(PartitionRequest("q", 4))  # while ag1 still holds p1's old settings
+            clearing.released.set()
+            assert moving.result(timeout=10).agent_ids == ["ag2"]
+    finally:
+        failpoints.disarm()
     assert (racer.ready_state, racer.agent_ids) == (ReadyState.ACTIVE, ["ag3"])
     assert pod.partitions.create(PartitionRequest("r", 4)).agent_ids == ["ag1"]  # cleared: free again
     assert pod.held_anywhere("p1") == ["ag2"] and pod.held("ag1") == {"r"}
@@ -170,17 +163,18 @@ def test_a_partition_never_moves_to_a_machine_that_is_down(pod):
     assert moved(pod, "p1")[:2] == ("ag1", "ag3")
 
 
-def test_a_move_onto_ipus_held_for_the_first_waiting_request_has_that_request_held_another_shape(pod):
+def test_a_move_onto_ipus_held_for_the_first_waiting_request_has_the_shape_held_for_it_chosen_afresh(pod):
     pod.partitions.create(PartitionRequest("p1", 4))  # ag1
     pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
     pod.partitions.create(PartitionRequest("mid", 8, explicit_ipus=tuple((0, 8 + i) for i in range(8)), cluster_id="cl0"))
-    requests = RequestService(pod.partitions)  # passes only when called
-    assert isinstance(requests.create(PartitionRequest("big", 8), wait_seconds=60), Waiting)
-    held = pod.partitions.queue.get("big").held
+    assert isinstance(pod.requests.create(PartitionRequest("big", 8), wait_seconds=60), Waiting)
+    held = pod.owners.owner("a1").snapshot.queue.held
     assert {agent for agent, _ in held} == {"ag1", "ag2"}
     assert pod.partitions.relocate("p1").agent_ids == ["ag2"]  # nothing else is free
-    assert pod.partitions.queue.get("big").held == frozenset()  # not kept on a shape the move now blocks
-    requests.dispatch()
-    assert pod.partitions.queue.get("big").held  # chosen afresh
+    assert pod.owners.wait_quiet(10)
+    again = pod.owners.owner("a1").snapshot.queue.held
+    # Chosen afresh around the move: ag1-ag2, now blocked by p1 alone, is still the shape the fewest
+    # partitions block (ag3-ag4 is too, by mid, but with all 8 of its IPUs in use); and recorded.
+    assert {agent for agent, _ in again} == {"ag1", "ag2"}
     with pod.store.reading() as tx:
-        assert tx.list_requests()[0].held == pod.partitions.queue.get("big").held
+        assert tx.list_requests()[0].held == again

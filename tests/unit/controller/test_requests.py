@@ -1,7 +1,7 @@
 """Requests waiting for room, served by the real services over simulated machines (test_services' pod).
 
-The dispatcher runs in its own thread as in vipu-server; tests wait for outcomes with the same
-bounded waiting call clients use, never with sleeps.
+Each allocation's owner passes over its queue after every change, as in vipu-server; tests wait
+for outcomes with the same bounded waiting call clients use, never with sleeps.
 """
 
 from __future__ import annotations
@@ -11,28 +11,25 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.ports import free_port
 from tests.unit.controller.test_services import MACHINES
+from vipu import failpoints
 from vipu.api.protos.vipuuser_pb2_grpc import add_UserServiceServicer_to_server
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.client import user as client_user
 from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
+from vipu.controller.core import owner as owner_module
+from vipu.controller.core.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.servicers.user import UserServicer
-from vipu.controller.services import requests as requests_module
-from vipu.controller.services.changes import MAX_WATCHERS, ChangeFeed
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.requests import RequestService, Waiting
-from vipu.controller.services.waiting import WaitingRequests
+from vipu.controller.usecases.requests import RequestService, Waiting
 from vipu.model.entities import Access, PartitionRequest, ReadyState
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable
-from vipu.model.queue import WaitingRequest
-from vipu.store.store import Store, Transaction
+from vipu.store.store import Transaction
 
 ANYONE = Access()  # open mode
 ALICE = Access("alice", frozenset({"a1"}))
@@ -40,27 +37,9 @@ BOB = Access("bob", frozenset({"a1"}))
 CAROL = Access("carol", frozenset())
 
 
-class Dispatching:
-    """A RequestService over a pod, its dispatcher running, as vipu-server runs it."""
-
-    def __init__(self, partitions: PartitionService, **options):
-        self.requests = RequestService(partitions, **options)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.requests.run, args=(self.stop,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.requests.queue.wake.set()
-        self.thread.join(timeout=10)
-        self.requests.close()
-
-
 @pytest.fixture
 def queued(pod):
-    dispatching = Dispatching(pod.partitions)
-    yield dispatching.requests
-    dispatching.close()
+    return pod.requests
 
 
 def wait(requests: RequestService, partition_id: str, access=ANYONE, timeout: float = 10.0):
@@ -79,10 +58,6 @@ def queue_up(requests: RequestService, partition_id: str, size: int, access=ANYO
     return result
 
 
-def machines_of(requests: RequestService, partition_id: str) -> list[str]:
-    return requests.partitions.get(partition_id).agent_ids
-
-
 def started_at_once(requests: RequestService, partition_id: str, size: int) -> list[str]:
     """Ask, willing to wait; the machines of the partition, which must have started at once."""
     result = requests.create(PartitionRequest(partition_id, size), wait_seconds=60)
@@ -95,14 +70,19 @@ def on_machine(number: int) -> PartitionRequest:
 
 
 def until(requests: RequestService, condition, timeout: float = 10.0) -> None:
-    """Until `condition()` holds, waking at each change of the queue or the partitions."""
+    """Until `condition()` holds, waking at each change an owner publishes."""
     deadline = time.monotonic() + timeout
     while True:
-        seen = requests.queue.version
+        seen = requests.owners.version
         if condition():
             return
         assert time.monotonic() < deadline, "timed out"
-        requests.queue.wait_for_change(seen, deadline - time.monotonic())
+        requests.owners.wait_for_change(seen, deadline - time.monotonic())
+
+
+def queue_of(pod, allocation_id: str = "a1"):
+    """The allocation's queue as its owner last published it."""
+    return pod.owners.owner(allocation_id).snapshot.queue
 
 
 def test_requests_wait_in_arrival_order_and_start_as_room_appears(pod, queued):
@@ -147,14 +127,14 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
 def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):
     pod.partitions.create(PartitionRequest("whole", 32))
     passes: list[list[int]] = []  # the sizes placement was asked about, by each pass that explained the queue
-    real_place, real_explain = requests_module.place_partition, queued._explain
+    real_place, real_explain = owner_module.place_partition, owner_module.AllocationOwner._explain
 
     def explain(*args, **kwargs):
         passes.append([])
         real_explain(*args, **kwargs)
 
-    monkeypatch.setattr(requests_module, "place_partition", lambda *a, **k: passes[-1].append(a[3]) or real_place(*a, **k))
-    monkeypatch.setattr(queued, "_explain", explain)
+    monkeypatch.setattr(owner_module, "place_partition", lambda *a, **k: passes[-1].append(a[3]) or real_place(*a, **k))
+    monkeypatch.setattr(owner_module.AllocationOwner, "_explain", explain)
     queue_up(queued, "first", 32)
     for n in range(2, 41):
         queue_up(queued, f"r{n}", 8 if n % 2 else 4)
@@ -181,114 +161,21 @@ def test_requests_alike_but_for_their_index_are_each_told_what_stands_in_their_o
     assert reasons["at1"].endswith("it fits when on-ag2 is removed"), reasons["at1"]
 
 
-def test_two_passes_ending_together_work_out_the_reasons_one_at_a_time(pod, monkeypatch):
-    pod.partitions.create(PartitionRequest("whole", 32))
-    requests = RequestService(pod.partitions)  # passes only when called
-    queue_up(requests, "r", 4)
-    inside, most_inside, second_came = [0], [0], threading.Event()
-    count = threading.Lock()
-    real_place = requests_module.place_partition
-
-    def place(*args, **kwargs):
-        with count:
-            inside[0] += 1
-            most_inside[0] = max(most_inside[0], inside[0])
-            if inside[0] > 1:
-                second_came.set()
-        second_came.wait(1.0)  # the first pass stays inside until a second joins it, or a second has gone by
-        try:
-            return real_place(*args, **kwargs)
-        finally:
-            with count:
-                inside[0] -= 1
-
-    monkeypatch.setattr(requests_module, "place_partition", place)
-
-    def a_pass():
-        requests._explained.clear()  # as after a change of the queue: the reasons are worked out again
-        requests.dispatch("a1")
-
-    try:
-        with ThreadPoolExecutor(2) as passes:
-            for done in [passes.submit(a_pass), passes.submit(a_pass)]:
-                done.result(timeout=10)
-        assert most_inside == [1]
-        assert requests.list()[0].reason.startswith("first in the queue")
-    finally:
-        requests.close()
-
-
-def test_a_pass_that_placed_before_another_leaves_the_reasons_to_it_when_it_comes_to_them_second(pod, monkeypatch):
-    pod.partitions.create(PartitionRequest("whole", 32))
-    requests = RequestService(pod.partitions)  # passes only when called
-    queue_up(requests, "r", 4)
-    requests._explained.clear()  # both passes below would explain
-    explained_by: list[str] = []
-    real_explain = requests._explain
-    monkeypatch.setattr(requests, "_explain",
-                        lambda *a: explained_by.append(threading.current_thread().name.partition("_")[0]) or real_explain(*a))
-    later_done, placed = threading.Event(), threading.Event()
-
-    class EarlierWaits:
-        """The earlier pass, having placed, reaches the reasons only once the later one is done."""
-
-        def __init__(self, lock):
-            self.lock = lock
-
-        def __enter__(self):
-            if threading.current_thread().name.startswith("earlier"):
-                placed.set()
-                later_done.wait(10)  # the assertions below tell if it never came
-            return self.lock.__enter__()
-
-        def __exit__(self, *exc):
-            return self.lock.__exit__(*exc)
-
-    class Gated(dict):
-        def setdefault(self, key, default=None):
-            return EarlierWaits(super().setdefault(key, default))
-
-    monkeypatch.setattr(requests, "_explaining", Gated())
-
-    def later():
-        assert placed.wait(10)  # the earlier pass has placed: this one, r2's, places after it
-        queue_up(requests, "r2", 4)
-        later_done.set()
-
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="earlier") as earlier, ThreadPoolExecutor(1, thread_name_prefix="later") as late:
-            passes = [earlier.submit(requests.dispatch, "a1"), late.submit(later)]
-            for done in passes:
-                done.result(timeout=10)
-        assert later_done.is_set()
-        assert explained_by == ["later"]  # not "earlier" after it, with what it saw before r2 came
-        assert [w.request.partition_id for w in requests.list()] == ["r", "r2"]
-    finally:
-        requests.close()
-
-
-def test_the_queue_outlives_a_restart_with_what_is_held(tmp_path, pod):
-    before = Dispatching(pod.partitions)
+def test_the_queue_outlives_a_restart_with_what_is_held(pod, queued):
     pod.partitions.create(PartitionRequest("x", 16))
     pod.partitions.create(PartitionRequest("y", 16))
-    queue_up(before.requests, "big", 32)
-    queue_up(before.requests, "later", 4)
-    held = before.requests.queue.get("big").held
+    queue_up(queued, "big", 32)
+    queue_up(queued, "later", 4)
+    held = queue_of(pod).held
     assert len(held) == 32
-    before.close()  # the controller stops: its dispatcher and its memory are gone
-    # A new controller on the same database, through a store of its own: it finds the queue, in
-    # order, and what is held for the first.
-    store = Store(f"sqlite:///{tmp_path / 'vipu.db'}")
-    again = Dispatching(PartitionService(store, pod.hardware, set()))
-    try:
-        assert [(w.request.partition_id, w.position) for w in again.requests.list()] == [("big", 1), ("later", 2)]
-        assert again.requests.queue.get("big").held == held
-        again.requests.partitions.remove("x")
-        again.requests.partitions.remove("y")
-        assert wait(again.requests, "big").ready_state is ReadyState.ACTIVE
-    finally:
-        again.close()
-        store.close()
+    # The controller stops, its owners and their memory gone; a new one starts on the same store:
+    # it finds the queue, in order, and what is held for the first.
+    again = pod.restarted().requests
+    assert [(w.request.partition_id, w.position) for w in again.list()] == [("big", 1), ("later", 2)]
+    assert again.owners.owner("a1").snapshot.queue.held == held
+    again.partitions.remove("x")
+    again.partitions.remove("y")
+    assert wait(again, "big").ready_state is ReadyState.ACTIVE
 
 
 def test_a_waiting_request_is_cancelled_by_its_user_or_an_administrator_only(pod, queued):
@@ -370,7 +257,7 @@ def test_racing_waiting_requests_and_removals_each_start_once_on_ipus_of_their_o
 
 def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with_nothing_lost(pod, queued):
     """Round after round, the partition in the way goes while its waiting request is cancelled: the
-    request either became its partition or went, never both, and the store, the ledger and the
+    request either became its partition or went, never both, and the store, the owner and the
     machines agree. Which way a round goes is the race's: both are correct, so each round's checks
     are the proof."""
     for _ in range(12):
@@ -390,16 +277,18 @@ def test_a_cancel_racing_the_grant_of_its_request_ends_one_way_or_the_other_with
         with ThreadPoolExecutor(2) as pool:
             for done in [pool.submit(free), pool.submit(cancel)]:
                 done.result()
-        until(queued, lambda: queued.queue.get("r") is None and not pod.partitions.holds.is_held("r") and (
-            (p := pod.partitions.ledger.get("r")) is None or p.ready_state is ReadyState.ACTIVE))  # and the grant or cancel done
+        assert pod.owners.wait_quiet(10)  # the grant or the cancel done
+        snapshot = pod.owners.owner("a1").snapshot
+        assert snapshot.queue.get("r") is None
         with pod.store.reading() as tx:
             assert tx.list_requests() == []
             assert [p.id for p in tx.list_partitions()] == [p.id for p in pod.partitions.list()]
-        started = pod.partitions.ledger.get("r") is not None
+        started = "r" in snapshot.partitions
         if started:
+            assert snapshot.partitions["r"].ready_state is ReadyState.ACTIVE
             assert pod.held_anywhere("r") == [f"ag{m}" for m in range(1, MACHINES + 1)]
             pod.partitions.remove("r")
-        assert pod.partitions.list() == [] and not any(pod.partitions.ledger.used_ipus("a1").values())
+        assert pod.partitions.list() == [] and not any(pod.owners.owner("a1").snapshot.used.values())
         assert all(pod.held(f"ag{m}") == set() for m in range(1, MACHINES + 1))
 
 
@@ -428,8 +317,7 @@ def user_end_point(pod, requests: RequestService) -> Iterator[UserClient]:
 
 
 def test_a_client_finding_every_waiting_place_taken_pauses_between_calls_instead_of_spinning(pod, monkeypatch):
-    dispatching = Dispatching(pod.partitions, workers=MAX_WATCHERS + 2)  # one place for a waiting call
-    requests = dispatching.requests
+    requests = RequestService(pod.partitions, workers=MAX_WATCHERS + 2)  # one place for a waiting call
     pod.partitions.create(PartitionRequest("full", 32))
     queue_up(requests, "holder", 4)
     queue_up(requests, "patient", 4)
@@ -450,17 +338,17 @@ def test_a_client_finding_every_waiting_place_taken_pauses_between_calls_instead
             user.wait_partition("patient", 3)
         # Told busy each time, it paused 0.2, 0.4, 0.8, 1.6 s: calling again at once would make hundreds of calls.
         assert 2 <= len(calls) <= 6, len(calls)
-        assert requests.queue.get("patient") is None  # withdrawn at its deadline
+        assert queue_of(pod).get("patient") is None  # withdrawn at its deadline
         requests.cancel("holder")
         with pytest.raises(Conflict, match="the request of partition holder was cancelled"):
             holding.result(timeout=10)
-    dispatching.close()
 
 
 def test_a_client_giving_up_a_request_that_started_meanwhile_removes_its_partition(pod, queued, monkeypatch):
     def start(partition_id: str) -> None:
         pod.partitions.remove("full")
-        until(queued, lambda: (p := pod.partitions.ledger.get(partition_id)) is not None and p.ready_state is ReadyState.ACTIVE)
+        until(queued, lambda: (p := pod.owners.owner("a1").snapshot.partitions.get(partition_id)) is not None
+              and p.ready_state is ReadyState.ACTIVE)
 
     def interrupt(_queued) -> None:  # told where it waits, the user presses Ctrl-C just as it starts
         start("r")
@@ -486,53 +374,35 @@ def test_nothing_starts_on_or_is_held_on_a_machine_that_is_down(pod, queued):
     pod.gateway.unreachable.add(pod.address("ag1"))
     pod.reconciler.check_all()  # ag1 is down, full in ERROR
     queue_up(queued, "r", 16)
-    held_on = {agent for agent, _ in queued.queue.get("r").held}
+    held_on = {agent for agent, _ in queue_of(pod).held}
     assert len(held_on) == 4 and "ag1" not in held_on, held_on
     pod.partitions.remove("full", force=True)
     partition = wait(queued, "r")
     assert partition.ready_state is ReadyState.ACTIVE and "ag1" not in partition.agent_ids
 
 
-def test_while_the_first_request_is_granted_the_ipus_held_are_those_of_the_request_behind_it():
-    waiting = WaitingRequests()
-    now = datetime.now(UTC)
-    for sequence, name in enumerate(("granted", "next"), start=1):
-        waiting.add(WaitingRequest(PartitionRequest(name, 8), "a1", "", now, now + timedelta(seconds=60), sequence=sequence))
-    shape = frozenset(("ag3", i) for i in range(4))
-    waiting.hold("next", shape)  # what the pass that grants the first holds for the next
-    waiting.granting("granted")
-    assert waiting.held("a1") == (shape, "next")  # creates keep off it while the grant is recorded
-
-
-def test_the_shape_held_for_the_first_request_counts_the_partitions_started_in_the_same_pass(pod):
+def test_the_shape_held_for_the_first_request_counts_the_partitions_started_in_the_same_pass(pod, queued):
     pod.partitions.create(PartitionRequest("f", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0"))  # ag1-ag2
     pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 16 + i) for i in range(4)), cluster_id="cl0"))  # ag5
-    requests = RequestService(pod.partitions)  # passes only when called
     a = PartitionRequest("a", 8, explicit_ipus=tuple((0, i) for i in range(8)), cluster_id="cl0")  # where f is
-    assert isinstance(requests.create(a, wait_seconds=60), Waiting)
-    assert isinstance(requests.create(PartitionRequest("b", 16), wait_seconds=60), Waiting)
-    pod.partitions.remove("f")
-    requests.dispatch()  # a starts on ag1-ag2; b is first now
-    held_on = {agent for agent, _ in pod.partitions.queue.get("b").held}
+    assert isinstance(queued.create(a, wait_seconds=60), Waiting)
+    assert isinstance(queued.create(PartitionRequest("b", 16), wait_seconds=60), Waiting)
+    pod.partitions.remove("f")  # the pass that follows starts a on ag1-ag2; b is first now
+    assert wait(queued, "a").agent_ids == ["ag1", "ag2"]
+    held_on = {agent for agent, _ in queue_of(pod).held}
     # Around a, ag1-ag4 is blocked by one partition as much as ag3-ag6, ag4-ag7 or ag5-ag8 by p, but with 8 IPUs in use, not 4.
     assert len(held_on) == 4 and not held_on & {"ag1", "ag2"}, held_on
-    requests.close()
 
 
-def test_a_grant_failing_unexpectedly_leaves_its_request_waiting_and_the_next_pass_starts_it(pod, queued, monkeypatch):
+def test_a_grant_whose_write_fails_leaves_its_request_waiting_and_the_next_pass_starts_it(pod, queued):
     pod.partitions.create(PartitionRequest("full", 32))
     queue_up(queued, "r", 4)
-    admitted, failures = pod.partitions.operations.admitted, []
-
-    def fail_once():
-        if not failures and threading.current_thread().name.startswith("grant"):
-            failures.append("once")
-            raise RuntimeError("something unforeseen")
-        return admitted()
-
-    monkeypatch.setattr(pod.partitions.operations, "admitted", fail_once)
-    pod.partitions.remove("full")
-    assert wait(queued, "r").ready_state is ReadyState.ACTIVE and failures == ["once"]
+    refused = failpoints.arm("store.request.grant", "1*fail(the disk is full)")
+    try:
+        pod.partitions.remove("full")
+        assert wait(queued, "r").ready_state is ReadyState.ACTIVE and refused.hits == 1
+    finally:
+        failpoints.disarm()
 
 
 def test_a_queue_whose_pass_fails_does_not_stop_the_passes_over_the_others(pod, queued, monkeypatch):
@@ -543,19 +413,22 @@ def test_a_queue_whose_pass_fails_does_not_stop_the_passes_over_the_others(pod, 
     pod.partitions.create(PartitionRequest("full2", 16, allocation_id="a2"))
     for name, allocation in (("r1", "a1"), ("r2", "a2")):
         assert isinstance(queued.create(PartitionRequest(name, 4, allocation_id=allocation), wait_seconds=60), Waiting)
-    explicit_ipus = pod.partitions.explicit_ipus
+    explicit_ipus = owner_module.explicit_ipus
 
     def failing_in_a1(layout, allocation, request):
         if allocation.id == "a1":
             raise RuntimeError("a1's pass fails")
         return explicit_ipus(layout, allocation, request)
 
-    monkeypatch.setattr(pod.partitions, "explicit_ipus", failing_in_a1)
+    monkeypatch.setattr(owner_module, "explicit_ipus", failing_in_a1)
+    pod.partitions.remove("full1")  # a1's pass fails, and is tried again
     pod.partitions.remove("full2")
     assert wait(queued, "r2").agent_ids == ["ag5"]
+    monkeypatch.setattr(owner_module, "explicit_ipus", explicit_ipus)  # a1's next pass succeeds
+    assert wait(queued, "r1").agent_ids == ["ag1"]
 
 
-def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod, monkeypatch):
+def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod, queued, monkeypatch):
     pod.partitions.create(PartitionRequest("full", 32))
     hold_for, failures = Transaction.hold_for, []
 
@@ -566,39 +439,42 @@ def test_ipus_held_that_could_not_be_recorded_are_recorded_by_the_next_pass(pod,
         return hold_for(tx, request, held)
 
     monkeypatch.setattr(Transaction, "hold_for", fail_once)
-    requests = RequestService(pod.partitions)  # passes only when called
-    assert isinstance(requests.create(PartitionRequest("r", 8), wait_seconds=60), Waiting)
-    held = pod.partitions.queue.get("r").held
+    assert isinstance(queued.create(PartitionRequest("r", 8), wait_seconds=60), Waiting)
+    held = queue_of(pod).held
     assert held and failures == ["once"]
-    requests.dispatch()
-    with pod.store.reading() as tx:
-        assert tx.list_requests()[0].held == held
-    requests.close()
+
+    def recorded() -> bool:
+        with pod.store.reading() as tx:
+            return tx.list_requests()[0].held == held
+
+    deadline = time.monotonic() + 10
+    while not recorded():  # the next pass comes a second later: the store is polled until then
+        assert time.monotonic() < deadline, "the IPUs held were never recorded"
+        time.sleep(0.05)
 
 
-def test_no_request_is_left_waiting_in_an_allocation_being_removed(pod, queued, monkeypatch):
+def test_no_request_is_left_waiting_in_an_allocation_being_removed(pod, queued):
     pod.partitions.create(PartitionRequest("full", 32))
-    cancel_all, latecomers = pod.allocations.requests.cancel_all, []
-
-    def then_a_request_arrives(allocation_id, reason):
-        cancelled = cancel_all(allocation_id, reason)
-        try:
-            latecomers.append(queued.create(PartitionRequest("late", 4), wait_seconds=60))
-        except Conflict as refusal:
-            latecomers.append(refusal)
-        return cancelled
-
-    monkeypatch.setattr(pod.allocations.requests, "cancel_all", then_a_request_arrives)
-    pod.allocations.remove("a1", force=True)
-    assert [str(r) for r in latecomers] == ["allocation a1 is being removed: no request waits in it"]
-    assert queued.list() == [] and pod.partitions.queue.get("late") is None
+    clearing = failpoints.arm("agent.clear", "pause")  # the removal's clear of full stalls
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            removing = pool.submit(pod.allocations.remove, "a1", True)
+            assert clearing.reached.wait(10)
+            with pytest.raises(Conflict, match=r"^allocation a1 is being removed"):
+                queued.create(PartitionRequest("late", 4), wait_seconds=60)
+            clearing.released.set()
+            assert removing.result(10) == ["partition full"]
+    finally:
+        failpoints.disarm()
+    with pod.store.reading() as tx:
+        assert tx.list_requests() == [] and tx.list_allocations() == []
 
 
 def test_a_request_whose_row_went_without_the_queue_knowing_is_cancelled_all_the_same(pod, queued):
     pod.partitions.create(PartitionRequest("full", 32))
     queue_up(queued, "r", 4)
     with pod.store.transaction() as tx:  # as its allocation's removal deletes it
-        tx.end_request(pod.partitions.queue.get("r"), "cancel")
+        tx.end_request(queue_of(pod).get("r"), "cancel")
     queued.cancel("r")
     assert queued.list() == []
     with pytest.raises(Conflict, match="the request of partition r was cancelled"):
@@ -611,8 +487,6 @@ def test_capacity_says_which_free_ipus_are_on_machines_down_and_which_are_held_f
     pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
     pod.gateway.unreachable.add(pod.address("ag1"))
     pod.reconciler.check_all()  # ag1, free, is down
-    requests = RequestService(pod.partitions)
-    assert isinstance(requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
+    assert isinstance(pod.requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
     room = pod.partitions.capacity()[0]
     assert (room.free_ipus, room.down_ipus, room.held_ipus, room.held_for) == (12, 4, 8, "big")
-    requests.close()

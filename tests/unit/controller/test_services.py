@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.unit.backends.test_sim_machine import settings
+from vipu import failpoints
 from vipu.backends.sim import faults
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
-from vipu.controller.services.agents import AgentService
-from vipu.controller.services.allocations import AllocationService
-from vipu.controller.services.clusters import ClusterService
-from vipu.controller.services.clustertests import ClusterTestService
-from vipu.controller.services.hardware import Hardware
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.reconcile import Reconciler
-from vipu.controller.services.requests import RequestService
+from vipu.controller.wiring import ControllerServices
 from vipu.model import clustertests as ct
 from vipu.model.entities import (
     MAX_AUTO_RESETS,
@@ -119,18 +114,26 @@ class Pod:
         save_rack(self.rack, self.rack_path)
         self.gateway = InMemoryGateway(self.rack_path)
         self.store = Store(store_url or f"sqlite:///{tmp_path / 'vipu.db'}")
-        self.hardware = Hardware(self.gateway, workers=8)
-        under_test: set[str] = set()
-        self.partitions = PartitionService(self.store, self.hardware, under_test)
-        self.allocations = AllocationService(self.store, self.partitions, RequestService(self.partitions))
-        self.clusters = ClusterService(self.store, self.allocations, under_test)
-        self.agents = AgentService(self.store, self.gateway, self.clusters)
-        self.reconciler = Reconciler(self.store, self.hardware, self.partitions)
-        self.clustertests = ClusterTestService(self.store, self.hardware, under_test)
+        self.services = services = ControllerServices(self.store, self.gateway, workers=8)
+        self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
+        self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
+        self.clustertests, self.reconciler = services.clustertests, services.health
+        self.owners.load()
         for n, machine in enumerate(self.rack.machines, start=1):
             self.agents.create(f"ag{n}", machine.host, machine.port)
         self.clusters.create(Cluster("cl0", tuple(f"ag{n}" for n in range(1, MACHINES + 1)), topology))
         self.allocations.create("a1", "cl0", size=MACHINES * 4)
+
+    def close(self) -> None:
+        self.services.stop("the test is over")
+        self.store.close()
+
+    def restarted(self) -> ControllerServices:
+        """The services of a controller started again on the same store (this one's stopped first)."""
+        self.services.stop("the controller restarts")
+        services = ControllerServices(self.store, self.gateway, workers=8)
+        services.owners.load()
+        return services
 
     def address(self, agent_id):
         machine = self.rack.machines[int(agent_id[2:]) - 1]
@@ -251,15 +254,25 @@ def test_interrupted_operations_are_finished_after_a_restart(pod):
 
 
 def test_a_health_pass_leaves_an_operation_under_way_alone_and_finishes_one_nobody_owns(pod):
-    created = pod.partitions.create(PartitionRequest("p1", 4))
-    with pod.store.transaction() as tx:
+    pod.partitions.create(PartitionRequest("p1", 4))
+    clearing = failpoints.arm("agent.clear", "pause")  # the reset's first agent call stalls
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            resetting = pool.submit(pod.partitions.reset, "p1")
+            assert clearing.reached.wait(10)
+            pod.reconciler.check_all()  # its operation owns it: the pass leaves it alone
+            assert pod.partitions.get("p1").operation_state is OperationState.RESETTING
+            clearing.released.set()
+            assert resetting.result(10).ready_state is ReadyState.ACTIVE
+    finally:
+        failpoints.disarm()
+    created = pod.partitions.get("p1")
+    with pod.store.transaction() as tx:  # as a controller stopped in the middle of a reset leaves it
         tx.transition(created, "reset")
-    pod.partitions.load()  # as the controller found it on taking over
-    with pod.partitions.holds.hold("p1", "resetting"):  # its reset is under way
-        pod.reconciler.check_all()
-        assert pod.partitions.get("p1").operation_state is OperationState.RESETTING
-    pod.reconciler.check_all()  # its owner is gone (its last store write failed, say)
-    assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE
+    services = pod.restarted()
+    services.health.check_all()  # nobody owns it now: the pass finishes it
+    assert services.partitions.get("p1").ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p1") == created.agent_ids
 
 
 def test_concurrent_requests_get_exactly_the_capacity(pod):
@@ -371,7 +384,7 @@ def test_a_test_stopped_by_the_operator_is_recorded_stopped(pod):
     stopping.join(10)
     with pytest.raises(Conflict, match="Last test in cluster cl0 was stopped"):
         pod.clustertests.status()
-    assert "cl0" not in pod.partitions.under_test
+    assert not pod.clustertests.testing("cl0") and pod.owners.owner("a1").snapshot.test == ""  # its machines given back
 
 
 def test_a_cluster_keeps_each_cables_last_verdict_through_tests_of_another_cluster_or_of_other_cables(pod):

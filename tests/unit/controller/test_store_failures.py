@@ -2,19 +2,19 @@
 reported as temporary, and leaves a state that the next health pass completes: nothing stuck in
 an operation, nothing an agent holds that the store forgot. On SQLite and PostgreSQL.
 
-The failure is injected where the database would raise it: an SQLAlchemy hook makes the chosen
-statement fail with the database's own error class, as a full disk does.
+The failure is injected where the store applies the write, by a failpoint of the transition
+(`vipu.failpoints`), as a full disk would refuse it; how the store reads the database's own
+errors is tested in tests/unit/store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import Delete, Engine, Update, event
-from sqlalchemy.exc import OperationalError
 
+from vipu import failpoints
 from vipu.model.entities import OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import NotFound, Unavailable
 
@@ -27,30 +27,13 @@ def pod(pod_on_store):
 
 
 @contextmanager
-def failing(chosen: Callable[[object, dict], bool]) -> Iterator[list[str]]:
-    """Make every statement `chosen(statement, parameters)` picks fail as a full disk would; the
-    list names the statements that failed."""
-    failed: list[str] = []
-
-    def hook(connection, statement, multiparams, params, execution_options):
-        if chosen(statement, params):
-            failed.append(type(statement).__name__)
-            raise OperationalError(str(statement), params, Exception(DISK_FULL))
-
-    event.listen(Engine, "before_execute", hook)
+def failing(transition: str) -> Iterator[failpoints.Failpoint]:
+    """Make the store refuse every write of that transition of a partition, as a full disk would."""
+    point = failpoints.arm(f"store.partition.{transition}", f"fail(the store could not record the change: {DISK_FULL})")
     try:
-        yield failed
+        yield point
     finally:
-        event.remove(Engine, "before_execute", hook)
-
-
-def becoming(ready: ReadyState):
-    """The update that takes a partition to `ready`."""
-    return lambda statement, params: isinstance(statement, Update) and params.get("new_ready_state") == ready.value
-
-
-def forgetting(statement, params) -> bool:
-    return isinstance(statement, Delete) and "operation" in params
+        failpoints.disarm()
 
 
 def state(pod, partition_id):
@@ -59,9 +42,9 @@ def state(pod, partition_id):
 
 
 def test_a_create_whose_last_write_fails_is_unavailable_and_completed_by_the_next_pass(pod):
-    with failing(becoming(ReadyState.ACTIVE)) as failed, pytest.raises(Unavailable, match=f"could not record the change: {DISK_FULL}"):
+    with failing("configured") as failed, pytest.raises(Unavailable, match=f"could not record the change: {DISK_FULL}"):
         pod.partitions.create(PartitionRequest("p1", 8))
-    assert failed == ["Update"]
+    assert failed.hits == 1
     assert state(pod, "p1") == (ReadyState.PENDING, OperationState.CREATING)
     pod.reconciler.check_all()
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.IDLE)
@@ -69,7 +52,7 @@ def test_a_create_whose_last_write_fails_is_unavailable_and_completed_by_the_nex
 
 
 def test_a_create_whose_first_write_fails_changes_nothing(pod):
-    with failing(lambda statement, params: "routing_id" in str(statement)), pytest.raises(Unavailable):
+    with failing("create"), pytest.raises(Unavailable):
         pod.partitions.create(PartitionRequest("p1", 8))
     with pytest.raises(NotFound):
         pod.partitions.get("p1")
@@ -79,7 +62,7 @@ def test_a_create_whose_first_write_fails_changes_nothing(pod):
 
 def test_a_reset_whose_last_write_fails_is_completed_by_the_next_pass(pod):
     pod.partitions.create(PartitionRequest("p1", 8))
-    with failing(becoming(ReadyState.ACTIVE)), pytest.raises(Unavailable, match=DISK_FULL):
+    with failing("configured"), pytest.raises(Unavailable, match=DISK_FULL):
         pod.partitions.reset("p1")
     assert state(pod, "p1") == (ReadyState.PENDING, OperationState.RESETTING)
     pod.reconciler.check_all()
@@ -89,7 +72,7 @@ def test_a_reset_whose_last_write_fails_is_completed_by_the_next_pass(pod):
 
 def test_a_remove_whose_last_write_fails_is_completed_by_the_next_pass(pod):
     pod.partitions.create(PartitionRequest("p1", 8))
-    with failing(forgetting), pytest.raises(Unavailable, match=DISK_FULL):
+    with failing("removed"), pytest.raises(Unavailable, match=DISK_FULL):
         pod.partitions.remove("p1")
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.REMOVING)
     assert pod.held_anywhere("p1") == []  # cleared already: the store still says where it was
@@ -101,8 +84,7 @@ def test_a_remove_whose_last_write_fails_is_completed_by_the_next_pass(pod):
 
 def test_a_remove_whose_first_write_fails_changes_nothing(pod):
     pod.partitions.create(PartitionRequest("p1", 8))
-    removing = lambda statement, params: params.get("new_operation_state") == OperationState.REMOVING.value  # noqa: E731
-    with failing(removing), pytest.raises(Unavailable, match=DISK_FULL):
+    with failing("remove"), pytest.raises(Unavailable, match=DISK_FULL):
         pod.partitions.remove("p1", force=True)
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.IDLE)
     assert pod.held_anywhere("p1") == ["ag1", "ag2"]
@@ -110,7 +92,7 @@ def test_a_remove_whose_first_write_fails_changes_nothing(pod):
 
 def test_a_failing_agent_and_a_failing_store_together_leave_nothing_stuck(pod):
     pod.fault("m02", "IPU-Link training failed on IPU 3")
-    with failing(forgetting), pytest.raises(Unavailable, match=DISK_FULL):
+    with failing("abandon"), pytest.raises(Unavailable, match=DISK_FULL):
         pod.partitions.create(PartitionRequest("p1", 8))  # cannot even forget the failed partition
     assert pod.held_anywhere("p1") == []
     pod.heal()

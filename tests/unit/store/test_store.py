@@ -149,7 +149,7 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
     writers.append(threading.Thread(target=write, args=("clash", adding("clash", "ag2", 0))))  # ag2's IPU 0 is taken
     for writer in writers[1:]:
         writer.start()
-    wait_for(lambda: len(populated._pending) == 4)
+    wait_for(lambda: len(populated._group._pending) == 4)
     let_first_end.set()
     for writer in writers:
         writer.join(10)

@@ -16,10 +16,10 @@ from tests.functional.harness import wait_until
 from tests.ports import free_port
 from vipu.backends.sim.rack import generate_rack
 from vipu.model.entities import IldTopology
-from vipu.store.vpods import VpodStore
 from vipu.vpod.api import ADMIN_KEY_SETTING, hash_key, make_app
 from vipu.vpod.orchestrator import Orchestrator
 from vipu.vpod.site import site_machines
+from vipu.vpod.store import VpodStore
 
 KEY = "the-site-administrators-key"
 SECRET = "password=hunter2 at /etc/vipu/site.key"

@@ -9,9 +9,9 @@ import pytest
 from vipu.backends.sim.rack import generate_rack
 from vipu.model.entities import IldTopology
 from vipu.model.errors import Conflict
-from vipu.store.vpods import SiteMachine
 from vipu.vpod.orchestrator import failing_machines
 from vipu.vpod.site import pick_machines, site_machines
+from vipu.vpod.store import SiteMachine
 
 MACHINES = ["m1", "m2", "m3", "m10", "m1-b"]
 

@@ -12,9 +12,9 @@ import pytest
 from vipu.backends.sim.rack import generate_rack
 from vipu.model.entities import IldTopology
 from vipu.model.errors import Unavailable, VipuError
-from vipu.store.vpods import Vpod, VpodStore
 from vipu.vpod.orchestrator import CREATE_STEPS, RELEASE_STEPS, Orchestrator
 from vipu.vpod.site import site_machines
+from vipu.vpod.store import Vpod, VpodStore
 
 ACTIONS = {"_prepare": "prepared", "_start": "started", "_hand_machines": "handed", "_configure": "configured",
            "_empty": "emptied", "_test": "tested", "_take_back": "taken-back", "_stop": "stopped", "_archive": "archived"}

@@ -12,8 +12,8 @@ import pytest
 from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.cli.common import exit_status
 from vipu.model.entities import IldTopology
-from vipu.store.vpods import SiteMachine, Vpod, VpodStore
 from vipu.vpod import main
+from vipu.vpod.store import SiteMachine, Vpod, VpodStore
 
 
 def serve(tmp_path, *options: str) -> tuple[int, str]:

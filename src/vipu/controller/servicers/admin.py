@@ -7,15 +7,15 @@ from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.controller.auth import caller
-from vipu.controller.discovery import DiscoveryListener
+from vipu.controller.infrastructure.discovery import DiscoveryListener
 from vipu.controller.servicers.user import capacity_reply, queued_reply
-from vipu.controller.services.agents import AgentService, AgentView
-from vipu.controller.services.allocations import AllocationService
-from vipu.controller.services.clusters import ClusterService
-from vipu.controller.services.clustertests import ClusterTestService
-from vipu.controller.services.partitions import PartitionService
-from vipu.controller.services.requests import RequestService
-from vipu.controller.services.users import UserService
+from vipu.controller.usecases.agents import AgentService, AgentView
+from vipu.controller.usecases.allocations import AllocationService
+from vipu.controller.usecases.clusters import ClusterService
+from vipu.controller.usecases.clustertests import WAIT_SECONDS, ClusterTestService
+from vipu.controller.usecases.partitions import PartitionService
+from vipu.controller.usecases.requests import RequestService
+from vipu.controller.usecases.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
 from vipu.model.errors import Conflict, InvalidArgument
@@ -110,7 +110,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def TestCluster(self, request, context):
         tests = {_test_type(name) for name in request.tests}
-        return _report(self.clustertests.start(request.cluster_id, tests, wait=request.wait))
+        remaining = context.time_remaining()  # the caller's deadline bounds the wait for the run's end
+        return _report(self.clustertests.start(request.cluster_id, tests, wait=request.wait,
+                                               wait_seconds=WAIT_SECONDS if remaining is None else min(remaining, WAIT_SECONDS)))
 
     def GetClusterTestStatus(self, request, context):
         return _report(self.clustertests.status())

@@ -6,9 +6,9 @@ from vipu.api import convert
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
 from vipu.controller.auth import caller
-from vipu.controller.services.changes import ChangeFeed
-from vipu.controller.services.partitions import AllocationRoom, PartitionService
-from vipu.controller.services.requests import RequestService, Waiting
+from vipu.controller.core.changes import ChangeFeed
+from vipu.controller.usecases.partitions import AllocationRoom, PartitionService
+from vipu.controller.usecases.requests import RequestService, Waiting
 
 
 class UserServicer(pb_grpc.UserServiceServicer):

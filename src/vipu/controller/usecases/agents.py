@@ -12,8 +12,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vipu.controller.services.clusters import ClusterService
-from vipu.controller.services.gateway import AgentGateway
+from vipu.controller.core.agents import AgentGateway
+from vipu.controller.core.owners import Owners
+from vipu.controller.usecases.clusters import ClusterService
 from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
@@ -51,10 +52,11 @@ class AgentView:
 
 
 class AgentService:
-    def __init__(self, store: Store, gateway: AgentGateway, clusters: ClusterService,
+    def __init__(self, store: Store, gateway: AgentGateway, clusters: ClusterService, owners: Owners,
                  takeover_grant: Callable[[str], str] = no_takeover):
         """`takeover_grant(machine_serial)`: the site authority's grant for this controller to take that machine."""
         self.store = store
+        self.owners = owners
         self.gateway = gateway
         self.clusters = clusters
         self.takeover_grant = takeover_grant
@@ -132,16 +134,18 @@ class AgentService:
             return [AgentView(a, clusters.get(a.id, ""), allocations.get(a.id, "")) for a in agents]
 
     def get(self, agent_id: str) -> AgentView:
+        """The agent, and which partition holds each of its IPUs (as its allocation's owner last committed)."""
         with self.store.reading() as tx:
             agent = tx.get_agent(agent_id)
             if agent is None:
                 raise NotFound(f"agent {shown(agent_id)} does not exist")
-            holders = {}
-            for partition in tx.partitions_on_agent(agent_id):
-                for ipu in partition.ipus_on(agent_id):
-                    holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
-            ipus = [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus]
-            return AgentView(agent, tx.cluster_of_agents().get(agent_id, ""), tx.allocation_of_agents().get(agent_id, ""), ipus)
+            cluster_id, allocation_id = tx.cluster_of_agents().get(agent_id, ""), tx.allocation_of_agents().get(agent_id, "")
+        owner = self.owners.owner(allocation_id) if allocation_id else None
+        holders = {}
+        for partition in owner.snapshot.partitions.values() if owner is not None else ():
+            for ipu in partition.ipus_on(agent_id):
+                holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
+        return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus])
 
     def remove(self, agent_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an agent; with `force`, its cluster (and what is in it) first."""

@@ -7,7 +7,11 @@ saved after every step, so `--status` after a controller restart still has the l
 a run the controller did not finish is recorded as interrupted. With it are saved the verdicts
 of the cables it has judged so far, which the cluster keeps until its next test that judges them.
 
-While a run is going, no partition is created in its cluster and the cluster cannot be removed.
+While a run is going the cluster cannot be removed. A run of tests that drive the links (Sync-Link,
+IPU-Link, Traffic, GW-Link) first claims the cluster's machines from the owners of its allocations
+(`vipu.controller.core`): refused in one line while partitions are there or being made, and
+holding them until it ends, so that no partition is made, reset or moved there meanwhile. The
+harmless tests (Cabling, Version, PFC) run beside partitions.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ClassVar, TypeVar
 
-from vipu.controller.services.changes import ChangeFeed, Topic
-from vipu.controller.services.hardware import Hardware, Work
+from vipu.controller.core.agents import AgentGateway
+from vipu.controller.core.changes import ChangeFeed, Topic
+from vipu.controller.core.commands import ClaimMachines, ReleaseMachines
+from vipu.controller.core.owners import Owners
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
     DISRUPTIVE,
@@ -29,7 +36,7 @@ from vipu.model.clustertests import (
     TestRun,
     TestType,
 )
-from vipu.model.entities import IPUS_PER_MACHINE, Agent, ReadyState, shown
+from vipu.model.entities import IPUS_PER_MACHINE, Agent, shown
 from vipu.model.errors import Conflict, NotFound, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
@@ -37,6 +44,12 @@ from vipu.store.store import Store
 log = logging.getLogger(__name__)
 
 STOP_WAIT_SECONDS = 50.0  # within the CLIs' default --api-timeout (60 s), so that they hear why it has not stopped yet
+CLAIM_SECONDS = 30.0  # for an owner's turn, to claim or give back its machines
+# The longest a run waited for (`vipu-admin test cluster` without --start) is waited for on the
+# end-point's thread; past it the run goes on and --status tells its end.
+WAIT_SECONDS = 3600.0
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Context:
@@ -50,17 +63,33 @@ class _Context:
 
 
 class ClusterTestService:
-    def __init__(self, store: Store, hardware: Hardware, under_test: set[str], changes: ChangeFeed | None = None):
+    def __init__(self, store: Store, gateway: AgentGateway, owners: Owners, changes: ChangeFeed | None = None, workers: int = 32):
         self.store = store
-        self.hardware = hardware
+        self.gateway = gateway
+        self.owners = owners
         self.changes = changes  # told when a step starts; the store tells it of what is saved
-        self.under_test = under_test  # the cluster being tested; the partition and cluster services read it
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cluster-test")
         self._lock = threading.Lock()
         self._run: TestRun | None = None
         self._running_test: TestType | None = None  # the step of _run under way
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._shutting_down = False
+
+    def testing(self, cluster_id: str) -> bool:
+        """Whether a run is going on the cluster."""
+        with self._lock:
+            return self._run is not None and self._run.cluster_id == cluster_id
+
+    def each(self, items: Iterable[T], call: Callable[[T], R]) -> list[R | VipuError]:
+        """Run `call` on every item in parallel; each result, or the VipuError it raised, in order."""
+        def attempt(item: T) -> R | VipuError:
+            try:
+                return call(item)
+            except VipuError as error:
+                return error
+
+        return list(self._pool.map(attempt, list(items)))
 
     def recover(self) -> None:
         """At start-up: a run the previous controller left running was interrupted."""
@@ -74,39 +103,82 @@ class ClusterTestService:
                     kept.run_state = run.state
                     tx.save_cable_verdicts(run.cluster_id, kept)
 
-    def start(self, cluster_id: str, tests: set[TestType], wait: bool) -> TestRun:
+    def start(self, cluster_id: str, tests: set[TestType], wait: bool, wait_seconds: float = WAIT_SECONDS) -> TestRun:
+        """Start a run of `tests` (all, if none) on the cluster; with `wait`, wait for it to end (up to
+        `wait_seconds`, after which the run goes on)."""
         with self._lock:
             if self._run is not None:
                 raise Conflict(f"a test in cluster {self._run.cluster_id} is in progress; only one cluster test runs at a time")
-            with self.store.reading() as tx:
-                cluster = tx.get_cluster(cluster_id)
-                if cluster is None:
-                    raise NotFound(f"cluster {shown(cluster_id)} does not exist")
-                planned = judge.plan(tests)
-                busy = [p.id for p in tx.list_partitions(cluster_id=cluster_id) if p.ready_state is not ReadyState.ERROR]
-                if busy and DISRUPTIVE & set(planned):
-                    raise Conflict(
-                        f"cluster {cluster_id} has partitions ({', '.join(busy)}); remove them before running tests "
-                        "that drive its links"
-                    )
-                agents: dict[str, Agent] = {}
-                for agent_id in cluster.agent_ids:
-                    agent = tx.get_agent(agent_id)
-                    if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
-                        raise NotFound(f"agent {shown(agent_id)} does not exist")
-                    agents[agent_id] = agent
-                context = _Context(ClusterLayout.of(cluster), agents)
+            configuration = self.store.configuration()
+            cluster = configuration.clusters.get(cluster_id)
+            if cluster is None:
+                raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+            planned = judge.plan(tests)
+            agents: dict[str, Agent] = {}
+            for agent_id in cluster.agent_ids:
+                agent = configuration.agents.get(agent_id)
+                if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
+                    raise NotFound(f"agent {shown(agent_id)} does not exist")
+                agents[agent_id] = agent
+            context = _Context(ClusterLayout.of(cluster), agents)
+            claimed = bool(DISRUPTIVE & set(planned))
+            if claimed:
+                self._claim(cluster_id)
             run = TestRun(cluster_id, RunState.RUNNING, planned)
-            self._save(run, context.layout)
+            try:
+                self._save(run, context.layout)
+            except BaseException:
+                if claimed:
+                    self._give_back(cluster_id)
+                raise
             self._run = run
             self._stop.clear()
-            self.under_test.add(cluster_id)
-            self._thread = threading.Thread(target=self._execute, args=(run, context), name="cluster-test", daemon=True)
+            self._thread = threading.Thread(target=self._execute, args=(run, context, claimed), name="cluster-test", daemon=True)
             self._thread.start()
         log.info("cluster test of %s started: %s", cluster_id, ", ".join(t.value for t in planned))
         if wait:
-            self._thread.join()
+            self._thread.join(wait_seconds)
         return run
+
+    def _claim(self, cluster_id: str) -> None:
+        """Take the cluster's machines from the owners of its allocations, or Conflict naming the
+        partitions in the way (and nothing taken)."""
+        test = f"cluster {cluster_id}"
+        self.owners.test_starts(cluster_id, test)
+        in_the_way: list[str] = []
+        try:
+            for allocation in self._allocations(cluster_id):
+                owner = self.owners.owner(allocation)
+                if owner is None:
+                    continue
+                command = ClaimMachines(test=test)
+                owner.submit(command)
+                in_the_way += command.reply.wait(CLAIM_SECONDS, f"the claim of the machines of allocation {allocation}")
+        except BaseException:
+            self._give_back(cluster_id)
+            raise
+        if in_the_way:
+            self._give_back(cluster_id)
+            raise Conflict(f"cluster {cluster_id} has partitions ({', '.join(sorted(in_the_way))}); remove them before running tests "
+                           "that drive its links")
+
+    def _give_back(self, cluster_id: str) -> None:
+        """The cluster's machines go back to the owners of its allocations."""
+        self.owners.test_ends(cluster_id)
+        test = f"cluster {cluster_id}"
+        for allocation in self._allocations(cluster_id):
+            owner = self.owners.owner(allocation)
+            if owner is None:
+                continue
+            command = ReleaseMachines(test=test)
+            try:
+                owner.submit(command)
+                command.reply.wait(CLAIM_SECONDS, f"giving back the machines of allocation {allocation}")
+            except VipuError as error:
+                log.warning("allocation %s: could not be given back its machines: %s", allocation, error.message)
+
+    def _allocations(self, cluster_id: str) -> list[str]:
+        return sorted(a.id for a in self.store.configuration().allocations.values() if a.cluster_id == cluster_id)
 
     def status(self) -> TestRun:
         """The last finished run, or a Conflict saying why there are no results."""
@@ -173,11 +245,12 @@ class ClusterTestService:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _stopped_state(self) -> RunState:
         return RunState.INTERRUPTED if self._shutting_down else RunState.STOPPED
 
-    def _execute(self, run: TestRun, context: _Context) -> None:
+    def _execute(self, run: TestRun, context: _Context, claimed: bool) -> None:
         forced = len(run.tests) == 1
         outcomes: dict[TestType, Outcome] = {}
         try:
@@ -207,9 +280,13 @@ class ClusterTestService:
             log.exception("cluster test of %s failed", run.cluster_id)
             run.state = RunState.INTERRUPTED
         finally:
-            self._save(run, context.layout)
+            try:
+                self._save(run, context.layout)
+            except VipuError as error:
+                log.warning("cluster test of %s: its end could not be saved: %s", run.cluster_id, error.message)
+            if claimed:
+                self._give_back(run.cluster_id)
             with self._lock:
-                self.under_test.discard(run.cluster_id)
                 self._run = self._thread = self._running_test = None
             log.info("cluster test of %s %s", run.cluster_id, run.state.value)
 
@@ -222,8 +299,8 @@ class ClusterTestService:
     # The steps
 
     def _observe(self, agents: list[Agent], probe: Probe) -> judge.Observations:
-        gateway = self.hardware.gateway
-        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0), Work.TESTS)
+        gateway = self.gateway
+        replies = self.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0))
         return self._as_observations(agents, replies)
 
     @staticmethod
@@ -262,9 +339,9 @@ class ClusterTestService:
         for number in phase:
             for position, agent in enumerate(windows[number - 1]):
                 requests[agent] = ({i: position * IPUS_PER_MACHINE + i for i in range(IPUS_PER_MACHINE)}, number)
-        gateway = self.hardware.gateway
+        gateway = self.gateway
         agents = [c.agents[a] for a in requests]
-        replies = self.hardware.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]), Work.TESTS)
+        replies = self.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]))
         observations = self._as_observations(agents, replies)
         return {
             number: judge.judge_traffic_window(number, windows[number - 1], c.layout, observations, c.serials, c.chips, number)
@@ -278,7 +355,7 @@ class ClusterTestService:
 
     def _versions(self, c: _Context) -> Outcome:
         agents = list(c.agents.values())
-        results = self.hardware.each(agents, lambda a: self.hardware.gateway.inventory(a.host, a.port), Work.TESTS)
+        results = self.each(agents, lambda a: self.gateway.inventory(a.host, a.port))
         versions = {a.id: (None if isinstance(r, VipuError) else r.versions) for a, r in zip(agents, results, strict=True)}
         return judge.judge_versions(c.layout.agent_ids, versions)
 

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import text
 
 from vipu.model.errors import ConcurrentUpdate, Conflict, NotFound
-from vipu.store.vpods import SCHEMA_VERSION, SiteMachine, Vpod, VpodStore
+from vipu.vpod.store import SCHEMA_VERSION, SiteMachine, Vpod, VpodStore
 
 
 @pytest.fixture

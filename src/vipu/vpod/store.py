@@ -23,7 +23,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from vipu.model.entities import shown
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, Unavailable
-from vipu.store.store import STATEMENT_DEADLINE_SECONDS, _first_line, _set_wal_mode, checked_url
+from vipu.store.engines import STATEMENT_DEADLINE_SECONDS, checked_url, first_line, set_wal_mode
 
 SCHEMA_VERSION = 2  # 2: site_machines.held_back, vpods.release_test
 MIGRATIONS = {2: ["ALTER TABLE site_machines ADD COLUMN held_back VARCHAR(1000) NOT NULL DEFAULT ''",
@@ -118,7 +118,7 @@ class VpodStore:
             def _configure(dbapi_connection, _record):
                 dbapi_connection.isolation_level = None
                 cursor = dbapi_connection.cursor()
-                _set_wal_mode(cursor)
+                set_wal_mode(cursor)
                 cursor.close()
 
             @event.listens_for(self.engine, "begin")
@@ -154,7 +154,7 @@ class VpodStore:
         except OperationalError as error:
             if "could not serialize" in str(error.orig):
                 raise ConcurrentUpdate("another orchestrator changed the same vPOD or machines; try again") from None
-            raise Unavailable(f"the orchestrator's store at {self.describe()}: {_first_line(error)}") from None
+            raise Unavailable(f"the orchestrator's store at {self.describe()}: {first_line(error)}") from None
 
     def describe(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 
-from vipu.controller.services.allocations import AllocationService
+from vipu.controller.usecases.allocations import AllocationService
 from vipu.model.entities import Cluster, check_id, shown
 from vipu.model.errors import AlreadyExists, Conflict, NotFound
 from vipu.model.topology import ClusterLayout
@@ -12,10 +13,11 @@ from vipu.store.store import Store
 
 
 class ClusterService:
-    def __init__(self, store: Store, allocations: AllocationService, under_test: set[str]):
+    def __init__(self, store: Store, allocations: AllocationService, under_test: Callable[[str], bool] = lambda cluster_id: False):
+        """`under_test(cluster_id)`: whether a cluster test is running on the cluster (`ClusterTestService.testing`)."""
         self.store = store
         self.allocations = allocations
-        self.under_test = under_test  # clusters a cluster test is running on, kept by ClusterTestService
+        self.under_test = under_test
 
     def create(self, cluster: Cluster) -> Cluster:
         check_id("cluster", cluster.id)
@@ -48,7 +50,7 @@ class ClusterService:
     def remove(self, cluster_id: str, force: bool = False) -> builtins.list[str]:
         """Remove a cluster; with `force`, its allocations and their partitions first."""
         cluster, allocation_ids = self.get(cluster_id)
-        if cluster_id in self.under_test:
+        if self.under_test(cluster_id):
             raise Conflict(f"cluster {cluster_id} is under test; stop the test or wait for it to end")
         if allocation_ids and not force:
             raise Conflict(

@@ -1,0 +1,14 @@
+"""The core of the controller, in one room: each allocation's owner and everything it decides with.
+
+- `owner`: one allocation's owner, its inbox, its turns, its commits and the snapshots it publishes;
+- `owners`: every allocation's owner, and the little they share (partition ids, the queues' bounds);
+- `commands`: what an owner is asked, and how the asker waits for the answer;
+- `flows`: the operations on a partition (create, reset, remove, relocate, finish, grant), step by
+  step, and `effects`, the steps they take (a store write, agent calls);
+- `state`: an allocation as its owner holds it; `snapshot`: what readers see of it;
+- `placing`: where a partition goes; `agents`: how the owner reaches agents without waiting on them;
+- `changes`: the change feed that live views watch.
+
+Use cases (`vipu.controller.usecases`) and the health pass (`vipu.controller.loops`) ask owners
+through commands and read their snapshots; nothing else holds a partition's state.
+"""

@@ -1,0 +1,148 @@
+"""The core's view of the agents, and how an owner's calls to them run outside it.
+
+The core depends on the `AgentGateway` interface only; `vipu.controller.infrastructure.agentclient`
+implements it over gRPC, and unit tests in memory. Every method raises the `vipu.model.errors`
+families: `Unavailable` when the agent cannot be reached, `HardwareFailure` or `Conflict` when it
+refuses.
+
+An owner never waits for an agent: it hands its calls to `AgentCalls` and goes on deciding; the
+outcomes come back to it later as a command. A gateway that can start calls without a thread of
+ours (`start_all`: gRPC runs them together and calls back) does so; any other runs them on a
+bounded pool of threads. Failpoints `agent.apply` and `agent.clear` stall or fail a call there,
+never on the owner's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from vipu import failpoints
+from vipu.model.clustertests import Observation, Probe
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import MachineInventory
+from vipu.model.errors import Unavailable, VipuError
+
+Outcomes = list[VipuError | None]  # each call's error, or None where it succeeded, in order
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """One call an owner makes: apply `settings`, or clear partition `partition_id`, at an agent."""
+
+    agent_id: str
+    host: str
+    port: int
+    settings: AgentSettings | None = None  # None: a clear
+    partition_id: str = ""
+
+    @property
+    def action(self) -> str:
+        return "clear" if self.settings is None else "apply"
+
+
+class AgentGateway(Protocol):
+    def inventory(self, host: str, port: int) -> MachineInventory: ...
+
+    def apply(self, host: str, port: int, settings: AgentSettings) -> None: ...
+
+    def clear(self, host: str, port: int, partition_id: str) -> None: ...
+
+    def apply_all(self, targets: Sequence[tuple[str, int, AgentSettings]]) -> Outcomes:
+        """`apply` on several agents at once, (host, port, settings) each; each one's error, or
+        None where it succeeded, in order."""
+        ...
+
+    def clear_all(self, targets: Sequence[tuple[str, int]], partition_id: str) -> Outcomes:
+        """`clear` of one partition on several agents at once, (host, port) each; as `apply_all`."""
+        ...
+
+    def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
+
+    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation: ...
+
+    def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
+        """Hold the agent's machine, so that it obeys this controller only (on a TLS link); with a
+        grant from the site's agent-link authority, take it from another controller. `PermissionDenied`
+        when another holds it; the controller it was taken from, or ""."""
+        ...
+
+    def release(self, host: str, port: int) -> None:
+        """Let go of the machine, for another controller to claim."""
+        ...
+
+    def forget(self, host: str, port: int) -> None:
+        """Release whatever the gateway keeps for an agent that was removed."""
+
+
+class StartsCalls(Protocol):
+    """A gateway that starts calls without a thread of the caller's and calls back when all have ended."""
+
+    def start_all(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None: ...
+
+
+def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
+    try:
+        failpoints.hit(f"agent.{call.action}")
+        if call.settings is None:
+            gateway.clear(call.host, call.port, call.partition_id)
+        else:
+            gateway.apply(call.host, call.port, call.settings)
+    except VipuError as error:
+        return error
+    return None
+
+
+class _Gathered:
+    """The outcomes of calls that end in any order; `done` is called by the last to end."""
+
+    def __init__(self, count: int, done: Callable[[Outcomes], None]):
+        self._outcomes: Outcomes = [None] * count
+        self._left = count
+        self._lock = threading.Lock()
+        self._done = done
+
+    def add(self, position: int, outcome: VipuError | None) -> None:
+        with self._lock:
+            self._outcomes[position] = outcome
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._done(self._outcomes)
+
+
+class AgentCalls:
+    """Runs owners' agent calls outside them; `done(outcomes)` is called once every call has ended."""
+
+    def __init__(self, gateway: AgentGateway, workers: int = 32):
+        self.gateway = gateway
+        self._starts: StartsCalls | None = gateway if hasattr(gateway, "start_all") else None  # type: ignore[assignment]
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent-calls")
+        self._closed = False
+
+    def start(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None:
+        if not calls:
+            done([])
+            return
+        if self._closed:
+            done([Unavailable("this vipu-server is stopping") for _ in calls])
+            return
+        if self._starts is not None and not failpoints.armed("agent."):
+            self._starts.start_all(calls, done)
+            return
+        gathered = _Gathered(len(calls), done)
+        for position, call in enumerate(calls):
+            try:
+                self._pool.submit(self._call, gathered, position, call)
+            except RuntimeError:  # the pool was shut down meanwhile
+                gathered.add(position, Unavailable("this vipu-server is stopping"))
+
+    def _call(self, gathered: _Gathered, position: int, call: AgentCall) -> None:
+        gathered.add(position, _one(self.gateway, call))
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,196 @@
+"""What an allocation's owner is asked to do, and how the asker waits for its answer.
+
+Use cases, the health pass and cluster tests put commands in an owner's inbox; the owner takes
+them one at a time. Each carries a `Reply`, which its asker waits on for at most a deadline: a
+command the owner has not started by then is withdrawn (and never started), one it has started
+is bounded by its own steps' deadlines (agent calls, store statements), and the asker is told in
+one line if even that runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
+from vipu.model.errors import Unavailable, VipuError
+
+# How long a started operation may take before its asker stops waiting: its agent calls are each
+# bounded by the agent timeout (10 s by default) and its store writes by the statement deadline.
+OPERATION_SECONDS = 120.0
+
+_QUEUED, _STARTED, _WITHDRAWN, _DONE = "queued", "started", "withdrawn", "done"
+
+
+class Reply:
+    """A command's answer: its result or its error, once the owner has one."""
+
+    __slots__ = ("_done", "_error", "_lock", "_result", "_state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._state = _QUEUED
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def start(self) -> bool:
+        """The owner takes the command up; False if its asker withdrew it (it is then dropped)."""
+        with self._lock:
+            if self._state != _QUEUED:
+                return self._state == _STARTED
+            self._state = _STARTED
+            return True
+
+    def requeue(self) -> None:
+        """The command waits again to be started (behind an operation under way): its asker may
+        withdraw it meanwhile."""
+        with self._lock:
+            if self._state == _STARTED:
+                self._state = _QUEUED
+
+    def resolve(self, result: Any = None) -> None:
+        with self._lock:
+            if self._state == _DONE:
+                return
+            self._state, self._result = _DONE, result
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._state == _DONE:
+                return
+            self._state, self._error = _DONE, error
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def outcome(self) -> Any:
+        """The result, or the error raised; only once done."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def wait(self, start_seconds: float, what: str, finish_seconds: float = OPERATION_SECONDS, not_started: str = "") -> Any:
+        """The result, or the command's error raised here. A command not started within
+        `start_seconds` is withdrawn (Unavailable, `not_started` if given); a started one is waited
+        for up to `finish_seconds` more, then Unavailable says it goes on."""
+        if self._done.wait(start_seconds):
+            return self.outcome()
+        with self._lock:
+            withdrawn = self._state == _QUEUED
+            if withdrawn:
+                self._state = _WITHDRAWN
+        if withdrawn:
+            raise Unavailable(not_started or f"{what} did not start within {start_seconds:g} s; try again")
+        if self._done.wait(finish_seconds):
+            return self.outcome()
+        raise Unavailable(f"{what} is still under way after {start_seconds + finish_seconds:g} s; it goes on, "
+                          "and the partition's status tells how it ends")
+
+
+@dataclass
+class Command:
+    """Something an owner is asked; `reply` is how its asker hears the outcome."""
+
+    reply: Reply = field(default_factory=Reply, kw_only=True)
+    deadline: float = field(default=0.0, kw_only=True)  # monotonic; 0: none beyond the asker's wait
+
+    @property
+    def expired(self) -> bool:
+        return bool(self.deadline) and time.monotonic() > self.deadline
+
+
+@dataclass
+class CreatePartition(Command):
+    """Place and configure a partition; or, if there is no room and `wait_seconds`, queue the request."""
+
+    request: PartitionRequest
+    access: Access = OPEN_ACCESS
+    keep_on_error: bool = False
+    wait_seconds: float = 0.0
+    may_queue: bool = False  # the caller chose this allocation to wait in: queue here when there is no room
+    placed: bool = False  # set by the owner once it has placed (or queued) it: a later failure is the partition's, not a refusal
+
+
+@dataclass
+class RemovePartition(Command):
+    partition_id: str
+    access: Access = OPEN_ACCESS
+    force: bool = False
+
+
+@dataclass
+class ResetPartition(Command):
+    partition_id: str
+    access: Access = OPEN_ACCESS
+    automatic: bool = False
+
+
+@dataclass
+class RelocatePartition(Command):
+    """Move a partition off the machines that failed it (or all of its own); `only_off_failed`:
+    reset it in place when none did."""
+
+    partition_id: str
+    access: Access = OPEN_ACCESS
+    automatic: bool = False
+    only_off_failed: bool = False
+
+
+@dataclass
+class CancelRequest(Command):
+    partition_id: str
+    access: Access = OPEN_ACCESS
+
+
+@dataclass
+class ClaimMachines(Command):
+    """A disruptive cluster test takes the allocation's machines: refused while partitions are
+    there or being made; partitions are refused while it holds them."""
+
+    test: str  # how refusals name it: "cluster cl0"
+
+
+@dataclass
+class ReleaseMachines(Command):
+    test: str
+
+
+@dataclass
+class AgentReport(Command):
+    """What a health pass found at one of the allocation's agents: the settings it holds, or why
+    it could not be asked (it is down)."""
+
+    agent_id: str
+    held: dict | None = None  # partition id -> AgentSettings; None when it did not answer
+    error: VipuError | None = None
+
+
+@dataclass
+class FinishInterrupted(Command):
+    """Finish the operations nobody owns any more (a restart's, or those whose last write failed)."""
+
+
+@dataclass
+class RecoverFailed(Command):
+    """Move or reset the ERROR partitions whose machines allow it, as their policy says."""
+
+
+@dataclass
+class CloseAllocation(Command):
+    """The allocation is being removed: cancel its requests, remove its partitions (with `force`),
+    delete it, and stop."""
+
+    force: bool = False
+
+
+@dataclass
+class Inspect(Command):
+    """Run `look(owner)` in the owner's turn (tests and the health pass use it to wait for a quiet owner)."""
+
+    look: Any = None

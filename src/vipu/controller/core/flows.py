@@ -1,0 +1,259 @@
+"""The operations on a partition, as its owner runs them a step at a time (`effects`).
+
+Each is the sequence the life cycle (`vipu.model.lifecycle`) prescribes, written as it reads:
+
+- create: commit (PENDING, CREATING), so its IPUs are taken; apply the settings to its agents, in
+  parallel; commit (ACTIVE, IDLE). If an agent fails, what was applied is cleared again and the
+  partition is abandoned (its IPUs free at once), or kept in ERROR with each agent's reason when
+  its creator asked. A relocatable partition moves off the machines that failed it instead.
+- reset: commit (PENDING, RESETTING), clear, apply, commit (ACTIVE, IDLE); ERROR if an agent fails.
+- remove: commit REMOVING, clear, commit its removal; one an agent could not clear goes to ERROR,
+  unless forced (then it is forgotten, and the reconciler clears the agent when it answers).
+- relocate: commit the move to new IPUs with its 'relocate' (its old IPUs stay taken until its
+  old machines are cleared), clear the old machines that answer, configure the new ones.
+- finish: complete what an interrupted operation left (after a restart, or a failed last write).
+- grant: a waiting request's partition, committed with the end of the request, then as a create.
+
+An ERROR partition is never configured on any agent. Errors are raised at the `yield` whose write
+the store refused, or from the agents' outcomes, and reach the operation's asker.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from vipu.controller.core.effects import Body, Calls, Join
+from vipu.controller.core.placing import failed_machines, move_note, moved
+from vipu.model import lifecycle
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import Agent, AgentStatus, OperationState, Partition
+from vipu.model.errors import HardwareFailure, NoRoom, Unavailable, VipuError
+from vipu.model.queue import WaitingRequest
+
+if TYPE_CHECKING:
+    from vipu.controller.core.owner import AllocationOwner
+
+log = logging.getLogger("vipu.controller.core")
+
+Failures = dict[str, VipuError]
+
+
+def _failures(agents: list[Agent], outcomes) -> Failures:
+    return {agent.id: error for agent, error in zip(agents, outcomes, strict=True) if error is not None}
+
+
+def configure(owner: AllocationOwner, partition: Partition, on_failure: str) -> Body:
+    """Apply the partition's settings to its agents and make it ACTIVE. If any agent fails, what
+    was applied is cleared again and the partition takes the transition `on_failure` ('abandon':
+    it is forgotten, its IPUs free; 'fail': it stays in ERROR), and the error is raised."""
+    agents = owner.agents_of(partition)
+    clears = owner.clears_under_way(partition.id, agents)
+    if clears:  # old settings of its id are being cleared there: those calls first
+        yield Join(clears)
+    failures = _failures(agents, (yield owner.applying(partition, agents)))
+    if failures:
+        undone = _failures(agents, (yield owner.clearing(partition.id, agents)))
+        for agent_id, error in undone.items():
+            if agent_id not in failures:
+                log.warning("could not undo partition %s on agent %s: %s", partition.id, agent_id, error.message)
+        summary = (f"partition {partition.id} is in ERROR" if on_failure == "fail"
+                   else f"partition {partition.id} could not be created and was not kept")
+        raise (yield from fail(owner, partition, failures, summary, on_failure))
+    partition = yield owner.transit(partition, ("configured", {"errors": []}))
+    log.info("partition %s is ACTIVE on %s", partition.id, ", ".join(partition.agent_ids))
+    return partition
+
+
+def fail(owner: AllocationOwner, partition: Partition, failures: Failures, summary: str, transition: str, hint: str = "") -> Body:
+    """Record the agents' reasons by the transition 'fail' (ERROR) or 'abandon' (gone); returns the
+    error to raise, `summary: reasons`."""
+    reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
+    yield owner.transit(partition, (transition, {"errors": reasons if transition == "fail" else None}))
+    family = Unavailable if all(e.temporary for e in failures.values()) else HardwareFailure
+    log.warning("partition %s: %s", partition.id, "; ".join(reasons))
+    return family(f"{summary}: {'; '.join(reasons)}{hint}")
+
+
+def create(owner: AllocationOwner, partition: Partition, keep_on_error: bool) -> Body:
+    """A partition placed by the owner: recorded, then configured."""
+    yield owner.inserting(partition)
+    return (yield from configure_new(owner, partition, keep_on_error))
+
+
+def grant(owner: AllocationOwner, request: WaitingRequest, partition: Partition) -> Body:
+    """A waiting request's partition, recorded in the transaction that ends the request, then
+    configured as a create is. Should the request's row have gone meanwhile (its allocation
+    removed), it waits no more; should the store refuse otherwise, it waits on for the next pass."""
+    yield owner.granting(request, partition)
+    log.info("partition %s of %d IPUs starts in allocation %s after waiting %.1f s", partition.id, partition.size,
+             partition.allocation_id, (datetime.now(UTC) - request.since).total_seconds())
+    try:
+        return (yield from configure_new(owner, partition, request.keep_on_error))
+    except VipuError as error:
+        if owner.partition(partition.id) is None:
+            owner.ended(request, error)  # for its waiting clients: no partition came of it
+        raise
+
+
+def configure_new(owner: AllocationOwner, partition: Partition, keep_on_error: bool) -> Body:
+    """Configure a partition just recorded (PENDING, CREATING); a relocatable one that fails at some
+    machines moves off them, and is kept in ERROR if asked, or else removed, if it can move nowhere."""
+    if not partition.relocatable:
+        return (yield from configure(owner, partition, "fail" if keep_on_error else "abandon"))
+    try:
+        return (yield from configure(owner, partition, "fail"))
+    except VipuError as failure:
+        moved_partition = yield from moved_after_failure(owner, partition.id, failure)
+        if moved_partition is not None:
+            return moved_partition
+        if keep_on_error:
+            raise
+        current = owner.partition(partition.id)
+        if current is None:
+            raise
+        current = yield from begin_remove(owner, current)
+        yield from finish_remove(owner, current, force=True)
+        reasons = "; ".join(current.errors) or failure.message
+        raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
+
+
+def reset(owner: AllocationOwner, partition: Partition, automatic: bool) -> Body:
+    """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
+    partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
+    agents = owner.agents_of(partition)
+    failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
+    if failures:
+        raise (yield from fail(owner, partition, failures, f"cannot reset partition {partition.id}", "fail"))
+    return (yield from configure(owner, partition, "fail"))
+
+
+def remove(owner: AllocationOwner, partition: Partition, force: bool) -> Body:
+    """Clear a partition from its agents and forget it; forced, forget it whatever the agents answer."""
+    partition = yield from begin_remove(owner, partition)
+    yield from finish_remove(owner, partition, force)
+
+
+def begin_remove(owner: AllocationOwner, partition: Partition) -> Body:
+    """Record that the partition is being removed. One that an interrupted create or reset left
+    PENDING is failed first, as the life cycle removes only settled partitions."""
+    state = lifecycle.state_of(partition)
+    if state in (lifecycle.ACTIVE_REMOVING, lifecycle.ERROR_REMOVING):
+        return partition  # a remove interrupted earlier: this one finishes it
+    if state in lifecycle.BUSY:
+        interrupted = f"its {partition.operation_state.value.lower()} was interrupted"
+        return (yield owner.transit(partition, ("fail", {"errors": [interrupted]}), ("remove", {})))
+    return (yield owner.transit(partition, ("remove", {})))
+
+
+def finish_remove(owner: AllocationOwner, partition: Partition, force: bool) -> Body:
+    agents = owner.agents_of(partition)
+    failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
+    if failures and not force:
+        raise (yield from fail(owner, partition, failures, f"cannot remove partition {partition.id}", "fail",
+                               hint="; remove it with --force to forget it anyway"))
+    for agent_id, error in failures.items():
+        log.warning("partition %s forgotten while agent %s still may hold it: %s", partition.id, agent_id, error.message)
+    yield owner.transit(partition, ("removed", {}))
+    log.info("partition %s removed", partition.id)
+
+
+def relocate(owner: AllocationOwner, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
+             because_failed: bool = True) -> Body:
+    """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
+    its allocation, and configure it there. `because_failed`: the machines of `avoid` failed it,
+    and are kept off while other room is left. NoRoom if the allocation has no room for it
+    elsewhere; the configuration's failure (the partition then in ERROR on its new IPUs) if that
+    fails. Its old IPUs stay taken until its reachable old machines are cleared, so that nothing is
+    placed on settings still there; an old machine that is down is cleared by the reconciler
+    when it answers again."""
+    state = owner.state
+    first = state.queue.first()
+    placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
+                      first.partition_id if first is not None else "", avoid, state.down)
+    fields: dict = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
+    if because_failed:
+        fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
+    if automatic:
+        fields["auto_reset_count"] = partition.auto_reset_count + 1
+    if {(ipu.agent_id, ipu.index) for ipu in placement.ipus} & state.held:  # that request is held another shape, at the next pass
+        state.held = frozenset()
+    before = partition
+    partition = yield owner.moving(partition, fields)
+    log.warning("partition %s %s", partition.id, partition.relocation)
+    try:
+        reachable = [agent for agent in owner.agents_of(before) if agent.status is AgentStatus.UP and agent.id not in state.down]
+        for agent_id, error in _failures(reachable, (yield owner.clearing(partition.id, reachable))).items():
+            log.warning("partition %s moved; agent %s still holds its old settings until the reconciler clears them: %s",
+                        partition.id, agent_id, error.message)
+    finally:
+        owner.unlinger(partition.id)
+    return (yield from configure(owner, partition, "fail"))
+
+
+def moved_after_failure(owner: AllocationOwner, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:
+    """A relocatable partition that failed at some agents, now in ERROR, moved off them and
+    configured elsewhere; None if its allocation has no room elsewhere, or it failed there too."""
+    for _ in range(attempts):
+        current = owner.partition(partition_id)
+        if current is None or lifecycle.state_of(current) != lifecycle.ERROR_FAILED:
+            return None
+        try:
+            return (yield from relocate(owner, current, failed_machines(current, owner.state.down),
+                                        "; ".join(current.errors) or failure.message))
+        except NoRoom as refusal:
+            log.info("partition %s stays in ERROR: %s", partition_id, refusal.message)
+            return None
+        except VipuError as again:  # it failed on its new machines too: those are avoided next
+            failure = again
+    return None
+
+
+def relocate_asked(owner: AllocationOwner, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
+    """A move someone asked for: off the machines that failed the partition, or off all of its own
+    when none did; with `only_off_failed` (the published API's reset with `relocatable`), a
+    partition that no machine failed is reset in place instead."""
+    failed = failed_machines(partition, owner.state.down)
+    if not failed and only_off_failed:
+        return (yield from reset(owner, partition, automatic))
+    if failed:
+        why = "; ".join(partition.errors) or f"{', '.join(sorted(failed))} failed"
+    else:
+        why = f"asked by {asked_by}" if asked_by else "asked for"
+    return (yield from relocate(owner, partition, failed or set(partition.agent_ids), why, automatic, because_failed=bool(failed)))
+
+
+def finish(owner: AllocationOwner, partition: Partition) -> Body:
+    """Finish the interrupted operation of a partition that no operation owns any more."""
+    interrupted = partition.operation_state
+    if interrupted is OperationState.REMOVING:
+        yield from finish_remove(owner, partition, force=True)
+    else:
+        yield from configure(owner, partition, "abandon" if interrupted is OperationState.CREATING else "fail")
+    log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
+
+
+def mark_lost(owner: AllocationOwner, partition: Partition, reason: str) -> Body:
+    """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to ERROR with the reason."""
+    yield owner.transit(partition, ("lost", {"errors": [reason]}))
+    log.warning("partition %s goes to ERROR: %s", partition.id, reason)
+
+
+def reconcile(owner: AllocationOwner, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
+    """Make one agent hold what the owner's state says: clear what it should not hold, apply again
+    what it lost (an ACTIVE partition whose settings it cannot take back goes to ERROR)."""
+    calls = [owner.call(agent, partition_id=p) for p in stray] + [owner.call(agent, settings=s) for _, s in lost]
+    outcomes = yield Calls(calls)
+    for partition_id, error in zip(stray, outcomes[:len(stray)], strict=True):
+        if error is None:
+            log.info("agent %s: cleared partition %s, which the store does not hold as active", agent.id, partition_id)
+        else:
+            log.warning("agent %s: could not clear partition %s: %s", agent.id, partition_id, error.message)
+    for (partition, _), error in zip(lost, outcomes[len(stray):], strict=True):
+        if error is None:
+            log.info("agent %s: re-applied partition %s", agent.id, partition.id)
+            continue
+        current = owner.partition(partition.id)
+        if current is not None and lifecycle.state_of(current) == lifecycle.ACTIVE_IDLE:
+            yield from mark_lost(owner, current, f"agent {agent.id}: {error.message}")

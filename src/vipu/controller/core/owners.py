@@ -1,0 +1,296 @@
+"""The allocations' owners, and the little they share: partition ids, the queues' bounds, how
+requests ended, and word of every change.
+
+An owner is made for each allocation when the controller starts to serve (from the store), or
+when an allocation is first used after it was created; it goes when its allocation is removed.
+A partition id is unique across allocations: a create claims it here before asking any owner,
+and the owner that commits something under it settles it, so two allocations never make the same
+id and a refusal names the id at once. What owners share is guarded by one small lock, held over
+a few dictionary operations and never across a store write or an agent call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from vipu.controller.core.agents import AgentCall, AgentCalls
+from vipu.controller.core.changes import ChangeFeed, Topic
+from vipu.controller.core.commands import Command, Reply
+from vipu.controller.core.owner import AllocationOwner
+from vipu.controller.core.snapshot import AllocationSnapshot
+from vipu.controller.core.state import AllocationState
+from vipu.model.entities import Agent, AgentStatus
+from vipu.model.errors import Conflict, Unavailable, VipuError
+from vipu.model.topology import ClusterLayout
+from vipu.store.store import Store
+
+log = logging.getLogger("vipu.controller.core")
+
+CLAIMED = ""  # an id's holder while a create or an enqueue of it is under way and nothing of it is committed
+CLEARING = "\0clearing"  # an id's holder while a health pass clears old settings of it from a machine in no allocation
+# How long a request ended without a partition (expired, cancelled, failed) is told to a client that asks after it.
+ENDINGS_KEPT_SECONDS = 600.0
+CLEARING_WAIT_SECONDS = 30.0  # a create of an id being cleared waits this long for it: one agent call
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """How many requests may wait: for one user of secure mode, and in all."""
+
+    per_user: int = 100
+    total: int = 10_000
+
+
+DEFAULT_LIMITS = QueueLimits()
+
+
+class Owners:
+    def __init__(self, store: Store, calls: AgentCalls, changes: ChangeFeed | None = None, limits: QueueLimits = DEFAULT_LIMITS):
+        self.store = store
+        self.calls = calls
+        self.changes = changes
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._ids_freed = threading.Condition(self._lock)
+        self._owners: dict[str, AllocationOwner] = {}
+        self._ids: dict[str, str] = {}  # partition id -> the allocation holding a partition or request of it, CLAIMED or CLEARING
+        self._waiting_by_user: Counter[str] = Counter()
+        self._waiting = 0
+        self._endings: dict[str, tuple[float, str, VipuError]] = {}  # partition id -> (when, allocation, how it ended)
+        self._tests: dict[str, str] = {}  # cluster id -> the disruptive test holding its machines
+        self._stopped = ""
+        self.changed = threading.Condition()  # notified after every snapshot published
+        self.version = 0  # counts the snapshots published, so that a waiter misses none
+
+    # The owners
+
+    def load(self) -> None:
+        """Make an owner of every allocation from what the store holds: at start-up, and when this
+        controller takes the lead. Nothing runs yet that a health pass would not start."""
+        with self.store.reading() as tx:
+            configuration = tx.configuration()
+            partitions = tx.list_partitions()
+            requests = tx.list_requests()
+        owners = {}
+        for allocation in configuration.allocations.values():
+            cluster = configuration.clusters[allocation.cluster_id]
+            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
+            state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
+                                       [r for r in requests if r.allocation_id == allocation.id], down)
+            state.test = self._tests.get(allocation.cluster_id, "")
+            owners[allocation.id] = AllocationOwner(self, state)
+        with self._lock:
+            self._owners = owners
+            self._ids = {p.id: p.allocation_id for p in partitions} | {r.partition_id: r.allocation_id for r in requests}
+            self._waiting_by_user = Counter(r.owner for r in requests if r.owner)
+            self._waiting = len(requests)
+        for owner in owners.values():
+            if len(owner.state.queue):
+                owner.wake()  # its requests' deadlines and a first pass over its queue
+
+    def owner(self, allocation_id: str) -> AllocationOwner | None:
+        """The allocation's owner, made when it is first asked for; None if there is no such allocation."""
+        with self._lock:
+            found = self._owners.get(allocation_id)
+        if found is not None:
+            return found
+        configuration = self.store.configuration()
+        allocation = configuration.allocations.get(allocation_id)
+        if allocation is None:
+            return None
+        with self.store.reading() as tx:  # an allocation just made holds nothing, but a restart's may
+            partitions = tx.list_partitions(allocation_id=allocation_id)
+            requests = tx.list_requests(allocation_id)
+        cluster = configuration.clusters[allocation.cluster_id]
+        down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
+        state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down)
+        with self._lock:
+            found = self._owners.get(allocation_id)
+            if found is not None:
+                return found
+            if self._stopped:
+                raise Unavailable(self._stopped)
+            state.test = self._tests.get(allocation.cluster_id, "")
+            owner = self._owners[allocation_id] = AllocationOwner(self, state)
+            return owner
+
+    def all(self) -> list[AllocationOwner]:
+        with self._lock:
+            return list(self._owners.values())
+
+    def snapshots(self) -> list[AllocationSnapshot]:
+        """Every allocation as last committed, in id order (those never used since the controller
+        started are made, so that none is missed)."""
+        allocations = self.store.configuration().allocations
+        owners = [self.owner(allocation_id) for allocation_id in sorted(allocations)]
+        return [owner.snapshot for owner in owners if owner is not None]
+
+    def holding(self, partition_id: str) -> AllocationOwner | None:
+        """The owner of the allocation holding a partition or waiting request of that id, if any."""
+        with self._lock:
+            allocation_id = self._ids.get(partition_id)
+            return self._owners.get(allocation_id) if allocation_id else None
+
+    def submit(self, owner: AllocationOwner, command: Command) -> Reply:
+        owner.submit(command)
+        return command.reply
+
+    def closed(self, owner: AllocationOwner) -> None:
+        """An allocation is removed: its owner stops after this turn and goes."""
+        with self._lock:
+            if self._owners.get(owner.id) is owner:
+                del self._owners[owner.id]
+        threading.Thread(target=owner.stop, args=(f"allocation {owner.id} was removed",), daemon=True).start()
+
+    def stop(self, reason: str, seconds: float = 10.0) -> None:
+        """Every owner stops deciding at once (deposed, or the controller stops); waits up to `seconds` for their turns to end."""
+        with self._lock:
+            self._stopped = reason
+            owners = list(self._owners.values())
+        for owner in owners:
+            owner.stop(reason)
+        deadline = time.monotonic() + seconds
+        for owner in owners:
+            owner.join(max(0.0, deadline - time.monotonic()))
+
+    def wait_quiet(self, seconds: float) -> bool:
+        """Wait up to `seconds` until no owner has anything under way; whether none has."""
+        deadline = time.monotonic() + seconds
+        return all(owner.wait_quiet(max(0.0, deadline - time.monotonic())) for owner in self.all())
+
+    # Partition ids
+
+    def claim_id(self, partition_id: str) -> str | None:
+        """Claim an id for a create or an enqueue: None if it is now the caller's, else who holds it
+        (an allocation's id, or CLAIMED by another create under way). An id whose old settings are
+        being cleared from a machine is waited for, briefly."""
+        deadline = time.monotonic() + CLEARING_WAIT_SECONDS
+        with self._lock:
+            while self._ids.get(partition_id) == CLEARING and self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            holder = self._ids.get(partition_id)
+            if holder is not None:
+                return holder
+            self._ids[partition_id] = CLAIMED
+            self._endings.pop(partition_id, None)  # a new request or partition of that id: the old one's ending no longer applies
+            return None
+
+    def release_claim(self, partition_id: str) -> None:
+        """A claimed id that nothing was committed under (every owner refused the create)."""
+        with self._lock:
+            if self._ids.get(partition_id) == CLAIMED:
+                del self._ids[partition_id]
+                self._ids_freed.notify_all()
+
+    def settle_id(self, partition_id: str, allocation_id: str) -> None:
+        with self._lock:
+            self._ids[partition_id] = allocation_id
+
+    def release_id(self, partition_id: str, allocation_id: str) -> None:
+        """The last partition or request of that id in the allocation is gone."""
+        with self._lock:
+            if self._ids.get(partition_id) == allocation_id:
+                del self._ids[partition_id]
+                self._ids_freed.notify_all()
+
+    # The queues' bounds, and how requests ended
+
+    def enter_queue(self, user: str) -> None:
+        """A request is to wait: Conflict naming the limit when its user, or the controller, has as
+        many waiting as it may."""
+        with self._lock:
+            if self._waiting >= self.limits.total:
+                raise Conflict(f"{self._waiting} requests wait on this controller, the most it takes "
+                               "(vipu-server --max-waiting); try again when some have started")
+            if user and self._waiting_by_user[user] >= self.limits.per_user:
+                raise Conflict(f"user {user} has {self._waiting_by_user[user]} requests waiting, the most one user may "
+                               "(vipu-server --max-waiting-per-user); cancel one, or wait for one to start")
+            self._waiting += 1
+            if user:
+                self._waiting_by_user[user] += 1
+
+    def leave_queue(self, user: str) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if user:
+                self._waiting_by_user[user] -= 1
+                if self._waiting_by_user[user] <= 0:
+                    del self._waiting_by_user[user]
+
+    def record_ending(self, partition_id: str, allocation_id: str, ending: VipuError) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._endings[partition_id] = (now, allocation_id, ending)
+            self._endings = {p: e for p, e in self._endings.items() if now - e[0] < ENDINGS_KEPT_SECONDS}
+
+    def ending(self, partition_id: str) -> tuple[str, VipuError] | None:
+        """How the request of that id ended without a partition, if it did lately, and the allocation it waited in."""
+        with self._lock:
+            kept = self._endings.get(partition_id)
+        if kept is None or time.monotonic() - kept[0] >= ENDINGS_KEPT_SECONDS:
+            return None
+        return kept[1], kept[2]
+
+    # Cluster tests
+
+    def test_starts(self, cluster_id: str, test: str) -> None:
+        """A disruptive test is about to claim the cluster's machines: an owner made meanwhile starts held by it."""
+        with self._lock:
+            self._tests[cluster_id] = test
+
+    def test_ends(self, cluster_id: str) -> None:
+        with self._lock:
+            self._tests.pop(cluster_id, None)
+
+    # Word of changes
+
+    def published(self, owner: AllocationOwner, partitions_changed: bool) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+        if partitions_changed and self.changes is not None:
+            self.changes.publish(Topic.PARTITIONS, owner.id)
+
+    def wait_for_change(self, seen: int, timeout: float) -> None:
+        """Until an owner publishes after `version` was `seen`, or `timeout` seconds."""
+        with self.changed:
+            if self.version == seen:
+                self.changed.wait(timeout)
+
+    # Machines in no allocation
+
+    def clear_unallocated(self, agent: Agent, held: list[str], seconds: float) -> None:
+        """Clear what a machine in no allocation holds (an allocation removed while it was away). An
+        id no partition has is held meanwhile, so that no create of it meets the clear."""
+        claimed = []
+        with self._lock:
+            for partition_id in held:
+                if partition_id not in self._ids:
+                    self._ids[partition_id] = CLEARING
+                    claimed.append(partition_id)
+        done = threading.Event()
+        try:
+            calls = [AgentCall(agent.id, agent.host, agent.port, partition_id=p) for p in held]
+            outcomes: list = []
+
+            def answered(result: list) -> None:
+                outcomes.extend(result)
+                done.set()
+
+            self.calls.start(calls, answered)
+            done.wait(seconds)
+        finally:
+            with self._lock:
+                for partition_id in claimed:
+                    if self._ids.get(partition_id) == CLEARING:
+                        del self._ids[partition_id]
+                self._ids_freed.notify_all()
+        for partition_id, error in zip(held, outcomes, strict=False):
+            if error is None:
+                log.info("agent %s: cleared partition %s, which the store does not hold as active", agent.id, partition_id)
+            else:
+                log.warning("agent %s: could not clear partition %s: %s", agent.id, partition_id, error.message)

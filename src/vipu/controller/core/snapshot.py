@@ -1,0 +1,119 @@
+"""What readers see of an allocation: the immutable snapshot its owner publishes after each commit.
+
+Every reader (get, list, IPUoF configuration, capacity, the queue and its reasons, the change
+feed, the dashboard through the API) reads the snapshot last published, without a lock: an owner
+builds a new one from its committed state and replaces the old in one assignment, so a reader
+sees one committed moment whole. Nothing the owner has not committed is in it: a create is
+visible from its (PENDING, CREATING) commit, a move on its new IPUs from its 'relocate' commit.
+
+Nothing here is ever changed after it is published; the partitions and requests in it are shared
+by every reader and must be copied before any change (`PartitionService.get` hands out copies).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Partition
+from vipu.model.placement import Shape
+from vipu.model.queue import WaitingRequest, shape_of
+from vipu.model.reasons import span
+from vipu.model.topology import ClusterLayout
+
+Ipu = tuple[str, int]
+NOT_EXPLAINED = "waiting for the next pass over its queue"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request as its clients see it: where it waits and why."""
+
+    request: WaitingRequest
+    position: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """An allocation's waiting requests as last committed, in arrival order, and why each waits:
+    placement's verdict on each shape of request (once per shape, however many wait)."""
+
+    requests: tuple[WaitingRequest, ...] = ()
+    sequences: tuple[int, ...] = ()  # their arrival numbers, in order: a request's place by bisection
+    held: Shape = frozenset()  # the IPUs held for the first request
+    first_verdict: str = ""  # what placement says of the first request
+    verdicts: Mapping[Hashable, str] = field(default_factory=dict)  # shape -> what placement says of requests of it behind the first
+    layout: ClusterLayout | None = None
+    every: str = ""  # why every request waits, when nothing starts in the allocation (under test, being removed)
+
+    @cached_property
+    def by_id(self) -> dict[str, WaitingRequest]:
+        return {r.partition_id: r for r in self.requests}
+
+    def get(self, partition_id: str) -> WaitingRequest | None:
+        return self.by_id.get(partition_id)
+
+    def position(self, request: WaitingRequest) -> int:
+        """Its place in its allocation's queue, from 1."""
+        return bisect_left(self.sequences, request.sequence) + 1
+
+    def seen(self, request: WaitingRequest) -> Waiting:
+        position = self.position(request)
+        return Waiting(request, position, self.reason_at(position, request, self.requests[0] if self.requests else None,
+                                                         shape_of(request.request)))
+
+    def reason_at(self, position: int, request: WaitingRequest, first: WaitingRequest | None, shape: Hashable) -> str:
+        """Why the request at `position` waits, as the last pass over the queue found it."""
+        if self.every:
+            return self.every
+        if not self.first_verdict or first is None:
+            return NOT_EXPLAINED
+        if position == 1:
+            where = (f"first in the queue, {span(self.layout, self.held)} held for it" if self.held and self.layout is not None
+                     else "first in the queue")
+            return f"{where}; {self.first_verdict}"
+        where = f"number {position} in the queue, behind {first.partition_id} ({first.size} IPUs)"
+        verdict = self.verdicts.get(shape)
+        return f"{where}; {verdict}" if verdict else where
+
+
+EMPTY_QUEUE = QueueView()
+
+
+@dataclass(frozen=True)
+class AllocationSnapshot:
+    """One allocation as its owner last committed it."""
+
+    allocation: Allocation
+    layout: ClusterLayout
+    version: int = 0
+    partitions: Mapping[str, Partition] = field(default_factory=dict)  # by id
+    used: Mapping[str, frozenset[int]] = field(default_factory=dict)  # agent -> IPUs taken (old IPUs of moves included)
+    lingering: Mapping[str, frozenset[Ipu]] = field(default_factory=dict)  # a moving partition's old IPUs, until cleared
+    busy: Mapping[str, str] = field(default_factory=dict)  # partition id -> the operation under way on it
+    queue: QueueView = EMPTY_QUEUE
+    down: frozenset[str] = frozenset()  # its machines found down by the last health pass
+    test: str = ""  # the cluster test holding its machines (a disruptive one), if any
+    closing: bool = False  # being removed
+
+    @property
+    def id(self) -> str:
+        return self.allocation.id
+
+    def holders(self) -> dict[Ipu, str]:
+        """The partition holding each IPU in use, by (agent, index): a moving partition holds its
+        old IPUs too until they are cleared."""
+        held = {ipu: partition_id for partition_id, ipus in self.lingering.items() for ipu in ipus}
+        held.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
+        return held
+
+    def used_ipus(self) -> dict[str, set[int]]:
+        """The IPUs in use, by agent, as placement takes them (a copy it may change)."""
+        return {agent: set(indices) for agent, indices in self.used.items()}
+
+    @property
+    def total_ipus(self) -> int:
+        return len(self.allocation.agent_ids) * IPUS_PER_MACHINE

@@ -1,0 +1,112 @@
+"""An allocation as its owner holds it: the one copy of its partitions, IPUs, queue and claims.
+
+Only the owner's thread reads or changes an `AllocationState`; readers get the snapshots it
+publishes. The owner changes it as it stages each write of a turn (so that the next placement in
+the same turn sees the IPUs just taken) and undoes a write the store refused before it publishes,
+so nothing here is seen before it is committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable
+
+from vipu.model import queue as queue_model
+from vipu.model.entities import Allocation, Partition
+from vipu.model.placement import Shape
+from vipu.model.queue import WaitingRequest
+from vipu.model.topology import ClusterLayout
+
+Ipu = tuple[str, int]
+
+
+def request_lines() -> queue_model.Lines[WaitingRequest]:
+    """An allocation's queue: its requests in arrival order, in lines of one shape each."""
+    return queue_model.Lines(lambda r: r.partition_id, lambda r: queue_model.shape_of(r.request), lambda r: r.sequence)
+
+
+@dataclasses.dataclass
+class AllocationState:
+    allocation: Allocation
+    layout: ClusterLayout
+    partitions: dict[str, Partition] = dataclasses.field(default_factory=dict)
+    used: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # agent -> IPUs taken, as placement reads them
+    lingering: dict[str, frozenset[Ipu]] = dataclasses.field(default_factory=dict)  # a moving partition's old IPUs, until cleared
+    queue: queue_model.Lines[WaitingRequest] = dataclasses.field(default_factory=request_lines)
+    held: Shape = frozenset()  # the IPUs held for the first waiting request, `held_for`
+    held_for: str = ""
+    held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
+    down: set[str] = dataclasses.field(default_factory=set)
+    test: str = ""  # the disruptive cluster test holding the machines
+    closing: bool = False
+    _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
+
+    @classmethod
+    def of(cls, allocation: Allocation, layout: ClusterLayout, partitions: Iterable[Partition],
+           requests: Iterable[WaitingRequest], down: set[str]) -> AllocationState:
+        state = cls(allocation, layout, down=down)
+        for partition in partitions:
+            state.put(partition)
+        for request in requests:
+            state.queue.add(request)
+        first = state.queue.first()
+        if first is not None:
+            state.held, state.held_for = first.held, first.partition_id
+            state.held_recorded = (first.partition_id, first.held)
+        return state
+
+    def _take(self, ipus: Iterable[Ipu]) -> None:
+        for ipu in ipus:
+            self._counts[ipu] += 1
+            if self._counts[ipu] == 1:
+                self.used.setdefault(ipu[0], set()).add(ipu[1])
+
+    def _free(self, ipus: Iterable[Ipu]) -> None:
+        for ipu in ipus:
+            self._counts[ipu] -= 1
+            if self._counts[ipu] <= 0:
+                del self._counts[ipu]
+                indices = self.used.get(ipu[0])
+                if indices is not None:
+                    indices.discard(ipu[1])
+                    if not indices:
+                        del self.used[ipu[0]]
+
+    def put(self, partition: Partition) -> Partition | None:
+        """A partition new or changed; the one it replaces."""
+        old = self.partitions.get(partition.id)
+        if old is not None:
+            self._free((i.agent_id, i.index) for i in old.ipus)
+        self.partitions[partition.id] = partition
+        self._take((i.agent_id, i.index) for i in partition.ipus)
+        return old
+
+    def drop(self, partition_id: str) -> Partition | None:
+        old = self.partitions.pop(partition_id, None)
+        if old is not None:
+            self._free((i.agent_id, i.index) for i in old.ipus)
+        return old
+
+    def linger(self, partition: Partition) -> None:
+        """A partition about to move: its present IPUs stay taken until `unlinger`."""
+        ipus = frozenset((i.agent_id, i.index) for i in partition.ipus)
+        self.unlinger(partition.id)
+        self.lingering[partition.id] = ipus
+        self._take(ipus)
+
+    def unlinger(self, partition_id: str) -> bool:
+        """The old machines of a moved partition are cleared (or the move did not happen); whether any lingered."""
+        ipus = self.lingering.pop(partition_id, None)
+        if ipus is None:
+            return False
+        self._free(ipus)
+        return True
+
+    def holders(self) -> dict[Ipu, str]:
+        held = {ipu: partition_id for partition_id, ipus in self.lingering.items() for ipu in ipus}
+        held.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
+        return held
+
+    def on_agent(self, agent_id: str) -> list[Partition]:
+        return [p for p in self.partitions.values() if any(i.agent_id == agent_id for i in p.ipus)]

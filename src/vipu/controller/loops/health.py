@@ -1,0 +1,146 @@
+"""The health pass: ask every agent what it holds, and tell the owners what was found.
+
+It runs once when the controller starts to serve and then every `--health-interval` seconds. It
+configures nothing itself and holds no lock: each allocation's owner (`vipu.controller.core`)
+decides what follows from what its agents hold, one thing at a time with everything else it
+decides. A pass:
+
+1. asks each owner to finish the operations nobody owns any more (a restart's, or one whose last
+   store write failed);
+2. asks every agent, in parallel, for the settings it holds, and records it Up or Down in the
+   store; its allocation's owner then clears what it should not hold (partitions unknown, or
+   ERROR, there), applies again what an ACTIVE partition lost (a restarted agent), and puts the
+   ACTIVE partitions of an agent that stopped answering in ERROR, saying why. Partitions that an
+   operation under way owns are left to it. A machine in no allocation is cleared of anything;
+3. asks each owner to recover ERROR partitions as their policy allows: a relocatable one moves
+   off the machines that failed it when there is room, one that an agent's absence failed is
+   reset once every agent answers again, up to MAX_AUTO_RESETS times; one that a fault of the
+   hardware failed is left to its user, as a reset would only fail again.
+
+Each step waits for the owners' answers with a deadline, and the pass goes on without an answer
+that did not come in time: the owner finishes what it started, and the next pass looks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from vipu.controller.core.agents import AgentGateway
+from vipu.controller.core.commands import AgentReport, Command, FinishInterrupted, RecoverFailed, Reply
+from vipu.controller.core.owners import Owners
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import Agent, AgentStatus
+from vipu.model.errors import PermissionDenied, Unavailable, VipuError
+from vipu.store.store import Store
+
+log = logging.getLogger(__name__)
+
+STEP_SECONDS = 60.0  # how long a pass waits for the owners at each step: an agent call is bounded by the agent timeout
+
+
+@dataclass
+class _Found:
+    """What one agent answered: the settings it holds, or why it did not answer."""
+
+    agent: Agent
+    held: dict[str, AgentSettings] | None
+    error: VipuError | None = None
+    returned: bool = False  # it was Down and answers again (its inventory was read afresh)
+
+
+class HealthPass:
+    def __init__(self, store: Store, owners: Owners, gateway: AgentGateway, workers: int = 32):
+        self.store = store
+        self.owners = owners
+        self.gateway = gateway
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health")
+
+    def recover(self) -> None:
+        """On starting to serve: make the owners from the store, then a pass."""
+        self.owners.load()
+        self.check_all()
+
+    def check_all(self, seconds: float = STEP_SECONDS) -> None:
+        """One health pass (see the module's docstring)."""
+        self._ask_every_owner(FinishInterrupted, seconds)
+        agents = list(self.store.configuration().agents.values())
+        allocation_of = {a: allocation.id for allocation in self.store.configuration().allocations.values() for a in allocation.agent_ids}
+        replies: list[tuple[str, Reply]] = []
+        for found in self._pool.map(self._ask, agents):
+            self._record_status(found)
+            allocation_id = allocation_of.get(found.agent.id)
+            owner = self.owners.owner(allocation_id) if allocation_id else None
+            if owner is not None:
+                command = AgentReport(agent_id=found.agent.id, held=found.held, error=found.error)
+                try:
+                    owner.submit(command)
+                    replies.append((f"agent {found.agent.id}", command.reply))
+                except VipuError as error:
+                    log.warning("health pass: agent %s: %s", found.agent.id, error.message)
+            elif found.held:
+                self.owners.clear_unallocated(found.agent, sorted(found.held), seconds)
+        self._wait(replies, seconds)
+        self._ask_every_owner(RecoverFailed, seconds)
+
+    def _ask_every_owner(self, kind: type[Command], seconds: float) -> None:
+        replies = []
+        for owner in self.owners.all():
+            command = kind()
+            try:
+                owner.submit(command)
+                replies.append((f"allocation {owner.id}", command.reply))
+            except VipuError as error:
+                log.warning("health pass: allocation %s: %s", owner.id, error.message)
+        self._wait(replies, seconds)
+
+    @staticmethod
+    def _wait(replies: list[tuple[str, Reply]], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for what, reply in replies:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                reply.wait(left, f"the health pass's look at {what}", left)
+            except VipuError as error:
+                log.warning("health pass: %s: %s", what, error.message)
+
+    def _ask(self, agent: Agent) -> _Found:
+        returning = agent.status is AgentStatus.DOWN
+        try:
+            held = {s.partition_id: s for s in self.gateway.partitions(agent.host, agent.port)}
+            if returning:
+                agent.inventory = self.gateway.inventory(agent.host, agent.port)
+        except (Unavailable, PermissionDenied) as error:  # not there, or obeying another controller
+            return _Found(agent, None, error)
+        return _Found(agent, held, returned=returning)
+
+    def _record_status(self, found: _Found) -> None:
+        """An agent's status in the store; written only when something changed."""
+        agent = found.agent
+        status, reason = (AgentStatus.DOWN, found.error.message) if found.error is not None else (AgentStatus.UP, "")
+        if agent.status is status and agent.last_error == reason and not found.returned:
+            return
+        if agent.status is not status:
+            log.info("agent %s is %s%s", agent.id, status.value, f": {reason}" if reason else "")
+        try:
+            with self.store.transaction() as tx:
+                current = tx.get_agent(agent.id)
+                if current is not None:
+                    current.status, current.last_error, current.inventory = status, reason, agent.inventory
+                    tx.update_agent(current)
+        except VipuError as error:
+            log.warning("agent %s: its status could not be recorded: %s", agent.id, error.message)
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Health passes every `interval` seconds until `stop` is set."""
+        while not stop.wait(interval):
+            try:
+                self.check_all()
+            except Exception:
+                log.exception("health pass failed")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

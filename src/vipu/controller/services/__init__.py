@@ -1,1 +1,0 @@
-"""Use-case services: one function per use case, over the store and the agents."""

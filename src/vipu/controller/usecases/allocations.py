@@ -1,0 +1,67 @@
+"""Allocations: consecutive machines of one cluster, made available for partitions.
+
+Creating one is a change of the configuration; from then on its owner (`vipu.controller.core`)
+decides everything about its partitions and queue, and so it is the owner that removes it:
+requests cancelled, partitions removed (with `force`), the allocation deleted, and the owner gone.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+from vipu.controller.core.commands import CloseAllocation
+from vipu.controller.core.owners import Owners
+from vipu.model.entities import Allocation, check_id, shown
+from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
+from vipu.model.placement import check_allocation_machines, choose_allocation_machines
+from vipu.store.store import Store
+
+START_SECONDS = 30.0  # for the owner's turn
+# How long a removal may take once under way: a forced removal removes every partition, whose
+# agent calls are each bounded by the agent timeout, all at once.
+REMOVAL_SECONDS = 300.0
+
+
+class AllocationService:
+    def __init__(self, store: Store, owners: Owners):
+        self.store = store
+        self.owners = owners
+
+    def create(self, allocation_id: str, cluster_id: str, agent_ids: tuple[str, ...] = (), size: int = 0) -> Allocation:
+        check_id("allocation", allocation_id)
+        if bool(agent_ids) == bool(size):
+            raise InvalidArgument("give either the allocation's agents or its size in IPUs")
+        with self.store.transaction() as tx:
+            if tx.get_allocation(allocation_id) is not None:
+                raise AlreadyExists(f"allocation {allocation_id} already exists")
+            cluster = tx.get_cluster(cluster_id)
+            if cluster is None:
+                raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+            taken = {a: alloc for a, alloc in tx.allocation_of_agents().items() if a in cluster.agent_ids}
+            if agent_ids:
+                check_allocation_machines(cluster.id, cluster.agent_ids, taken, tuple(agent_ids))
+                chosen = tuple(agent_ids)
+            else:
+                chosen = choose_allocation_machines(cluster.agent_ids, set(taken), size)
+            allocation = Allocation(allocation_id, cluster.id, chosen)
+            tx.add_allocation(allocation)
+        return allocation
+
+    def list(self) -> list[tuple[Allocation, list[str]]]:
+        return [(s.allocation, sorted(s.partitions)) for s in self.owners.snapshots()]
+
+    def get(self, allocation_id: str) -> tuple[Allocation, builtins.list[str]]:
+        owner = self.owners.owner(allocation_id)
+        if owner is None:
+            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
+        return owner.snapshot.allocation, sorted(owner.snapshot.partitions)
+
+    def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
+        """Remove an allocation; with `force`, its partitions first. The requests waiting in it are
+        cancelled. What else was removed."""
+        owner = self.owners.owner(allocation_id)
+        if owner is None:
+            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
+        command = CloseAllocation(force=force)
+        owner.submit(command)
+        return command.reply.wait(START_SECONDS, f"the removal of allocation {allocation_id}", REMOVAL_SECONDS)

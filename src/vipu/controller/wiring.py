@@ -1,0 +1,46 @@
+"""The controller's use cases wired to one store, one agent gateway and the allocations' owners.
+
+`vipu.controller.server.Controller` serves them over gRPC; tests build them alone, over simulated
+machines reached in memory, and drive them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vipu.controller.core.agents import AgentCalls, AgentGateway
+from vipu.controller.core.changes import ChangeFeed
+from vipu.controller.core.owners import DEFAULT_LIMITS, Owners, QueueLimits
+from vipu.controller.loops.health import HealthPass
+from vipu.controller.usecases.agents import AgentService, no_takeover
+from vipu.controller.usecases.allocations import AllocationService
+from vipu.controller.usecases.clusters import ClusterService
+from vipu.controller.usecases.clustertests import ClusterTestService
+from vipu.controller.usecases.partitions import PartitionService
+from vipu.controller.usecases.requests import RequestService
+from vipu.store.store import Store
+
+
+class ControllerServices:
+    def __init__(self, store: Store, gateway: AgentGateway, changes: ChangeFeed | None = None, workers: int = 32,
+                 limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover):
+        """`workers`: threads for each kind of agent calls, and the user end-point's (which bounds the
+        waiting calls that may block there)."""
+        self.store = store
+        self.gateway = gateway
+        self.calls = AgentCalls(gateway, workers)
+        self.owners = Owners(store, self.calls, changes, limits)
+        self.partitions = PartitionService(store, self.owners)
+        self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
+        self.allocations = AllocationService(store, self.owners)
+        self.clustertests = ClusterTestService(store, gateway, self.owners, changes, workers)
+        self.clusters = ClusterService(store, self.allocations, self.clustertests.testing)
+        self.agents = AgentService(store, gateway, self.clusters, self.owners, takeover_grant)
+        self.health = HealthPass(store, self.owners, gateway, workers)
+
+    def stop(self, reason: str) -> None:
+        """Stop deciding (deposed, or stopping) and let go of the threads; the store and gateway stay open."""
+        self.clustertests.shutdown()
+        self.owners.stop(reason)
+        self.health.close()
+        self.calls.close()

@@ -1,0 +1,230 @@
+"""The slow-changing entities: agents, clusters and allocations, and the cache that serves them.
+
+Every partition operation needs the agents, the cluster and the allocation, and they change
+rarely, so transactions read them from `ConfigurationCache` rather than the database (see its
+docstring); a transaction that changes them counts a new generation, for every cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy import Integer, String, cast, delete, select, update
+from sqlalchemy.orm import Session
+
+from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, GwTopology, IldTopology, IpuInfo, MachineInventory
+from vipu.model.errors import AlreadyExists
+from vipu.store.schema import AgentRow, AllocationAgentRow, AllocationRow, ClusterAgentRow, ClusterRow, MetaRow
+from vipu.store.transactions import CONFIGURATION_CHANGED, TransactionBase
+
+GENERATION_KEY = "configuration_generation"
+CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
+E = TypeVar("E")
+
+
+def _inventory_to_json(inventory: MachineInventory) -> dict:
+    return dataclasses.asdict(inventory)
+
+
+def _inventory_from_json(data: dict) -> MachineInventory:
+    data = dict(data)
+    data["ipus"] = [IpuInfo(**ipu) for ipu in data.get("ipus", [])]
+    return MachineInventory(**data)
+
+
+def _agent(row: AgentRow) -> Agent:
+    return Agent(id=row.id, host=row.host, port=row.port, inventory=_inventory_from_json(row.inventory),
+                 status=AgentStatus(row.status), discovery_mode=row.discovery_mode, last_error=row.last_error or "")
+
+
+def _cluster(row: ClusterRow) -> Cluster:
+    return Cluster(id=row.id, agent_ids=tuple(m.agent_id for m in row.members), topology=IldTopology(row.topology),
+                   num_ilds=row.num_ilds, gw_topology=GwTopology(row.gw_topology) if row.gw_topology else None)
+
+
+def _allocation(row: AllocationRow) -> Allocation:
+    return Allocation(id=row.id, cluster_id=row.cluster_id, agent_ids=tuple(m.agent_id for m in row.members))
+
+
+def _copy(entity: E | None) -> E | None:
+    """A copy of a cached entity a caller may change, or None."""
+    return dataclasses.replace(entity) if entity is not None else None  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Agents, clusters and allocations (by id, in id order) as of one configuration generation.
+    Shared by every reader: never change what it holds (the repository hands out copies)."""
+
+    generation: int
+    agents: dict[str, Agent]
+    clusters: dict[str, Cluster]
+    allocations: dict[str, Allocation]
+
+    @classmethod
+    def load(cls, session: Session, generation: int) -> Configuration:
+        def rows(kind):
+            return session.scalars(select(kind).order_by(kind.id))
+
+        return cls(generation, {r.id: _agent(r) for r in rows(AgentRow)}, {r.id: _cluster(r) for r in rows(ClusterRow)},
+                   {r.id: _allocation(r) for r in rows(AllocationRow)})
+
+
+class ConfigurationCache:
+    """The slow-changing entities, kept between transactions.
+
+    The store keeps a generation counter that every transaction changing them increments; a
+    transaction reads the counter (one small query) and reuses the entities loaded at that
+    generation, so several controllers on one database never see each other's stale copies.
+
+    A controller that serves is the store's only writer (replicas standing by write nothing), so
+    once it says so (`own`) the cache trusts itself: it counts the changes this process commits
+    and reads nothing, not even the counter, until one of them empties it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: Configuration | None = None
+        self._owned = False
+        self._commits = 0  # configuration changes committed by this process while it owns the store
+
+    def own(self, owned: bool) -> None:
+        with self._lock:
+            self._owned, self._latest = owned, None
+            self._commits += 1
+
+    def changed(self) -> None:
+        """A transaction of this process that changed the configuration has committed."""
+        with self._lock:
+            self._commits += 1
+            self._latest = None
+
+    def cached(self) -> Configuration | None:
+        """What an owning controller may use without reading: the configuration as it committed it last."""
+        return self._latest if self._owned else None
+
+    def current(self, transaction: TransactionBase) -> Configuration:
+        latest = self._latest
+        if self._owned:
+            if latest is not None:
+                return latest
+            commits = self._commits
+            loaded = Configuration.load(transaction.session, commits)
+            with self._lock:  # kept only if no change committed while it was read
+                if self._owned and self._commits == commits:
+                    self._latest = loaded
+            return loaded
+        generation = int(transaction.connection.execute(CONFIGURATION_GENERATION).scalar_one())
+        if latest is not None and latest.generation == generation:
+            return latest
+        loaded = Configuration.load(transaction.session, generation)
+        with self._lock:
+            if not self._owned and (self._latest is None or self._latest.generation <= generation):
+                self._latest = loaded
+        return loaded
+
+
+class ConfigurationRepository(TransactionBase):
+    """Agents, clusters and allocations, served from the configuration cache."""
+
+    def configuration(self) -> Configuration:
+        """This transaction's view of the slow-changing entities: the shared cache's, or, once
+        the transaction has changed them itself, its own reading of them. Shared: never change it."""
+        if self._seen is None:
+            self._seen = Configuration.load(self.session, -1) if self._changed_configuration else self._cache.current(self)
+        return self._seen
+
+    def _configuration_changes(self) -> None:
+        """Record that this transaction changes agents, clusters or allocations (for every cache)."""
+        self._seen = None
+        self._changed.add(CONFIGURATION_CHANGED)
+        if not self._changed_configuration:
+            self._changed_configuration = True
+            self.connection.execute(
+                update(MetaRow).where(MetaRow.key == GENERATION_KEY).values(value=cast(cast(MetaRow.value, Integer) + 1, String))
+            )
+
+    def get_agent(self, agent_id: str) -> Agent | None:
+        return _copy(self.configuration().agents.get(agent_id))
+
+    def list_agents(self) -> list[Agent]:
+        return [dataclasses.replace(a) for a in self.configuration().agents.values()]
+
+    def add_agent(self, agent: Agent) -> None:
+        self._configuration_changes()
+        if self.session.get(AgentRow, agent.id) is not None:
+            raise AlreadyExists(f"agent {agent.id} already exists")
+        self.session.add(AgentRow(id=agent.id, host=agent.host, port=agent.port, status=agent.status.value,
+                                  discovery_mode=agent.discovery_mode, last_error=agent.last_error,
+                                  inventory=_inventory_to_json(agent.inventory)))
+        self.flush(f"agent {agent.id} already exists")
+
+    def update_agent(self, agent: Agent) -> None:
+        self._configuration_changes()
+        row = self.session.get(AgentRow, agent.id)
+        if row is None:
+            return
+        row.status = agent.status.value
+        row.last_error = agent.last_error[:1024]
+        row.inventory = _inventory_to_json(agent.inventory)
+
+    def delete_agent(self, agent_id: str) -> None:
+        self._configuration_changes()
+        self.session.execute(delete(AgentRow).where(AgentRow.id == agent_id))
+
+    def agent_with_address(self, host: str, port: int) -> Agent | None:
+        return next((a for a in self.list_agents() if (a.host, a.port) == (host, port)), None)
+
+    def get_cluster(self, cluster_id: str) -> Cluster | None:
+        return _copy(self.configuration().clusters.get(cluster_id))
+
+    def list_clusters(self) -> list[Cluster]:
+        return [dataclasses.replace(c) for c in self.configuration().clusters.values()]
+
+    def cluster_of_agents(self) -> dict[str, str]:
+        return {a: c.id for c in self.configuration().clusters.values() for a in c.agent_ids}
+
+    def add_cluster(self, cluster: Cluster) -> None:
+        self._configuration_changes()
+        if self.session.get(ClusterRow, cluster.id) is not None:
+            raise AlreadyExists(f"cluster {cluster.id} already exists")
+        self.session.add(ClusterRow(id=cluster.id, topology=cluster.topology.value, num_ilds=cluster.num_ilds,
+                                    gw_topology=cluster.gw_topology.value if cluster.gw_topology else None,
+                                    members=[ClusterAgentRow(position=i, agent_id=a) for i, a in enumerate(cluster.agent_ids)]))
+        self.flush(f"cluster {cluster.id} or one of its agents is taken by a concurrent change")
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        self._configuration_changes()
+        row = self.session.get(ClusterRow, cluster_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()
+
+    def get_allocation(self, allocation_id: str) -> Allocation | None:
+        return _copy(self.configuration().allocations.get(allocation_id))
+
+    def list_allocations(self, cluster_id: str | None = None) -> list[Allocation]:
+        return [dataclasses.replace(a) for a in self.configuration().allocations.values()
+                if cluster_id is None or a.cluster_id == cluster_id]
+
+    def allocation_of_agents(self) -> dict[str, str]:
+        return {a: alloc.id for alloc in self.configuration().allocations.values() for a in alloc.agent_ids}
+
+    def add_allocation(self, allocation: Allocation) -> None:
+        self._configuration_changes()
+        if self.session.get(AllocationRow, allocation.id) is not None:
+            raise AlreadyExists(f"allocation {allocation.id} already exists")
+        self.session.add(AllocationRow(id=allocation.id, cluster_id=allocation.cluster_id,
+                                       members=[AllocationAgentRow(position=i, agent_id=a)
+                                                for i, a in enumerate(allocation.agent_ids)]))
+        self.flush(f"allocation {allocation.id} or one of its machines is taken by a concurrent change")
+
+    def delete_allocation(self, allocation_id: str) -> None:
+        self._configuration_changes()
+        row = self.session.get(AllocationRow, allocation_id)
+        if row is not None:
+            self.session.delete(row)
+            self.session.flush()

@@ -1,0 +1,113 @@
+"""Group commit: the writes that arrive while one commits share the next commit.
+
+Each allocation's owner writes a turn's changes at once (`Store.write`); owners of several
+allocations, and the other writers, arrive together. The thread whose turn comes commits every
+write waiting by then; each runs under a savepoint of its own when there are several, so one that
+fails (a refused transition, a lost race) is rolled back alone and raises in its own caller. If
+the commit fails, every write of the group fails with it. A writer waits for its turn at most
+STATEMENT_DEADLINE_SECONDS (every statement, and so every commit ahead, is bounded too), then is
+told the store is busy: no write waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+from vipu.model.errors import Unavailable
+from vipu.store.engines import STATEMENT_DEADLINE_SECONDS
+
+if typing.TYPE_CHECKING:
+    from vipu.store.store import Transaction
+
+T = typing.TypeVar("T")
+
+
+class WriteTurn:
+    """A lock taken within a deadline: who writes next."""
+
+    def __init__(self, what: str) -> None:
+        self._lock = threading.Lock()
+        self._what = what
+
+    @contextmanager
+    def taken(self, seconds: float = STATEMENT_DEADLINE_SECONDS) -> Iterator[None]:
+        if not self._lock.acquire(timeout=seconds):
+            raise Unavailable(f"{self._what} did not come free within {seconds:g} s (the writes ahead are slow); try again")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+class _GroupedWrite:
+    """One caller's part of a group commit: its work, then its result or its error."""
+
+    def __init__(self, work: Callable[[Transaction], typing.Any]):
+        self.work = work
+        self.result: typing.Any = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def run(self, tx: Transaction) -> None:
+        try:
+            self.result = self.work(tx)
+        except Exception as error:  # noqa: BLE001 - raised in its own caller, by `write`
+            self.error = error
+
+
+class GroupCommit:
+    def __init__(self, turn: WriteTurn, writing: Callable[[], AbstractContextManager[Transaction]],
+                 refusal: Callable[[BaseException], BaseException]):
+        """`turn`: whose turn it is to commit a group; `writing()`: a fenced write transaction,
+        committed when its block ends; `refusal(error)`: what a caller is told of a database's error."""
+        self._turn = turn
+        self._writing = writing
+        self._refusal = refusal
+        self._pending_lock = threading.Lock()
+        self._pending: list[_GroupedWrite] = []
+
+    def write(self, work: Callable[[Transaction], T]) -> T:
+        """Run `work` in a write transaction shared with the writes that arrive while another
+        commits; answered only after the commit. `work` may be run by another thread: it must
+        only use the transaction it is given."""
+        mine = _GroupedWrite(work)
+        with self._pending_lock:
+            self._pending.append(mine)
+        with self._turn.taken():
+            if not mine.finished:  # else an earlier turn committed it with its own group
+                with self._pending_lock:
+                    group, self._pending = self._pending, []
+                self._commit(group)
+        if mine.error is not None:
+            raise self._refusal(mine.error)
+        return typing.cast(T, mine.result)
+
+    def _commit(self, group: list[_GroupedWrite]) -> None:
+        committed = False
+        try:
+            with self._writing() as tx:
+                if len(group) == 1:
+                    group[0].run(tx)
+                    if group[0].error is not None:
+                        raise group[0].error  # rolls the transaction back
+                else:
+                    for write in group:
+                        savepoint = tx.connection.begin_nested()
+                        write.run(tx)
+                        if write.error is None:
+                            savepoint.commit()
+                        else:
+                            savepoint.rollback()
+            committed = True
+        except Exception as error:  # noqa: BLE001 - it is raised in every caller whose write it undid
+            for write in group:
+                if write.error is None:
+                    write.error = error
+        finally:
+            for write in group:
+                if not committed and write.error is None:  # the committing thread was interrupted
+                    write.error = Unavailable("the store write was interrupted; try again")
+                write.finished = True
