@@ -203,6 +203,11 @@ class AllocationOwner:
             return True
 
     @property
+    def in_turn(self) -> bool:
+        """Whether a turn is under way (it may be waiting for its commit)."""
+        return self._busy
+
+    @property
     def stopped(self) -> bool:
         return bool(self._stopped)
 
@@ -281,6 +286,7 @@ class AllocationOwner:
                     self._step(flow, value, error)
             if self._staged:
                 self._commit_staged()
+                self._publish()  # what is committed is seen at once, not after the turn's other commits
                 continue
             if self._queue_dirty and not passed and self._queue_matters():
                 passed = True
@@ -640,7 +646,7 @@ class AllocationOwner:
         log.info("partition %s of %d IPUs waits in allocation %s (up to %g s): %s", waiting.partition_id, waiting.size, self.id,
                  command.wait_seconds, refusal.message)
         yield AfterPass()
-        return self.waiting(waiting.partition_id)
+        return self.waiting(waiting.partition_id) or Waiting(waiting, 1, "starting")  # the pass started it at once
 
     def waiting(self, partition_id: str) -> Waiting | None:
         """A request as its clients see it, from the queue as this turn left it."""
