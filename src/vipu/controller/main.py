@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -31,18 +32,58 @@ from vipu.store.store import Store
 log = logging.getLogger("vipu.server")
 
 
+LOG_BATCH_SECONDS = 0.02  # how long the log writer waits for more lines after the first before writing them
+
+
+class _LogWriter:
+    """Writes the controller's log lines on a thread of its own, in batches: woken by the first
+    line after a quiet spell, it waits LOG_BATCH_SECONDS for more and writes them together. A busy
+    controller then pays one wake-up per batch instead of one per line (a wake-up costs several
+    times the writing); a quiet one writes a line at most that much later."""
+
+    _STOP = object()
+
+    def __init__(self, records: queue.SimpleQueue, handler: logging.Handler):
+        self._records = records
+        self._handler = handler
+        self._thread = threading.Thread(target=self._write, name="log-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Write what is left, and end (at most 5 s)."""
+        self._records.put(self._STOP)
+        self._thread.join(5.0)
+
+    def _write(self) -> None:
+        while True:
+            batch = [self._records.get()]
+            time.sleep(LOG_BATCH_SECONDS)
+            while True:
+                try:
+                    batch.append(self._records.get_nowait())
+                except queue.Empty:
+                    break
+            for record in batch:
+                if record is self._STOP:
+                    return
+                self._handler.handle(record)
+
+
 def log_off_the_request_path(level: str) -> None:
     """Log lines go through a queue to a thread of their own that writes them, so that no request
     waits for standard error; the thread writes what is left when the process exits."""
     records: queue.SimpleQueue = queue.SimpleQueue()
-    writer = logging.StreamHandler()
-    writer.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    listener = logging.handlers.QueueListener(records, writer)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    writer = _LogWriter(records, handler)
     root = logging.getLogger()
     root.setLevel(level)
     root.addHandler(logging.handlers.QueueHandler(records))
-    listener.start()
-    atexit.register(listener.stop)
+    writer.start()
+    atexit.register(writer.stop)
+
 
 DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
 

@@ -258,7 +258,10 @@ def _run_of_machines(layout: ClusterLayout, ilds: tuple[int, ...], start: int, m
 
 
 def _free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
-    return sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in layout.agent_ids if agent in allowed)
+    """The free IPUs of the allowed machines: counted from those in use, as few machines are busy
+    next to the whole of a large pod."""
+    machines = sum(1 for agent in allowed if layout.has(agent))
+    return IPUS_PER_MACHINE * machines - sum(len(indices) for agent, indices in used.items() if agent in allowed and layout.has(agent))
 
 
 def place_partition(

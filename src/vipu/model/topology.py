@@ -126,6 +126,9 @@ class ClusterLayout:
         )
         self._where = {agent: (d, p) for d, ild in enumerate(self.ilds) for p, agent in enumerate(ild)}
 
+    def has(self, agent_id: str) -> bool:
+        return agent_id in self._where
+
     @classmethod
     def of(cls, cluster: Cluster) -> ClusterLayout:
         """The layout of a cluster; layouts are immutable, so equal clusters share one."""

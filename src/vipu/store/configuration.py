@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy import Integer, String, cast, delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, GwTopology, IldTopology, IpuInfo, MachineInventory
@@ -22,6 +22,8 @@ from vipu.store.transactions import CONFIGURATION_CHANGED, TransactionBase
 
 GENERATION_KEY = "configuration_generation"
 CONFIGURATION_GENERATION = select(MetaRow.value).where(MetaRow.key == GENERATION_KEY)
+NEXT_GENERATION = "UPDATE vipu_meta SET value = CAST(CAST(value AS INTEGER) + 1 AS VARCHAR(256)) WHERE key = ?"
+DELETE_ALLOCATION = "DELETE FROM allocations WHERE id = ?"
 E = TypeVar("E")
 
 
@@ -143,9 +145,11 @@ class ConfigurationRepository(TransactionBase):
         self._changed.add(CONFIGURATION_CHANGED)
         if not self._changed_configuration:
             self._changed_configuration = True
-            self.connection.execute(
-                update(MetaRow).where(MetaRow.key == GENERATION_KEY).values(value=cast(cast(MetaRow.value, Integer) + 1, String))
-            )
+            cursor = self.driver.cursor()
+            try:
+                cursor.execute(NEXT_GENERATION if self.is_sqlite else NEXT_GENERATION.replace("?", "%s"), (GENERATION_KEY,))
+            finally:
+                cursor.close()
 
     def get_agent(self, agent_id: str) -> Agent | None:
         return _copy(self.configuration().agents.get(agent_id))
@@ -223,8 +227,11 @@ class ConfigurationRepository(TransactionBase):
         self.flush(f"allocation {allocation.id} or one of its machines is taken by a concurrent change")
 
     def delete_allocation(self, allocation_id: str) -> None:
+        """The allocation goes, its machines and waiting requests with it (the schema's cascades);
+        on the driver, so that its owner's last write joins the group commit."""
         self._configuration_changes()
-        row = self.session.get(AllocationRow, allocation_id)
-        if row is not None:
-            self.session.delete(row)
-            self.session.flush()
+        cursor = self.driver.cursor()
+        try:
+            cursor.execute(DELETE_ALLOCATION if self.is_sqlite else DELETE_ALLOCATION.replace("?", "%s"), (allocation_id,))
+        finally:
+            cursor.close()

@@ -95,9 +95,11 @@ def make_engine(url: str, is_sqlite: bool, immediate: bool) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout={STATEMENT_DEADLINE_SECONDS * 1000}")
         cursor.close()
 
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
     @event.listens_for(engine, "begin")
     def _begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        connection.connection.driver_connection.execute(begin)  # on the driver itself: SQLAlchemy's statement path costs ten times
 
     return engine
 

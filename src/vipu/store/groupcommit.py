@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 import typing
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from vipu.model.errors import Unavailable
 from vipu.store.engines import STATEMENT_DEADLINE_SECONDS
@@ -26,20 +26,20 @@ T = typing.TypeVar("T")
 
 
 class WriteTurn:
-    """A lock taken within a deadline: who writes next."""
+    """A lock taken within a deadline: who writes next. (A class rather than a generator's context
+    manager: it is taken for every commit.)"""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, seconds: float = STATEMENT_DEADLINE_SECONDS) -> None:
         self._lock = threading.Lock()
         self._what = what
+        self._seconds = seconds
 
-    @contextmanager
-    def taken(self, seconds: float = STATEMENT_DEADLINE_SECONDS) -> Iterator[None]:
-        if not self._lock.acquire(timeout=seconds):
-            raise Unavailable(f"{self._what} did not come free within {seconds:g} s (the writes ahead are slow); try again")
-        try:
-            yield
-        finally:
-            self._lock.release()
+    def __enter__(self) -> None:
+        if not self._lock.acquire(timeout=self._seconds):
+            raise Unavailable(f"{self._what} did not come free within {self._seconds:g} s (the writes ahead are slow); try again")
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
 
 
 class _GroupedWrite:
@@ -76,7 +76,7 @@ class GroupCommit:
         mine = _GroupedWrite(work)
         with self._pending_lock:
             self._pending.append(mine)
-        with self._turn.taken():
+        with self._turn:
             if not mine.finished:  # else an earlier turn committed it with its own group
                 with self._pending_lock:
                     group, self._pending = self._pending, []
@@ -94,13 +94,16 @@ class GroupCommit:
                     if group[0].error is not None:
                         raise group[0].error  # rolls the transaction back
                 else:
-                    for write in group:
-                        savepoint = tx.connection.begin_nested()
-                        write.run(tx)
-                        if write.error is None:
-                            savepoint.commit()
-                        else:
-                            savepoint.rollback()
+                    cursor = tx.driver.cursor()
+                    try:
+                        for write in group:
+                            cursor.execute("SAVEPOINT grouped")
+                            write.run(tx)
+                            if write.error is not None:
+                                cursor.execute("ROLLBACK TO SAVEPOINT grouped")
+                            cursor.execute("RELEASE SAVEPOINT grouped")
+                    finally:
+                        cursor.close()
             committed = True
         except Exception as error:  # noqa: BLE001 - it is raised in every caller whose write it undid
             for write in group:

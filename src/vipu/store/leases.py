@@ -78,6 +78,23 @@ def check_fence(connection: Connection, fence: Fence, is_sqlite: bool) -> None:
         raise Unavailable(NO_LONGER_LEADER)
 
 
+def check_fence_on_driver(driver, fence: Fence, is_sqlite: bool) -> None:
+    """`check_fence` on a driver's own connection (the group commit's)."""
+    cursor = driver.cursor()
+    try:
+        if is_sqlite:
+            cursor.execute("SELECT holder, term FROM leases WHERE name = ?", (fence.name,))
+            current = cursor.fetchone()
+            held = current is not None and tuple(current) == (fence.holder, fence.term)
+        else:
+            cursor.execute("SELECT vipu_holds_lease(%s, %s, %s)", (fence.name, fence.holder, fence.term))
+            held = bool(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+    if not held:
+        raise Unavailable(NO_LONGER_LEADER)
+
+
 class Leases:
     """Claims, reads and releases leases, in write transactions of their own, unfenced."""
 

@@ -11,6 +11,7 @@ fence of its writes in `leases`, the group commit in `groupcommit`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from vipu.store.engines import (
     refusal,
 )
 from vipu.store.groupcommit import GroupCommit, WriteTurn
-from vipu.store.leases import HOLDS_LEASE_FUNCTION, INITIALISATION_LOCK, Fence, Lease, Leases, check_fence
+from vipu.store.leases import HOLDS_LEASE_FUNCTION, INITIALISATION_LOCK, Fence, Lease, Leases, check_fence, check_fence_on_driver
 from vipu.store.requests import RequestRepository
 from vipu.store.schema import MIGRATIONS, SCHEMA_VERSION, Base, MetaRow
 from vipu.store.transactions import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED
@@ -43,12 +44,56 @@ from vipu.store.users import Credential, UserRepository
 __all__ = ["CONFIGURATION_CHANGED", "STATEMENT_DEADLINE_SECONDS", "TESTS_CHANGED", "USERS_CHANGED", "Configuration", "Credential",
            "Lease", "Store", "Transaction", "normalise_url"]
 
+log = logging.getLogger(__name__)
 T = typing.TypeVar("T")
 
 
 class Transaction(ConfigurationRepository, RequestRepository, UserRepository, TestRunRepository):
     """One unit of work on the store, speaking in domain entities: the repository of each kind of
     entity, on one connection (see `vipu.store.transactions`)."""
+
+
+class _DriverTransaction:
+    """The context of `Store._writing_on_the_driver` (a class: it is entered for every commit)."""
+
+    def __init__(self, store: Store, driver: typing.Any, cache: ConfigurationCache):
+        self._store, self._driver = store, driver
+        self._tx = Transaction(None, cache, store.is_sqlite, store.on_commit, driver=driver)
+
+    def __enter__(self) -> Transaction:
+        store, driver = self._store, self._driver
+        try:
+            if store.is_sqlite:
+                driver.execute("BEGIN IMMEDIATE")
+            if store.fenced is not None:
+                check_fence_on_driver(driver, store.fenced, store.is_sqlite)
+        except BaseException as error:  # noqa: BLE001 - rolled back and raised again
+            self._failed(error)
+        return self._tx
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        if error is None:
+            try:
+                failpoints.hit("store.commit")
+                self._tx.commit()
+            except BaseException as failure:  # noqa: BLE001 - rolled back and raised again
+                self._failed(failure)
+            self._tx.tell_committed()
+            return
+        self._failed(error)
+
+    def _failed(self, error: BaseException) -> typing.NoReturn:
+        """Roll back and raise what the caller is told."""
+        store = self._store
+        try:
+            self._driver.rollback()
+        except Exception:  # noqa: BLE001 - the connection is gone: the next commit takes another
+            store.let_go_of_group_connection()
+        if is_database_error(error):
+            if getattr(self._driver, "closed", False):
+                store.let_go_of_group_connection()
+            raise refusal(typing.cast(Exception, error), store.describe()) from error
+        raise error
 
 
 class Store:
@@ -63,7 +108,8 @@ class Store:
         self._write_turn = WriteTurn(f"the write turn of the store at {self.describe()}") if self.is_sqlite else None
         # Grouped writes take turns; on SQLite, with the other writers.
         group_turn = self._write_turn or WriteTurn(f"the group commit of the store at {self.describe()}")
-        self._group = GroupCommit(group_turn, self._writing, self._caller_error)
+        self._group = GroupCommit(group_turn, self._writing_on_the_driver, self._caller_error)
+        self._group_connection: typing.Any = None  # the group commit's own connection, taken from the pool once
         self._cache = ConfigurationCache()
         self._fence: Fence | None = None
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
@@ -111,7 +157,7 @@ class Store:
         return describe(self.url)
 
     def _turn(self) -> contextlib.AbstractContextManager[None]:
-        return self._write_turn.taken() if self._write_turn is not None else contextlib.nullcontext()
+        return self._write_turn if self._write_turn is not None else contextlib.nullcontext()
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -135,6 +181,24 @@ class Store:
         finally:
             tx.close()
         tx.tell_committed()
+
+    def _writing_on_the_driver(self) -> _DriverTransaction:
+        """A fenced write transaction on the group commit's own connection, spoken to through its
+        driver alone: SQLAlchemy's connection and transaction objects cost more than the few
+        statements of a turn. Committed if the block ends normally; the caller holds the turn. A
+        connection that fails is let go, and the next commit takes a fresh one."""
+        if self._group_connection is None:
+            self._group_connection = self._write_engine.raw_connection()
+        return _DriverTransaction(self, self._group_connection.driver_connection, self._cache)
+
+    def let_go_of_group_connection(self) -> None:
+        """The group commit's connection failed: the next commit takes a fresh one."""
+        connection, self._group_connection = self._group_connection, None
+        if connection is not None:
+            try:
+                connection.invalidate()
+            except Exception:
+                log.debug("the group commit's connection could not be closed cleanly", exc_info=True)
 
     def _caller_error(self, error: BaseException) -> BaseException:
         """What the caller of a grouped write is told of its error: the database's own, as vipu's."""
@@ -187,6 +251,11 @@ class Store:
         """From now on, commit writes only while `lease` is held in its present term."""
         self._fence = Fence(lease.name, lease.holder, lease.term)
 
+    @property
+    def fenced(self) -> Fence | None:
+        """The lease writes are fenced by, if any."""
+        return self._fence
+
     @contextmanager
     def reading(self) -> Iterator[Transaction]:
         """A read-only unit of work that never blocks writers."""
@@ -197,6 +266,9 @@ class Store:
             tx.close()
 
     def close(self) -> None:
+        if self._group_connection is not None:
+            self._group_connection.close()
+            self._group_connection = None
         self._write_engine.dispose()
         if self._read_engine is not self._write_engine:
             self._read_engine.dispose()

@@ -34,21 +34,25 @@ class TransactionBase:
     the hot path, are plain statements on the driver's own connection, and a unit of work that
     the configuration cache serves touches no database at all."""
 
-    def __init__(self, engine: Engine, cache: ConfigurationCache, is_sqlite: bool,
-                 on_commit: Callable[[frozenset[str]], None] | None = None):
+    def __init__(self, engine: Engine | None, cache: ConfigurationCache, is_sqlite: bool,
+                 on_commit: Callable[[frozenset[str]], None] | None = None, driver: Any = None):
+        """On `engine`, through SQLAlchemy; or, given `driver` (the group commit's), on the
+        driver's connection alone, in a transaction its caller begins and ends."""
         self._engine = engine
         self._cache = cache
         self.is_sqlite = is_sqlite
         self._on_commit = on_commit
         self._connection: Connection | None = None
         self._session: Session | None = None
-        self._driver: Any = None
+        self._driver: Any = driver
         self._seen: Configuration | None = None
         self._changed_configuration = False
         self._changed: set[str] = set()  # what Store.on_commit is told of
 
     @property
     def connection(self) -> Connection:
+        if self._engine is None:
+            raise RuntimeError("this transaction speaks to the database's driver only (the group commit's): use `driver`")
         if self._connection is None:
             connection = self._engine.connect()
             try:
@@ -71,6 +75,8 @@ class TransactionBase:
         for the statements of the hot path: run directly, they cost a tenth of SQLAlchemy's."""
         if self._driver is None:
             self._driver = self.connection.connection.driver_connection
+        elif self._session is not None:
+            self._session.flush()  # what the ORM has pending goes first
         return self._driver
 
     def flush(self, conflict_message: str) -> None:
@@ -85,6 +91,8 @@ class TransactionBase:
             self._session.flush()
         if self._connection is not None:
             self._connection.commit()
+        elif self._engine is None:
+            self._driver.commit()
         if self._changed_configuration:
             self._cache.changed()
 

@@ -118,6 +118,7 @@ class Pod:
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.reconciler = services.clustertests, services.health
+        self.store.own()  # as a serving controller does: the only writer, trusting its own configuration cache
         self.owners.load()
         for n, machine in enumerate(self.rack.machines, start=1):
             self.agents.create(f"ag{n}", machine.host, machine.port)
@@ -132,6 +133,7 @@ class Pod:
         """The services of a controller started again on the same store (this one's stopped first)."""
         self.services.stop("the controller restarts")
         services = ControllerServices(self.store, self.gateway, workers=8)
+        self.store.own()
         services.owners.load()
         return services
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event
 
+from vipu import failpoints
 from vipu.model.entities import (
     Agent,
     AgentStatus,
@@ -122,8 +123,7 @@ def test_a_transition_is_a_compare_and_set_on_the_state_it_was_read_in(populated
 def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alone(populated):
     with populated.transaction() as tx:
         tx.add_partition(partition("taken", "ag2"))
-    commits = []
-    event.listen(populated._write_engine, "commit", lambda connection: commits.append(connection))
+    commits = failpoints.arm("store.commit", "delay(0)")  # counts the commits
     first_began, let_first_end = threading.Event(), threading.Event()
 
     def first(tx):
@@ -153,7 +153,8 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
     let_first_end.set()
     for writer in writers:
         writer.join(10)
-    assert len(commits) == 2  # the first write's, then one for the four that waited meanwhile
+    failpoints.disarm()
+    assert commits.hits == 2  # the first write's, then one for the four that waited meanwhile
     assert isinstance(outcomes.pop("clash"), ConcurrentUpdate)
     assert outcomes == {"p0": None, "p1": None, "p2": None, "p3": None}
     with populated.reading() as tx:

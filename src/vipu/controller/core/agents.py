@@ -5,16 +5,16 @@ implements it over gRPC, and unit tests in memory. Every method raises the `vipu
 families: `Unavailable` when the agent cannot be reached, `HardwareFailure` or `Conflict` when it
 refuses.
 
-An owner never waits for an agent: it hands its calls to `AgentCalls` and goes on deciding; the
-outcomes come back to it later as a command. A gateway that can start calls without a thread of
-ours (`start_all`: gRPC runs them together and calls back) does so; any other runs them on a
-bounded pool of threads. Failpoints `agent.apply` and `agent.clear` stall or fail a call there,
-never on the owner's thread.
+An owner never waits for an agent in its turn: an operation's calls are made by the thread waiting
+for its answer (`AgentCalls.run`), or by a bounded pool of threads when nobody waits (`start`), and
+their outcomes come back to the owner as the operation's next step. Failpoints `agent.apply` and
+`agent.clear` stall or fail a call there, never in a turn.
 """
 
 from __future__ import annotations
 
 import threading
+import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,12 +78,6 @@ class AgentGateway(Protocol):
         """Release whatever the gateway keeps for an agent that was removed."""
 
 
-class StartsCalls(Protocol):
-    """A gateway that starts calls without a thread of the caller's and calls back when all have ended."""
-
-    def start_all(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None: ...
-
-
 def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
     try:
         failpoints.hit(f"agent.{call.action}")
@@ -119,7 +113,6 @@ class AgentCalls:
 
     def __init__(self, gateway: AgentGateway, workers: int = 32):
         self.gateway = gateway
-        self._starts: StartsCalls | None = gateway if hasattr(gateway, "start_all") else None  # type: ignore[assignment]
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent-calls")
         self._closed = False
 
@@ -130,15 +123,27 @@ class AgentCalls:
         if self._closed:
             done([Unavailable("this vipu-server is stopping") for _ in calls])
             return
-        if self._starts is not None and not failpoints.armed("agent."):
-            self._starts.start_all(calls, done)
-            return
         gathered = _Gathered(len(calls), done)
         for position, call in enumerate(calls):
             try:
                 self._pool.submit(self._call, gathered, position, call)
             except RuntimeError:  # the pool was shut down meanwhile
                 gathered.add(position, Unavailable("this vipu-server is stopping"))
+
+    def run(self, calls: Sequence[AgentCall]) -> Outcomes:
+        """Make the calls on this thread: those of one partition to its agents all at once (the
+        gateway runs them together), each alone when a failpoint may stall or fail it."""
+        if not calls:
+            return []
+        if self._closed:
+            return [Unavailable("this vipu-server is stopping") for _ in calls]
+        if not failpoints.armed("agent."):
+            first = calls[0]
+            if all(c.settings is None and c.partition_id == first.partition_id for c in calls):
+                return self.gateway.clear_all([(c.host, c.port) for c in calls], first.partition_id)
+            if all(c.settings is not None for c in calls):
+                return self.gateway.apply_all([(c.host, c.port, typing.cast(AgentSettings, c.settings)) for c in calls])
+        return [_one(self.gateway, call) for call in calls]
 
     def _call(self, gathered: _Gathered, position: int, call: AgentCall) -> None:
         gathered.add(position, _one(self.gateway, call))

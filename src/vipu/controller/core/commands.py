@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +26,20 @@ _QUEUED, _STARTED, _WITHDRAWN, _DONE = "queued", "started", "withdrawn", "done"
 
 
 class Reply:
-    """A command's answer: its result or its error, once the owner has one."""
+    """A command's answer: its result or its error, once the owner has one. The thread waiting for
+    it also carries the operation's agent calls (`carry`): it makes them outside the owner's turn."""
 
-    __slots__ = ("_done", "_error", "_lock", "_result", "_state")
+    __slots__ = ("_carried", "_changed", "_error", "_lock", "_result", "_state", "_waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, waited: bool = True) -> None:
+        """`waited`: a thread waits for it (and so may carry its operation's agent calls)."""
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._changed = threading.Condition(self._lock)
         self._state = _QUEUED
         self._result: Any = None
         self._error: BaseException | None = None
+        self._carried: list[Callable[[], None]] = []
+        self._waiting = waited
 
     def start(self) -> bool:
         """The owner takes the command up; False if its asker withdrew it (it is then dropped)."""
@@ -51,23 +56,32 @@ class Reply:
             if self._state == _STARTED:
                 self._state = _QUEUED
 
+    def carry(self, work: Callable[[], None]) -> bool:
+        """Hand `work` to the thread waiting for this answer, which runs it; False if none waits."""
+        with self._lock:
+            if not self._waiting or self._state in (_WITHDRAWN, _DONE):
+                return False
+            self._carried.append(work)
+            self._changed.notify_all()
+            return True
+
     def resolve(self, result: Any = None) -> None:
         with self._lock:
             if self._state == _DONE:
                 return
             self._state, self._result = _DONE, result
-        self._done.set()
+            self._changed.notify_all()
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
             if self._state == _DONE:
                 return
             self._state, self._error = _DONE, error
-        self._done.set()
+            self._changed.notify_all()
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._state == _DONE
 
     def outcome(self) -> Any:
         """The result, or the error raised; only once done."""
@@ -76,21 +90,40 @@ class Reply:
         return self._result
 
     def wait(self, start_seconds: float, what: str, finish_seconds: float = OPERATION_SECONDS, not_started: str = "") -> Any:
-        """The result, or the command's error raised here. A command not started within
-        `start_seconds` is withdrawn (Unavailable, `not_started` if given); a started one is waited
-        for up to `finish_seconds` more, then Unavailable says it goes on."""
-        if self._done.wait(start_seconds):
-            return self.outcome()
-        with self._lock:
-            withdrawn = self._state == _QUEUED
-            if withdrawn:
-                self._state = _WITHDRAWN
-        if withdrawn:
-            raise Unavailable(not_started or f"{what} did not start within {start_seconds:g} s; try again")
-        if self._done.wait(finish_seconds):
-            return self.outcome()
-        raise Unavailable(f"{what} is still under way after {start_seconds + finish_seconds:g} s; it goes on, "
-                          "and the partition's status tells how it ends")
+        """The result, or the command's error raised here, running meanwhile what the owner hands
+        this thread to carry. A command not started within `start_seconds` is withdrawn
+        (Unavailable, `not_started` if given); a started one is waited for up to `finish_seconds`
+        more, then Unavailable says it goes on."""
+        deadline, extended = time.monotonic() + start_seconds, False
+        try:
+            while True:
+                with self._lock:
+                    while not self._carried and self._state != _DONE:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._changed.wait(remaining)
+                    work, self._carried = self._carried, []
+                    if not work and self._state != _DONE:
+                        if self._state == _QUEUED:
+                            self._state = _WITHDRAWN
+                            raise Unavailable(not_started or f"{what} did not start within {start_seconds:g} s; try again")
+                        if extended:
+                            self._waiting = False
+                            raise Unavailable(f"{what} is still under way after {start_seconds + finish_seconds:g} s; it goes on, "
+                                              "and the partition's status tells how it ends")
+                        extended, deadline = True, time.monotonic() + finish_seconds
+                        continue
+                for carried in work:
+                    carried()
+                if not work:
+                    return self.outcome()
+        finally:
+            with self._lock:
+                self._waiting = False
+                leftover, self._carried = self._carried, []
+            for carried in leftover:  # handed over just as this thread left: made all the same
+                carried()
 
 
 @dataclass

@@ -1,20 +1,27 @@
 """One allocation's owner: the one place that decides anything about its partitions, IPUs and queue.
 
 Commands arrive in a bounded inbox (a full inbox refuses at once, as temporarily unavailable,
-which clients retry). The owner takes them in turns on a thread of its own, one at a time: it
+which clients retry) and are decided in turns, one thing at a time. Whichever thread brings work
+and finds the turn free takes it and runs turns until no work is left; a thread that finds it
+taken leaves its command for the one holding it (flat combining, `_drive`): nobody waits for a
+turn, and a lone request is decided on its own thread without a hand-off. In a turn the owner
 places against its own state (`state`), runs each operation a step at a time (`flows`, whose
-steps are `effects`), groups the store writes of a turn into one commit, takes back in its state
-any the store refused, and only then publishes an immutable snapshot that every reader reads
-without a lock (`snapshot`). Agent calls run outside it (`agents.AgentCalls`) and their outcomes
-come back as a step of the operation that made them, so the owner never waits for an agent or
-holds a lock across a call; an operation waits for nothing but its own steps, each bounded.
+steps are `effects`), groups the store writes of the turn into one commit, takes back in its
+state any the store refused, and only then publishes an immutable snapshot that every reader
+reads without a lock (`snapshot`).
+
+Agent calls run outside the turn: the thread waiting for the operation's answer makes them (the
+request's own thread does its network work, as it would without an owner), or, for the owner's
+own upkeep, a pool does (`agents.AgentCalls`); their outcomes come back as the operation's next
+step, in a turn. So no turn ever waits for an agent, nor holds anything across a network call;
+an operation waits for nothing but its own steps, each bounded.
 
 One operation at a time holds a partition: another's command is refused as busy, or waits for
 it (a forced remove; any command behind the owner's own upkeep, which is brief). The queue of
 waiting requests is the owner's too: after each turn that changed the room or the queue, one
 pass starts what now fits (`vipu.model.queue.admit`, placement asked once per shape of request)
-and works out why the others wait. The owner's thread lets go after IDLE_SECONDS with nothing
-to do and nothing waiting, and is started again by the next command.
+and works out why the others wait. A thread of the owner's keeps time (requests' deadlines, a pass
+tried again) while anything is due, and lets go when nothing is.
 """
 
 from __future__ import annotations
@@ -75,7 +82,6 @@ log = logging.getLogger("vipu.controller.core")
 INBOX_LIMIT = 1024  # commands waiting for an owner's turn; past that, Unavailable
 OPERATIONS_LIMIT = 512  # operations under way at once in one allocation; past that, Unavailable
 BATCH = 256  # commands taken in one turn
-IDLE_SECONDS = 30.0  # an owner with nothing to do lets its thread go after this
 RETRY_SECONDS = 1.0  # a pass over the queue that failed (the store, say) is tried again after this
 # Shapes of request whose reason one pass works out for the requests behind the first: requests of
 # one shape share it, so this bounds the cost only when over this many differently shaped
@@ -96,13 +102,13 @@ class AllocationOwner:
         self.state = state
         self.flows: dict[str, Flow] = {}  # partition id -> the operation holding it
         self._clears: dict[tuple[str, str], Flow] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)  # the owner's thread waits on it for work
-        self._quiet = threading.Condition(self._lock)  # `wait_quiet` waits on it for the end of a turn
-        self._busy = False  # a turn is under way
+        self._lock = threading.Lock()  # over the inbox and whose turn it is; never held through a turn
+        self._quiet = threading.Condition(self._lock)  # notified at the end of every turn
+        self._timer = threading.Condition(self._lock)  # the timer thread waits on it for the next thing due
+        self._busy = False  # a thread has the owner's turn
         self._inbox: deque[Command] = deque()
-        self._answers: deque[tuple[Flow, Any]] = deque()  # agent calls' outcomes, from gRPC's threads
-        self._thread: threading.Thread | None = None
+        self._answers: deque[tuple[Flow, Any]] = deque()  # agent calls' outcomes
+        self._timer_thread: threading.Thread | None = None
         self._stopped = ""  # why, once stopped
         self._in_flight = 0  # batches of agent calls not yet answered
         self._operations = 0
@@ -123,10 +129,11 @@ class AllocationOwner:
         self.snapshot = AllocationSnapshot(state.allocation, state.layout)
         self._publish()
 
-    # The inbox and the thread
+    # The inbox, and whose turn it is
 
     def submit(self, command: Command) -> Command:
-        """Put a command in the inbox; Unavailable if the owner stopped or its inbox is full."""
+        """Put a command in the inbox and take the owner's turn if it is free (see `_drive`);
+        Unavailable if the owner stopped or its inbox is full."""
         with self._lock:
             if self._stopped:
                 raise Unavailable(self._stopped)
@@ -134,31 +141,85 @@ class AllocationOwner:
                 raise Unavailable(f"allocation {self.id} has {INBOX_LIMIT} requests waiting for its owner's turn, its limit; "
                                   "try again shortly")
             self._inbox.append(command)
-            self._running()
-            self._wake.notify()
+        self._drive()
         return command
 
     def _answered(self, flow: Flow, outcomes: Any) -> None:
+        """Agent calls' outcomes, from whichever thread made them: the operation goes on in a turn."""
         with self._lock:
             self._in_flight -= 1
             if self._stopped:
                 return  # a deposed or stopped owner commits nothing of what comes back
             self._answers.append((flow, outcomes))
-            self._running()
-            self._wake.notify()
+        self._drive()
 
-    def _running(self) -> None:
-        """Start the owner's thread if it is not running; the caller holds the lock."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"owner-{self.id}", daemon=True)
-            self._thread.start()
+    def _drive(self) -> None:
+        """Take the owner's turn if nobody has it and there is work, and run turns until none is
+        left. A thread that finds the turn taken leaves its work in the inbox and goes: the one
+        holding the turn takes that too before it lets go (flat combining). So the owner decides
+        one thing at a time, nobody ever waits for its turn, and a lone request is decided on the
+        thread that brought it, without a hand-off."""
+        while True:
+            with self._lock:
+                if self._busy or self._stopped or not self._has_work():
+                    return
+                self._busy = True
+                commands = [self._inbox.popleft() for _ in range(min(BATCH, len(self._inbox)))]
+                answers, self._answers = list(self._answers), deque()
+            try:
+                self._turn(commands, answers)
+            except Exception as error:
+                log.exception("the owner of allocation %s failed a turn", self.id)
+                for command in commands:
+                    command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._quiet.notify_all()
+                    self._timer.notify()
+                    stopped = bool(self._stopped)
+                if stopped:
+                    self._abandon()
+                self._keep_time()
+
+    def _has_work(self) -> bool:
+        """Commands or answers wait, or a timer is due; the caller holds the lock."""
+        if self._inbox or self._answers:
+            return True
+        timer = self._next_timer()
+        return timer is not None and timer <= time.monotonic()
+
+    def _keep_time(self) -> None:
+        """Start the owner's timer thread when something is to happen later (a request's deadline, a
+        pass tried again) and it is not running; it lets go when nothing is."""
+        with self._lock:
+            if self._timer_thread is None and not self._stopped and self._next_timer() is not None:
+                self._timer_thread = threading.Thread(target=self._timers, name=f"owner-{self.id}", daemon=True)
+                self._timer_thread.start()
+
+    def _timers(self) -> None:
+        while True:
+            with self._lock:
+                timer = self._next_timer()
+                if self._stopped or timer is None:
+                    self._timer_thread = None
+                    self._quiet.notify_all()
+                    return
+                if timer > time.monotonic():
+                    self._timer.wait(timer - time.monotonic())
+                    continue
+            self._drive()
+            with self._lock:
+                due = self._next_timer()
+                if due is not None and due <= time.monotonic() and self._busy:
+                    self._timer.wait(0.05)  # a turn holder takes it; look again shortly
 
     def wake(self) -> None:
-        """Run the owner's thread, with no command: for its requests' deadlines and a pass over its queue."""
+        """A pass over the queue, and its requests' deadlines kept, with no command (a restart's queue)."""
         with self._lock:
-            if not self._stopped:
-                self._running()
-                self._wake.notify()
+            self._pass_due = self._pass_due or time.monotonic()
+        self._drive()
+        self._keep_time()
 
     def stop(self, reason: str) -> None:
         """Stop deciding at once: commands waiting and operations under way are told `reason`
@@ -169,12 +230,12 @@ class AllocationOwner:
                 return
             self._stopped = reason
             waiting, self._inbox = list(self._inbox), deque()
-            running = self._thread is not None
-            self._wake.notify_all()
+            in_turn = self._busy
+            self._timer.notify_all()
             self._quiet.notify_all()
         for command in waiting:
             command.reply.fail(Unavailable(reason))
-        if not running:
+        if not in_turn:
             self._abandon()
 
     def _abandon(self) -> None:
@@ -184,11 +245,15 @@ class AllocationOwner:
                 flow.reply.fail(Unavailable(self._stopped))
 
     def join(self, seconds: float) -> bool:
-        """Wait up to `seconds` for a stopped owner's thread to end; whether it has."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(seconds)
-        return self._thread is None
+        """Wait up to `seconds` for a stopped owner's turn under way and timer to end; whether they have."""
+        deadline = time.monotonic() + seconds
+        with self._quiet:
+            while self._busy or self._timer_thread is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._quiet.wait(remaining)
+            return True
 
     def wait_quiet(self, seconds: float) -> bool:
         """Wait up to `seconds` until the owner has nothing to do: no command waiting, no operation
@@ -211,52 +276,8 @@ class AllocationOwner:
     def stopped(self) -> bool:
         return bool(self._stopped)
 
-    def _idle(self) -> bool:
-        return not self.flows and not self._operations and not self._in_flight and not len(self.state.queue) and not self._pass_due
-
-    def _run(self) -> None:
-        idle_since = time.monotonic()
-        while True:
-            with self._lock:
-                commands, answers = self._work(idle_since)
-                if commands is None:  # stopped, or idle long enough: the thread lets go
-                    self._thread = None
-                    self._quiet.notify_all()
-                    break
-                self._busy = True
-            try:
-                self._turn(commands, answers)
-            except Exception as error:
-                log.exception("the owner of allocation %s failed a turn", self.id)
-                for command in commands:
-                    command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._quiet.notify_all()
-            idle_since = time.monotonic()
-        if self._stopped:
-            self._abandon()
-
-    def _work(self, idle_since: float) -> tuple[list[Command] | None, list[tuple[Flow, Any]]]:
-        """What the next turn takes: the commands and answers waiting, once there are any or a timer
-        is due; (None, []) when the thread should let go. The caller holds the lock."""
-        while not self._inbox and not self._answers:
-            now = time.monotonic()
-            if self._stopped or (self._idle() and now - idle_since >= IDLE_SECONDS):
-                return None, []
-            timer = self._next_timer()
-            if timer is not None and timer <= now:
-                break
-            self._wake.wait(min(IDLE_SECONDS, timer - now) if timer is not None else IDLE_SECONDS)
-        if self._stopped:
-            return None, []
-        commands = [self._inbox.popleft() for _ in range(min(BATCH, len(self._inbox)))]
-        answers, self._answers = list(self._answers), deque()
-        return commands, answers
-
     def _next_timer(self) -> float | None:
-        """When the owner must wake without a command (monotonic): a request's deadline, a retried pass."""
+        """When the owner must act without a command (monotonic): a request's deadline, a retried pass."""
         timers = []
         if self._expiries:
             timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
@@ -305,7 +326,13 @@ class AllocationOwner:
         for flow, calls in launch:
             with self._lock:
                 self._in_flight += 1
-            self.owners.calls.start(calls.calls, partial(self._answered, flow))
+            if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls)):
+                self.owners.calls.start(calls.calls, partial(self._answered, flow))
+
+    def _carry(self, flow: Flow, calls: list[AgentCall]) -> None:
+        """An operation's agent calls, made by the thread waiting for its answer (no turn held):
+        the request's own thread does its network work, as it would without an owner."""
+        self._answered(flow, self.owners.calls.run(calls))
 
     def _handle(self, command: Command) -> None:
         try:
@@ -986,9 +1013,17 @@ class AllocationOwner:
             queue = QueueView(requests=requests, sequences=tuple(r.sequence for r in requests), held=explained.held,
                               first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
                               every=explained.every)
+        used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
+        for agent in state.touched:
+            indices = state.used.get(agent)
+            if indices:
+                used[agent] = frozenset(indices)
+            else:
+                used.pop(agent, None)
+        state.touched.clear()
         self.snapshot = AllocationSnapshot(
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
-            used={agent: frozenset(indices) for agent, indices in state.used.items()}, lingering=dict(state.lingering),
+            used=used, lingering=dict(state.lingering),
             busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue,
             down=frozenset(state.down), test=state.test, closing=state.closing)
         partitions_changed = self._partitions_changed

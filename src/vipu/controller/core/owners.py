@@ -30,8 +30,11 @@ from vipu.store.store import Store
 
 log = logging.getLogger("vipu.controller.core")
 
-CLAIMED = ""  # an id's holder while a create or an enqueue of it is under way and nothing of it is committed
+# An id's holder while a create or an enqueue of it is under way and nothing of it is committed:
+# CLAIMED, then CLAIMED and the allocation it is being offered to.
+CLAIMED = "\0claimed:"
 CLEARING = "\0clearing"  # an id's holder while a health pass clears old settings of it from a machine in no allocation
+IN_FLIGHT_WAIT_SECONDS = 5.0  # how long a look for an id's owner waits for a create of it to be offered somewhere
 # How long a request ended without a partition (expired, cancelled, failed) is told to a client that asks after it.
 ENDINGS_KEPT_SECONDS = 600.0
 CLEARING_WAIT_SECONDS = 30.0  # a create of an id being cleared waits this long for it: one agent call
@@ -57,7 +60,7 @@ class Owners:
         self._lock = threading.Lock()
         self._ids_freed = threading.Condition(self._lock)
         self._owners: dict[str, AllocationOwner] = {}
-        self._ids: dict[str, str] = {}  # partition id -> the allocation holding a partition or request of it, CLAIMED or CLEARING
+        self._ids: dict[str, str] = {}  # partition id -> the allocation holding a partition or request of it; or CLAIMED..., CLEARING
         self._waiting_by_user: Counter[str] = Counter()
         self._waiting = 0
         self._endings: dict[str, tuple[float, str, VipuError]] = {}  # partition id -> (when, allocation, how it ended)
@@ -129,11 +132,25 @@ class Owners:
         owners = [self.owner(allocation_id) for allocation_id in sorted(allocations)]
         return [owner.snapshot for owner in owners if owner is not None]
 
-    def holding(self, partition_id: str) -> AllocationOwner | None:
-        """The owner of the allocation holding a partition or waiting request of that id, if any."""
+    def holding(self, partition_id: str, in_flight: bool = False) -> AllocationOwner | None:
+        """The owner of the allocation holding a partition or waiting request of that id, if any;
+        with `in_flight`, also that of the allocation a create of it is being offered to (waiting
+        briefly for the offer), whose inbox has the create ahead of anything sent now."""
+        deadline = time.monotonic() + IN_FLIGHT_WAIT_SECONDS
         with self._lock:
-            allocation_id = self._ids.get(partition_id)
-            return self._owners.get(allocation_id) if allocation_id else None
+            while True:
+                holder = self._ids.get(partition_id)
+                if holder is None or holder == CLEARING:
+                    return None
+                if not holder.startswith(CLAIMED):
+                    return self._owners.get(holder)
+                if not in_flight:
+                    return None
+                offered = holder[len(CLAIMED):]
+                if offered:
+                    return self._owners.get(offered)
+                if not self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
+                    return None
 
     def submit(self, owner: AllocationOwner, command: Command) -> Reply:
         owner.submit(command)
@@ -179,16 +196,24 @@ class Owners:
             self._endings.pop(partition_id, None)  # a new request or partition of that id: the old one's ending no longer applies
             return None
 
+    def offering(self, partition_id: str, allocation_id: str) -> None:
+        """A claimed id's create is offered to an allocation's owner (its command is in that inbox)."""
+        with self._lock:
+            if self._ids.get(partition_id, "").startswith(CLAIMED):
+                self._ids[partition_id] = CLAIMED + allocation_id
+                self._ids_freed.notify_all()
+
     def release_claim(self, partition_id: str) -> None:
         """A claimed id that nothing was committed under (every owner refused the create)."""
         with self._lock:
-            if self._ids.get(partition_id) == CLAIMED:
+            if self._ids.get(partition_id, "").startswith(CLAIMED):
                 del self._ids[partition_id]
                 self._ids_freed.notify_all()
 
     def settle_id(self, partition_id: str, allocation_id: str) -> None:
         with self._lock:
             self._ids[partition_id] = allocation_id
+            self._ids_freed.notify_all()
 
     def release_id(self, partition_id: str, allocation_id: str) -> None:
         """The last partition or request of that id in the allocation is gone."""

@@ -41,6 +41,7 @@ class AllocationState:
     test: str = ""  # the disruptive cluster test holding the machines
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
+    touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot
 
     @classmethod
     def of(cls, allocation: Allocation, layout: ClusterLayout, partitions: Iterable[Partition],
@@ -61,12 +62,14 @@ class AllocationState:
             self._counts[ipu] += 1
             if self._counts[ipu] == 1:
                 self.used.setdefault(ipu[0], set()).add(ipu[1])
+                self.touched.add(ipu[0])
 
     def _free(self, ipus: Iterable[Ipu]) -> None:
         for ipu in ipus:
             self._counts[ipu] -= 1
             if self._counts[ipu] <= 0:
                 del self._counts[ipu]
+                self.touched.add(ipu[0])
                 indices = self.used.get(ipu[0])
                 if indices is not None:
                     indices.discard(ipu[1])

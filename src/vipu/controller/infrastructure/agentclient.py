@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -11,24 +11,14 @@ from vipu.api import convert
 from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
-from vipu.controller.core.agents import AgentCall, Outcomes
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import VipuError
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
 # gRPC's own back-off would keep it Down, and its partitions in ERROR, long after it answers.
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *RECONNECT_PROMPTLY]
-
-
-def _error_of(future) -> VipuError | None:
-    """A finished call's error, as vipu's, or None."""
-    try:
-        future.result()
-    except grpc.RpcError as error:
-        return error_from_rpc(error)
-    return None
 
 
 class GrpcAgentGateway:
@@ -98,35 +88,6 @@ class GrpcAgentGateway:
             except grpc.RpcError as error:
                 outcomes.append(error_from_rpc(error))
         return outcomes
-
-    def start_all(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None:
-        """Start an owner's calls without a thread of ours: gRPC runs them and calls back; `done`
-        gets every outcome, in order, when the last has ended (on one of gRPC's threads)."""
-        outcomes: Outcomes = [None] * len(calls)
-        left = [len(calls)]
-        lock = threading.Lock()
-
-        def ended(position: int, error: VipuError | None) -> None:
-            outcomes[position] = error
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                done(outcomes)
-
-        for position, call in enumerate(calls):
-            try:
-                stub = self._stub(call.host, call.port)
-                if call.settings is None:
-                    future = stub.ClearPartition.future(agent_pb2.ClearPartitionRequest(partition_id=call.partition_id),
-                                                        timeout=self.timeout)
-                else:
-                    future = stub.ApplyPartition.future(agent_pb2.ApplyPartitionRequest(settings=convert.settings_to_proto(call.settings)),
-                                                        timeout=self.timeout)
-            except Exception as error:  # noqa: BLE001 - a call that could not even start is that call's failure
-                ended(position, Unavailable(f"the call could not be made: {error}"))
-                continue
-            future.add_done_callback(lambda f, p=position: ended(p, _error_of(f)))
 
     def partitions(self, host: str, port: int) -> list[AgentSettings]:
         reply = self._call(host, port, "ListPartitions", agent_pb2.ListPartitionsRequest())

@@ -214,6 +214,7 @@ class PartitionService:
             return None
         command = CreatePartition(request=request, access=access, keep_on_error=keep_on_error, wait_seconds=wait_seconds,
                                   may_queue=bool(wait_seconds))
+        self.owners.offering(request.id, allocation_id)
         try:
             created = self._ask(owner, command, f"the create of partition {request.id}")
         except (Conflict, InvalidArgument) as refusal:
@@ -228,7 +229,7 @@ class PartitionService:
     def _taken(self, partition_id: str, holder: str, access: Access) -> VipuError:
         """AlreadyExists for an id in use: a partition's, or a waiting request's (naming where only
         to a caller who may use that allocation)."""
-        owner = self.owners.owner(holder) if holder != CLAIMED else None
+        owner = self.owners.owner(holder) if not holder.startswith(CLAIMED) else None
         if owner is not None and owner.snapshot.queue.get(partition_id) is not None:
             where = f" in allocation {holder}" if access.may_use(holder) else ""
             return AlreadyExists(f"partition {partition_id} already waits for room{where}")
@@ -253,12 +254,16 @@ class PartitionService:
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
         """Clear a partition from its agents and forget it. A forced remove of a partition under
         another operation waits for that operation to end (up to a minute), so that once it returns
-        no agent holds the partition; it also forgets one whose agents cannot be reached."""
-        snapshot, _ = self._partition(partition_id, access)
-        busy = f"partition {partition_id} is still busy ({snapshot.busy.get(partition_id, 'under way')}) after " \
+        no agent holds the partition; it also forgets one whose agents cannot be reached. A remove
+        sent while the partition's create is still on its way goes to the same owner, behind it:
+        the create is under way there by then (a job's end that races its start leaves nothing)."""
+        owner = self.owners.holding(partition_id, in_flight=True)
+        if owner is None or not access.may_use(owner.id):
+            raise NotFound(f"partition {shown(partition_id)} does not exist")
+        busy = f"partition {partition_id} is still busy ({owner.snapshot.busy.get(partition_id, 'under way')}) after " \
                f"{FORCED_REMOVE_WAIT_SECONDS:g} s; try again"
-        self._ask_owner(snapshot.id, RemovePartition(partition_id=partition_id, access=access, force=force),
-                        f"the removal of partition {partition_id}", FORCED_REMOVE_WAIT_SECONDS if force else START_SECONDS, busy)
+        self._ask(owner, RemovePartition(partition_id=partition_id, access=access, force=force), f"the removal of partition {partition_id}",
+                  FORCED_REMOVE_WAIT_SECONDS if force else START_SECONDS, busy)
 
     # Helpers
 
