@@ -107,7 +107,7 @@ class OwnerMachine(RuleBasedStateMachine):
         what is committed and what is held for the first waiting request."""
         assert self.pod.owners.wait_quiet(SETTLE_SECONDS)
         snapshot = self.owner().snapshot
-        first = snapshot.queue.requests[0].partition_id if snapshot.queue.requests else ""
+        first = snapshot.queue.first.partition_id if snapshot.queue.first is not None else ""
         occupancy = Occupancy(snapshot.holders(), snapshot.queue.held if first else frozenset(), first)
         try:
             expected = {(i.agent_id, i.index) for i in place_request(snapshot.layout, snapshot.allocation, snapshot.used_ipus(),
@@ -127,10 +127,10 @@ class OwnerMachine(RuleBasedStateMachine):
     @staticmethod
     def _took_no_held_ipus(before, after, created) -> None:
         """A partition made while the same request was first, with the same IPUs held for it, took none of those."""
-        if not isinstance(created, tuple) or not before.queue.requests or not after.queue.requests or not before.queue.held:
+        if not isinstance(created, tuple) or before.queue.first is None or after.queue.first is None or not before.queue.held:
             return
-        first = before.queue.requests[0].partition_id
-        if after.queue.requests[0].partition_id != first or after.queue.held != before.queue.held:
+        first = before.queue.first.partition_id
+        if after.queue.first.partition_id != first or after.queue.held != before.queue.held:
             return
         partition = created[0]
         if partition.relocation:

@@ -30,8 +30,9 @@ import heapq
 import logging
 import threading
 import time
+import typing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -307,7 +308,7 @@ class AllocationOwner:
                     self._step(flow, value, error)
             if self._staged:
                 self._commit_staged()
-                self._publish()  # what is committed is seen at once, not after the turn's other commits
+                self._publish(queue=False)  # what is committed is seen at once, not after the turn's other commits
                 continue
             if self._queue_dirty and not passed and self._queue_matters():
                 passed = True
@@ -897,7 +898,7 @@ class AllocationOwner:
 
     def _queue_matters(self) -> bool:
         """Whether a pass over the queue has anything to do: requests wait, or what readers were told of them is to go."""
-        return bool(len(self.state.queue) or self.snapshot.queue.requests or self._explained.first_verdict)
+        return bool(len(self.state.queue) or len(self.snapshot.queue) or self._explained.first_verdict)
 
     def _queue_pass(self) -> None:
         """Start what fits in the queue now, hold IPUs for the first request, and work out why each
@@ -1001,18 +1002,22 @@ class AllocationOwner:
 
     # Publishing
 
-    def _publish(self) -> None:
-        """The state as committed, for every reader: a new snapshot, replacing the last at once."""
+    def _publish(self, queue: bool = True) -> None:
+        """The state as committed, for every reader: a new snapshot, replacing the last at once.
+        The queue's part (a copy of every waiting request) is made again only at the end of a turn
+        (`queue`), once its pass has told why each waits: ten thousand waiting then cost a turn one
+        copy, not one per commit."""
         if not self._changed:
             return
         state = self.state
-        queue = self.snapshot.queue
-        if self._queue_changed:
-            requests = tuple(state.queue)
+        queue_view = self.snapshot.queue
+        if queue and self._queue_changed:
             explained = self._explained
-            queue = QueueView(requests=requests, sequences=tuple(r.sequence for r in requests), held=explained.held,
-                              first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
-                              every=explained.every)
+            queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
+                                   first=state.queue.first(), waiting_ipus=state.queue.weight, held=explained.held,
+                                   first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
+                                   every=explained.every)
+            self._queue_changed = False
         used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
         for agent in state.touched:
             indices = state.used.get(agent)
@@ -1024,10 +1029,10 @@ class AllocationOwner:
         self.snapshot = AllocationSnapshot(
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
             used=used, lingering=dict(state.lingering),
-            busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue,
+            busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
             down=frozenset(state.down), test=state.test, closing=state.closing)
         partitions_changed = self._partitions_changed
-        self._changed = self._partitions_changed = self._queue_changed = False
+        self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)
 
 

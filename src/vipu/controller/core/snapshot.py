@@ -38,11 +38,15 @@ class Waiting:
 
 @dataclass(frozen=True)
 class QueueView:
-    """An allocation's waiting requests as last committed, in arrival order, and why each waits:
-    placement's verdict on each shape of request (once per shape, however many wait)."""
+    """An allocation's waiting requests as last committed, and why each waits: placement's verdict
+    on each shape of request (once per shape, however many wait). Made for every change of the
+    queue, so it shares what it can with the last: the requests by id are an immutable map, and
+    only their arrival numbers are copied (a request's place is found by bisecting them)."""
 
-    requests: tuple[WaitingRequest, ...] = ()
-    sequences: tuple[int, ...] = ()  # their arrival numbers, in order: a request's place by bisection
+    by_id: Mapping[str, WaitingRequest] = field(default_factory=dict)
+    sequences: tuple[int, ...] = ()  # the requests' arrival numbers, in order
+    first: WaitingRequest | None = None
+    waiting_ipus: int = 0  # the IPUs they ask for, in all
     held: Shape = frozenset()  # the IPUs held for the first request
     first_verdict: str = ""  # what placement says of the first request
     verdicts: Mapping[Hashable, str] = field(default_factory=dict)  # shape -> what placement says of requests of it behind the first
@@ -50,8 +54,12 @@ class QueueView:
     every: str = ""  # why every request waits, when nothing starts in the allocation (under test, being removed)
 
     @cached_property
-    def by_id(self) -> dict[str, WaitingRequest]:
-        return {r.partition_id: r for r in self.requests}
+    def requests(self) -> tuple[WaitingRequest, ...]:
+        """Every waiting request, in arrival order (sorted when first asked: a listing's cost, not a change's)."""
+        return tuple(sorted(self.by_id.values(), key=lambda r: r.sequence))
+
+    def __len__(self) -> int:
+        return len(self.sequences)
 
     def get(self, partition_id: str) -> WaitingRequest | None:
         return self.by_id.get(partition_id)
@@ -62,8 +70,7 @@ class QueueView:
 
     def seen(self, request: WaitingRequest) -> Waiting:
         position = self.position(request)
-        return Waiting(request, position, self.reason_at(position, request, self.requests[0] if self.requests else None,
-                                                         shape_of(request.request)))
+        return Waiting(request, position, self.reason_at(position, request, self.first, shape_of(request.request)))
 
     def reason_at(self, position: int, request: WaitingRequest, first: WaitingRequest | None, shape: Hashable) -> str:
         """Why the request at `position` waits, as the last pass over the queue found it."""

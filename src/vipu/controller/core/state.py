@@ -23,7 +23,8 @@ Ipu = tuple[str, int]
 
 def request_lines() -> queue_model.Lines[WaitingRequest]:
     """An allocation's queue: its requests in arrival order, in lines of one shape each."""
-    return queue_model.Lines(lambda r: r.partition_id, lambda r: queue_model.shape_of(r.request), lambda r: r.sequence)
+    return queue_model.Lines(lambda r: r.partition_id, lambda r: queue_model.shape_of(r.request), lambda r: r.sequence,
+                             lambda r: r.size)
 
 
 @dataclasses.dataclass

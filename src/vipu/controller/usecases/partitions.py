@@ -145,7 +145,7 @@ class PartitionService:
                 largest=0 if blocked else largest_fitting(s.layout, allowed, used), blocked=blocked,
                 down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.down),
                 held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())),
-                held_for=s.queue.requests[0].partition_id if held and s.queue.requests else ""))
+                held_for=s.queue.first.partition_id if held and s.queue.first is not None else ""))
         return rooms
 
     def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:

@@ -81,7 +81,7 @@ class RequestService:
             if owner is None:
                 return 1 << 62
             snapshot = owner.snapshot
-            return sum(len(ipus) for ipus in snapshot.used.values()) + sum(r.size for r in snapshot.queue.requests)
+            return sum(len(ipus) for ipus in snapshot.used.values()) + snapshot.queue.waiting_ipus
 
         return min(allocation_ids, key=lambda a: (work(a), a))
 
