@@ -83,3 +83,13 @@ def test_a_pass_over_thousands_waiting_asks_placement_once_per_shape(pod, monkey
     # fewer than 2,000.
     assert len(asked) <= started + 2 * (1 + 2 * len(sizes)) + 2, (len(asked), started)
     assert all("; " in w.reason for w in pod.requests.list()[:50])
+
+
+def test_the_101st_waiting_request_of_one_user_is_refused_by_default(pod):
+    pod.partitions.create(PartitionRequest("full", 32))
+    for n in range(100):
+        queue_up(pod, f"a{n}", ALICE)
+    with pytest.raises(Conflict, match=r"^user alice has 100 requests waiting, the most one user may \(vipu-server "
+                                       r"--max-waiting-per-user\); cancel one, or wait for one to start$"):
+        queue_up(pod, "a100", ALICE)
+    assert len(pod.requests.list()) == 100
