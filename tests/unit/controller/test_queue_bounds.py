@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.controller.test_services import Pod
-from vipu.controller.core import owner as owner_module
+from vipu.controller.core import queueing
 from vipu.controller.core.owners import QueueLimits
 from vipu.controller.usecases.requests import Waiting
 from vipu.controller.wiring import ControllerServices
@@ -70,9 +70,9 @@ def test_a_pass_over_thousands_waiting_asks_placement_once_per_shape(pod, monkey
     for n in range(2_000):
         pod.requests.create(PartitionRequest(f"w{n}", sizes[n % 3]), wait_seconds=600)
     asked: list[int] = []
-    real_try, real_place = owner_module.try_place, owner_module.place_partition
-    monkeypatch.setattr(owner_module, "try_place", lambda *a, **k: asked.append(a[3]) or real_try(*a, **k))
-    monkeypatch.setattr(owner_module, "place_partition", lambda *a, **k: asked.append(a[3]) or real_place(*a, **k))
+    real_try, real_place = queueing.try_place, queueing.place_partition
+    monkeypatch.setattr(queueing, "try_place", lambda *a, **k: asked.append(a[3]) or real_try(*a, **k))
+    monkeypatch.setattr(queueing, "place_partition", lambda *a, **k: asked.append(a[3]) or real_place(*a, **k))
     pod.partitions.remove("full")  # one pass: what starts, what is held, and why the rest still wait
     assert pod.owners.wait_quiet(30)
     snapshot = pod.owners.owner("a1").snapshot

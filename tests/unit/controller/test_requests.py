@@ -23,7 +23,7 @@ from vipu.api.status import GuardInterceptor
 from vipu.client import user as client_user
 from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
-from vipu.controller.core import owner as owner_module
+from vipu.controller.core import queueing
 from vipu.controller.core.changes import MAX_WATCHERS, ChangeFeed
 from vipu.controller.servicers.user import UserServicer
 from vipu.controller.usecases.requests import RequestService, Waiting
@@ -127,14 +127,14 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
 def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):
     pod.partitions.create(PartitionRequest("whole", 32))
     passes: list[list[int]] = []  # the sizes placement was asked about, by each pass that explained the queue
-    real_place, real_explain = owner_module.place_partition, owner_module.AllocationOwner._explain
+    real_place, real_explain = queueing.place_partition, queueing.QueueKeeping._explain
 
     def explain(*args, **kwargs):
         passes.append([])
         real_explain(*args, **kwargs)
 
-    monkeypatch.setattr(owner_module, "place_partition", lambda *a, **k: passes[-1].append(a[3]) or real_place(*a, **k))
-    monkeypatch.setattr(owner_module.AllocationOwner, "_explain", explain)
+    monkeypatch.setattr(queueing, "place_partition", lambda *a, **k: passes[-1].append(a[3]) or real_place(*a, **k))
+    monkeypatch.setattr(queueing.QueueKeeping, "_explain", explain)
     queue_up(queued, "first", 32)
     for n in range(2, 41):
         queue_up(queued, f"r{n}", 8 if n % 2 else 4)
@@ -413,18 +413,18 @@ def test_a_queue_whose_pass_fails_does_not_stop_the_passes_over_the_others(pod, 
     pod.partitions.create(PartitionRequest("full2", 16, allocation_id="a2"))
     for name, allocation in (("r1", "a1"), ("r2", "a2")):
         assert isinstance(queued.create(PartitionRequest(name, 4, allocation_id=allocation), wait_seconds=60), Waiting)
-    explicit_ipus = owner_module.explicit_ipus
+    explicit_ipus = queueing.explicit_ipus
 
     def failing_in_a1(layout, allocation, request):
         if allocation.id == "a1":
             raise RuntimeError("a1's pass fails")
         return explicit_ipus(layout, allocation, request)
 
-    monkeypatch.setattr(owner_module, "explicit_ipus", failing_in_a1)
+    monkeypatch.setattr(queueing, "explicit_ipus", failing_in_a1)
     pod.partitions.remove("full1")  # a1's pass fails, and is tried again
     pod.partitions.remove("full2")
     assert wait(queued, "r2").agent_ids == ["ag5"]
-    monkeypatch.setattr(owner_module, "explicit_ipus", explicit_ipus)  # a1's next pass succeeds
+    monkeypatch.setattr(queueing, "explicit_ipus", explicit_ipus)  # a1's next pass succeeds
     assert wait(queued, "r1").agent_ids == ["ag1"]
 
 

@@ -1,12 +1,15 @@
 """The core of the controller, in one room: each allocation's owner and everything it decides with.
 
-- `owner`: one allocation's owner, its inbox, its turns, its commits and the snapshots it publishes;
+- `owner`: one allocation's owner, made of its parts by workflow: `turns` (the inbox, whose turn
+  it is, running operations a step at a time, committing a turn's writes together, publishing),
+  `steps` (the writes and agent calls operations are made of), `queueing` (the waiting requests
+  and the pass over them) and `decisions` (what each command does);
 - `owners`: every allocation's owner, and the little they share (partition ids, the queues' bounds);
 - `commands`: what an owner is asked, and how the asker waits for the answer;
 - `flows`: the operations on a partition (create, reset, remove, relocate, finish, grant), step by
   step, and `effects`, the steps they take (a store write, agent calls);
 - `state`: an allocation as its owner holds it; `snapshot`: what readers see of it;
-- `placing`: where a partition goes; `agents`: how the owner reaches agents without waiting on them;
+- `placing`: where a partition goes; `agents`: how agent calls are made outside the owner's turn;
 - `changes`: the change feed that live views watch.
 
 Use cases (`vipu.controller.usecases`) and the health pass (`vipu.controller.loops`) ask owners

@@ -220,10 +220,3 @@ class CloseAllocation(Command):
     delete it, and stop."""
 
     force: bool = False
-
-
-@dataclass
-class Inspect(Command):
-    """Run `look(owner)` in the owner's turn (tests and the health pass use it to wait for a quiet owner)."""
-
-    look: Any = None

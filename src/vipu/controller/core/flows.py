@@ -33,7 +33,7 @@ from vipu.model.errors import HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
 
 if TYPE_CHECKING:
-    from vipu.controller.core.owner import AllocationOwner
+    from vipu.controller.core.steps import Steps
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -44,7 +44,7 @@ def _failures(agents: list[Agent], outcomes) -> Failures:
     return {agent.id: error for agent, error in zip(agents, outcomes, strict=True) if error is not None}
 
 
-def configure(owner: AllocationOwner, partition: Partition, on_failure: str) -> Body:
+def configure(owner: Steps, partition: Partition, on_failure: str) -> Body:
     """Apply the partition's settings to its agents and make it ACTIVE. If any agent fails, what
     was applied is cleared again and the partition takes the transition `on_failure` ('abandon':
     it is forgotten, its IPUs free; 'fail': it stays in ERROR), and the error is raised."""
@@ -66,7 +66,7 @@ def configure(owner: AllocationOwner, partition: Partition, on_failure: str) -> 
     return partition
 
 
-def fail(owner: AllocationOwner, partition: Partition, failures: Failures, summary: str, transition: str, hint: str = "") -> Body:
+def fail(owner: Steps, partition: Partition, failures: Failures, summary: str, transition: str, hint: str = "") -> Body:
     """Record the agents' reasons by the transition 'fail' (ERROR) or 'abandon' (gone); returns the
     error to raise, `summary: reasons`."""
     reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
@@ -76,13 +76,13 @@ def fail(owner: AllocationOwner, partition: Partition, failures: Failures, summa
     return family(f"{summary}: {'; '.join(reasons)}{hint}")
 
 
-def create(owner: AllocationOwner, partition: Partition, keep_on_error: bool) -> Body:
+def create(owner: Steps, partition: Partition, keep_on_error: bool) -> Body:
     """A partition placed by the owner: recorded, then configured."""
     yield owner.inserting(partition)
     return (yield from configure_new(owner, partition, keep_on_error))
 
 
-def grant(owner: AllocationOwner, request: WaitingRequest, partition: Partition) -> Body:
+def grant(owner: Steps, request: WaitingRequest, partition: Partition) -> Body:
     """A waiting request's partition, recorded in the transaction that ends the request, then
     configured as a create is. Should the request's row have gone meanwhile (its allocation
     removed), it waits no more; should the store refuse otherwise, it waits on for the next pass."""
@@ -97,7 +97,7 @@ def grant(owner: AllocationOwner, request: WaitingRequest, partition: Partition)
         raise
 
 
-def configure_new(owner: AllocationOwner, partition: Partition, keep_on_error: bool) -> Body:
+def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Body:
     """Configure a partition just recorded (PENDING, CREATING); a relocatable one that fails at some
     machines moves off them, and is kept in ERROR if asked, or else removed, if it can move nowhere."""
     if not partition.relocatable:
@@ -119,7 +119,7 @@ def configure_new(owner: AllocationOwner, partition: Partition, keep_on_error: b
         raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
 
-def reset(owner: AllocationOwner, partition: Partition, automatic: bool) -> Body:
+def reset(owner: Steps, partition: Partition, automatic: bool) -> Body:
     """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
     partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
     agents = owner.agents_of(partition)
@@ -129,13 +129,13 @@ def reset(owner: AllocationOwner, partition: Partition, automatic: bool) -> Body
     return (yield from configure(owner, partition, "fail"))
 
 
-def remove(owner: AllocationOwner, partition: Partition, force: bool) -> Body:
+def remove(owner: Steps, partition: Partition, force: bool) -> Body:
     """Clear a partition from its agents and forget it; forced, forget it whatever the agents answer."""
     partition = yield from begin_remove(owner, partition)
     yield from finish_remove(owner, partition, force)
 
 
-def begin_remove(owner: AllocationOwner, partition: Partition) -> Body:
+def begin_remove(owner: Steps, partition: Partition) -> Body:
     """Record that the partition is being removed. One that an interrupted create or reset left
     PENDING is failed first, as the life cycle removes only settled partitions."""
     state = lifecycle.state_of(partition)
@@ -147,7 +147,7 @@ def begin_remove(owner: AllocationOwner, partition: Partition) -> Body:
     return (yield owner.transit(partition, ("remove", {})))
 
 
-def finish_remove(owner: AllocationOwner, partition: Partition, force: bool) -> Body:
+def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
     if failures and not force:
@@ -159,7 +159,7 @@ def finish_remove(owner: AllocationOwner, partition: Partition, force: bool) -> 
     log.info("partition %s removed", partition.id)
 
 
-def relocate(owner: AllocationOwner, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
+def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
              because_failed: bool = True) -> Body:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
     its allocation, and configure it there. `because_failed`: the machines of `avoid` failed it,
@@ -192,7 +192,7 @@ def relocate(owner: AllocationOwner, partition: Partition, avoid: set[str], why:
     return (yield from configure(owner, partition, "fail"))
 
 
-def moved_after_failure(owner: AllocationOwner, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:
+def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:
     """A relocatable partition that failed at some agents, now in ERROR, moved off them and
     configured elsewhere; None if its allocation has no room elsewhere, or it failed there too."""
     for _ in range(attempts):
@@ -210,7 +210,7 @@ def moved_after_failure(owner: AllocationOwner, partition_id: str, failure: Vipu
     return None
 
 
-def relocate_asked(owner: AllocationOwner, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
+def relocate_asked(owner: Steps, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
     """A move someone asked for: off the machines that failed the partition, or off all of its own
     when none did; with `only_off_failed` (the published API's reset with `relocatable`), a
     partition that no machine failed is reset in place instead."""
@@ -224,7 +224,7 @@ def relocate_asked(owner: AllocationOwner, partition: Partition, asked_by: str, 
     return (yield from relocate(owner, partition, failed or set(partition.agent_ids), why, automatic, because_failed=bool(failed)))
 
 
-def finish(owner: AllocationOwner, partition: Partition) -> Body:
+def finish(owner: Steps, partition: Partition) -> Body:
     """Finish the interrupted operation of a partition that no operation owns any more."""
     interrupted = partition.operation_state
     if interrupted is OperationState.REMOVING:
@@ -234,13 +234,13 @@ def finish(owner: AllocationOwner, partition: Partition) -> Body:
     log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
 
 
-def mark_lost(owner: AllocationOwner, partition: Partition, reason: str) -> Body:
+def mark_lost(owner: Steps, partition: Partition, reason: str) -> Body:
     """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to ERROR with the reason."""
     yield owner.transit(partition, ("lost", {"errors": [reason]}))
     log.warning("partition %s goes to ERROR: %s", partition.id, reason)
 
 
-def reconcile(owner: AllocationOwner, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
+def reconcile(owner: Steps, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
     """Make one agent hold what the owner's state says: clear what it should not hold, apply again
     what it lost (an ACTIVE partition whose settings it cannot take back goes to ERROR)."""
     calls = [owner.call(agent, partition_id=p) for p in stray] + [owner.call(agent, settings=s) for _, s in lost]

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from vipu.controller.core.agents import AgentCall, AgentCalls
 from vipu.controller.core.changes import ChangeFeed, Topic
-from vipu.controller.core.commands import Command, Reply
 from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
+from vipu.controller.core.turns import Turns
 from vipu.model.entities import Agent, AgentStatus
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
@@ -152,11 +152,7 @@ class Owners:
                 if not self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
                     return None
 
-    def submit(self, owner: AllocationOwner, command: Command) -> Reply:
-        owner.submit(command)
-        return command.reply
-
-    def closed(self, owner: AllocationOwner) -> None:
+    def closed(self, owner: Turns) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
         with self._lock:
             if self._owners.get(owner.id) is owner:
@@ -273,7 +269,7 @@ class Owners:
 
     # Word of changes
 
-    def published(self, owner: AllocationOwner, partitions_changed: bool) -> None:
+    def published(self, owner: Turns, partitions_changed: bool) -> None:
         with self.changed:
             self.version += 1
             self.changed.notify_all()

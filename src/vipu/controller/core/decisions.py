@@ -1,0 +1,292 @@
+"""What an owner decides of each command: create, remove, reset, move, cancel, a cluster test's
+claim and release, what a health pass found, finishing, recovering, and closing the allocation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vipu.controller.core import flows
+from vipu.controller.core.commands import (
+    AgentReport,
+    CancelRequest,
+    ClaimMachines,
+    CloseAllocation,
+    Command,
+    CreatePartition,
+    FinishInterrupted,
+    RecoverFailed,
+    ReleaseMachines,
+    RelocatePartition,
+    RemovePartition,
+    ResetPartition,
+)
+from vipu.controller.core.effects import Body, Flow, Join, Write
+from vipu.controller.core.placing import LOST, due_for_relocation, due_for_reset, partition_of, place_request
+from vipu.controller.core.queueing import QueueKeeping
+from vipu.model import lifecycle
+from vipu.model.configuration import agent_settings
+from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
+from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
+from vipu.model.placement import Occupancy
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("vipu.controller.core")
+
+
+class Decisions(QueueKeeping):
+    def _decide(self, command: Command) -> None:
+        self._HANDLERS[type(command)](self, command)
+
+    def _visible(self, partition_id: str, access) -> Partition:
+        partition = self.state.partitions.get(partition_id)
+        if partition is None or not access.may_use(self.id):
+            raise NotFound(f"partition {shown(partition_id)} does not exist")
+        return partition
+
+    def _holding(self, partition_id: str, command: Command, wait: bool) -> bool:
+        """Whether an operation holds the partition: then the command waits for it to end (when
+        `wait`, or behind the owner's own upkeep) or is refused as busy."""
+        flow = self.flows.get(partition_id)
+        if flow is None:
+            return False
+        if wait or flow.system:
+            command.reply.requeue()
+            flow.followers.append(command)
+            return True
+        raise Conflict(f"partition {partition_id} is busy ({flow.doing})")
+
+    @staticmethod
+    def _refuse_if_busy(partition: Partition) -> None:
+        if lifecycle.state_of(partition) in lifecycle.BUSY:
+            raise Conflict(f"partition {partition.id} is busy ({partition.operation_state.value.lower()})")
+
+    def _refuse_if_tested(self) -> None:
+        if self.state.test:
+            raise Conflict(f"{self.state.test} is under test; no partition is configured in it until the test ends")
+
+    def _create(self, command: CreatePartition) -> None:
+        request = command.request
+        if self.state.closing:
+            raise Conflict(f"allocation {self.id} is being removed")
+        if request.id in self.state.partitions or self.state.queue.get(request.id) is not None:
+            raise AlreadyExists(f"partition {request.id} already exists")
+        try:
+            partition = self._place_new(request, command.access)
+        except NoRoom as refusal:
+            if not command.may_queue:
+                raise
+            self.start(Flow("queueing", self._enqueue(command, refusal), command.reply))
+            command.placed = True
+            return
+        self.start(Flow("creating", flows.create(self, partition, command.keep_on_error), command.reply, partition.id))
+        command.placed = True
+
+    def _place_new(self, request, access) -> Partition:
+        state = self.state
+        if state.test:
+            raise NoRoom(f"{state.test} is under test; no partition can be created in it until the test ends")
+        first = state.queue.first()
+        occupancy = Occupancy(state.holders, state.held if first is not None else frozenset(),
+                              first.partition_id if first is not None else "")
+        placement = place_request(state.layout, state.allocation, state.used, request, occupancy)
+        return partition_of(request, access.user_id, state.allocation, placement)
+
+    def _remove(self, command: RemovePartition) -> None:
+        partition = self._visible(command.partition_id, command.access)
+        access = command.access
+        if not access.unrestricted and partition.owner and partition.owner != access.user_id:
+            raise PermissionDenied(f"partition {partition.id} belongs to user {partition.owner}; only its owner or an administrator "
+                                   "removes it")
+        if self._holding(partition.id, command, wait=command.force):
+            return
+        if not command.force:
+            self._refuse_if_busy(partition)
+        self.start(Flow("removing", flows.remove(self, partition, command.force), command.reply, partition.id))
+
+    def _reset(self, command: ResetPartition) -> None:
+        partition = self._visible(command.partition_id, command.access)
+        if self._holding(partition.id, command, wait=False):
+            return
+        self._refuse_if_busy(partition)
+        self._refuse_if_tested()
+        self.start(Flow("resetting", flows.reset(self, partition, command.automatic), command.reply, partition.id))
+
+    def _relocate(self, command: RelocatePartition) -> None:
+        partition = self._visible(command.partition_id, command.access)
+        if self._holding(partition.id, command, wait=False):
+            return
+        self._refuse_if_busy(partition)
+        self._refuse_if_tested()
+        body = flows.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
+        self.start(Flow("relocating", body, command.reply, partition.id))
+
+    def _cancel(self, command: CancelRequest) -> None:
+        request = self.state.queue.get(command.partition_id)
+        access = command.access
+        if request is None:
+            if command.partition_id in self.state.partitions and access.may_use(self.id):
+                raise Conflict(f"the request of partition {command.partition_id} started meanwhile; remove the partition instead")
+            raise NotFound(f"no request of partition {shown(command.partition_id)} waits")
+        if not access.may_use(self.id):
+            raise NotFound(f"no request of partition {shown(command.partition_id)} waits")
+        if not access.unrestricted and request.owner and request.owner != access.user_id:
+            raise PermissionDenied(f"the request of partition {request.partition_id} is user {request.owner}'s; only its owner or an "
+                                   "administrator cancels it")
+        who = f" by {access.user_id}" if access.user_id else ""
+        ending = Conflict(f"the request of partition {request.partition_id} was cancelled{who}")
+        self.start(Flow("cancelling", self._ending(request, "cancel", ending), command.reply))
+
+    def _claim(self, command: ClaimMachines) -> None:
+        """A disruptive test's claim: the partitions in its way (settled ERROR ones are configured
+        nowhere), or none and the machines are its own."""
+        in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
+                            | {partition_id for partition_id, flow in self.flows.items() if not flow.system})
+        if not in_the_way:
+            self.state.test = command.test
+            self._changed = self._queue_dirty = True
+        command.reply.resolve(in_the_way)
+
+    def _release(self, command: ReleaseMachines) -> None:
+        if self.state.test == command.test:
+            self.state.test = ""
+            self._changed = self._queue_dirty = True
+        command.reply.resolve()
+
+    def _report(self, command: AgentReport) -> None:
+        """What a health pass found at an agent: lost partitions go to ERROR if it is down; else
+        what it should not hold is cleared and what it lost applied again, except what an
+        operation under way owns."""
+        state, agent_id = self.state, command.agent_id
+        agent = self.agents().get(agent_id)
+        children: list[Flow] = []
+        if command.error is not None or agent is None:
+            if agent_id not in state.down:
+                state.down.add(agent_id)
+                self._changed = True
+            reason = command.error.message if command.error is not None else "it was removed"
+            for partition in state.on_agent(agent_id):
+                if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE and partition.id not in self.flows:
+                    children.append(self.start(Flow("failing", flows.mark_lost(self, partition, f"agent {agent_id}{LOST}{reason}"),
+                                                    partition_id=partition.id, system=True)))
+        else:
+            if agent_id in state.down:
+                state.down.discard(agent_id)
+                self._changed = self._queue_dirty = True
+            held = command.held or {}
+            here = {p.id: p for p in state.on_agent(agent_id)}
+            stray = [partition_id for partition_id in held if partition_id not in self.flows and (
+                partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
+            serials = {a.id: a.inventory.serial for a in self.agents().values()}
+            lost = []
+            for partition in here.values():
+                if partition.id in self.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+                    continue
+                wanted = agent_settings(partition, state.layout, serials)[agent_id]
+                if held.get(partition.id) != wanted:
+                    lost.append((partition, wanted))
+            if stray or lost:
+                reconciling = Flow("reconciling", flows.reconcile(self, agent, stray, lost), system=True)
+                for partition_id in stray:  # settings of that id are applied there only once these are cleared
+                    self._clears[(agent_id, partition_id)] = reconciling
+                children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
+        self._answer_when_done(command, children)
+
+    def _answer_when_done(self, command: Command, children: list[Flow]) -> None:
+        """Answer once the operations a command started have ended (the health pass waits for them)."""
+        if not children:
+            command.reply.resolve()
+            return
+
+        def joined() -> Body:
+            yield Join(children)
+
+        self.start(Flow("waiting", joined(), command.reply, system=True))
+
+    def _finish_interrupted(self, command: FinishInterrupted) -> None:
+        children = [self.start(Flow("finishing", flows.finish(self, partition), partition_id=partition.id, system=True))
+                    for partition in list(self.state.partitions.values())
+                    if lifecycle.state_of(partition) in lifecycle.BUSY and partition.id not in self.flows]
+        self._answer_when_done(command, children)
+
+    def _recover_failed(self, command: RecoverFailed) -> None:
+        """Move relocatable ERROR partitions off the machines that failed them, and reset ERROR
+        partitions whose agents all answer, as their automatic reset policy allows."""
+        children = []
+        if not self.state.test:
+            down = self.state.down
+            for partition in list(self.state.partitions.values()):
+                if partition.id in self.flows:
+                    continue
+                if due_for_relocation(partition, down):
+                    body = _quietly(flows.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
+                                    "automatic relocation")
+                    children.append(self.start(Flow("relocating", body, partition_id=partition.id)))
+                elif due_for_reset(partition, down):
+                    log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
+                             MAX_AUTO_RESETS)
+                    body = _quietly(flows.reset(self, partition, automatic=True), partition.id, "automatic reset")
+                    children.append(self.start(Flow("resetting", body, partition_id=partition.id)))
+        self._answer_when_done(command, children)
+
+    def _close(self, command: CloseAllocation) -> None:
+        partitions = sorted(self.state.partitions)
+        if partitions and not command.force:
+            raise Conflict(f"allocation {self.id} holds {len(partitions)} partition(s) ({', '.join(partitions)}); "
+                           "remove them first, or use --force to remove them with it")
+        self.state.closing = True
+        self._changed = True
+        self.start(Flow("closing", self._closing(), command.reply))
+
+    def _closing(self) -> Body:
+        removed = []
+        try:
+            for request in list(self.state.queue):
+                ending = Conflict(f"the request of partition {request.partition_id} was cancelled: allocation {self.id} is removed")
+                yield from self._ending(request, "cancel", ending)
+                removed.append(f"request of partition {request.partition_id}")
+            under_way = list({id(f): f for f in self.flows.values()}.values())
+            if under_way:
+                yield Join(under_way)
+            children = [self.start(Flow("removing", flows.remove(self, partition, force=True), partition_id=partition.id))
+                        for partition in list(self.state.partitions.values())]
+            errors = yield Join(children)
+            failed = next((error for error in errors if error is not None), None)
+            if failed is not None:
+                raise failed
+            removed += [f"partition {child.partition_id}" for child in children]
+            yield Write(lambda tx: tx.delete_allocation(self.id))
+        except BaseException:
+            self.state.closing = False
+            self._changed = True
+            raise
+        self.owners.closed(self)
+        return removed
+
+    _HANDLERS: ClassVar[dict[type, Callable[[Decisions, Any], None]]] = {
+        CreatePartition: _create,
+        RemovePartition: _remove,
+        ResetPartition: _reset,
+        RelocatePartition: _relocate,
+        CancelRequest: _cancel,
+        ClaimMachines: _claim,
+        ReleaseMachines: _release,
+        AgentReport: _report,
+        FinishInterrupted: _finish_interrupted,
+        RecoverFailed: _recover_failed,
+        CloseAllocation: _close,
+    }
+
+
+def _quietly(body: Body, partition_id: str, what: str) -> Body:
+    """An operation of the owner's own upkeep: its failure is logged, not raised (nobody asked for it)."""
+    try:
+        return (yield from body)
+    except NoRoom as refusal:  # it waits in ERROR for room, or for its machines to answer again
+        log.debug("partition %s cannot move yet: %s", partition_id, refusal.message)
+    except VipuError as error:
+        log.warning("partition %s: %s failed: %s", partition_id, what, error.message)
+    return None

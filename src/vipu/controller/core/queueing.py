@@ -1,0 +1,207 @@
+"""An owner's queue of requests waiting for room: queueing one, ending one (cancelled, expired),
+and the pass after every change of room that starts what fits (`vipu.model.queue.admit`,
+placement asked once per shape of request), holds IPUs for the first request and works out why
+each of the others waits."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from vipu.controller.core import flows
+from vipu.controller.core.commands import CreatePartition
+from vipu.controller.core.effects import AfterPass, Body, Flow, Write
+from vipu.controller.core.placing import explicit_ipus, partition_of
+from vipu.controller.core.snapshot import QueueView, Waiting
+from vipu.controller.core.steps import Steps
+from vipu.model.errors import Conflict, NoRoom, VipuError
+from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
+from vipu.model.queue import WaitingRequest, admit, shape_of
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("vipu.controller.core")
+
+RETRY_SECONDS = 1.0  # a pass over the queue that failed (the store, say) is tried again after this
+# Shapes of request whose reason one pass works out for the requests behind the first: requests of
+# one shape share it, so this bounds the cost only when over this many differently shaped
+# requests wait; those beyond are told their place.
+EXPLAINED_SHAPES = 64
+
+
+class QueueKeeping(Steps):
+    def _enqueue(self, command: CreatePartition, refusal: NoRoom) -> Body:
+        now = datetime.now(UTC)
+        waiting = WaitingRequest(command.request, self.id, command.access.user_id, now,
+                                 now + timedelta(seconds=command.wait_seconds), command.keep_on_error)
+        self.owners.enter_queue(waiting.owner)
+        entered = True
+
+        def committed() -> None:
+            self.state.queue.add(waiting)
+            heapq.heappush(self._expiries, (waiting.deadline, waiting.sequence, waiting.partition_id))
+            self.owners.settle_id(waiting.partition_id, self.id)
+            self._queue_changed = self._queue_dirty = True
+
+        try:
+            yield Write(lambda tx: tx.add_request(waiting), committed=committed)
+            entered = False
+        finally:
+            if entered:
+                self.owners.leave_queue(waiting.owner)
+        log.info("partition %s of %d IPUs waits in allocation %s (up to %g s): %s", waiting.partition_id, waiting.size, self.id,
+                 command.wait_seconds, refusal.message)
+        yield AfterPass()
+        return self.waiting(waiting.partition_id) or Waiting(waiting, 1, "starting")  # the pass started it at once
+
+    def waiting(self, partition_id: str) -> Waiting | None:
+        """A request as its clients see it, from the queue as this turn left it."""
+        request = self.state.queue.get(partition_id)
+        if request is None:
+            return None
+        view = self._explained
+        position = self.state.queue.position(request)
+        return Waiting(request, position, view.reason_at(position, request, self.state.queue.first(), shape_of(request.request)))
+
+    def _ending(self, request: WaitingRequest, transition: str, ending: VipuError) -> Body:
+        """Take a request out of the queue by `transition`, keeping how it ended for its clients. One
+        whose row went without this owner ending it (deleted with its allocation) is taken out all
+        the same: it waits no more."""
+        state = self.state
+
+        def apply() -> None:
+            state.queue.remove(request.partition_id)
+            self._queue_changed = self._queue_dirty = True
+
+        def committed() -> None:
+            self.owners.leave_queue(request.owner)
+            self.owners.release_id(request.partition_id, self.id)
+            self.ended(request, ending)
+
+        try:
+            yield Write(lambda tx: tx.end_request(request, transition), apply, lambda: state.queue.add(request), committed)
+        except Conflict:
+            apply()
+            committed()
+            log.info("partition %s: its request was no longer in the store (its allocation was removed)", request.partition_id)
+        log.info("partition %s: %s", request.partition_id, ending.message)
+
+    def _expire_due(self) -> None:
+        now = datetime.now(UTC)
+        while self._expiries and self._expiries[0][0] <= now:
+            _, sequence, partition_id = heapq.heappop(self._expiries)
+            request = self.state.queue.get(partition_id)
+            if request is None or request.sequence != sequence or partition_id in self.flows:
+                continue
+            waited = (request.deadline - request.since).total_seconds()
+            reason = self.waiting(partition_id)
+            ending = NoRoom(f"no room for partition {partition_id} after waiting {waited:g} s: {reason.reason if reason else ''}")
+            self.start(Flow("expiring", self._ending(request, "expire", ending), partition_id=partition_id))
+
+    def _queue_matters(self) -> bool:
+        """Whether a pass over the queue has anything to do: requests wait, or what readers were told of them is to go."""
+        return bool(len(self.state.queue) or len(self.snapshot.queue) or self._explained.first_verdict)
+
+    def _queue_pass(self) -> None:
+        """Start what fits in the queue now, hold IPUs for the first request, and work out why each
+        still waits. One that fails (the store, say) is tried again after RETRY_SECONDS."""
+        self._queue_dirty = False
+        try:
+            self._admit()
+        except Exception:
+            log.exception("the pass over the queue of allocation %s failed", self.id)
+            self._pass_due = time.monotonic() + RETRY_SECONDS
+
+    def _admit(self) -> None:
+        state = self.state
+        first = state.queue.first()
+        if first is None:
+            state.held = frozenset()
+            self._explain(frozenset(), set())
+            return
+        if state.test or state.closing:
+            why = (f"{state.test} is under test; no partition starts in it until the test ends" if state.test
+                   else f"allocation {self.id} is being removed")
+            self._explained = QueueView(held=frozenset(), first_verdict=why, verdicts={}, layout=state.layout, every=why)
+            self._queue_changed = self._changed = True
+            return
+        allowed = set(state.allocation.agent_ids) - state.down  # nothing starts, nor is held, on a machine that is down
+        held = state.held if state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed else frozenset()
+        holders = state.holders()
+        layout, allocation = state.layout, state.allocation
+
+        def place(request: WaitingRequest, used) -> Any:
+            r = request.request
+            return try_place(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
+                             ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
+                             explicit=explicit_ipus(layout, allocation, r))
+
+        def choose_held(request: WaitingRequest, used, started) -> Shape:
+            """The shape the fewest partitions block, counting those this pass starts."""
+            r = request.request
+            blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
+            return choose_reservation(layout, allowed, used, r.size, holders=blocking, num_segments=r.num_segments,
+                                      ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r))
+
+        admission = admit(state.queue, state.used, place, choose_held, held=held)
+        for request, placement in admission.started:
+            partition = partition_of(request.request, request.owner, allocation, placement)
+            self.start(Flow("creating", flows.grant(self, request, partition), partition_id=partition.id))
+        if admission.first is not None:
+            state.held, state.held_for = admission.held, admission.first.partition_id
+            if state.held_recorded != (admission.first.partition_id, admission.held):
+                self.start(Flow("holding", self._recording_hold(admission.first, admission.held), system=True))
+        else:
+            state.held, state.held_for = frozenset(), ""
+        self._explain(state.held, allowed)
+
+    def _recording_hold(self, first: WaitingRequest, held: Shape) -> Body:
+        """Write the IPUs held for a first request to its row, so that they outlive a restart; one
+        that could not be written is written by the next pass."""
+        def committed() -> None:
+            self.state.held_recorded = (first.partition_id, held)
+
+        try:
+            yield Write(lambda tx: tx.hold_for(first, held), committed=committed)
+        except VipuError as error:
+            self._pass_due = time.monotonic() + RETRY_SECONDS
+            log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
+                        first.partition_id, error.message)
+
+    def _explain(self, held: Shape, allowed: set[str]) -> None:
+        """Why each request still waits, from placement, against the state as the pass left it.
+        Every request behind the first sees the same room (less what is held for the first), so
+        placement is asked once per shape of request."""
+        self._queue_changed = self._changed = True
+        state = self.state
+        first = state.queue.first()
+        if first is None:
+            self._explained = QueueView(layout=state.layout)
+            return
+        holders = state.holders()
+        used, layout, allocation = state.used, state.layout, state.allocation
+
+        def verdict(request: WaitingRequest, occupancy: Occupancy) -> str:
+            r = request.request
+            try:
+                place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
+                                ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
+                                explicit=explicit_ipus(layout, allocation, r), where=f"allocation {allocation.id}",
+                                occupancy=occupancy)
+                return "starting"
+            except VipuError as refusal:
+                return refusal.message
+
+        behind_first = Occupancy(holders, held, first.partition_id)
+        verdicts: dict[Any, str] = {}
+        for shape, line in state.queue.lines().items():
+            if len(verdicts) >= EXPLAINED_SHAPES:
+                break
+            behind = next((r for r in line if r is not first), None)
+            if behind is not None:
+                verdicts[shape] = verdict(behind, behind_first)
+        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders)), verdicts=verdicts, layout=layout)

@@ -1,0 +1,142 @@
+"""What an owner's operations use to take their steps: the partition writes of the life cycle, made
+at once in the owner's state and taken back if the store refuses them, and the agent calls of a
+partition (see `flows` for the operations, `effects` for the steps)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from vipu.controller.core.agents import AgentCall
+from vipu.controller.core.effects import Calls, Flow, Write
+from vipu.controller.core.turns import Turns
+from vipu.model import lifecycle
+from vipu.model.configuration import agent_settings
+from vipu.model.entities import Agent, Partition, shown
+from vipu.model.errors import NotFound, VipuError
+from vipu.model.queue import WaitingRequest
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("vipu.controller.core")
+
+
+class Steps(Turns):
+    def partition(self, partition_id: str) -> Partition | None:
+        return self.state.partitions.get(partition_id)
+
+    def agents(self) -> dict[str, Agent]:
+        return self.owners.store.configuration().agents
+
+    def agents_of(self, partition: Partition) -> list[Agent]:
+        agents = self.agents()
+        found = []
+        for agent_id in partition.agent_ids:
+            agent = agents.get(agent_id)
+            if agent is None:  # not while the partition exists: the store's foreign keys keep its agents
+                raise NotFound(f"agent {shown(agent_id)} does not exist")
+            found.append(agent)
+        return found
+
+    def call(self, agent: Agent, settings=None, partition_id: str = "") -> AgentCall:
+        return AgentCall(agent.id, agent.host, agent.port, settings, partition_id)
+
+    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Flow]:
+        """The reconciliations clearing old settings of that id from these agents, which its new
+        settings must not race."""
+        return list({id(f): f for a in agents if (f := self._clears.get((a.id, partition_id))) is not None}.values())
+
+    def applying(self, partition: Partition, agents: list[Agent]) -> Calls:
+        settings = agent_settings(partition, self.state.layout, {a.id: a.inventory.serial for a in agents})
+        return Calls([self.call(agent, settings=settings[agent.id]) for agent in agents])
+
+    def clearing(self, partition_id: str, agents: list[Agent]) -> Calls:
+        return Calls([self.call(agent, partition_id=partition_id) for agent in agents])
+
+    def _partition_write(self, work: Callable[[Any], Any], before: Partition | None, after: Partition | None,
+                         partition_id: str) -> Write:
+        """A write of one partition: `after` (None: gone) in the state at once, `before` again if refused."""
+        state = self.state
+        moves = before is None or after is None or before.ipus != after.ipus  # the room changes: the queue looks again
+
+        def put(partition: Partition | None) -> None:
+            if partition is None:
+                state.drop(partition_id)
+            else:
+                state.put(partition)
+
+        def apply() -> None:
+            put(after)
+            self._partitions_changed = True
+            self._queue_dirty = self._queue_dirty or moves
+
+        def committed() -> None:
+            if before is None and after is not None:
+                self.owners.settle_id(partition_id, self.id)
+            elif after is None:
+                self.owners.release_id(partition_id, self.id)
+
+        return Write(work, apply, lambda: put(before), committed, result=after, partition_id=partition_id)
+
+    def transit(self, partition: Partition, *transitions: tuple[str, dict]) -> Write:
+        """The life cycle's transitions of a partition, applied together as compare-and-sets; the
+        operation gets the partition as it then is (None once it is gone)."""
+        after = lifecycle.after(partition, transitions)
+
+        def work(tx) -> None:
+            current = lifecycle.copy(partition)
+            for name, fields in transitions:
+                tx.transition(current, name, **{k: v for k, v in fields.items() if v is not None})
+
+        return self._partition_write(work, partition, after, partition.id)
+
+    def inserting(self, partition: Partition) -> Write:
+        return self._partition_write(lambda tx: tx.add_partition(partition), None, partition, partition.id)
+
+    def moving(self, partition: Partition, fields: dict) -> Write:
+        """A partition's 'relocate' to new IPUs; its old IPUs stay taken (`unlinger`)."""
+        write = self.transit(partition, ("relocate", fields))
+        plain_apply, plain_undo = write.apply, write.undo
+
+        def apply() -> None:
+            self.state.linger(partition)
+            plain_apply()
+
+        def undo() -> None:
+            plain_undo()
+            self.state.unlinger(partition.id)
+
+        write.apply, write.undo = apply, undo
+        return write
+
+    def unlinger(self, partition_id: str) -> None:
+        if self.state.unlinger(partition_id):
+            self._changed = self._queue_dirty = True
+
+    def granting(self, request: WaitingRequest, partition: Partition) -> Write:
+        """A request's grant: it ends, and its partition is recorded, in one transaction."""
+        state = self.state
+
+        def work(tx) -> None:
+            tx.end_request(request, "grant")
+            tx.add_partition(partition)
+
+        def apply() -> None:
+            state.queue.remove(request.partition_id)
+            state.put(partition)
+            self._partitions_changed = self._queue_changed = self._queue_dirty = True
+
+        def undo() -> None:
+            state.drop(partition.id)
+            state.queue.add(request)
+
+        def committed() -> None:
+            self.owners.leave_queue(request.owner)
+
+        return Write(work, apply, undo, committed, result=partition, partition_id=partition.id)
+
+    def ended(self, request: WaitingRequest, ending: VipuError) -> None:
+        """A request that ended without a partition: its clients are told how, for a while."""
+        self.owners.record_ending(request.partition_id, self.id, ending)

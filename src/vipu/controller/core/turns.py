@@ -1,0 +1,471 @@
+"""An allocation owner's turns: its inbox, whose turn it is, how a turn runs operations a step at a
+time, commits their writes together and publishes what is committed (see `owner` for the whole).
+
+`Turns` is the first part of `AllocationOwner`: the parts after it (`steps`, `queueing`,
+`decisions`) fill in what a turn does with a command and with the queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+import typing
+from collections import deque
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from vipu import failpoints
+from vipu.controller.core.agents import AgentCall
+from vipu.controller.core.commands import Command
+from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, Write
+from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
+from vipu.controller.core.state import AllocationState
+from vipu.model.errors import ConcurrentUpdate, Conflict, Unavailable, VipuError
+from vipu.model.queue import WaitingRequest
+
+if TYPE_CHECKING:
+    from vipu.controller.core.owners import Owners
+
+log = logging.getLogger("vipu.controller.core")
+
+INBOX_LIMIT = 1024  # commands waiting for an owner's turn; past that, Unavailable
+OPERATIONS_LIMIT = 512  # operations under way at once in one allocation; past that, Unavailable
+BATCH = 256  # commands taken in one turn
+
+
+class _WriteRefused(Exception):
+    def __init__(self, index: int, error: VipuError):
+        super().__init__(error.message)
+        self.index, self.error = index, error
+
+
+class Turns:
+    def __init__(self, owners: Owners, state: AllocationState):
+        self.owners = owners
+        self.id = state.allocation.id
+        self.state = state
+        self.flows: dict[str, Flow] = {}  # partition id -> the operation holding it
+        self._clears: dict[tuple[str, str], Flow] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
+        self._lock = threading.Lock()  # over the inbox and whose turn it is; never held through a turn
+        self._quiet = threading.Condition(self._lock)  # notified at the end of every turn
+        self._timer = threading.Condition(self._lock)  # the timer thread waits on it for the next thing due
+        self._busy = False  # a thread has the owner's turn
+        self._inbox: deque[Command] = deque()
+        self._answers: deque[tuple[Flow, Any]] = deque()  # agent calls' outcomes
+        self._timer_thread: threading.Thread | None = None
+        self._stopped = ""  # why, once stopped
+        self._in_flight = 0  # batches of agent calls not yet answered
+        self._operations = 0
+        # What one turn does, and what it leaves for the next:
+        self._commands: deque[Command] = deque()
+        self._ready: deque[tuple[Flow, Any, BaseException | None]] = deque()
+        self._staged: list[tuple[Flow, Write]] = []
+        self._launch: list[tuple[Flow, Calls]] = []
+        self._after_pass: list[Flow] = []
+        self._changed = True
+        self._partitions_changed = True
+        self._queue_changed = True
+        self._queue_dirty = True
+        self._pass_due = 0.0  # monotonic; 0: no pass waits to be retried
+        self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
+        heapq.heapify(self._expiries)  # the waiting requests' deadlines, soonest first
+        self._explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
+        self.snapshot = AllocationSnapshot(state.allocation, state.layout)
+
+    # What the later parts of the owner do at a turn's points
+
+    def _decide(self, command: Command) -> None:
+        """Take a command up (`decisions`)."""
+        raise NotImplementedError
+
+    def _expire_due(self) -> None:
+        """End the requests whose deadline passed (`queueing`)."""
+        raise NotImplementedError
+
+    def _queue_matters(self) -> bool:
+        """Whether a pass over the queue has anything to do (`queueing`)."""
+        raise NotImplementedError
+
+    def _queue_pass(self) -> None:
+        """Start what fits in the queue, and tell why the rest waits (`queueing`)."""
+        raise NotImplementedError
+
+    # The inbox, and whose turn it is
+
+    def submit(self, command: Command) -> Command:
+        """Put a command in the inbox and take the owner's turn if it is free (see `_drive`);
+        Unavailable if the owner stopped or its inbox is full."""
+        with self._lock:
+            if self._stopped:
+                raise Unavailable(self._stopped)
+            if len(self._inbox) >= INBOX_LIMIT:
+                raise Unavailable(f"allocation {self.id} has {INBOX_LIMIT} requests waiting for its owner's turn, its limit; "
+                                  "try again shortly")
+            self._inbox.append(command)
+        self._drive()
+        return command
+
+    def _answered(self, flow: Flow, outcomes: Any) -> None:
+        """Agent calls' outcomes, from whichever thread made them: the operation goes on in a turn."""
+        with self._lock:
+            self._in_flight -= 1
+            if self._stopped:
+                return  # a deposed or stopped owner commits nothing of what comes back
+            self._answers.append((flow, outcomes))
+        self._drive()
+
+    def _drive(self) -> None:
+        """Take the owner's turn if nobody has it and there is work, and run turns until none is
+        left. A thread that finds the turn taken leaves its work in the inbox and goes: the one
+        holding the turn takes that too before it lets go (flat combining). So the owner decides
+        one thing at a time, nobody ever waits for its turn, and a lone request is decided on the
+        thread that brought it, without a hand-off."""
+        while True:
+            with self._lock:
+                if self._busy or self._stopped or not self._has_work():
+                    return
+                self._busy = True
+                commands = [self._inbox.popleft() for _ in range(min(BATCH, len(self._inbox)))]
+                answers, self._answers = list(self._answers), deque()
+            try:
+                self._turn(commands, answers)
+            except Exception as error:
+                log.exception("the owner of allocation %s failed a turn", self.id)
+                for command in commands:
+                    command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._quiet.notify_all()
+                    self._timer.notify()
+                    stopped = bool(self._stopped)
+                if stopped:
+                    self._abandon()
+                self._keep_time()
+
+    def _has_work(self) -> bool:
+        """Commands or answers wait, or a timer is due; the caller holds the lock."""
+        if self._inbox or self._answers:
+            return True
+        timer = self._next_timer()
+        return timer is not None and timer <= time.monotonic()
+
+    def _keep_time(self) -> None:
+        """Start the owner's timer thread when something is to happen later (a request's deadline, a
+        pass tried again) and it is not running; it lets go when nothing is."""
+        with self._lock:
+            if self._timer_thread is None and not self._stopped and self._next_timer() is not None:
+                self._timer_thread = threading.Thread(target=self._timers, name=f"owner-{self.id}", daemon=True)
+                self._timer_thread.start()
+
+    def _timers(self) -> None:
+        while True:
+            with self._lock:
+                timer = self._next_timer()
+                if self._stopped or timer is None:
+                    self._timer_thread = None
+                    self._quiet.notify_all()
+                    return
+                if timer > time.monotonic():
+                    self._timer.wait(timer - time.monotonic())
+                    continue
+            self._drive()
+            with self._lock:
+                due = self._next_timer()
+                if due is not None and due <= time.monotonic() and self._busy:
+                    self._timer.wait(0.05)  # a turn holder takes it; look again shortly
+
+    def wake(self) -> None:
+        """A pass over the queue, and its requests' deadlines kept, with no command (a restart's queue)."""
+        with self._lock:
+            self._pass_due = self._pass_due or time.monotonic()
+        self._drive()
+        self._keep_time()
+
+    def stop(self, reason: str) -> None:
+        """Stop deciding at once: commands waiting and operations under way are told `reason`
+        (the latter when the turn under way ends); agent calls in flight finish, and nothing of
+        them is committed."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = reason
+            waiting, self._inbox = list(self._inbox), deque()
+            in_turn = self._busy
+            self._timer.notify_all()
+            self._quiet.notify_all()
+        for command in waiting:
+            command.reply.fail(Unavailable(reason))
+        if not in_turn:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Tell the askers of the operations under way that this owner stopped."""
+        for flow in list({id(f): f for f in self.flows.values()}.values()):
+            if flow.reply is not None:
+                flow.reply.fail(Unavailable(self._stopped))
+
+    def join(self, seconds: float) -> bool:
+        """Wait up to `seconds` for a stopped owner's turn under way and timer to end; whether they have."""
+        deadline = time.monotonic() + seconds
+        with self._quiet:
+            while self._busy or self._timer_thread is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._quiet.wait(remaining)
+            return True
+
+    def wait_quiet(self, seconds: float) -> bool:
+        """Wait up to `seconds` until the owner has nothing to do: no command waiting, no operation
+        under way, no agent call in flight; whether it has come to that."""
+        deadline = time.monotonic() + seconds
+        with self._quiet:
+            while self._inbox or self._answers or self._operations or self._in_flight or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopped:
+                    return False
+                self._quiet.wait(remaining)
+            return True
+
+    @property
+    def in_turn(self) -> bool:
+        """Whether a turn is under way (it may be waiting for its commit)."""
+        return self._busy
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self._stopped)
+
+    def _next_timer(self) -> float | None:
+        """When the owner must act without a command (monotonic): a request's deadline, a retried pass."""
+        timers = []
+        if self._expiries:
+            timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
+        if self._pass_due:
+            timers.append(self._pass_due)
+        return min(timers, default=None)
+
+    def _turn(self, commands: list[Command], answers: list[tuple[Flow, Any]]) -> None:
+        failpoints.hit("owner.turn")
+        for flow, outcomes in answers:
+            self._ready.append((flow, outcomes, None))
+        self._commands.extend(commands)
+        self._expire_due()
+        if self._pass_due and time.monotonic() >= self._pass_due:
+            self._pass_due, self._queue_dirty = 0.0, True
+        passed = False
+        while True:
+            while self._commands or self._ready:
+                while self._commands:
+                    command = self._commands.popleft()
+                    if command.reply.start():
+                        self._handle(command)
+                while self._ready:
+                    flow, value, error = self._ready.popleft()
+                    self._step(flow, value, error)
+            if self._staged:
+                self._commit_staged()
+                self._publish(queue=False)  # what is committed is seen at once, not after the turn's other commits
+                continue
+            if self._queue_dirty and not passed and self._queue_matters():
+                passed = True
+                self._queue_pass()
+                continue
+            if self._after_pass:
+                self._ready.extend((flow, None, None) for flow in self._after_pass)
+                self._after_pass = []
+                continue
+            break
+        if self._queue_dirty and not self._pass_due and self._queue_matters():  # a change came after this turn's pass
+            self._pass_due = time.monotonic()
+        self._queue_dirty = self._queue_dirty and self._queue_matters()
+        self._publish()
+        launch, self._launch = self._launch, []
+        for flow, calls in launch:
+            with self._lock:
+                self._in_flight += 1
+            if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls)):
+                self.owners.calls.start(calls.calls, partial(self._answered, flow))
+
+    def _carry(self, flow: Flow, calls: list[AgentCall]) -> None:
+        """An operation's agent calls, made by the thread waiting for its answer (no turn held):
+        the request's own thread does its network work, as it would without an owner."""
+        self._answered(flow, self.owners.calls.run(calls))
+
+    def _handle(self, command: Command) -> None:
+        try:
+            self._decide(command)
+        except VipuError as refusal:
+            command.reply.fail(refusal)
+        except Exception as error:
+            log.exception("allocation %s: %s failed", self.id, type(command).__name__)
+            command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
+
+    def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow:
+        """Begin an operation, running it to its first step; it holds its partition (and `holds`) until it ends."""
+        if self._operations >= OPERATIONS_LIMIT:
+            raise Unavailable(f"allocation {self.id} has {OPERATIONS_LIMIT} operations under way, its limit; try again shortly")
+        self._operations += 1
+        for partition_id in (flow.partition_id, *holds):
+            if partition_id:
+                self.flows[partition_id] = flow
+        self._changed = True
+        self._step(flow)  # to its first effect now: a write it stages is in the state before the next command is placed
+        return flow
+
+    def _step(self, flow: Flow, value: Any = None, error: BaseException | None = None) -> None:
+        try:
+            effect = flow.body.throw(error) if error is not None else flow.body.send(value)
+        except StopIteration as stop:
+            self._end(flow, result=stop.value)
+        except VipuError as failure:
+            self._end(flow, error=failure)
+        except Exception as failure:
+            log.exception("allocation %s: the %s of %s failed", self.id, flow.doing, flow.partition_id or "the allocation")
+            self._end(flow, error=VipuError(f"the {flow.doing} of {flow.partition_id or 'the allocation'} failed: "
+                                            f"{type(failure).__name__}"))
+        else:
+            self._take(flow, effect)
+
+    def _take(self, flow: Flow, effect: Effect) -> None:
+        if isinstance(effect, Write):
+            effect.apply()
+            self._staged.append((flow, effect))
+        elif isinstance(effect, Calls):
+            self._launch.append((flow, effect))
+        elif isinstance(effect, Join):
+            flow.joined = effect.flows
+            for child in effect.flows:
+                child.parent = flow
+            self._joined(flow)
+        elif isinstance(effect, AfterPass):
+            self._after_pass.append(flow)
+        else:
+            raise TypeError(f"an operation yielded {effect!r}, which is no effect")
+
+    def _joined(self, flow: Flow) -> None:
+        if all(child.ended for child in flow.joined):
+            joined, flow.joined = flow.joined, []
+            self._ready.append((flow, [child.error for child in joined], None))
+
+    def _end(self, flow: Flow, result: Any = None, error: BaseException | None = None) -> None:
+        flow.ended, flow.error = True, error
+        self._operations -= 1
+        for partition_id in [p for p, f in self.flows.items() if f is flow]:
+            del self.flows[partition_id]
+        for pair in [pair for pair, f in self._clears.items() if f is flow]:
+            del self._clears[pair]
+        self._changed = True
+        if flow.reply is not None:
+            if error is None:
+                flow.reply.resolve(result)
+            else:
+                flow.reply.fail(error)
+        elif error is not None and flow.parent is None:
+            log.warning("partition %s: %s", flow.partition_id or self.id, getattr(error, "message", error))
+        self._commands.extend(flow.followers)
+        if flow.parent is not None and flow.parent.joined:
+            self._joined(flow.parent)
+
+    def _commit_staged(self) -> None:
+        """Commit the writes staged by this turn's steps together; take back those the store
+        refused (another writer's change to a row is read again, that row alone), then resume
+        each operation with its outcome."""
+        staged, self._staged = self._staged, []
+        errors = self._commit([write for _, write in staged])
+        for (_, write), error in reversed(list(zip(staged, errors, strict=True))):
+            if error is not None:
+                write.undo()
+        for (flow, write), error in zip(staged, errors, strict=True):
+            if error is None:
+                write.committed()
+                self._ready.append((flow, write.result, None))
+            else:
+                if write.partition_id and isinstance(error, Conflict) and not isinstance(error, ConcurrentUpdate):
+                    self._reread(write.partition_id)
+                self._ready.append((flow, None, error))
+        self._changed = True
+
+    def _commit(self, writes: list[Write]) -> list[VipuError | None]:
+        """Each write's refusal, or None: all are committed together but those the store refuses
+        alone, which are left out of the commit tried again."""
+        errors: list[VipuError | None] = [None] * len(writes)
+        remaining = list(range(len(writes)))
+        while remaining:
+            def work(tx, batch=tuple(remaining)) -> None:
+                for index in batch:
+                    try:
+                        writes[index].work(tx)
+                    except VipuError as error:
+                        raise _WriteRefused(index, error) from error
+
+            try:
+                self.owners.store.write(work)
+                return errors
+            except _WriteRefused as refused:
+                errors[refused.index] = refused.error
+                remaining.remove(refused.index)
+            except VipuError as error:  # the commit itself failed: all of it
+                for index in remaining:
+                    errors[index] = error
+                return errors
+            except Exception as error:
+                log.exception("allocation %s: a commit failed", self.id)
+                for index in remaining:
+                    errors[index] = Unavailable(f"the store could not record the change: {type(error).__name__}")
+                return errors
+        return errors
+
+    def _reread(self, partition_id: str) -> None:
+        """Another writer (another replica, an operator's SQL) changed a partition this owner thought
+        it alone wrote: take its row as the store has it, and nothing else."""
+        try:
+            with self.owners.store.reading() as tx:
+                current = tx.get_partition(partition_id)
+        except VipuError as error:
+            log.warning("partition %s: could not read it again: %s", partition_id, error.message)
+            return
+        if current is None:
+            if self.state.drop(partition_id) is not None:
+                self.owners.release_id(partition_id, self.id)
+        elif current.allocation_id == self.id:
+            self.state.put(current)
+        self._partitions_changed = self._changed = self._queue_dirty = True
+
+    def _publish(self, queue: bool = True) -> None:
+        """The state as committed, for every reader: a new snapshot, replacing the last at once.
+        The queue's part (a copy of every waiting request) is made again only at the end of a turn
+        (`queue`), once its pass has told why each waits: ten thousand waiting then cost a turn one
+        copy, not one per commit."""
+        if not self._changed:
+            return
+        state = self.state
+        queue_view = self.snapshot.queue
+        if queue and self._queue_changed:
+            explained = self._explained
+            queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
+                                   first=state.queue.first(), waiting_ipus=state.queue.weight, held=explained.held,
+                                   first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
+                                   every=explained.every)
+            self._queue_changed = False
+        used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
+        for agent in state.touched:
+            indices = state.used.get(agent)
+            if indices:
+                used[agent] = frozenset(indices)
+            else:
+                used.pop(agent, None)
+        state.touched.clear()
+        self.snapshot = AllocationSnapshot(
+            state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
+            used=used, lingering=dict(state.lingering),
+            busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
+            down=frozenset(state.down), test=state.test, closing=state.closing)
+        partitions_changed = self._partitions_changed
+        self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
+        self.owners.published(self, partitions_changed)
