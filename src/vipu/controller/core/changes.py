@@ -2,10 +2,10 @@
 
 vipu-web redraws a page when something it shows has changed. Rather than have it poll every
 list, the controller publishes each change here once it is visible to readers (a partition's
-once the ledger has it, the configuration's, users' and cluster tests' once committed), and the
-`WatchChanges` stream tells each watcher the topics changed since it last heard, as far as it
-may see them: a user hears of the partitions of their own allocations, of the configuration and
-of users (which decide what they see), never of cluster tests.
+once its owner publishes the commit, the configuration's, users' and cluster tests' once
+committed), and the `WatchChanges` stream tells each watcher the topics changed since it last
+heard, as far as it may see them: a user hears of the partitions of their own allocations, of
+the configuration and of users (which decide what they see), never of cluster tests.
 
 A watcher holds one of the end-point's threads while it waits, so watchers have a bounded number
 of places (`MAX_WATCHERS`), of which one user of secure mode holds at most `MAX_WATCHERS_PER_USER`
