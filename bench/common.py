@@ -120,7 +120,8 @@ def _cpu_model() -> str:
 
 
 def git_revision() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    """The revision measured, marked `-dirty` when the files differ from it (a copy of a working tree)."""
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=Path(__file__).parent)
     return done.stdout.strip()
 
 

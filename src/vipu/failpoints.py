@@ -24,6 +24,7 @@ The points:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -31,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 
 from vipu.model.errors import InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
 
 VARIABLE = "VIPU_FAILPOINTS"
 PAUSE_SECONDS = 60.0  # a paused point goes on by itself after this: no wait without a deadline
@@ -121,5 +124,7 @@ def hit(name: str) -> None:
 def arm_from_environment() -> None:
     """Arm what VIPU_FAILPOINTS names (nothing when it is unset, as in every deployment)."""
     points = parse(os.environ.get(VARIABLE, ""))
+    if points:
+        log.warning("failpoints armed by %s, for tests only: %s", VARIABLE, ", ".join(sorted(points)))
     with _lock:
         _armed.update(points)

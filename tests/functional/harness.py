@@ -411,6 +411,12 @@ class Pod:
     def user(self, *args: str, config: Path | None = None) -> Result:
         return self._run("vipu", self.user_port, args, config)
 
+    def logged(self, text: str, timeout: float = 10.0) -> str:
+        """The controller's log once `text` is in it: its lines are written a moment after they are logged."""
+        log = self.directory / "server.log"
+        wait_until(lambda: text in log.read_text(), timeout=timeout, what=f"{text!r} in the controller's log")
+        return log.read_text()
+
     def snapshot(self) -> dict:
         """Everything the controller knows and every agent holds, to compare before and after."""
         api, request = self.admin_api, admin_pb2.ListRequest()

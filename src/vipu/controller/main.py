@@ -57,6 +57,13 @@ class _LogWriter:
         self._records.put(self._STOP)
         self._thread.join(5.0)
 
+    def flush(self, seconds: float) -> None:
+        """Wait up to `seconds` until the lines logged so far are written: what the controller
+        prints itself (that it is ready) then comes after them."""
+        written = threading.Event()
+        self._records.put(written)
+        written.wait(seconds)
+
     def _write(self) -> None:
         while True:
             batch = [self._records.get()]
@@ -69,7 +76,10 @@ class _LogWriter:
             for record in batch:
                 if record is self._STOP:
                     return
-                self._handler.handle(record)
+                if isinstance(record, threading.Event):
+                    record.set()
+                else:
+                    self._handler.handle(record)
 
 
 class _SecondsFormatter(logging.Formatter):
@@ -99,7 +109,7 @@ class _QueueHandler(logging.handlers.QueueHandler):
         return prepared
 
 
-def log_off_the_request_path(level: str) -> None:
+def log_off_the_request_path(level: str) -> _LogWriter:
     """Log lines go through a queue to a thread of their own that writes them, so that no request
     waits for standard error; the thread writes what is left when the process exits."""
     records: queue.SimpleQueue = queue.SimpleQueue()
@@ -111,6 +121,7 @@ def log_off_the_request_path(level: str) -> None:
     root.addHandler(_QueueHandler(records))
     writer.start()
     atexit.register(writer.stop)
+    return writer
 
 
 DEFAULT_DATA_DIR = Path("~/.local/share/vipu")
@@ -255,7 +266,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
-    log_off_the_request_path(log_level.upper())
+    log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
     db_url = db_url or str(data_dir / "vipu.db")
     stopping = Stopping()
@@ -325,6 +336,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         log.info("secure mode: mutual TLS with the certificates in %s, and users with access keys", tls_dir)
     else:
         log.warning("open mode: no TLS and no authentication; anyone who reaches the end-points may use them")
+    log_writer.flush(1.0)
     click.echo(
         f"vipu-server {__version__} ready: user end-point {config.listen_address}:{config.port}, "
         f"admin end-point {config.admin_listen_address}:{config.admin_port}, store {controller.store.describe()}",

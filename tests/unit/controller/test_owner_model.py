@@ -188,7 +188,7 @@ class OwnerMachine(RuleBasedStateMachine):
 
     @rule()
     def health_pass(self):
-        self._run("health", "", lambda: self.pod.reconciler.check_all(seconds=SETTLE_SECONDS))
+        self._run("health", "", lambda: self.pod.health.check_all(seconds=SETTLE_SECONDS))
 
     @precondition(lambda self: not self.claimed)
     @rule()
@@ -223,8 +223,8 @@ class OwnerMachine(RuleBasedStateMachine):
             self.release_the_test()
             self.under_way.pop()[2].result(timeout=SETTLE_SECONDS)
         self.pod.gateway.unreachable.clear()
-        self.pod.reconciler.check_all(seconds=SETTLE_SECONDS)
-        self.pod.reconciler.check_all(seconds=SETTLE_SECONDS)  # the first resets what the returning agents' loss failed
+        self.pod.health.check_all(seconds=SETTLE_SECONDS)
+        self.pod.health.check_all(seconds=SETTLE_SECONDS)  # the first resets what the returning agents' loss failed
         assert self.pod.owners.wait_quiet(SETTLE_SECONDS), "the owner is still busy"
         snapshot = self.owner().snapshot
         for what, name, outcome in self.answered:

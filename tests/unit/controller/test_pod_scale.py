@@ -3,7 +3,7 @@ anything else without a deadline.
 
 256 real simulated machines reached in memory, each answering every call in 20 ms (a test double
 of the agents' network only). Large creates hold many agents at once while a health pass wants
-each of them alone: before the ledger work this hung, creates and pass together.
+each of them alone: before allocations had owners this hung, creates and pass together.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def large_pod(tmp_path, store_url):
 
 
 def test_a_health_pass_and_four_large_creates_all_end_none_hanging(large_pod):
-    partitions, reconciler = large_pod
+    partitions, health = large_pod
     outcomes: dict[str, object] = {}
 
     def run(name, work):
@@ -67,7 +67,7 @@ def test_a_health_pass_and_four_large_creates_all_end_none_hanging(large_pod):
         except VipuError as error:
             outcomes[name] = error
 
-    threads = [threading.Thread(target=run, args=("health pass", reconciler.check_all), daemon=True)]
+    threads = [threading.Thread(target=run, args=("health pass", health.check_all), daemon=True)]
     threads += [threading.Thread(target=run, args=(f"p{n}", lambda n=n: partitions.create(PartitionRequest(f"p{n}", 64))),
                                  daemon=True) for n in range(4)]
     started = time.monotonic()

@@ -111,11 +111,11 @@ def test_random_operations_and_agent_failures_keep_every_promise(pod):
         check(pod, clients, where)
         # A pass checks agents side by side: one may agree with a partition that the check of a
         # lost agent puts in ERROR a moment later. The next pass clears it there.
-        pod.reconciler.check_all()
-        pod.reconciler.check_all()
+        pod.health.check_all()
+        pod.health.check_all()
         check(pod, clients, where)
         check_machines(pod, where)
     pod.gateway.unreachable.clear()
-    pod.reconciler.check_all()
-    pod.reconciler.check_all()  # the first pass resets what the returning agents' loss had failed
+    pod.health.check_all()
+    pod.health.check_all()  # the first pass resets what the returning agents' loss had failed
     check_machines(pod, f"seed {seed}, at the end")

@@ -62,7 +62,7 @@ def test_a_relocatable_partition_whose_agent_goes_down_moves_at_the_next_health_
     pod.partitions.create(PartitionRequest("p1", 8, relocatable=True))  # ag1-ag2
     pod.partitions.create(PartitionRequest("plain", 4))  # ag3, not relocatable
     pod.gateway.unreachable.add(pod.address("ag2"))
-    pod.reconciler.check_all()
+    pod.health.check_all()
     partition = pod.partitions.get("p1")
     assert (partition.ready_state, partition.operation_state) == (ReadyState.ACTIVE, OperationState.IDLE)
     assert "ag2" not in partition.agent_ids and partition.auto_reset_count == 1
@@ -70,15 +70,15 @@ def test_a_relocatable_partition_whose_agent_goes_down_moves_at_the_next_health_
     assert (source, why) == ("ag1-ag2", "agent ag2 is down: unreachable (connection refused)")
     assert target == "-".join(partition.agent_ids[::len(partition.agent_ids) - 1])
     assert pod.held_anywhere("p1") == sorted(["ag2", *partition.agent_ids])  # ag2, away, still holds the old settings
-    pod.gateway.unreachable.clear()  # it returns: the reconciler clears them
-    pod.reconciler.check_all()
+    pod.gateway.unreachable.clear()  # it returns: the health pass clears them
+    pod.health.check_all()
     assert pod.held_anywhere("p1") == partition.agent_ids and pod.partitions.get("p1").agent_ids == partition.agent_ids
 
 
 def test_a_partition_not_relocatable_keeps_its_ipus_and_waits_for_its_machine(pod):
     pod.partitions.create(PartitionRequest("p1", 4))
     pod.gateway.unreachable.add(pod.address("ag1"))
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").agent_ids) == (ReadyState.ERROR, ["ag1"])
     assert pod.partitions.get("p1").relocation == ""
 
@@ -97,13 +97,13 @@ def test_a_relocatable_partition_with_no_room_elsewhere_stays_in_error_until_the
     pod.partitions.create(PartitionRequest("mid", 8, explicit_ipus=tuple((0, 8 + i) for i in range(8)), cluster_id="cl0"))
     pod.partitions.create(PartitionRequest("one", 4))  # ag2
     pod.gateway.unreachable.add(pod.address("ag1"))
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
     with pytest.raises(NoRoom, match=r"^no free 4-IPU run in allocation a1 without ag1: all 28 of its IPUs are in use; "
                                      r"it fits when mid, one or rest is removed$"):
         pod.partitions.relocate("p1")
     pod.partitions.remove("one")
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").agent_ids) == (ReadyState.ACTIVE, ["ag2"])
 
 
@@ -112,7 +112,7 @@ def test_automatic_moves_stop_when_the_automatic_reset_retries_are_spent(pod):
     for attempt in range(1, MAX_AUTO_RESETS + 2):
         where = pod.partitions.get("p1").agent_ids[0]
         pod.gateway.unreachable = {pod.address(where)}
-        pod.reconciler.check_all()
+        pod.health.check_all()
         partition = pod.partitions.get("p1")
         if attempt <= MAX_AUTO_RESETS:
             assert (partition.ready_state, partition.auto_reset_count) == (ReadyState.ACTIVE, attempt)
@@ -129,7 +129,7 @@ def test_the_published_reset_with_relocatable_moves_only_a_partition_that_machin
     assert (healthy.ready_state, healthy.agent_ids, healthy.relocation) == (ReadyState.ACTIVE, ["ag1"], "")
     assert pod.held_anywhere("p1") == ["ag1"]
     pod.gateway.unreachable.add(pod.address("ag1"))
-    pod.reconciler.check_all()  # not relocatable: it waits in ERROR for its machine
+    pod.health.check_all()  # not relocatable: it waits in ERROR for its machine
     pod.partitions.remove("p2")
     moved_off = pod.partitions.relocate("p1", only_off_failed=True)
     assert (moved_off.ready_state, moved_off.agent_ids) == (ReadyState.ACTIVE, ["ag2"])
@@ -158,7 +158,7 @@ def test_a_move_keeps_the_old_ipus_taken_until_its_old_machine_is_cleared(pod):
 def test_a_partition_never_moves_to_a_machine_that_is_down(pod):
     pod.partitions.create(PartitionRequest("p1", 4))  # ag1
     pod.gateway.unreachable.add(pod.address("ag2"))
-    pod.reconciler.check_all()  # ag2 is down; p1 is not on it
+    pod.health.check_all()  # ag2 is down; p1 is not on it
     assert pod.partitions.relocate("p1").agent_ids == ["ag3"]
     assert moved(pod, "p1")[:2] == ("ag1", "ag3")
 

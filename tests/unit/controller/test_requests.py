@@ -372,7 +372,7 @@ def test_a_client_giving_up_a_request_that_started_meanwhile_removes_its_partiti
 def test_nothing_starts_on_or_is_held_on_a_machine_that_is_down(pod, queued):
     pod.partitions.create(PartitionRequest("full", 32))
     pod.gateway.unreachable.add(pod.address("ag1"))
-    pod.reconciler.check_all()  # ag1 is down, full in ERROR
+    pod.health.check_all()  # ag1 is down, full in ERROR
     queue_up(queued, "r", 16)
     held_on = {agent for agent, _ in queue_of(pod).held}
     assert len(held_on) == 4 and "ag1" not in held_on, held_on
@@ -486,7 +486,7 @@ def test_capacity_says_which_free_ipus_are_on_machines_down_and_which_are_held_f
     pod.partitions.create(PartitionRequest("p", 4, explicit_ipus=tuple((0, 4 + i) for i in range(4)), cluster_id="cl0"))  # ag2
     pod.partitions.create(PartitionRequest("rest", 16, explicit_ipus=tuple((0, 16 + i) for i in range(16)), cluster_id="cl0"))
     pod.gateway.unreachable.add(pod.address("ag1"))
-    pod.reconciler.check_all()  # ag1, free, is down
+    pod.health.check_all()  # ag1, free, is down
     assert isinstance(pod.requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
     room = pod.partitions.capacity()[0]
     assert (room.free_ipus, room.down_ipus, room.held_ipus, room.held_for) == (12, 4, 8, "big")

@@ -117,7 +117,7 @@ class Pod:
         self.services = services = ControllerServices(self.store, self.gateway, workers=8)
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
-        self.clustertests, self.reconciler = services.clustertests, services.health
+        self.clustertests, self.health = services.clustertests, services.health
         self.store.own()  # as a serving controller does: the only writer, trusting its own configuration cache
         self.owners.load()
         for n, machine in enumerate(self.rack.machines, start=1):
@@ -209,27 +209,27 @@ def test_removal_refuses_to_forget_configuration_it_cannot_clear_unless_forced(p
     pod.partitions.remove("p1", force=True)
     pod.gateway.unreachable.clear()
     assert pod.held("ag1") == {"p1"}
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert pod.held("ag1") == set()
 
 
-def test_the_reconciler_reapplies_lost_configuration_and_clears_unknown_configuration(pod):
+def test_the_health_pass_reapplies_lost_configuration_and_clears_unknown_configuration(pod):
     pod.partitions.create(PartitionRequest("p1", 8))
     pod.gateway.restart(*pod.address("ag2"))
     stray = pod.gateway.machines[pod.address("ag5")]
     stray.apply(settings("ghost"))
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert pod.held("ag2") == {"p1"}
     assert pod.held("ag5") == set()
 
 
-def test_the_reconciler_marks_agents_down_and_up_again(pod):
+def test_the_health_pass_marks_agents_down_and_up_again(pod):
     pod.gateway.unreachable.add(pod.address("ag3"))
-    pod.reconciler.check_all()
+    pod.health.check_all()
     view = pod.agents.get("ag3")
     assert (view.agent.status, view.agent.last_error) == (AgentStatus.DOWN, "unreachable (connection refused)")
     pod.gateway.unreachable.clear()
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert pod.agents.get("ag3").agent.status is AgentStatus.UP
 
 
@@ -245,7 +245,7 @@ def test_interrupted_operations_are_finished_after_a_restart(pod):
         tx.transition(removing, "remove")
         tx.add_partition(dataclasses.replace(placed, ready_state=ReadyState.PENDING, operation_state=OperationState.CREATING))
     pod.gateway.restart(*pod.address(created.agent_ids[0]))
-    pod.reconciler.recover()
+    pod.health.recover()
     assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE
     assert pod.held_anywhere("p1") == created.agent_ids
     with pytest.raises(NotFound):
@@ -262,7 +262,7 @@ def test_a_health_pass_leaves_an_operation_under_way_alone_and_finishes_one_nobo
         with ThreadPoolExecutor(1) as pool:
             resetting = pool.submit(pod.partitions.reset, "p1")
             assert clearing.reached.wait(10)
-            pod.reconciler.check_all()  # its operation owns it: the pass leaves it alone
+            pod.health.check_all()  # its operation owns it: the pass leaves it alone
             assert pod.partitions.get("p1").operation_state is OperationState.RESETTING
             clearing.released.set()
             assert resetting.result(10).ready_state is ReadyState.ACTIVE
@@ -431,13 +431,13 @@ def test_partitions_of_a_lost_agent_are_reset_when_it_returns_as_often_as_their_
     pod.partitions.create(PartitionRequest("p1", 8))  # on ag1 and ag2
     for attempt in range(1, MAX_AUTO_RESETS + 2):
         pod.gateway.unreachable.add(pod.address("ag2"))
-        pod.reconciler.check_all()
+        pod.health.check_all()
         lost = pod.partitions.get("p1")
         assert (lost.ready_state, lost.errors) == (ReadyState.ERROR, ["agent ag2 is down: unreachable (connection refused)"])
-        pod.reconciler.check_all()  # still away: nothing to reset yet
+        pod.health.check_all()  # still away: nothing to reset yet
         pod.gateway.unreachable.clear()
         pod.gateway.restart(*pod.address("ag2"))  # it comes back with nothing configured
-        pod.reconciler.check_all()
+        pod.health.check_all()
         back = pod.partitions.get("p1")
         if attempt <= MAX_AUTO_RESETS:
             assert (back.ready_state, back.auto_reset_count) == (ReadyState.ACTIVE, attempt)
@@ -451,13 +451,13 @@ def test_a_partition_in_error_for_a_hardware_fault_is_not_reset_automatically(po
     pod.fault("m01", "IPU-Link training failed on IPU 3")
     with pytest.raises(HardwareFailure):
         pod.partitions.create(PartitionRequest("p1", 4), keep_on_error=True)
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert (pod.partitions.get("p1").ready_state, pod.partitions.get("p1").auto_reset_count) == (ReadyState.ERROR, 0)
 
 
-def test_a_transition_the_store_refuses_brings_the_ledger_up_to_date(pod):
+def test_a_transition_the_store_refuses_is_read_again_from_the_store(pod):
     created = pod.partitions.create(PartitionRequest("p1", 4))
-    with pod.store.transaction() as tx:  # a change the ledger never saw (say, a deposed leader's)
+    with pod.store.transaction() as tx:  # a change its owner never saw (say, a deposed leader's)
         tx.transition(created, "remove")
     with pytest.raises(Conflict, match="partition p1 is ACTIVE/REMOVING, not ACTIVE/IDLE as 'reset' expected"):
         pod.partitions.reset("p1")

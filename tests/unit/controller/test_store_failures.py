@@ -46,7 +46,7 @@ def test_a_create_whose_last_write_fails_is_unavailable_and_completed_by_the_nex
         pod.partitions.create(PartitionRequest("p1", 8))
     assert failed.hits == 1
     assert state(pod, "p1") == (ReadyState.PENDING, OperationState.CREATING)
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.IDLE)
     assert pod.held_anywhere("p1") == ["ag1", "ag2"]
 
@@ -65,7 +65,7 @@ def test_a_reset_whose_last_write_fails_is_completed_by_the_next_pass(pod):
     with failing("configured"), pytest.raises(Unavailable, match=DISK_FULL):
         pod.partitions.reset("p1")
     assert state(pod, "p1") == (ReadyState.PENDING, OperationState.RESETTING)
-    pod.reconciler.check_all()
+    pod.health.check_all()
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.IDLE)
     assert pod.held_anywhere("p1") == ["ag1", "ag2"]
 
@@ -76,7 +76,7 @@ def test_a_remove_whose_last_write_fails_is_completed_by_the_next_pass(pod):
         pod.partitions.remove("p1")
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.REMOVING)
     assert pod.held_anywhere("p1") == []  # cleared already: the store still says where it was
-    pod.reconciler.check_all()
+    pod.health.check_all()
     with pytest.raises(NotFound):
         pod.partitions.get("p1")
     assert pod.partitions.create(PartitionRequest("p2", 8)).agent_ids == ["ag1", "ag2"]
@@ -96,5 +96,5 @@ def test_a_failing_agent_and_a_failing_store_together_leave_nothing_stuck(pod):
         pod.partitions.create(PartitionRequest("p1", 8))  # cannot even forget the failed partition
     assert pod.held_anywhere("p1") == []
     pod.heal()
-    pod.reconciler.check_all()  # the interrupted create is tried again, and now succeeds
+    pod.health.check_all()  # the interrupted create is tried again, and now succeeds
     assert state(pod, "p1") == (ReadyState.ACTIVE, OperationState.IDLE)

@@ -13,6 +13,8 @@ their outcomes come back to the owner as the operation's next step. Failpoints `
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import typing
 from collections.abc import Callable, Sequence
@@ -25,6 +27,8 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Unavailable, VipuError
+
+log = logging.getLogger("vipu.controller.core")
 
 Outcomes = list[VipuError | None]  # each call's error, or None where it succeeded, in order
 
@@ -87,6 +91,9 @@ def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
             gateway.apply(call.host, call.port, call.settings)
     except VipuError as error:
         return error
+    except Exception as error:  # a fault of ours, not the agent's: the operation must still hear an outcome
+        log.exception("a call to agent %s failed", call.agent_id)
+        return Unavailable(f"the call to agent {call.agent_id} failed: {type(error).__name__}")
     return None
 
 
@@ -139,11 +146,21 @@ class AgentCalls:
             return [Unavailable("this vipu-server is stopping") for _ in calls]
         if not failpoints.armed("agent."):
             first = calls[0]
-            if all(c.settings is None and c.partition_id == first.partition_id for c in calls):
-                return self.gateway.clear_all([(c.host, c.port) for c in calls], first.partition_id)
-            if all(c.settings is not None for c in calls):
-                return self.gateway.apply_all([(c.host, c.port, typing.cast(AgentSettings, c.settings)) for c in calls])
+            try:
+                if all(c.settings is None and c.partition_id == first.partition_id for c in calls):
+                    return self.gateway.clear_all([(c.host, c.port) for c in calls], first.partition_id)
+                if all(c.settings is not None for c in calls):
+                    return self.gateway.apply_all([(c.host, c.port, typing.cast(AgentSettings, c.settings)) for c in calls])
+            except Exception as error:  # a fault of ours, not the agents' (which come back as outcomes)
+                log.exception("calls to agents %s failed", ", ".join(c.agent_id for c in calls))
+                return [Unavailable(f"the call to agent {c.agent_id} failed: {type(error).__name__}") for c in calls]
         return [_one(self.gateway, call) for call in calls]
+
+    def hand_off(self, work: Callable[[], None]) -> None:
+        """Run an owner's `work` (turns left by a thread that has its own answer) on the pool; not
+        once it is stopping."""
+        with contextlib.suppress(RuntimeError):  # the pool was shut down meanwhile: owners are stopping too
+            self._pool.submit(work)
 
     def _call(self, gathered: _Gathered, position: int, call: AgentCall) -> None:
         gathered.add(position, _one(self.gateway, call))

@@ -83,6 +83,11 @@ class Reply:
     def done(self) -> bool:
         return self._state == _DONE
 
+    @property
+    def answered(self) -> bool:
+        """Whether its waiting thread has something to take: the outcome, or work to carry."""
+        return self._state == _DONE or bool(self._carried)
+
     def outcome(self) -> Any:
         """The result, or the error raised; only once done."""
         if self._error is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from vipu.controller.core import flows
 from vipu.controller.core.commands import (
@@ -26,13 +26,9 @@ from vipu.controller.core.effects import Body, Flow, Join, Write
 from vipu.controller.core.placing import LOST, due_for_relocation, due_for_reset, partition_of, place_request
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
-from vipu.model.configuration import agent_settings
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.placement import Occupancy
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -65,6 +61,9 @@ class Decisions(QueueKeeping):
             raise Conflict(f"partition {partition.id} is busy ({partition.operation_state.value.lower()})")
 
     def _refuse_if_tested(self) -> None:
+        """Refused while a disruptive test holds the machines, or the allocation is being removed."""
+        if self.state.closing:
+            raise Conflict(f"allocation {self.id} is being removed")
         if self.state.test:
             raise Conflict(f"{self.state.test} is under test; no partition is configured in it until the test ends")
 
@@ -144,7 +143,7 @@ class Decisions(QueueKeeping):
         """A disruptive test's claim: the partitions in its way (settled ERROR ones are configured
         nowhere), or none and the machines are its own."""
         in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
-                            | {partition_id for partition_id, flow in self.flows.items() if not flow.system})
+                            | set(self.flows))
         if not in_the_way:
             self.state.test = command.test
             self._changed = self._queue_dirty = True
@@ -180,12 +179,11 @@ class Decisions(QueueKeeping):
             here = {p.id: p for p in state.on_agent(agent_id)}
             stray = [partition_id for partition_id in held if partition_id not in self.flows and (
                 partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
-            serials = {a.id: a.inventory.serial for a in self.agents().values()}
             lost = []
             for partition in here.values():
                 if partition.id in self.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
                     continue
-                wanted = agent_settings(partition, state.layout, serials)[agent_id]
+                wanted = self.settings_of(partition, self.agents_of(partition))[agent_id]
                 if held.get(partition.id) != wanted:
                     lost.append((partition, wanted))
             if stray or lost:
@@ -233,6 +231,8 @@ class Decisions(QueueKeeping):
         self._answer_when_done(command, children)
 
     def _close(self, command: CloseAllocation) -> None:
+        if self.state.closing:
+            raise Conflict(f"allocation {self.id} is being removed")
         partitions = sorted(self.state.partitions)
         if partitions and not command.force:
             raise Conflict(f"allocation {self.id} holds {len(partitions)} partition(s) ({', '.join(partitions)}); "
@@ -242,24 +242,27 @@ class Decisions(QueueKeeping):
         self.start(Flow("closing", self._closing(), command.reply))
 
     def _closing(self) -> Body:
+        """Wait for every operation under way, cancel the waiting requests, remove every partition
+        (forced), then delete the allocation; new creates and moves are refused meanwhile."""
         removed = []
         try:
+            while others := [flow for flow in self.under_way if flow.doing != "closing"]:
+                yield Join(others)
             for request in list(self.state.queue):
                 ending = Conflict(f"the request of partition {request.partition_id} was cancelled: allocation {self.id} is removed")
                 yield from self._ending(request, "cancel", ending)
                 removed.append(f"request of partition {request.partition_id}")
-            under_way = list({id(f): f for f in self.flows.values()}.values())
-            if under_way:
-                yield Join(under_way)
-            children = [self.start(Flow("removing", flows.remove(self, partition, force=True), partition_id=partition.id))
-                        for partition in list(self.state.partitions.values())]
-            errors = yield Join(children)
-            failed = next((error for error in errors if error is not None), None)
-            if failed is not None:
-                raise failed
-            removed += [f"partition {child.partition_id}" for child in children]
+            while self.state.partitions:
+                children = [self.start(Flow("removing", flows.remove(self, partition, force=True), partition_id=partition.id))
+                            for partition in list(self.state.partitions.values()) if partition.id not in self.flows]
+                others = [flow for flow in self.under_way if flow.doing != "closing" and flow not in children]
+                errors = yield Join(children + others)
+                failed = next((error for error in errors[:len(children)] if error is not None), None)
+                if failed is not None:
+                    raise failed
+                removed += [f"partition {child.partition_id}" for child in children]
             yield Write(lambda tx: tx.delete_allocation(self.id))
-        except BaseException:
+        except Exception:
             self.state.closing = False
             self._changed = True
             raise

@@ -8,7 +8,7 @@ Each is the sequence the life cycle (`vipu.model.lifecycle`) prescribes, written
   its creator asked. A relocatable partition moves off the machines that failed it instead.
 - reset: commit (PENDING, RESETTING), clear, apply, commit (ACTIVE, IDLE); ERROR if an agent fails.
 - remove: commit REMOVING, clear, commit its removal; one an agent could not clear goes to ERROR,
-  unless forced (then it is forgotten, and the reconciler clears the agent when it answers).
+  unless forced (then it is forgotten, and the health pass clears the agent when it answers).
 - relocate: commit the move to new IPUs with its 'relocate' (its old IPUs stay taken until its
   old machines are cleared), clear the old machines that answer, configure the new ones.
 - finish: complete what an interrupted operation left (after a restart, or a failed last write).
@@ -166,7 +166,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     and are kept off while other room is left. NoRoom if the allocation has no room for it
     elsewhere; the configuration's failure (the partition then in ERROR on its new IPUs) if that
     fails. Its old IPUs stay taken until its reachable old machines are cleared, so that nothing is
-    placed on settings still there; an old machine that is down is cleared by the reconciler
+    placed on settings still there; an old machine that is down is cleared by the health pass
     when it answers again."""
     state = owner.state
     first = state.queue.first()
@@ -185,7 +185,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     try:
         reachable = [agent for agent in owner.agents_of(before) if agent.status is AgentStatus.UP and agent.id not in state.down]
         for agent_id, error in _failures(reachable, (yield owner.clearing(partition.id, reachable))).items():
-            log.warning("partition %s moved; agent %s still holds its old settings until the reconciler clears them: %s",
+            log.warning("partition %s moved; agent %s still holds its old settings until the health pass clears them: %s",
                         partition.id, agent_id, error.message)
     finally:
         owner.unlinger(partition.id)
@@ -235,9 +235,15 @@ def finish(owner: Steps, partition: Partition) -> Body:
 
 
 def mark_lost(owner: Steps, partition: Partition, reason: str) -> Body:
-    """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to ERROR with the reason."""
+    """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to ERROR
+    with the reason, and is cleared from its agents that answer: an ERROR partition is configured
+    nowhere (so a disruptive test may then take its machines)."""
     yield owner.transit(partition, ("lost", {"errors": [reason]}))
     log.warning("partition %s goes to ERROR: %s", partition.id, reason)
+    answering = [agent for agent in owner.agents_of(partition) if agent.id not in owner.state.down]
+    if answering:
+        for agent_id, error in _failures(answering, (yield owner.clearing(partition.id, answering))).items():
+            log.warning("partition %s: could not clear it from agent %s: %s", partition.id, agent_id, error.message)
 
 
 def reconcile(owner: Steps, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:

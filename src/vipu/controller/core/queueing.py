@@ -9,7 +9,7 @@ import heapq
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vipu.controller.core import flows
 from vipu.controller.core.commands import CreatePartition
@@ -17,12 +17,10 @@ from vipu.controller.core.effects import AfterPass, Body, Flow, Write
 from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
+from vipu.controller.core.turns import OPERATIONS_LIMIT
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
 from vipu.model.queue import WaitingRequest, admit, shape_of
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -91,16 +89,35 @@ class QueueKeeping(Steps):
         log.info("partition %s: %s", request.partition_id, ending.message)
 
     def _expire_due(self) -> None:
+        """End the requests whose deadline has passed. One whose end the store refused, or that
+        finds the owner at its limit of operations, is tried again RETRY_SECONDS later."""
+        if len(self._expiries) > 2 * len(self.state.queue) + 64:  # most are of requests granted or cancelled since
+            self._expiries = [(r.deadline, r.sequence, r.partition_id) for r in self.state.queue]
+            heapq.heapify(self._expiries)
         now = datetime.now(UTC)
         while self._expiries and self._expiries[0][0] <= now:
             _, sequence, partition_id = heapq.heappop(self._expiries)
             request = self.state.queue.get(partition_id)
-            if request is None or request.sequence != sequence or partition_id in self.flows:
+            if request is None or request.sequence != sequence:
+                continue
+            if partition_id in self.flows or len(self.under_way) >= OPERATIONS_LIMIT:
+                self._expire_later(request)
                 continue
             waited = (request.deadline - request.since).total_seconds()
             reason = self.waiting(partition_id)
             ending = NoRoom(f"no room for partition {partition_id} after waiting {waited:g} s: {reason.reason if reason else ''}")
-            self.start(Flow("expiring", self._ending(request, "expire", ending), partition_id=partition_id))
+            self.start(Flow("expiring", self._expiring(request, ending), partition_id=partition_id))
+
+    def _expiring(self, request: WaitingRequest, ending: VipuError) -> Body:
+        try:
+            yield from self._ending(request, "expire", ending)
+        except VipuError as refused:
+            log.warning("partition %s: its request could not be ended at its deadline: %s", request.partition_id, refused.message)
+            self._expire_later(request)
+
+    def _expire_later(self, request: WaitingRequest) -> None:
+        retry = datetime.now(UTC) + timedelta(seconds=RETRY_SECONDS)
+        heapq.heappush(self._expiries, (retry, request.sequence, request.partition_id))
 
     def _queue_matters(self) -> bool:
         """Whether a pass over the queue has anything to do: requests wait, or what readers were told of them is to go."""
@@ -112,6 +129,9 @@ class QueueKeeping(Steps):
         self._queue_dirty = False
         try:
             self._admit()
+        except VipuError as error:  # the owner at its limit of operations, say
+            log.warning("the pass over the queue of allocation %s stopped: %s", self.id, error.message)
+            self._pass_due = time.monotonic() + RETRY_SECONDS
         except Exception:
             log.exception("the pass over the queue of allocation %s failed", self.id)
             self._pass_due = time.monotonic() + RETRY_SECONDS

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.effects import Calls, Flow, Write
 from vipu.controller.core.turns import Turns
 from vipu.model import lifecycle
-from vipu.model.configuration import agent_settings
+from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import Agent, Partition, shown
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.queue import WaitingRequest
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -48,8 +45,12 @@ class Steps(Turns):
         settings must not race."""
         return list({id(f): f for a in agents if (f := self._clears.get((a.id, partition_id))) is not None}.values())
 
+    def settings_of(self, partition: Partition, agents: list[Agent]) -> dict[str, AgentSettings]:
+        """What each of the partition's agents (`agents_of`) should hold for it."""
+        return agent_settings(partition, self.state.layout, {a.id: a.inventory.serial for a in agents})
+
     def applying(self, partition: Partition, agents: list[Agent]) -> Calls:
-        settings = agent_settings(partition, self.state.layout, {a.id: a.inventory.serial for a in agents})
+        settings = self.settings_of(partition, agents)
         return Calls([self.call(agent, settings=settings[agent.id]) for agent in agents])
 
     def clearing(self, partition_id: str, agents: list[Agent]) -> Calls:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vipu import failpoints
 from vipu.controller.core.agents import AgentCall
-from vipu.controller.core.commands import Command
+from vipu.controller.core.commands import Command, Reply
 from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, Write
 from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
 from vipu.controller.core.state import AllocationState
@@ -59,7 +59,7 @@ class Turns:
         self._timer_thread: threading.Thread | None = None
         self._stopped = ""  # why, once stopped
         self._in_flight = 0  # batches of agent calls not yet answered
-        self._operations = 0
+        self.under_way: set[Flow] = set()  # every operation started and not ended
         # What one turn does, and what it leaves for the next:
         self._commands: deque[Command] = deque()
         self._ready: deque[tuple[Flow, Any, BaseException | None]] = deque()
@@ -96,17 +96,18 @@ class Turns:
 
     # The inbox, and whose turn it is
 
-    def submit(self, command: Command) -> Command:
+    def submit(self, command: Command, always: bool = False) -> Command:
         """Put a command in the inbox and take the owner's turn if it is free (see `_drive`);
-        Unavailable if the owner stopped or its inbox is full."""
+        Unavailable if the owner stopped or its inbox is full (unless `always`: a command that
+        must not be lost, as machines given back by a cluster test)."""
         with self._lock:
             if self._stopped:
                 raise Unavailable(self._stopped)
-            if len(self._inbox) >= INBOX_LIMIT:
+            if len(self._inbox) >= INBOX_LIMIT and not always:
                 raise Unavailable(f"allocation {self.id} has {INBOX_LIMIT} requests waiting for its owner's turn, its limit; "
                                   "try again shortly")
             self._inbox.append(command)
-        self._drive()
+        self._drive(command.reply)
         return command
 
     def _answered(self, flow: Flow, outcomes: Any) -> None:
@@ -116,14 +117,16 @@ class Turns:
             if self._stopped:
                 return  # a deposed or stopped owner commits nothing of what comes back
             self._answers.append((flow, outcomes))
-        self._drive()
+        self._drive(flow.reply)
 
-    def _drive(self) -> None:
+    def _drive(self, mine: Reply | None = None) -> None:
         """Take the owner's turn if nobody has it and there is work, and run turns until none is
         left. A thread that finds the turn taken leaves its work in the inbox and goes: the one
         holding the turn takes that too before it lets go (flat combining). So the owner decides
         one thing at a time, nobody ever waits for its turn, and a lone request is decided on the
-        thread that brought it, without a hand-off."""
+        thread that brought it, without a hand-off. A thread waiting for an answer of its own
+        (`mine`) stops once that answer has come, or work for it to carry, and hands what is left
+        to the pool: others' work never keeps it from its own."""
         while True:
             with self._lock:
                 if self._busy or self._stopped or not self._has_work():
@@ -146,6 +149,12 @@ class Turns:
                 if stopped:
                     self._abandon()
                 self._keep_time()
+            if mine is not None and mine.answered:
+                with self._lock:
+                    left = not self._stopped and self._has_work()
+                if left:
+                    self.owners.calls.hand_off(self._drive)
+                return
 
     def _has_work(self) -> bool:
         """Commands or answers wait, or a timer is due; the caller holds the lock."""
@@ -204,8 +213,11 @@ class Turns:
             self._abandon()
 
     def _abandon(self) -> None:
-        """Tell the askers of the operations under way that this owner stopped."""
-        for flow in list({id(f): f for f in self.flows.values()}.values()):
+        """Tell the askers of the operations under way, and of the commands its last turn left
+        undecided, that this owner stopped."""
+        while self._commands:
+            self._commands.popleft().reply.fail(Unavailable(self._stopped))
+        for flow in list(self.under_way):
             if flow.reply is not None:
                 flow.reply.fail(Unavailable(self._stopped))
 
@@ -225,7 +237,7 @@ class Turns:
         under way, no agent call in flight; whether it has come to that."""
         deadline = time.monotonic() + seconds
         with self._quiet:
-            while self._inbox or self._answers or self._operations or self._in_flight or self._busy:
+            while self._inbox or self._answers or self.under_way or self._in_flight or self._busy:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stopped:
                     return False
@@ -236,10 +248,6 @@ class Turns:
     def in_turn(self) -> bool:
         """Whether a turn is under way (it may be waiting for its commit)."""
         return self._busy
-
-    @property
-    def stopped(self) -> bool:
-        return bool(self._stopped)
 
     def _next_timer(self) -> float | None:
         """When the owner must act without a command (monotonic): a request's deadline, a retried pass."""
@@ -259,7 +267,7 @@ class Turns:
         if self._pass_due and time.monotonic() >= self._pass_due:
             self._pass_due, self._queue_dirty = 0.0, True
         passed = False
-        while True:
+        while not self._stopped:  # a deposed owner decides nothing more, not even within this turn
             while self._commands or self._ready:
                 while self._commands:
                     command = self._commands.popleft()
@@ -281,6 +289,9 @@ class Turns:
                 self._after_pass = []
                 continue
             break
+        if self._stopped:  # what it staged is neither committed nor shown, and no agent is called for it
+            self._staged, self._launch = [], []
+            return
         if self._queue_dirty and not self._pass_due and self._queue_matters():  # a change came after this turn's pass
             self._pass_due = time.monotonic()
         self._queue_dirty = self._queue_dirty and self._queue_matters()
@@ -308,9 +319,9 @@ class Turns:
 
     def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow:
         """Begin an operation, running it to its first step; it holds its partition (and `holds`) until it ends."""
-        if self._operations >= OPERATIONS_LIMIT:
+        if len(self.under_way) >= OPERATIONS_LIMIT:
             raise Unavailable(f"allocation {self.id} has {OPERATIONS_LIMIT} operations under way, its limit; try again shortly")
-        self._operations += 1
+        self.under_way.add(flow)
         for partition_id in (flow.partition_id, *holds):
             if partition_id:
                 self.flows[partition_id] = flow
@@ -355,7 +366,7 @@ class Turns:
 
     def _end(self, flow: Flow, result: Any = None, error: BaseException | None = None) -> None:
         flow.ended, flow.error = True, error
-        self._operations -= 1
+        self.under_way.discard(flow)
         for partition_id in [p for p, f in self.flows.items() if f is flow]:
             del self.flows[partition_id]
         for pair in [pair for pair, f in self._clears.items() if f is flow]:
@@ -401,6 +412,8 @@ class Turns:
                 for index in batch:
                     try:
                         writes[index].work(tx)
+                    except Unavailable:
+                        raise  # the store's trouble (a deadline, a lost connection), not this write's: all of it fails
                     except VipuError as error:
                         raise _WriteRefused(index, error) from error
 

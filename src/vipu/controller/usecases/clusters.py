@@ -13,11 +13,11 @@ from vipu.store.store import Store
 
 
 class ClusterService:
-    def __init__(self, store: Store, allocations: AllocationService, under_test: Callable[[str], bool] = lambda cluster_id: False):
-        """`under_test(cluster_id)`: whether a cluster test is running on the cluster (`ClusterTestService.testing`)."""
+    def __init__(self, store: Store, allocations: AllocationService, testing: Callable[[str], bool] = lambda cluster_id: False):
+        """`testing(cluster_id)`: whether a cluster test is running on the cluster (`ClusterTestService.testing`)."""
         self.store = store
         self.allocations = allocations
-        self.under_test = under_test
+        self.testing = testing
 
     def create(self, cluster: Cluster) -> Cluster:
         check_id("cluster", cluster.id)
@@ -50,7 +50,7 @@ class ClusterService:
     def remove(self, cluster_id: str, force: bool = False) -> builtins.list[str]:
         """Remove a cluster; with `force`, its allocations and their partitions first."""
         cluster, allocation_ids = self.get(cluster_id)
-        if self.under_test(cluster_id):
+        if self.testing(cluster_id):
             raise Conflict(f"cluster {cluster_id} is under test; stop the test or wait for it to end")
         if allocation_ids and not force:
             raise Conflict(

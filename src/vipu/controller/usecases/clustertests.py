@@ -25,7 +25,7 @@ from typing import ClassVar, TypeVar
 
 from vipu.controller.core.agents import AgentGateway
 from vipu.controller.core.changes import ChangeFeed, Topic
-from vipu.controller.core.commands import ClaimMachines, ReleaseMachines
+from vipu.controller.core.commands import ClaimMachines, ReleaseMachines, Reply
 from vipu.controller.core.owners import Owners
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
@@ -44,7 +44,7 @@ from vipu.store.store import Store
 log = logging.getLogger(__name__)
 
 STOP_WAIT_SECONDS = 50.0  # within the CLIs' default --api-timeout (60 s), so that they hear why it has not stopped yet
-CLAIM_SECONDS = 30.0  # for an owner's turn, to claim or give back its machines
+CLAIM_SECONDS = 30.0  # for an owner's turn, to claim its machines
 # The longest a run waited for (`vipu-admin test cluster` without --start) is waited for on the
 # end-point's thread; past it the run goes on and --status tells its end.
 WAIT_SECONDS = 3600.0
@@ -71,15 +71,16 @@ class ClusterTestService:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cluster-test")
         self._lock = threading.Lock()
         self._run: TestRun | None = None
+        self._starting = ""  # the cluster whose run is being started: its machines claimed, its first save made
         self._running_test: TestType | None = None  # the step of _run under way
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._shutting_down = False
 
     def testing(self, cluster_id: str) -> bool:
-        """Whether a run is going on the cluster."""
+        """Whether a run is going on the cluster, or being started there."""
         with self._lock:
-            return self._run is not None and self._run.cluster_id == cluster_id
+            return cluster_id == self._starting or (self._run is not None and self._run.cluster_id == cluster_id)
 
     def each(self, items: Iterable[T], call: Callable[[T], R]) -> list[R | VipuError]:
         """Run `call` on every item in parallel; each result, or the VipuError it raised, in order."""
@@ -105,32 +106,44 @@ class ClusterTestService:
 
     def start(self, cluster_id: str, tests: set[TestType], wait: bool, wait_seconds: float = WAIT_SECONDS) -> TestRun:
         """Start a run of `tests` (all, if none) on the cluster; with `wait`, wait for it to end (up to
-        `wait_seconds`, after which the run goes on)."""
+        `wait_seconds`, after which the run goes on). The run's place is taken under the lock; the
+        claim of the machines and the first save are made outside it."""
+        configuration = self.store.configuration()
+        cluster = configuration.clusters.get(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+        planned = judge.plan(tests)
+        agents: dict[str, Agent] = {}
+        for agent_id in cluster.agent_ids:
+            agent = configuration.agents.get(agent_id)
+            if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
+                raise NotFound(f"agent {shown(agent_id)} does not exist")
+            agents[agent_id] = agent
+        context = _Context(ClusterLayout.of(cluster), agents)
+        claimed = bool(DISRUPTIVE & set(planned))
         with self._lock:
-            if self._run is not None:
-                raise Conflict(f"a test in cluster {self._run.cluster_id} is in progress; only one cluster test runs at a time")
-            configuration = self.store.configuration()
-            cluster = configuration.clusters.get(cluster_id)
-            if cluster is None:
-                raise NotFound(f"cluster {shown(cluster_id)} does not exist")
-            planned = judge.plan(tests)
-            agents: dict[str, Agent] = {}
-            for agent_id in cluster.agent_ids:
-                agent = configuration.agents.get(agent_id)
-                if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
-                    raise NotFound(f"agent {shown(agent_id)} does not exist")
-                agents[agent_id] = agent
-            context = _Context(ClusterLayout.of(cluster), agents)
-            claimed = bool(DISRUPTIVE & set(planned))
+            under_way = self._run.cluster_id if self._run is not None else self._starting
+            if under_way:
+                raise Conflict(f"a test in cluster {under_way} is in progress; only one cluster test runs at a time")
+            if self._shutting_down:
+                raise Unavailable("this vipu-server is stopping")
+            self._starting = cluster_id
+        run = TestRun(cluster_id, RunState.RUNNING, planned)
+        try:
             if claimed:
                 self._claim(cluster_id)
-            run = TestRun(cluster_id, RunState.RUNNING, planned)
             try:
                 self._save(run, context.layout)
             except BaseException:
                 if claimed:
                     self._give_back(cluster_id)
                 raise
+        except BaseException:
+            with self._lock:
+                self._starting = ""
+            raise
+        with self._lock:
+            self._starting = ""
             self._run = run
             self._stop.clear()
             self._thread = threading.Thread(target=self._execute, args=(run, context, claimed), name="cluster-test", daemon=True)
@@ -163,18 +176,17 @@ class ClusterTestService:
                            "that drive its links")
 
     def _give_back(self, cluster_id: str) -> None:
-        """The cluster's machines go back to the owners of its allocations."""
+        """The cluster's machines go back to the owners of its allocations: in each inbox even past
+        its limit, and not waited for (never withdrawn), so that no busy owner keeps them under test."""
         self.owners.test_ends(cluster_id)
         test = f"cluster {cluster_id}"
         for allocation in self._allocations(cluster_id):
             owner = self.owners.owner(allocation)
             if owner is None:
                 continue
-            command = ReleaseMachines(test=test)
             try:
-                owner.submit(command)
-                command.reply.wait(CLAIM_SECONDS, f"giving back the machines of allocation {allocation}")
-            except VipuError as error:
+                owner.submit(ReleaseMachines(test=test, reply=Reply(waited=False)), always=True)
+            except VipuError as error:  # the owner stopped: nothing of it is left to give back
                 log.warning("allocation %s: could not be given back its machines: %s", allocation, error.message)
 
     def _allocations(self, cluster_id: str) -> list[str]:

@@ -32,7 +32,7 @@ from vipu.controller.usecases.partitions import START_SECONDS, Created, Partitio
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Partition, PartitionRequest, ReadyState, shown
-from vipu.model.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from vipu.model.errors import Conflict, InvalidArgument, NotFound
 from vipu.model.queue import MAX_WAIT_SECONDS, WAIT_CALL_SECONDS
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class RequestService:
             try:
                 self.cancel(partition_id, access)
                 return
-            except (Conflict, Unavailable) as started:  # granted meanwhile: it is a partition now, or about to be
+            except Conflict as started:  # granted meanwhile: it is a partition now, or about to be
                 log.info("partition %s: %s; removing the partition instead", partition_id, started.message)
                 self._settle_start(partition_id)
         self.partitions.remove(partition_id, force=force, access=access)
@@ -172,6 +172,3 @@ class RequestService:
             if owner is None or partition_id in owner.snapshot.partitions:
                 return
             self.owners.wait_for_change(seen, deadline - time.monotonic())
-
-    def close(self) -> None:
-        """Nothing of its own to let go: the queues are their owners'."""
