@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.functional.harness import wait_until
 from tests.ports import free_port
 from tests.unit.controller.test_services import MACHINES
 from vipu import failpoints
@@ -490,3 +491,41 @@ def test_capacity_says_which_free_ipus_are_on_machines_down_and_which_are_held_f
     assert isinstance(pod.requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # held: ag3-ag6, ag1 being down
     room = pod.partitions.capacity()[0]
     assert (room.free_ipus, room.down_ipus, room.held_ipus, room.held_for) == (12, 4, 8, "big")
+
+
+def test_a_request_whose_expiry_the_store_refused_goes_at_the_next_try(pod, queued):
+    pod.partitions.create(PartitionRequest("full", 32))
+    refused = failpoints.arm("store.request.expire", "1*fail(the disk is full)")
+    try:
+        queue_up(queued, "late", 8, seconds=1)
+        with pytest.raises(NoRoom, match=r"^no room for partition late after waiting 1 s"):
+            wait(queued, "late", timeout=10)
+        assert refused.hits == 1  # refused once, then tried again (RETRY_SECONDS later), not left waiting for ever
+    finally:
+        failpoints.disarm()
+    with pod.store.reading() as tx:
+        assert tx.list_requests() == []
+
+
+def test_a_forced_removal_of_an_allocation_waits_for_every_operation_under_way(pod, queued):
+    """A create whose agent calls are held, and a remove asked meanwhile: the removal starts nothing
+    beside them, and ends with every partition gone once they have ended."""
+    pod.partitions.create(PartitionRequest("p2", 4))
+    applying = failpoints.arm("agent.apply", "1*pause")  # p1's create stalls at its agent
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            creating = pool.submit(pod.partitions.create, PartitionRequest("p1", 4))
+            assert applying.reached.wait(10)
+            removing = pool.submit(pod.allocations.remove, "a1", True)
+            wait_until(lambda: pod.owners.owner("a1").snapshot.closing, timeout=10, what="the removal to begin")
+            with pytest.raises(Conflict, match=r"^allocation a1 is being removed"):
+                pod.partitions.reset("p2")
+            pod.partitions.remove("p2")  # a job's end meanwhile: its own removal, not a second one beside it
+            applying.released.set()
+            creating.result(10)
+            assert sorted(removing.result(10)) == ["partition p1"]
+    finally:
+        failpoints.disarm()
+    with pod.store.reading() as tx:
+        assert tx.list_partitions() == [] and tx.list_allocations() == []
+    assert all(not pod.held_anywhere(p) for p in ("p1", "p2"))

@@ -223,6 +223,15 @@ def test_the_health_pass_reapplies_lost_configuration_and_clears_unknown_configu
     assert pod.held("ag5") == set()
 
 
+def test_a_partition_lost_with_an_agent_is_cleared_from_those_that_answer_and_no_longer_stops_a_disruptive_test(pod):
+    pod.partitions.create(PartitionRequest("p1", 8))  # ag1 and ag2
+    pod.gateway.unreachable.add(pod.address("ag2"))
+    pod.health.check_all()
+    assert pod.partitions.get("p1").ready_state is ReadyState.ERROR
+    assert pod.held_anywhere("p1") == ["ag2"]  # ag1 answers, and holds nothing of it; ag2 is cleared when it answers again
+    pod.clustertests.start("cl0", {ct.TestType.SYNC}, wait=True)  # drives the links of machines that hold no partition
+
+
 def test_the_health_pass_marks_agents_down_and_up_again(pod):
     pod.gateway.unreachable.add(pod.address("ag3"))
     pod.health.check_all()
