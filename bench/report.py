@@ -99,16 +99,33 @@ def compare(data: dict) -> list[str]:
                                                                                                 "pairs/s", "server CPU %")),
              round(new["pairs/s"] / old["pairs/s"], 2)]
             for old, new in zip(data["medians"]["before"], data["medians"]["after"], strict=True)]
-    return [f"**Before and after** (`bench.compare`: revision {data['before']} → {data['after']}, medians of {data['repeats']} "
-            f"alternated runs of {data['duration_s']:.0f} s each, 1-IPU partitions):", "",
+    m = data["machine"]
+    return [f"**Before and after** (`bench.compare`: revision {data['before']} → {data['after']}, on {m['cpus']} CPUs "
+            f"({m['cpu_model']}), medians of {data['repeats']} alternated runs of {data['duration_s']:.0f} s each, 1-IPU partitions):", "",
             *markdown(["store", "machines", "clients", "create p50 ms", "create p99 ms", "pairs/s", "controller CPU %",
                        "pairs/s after ÷ before"], rows)]
 
 
 def roundtrips(data: dict) -> list[str]:
     rows = [[call, ms] for call, ms in data["median_ms"].items()]
-    return [f"**Round trips of one create** (`bench.roundtrips`, {data['machines']} machines, {data['store']}, one client, medians of "
-            f"{data['samples']} calls each):", "", *markdown(["call", "median ms"], rows)]
+    return [f"**Round trips of one create** (`bench.roundtrips`, on {data['machine']['cpus']} CPUs, {data['machines']} machines, "
+            f"{data['store']}, one client, medians of {data['samples']} calls each):", "", *markdown(["call", "median ms"], rows)]
+
+
+def floor(data: dict) -> list[str]:
+    rows = [[r["clients"], r["pairs_per_s"], r["cpu_ms_per_pair"]] for r in data["runs"]]
+    return [f"**The floor** (`bench.floor`, on {data['machine']['cpus']} CPUs: a do-nothing user end-point whose create and remove "
+            "each make one do-nothing agent call, Python's gRPC as in vipu-server):", "",
+            *markdown(["clients", "pairs/s", "end-point CPU ms per pair"], rows)]
+
+
+def enqueue(data: dict) -> list[str]:
+    rows = [[f"0 to {data['window']}", data["first_median_ms"]],
+            [f"{data['requests'] - data['window']} to {data['requests']}", data["last_median_ms"]]]
+    return [f"**Enqueue as the queue grows** (`bench.enqueue`, {data['requests']} requests waiting in a full pod of "
+            f"{data['machines']} machines, each answered with its place and reason): the last {data['window']} cost "
+            f"{data['last_over_first']} times the first; the controller's memory {data['rss_mb_before']} MB to "
+            f"{data['rss_mb_after']} MB.", "", *markdown(["requests already waiting", "enqueue median ms"], rows)]
 
 
 def cli_speed(data: dict) -> list[str]:
@@ -166,10 +183,12 @@ def main():
     """Render bench/results/*.json as the README's last recorded results."""
     parts: list[str] = []
     first = None
-    renderers = (("compare", compare), ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator),
-                 ("queueing", queueing), ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile),
-                 ("roundtrips", roundtrips), ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web),
-                 ("crashes", crashes), ("soak", soak))
+    renderers = (("compare", compare), ("compare-owner", compare), ("compare-owner-1024", compare), ("compare-16core-64", compare),
+                 ("compare-16core-1024", compare), ("compare-16core-64-earlier", compare),
+                 ("compare-16core-1024-earlier", compare), ("roundtrips-16core", roundtrips), ("floor", floor), ("enqueue", enqueue),
+                 ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator), ("queueing", queueing),
+                 ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
+                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("crashes", crashes), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

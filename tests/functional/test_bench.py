@@ -120,3 +120,17 @@ def test_the_login_timing_interleaves_right_keys_wrong_keys_and_unknown_users(tm
     outcomes = {kind: f["outcome"] for kind, f in result["figures"].items()}
     assert outcomes == {"known user, right key": "OK", "known user, wrong key": "UNAUTHENTICATED",
                         "unknown user": "UNAUTHENTICATED"}
+
+
+@pytest.mark.functional
+def test_the_enqueue_benchmark_times_requests_waiting_at_both_ends_of_a_growing_queue(tmp_path):
+    result = bench(tmp_path, "enqueue", "--requests", "30", "--machines", "2", "--window", "5")
+    assert result["requests"] == 30 and result["last_position"] == 30  # every one waited, the last behind all the others
+    assert result["first_median_ms"] > 0 and result["last_median_ms"] > 0
+
+
+@pytest.mark.functional
+def test_the_floor_benchmark_measures_a_do_nothing_end_point(tmp_path):
+    result = bench(tmp_path, "floor", "--clients", "1,2", "--pairs", "20")
+    assert [(r["clients"], r["pairs"]) for r in result["runs"]] == [(1, 20), (2, 40)]
+    assert all(r["pairs_per_s"] > 0 and r["cpu_ms_per_pair"] > 0 for r in result["runs"])
