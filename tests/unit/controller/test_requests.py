@@ -529,3 +529,24 @@ def test_a_forced_removal_of_an_allocation_waits_for_every_operation_under_way(p
     with pod.store.reading() as tx:
         assert tx.list_partitions() == [] and tx.list_allocations() == []
     assert all(not pod.held_anywhere(p) for p in ("p1", "p2"))
+
+
+def test_no_snapshot_shows_a_request_both_waiting_and_started(pod, queued, monkeypatch):
+    """Every snapshot an owner publishes, within a turn or at its end, shows a granted request as a
+    partition or as waiting, never both."""
+    both: list[str] = []
+    publish = type(pod.owners).published
+
+    def watched(owners, owner, partitions_changed):
+        snapshot = owner.snapshot
+        both.extend(p for p in snapshot.partitions if snapshot.queue.get(p) is not None)
+        publish(owners, owner, partitions_changed)
+
+    monkeypatch.setattr(type(pod.owners), "published", watched)
+    pod.partitions.create(PartitionRequest("full", 32))
+    for n in range(8):
+        queue_up(queued, f"r{n}", 4)
+    pod.partitions.remove("full")
+    for n in range(8):
+        assert wait(queued, f"r{n}").ready_state is ReadyState.ACTIVE
+    assert both == []

@@ -452,20 +452,22 @@ class Turns:
 
     def _publish(self, queue: bool = True) -> None:
         """The state as committed, for every reader: a new snapshot, replacing the last at once.
-        The queue's part (a copy of every waiting request) is made again only at the end of a turn
-        (`queue`), once its pass has told why each waits: ten thousand waiting then cost a turn one
-        copy, not one per commit."""
+        Within a turn (not `queue`) the queue's part shows which requests wait as committed (a
+        granted one gone with its partition there) with the reasons of the last pass; at the end of
+        the turn, once its pass has told why each waits, with those."""
         if not self._changed:
             return
         state = self.state
         queue_view = self.snapshot.queue
-        if queue and self._queue_changed:
-            explained = self._explained
+        if self._queue_changed:
+            explained, first = self._explained, state.queue.first()
+            if not queue and first is not self.snapshot.queue.first:  # the last pass's reasons were not about this first
+                explained = QueueView(every=explained.every)
             queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
-                                   first=state.queue.first(), waiting_ipus=state.queue.weight, held=explained.held,
+                                   first=first, waiting_ipus=state.queue.weight, held=explained.held,
                                    first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
                                    every=explained.every)
-            self._queue_changed = False
+            self._queue_changed = not queue
         used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
         for agent in state.touched:
             indices = state.used.get(agent)
