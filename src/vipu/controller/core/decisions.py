@@ -126,6 +126,8 @@ class Decisions(QueueKeeping):
     def _cancel(self, command: CancelRequest) -> None:
         request = self.state.queue.get(command.partition_id)
         access = command.access
+        if request is None and self._holding(command.partition_id, command, wait=True):
+            return  # its grant (or its enqueue's end) is under way: decided again once that is committed, or refused
         if request is None:
             if command.partition_id in self.state.partitions and access.may_use(self.id):
                 raise Conflict(f"the request of partition {command.partition_id} started meanwhile; remove the partition instead")
