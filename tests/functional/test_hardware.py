@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
-from tests.functional.harness import failed_line, pairs, rows
+from tests.functional.harness import failed_line, pairs, rows, wait_until
 from vipu.api.protos import admin_pb2
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
@@ -70,6 +71,33 @@ def test_an_agent_that_stops_answering_is_shown_down_and_blocks_its_partitions(p
     assert pod.user("remove", "partition", "p1", "--force").code == 0
     pod.start_agent("m01")
     pod.wait_for_status("ag1", "Up")
+
+
+def test_a_forced_remove_at_a_hung_agent_says_so_and_no_create_meets_the_settings_it_left(pod):
+    pod.stop_server()
+    pod.start_server("--health-interval", "3600")  # no health pass clears the machine meanwhile: only the controller's restart does
+    pod.register()
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0
+    [machine] = pod.held_anywhere("p1")
+    agent = pod.agents[next(g for g in pod.agent_groups if machine in g)[0]]
+    agent.send_signal(signal.SIGSTOP)  # hung: it takes calls and answers none
+    try:
+        removed = pod.user("remove", "partition", "p1", "--force")
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    assert removed.code == 0, removed.err
+    agent_id = f"ag{int(machine[1:])}"
+    assert f"warning: agent(s) {agent_id} did not confirm the clear" in removed.err
+    assert pod.held_anywhere("p1") == [machine]  # it came back holding the forgotten partition
+    created = pod.user("create", "partition", "p2", "--size", "4")  # at once: never sent onto those settings
+    assert created.code == 0, created.err
+    assert pod.held_anywhere("p2") not in ([], [machine])
+    pod.stop_server()
+    pod.start_server()  # its first health pass finds the machine holding a partition it does not know, and clears it
+    wait_until(lambda: pod.held_anywhere("p1") == [], what="the health pass to clear the forgotten partition")
+    assert pod.user("remove", "partition", "p2").code == 0
+    wait_until(lambda: pod.user("create", "partition", "whole", "--size", "32").code == 0,
+               what="the cleared machine's IPUs to be free again")
 
 
 def test_the_machines_of_a_partition_are_configured_and_cleared_together(pod):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from datetime import UTC, datetime
 
@@ -108,6 +109,22 @@ def test_a_request_gives_up_at_its_timeout_saying_why_and_bad_waits_are_refused_
                 "no room for partition late after waiting 1 s: first in the queue, ag1-ag2 held for it; "
                 "no free 8-IPU run in allocation alloc-1: all 8 of its IPUs are in use; it fits when full is removed")
     assert queued(pod) == [] and pod.snapshot() == before
+
+
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_waiting_command_ended_by_a_signal_withdraws_its_request_and_leaves_no_partition(pod, ending):
+    """`timeout`, a closed terminal or SSH session and a batch system's kill end a command with
+    TERM or HUP, Ctrl-C with INT: each withdraws the request, so no partition is made for nobody."""
+    pod.register(machines=2)
+    assert pod.user("create", "partition", "full", "--size", "8").code == 0
+    waiter = Waiter(pod, "gone", "--size", "4", "--timeout", "60")
+    wait_until(lambda: len(queued(pod)) == 1, what="the request to wait")
+    waiter.process.send_signal(ending)
+    ended = waiter.result(timeout=30)
+    assert ended.code == 128 + ending, ended.err
+    assert queued(pod) == []
+    assert pod.user("remove", "partition", "full").code == 0
+    assert rows(pod.user("list", "partitions").out) == [] and pod.held_anywhere("gone") == []
 
 
 def test_a_waiting_request_outlives_a_restart_of_the_controller_and_its_client_goes_on_waiting(pod):

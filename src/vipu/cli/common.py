@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import typing
 from collections.abc import Iterator, Sequence
@@ -185,10 +186,40 @@ def run(group: click.Group, prog: str) -> typing.NoReturn:
     os._exit(code)
 
 
+class Terminated(KeyboardInterrupt):
+    """A terminating signal, raised where Ctrl-C's interruption would be: what a command undoes when
+    interrupted (a waiting request withdrawn) is undone when `timeout`, a closed terminal or a batch
+    system ends it too."""
+
+    def __init__(self, number: int):
+        super().__init__(signal.Signals(number).name)
+        self.signal = number
+
+
+@contextmanager
+def terminating_signals_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise Terminated (as SIGINT raises KeyboardInterrupt)."""
+    def interrupt(number: int, _frame) -> None:
+        raise Terminated(number)
+
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def exit_status(group: click.Group, prog: str) -> int:
     """What `run` does short of ending the process: run the CLI; its exit status."""
+    for number, argument in enumerate(sys.argv[1:], start=1):
+        if any("\ud800" <= character <= "\udfff" for character in argument):  # bytes Python kept as they came: not UTF-8
+            shown = argument.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            click.echo(f"{prog}: argument {number} ({shown}) is not UTF-8 text (see '{prog} --help')", err=True)
+            return 2
     try:
-        group.main(prog_name=prog, standalone_mode=False)
+        with terminating_signals_interrupt():
+            group.main(prog_name=prog, standalone_mode=False)
     except BARE_GROUP as bare:  # `vipu create` alone asks what it can create: its help, as `vipu` alone gives
         click.echo(bare.ctx.get_help())
     except click.UsageError as error:
@@ -197,8 +228,8 @@ def exit_status(group: click.Group, prog: str) -> int:
         return 2
     except click.exceptions.Exit as done:
         return done.exit_code
-    except click.Abort:
-        return 130
+    except click.Abort as aborted:
+        return 128 + aborted.__cause__.signal if isinstance(aborted.__cause__, Terminated) else 130
     except click.ClickException as error:
         click.echo(f"{prog}: {one_line(error.format_message())}", err=True)
         return error.exit_code

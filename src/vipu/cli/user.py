@@ -171,12 +171,15 @@ def remove_partition(user, partition_id, force, ipuof_dir):
     """Remove a partition and delete its IPUoF configuration."""
     directory = ipuof_dir or ipuof_files.default_dir()
     with reporting("remove partition", partition_id):
-        user.remove_partition(partition_id, force=force)
+        uncleared = user.remove_partition(partition_id, force=force)
         try:
             ipuof_files.remove(directory, partition_id)
         except OSError as error:
             raise InvalidArgument(f"the partition is removed, but not its IPUoF files in {directory}: {error.strerror}") from error
     succeed("remove partition", partition_id)
+    if uncleared:
+        click.echo(f"remove partition ({partition_id}): warning: agent(s) {', '.join(uncleared)} did not confirm the clear; "
+                   "their IPUs stay out of use until the controller sees them cleared.", err=True)
 
 
 @reset.command("partition")
@@ -222,7 +225,7 @@ def list_partitions(user, allocation_id, as_json):
 @get.command("partition")
 @click.argument("partition_id")
 @click.option("--ipu-configs", is_flag=True, help="Print the IPUoF configuration as JSON.")
-@click.option("--gcd", type=click.IntRange(min=0), default=None, help="Only this GCD's IPUoF configuration.")
+@click.option("--gcd", type=COUNT, default=None, help="Only this GCD's IPUoF configuration.")
 @json_option
 @pass_client
 def get_partition(user, partition_id, ipu_configs, gcd, as_json):

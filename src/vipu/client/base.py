@@ -23,16 +23,17 @@ class EndpointClient:
     def connect(cls, host: str | None = None, port: int | None = None, *, config: Path | str | None = None,
                 user_id: str | None = None, access_key: str | None = None, server_cert: Path | str | None = None,
                 client_cert: Path | str | None = None, client_key: Path | str | None = None,
-                timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None):
+                timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy | None = None, environment: bool = True):
         """A client with the settings the CLIs would use: what is given here, else the environment
-        (`VIPU_CLI_API_HOST`, ...), else the configuration file (`config`, or /etc/vipu/vipu-cli.hcl),
-        else the defaults. `host` may list replicas: `h1,h2:8090`."""
+        (`VIPU_CLI_API_HOST`, ...; not with `environment` false), else the configuration file
+        (`config`, or /etc/vipu/vipu-cli.hcl), else the defaults. `host` may list replicas: `h1,h2:8090`."""
 
         def path(value: Path | str | None) -> Path | None:
             return None if value is None else Path(value)
 
         given = Given(config=path(config), host=host, port=port, user_id=user_id, access_key=access_key,
-                      server_cert=path(server_cert), client_cert=path(client_cert), client_key=path(client_key))
+                      server_cert=path(server_cert), client_cert=path(client_cert), client_key=path(client_key),
+                      environment=environment)
         return cls(client_settings(given, cls.PORT_KEY, cls.PORT_ENV, cls.DEFAULT_PORT), timeout, retry)
 
     @property

@@ -104,6 +104,28 @@ class Given:
     server_cert: Path | None = None
     client_cert: Path | None = None
     client_key: Path | None = None
+    environment: bool = True  # whether VIPU_CLI_API_HOST and the like count; not where a file is the whole truth
+
+
+CONFIG_LIMIT_BYTES = 1 << 20  # a client configuration is a few lines; anything this long is not one
+
+
+def read_config_text(path: Path) -> str:
+    """A configuration file's text: a regular file of UTF-8 text, at most CONFIG_LIMIT_BYTES long
+    (a device such as /dev/zero, or a huge file, would be read for ever)."""
+    try:
+        if not path.is_file():
+            raise InvalidArgument(f"cannot read {path}: not a regular file" if path.exists() else f"cannot read {path}: no such file")
+        with path.open("rb") as stream:
+            data = stream.read(CONFIG_LIMIT_BYTES + 1)
+    except OSError as error:
+        raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
+    if len(data) > CONFIG_LIMIT_BYTES:
+        raise InvalidArgument(f"cannot read {path}: longer than {CONFIG_LIMIT_BYTES // 1024} KiB, not a client configuration")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as error:
+        raise InvalidArgument(f"cannot read {path}: not UTF-8 text (byte {error.start})") from error
 
 
 def client_settings(given: Given, port_key: str = "api-port", port_env: str = "VIPU_CLI_API_PORT",
@@ -111,15 +133,12 @@ def client_settings(given: Given, port_key: str = "api-port", port_env: str = "V
     path = given.config or (SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None)
     values: dict = {}
     if path is not None:
-        try:
-            values = parse_hcl(path.read_text(), str(path))
-        except OSError as error:
-            raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
+        values = parse_hcl(read_config_text(path), str(path))
 
     def chosen(flag, env: str, key: str, default=None):
         if flag is not None:
             return flag
-        if os.environ.get(env):
+        if given.environment and os.environ.get(env):
             return os.environ[env]
         return values.get(key, default)
 

@@ -140,8 +140,11 @@ class UserClient(EndpointClient):
         """Cancel a request that waits for room."""
         self._call("CancelQueued", pb.CancelQueuedRequest(partition_id=partition_id))
 
-    def remove_partition(self, partition_id: str, force: bool = False) -> None:
-        self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
+    def remove_partition(self, partition_id: str, force: bool = False) -> list[str]:
+        """Remove a partition; the agents a forced remove could not clear (their IPUs stay out of use
+        until the controller sees them cleared)."""
+        reply = self._call("RemovePartition", pb.RemovePartitionRequest(partition_id=partition_id, force=force))
+        return list(reply.uncleared_agents)
 
     def reset_partition(self, partition_id: str, relocate: bool = False) -> None:
         """Reset a partition; with `relocate`, move it now to other IPUs of its allocation, off the

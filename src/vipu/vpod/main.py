@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from vipu.api.atomic import write_file
+from vipu.api.listening import listening_socket
 from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certificate
 from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
 from vipu.client.settings import ClientSettings, write_client_config
@@ -133,20 +134,25 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
-    import uvicorn
+    with reporting("serve"):
+        try:
+            import uvicorn
 
-    from vipu.vpod.agents import SiteAgents
-    from vipu.vpod.api import make_app
-    from vipu.vpod.identity import KeystoneTokens
-    from vipu.vpod.orchestrator import Orchestrator
-    from vipu.vpod.site import read_site, site_machines
-    from vipu.vpod.tenants import LocalControllers, TenantControllers
+            from vipu.vpod.agents import SiteAgents
+            from vipu.vpod.api import make_app
+            from vipu.vpod.identity import KeystoneTokens
+            from vipu.vpod.orchestrator import Orchestrator
+            from vipu.vpod.site import read_site, site_machines
+            from vipu.vpod.tenants import LocalControllers, TenantControllers
+        except ImportError as missing:
+            raise InvalidArgument(f"serving needs vipu's vpod extra ({missing.name} is missing): pip install 'vipu[vpod]'") from None
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
     stop = threading.Event()
     with reporting("serve"):
         crash.check_setting()
+        listening = listening_socket(listen_address, port)  # a taken port is refused before anything is resumed
         store = VpodStore(store_url(data_dir, db_url))
         rack = read_site(rack_path)
         store.add_machines(site_machines(rack))
@@ -195,7 +201,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
 
     threading.Thread(target=announce, name="announce", daemon=True).start()
     try:
-        server.run()
+        server.run(sockets=[listening])
     finally:
         stop.set()
 

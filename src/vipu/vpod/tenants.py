@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -34,6 +35,7 @@ from pathlib import Path
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
+from vipu.model.entities import ID_MAX_LENGTH
 from vipu.model.errors import Unavailable, VipuError
 from vipu.vpod.crash import crash_point
 from vipu.vpod.store import Vpod
@@ -47,8 +49,14 @@ SERVER_PROGRAM = "vipu-server"
 
 
 def controller_name(vpod_id: str) -> str:
-    """What the site's agents know a vPOD's controller by."""
-    return f"vpod-{vpod_id}"
+    """What the site's agents know a vPOD's controller by: `vpod-<id>`, an id of at most
+    ID_MAX_LENGTH characters; a longer vPOD id (a tenant's id may take all of them) is cut and
+    ends in a digest of the whole, so that two vPODs never share a name."""
+    name = f"vpod-{vpod_id}"
+    if len(name) <= ID_MAX_LENGTH:
+        return name
+    digest = hashlib.sha256(vpod_id.encode()).hexdigest()[:12]
+    return f"{name[:ID_MAX_LENGTH - len(digest) - 1]}-{digest}"
 
 
 class TenantControllers(abc.ABC):
@@ -159,7 +167,8 @@ class TenantControllers(abc.ABC):
         self.wait_ready(vpod.id)
 
     def admin(self, vpod_id: str, timeout: float = 30.0) -> AdminClient:
-        return AdminClient.connect(self.host(vpod_id), config=self.admin_config(vpod_id), timeout=timeout)
+        # The tenant's file is the truth: a VIPU_ADMIN_API_PORT in the orchestrator's environment is not about its tenants.
+        return AdminClient.connect(self.host(vpod_id), config=self.admin_config(vpod_id), timeout=timeout, environment=False)
 
     def wait_ready(self, vpod_id: str) -> None:
         deadline_seconds = self.start_deadline_seconds

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from vipu import __version__
+from vipu.api.listening import listening_socket
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, forwarding_proof
 from vipu.client.settings import DEFAULT_HOST, ClientSettings
 from vipu.model.errors import InvalidArgument, VipuError
@@ -58,10 +59,14 @@ def proxy_network(given: str) -> str:
 def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, trusted_proxies, log_level):
     """Serve the dashboard: the racks, the cabling, the partitions and the cluster tests of one
     vipu-server, live, read through its public API."""
-    import uvicorn
+    try:
+        import uvicorn
 
-    from vipu.web.app import create_app
-    from vipu.web.sessions import Sessions
+        from vipu.web.app import create_app
+        from vipu.web.sessions import Sessions
+    except ImportError as missing:
+        click.echo(f"vipu-web: the dashboard needs vipu's web extra ({missing.name} is missing): pip install 'vipu[web]'", err=True)
+        sys.exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = TlsFiles(tls_dir)
@@ -69,6 +74,7 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
         settings = controller_settings(api_host, api_port, secure, tls)
         proof = forwarding_proof(tls) if secure else ""  # the server key, which HTTPS needs too
         proxies = [proxy_network(given) for given in trusted_proxies]
+        listening = listening_socket(listen_address, port)
     except VipuError as error:
         click.echo(f"vipu-web: {error.message}", err=True)
         sys.exit(2)
@@ -82,9 +88,6 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
     logging.getLogger("vipu.web").info("vipu-web %s for vipu-server at %s: %s://%s:%d/", __version__, ", ".join(settings.addresses),
                                        "https" if secure else "http", listen_address, port)
     try:
-        server.run()
+        server.run(sockets=[listening])
     finally:
         sessions.close()
-    if not server.started:
-        click.echo(f"vipu-web: cannot listen on {listen_address}:{port} (is the port taken?)", err=True)
-        sys.exit(1)

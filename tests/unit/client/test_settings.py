@@ -31,3 +31,17 @@ def test_client_settings_come_from_flags_then_environment_then_file_then_default
     partial.write_text('tls-client-cert = "c.pem"\n')
     with pytest.raises(InvalidArgument, match="give all three"):
         settings.client_settings(settings.Given(config=partial))
+
+
+def test_a_client_told_to_ignore_the_environment_reads_its_file_alone(tmp_path, monkeypatch):
+    """The vPOD orchestrator reaches each tenant's controller by that tenant's file: a port exported
+    in the orchestrator's own environment must not send it elsewhere."""
+    tenant = tmp_path / "vpod-admin.vipu-cli.hcl"
+    tenant.write_text('api-admin-port = 9101\napi-user-id = "vpod-admin"\napi-access-key = "k"\n')
+    monkeypatch.setenv("VIPU_ADMIN_API_PORT", "8091")
+    monkeypatch.setenv("VIPU_CLI_API_USER_ID", "someone")
+    given = settings.Given(config=tenant, host="127.0.0.1", environment=False)
+    chosen = settings.client_settings(given, port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
+    assert (chosen.port, chosen.user_id) == (9101, "vpod-admin")
+    assert settings.client_settings(settings.Given(config=tenant, host="127.0.0.1"), port_key="api-admin-port",
+                                    port_env="VIPU_ADMIN_API_PORT", default_port=8091).port == 8091

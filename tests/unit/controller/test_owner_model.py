@@ -236,6 +236,7 @@ class OwnerMachine(RuleBasedStateMachine):
         for partition in snapshot.partitions.values():
             assert lifecycle.state_of(partition) not in lifecycle.BUSY, f"{partition.id} is left {partition.operation_state.value}"
         self._committed_is_visible(snapshot)
+        assert not snapshot.held_back, f"IPUs kept out of use with every agent answering: {dict(snapshot.held_back)}"
         for n in range(1, MACHINES + 1):
             agent_id = f"ag{n}"
             wanted = {p.id for p in snapshot.partitions.values() if agent_id in p.agent_ids and p.ready_state is ReadyState.ACTIVE}

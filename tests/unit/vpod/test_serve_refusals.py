@@ -4,6 +4,7 @@ a place for tenants' controllers other than the one its live vPODs use."""
 from __future__ import annotations
 
 import io
+import socket
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 
@@ -68,4 +69,14 @@ def test_a_crash_point_that_does_not_exist_is_refused_before_anything_is_served(
     code, err = serve(tmp_path)
     assert code == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("serve: failed: VIPU_VPOD_CRASH_AT=create:handled names no crash point; the points are: create:reserved, ")
+    assert not (tmp_path / "data" / "vpod.db").exists()
+
+
+def test_a_taken_port_is_refused_in_one_line_before_anything_is_served(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = serve(tmp_path, "--listen-address", "127.0.0.1", "--port", str(port))
+    assert (code, err) == (1, f"serve: failed: cannot listen on 127.0.0.1:{port}: the port is taken.\n")
     assert not (tmp_path / "data" / "vpod.db").exists()

@@ -278,8 +278,10 @@ class RemovePartitionRequest(_message.Message):
     def __init__(self, partition_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class RemovePartitionReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("uncleared_agents",)
+    UNCLEARED_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    uncleared_agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, uncleared_agents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetPartitionIpuofConfigRequest(_message.Message):
     __slots__ = ("partition_id", "gcd_id")

@@ -178,9 +178,16 @@ class Decisions(QueueKeeping):
                 state.down.discard(agent_id)
                 self._changed = self._queue_dirty = True
             held = command.held or {}
+            for kept_agent, partition_id in list(state.uncleared):
+                if kept_agent == agent_id and partition_id not in held:
+                    self.cleared(agent_id, partition_id)
             here = {p.id: p for p in state.on_agent(agent_id)}
             stray = [partition_id for partition_id in held if partition_id not in self.flows and (
                 partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
+            for partition_id in stray:  # out of placement until cleared (after a restart, nothing else says where they are)
+                if (agent_id, partition_id) not in state.uncleared:
+                    state.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in held[partition_id].ipus])
+                    self._changed = True
             lost = []
             for partition in here.values():
                 if partition.id in self.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:

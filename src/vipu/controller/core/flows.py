@@ -130,9 +130,10 @@ def reset(owner: Steps, partition: Partition, automatic: bool) -> Body:
 
 
 def remove(owner: Steps, partition: Partition, force: bool) -> Body:
-    """Clear a partition from its agents and forget it; forced, forget it whatever the agents answer."""
+    """Clear a partition from its agents and forget it; forced, forget it whatever the agents
+    answer. Returns the agents that did not confirm the clear (forced only)."""
     partition = yield from begin_remove(owner, partition)
-    yield from finish_remove(owner, partition, force)
+    return (yield from finish_remove(owner, partition, force))
 
 
 def begin_remove(owner: Steps, partition: Partition) -> Body:
@@ -154,9 +155,11 @@ def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
         raise (yield from fail(owner, partition, failures, f"cannot remove partition {partition.id}", "fail",
                                hint="; remove it with --force to forget it anyway"))
     for agent_id, error in failures.items():
-        log.warning("partition %s forgotten while agent %s still may hold it: %s", partition.id, agent_id, error.message)
-    yield owner.transit(partition, ("removed", {}))
+        log.warning("partition %s forgotten while agent %s still may hold it (its IPUs there stay out of use until it is seen "
+                    "cleared): %s", partition.id, agent_id, error.message)
+    yield owner.forgetting(partition, sorted(failures))
     log.info("partition %s removed", partition.id)
+    return sorted(failures)
 
 
 def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
@@ -182,12 +185,18 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     before = partition
     partition = yield owner.moving(partition, fields)
     log.warning("partition %s %s", partition.id, partition.relocation)
+    uncleared = set(before.agent_ids)
     try:
         reachable = [agent for agent in owner.agents_of(before) if agent.status is AgentStatus.UP and agent.id not in state.down]
-        for agent_id, error in _failures(reachable, (yield owner.clearing(partition.id, reachable))).items():
-            log.warning("partition %s moved; agent %s still holds its old settings until the health pass clears them: %s",
-                        partition.id, agent_id, error.message)
+        failures = _failures(reachable, (yield owner.clearing(partition.id, reachable)))
+        uncleared = {agent.id for agent in owner.agents_of(before)} - {agent.id for agent in reachable if agent.id not in failures}
+        for agent_id in sorted(uncleared):
+            reason = failures[agent_id].message if agent_id in failures else "it does not answer"
+            log.warning("partition %s moved; agent %s may still hold its old settings, and its old IPUs there stay out of use "
+                        "until the health pass sees them cleared: %s", partition.id, agent_id, reason)
     finally:
+        for agent_id in uncleared - set(partition.agent_ids):
+            owner.keep_uncleared(agent_id, before)
         owner.unlinger(partition.id)
     return (yield from configure(owner, partition, "fail"))
 
@@ -254,6 +263,7 @@ def reconcile(owner: Steps, agent: Agent, stray: list[str], lost: list[tuple[Par
     for partition_id, error in zip(stray, outcomes[:len(stray)], strict=True):
         if error is None:
             log.info("agent %s: cleared partition %s, which the store does not hold as active", agent.id, partition_id)
+            owner.cleared(agent.id, partition_id)
         else:
             log.warning("agent %s: could not clear partition %s: %s", agent.id, partition_id, error.message)
     for (partition, _), error in zip(lost, outcomes[len(stray):], strict=True):

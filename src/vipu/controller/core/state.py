@@ -34,6 +34,8 @@ class AllocationState:
     partitions: dict[str, Partition] = dataclasses.field(default_factory=dict)
     used: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # agent -> IPUs taken, as placement reads them
     lingering: dict[str, frozenset[Ipu]] = dataclasses.field(default_factory=dict)  # a moving partition's old IPUs, until cleared
+    uncleared: dict[tuple[str, str], frozenset[Ipu]] = dataclasses.field(default_factory=dict)  # (agent, partition) -> IPUs its
+    # machine may still hold settings on: forgotten or moved while that agent did not confirm the clear, until it is seen cleared
     queue: queue_model.Lines[WaitingRequest] = dataclasses.field(default_factory=request_lines)
     held: Shape = frozenset()  # the IPUs held for the first waiting request, `held_for`
     held_for: str = ""
@@ -107,8 +109,32 @@ class AllocationState:
         self._free(ipus)
         return True
 
+    def keep_uncleared(self, agent_id: str, partition_id: str, indices: Iterable[int]) -> None:
+        """IPUs of an agent that may still hold a partition's settings stay out of placement (a
+        create sent there would meet those settings) until `cleared`."""
+        ipus = frozenset((agent_id, index) for index in indices)
+        self.cleared(agent_id, partition_id)
+        self.uncleared[(agent_id, partition_id)] = ipus
+        self._take(ipus)
+
+    def cleared(self, agent_id: str, partition_id: str) -> bool:
+        """An agent is seen holding nothing of the partition (any more); whether IPUs were kept for it."""
+        ipus = self.uncleared.pop((agent_id, partition_id), None)
+        if ipus is None:
+            return False
+        self._free(ipus)
+        return True
+
+    def held_back(self) -> dict[str, frozenset[Ipu]]:
+        """IPUs taken by no partition that placement must not use yet, by the partition they were
+        last of: a moving partition's old IPUs, and those whose clear is unconfirmed."""
+        held = dict(self.lingering)
+        for (_, partition_id), ipus in self.uncleared.items():
+            held[partition_id] = held.get(partition_id, frozenset()) | ipus
+        return held
+
     def holders(self) -> dict[Ipu, str]:
-        held = {ipu: partition_id for partition_id, ipus in self.lingering.items() for ipu in ipus}
+        held = {ipu: partition_id for partition_id, ipus in self.held_back().items() for ipu in ipus}
         held.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
         return held
 

@@ -116,6 +116,36 @@ class Steps(Turns):
         if self.state.unlinger(partition_id):
             self._changed = self._queue_dirty = True
 
+    def forgetting(self, partition: Partition, uncleared: list[str]) -> Write:
+        """A partition's removal, committed although the agents `uncleared` did not confirm its
+        clear: its IPUs there stay out of placement until they are seen cleared (`cleared`)."""
+        write = self.transit(partition, ("removed", {}))
+        plain_apply, plain_undo = write.apply, write.undo
+
+        def apply() -> None:
+            for agent_id in uncleared:
+                self.keep_uncleared(agent_id, partition)
+            plain_apply()
+
+        def undo() -> None:
+            plain_undo()
+            for agent_id in uncleared:
+                self.state.cleared(agent_id, partition.id)
+
+        write.apply, write.undo = apply, undo
+        return write
+
+    def keep_uncleared(self, agent_id: str, partition: Partition) -> None:
+        """The partition's IPUs at an agent that did not confirm their clear stay out of placement."""
+        self.state.keep_uncleared(agent_id, partition.id, [i.index for i in partition.ipus if i.agent_id == agent_id])
+        self._changed = True
+
+    def cleared(self, agent_id: str, partition_id: str) -> None:
+        """An agent is seen holding nothing of a partition: IPUs kept out for it are free again."""
+        if self.state.cleared(agent_id, partition_id):
+            log.info("agent %s: its IPUs of partition %s are seen cleared and free again", agent_id, partition_id)
+            self._changed = self._queue_dirty = True
+
     def granting(self, request: WaitingRequest, partition: Partition) -> Write:
         """A request's grant: it ends, and its partition is recorded, in one transaction."""
         state = self.state

@@ -478,7 +478,7 @@ class Turns:
         state.touched.clear()
         self.snapshot = AllocationSnapshot(
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
-            used=used, lingering=dict(state.lingering),
+            used=used, held_back=state.held_back(),
             busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
             down=frozenset(state.down), test=state.test, closing=state.closing)
         partitions_changed = self._partitions_changed

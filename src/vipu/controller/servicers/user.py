@@ -40,8 +40,8 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.CreatePartitionReply(partition_id=partition.id, ipuof_config=convert.config_to_proto(partition, gcds, version))
 
     def RemovePartition(self, request, context):
-        self.requests.remove(request.partition_id, force=request.force, access=caller())
-        return pb.RemovePartitionReply()
+        uncleared = self.requests.remove(request.partition_id, force=request.force, access=caller())
+        return pb.RemovePartitionReply(uncleared_agents=uncleared)
 
     def ResetPartition(self, request, context):
         if request.relocate:

@@ -251,10 +251,11 @@ class PartitionService:
         command = RelocatePartition(partition_id=partition_id, access=access, automatic=automatic, only_off_failed=only_off_failed)
         return lifecycle.copy(self._ask_owner(snapshot.id, command, f"the move of partition {partition_id}"))
 
-    def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
+    def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> builtins.list[str]:
         """Clear a partition from its agents and forget it. A forced remove of a partition under
         another operation waits for that operation to end (up to a minute), so that once it returns
-        no agent holds the partition; it also forgets one whose agents cannot be reached. A remove
+        no agent holds the partition; it also forgets one whose agents cannot be reached, and returns
+        those agents (their IPUs stay out of use until the health pass sees them cleared). A remove
         sent while the partition's create is still on its way goes to the same owner, behind it:
         the create is under way there by then (a job's end that races its start leaves nothing)."""
         owner = self.owners.holding(partition_id, in_flight=True)
@@ -262,8 +263,9 @@ class PartitionService:
             raise NotFound(f"partition {shown(partition_id)} does not exist")
         busy = f"partition {partition_id} is still busy ({owner.snapshot.busy.get(partition_id, 'under way')}) after " \
                f"{FORCED_REMOVE_WAIT_SECONDS:g} s; try again"
-        self._ask(owner, RemovePartition(partition_id=partition_id, access=access, force=force), f"the removal of partition {partition_id}",
-                  FORCED_REMOVE_WAIT_SECONDS if force else START_SECONDS, busy)
+        uncleared = self._ask(owner, RemovePartition(partition_id=partition_id, access=access, force=force),
+                              f"the removal of partition {partition_id}", FORCED_REMOVE_WAIT_SECONDS if force else START_SECONDS, busy)
+        return list(uncleared or [])
 
     # Helpers
 

@@ -20,6 +20,7 @@ clients pause before calling again, longer each time (`vipu.client.retry.answere
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
@@ -149,19 +150,19 @@ class RequestService:
         owner.submit(command)
         command.reply.wait(START_SECONDS, f"the cancel of the request of partition {partition_id}")
 
-    def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> None:
+    def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> builtins.list[str]:
         """Remove a partition, or cancel its request if it still waits (what integrations call when a
         job ends). A request that starts meanwhile has its partition removed instead (a forced
-        remove waits for its create to end)."""
+        remove waits for its create to end). Returns the agents a forced remove could not clear."""
         owner = self.owners.holding(partition_id)
         if owner is not None and partition_id not in owner.snapshot.partitions and owner.snapshot.queue.get(partition_id):
             try:
                 self.cancel(partition_id, access)
-                return
+                return []
             except Conflict as started:  # granted meanwhile: it is a partition now, or about to be
                 log.info("partition %s: %s; removing the partition instead", partition_id, started.message)
                 self._settle_start(partition_id)
-        self.partitions.remove(partition_id, force=force, access=access)
+        return self.partitions.remove(partition_id, force=force, access=access)
 
     def _settle_start(self, partition_id: str, seconds: float = 5.0) -> None:
         """Until the partition of a request granted meanwhile is committed and seen, briefly."""
