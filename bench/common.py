@@ -120,9 +120,14 @@ def _cpu_model() -> str:
 
 
 def git_revision() -> str:
-    """The revision measured, marked `-dirty` when the files differ from it (a copy of a working tree)."""
-    done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    return done.stdout.strip()
+    """The revision measured, marked `-dirty` when its files differ from it (a copy of a working
+    tree); the results recorded so far (bench/results, which a run of several benchmarks writes as
+    it goes) are not what is measured."""
+    tree = Path(__file__).parent.parent
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=tree).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                             capture_output=True, text=True, cwd=tree).stdout.strip()
+    return f"{revision}-dirty" if changed else revision
 
 
 def save(name: str, data: dict) -> Path:
