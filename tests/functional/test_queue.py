@@ -127,6 +127,27 @@ def test_a_waiting_command_ended_by_a_signal_withdraws_its_request_and_leaves_no
     assert rows(pod.user("list", "partitions").out) == [] and pod.held_anywhere("gone") == []
 
 
+def test_a_request_whose_waiter_vanished_is_withdrawn_at_its_lease_and_leaves_no_partition(pod):
+    """A waiter killed outright (SIGKILL, a lost machine) withdraws nothing itself: the controller
+    withdraws a request nobody has asked after for its lease."""
+    pod.stop_server()
+    pod.start_server("--request-lease", "5")
+    try:
+        pod.register(machines=2)
+        assert pod.user("create", "partition", "full", "--size", "8").code == 0
+        waiter = Waiter(pod, "vanished", "--size", "4", "--timeout", "600")
+        wait_until(lambda: len(queued(pod)) == 1, what="the request to wait")
+        waiter.process.kill()
+        waiter.result()
+        wait_until(lambda: queued(pod) == [], timeout=30, what="the controller to withdraw the request")
+        assert "the request of partition vanished was withdrawn: nobody asked after it for 5 s" in pod.logged("was withdrawn")
+        assert pod.user("remove", "partition", "full").code == 0
+        assert rows(pod.user("list", "partitions").out) == [] and pod.held_anywhere("vanished") == []
+    finally:
+        pod.stop_server()
+        pod.start_server()
+
+
 def test_a_waiting_request_outlives_a_restart_of_the_controller_and_its_client_goes_on_waiting(pod):
     pod.register(machines=2)
     assert pod.user("create", "partition", "full", "--size", "8").code == 0

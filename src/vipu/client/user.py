@@ -67,9 +67,11 @@ class UserClient(EndpointClient):
 
     def create_or_queue(self, partition_id: str, size: int, *, wait_seconds: int = 0, index: int | None = None,
                         disable_auto_reset: bool = False, keep_on_error: bool = False, relocatable: bool = False,
-                        **requirements) -> pb.CreatePartitionReply:
+                        detached: bool = False, **requirements) -> pb.CreatePartitionReply:
         """One create call: the reply carries the new partition's IPUoF configuration, or, given
-        `wait_seconds`, where its request waits for room (`queued`) if it does not fit now.
+        `wait_seconds`, where its request waits for room (`queued`) if it does not fit now. A waiting
+        request is withdrawn once nobody asks after it (`wait_once`) for the controller's lease, its
+        waiter being gone; one `detached` (to be picked up later) has no lease.
         `requirements` are PartitionRequirements' fields, by their names in `create_partition`."""
         names = {"ipulink_routing": "ipulink_routing_type"}  # the rest are named as the message names them
         asked = pb.PartitionRequirements(id=partition_id, size=size, **{names.get(k, k): v for k, v in requirements.items()})
@@ -77,7 +79,7 @@ class UserClient(EndpointClient):
             asked.index = index
         return self._call("CreatePartition", pb.CreatePartitionRequest(
             requirements=asked, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, relocatable=relocatable,
-            wait_seconds=wait_seconds))
+            wait_seconds=wait_seconds, detached=detached))
 
     def wait_once(self, partition_id: str, seconds: int) -> pb.WaitPartitionReply:
         """One waiting call: at most `seconds` (and WAIT_CALL_SECONDS) until the partition is settled;

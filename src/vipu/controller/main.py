@@ -259,12 +259,15 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
               help="With --secure: how many requests one user may have waiting for room (create --wait); one more is refused.")
 @click.option("--max-waiting", type=click.IntRange(1, 10_000_000), default=QueueLimits.total, show_default=True,
               help="How many requests may wait for room on this controller in all; one more is refused.")
+@click.option("--request-lease", type=click.FloatRange(5, 86_400), default=QueueLimits.lease_seconds, show_default=True,
+              help="Seconds a waiting request lives without its waiter asking after it (create --wait asks every 20 s at "
+                   "most); then it is withdrawn, its waiter being gone. Requests made to be picked up later have no lease.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
-         sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, log_level):
+         sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -297,6 +300,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             advertise_address=advertise_address or (listen_address if listen_address not in ("0.0.0.0", "::") else socket.getfqdn()),
             max_waiting_per_user=max_waiting_per_user,
             max_waiting=max_waiting,
+            request_lease_seconds=request_lease,
         )
         deposed: list[str] = []
 

@@ -67,6 +67,7 @@ class ServerConfig:
     login_lockout: float = 60.0
     max_waiting_per_user: int = QueueLimits.per_user  # requests one user of secure mode may have waiting for room
     max_waiting: int = QueueLimits.total  # requests that may wait for room on this controller, in all
+    request_lease_seconds: float = QueueLimits.lease_seconds  # a waiting request nobody asks after for this long is withdrawn
 
 
 def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
@@ -106,7 +107,8 @@ class Controller:
         self.changes = ChangeFeed()
         self.store.on_commit = self._committed
         self.services = services = ControllerServices(self.store, self.gateway, self.changes, config.workers,
-                                                      QueueLimits(config.max_waiting_per_user, config.max_waiting), takeover_grant(config))
+                                                      QueueLimits(config.max_waiting_per_user, config.max_waiting,
+                                                                  config.request_lease_seconds), takeover_grant(config))
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health

@@ -226,8 +226,11 @@ class Partitions:
                       datetime.now(UTC).isoformat(timespec="seconds"))
         self.tracker.put(request.id, entry)  # first, so that a crash cannot leave an untracked partition
         try:
+            # The proxy tracks the request and withdraws it when its job goes (not a waiter's lease): its
+            # launcher asks after it only while its pod runs.
             made = self._user(controller).create_or_queue(request.id, request.size, cluster_id=self.cluster_id,
-                                                          num_replicas=request.replicas, wait_seconds=self.queue_seconds)
+                                                          num_replicas=request.replicas, wait_seconds=self.queue_seconds,
+                                                          detached=True)
         except AlreadyExists:
             self.tracker.drop(request.id)
             raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "

@@ -74,6 +74,7 @@ class WaitingRequest:
     deadline: datetime  # UTC: it goes away then, if it has not started
     keep_on_error: bool = False
     sequence: int = 0  # its place in arrival order, given by the store
+    detached: bool = False  # made to be picked up later: no waiter renews a lease on it (`vipu.controller.core.queueing`)
     held: Shape = field(default_factory=frozenset)  # the IPUs held for it while it is first
 
     @property

@@ -20,9 +20,10 @@ from vipu.store.partitions import PartitionRepository, _moment, _Sql, _utc
 from vipu.store.schema import PartitionRequestRow
 
 REQUESTS = typing.cast(Table, PartitionRequestRow.__table__)
-_COLUMNS = ("partition_id", "allocation_id", "owner", "requirements", "keep_on_error", "since", "deadline", "held")
+_COLUMNS = ("partition_id", "allocation_id", "owner", "requirements", "keep_on_error", "since", "deadline", "held", "detached")
 INSERT_REQUEST = _Sql(f"INSERT INTO partition_requests ({', '.join(_COLUMNS)}) VALUES "
-                      f"(:partition_id, :allocation_id, :owner, :json_requirements, :keep_on_error, :since, :deadline, :json_held)")
+                      f"(:partition_id, :allocation_id, :owner, :json_requirements, :keep_on_error, :since, :deadline, :json_held, "
+                      f":detached)")
 REQUEST_OF_PARTITION = _Sql("SELECT sequence FROM partition_requests WHERE partition_id = :request")
 THE_REQUEST = "sequence = :arrival AND partition_id = :request"
 DELETE_REQUEST = _Sql(f"DELETE FROM partition_requests WHERE {THE_REQUEST}")
@@ -50,6 +51,7 @@ def _waiting(row) -> queue.WaitingRequest:
         request=_requirements_from_json(row.requirements), allocation_id=row.allocation_id, owner=row.owner or "",
         since=typing.cast(datetime, _utc(row.since)), deadline=typing.cast(datetime, _utc(row.deadline)),
         keep_on_error=row.keep_on_error, sequence=row.sequence, held=frozenset((agent, index) for agent, index in row.held or ()),
+        detached=bool(row.detached),
     )
 
 
@@ -73,7 +75,7 @@ class RequestRepository(PartitionRepository):
         values = {"partition_id": request.partition_id, "allocation_id": request.allocation_id, "owner": request.owner,
                   "json_requirements": json.dumps(_requirements_to_json(request.request)), "keep_on_error": request.keep_on_error,
                   "since": _moment(request.since, self.is_sqlite), "deadline": _moment(request.deadline, self.is_sqlite),
-                  "json_held": json.dumps([list(ipu) for ipu in sorted(request.held)])}
+                  "json_held": json.dumps([list(ipu) for ipu in sorted(request.held)]), "detached": request.detached}
         insert = INSERT_REQUEST.text(self.is_sqlite) + ("" if self.is_sqlite else " RETURNING sequence")
         outcome = self._run(insert, values, conflict=f"a request for partition {request.partition_id} is already waiting, or its "
                                                      "allocation went, by a concurrent change")

@@ -28,21 +28,29 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     func,
+    inspect,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 9  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 10  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
-# 8: cable_verdicts; 9: partitions.failed_on
+# 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached
 
 
 def _give_attach_keys(session: Session) -> None:
     """Partitions made before attach keys get one each; the health check then sends it to their agents."""
     for (partition_id,) in session.execute(text("SELECT id FROM partitions WHERE attach_key = ''")).all():
         session.execute(text("UPDATE partitions SET attach_key = :key WHERE id = :id"), {"key": new_attach_key(), "id": partition_id})
+
+
+def _add_request_detached(session: Session) -> None:
+    """Waiting requests say whether they were made to be picked up later (a store from before
+    version 7 has the table made whole by create_all already)."""
+    if "detached" not in {column["name"] for column in inspect(session.connection()).get_columns("partition_requests")}:
+        session.execute(text("ALTER TABLE partition_requests ADD COLUMN detached BOOLEAN NOT NULL DEFAULT false"))
 
 
 # What turns a store of one version into the next, beyond the tables create_all adds: SQL, or a
@@ -54,6 +62,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     7: ["ALTER TABLE partitions ADD COLUMN relocatable BOOLEAN NOT NULL DEFAULT false",
         "ALTER TABLE partitions ADD COLUMN relocation VARCHAR(512) NOT NULL DEFAULT ''"],
     9: ["ALTER TABLE partitions ADD COLUMN failed_on JSON"],
+    10: [_add_request_detached],
 }
 
 ID = String(64)
@@ -173,6 +182,7 @@ class PartitionRequestRow(Base):
     since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     deadline: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     held: Mapped[list] = mapped_column(JSON, default=list)  # [[agent, index], ...] held for it while it is first
+    detached: Mapped[bool] = mapped_column(Boolean, default=False)  # no waiter's lease: picked up later
 
 
 class ClusterTestRunRow(Base):

@@ -413,6 +413,22 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         reopened.close()
 
 
+def test_waiting_requests_of_a_store_before_leases_are_migrated_as_waited_for(populated, store_url):
+    from sqlalchemy import text
+
+    with populated.transaction() as tx:
+        tx.add_request(WaitingRequest(PartitionRequest("q1", 4), "a1", "", datetime.now(UTC), datetime.now(UTC) + timedelta(hours=1)))
+        tx.session.execute(text("ALTER TABLE partition_requests DROP COLUMN detached"))
+        tx.session.execute(text("UPDATE vipu_meta SET value = '9' WHERE key = 'schema_version'"))
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert [(r.partition_id, r.detached) for r in tx.list_requests()] == [("q1", False)]
+    finally:
+        reopened.close()
+
+
 def test_an_owning_controller_reads_its_configuration_from_memory_and_sees_its_own_changes(populated, store_url):
     statements = []
     event.listen(populated._read_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))

@@ -174,18 +174,20 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached")
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
     KEEP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
     keep_on_error: bool
     wait_seconds: int
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ...) -> None: ...
+    detached: bool
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")

@@ -151,6 +151,7 @@ class CreatePartition(Command):
     access: Access = OPEN_ACCESS
     keep_on_error: bool = False
     wait_seconds: float = 0.0
+    detached: bool = False  # a request to be picked up later: it waits with no lease for a waiter to renew
     may_queue: bool = False  # the caller chose this allocation to wait in: queue here when there is no room
     placed: bool = False  # set by the owner once it has placed (or queued) it: a later failure is the partition's, not a refusal
 

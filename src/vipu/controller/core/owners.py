@@ -42,10 +42,12 @@ CLEARING_WAIT_SECONDS = 30.0  # a create of an id being cleared waits this long 
 
 @dataclass(frozen=True)
 class QueueLimits:
-    """How many requests may wait: for one user of secure mode, and in all."""
+    """How many requests may wait: for one user of secure mode, and in all; and how long one waits
+    that nobody asks after (its waiter gone) before it is withdrawn."""
 
     per_user: int = 100
     total: int = 10_000
+    lease_seconds: float = 60.0  # three of a waiter's longest calls (WAIT_CALL_SECONDS): a live waiter renews it well before
 
 
 DEFAULT_LIMITS = QueueLimits()

@@ -35,13 +35,14 @@ class QueueKeeping(Steps):
     def _enqueue(self, command: CreatePartition, refusal: NoRoom) -> Body:
         now = datetime.now(UTC)
         waiting = WaitingRequest(command.request, self.id, command.access.user_id, now,
-                                 now + timedelta(seconds=command.wait_seconds), command.keep_on_error)
+                                 now + timedelta(seconds=command.wait_seconds), command.keep_on_error, detached=command.detached)
         self.owners.enter_queue(waiting.owner)
         entered = True
 
         def committed() -> None:
             self.state.queue.add(waiting)
             heapq.heappush(self._expiries, (waiting.deadline, waiting.sequence, waiting.partition_id))
+            self._lease(waiting)
             self.owners.settle_id(waiting.partition_id, self.id)
             self._queue_changed = self._queue_dirty = True
 
@@ -91,22 +92,52 @@ class QueueKeeping(Steps):
     def _expire_due(self) -> None:
         """End the requests whose deadline has passed. One whose end the store refused, or that
         finds the owner at its limit of operations, is tried again RETRY_SECONDS later."""
-        if len(self._expiries) > 2 * len(self.state.queue) + 64:  # most are of requests granted or cancelled since
-            self._expiries = [(r.deadline, r.sequence, r.partition_id) for r in self.state.queue]
+        queue = self.state.queue
+        if len(self._expiries) > 3 * len(queue) + 64:  # most are of requests granted or cancelled since
+            self._expiries = [(r.deadline, r.sequence, r.partition_id) for r in queue]
+            self._expiries += [(until, queue.by_key[p].sequence, p) for p, until in self._leases.items() if p in queue.by_key]
             heapq.heapify(self._expiries)
+            self._leases = {p: until for p, until in self._leases.items() if p in queue.by_key}
         now = datetime.now(UTC)
         while self._expiries and self._expiries[0][0] <= now:
             _, sequence, partition_id = heapq.heappop(self._expiries)
-            request = self.state.queue.get(partition_id)
+            request = queue.get(partition_id)
             if request is None or request.sequence != sequence:
                 continue
+            if request.deadline > now:  # its lease came due, not its deadline
+                until = self._leases.get(partition_id)
+                if until is None:
+                    continue
+                if until > now:  # renewed meanwhile
+                    heapq.heappush(self._expiries, (until, sequence, partition_id))
+                    continue
+                lease = self.owners.limits.lease_seconds
+                ending: VipuError = Conflict(f"the request of partition {partition_id} was withdrawn: nobody asked after it for "
+                                             f"{lease:g} s, so its waiter is gone")
+            else:
+                waited = (request.deadline - request.since).total_seconds()
+                reason = self.waiting(partition_id)
+                ending = NoRoom(f"no room for partition {partition_id} after waiting {waited:g} s: {reason.reason if reason else ''}")
             if partition_id in self.flows or len(self.under_way) >= OPERATIONS_LIMIT:
                 self._expire_later(request)
                 continue
-            waited = (request.deadline - request.since).total_seconds()
-            reason = self.waiting(partition_id)
-            ending = NoRoom(f"no room for partition {partition_id} after waiting {waited:g} s: {reason.reason if reason else ''}")
             self.start(Flow("expiring", self._expiring(request, ending), partition_id=partition_id))
+
+    def _lease(self, request: WaitingRequest) -> None:
+        """A whole lease for a waiting request (none for one to be picked up later), due in the
+        expiry heap when it ends before the request's deadline."""
+        if request.detached:
+            return
+        until = datetime.now(UTC) + timedelta(seconds=self.owners.limits.lease_seconds)
+        self._leases[request.partition_id] = until
+        if until < request.deadline:
+            heapq.heappush(self._expiries, (until, request.sequence, request.partition_id))
+
+    def renew(self, partition_id: str) -> None:
+        """Its waiter asked after a request: its lease starts again. Any thread may call it: it
+        replaces one value, which the owner reads when the lease comes due."""
+        if partition_id in self._leases:
+            self._leases[partition_id] = datetime.now(UTC) + timedelta(seconds=self.owners.limits.lease_seconds)
 
     def _expiring(self, request: WaitingRequest, ending: VipuError) -> Body:
         try:

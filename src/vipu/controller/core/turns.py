@@ -72,7 +72,12 @@ class Turns:
         self._queue_dirty = True
         self._pass_due = 0.0  # monotonic; 0: no pass waits to be retried
         self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
-        heapq.heapify(self._expiries)  # the waiting requests' deadlines, soonest first
+        # A waiting request's lease, which its waiter renews by asking after it (`renew`); one loaded
+        # from the store (a restart, a new leader) gets a whole lease, for its waiter to come back.
+        self._leases: dict[str, datetime] = {}
+        for request in state.queue:
+            self._lease(request)
+        heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
         self._explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
         self.snapshot = AllocationSnapshot(state.allocation, state.layout)
 
@@ -84,6 +89,10 @@ class Turns:
 
     def _expire_due(self) -> None:
         """End the requests whose deadline passed (`queueing`)."""
+        raise NotImplementedError
+
+    def _lease(self, request: WaitingRequest) -> None:
+        """Give a waiting request a whole lease (`queueing`)."""
         raise NotImplementedError
 
     def _queue_matters(self) -> bool:

@@ -33,7 +33,7 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
     def CreatePartition(self, request, context):
         created = self.requests.create(convert.requirements_from_proto(request), caller(), keep_on_error=request.keep_on_error,
-                                       wait_seconds=request.wait_seconds)
+                                       wait_seconds=request.wait_seconds, detached=request.detached)
         if isinstance(created, Waiting):
             return pb.CreatePartitionReply(partition_id=created.request.partition_id, queued=queued_to_proto(created))
         partition, gcds, version = created

@@ -175,9 +175,10 @@ class PartitionService:
         return created
 
     def create_or_queue(self, request: PartitionRequest, access: Access = OPEN_ACCESS, keep_on_error: bool = False,
-                        wait_seconds: float = 0.0, choose: object = None) -> Created | Waiting:
+                        wait_seconds: float = 0.0, choose: object = None, detached: bool = False) -> Created | Waiting:
         """Create the partition in the first allocation it fits; else, given `wait_seconds`, queue
-        the request in the allocation `choose(allocation ids)` picks of those it could fit in."""
+        the request in the allocation `choose(allocation ids)` picks of those it could fit in (with no
+        lease if `detached`: see `vipu.controller.core.queueing`)."""
         check_request(request)
         holder = self.owners.claim_id(request.id)
         if holder is not None:
@@ -186,7 +187,7 @@ class PartitionService:
             candidates = self.allocations_for(request, access)
             refusals: builtins.list[tuple[str, VipuError]] = []
             for allocation in candidates:
-                created = self._offer(allocation.id, request, access, keep_on_error, 0.0, refusals)
+                created = self._offer(allocation.id, request, access, keep_on_error, 0.0, refusals, detached)
                 if created is not None:
                     return created
             refusal = _refusal(request, refusals)
@@ -197,7 +198,7 @@ class PartitionService:
             if not open_ones:
                 raise Conflict(f"allocation {fitting[0]} is being removed: no request waits in it")
             chosen = choose(open_ones) if callable(choose) else open_ones[0]
-            queued = self._offer(chosen, request, access, keep_on_error, wait_seconds, refusals)
+            queued = self._offer(chosen, request, access, keep_on_error, wait_seconds, refusals, detached)
             if queued is None:
                 raise refusals[-1][1]
             return queued
@@ -205,7 +206,7 @@ class PartitionService:
             self.owners.release_claim(request.id)
 
     def _offer(self, allocation_id: str, request: PartitionRequest, access: Access, keep_on_error: bool, wait_seconds: float,
-               refusals: builtins.list[tuple[str, VipuError]]) -> Created | Waiting | None:
+               refusals: builtins.list[tuple[str, VipuError]], detached: bool = False) -> Created | Waiting | None:
         """Ask one allocation's owner to create the partition (or queue it, with `wait_seconds`); None,
         with its refusal added to `refusals`, if it places it nowhere."""
         owner = self.owners.owner(allocation_id)
@@ -213,7 +214,7 @@ class PartitionService:
             refusals.append((allocation_id, NotFound(f"allocation {shown(allocation_id)} does not exist")))
             return None
         command = CreatePartition(request=request, access=access, keep_on_error=keep_on_error, wait_seconds=wait_seconds,
-                                  may_queue=bool(wait_seconds))
+                                  may_queue=bool(wait_seconds), detached=detached)
         self.owners.offering(request.id, allocation_id)
         try:
             created = self._ask(owner, command, f"the create of partition {request.id}")

@@ -68,12 +68,13 @@ class RequestService:
         self._waiting_calls = threading.BoundedSemaphore(waiting_places(workers, watchers))
 
     def create(self, request: PartitionRequest, access: Access = OPEN_ACCESS, keep_on_error: bool = False,
-               wait_seconds: float = 0.0) -> Created | Waiting:
+               wait_seconds: float = 0.0, detached: bool = False) -> Created | Waiting:
         """Create the partition now if it fits (as `PartitionService.create_with_ipuof`); else, given
-        `wait_seconds`, queue the request and say where it waits and why."""
+        `wait_seconds`, queue the request and say where it waits and why. A queued request is
+        withdrawn once nobody has asked after it (`wait`) for the queue's lease, unless `detached`."""
         if wait_seconds < 0 or wait_seconds > MAX_WAIT_SECONDS:
             raise InvalidArgument(f"a request waits from 1 s to {MAX_WAIT_SECONDS} s (7 days), not {wait_seconds:g} s")
-        return self.partitions.create_or_queue(request, access, keep_on_error, wait_seconds, self._least_work_ahead)
+        return self.partitions.create_or_queue(request, access, keep_on_error, wait_seconds, self._least_work_ahead, detached)
 
     def _least_work_ahead(self, allocation_ids: tuple[str, ...]) -> str:
         """Of the allocations a request could fit in, the one with the fewest IPUs in use and waiting."""
@@ -92,6 +93,7 @@ class RequestService:
         `busy` if every waiting place was taken so that the call did not wait. A request that
         ended without a partition raises how it ended."""
         asked = min(max(seconds, 0.0), WAIT_CALL_SECONDS)
+        self._renew(partition_id, access)
         blocking = asked > 0 and self._waiting_calls.acquire(blocking=False)  # else answer at once: threads stay free
         busy = asked > 0 and not blocking
         deadline = time.monotonic() + (asked if blocking else 0.0)
@@ -108,6 +110,14 @@ class RequestService:
         finally:
             if blocking:
                 self._waiting_calls.release()
+            self._renew(partition_id, access)
+
+    def _renew(self, partition_id: str, access: Access) -> None:
+        """Its waiter asks after a waiting request: its lease starts again (at each end of a call, so
+        that the time between calls is what counts)."""
+        owner = self.owners.holding(partition_id)
+        if owner is not None and access.may_use(owner.id):
+            owner.renew(partition_id)
 
     def _settled(self, partition_id: str, access: Access) -> Settled | None:
         """The partition if it is settled, or its request if it waits; None while an operation on it is under way."""
