@@ -31,7 +31,8 @@ class Waiter:
         env.pop("VIPU_CLI_API_HOST", None)
         self.partition_id = partition_id
         self.process = subprocess.Popen(
-            [str(BIN / "vipu"), "-H", "127.0.0.1", "--api-port", str(pod.user_port), "--api-timeout", "10",
+            # SIGINT as a terminal's command has it: a test worker may ignore it, and its children with it
+            ["env", "--default-signal=INT", str(BIN / "vipu"), "-H", "127.0.0.1", "--api-port", str(pod.user_port), "--api-timeout", "10",
              "create", "partition", partition_id, "--wait", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=pod.directory)
 

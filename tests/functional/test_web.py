@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
@@ -30,6 +31,7 @@ from vipu.backends.sim.rack import generate_rack
 from vipu.client.settings import parse_hcl
 from vipu.model.entities import IldTopology
 from vipu.model.topology import GW_OUT_PORT, LinkKind
+from vipu.web import connections
 
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
@@ -530,6 +532,60 @@ def test_in_secure_mode_guessing_at_a_users_key_through_the_dashboard_locks_out_
     finally:
         dashboard.terminate()
         dashboard.wait(timeout=30)
+
+
+def resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+IDLE_CONNECTIONS = 2000
+MEMORY_BOUND_MB = 100  # what the dashboard may grow by while they are open: MOST connections of about 300 KB each, and some
+
+
+def test_in_secure_mode_idle_tls_connections_neither_grow_the_dashboard_nor_keep_a_user_out(secure_dashboard):
+    """2,000 connections that finish the TLS handshake and send nothing, from 100 addresses: the
+    dashboard keeps at most vipu.web.connections.MOST of them, closes them once they have sent no
+    request for its HEAD_SECONDS, grows by less than MEMORY_BOUND_MB, and a user logs in meanwhile."""
+    pod, _, keys = secure_dashboard
+    authority = ssl.create_default_context(cafile=str(pod.tls.ca_for(pod.tls.client_dir)))
+    web = pod.web.pid
+    files_before, memory_before = open_files(web), resident_mb(web)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, IDLE_CONNECTIONS + 512)), hard))
+    idle = []
+    try:
+        for n in range(IDLE_CONNECTIONS):
+            plain = socket.create_connection(("127.0.0.1", pod.web_port), timeout=10, source_address=(f"127.0.1.{1 + n % 100}", 0))
+            try:
+                idle.append(authority.wrap_socket(plain, server_hostname="localhost"))
+            except OSError:  # closed by the dashboard during the handshake: as good
+                plain.close()
+        assert open_files(web) <= files_before + connections.MOST + 16
+        peak = resident_mb(web)
+        assert peak - memory_before < MEMORY_BOUND_MB
+        connection = http.client.HTTPSConnection("127.0.0.1", pod.web_port, context=authority, timeout=30,
+                                                 source_address=("127.0.2.1", 0))
+        connection.request("POST", "/login", urlencode({"user": "alice", "key": keys["alice"], "next": "/"}),
+                           {"Content-Type": "application/x-www-form-urlencoded"})
+        assert connection.getresponse().status == 303  # a user gets in while they are open
+        connection.close()
+        deadline = time.monotonic() + connections.HEAD_SECONDS + 20
+        while open_files(web) > files_before + 16:  # the connections that sent nothing closed (the login's channel to the controller stays)
+            assert time.monotonic() < deadline, f"vipu-web has {open_files(web)} files open, {files_before} before"
+            time.sleep(0.5)
+        after = resident_mb(web)
+        assert after - memory_before < MEMORY_BOUND_MB
+        print(f"vipu-web resident: {memory_before:.0f} MB before, {peak:.0f} MB with {IDLE_CONNECTIONS} idle connections opened, "
+              f"{after:.0f} MB after they were closed")
+    finally:
+        for sock in idle:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_vipu_web_refuses_a_trusted_proxy_that_is_no_address_in_one_line(tmp_path):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import textwrap
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -114,13 +116,23 @@ def succeed(action: str, subject: str) -> None:
 Cell = str | Sequence[str]
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], top_rule: bool = True) -> str:
-    """An ASCII table in the seeds' style; a cell holding several lines spreads over rows."""
+LAST_COLUMN_MIN_WIDTH = 24  # a wrapped last column keeps at least this much, the table overflowing rather than less
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], top_rule: bool = True, fit: int | None = None) -> str:
+    """An ASCII table in the seeds' style; a cell holding several lines spreads over rows. Given
+    `fit` (a terminal's columns), the last column's text is wrapped to keep the table that wide."""
     lines_of = [[[str(c)] if isinstance(c, (str, int)) else [str(x) for x in c] or [""] for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in lines_of:
-        for i, cell in enumerate(row):
+        for i, cell in enumerate(row[:-1]):
             widths[i] = max([widths[i], *(len(line) for line in cell)])
+    if fit is not None and lines_of:
+        room = max(LAST_COLUMN_MIN_WIDTH, len(headers[-1]), fit - (sum(widths[:-1]) + 3 * len(widths) - 1))
+        for row in lines_of:
+            row[-1] = [wrapped for line in row[-1] for wrapped in textwrap.wrap(line, room, break_on_hyphens=False) or [""]]
+    for row in lines_of:
+        widths[-1] = max([widths[-1], *(len(line) for line in row[-1])])
 
     def line(cells: Sequence[str]) -> str:
         return "|".join(f" {cell.ljust(widths[i])} " for i, cell in enumerate(cells)).rstrip()
@@ -275,9 +287,10 @@ def requests_command(group: click.Group) -> None:
 
     @group.command("requests")
     @click.option("--allocation", "allocation_id", default="", help="Only this allocation's queue.")
+    @click.option("--wide", is_flag=True, help="On a terminal, each reason on one line however wide, not wrapped to fit.")
     @json_option
     @pass_client
-    def list_requests(client, allocation_id, as_json):
+    def list_requests(client, allocation_id, wide, as_json):
         """Show the partition requests waiting for room: their place in their allocation's queue,
         size, user, since when they wait and why."""
         with reporting("list requests"):
@@ -286,7 +299,13 @@ def requests_command(group: click.Group) -> None:
             return echo_json({"requests": queued})
         rows = [[str(q.position), q.partition_id, q.allocation_id, str(q.size), q.user or "-",
                  q.since.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC"), q.reason] for q in queued]
-        click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows))
+        click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows,
+                                fit=None if wide else terminal_width()))
+
+
+def terminal_width() -> int | None:
+    """The columns of the terminal standard output is; None when it is not one (a pipe, a file)."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def cancel_request_command(group: click.Group, whose: str) -> None:

@@ -32,9 +32,10 @@ from vipu.controller.servicers.admin import AdminServicer
 from vipu.controller.servicers.user import UserServicer
 from vipu.controller.servicers.version import VersionServicer
 from vipu.controller.usecases.agents import no_takeover
-from vipu.controller.usecases.users import LoginThrottle, UserService
+from vipu.controller.usecases.users import UserService
 from vipu.controller.wiring import ControllerServices
 from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.throttle import LoginThrottle
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
 log = logging.getLogger(__name__)

@@ -14,25 +14,33 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
+import threading
+import time
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vipu.client.retry import http_status
 from vipu.model.entities import shown
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
+from vipu.model.throttle import LoginThrottle
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
 from vipu.vpod.orchestrator import Credentials, Orchestrator, internal_error
 from vipu.vpod.store import SiteMachine, Vpod
 
+log = logging.getLogger(__name__)
+
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"
+ADMINISTRATOR = "administrator"  # whom the administrator key's failures are counted against, by address
 
 
 def hash_key(key: str) -> str:
@@ -162,26 +170,77 @@ ADMIN_KEY = HTTPBearer(scheme_name="AdminKey", auto_error=False,
                        description="The orchestrator's administrator key, made by vipu-vpod init: a site administrator.")
 
 
-def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None) -> FastAPI:
-    """The API. Its OpenAPI document declares the KeystoneToken scheme only when Keystone is the identity."""
+class KeyRefusals:
+    """Calls refused for the administrator key: counted by reason in `vipu_vpod_failed_logins_total`
+    and logged, at most one line every LOGGED_EVERY_SECONDS (saying how many more came meanwhile)."""
+
+    LOGGED_EVERY_SECONDS = 10.0
+
+    def __init__(self, registry: CollectorRegistry):
+        self.counter = Counter("vipu_vpod_failed_logins", "Calls to vipu-vpod refused for the administrator key, by reason.",
+                               ["reason"], registry=registry)
+        for reason in ("no key", "wrong key", "locked out"):
+            self.counter.labels(reason)
+        self._lock = threading.Lock()
+        self._last_logged, self._unlogged = 0.0, 0
+
+    def refused(self, address: str, reason: str) -> None:
+        self.counter.labels(reason).inc()
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_logged < self.LOGGED_EVERY_SECONDS:
+                self._unlogged += 1
+                return
+            also = f" (and {self._unlogged} more refusals since the last such line)" if self._unlogged else ""
+            self._last_logged, self._unlogged = now, 0
+        log.warning("a call from %s refused: %s%s", address or "an unknown address", reason, also)
+
+
+def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, throttle: LoginThrottle | None = None) -> FastAPI:
+    """The API. Its OpenAPI document declares the KeystoneToken scheme only when Keystone is the
+    identity. `throttle` counts wrong administrator keys by address and locks an address out (by
+    default 10 within 60 s lock it out for 60 s); /metrics, outside the document, counts them."""
     app = FastAPI(title="vipu-vpod", description="Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely.")
     stored_key = orchestrator.store.setting(ADMIN_KEY_SETTING)
+    decoy = hash_key(secrets.token_urlsafe(16))  # what a call without a key is checked against, so that it costs what a wrong key does
     asked = "a Keystone token (X-Auth-Token) or " if tokens is not None else ""
+    throttle = throttle or LoginThrottle()
+    registry = CollectorRegistry()
+    refusals = KeyRefusals(registry)
 
-    def identify(token: str | None, bearer: HTTPAuthorizationCredentials | None) -> Caller:
-        """Run in a worker thread (FastAPI's for sync dependencies): scrypt and Keystone stay off the event loop."""
+    def identify(request: Request, token: str | None, bearer: HTTPAuthorizationCredentials | None) -> Caller:
+        """Run in a worker thread (FastAPI's for sync dependencies): scrypt and Keystone stay off the
+        event loop. Every refusal for the key costs one scrypt, key or none, but for a locked-out
+        address, which costs none."""
         if token and tokens is not None:
             return tokens.caller(token)
-        if bearer is not None and bearer.credentials and stored_key is not None and key_matches(bearer.credentials.strip(), stored_key):
+        address = request.client.host if request.client else ""
+        try:
+            throttle.check(address, ADMINISTRATOR)
+        except Unauthenticated:
+            refusals.refused(address, "locked out")
+            raise
+        given = bearer.credentials.strip() if bearer is not None and bearer.credentials else ""
+        matches = key_matches(given, stored_key or decoy)
+        if matches and given and stored_key is not None:
+            throttle.succeeded(address, ADMINISTRATOR)
             return SITE_ADMINISTRATOR
+        refusals.refused(address, "wrong key" if given else "no key")
+        for lockout in throttle.failed(address, ADMINISTRATOR):
+            log.warning("%s", lockout)
         raise Unauthenticated(f"give {asked}the orchestrator's administrator key (Authorization: Bearer KEY)")
 
-    def token_or_key(token: str | None = Security(KEYSTONE_TOKEN),
+    def token_or_key(request: Request, token: str | None = Security(KEYSTONE_TOKEN),
                      bearer: HTTPAuthorizationCredentials | None = Security(ADMIN_KEY)) -> Caller:
-        return identify(token, bearer)
+        return identify(request, token, bearer)
 
-    def key_only(bearer: HTTPAuthorizationCredentials | None = Security(ADMIN_KEY)) -> Caller:
-        return identify(None, bearer)
+    def key_only(request: Request, bearer: HTTPAuthorizationCredentials | None = Security(ADMIN_KEY)) -> Caller:
+        return identify(request, None, bearer)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """Counts only (refusals by reason), as vipu-server's metrics end-point: no credentials."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     authenticated = token_or_key if tokens is not None else key_only
 

@@ -28,6 +28,7 @@ from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certifica
 from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
+from vipu.model.throttle import LoginThrottle
 from vipu.vpod import crash
 from vipu.vpod.store import VpodStore
 
@@ -129,10 +130,14 @@ def init(data_dir, db_url, tls_hosts):
               help="With --kubernetes-namespace: where the controllers are reached. Default: each one's Service, NAME.NAMESPACE.svc.")
 @click.option("--test-on-release", is_flag=True,
               help="Run the cluster test on a vPOD's machines when it is released; those it fails on are held back from the pool.")
+@click.option("--login-failures", type=click.IntRange(0), default=10, show_default=True,
+              help="Wrong administrator keys from one address within --login-lockout that lock the address out; 0: never.")
+@click.option("--login-lockout", type=click.FloatRange(1), default=60.0, show_default=True,
+              help="Seconds an address stays locked out, and the window its failures are counted in.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
-          kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, log_level):
+          kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with reporting("serve"):
         try:
@@ -190,7 +195,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
                 raise InvalidArgument("Keystone needs the service user's password: --keystone-password-file or VIPU_VPOD_KEYSTONE_PASSWORD")
             tokens = KeystoneTokens(keystone_url, keystone_user, password, keystone_project, keystone_admin_role, keystone_admin_project)
         threading.Thread(target=tenants.supervise, args=(orchestrator.running, stop), name="supervisor", daemon=True).start()
-        app = make_app(orchestrator, tokens)
+        app = make_app(orchestrator, tokens, LoginThrottle(login_failures, login_lockout))
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning"))
 
     def announce() -> None:  # once it listens, for whoever waits for it

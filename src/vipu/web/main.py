@@ -63,6 +63,7 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
         import uvicorn
 
         from vipu.web.app import create_app
+        from vipu.web.connections import GuardedH11Protocol
         from vipu.web.sessions import Sessions
     except ImportError as missing:
         click.echo(f"vipu-web: the dashboard needs vipu's web extra ({missing.name} is missing): pip install 'vipu[web]'", err=True)
@@ -82,6 +83,7 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
     app = create_app(sessions, ", ".join(settings.addresses))
     # A login's address is the socket's, or what a trusted proxy says; never an X-Forwarded-For anyone may send.
     server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning", access_log=False,
+                                           http=GuardedH11Protocol,  # idle and slow connections bounded (vipu.web.connections)
                                            proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
                                            timeout_graceful_shutdown=2, ssl_certfile=str(tls.server_cert) if secure else None,
                                            ssl_keyfile=str(tls.server_key) if secure else None))

@@ -30,3 +30,17 @@ def test_a_key_value_table_has_no_header():
         " Status   | Up",
         "----------------",
     ]
+
+
+def test_a_table_fits_a_terminal_by_wrapping_its_last_column():
+    reason = ("number 2 in the queue, behind first (4 IPUs); no free 8-IPU run in allocation alloc-1: all 8 of its IPUs are in "
+              "use; the IPUs it could take are held for first, first in the queue")
+    headers = ["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"]
+    rows = [["2", "second", "alloc-1", "8", "-", "2026-11-27 10:00:00 UTC", reason]]
+    wide = render_table(headers, rows)
+    assert len(wide.splitlines()) == 5 and max(len(line) for line in wide.splitlines()) > 200
+    fitted = render_table(headers, rows, fit=120).splitlines()
+    assert max(len(line) for line in fitted) == 120
+    assert " ".join(line.split("|")[-1].strip() for line in fitted[3:-1]) == reason  # every word kept, in order
+    narrow = render_table(headers, rows, fit=40).splitlines()  # the other columns are not cut: the last keeps a minimum
+    assert all(len(line.split("|")[-1].strip()) <= 24 for line in narrow[3:-1])

@@ -7,9 +7,10 @@ import pytest
 from vipu.api import credentials
 from vipu.controller.auth import Authenticator, caller
 from vipu.controller.usecases import users as users_module
-from vipu.controller.usecases.users import LoginThrottle, UserService
+from vipu.controller.usecases.users import UserService
 from vipu.model.entities import Allocation, Cluster, Role
 from vipu.model.errors import Conflict, NotFound, PermissionDenied, Unauthenticated
+from vipu.model.throttle import LoginThrottle
 from vipu.store.store import Store
 
 
