@@ -91,5 +91,7 @@ def main(listen_address, port, api_host, api_port, admin_port, secure, tls_dir, 
                                        "https" if secure else "http", listen_address, port)
     try:
         server.run(sockets=[listening])
+    except KeyboardInterrupt:  # uvicorn stopped on Ctrl-C and raised it again: a stop asked for, said in no more words
+        pass
     finally:
         sessions.close()

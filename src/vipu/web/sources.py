@@ -179,6 +179,7 @@ class Source:
                 log.exception("telling a page of a change failed")
 
     def _watch(self) -> None:
+        logged = None  # the last problem logged: one that comes back every RETRY_SECONDS (a controller starting) is logged once
         while not self._closed.is_set():
             try:
                 ended = self._follow()
@@ -190,10 +191,14 @@ class Source:
             if self._closed.is_set():
                 return
             if ended is None:
+                logged = None
                 continue
             self.problem = ended
             self._changed(set(PARTS), watching=False)
-            log.info("watching vipu-server's changes for %s: %s", self.viewer.user_id or "the dashboard", ended)
+            if ended != logged:
+                log.info("watching vipu-server's changes for %s: %s%s", self.viewer.user_id or "the dashboard", ended,
+                         f" (trying again every {RETRY_SECONDS:g} s)")
+                logged = ended
             self._closed.wait(RETRY_SECONDS)
 
     def _follow(self) -> str | None:
