@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.functional.harness import BIN, wait_until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.functional
 
@@ -77,10 +78,11 @@ def scratch(tmp_path):
         process.wait(timeout=30)
 
 
-def run_walkthrough(block: list[str], directory: Path, env: dict, background: list, ready: str, outputs_shown: bool = True) -> None:
+def run_walkthrough(block: list[str], directory: Path, env: dict, background: list, ready: str, outputs_shown: bool = True) -> Path:
     """Run each `$ ` line; with `outputs_shown`, compare what it prints with the lines under it,
     else only require it to succeed. A line ending in & runs on until the test ends, once it
-    printed `ready`."""
+    printed `ready`. A line that changes directory (`mkdir -p D && cd D`) moves the lines after it
+    there, as a shell would; the directory the walk-through ends in."""
     steps: list[tuple[str, list[str]]] = []
     for line in block:
         if line.startswith("$ "):
@@ -89,6 +91,11 @@ def run_walkthrough(block: list[str], directory: Path, env: dict, background: li
             steps[-1][1].append(line)
     assert steps, "the README shows commands"
     for command, shown in steps:
+        if re.fullmatch(r"(mkdir -p \S+ && )?cd \S+", command):
+            moved = subprocess.run(["bash", "-c", f"{command} && pwd"], cwd=directory, env=env, capture_output=True, text=True,
+                                   timeout=30, check=True)
+            directory = Path(moved.stdout.strip())
+            continue
         if command.endswith("&"):
             log = directory / f"background-{len(background)}.log"
             with open(log, "ab") as out:
@@ -105,34 +112,69 @@ def run_walkthrough(block: list[str], directory: Path, env: dict, background: li
         assert len(seen) == len(shown), (command, seen, shown)
         for line, expected in zip(seen, shown, strict=True):
             assert re.fullmatch(as_pattern(expected), line), (command, line, expected)
+    return directory
 
 
-def test_the_secure_mode_walkthrough_works_as_written(scratch):
-    directory, env, background = scratch
+def secure_mode(tree: Path, env: dict, background: list) -> None:
     taken = busy([8090, 8091, 8092, *simulated_pod_ports(4)])
     assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
-    run_walkthrough(first_block(section("Secure mode")), directory, env, background, "try: vipu create partition")
-    run_walkthrough(first_block(section("Secure mode"), "come from that authority"), directory, env, background, "")
+    directory = run_walkthrough(first_block(section("Secure mode")), tree, env, background, "try: vipu create partition")
+    directory = run_walkthrough(first_block(section("Secure mode"), "come from that authority"), directory, env, background, "")
     assert (directory / "m01-certs" / "agent.pem").exists() and (directory / "tenant-a-certs" / "controller" / "ca.pem").exists()
 
 
-def test_the_simulated_hardware_walkthrough_works_as_written(scratch):
-    directory, env, background = scratch
+def simulated_hardware(tree: Path, env: dict, background: list) -> None:
     taken = busy(simulated_pod_ports(64))
     assert not taken, f"the walk-through's agents use the default ports; something else holds {taken}"
     block = first_block(section("The simulated hardware"), "faults into them:")
     commands = [f"$ {line}" + (" &" if line.startswith("vipu-agent") else "") for line in block]
-    run_walkthrough(commands, directory, env, background, "served on", outputs_shown=False)
+    directory = run_walkthrough(commands, tree, env, background, "served on", outputs_shown=False)
     assert "m08:7" in (directory / "pod.yaml").read_text()
 
 
-def test_the_tenant_vpod_walkthrough_works_as_written(scratch):
-    directory, env, background = scratch
+def tenant_vpods(tree: Path, env: dict, background: list) -> None:
     taken = busy([8095, 9100, 9101, 9102, *simulated_pod_ports(16, base=18301)])
     assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
+    home = Path(env["HOME"])
     try:
-        run_walkthrough(first_block(section("Tenant vPODs")), directory, env, background, "serve")
+        run_walkthrough(first_block(section("Tenant vPODs")), tree, env, background, "serve")
     finally:  # the tenant's controller runs in a session of its own: stop it if the release did not
-        for pid_file in (directory / ".local/share/vipu-vpod/vpods").glob("*/controller.pid"):
+        for pid_file in (home / ".local/share/vipu-vpod/vpods").glob("*/controller.pid"):
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def scripts_pod(tree: Path, env: dict, background: list) -> None:
+    """The set-up's main job, `scripts/pod`: its pod in the default data directory, and the dashboard."""
+    taken = busy([8090, 8091, 8092, *simulated_pod_ports(16)])
+    assert not taken, f"scripts/pod uses the default ports; something else holds {taken}"
+    run_walkthrough([f"$ {README.parent / 'scripts' / 'pod'} &"], tree, {**env, "VIPU_WEB_PORT": str(free_port())}, background,
+                    "the dashboard:")
+    assert "give --sim-rebuild" not in "".join(log.read_text() for log in tree.glob("background-*.log"))
+
+
+def stop(background: list) -> None:
+    """End what a walk-through left running (each the README leaves to Ctrl-C), before the next uses its ports."""
+    for process in background:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    background.clear()
+
+
+WALKTHROUGHS = {"secure mode": secure_mode, "the simulated hardware": simulated_hardware, "tenant vPODs": tenant_vpods,
+                "scripts/pod": scripts_pod}
+
+
+@pytest.mark.parametrize("order", [list(WALKTHROUGHS), list(reversed(WALKTHROUGHS))], ids=["in order", "reversed"])
+def test_the_walkthroughs_work_as_written_in_any_order_on_one_machine_and_write_nothing_in_the_tree(scratch, order):
+    """Every walk-through, one after the other in one home, as a new user tries them, in two
+    orders; run from a directory standing for a clone of vipu, where none of them writes a file
+    (keys and certificates least of all)."""
+    home, env, background = scratch
+    tree = home / "vipu"
+    tree.mkdir()
+    for name in order:
+        WALKTHROUGHS[name](tree, env, background)
+        stop(background)
+        left = sorted(path.name for path in tree.iterdir() if not path.name.startswith("background-"))
+        assert left == [], f"{name} wrote {left} in the tree"
