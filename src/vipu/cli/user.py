@@ -33,7 +33,8 @@ from vipu.cli.common import (
 from vipu.client.settings import client_settings
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.errors import InvalidArgument
+from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
+from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.queue import MAX_WAIT_SECONDS
 
 SYNC_TYPES = {
@@ -171,15 +172,28 @@ def remove_partition(user, partition_id, force, ipuof_dir):
     """Remove a partition and delete its IPUoF configuration."""
     directory = ipuof_dir or ipuof_files.default_dir()
     with reporting("remove partition", partition_id):
+        key = own_attach_key(user, directory, partition_id)
         uncleared = user.remove_partition(partition_id, force=force)
         try:
-            ipuof_files.remove(directory, partition_id)
+            ipuof_files.remove(directory, partition_id, key)
         except OSError as error:
             raise InvalidArgument(f"the partition is removed, but not its IPUoF files in {directory}: {error.strerror}") from error
     succeed("remove partition", partition_id)
     if uncleared:
         click.echo(f"remove partition ({partition_id}): warning: agent(s) {', '.join(uncleared)} did not confirm the clear; "
                    "their IPUs stay out of use until the controller sees them cleared.", err=True)
+
+
+def own_attach_key(user: UserClient, directory: Path, partition_id: str) -> str | None:
+    """In the shared system directory, where another controller's partition of the same id may
+    have its files, the attach key of this controller's partition (whose files alone go); None
+    elsewhere: a partition's files there are its own."""
+    if not ipuof_files.shared(directory) or not ipuof_files.present(directory, partition_id):
+        return None
+    try:
+        return user.ipuof_config(partition_id).gcd_configs[0].attributes.get(ATTACH_KEY_ATTRIBUTE, "")
+    except VipuError:
+        return ""  # not this controller's to tell: its removal says why, and no file goes
 
 
 @reset.command("partition")
@@ -196,8 +210,9 @@ def reset_partition(user, partition_id, relocate, ipuof_dir):
         if relocate:
             directory = ipuof_dir or ipuof_files.default_dir()
             try:
-                ipuof_files.remove(directory, partition_id)
-                ipuof_files.write(directory, partition_id, user.ipuof_config(partition_id))
+                config = user.ipuof_config(partition_id)
+                ipuof_files.remove(directory, partition_id, config.gcd_configs[0].attributes.get(ATTACH_KEY_ATTRIBUTE))
+                ipuof_files.write(directory, partition_id, config)
             except OSError as error:
                 raise InvalidArgument(f"the partition moved, but its IPUoF files in {directory} could not be rewritten: "
                                       f"{error.strerror}") from error

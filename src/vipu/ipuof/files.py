@@ -14,6 +14,7 @@ chip id, software versions).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from vipu.api.atomic import write_file
 from vipu.api.protos import vipuuser_pb2 as pb
+from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 
 USER_DIR = Path("~/.ipuof.conf.d")
 SYSTEM_DIR = Path("/etc/ipuof.conf.d")
@@ -46,17 +48,37 @@ def write_gcd(path: Path, gcd: pb.PartitionConfig.Gcd, owner: int | None = None)
     write_file(path, (json.dumps(document(gcd), indent=2) + "\n").encode(), 0o600, owner)
 
 
+def shared(directory: Path) -> bool:
+    """Whether the directory is the system's (root's default), where every controller of the host
+    writes its partitions' files, so that a partition id of one may be taken by another's."""
+    return directory.expanduser().resolve() == SYSTEM_DIR.resolve()
+
+
+def attach_key_of(path: Path) -> str | None:
+    """The attach key a file holds; None if it cannot be read as an IPUoF file."""
+    try:
+        return str(json.loads(path.read_text())["attributes"][ATTACH_KEY_ATTRIBUTE])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def write(directory: Path, partition_id: str, config: pb.PartitionConfig, owner: int | None = None) -> list[Path]:
     """Write every GCD's file, each atomically and readable by its owner only (it holds the
     partition's attach key); `owner` (a uid) gets them, when the caller is root writing for a job's
-    user. The paths written."""
+    user. The paths written. In the shared system directory, a file of the same name holding
+    another partition's key (another controller's partition of that id, or one removed without
+    its files) is not replaced: an OSError says so and nothing is written."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for index, gcd in enumerate(config.gcd_configs):
-        path = directory / file_name(partition_id, index, len(config.gcd_configs))
+    targets = [(directory / file_name(partition_id, index, len(config.gcd_configs)), gcd) for index, gcd in enumerate(config.gcd_configs)]
+    if shared(directory):
+        for path, gcd in targets:
+            held = attach_key_of(path) if path.exists() else None
+            if held is not None and held != gcd.attributes.get(ATTACH_KEY_ATTRIBUTE):
+                raise FileExistsError(errno.EEXIST, f"{path.name} there holds another partition {partition_id}, another controller's "
+                                                    "or one removed without its files; remove that file, or give --ipuof-dir")
+    for path, gcd in targets:
         write_gcd(path, gcd, owner)
-        paths.append(path)
-    return paths
+    return [path for path, _ in targets]
 
 
 def gcd_files(directory: Path, partition_id: str) -> list[Path]:
@@ -70,11 +92,16 @@ def gcd_files(directory: Path, partition_id: str) -> list[Path]:
     return [path for _, path in sorted(numbered)]
 
 
-def remove(directory: Path, partition_id: str) -> list[Path]:
-    """Delete a partition's files; return the paths deleted."""
+def present(directory: Path, partition_id: str) -> list[Path]:
+    """A partition's files in a directory."""
     single = directory / file_name(partition_id, 0, 1)
-    removed = [single] if single.exists() else []
-    removed += gcd_files(directory, partition_id)
+    return sorted(([single] if single.exists() else []) + gcd_files(directory, partition_id))
+
+
+def remove(directory: Path, partition_id: str, attach_key: str | None = None) -> list[Path]:
+    """Delete a partition's files; with `attach_key`, only those holding that key (the shared
+    system directory may hold another controller's partition of the same id). The paths deleted."""
+    removed = [path for path in present(directory, partition_id) if attach_key is None or attach_key_of(path) == attach_key]
     for path in removed:
         path.unlink()
-    return sorted(removed)
+    return removed

@@ -31,3 +31,27 @@ def test_a_partitions_gcd_files_are_found_in_gcd_order_and_no_neighbours_file_am
 def test_an_id_that_would_name_another_partitions_gcd_file_is_refused():
     with pytest.raises(InvalidArgument, match="may not end in _gcd and a number"):
         check_partition_id("q_gcd0")
+
+
+def config_with_key(key: str, gcds: int = 1):
+    from vipu.api.protos import vipuuser_pb2 as pb
+
+    return pb.PartitionConfig(gcd_configs=[pb.PartitionConfig.Gcd(attributes={"Attach Key": key, "GCD Id": str(n)})
+                                           for n in range(gcds)])
+
+
+def test_in_the_shared_system_directory_another_controllers_partition_of_the_same_id_keeps_its_files(tmp_path, monkeypatch):
+    """As root every controller of a host writes into /etc/ipuof.conf.d: a tenant's p1 must not
+    replace another controller's p1, and removing one's p1 must not delete the other's."""
+    monkeypatch.setattr(files, "SYSTEM_DIR", tmp_path)
+    files.write(tmp_path, "p1", config_with_key("first-controllers"))
+    with pytest.raises(FileExistsError, match=r"p1_ipuof\.conf there holds another partition p1, another controller's"):
+        files.write(tmp_path, "p1", config_with_key("second-controllers"))
+    assert files.attach_key_of(tmp_path / "p1_ipuof.conf") == "first-controllers"
+    files.write(tmp_path, "p1", config_with_key("first-controllers"))  # its own files are rewritten (a moved partition)
+    assert files.remove(tmp_path, "p1", "second-controllers") == []
+    assert files.remove(tmp_path, "p1", "first-controllers") == [tmp_path / "p1_ipuof.conf"]
+    other = tmp_path.parent / "elsewhere"
+    files.write(other, "p1", config_with_key("first-controllers"))
+    files.write(other, "p1", config_with_key("second-controllers"))  # a directory of one user's: a stale file is replaced
+    assert files.attach_key_of(other / "p1_ipuof.conf") == "second-controllers"
