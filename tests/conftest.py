@@ -7,6 +7,17 @@ import pytest
 from tests.postgres import PostgresServer
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ipuof_files_of_the_tests(tmp_path_factory):
+    """The IPUoF files the tests' commands write go to a directory of the run's, not to the
+    machine's (root's default is /etc/ipuof.conf.d, which every controller of a host shares); a
+    test that means another directory names it."""
+    directory = tmp_path_factory.mktemp("ipuof.conf.d")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VIPU_IPUOF_DIR", str(directory))
+        yield directory
+
+
 @pytest.fixture(scope="session")
 def postgres():
     server = PostgresServer()

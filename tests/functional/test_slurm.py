@@ -337,7 +337,8 @@ def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):
         done = world.sbatch("--ipus=2", "--wrap", "true")
         assert done.returncode != 0 and f"vipu: cannot read {conf}: No such file or directory" in done.stderr
         check = subprocess.run([str(BIN / "vipu-slurm-check"), str(conf)], capture_output=True, text=True)
-        assert check.returncode == 1 and check.stderr.strip() == f"vipu-slurm-check: failed: cannot read {conf}: No such file or directory"
+        assert check.returncode == 1
+        assert check.stderr.strip() == f"vipu-slurm-check ({conf}): failed: cannot read {conf}: No such file or directory"
     finally:
         conf.write_text(good)
     check = subprocess.run([str(BIN / "vipu-slurm-check"), str(conf)], capture_output=True, text=True)

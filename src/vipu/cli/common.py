@@ -109,6 +109,17 @@ def reporting(action: str, subject: str | None = None) -> Iterator[None]:
         fail(action, subject, error.message)
 
 
+@contextmanager
+def refusing_to_start(program: str) -> Iterator[None]:
+    """Turn a VipuError inside the block into a program's refusal to start: `PROGRAM: REASON` and
+    exit status 2, as a usage mistake (an option, a file, a port) is told."""
+    try:
+        yield
+    except VipuError as error:
+        click.echo(f"{program}: {one_line(error.message)}", err=True)
+        sys.exit(2)
+
+
 def succeed(action: str, subject: str) -> None:
     click.echo(f"{action} ({subject}): success.")
 

@@ -102,7 +102,7 @@ def main() -> None:
                          int(env["IPUJOB_WORKERS"]))
         reply = obtain_partition(env)
     except Refused as refusal:
-        print(f"vipu-ipujob-init: partition {env['IPUJOB_PARTITION']} refused: {refusal}", file=sys.stderr)
+        print(f"vipu-ipujob-init (partition {env['IPUJOB_PARTITION']}): failed: {refusal}", file=sys.stderr)
         sys.exit(1)
     verb = "reset" if reply.get("reset") else "created"
     print(f"vipu-ipujob-init: partition {env['IPUJOB_PARTITION']} {verb}", file=sys.stderr)

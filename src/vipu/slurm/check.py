@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from vipu.api.status import one_line
 from vipu.client.user import UserClient
 from vipu.model.errors import VipuError
 from vipu.slurm import config as slurm_config
@@ -21,7 +22,7 @@ def check(path):
         with UserClient(loaded.client_settings(), loaded.api_timeout) as user:
             version = user.version()
     except VipuError as error:
-        click.echo(f"vipu-slurm-check: failed: {error.message}", err=True)
+        click.echo(f"vipu-slurm-check ({path or 'vipu.conf'}): failed: {one_line(error.message)}", err=True)
         sys.exit(1)
     click.echo(f"{loaded.path}: vipu-server {version} at {loaded.api_host}:{loaded.api_port} answers; "
                f"IPUoF files go to {loaded.ipuof_dir}")

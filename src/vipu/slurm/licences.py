@@ -31,6 +31,7 @@ from pathlib import Path
 
 import click
 
+from vipu.api.status import one_line
 from vipu.client.user import UserClient
 from vipu.model.errors import InvalidArgument, Unavailable, VipuError
 from vipu.slurm import config as slurm_config
@@ -128,6 +129,6 @@ def main(conf_path):
         with UserClient(config.client_settings(), config.api_timeout) as user:
             count = sync(user)
     except VipuError as error:
-        click.echo(f"vipu-slurm-licences: failed: {error.message}", err=True)
+        click.echo(f"vipu-slurm-licences (ipu): failed: {one_line(error.message)}", err=True)
         sys.exit(1)
     click.echo(f"vipu-slurm-licences: {count.describe()}")

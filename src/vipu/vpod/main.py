@@ -25,7 +25,15 @@ import click
 from vipu.api.atomic import write_file
 from vipu.api.listening import listening_socket
 from vipu.api.tls import TlsFiles, default_hosts, generate, issue_link_certificate
-from vipu.cli.common import CONTEXT, CommandGroup, echo_json, render_table, reporting, run
+from vipu.cli.common import (
+    CONTEXT,
+    CommandGroup,
+    echo_json,
+    refusing_to_start,
+    render_table,
+    reporting,
+    run,
+)
 from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.model.throttle import LoginThrottle
@@ -139,7 +147,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
-    with reporting("serve"):
+    with refusing_to_start("vipu-vpod serve"):
         try:
             import uvicorn
 
@@ -155,7 +163,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data_dir = data_dir.expanduser()
     stop = threading.Event()
-    with reporting("serve"):
+    with refusing_to_start("vipu-vpod serve"):
         crash.check_setting()
         listening = listening_socket(listen_address, port)  # a taken port is refused before anything is resumed
         store = VpodStore(store_url(data_dir, db_url))

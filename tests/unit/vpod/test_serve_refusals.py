@@ -42,7 +42,7 @@ def test_options_that_do_not_go_together_are_refused_in_one_line(tmp_path, monke
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     monkeypatch.delenv("VIPU_VPOD_KUBERNETES_STORE", raising=False)
     code, err = serve(tmp_path, *options)
-    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("serve: failed: ") and reason in err, err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("vipu-vpod serve: ") and reason in err, err
 
 
 def test_controllers_stay_where_the_live_vpods_have_theirs_until_those_are_released(tmp_path, monkeypatch):
@@ -53,13 +53,13 @@ def test_controllers_stay_where_the_live_vpods_have_theirs_until_those_are_relea
     store.add_vpod(Vpod("acme-1", "acme", "Active", "active", ["m01"], "mesh", 1, "acme", [1, 2, 3]))
     code, err = serve(tmp_path, "--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store",
                       "postgresql://u@h/postgres")
-    assert (code, err) == (1, "serve: failed: the vPODs of this orchestrator have their controllers as processes of this host; "
-                              "release them first, or serve as before.\n")
+    assert (code, err) == (2, "vipu-vpod serve: the vPODs of this orchestrator have their controllers as processes of this host; "
+                              "release them first, or serve as before\n")
     store.start_release("acme-1")
     store.finish_release("acme-1", "active")
     code, err = serve(tmp_path, "--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store",
                       "postgresql://u@h/postgres")
-    assert code == 1 and "cannot reach Kubernetes" in err and len(err.splitlines()) == 1  # past the runner: no cluster here
+    assert code == 2 and "cannot reach Kubernetes" in err and len(err.splitlines()) == 1  # past the runner: no cluster here
     assert store.setting("runner") == "kubernetes:vpods"
 
 
@@ -67,8 +67,8 @@ def test_a_crash_point_that_does_not_exist_is_refused_before_anything_is_served(
     """A misspelt point would let a crash test's orchestrator run on, never killed where asked."""
     monkeypatch.setenv("VIPU_VPOD_CRASH_AT", "create:handled")
     code, err = serve(tmp_path)
-    assert code == 1 and len(err.splitlines()) == 1, err
-    assert err.startswith("serve: failed: VIPU_VPOD_CRASH_AT=create:handled names no crash point; the points are: create:reserved, ")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("vipu-vpod serve: VIPU_VPOD_CRASH_AT=create:handled names no crash point; the points are: create:reserved, ")
     assert not (tmp_path / "data" / "vpod.db").exists()
 
 
@@ -78,5 +78,5 @@ def test_a_taken_port_is_refused_in_one_line_before_anything_is_served(tmp_path)
         taken.listen()
         port = taken.getsockname()[1]
         code, err = serve(tmp_path, "--listen-address", "127.0.0.1", "--port", str(port))
-    assert (code, err) == (1, f"serve: failed: cannot listen on 127.0.0.1:{port}: the port is taken.\n")
+    assert (code, err) == (2, f"vipu-vpod serve: cannot listen on 127.0.0.1:{port}: the port is taken\n")
     assert not (tmp_path / "data" / "vpod.db").exists()
