@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 import grpc
 
 from vipu.model import errors
+from vipu.model.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,6 @@ def service_and_method(method_path: str) -> tuple[str, str]:
     """gRPC's '/package.Service/Method' as the labels of a metric: ('package.Service', 'Method')."""
     service, _, method = method_path.lstrip("/").partition("/")
     return service, method
-
-
-def one_line(message: str) -> str:
-    """The message with control characters (from names a caller sent, say) escaped: a refusal is one line."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
 
 
 # A refusal's message travels in a trailer, which HTTP/2 bounds (8 KB by default, after gRPC

@@ -54,7 +54,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Administer a V-IPU controller: agents, clusters, allocations, users and cluster tests."""
     with reporting("vipu-admin"):
         settings = client_settings(given(options), port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
-    open_client(ctx, AdminClient(settings, api_timeout), server_version)
+    open_client(ctx, lambda: AdminClient(settings, api_timeout), server_version)
 
 
 @cli.group(cls=CommandGroup)

@@ -8,38 +8,82 @@ reaches the user.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import sys
 import textwrap
+import types
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 
-from vipu.api.status import one_line
-from vipu.client.base import EndpointClient
 from vipu.client.settings import Given
-from vipu.model.errors import VipuError
+from vipu.model.errors import VipuError, one_line
+
+if typing.TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from vipu.client.base import EndpointClient
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
-pass_client = click.make_pass_decorator(EndpointClient)
+class ClientHolder:
+    """The client of a command line, made when a command first needs it: the root command runs
+    before its subcommand's arguments are read, and a usage mistake should cost no connection (nor
+    the import of gRPC, which vipu.client makes; nothing here imports it or the API's stubs)."""
+
+    def __init__(self, make: typing.Callable[[], EndpointClient]):
+        self._make = make
+        self._client: EndpointClient | None = None
+
+    def get(self) -> EndpointClient:
+        if self._client is None:
+            self._client = self._make()
+        return self._client
 
 
-def open_client(ctx: click.Context, client: EndpointClient, server_version: bool) -> None:
-    """What a CLI's root does: keep the client for the command, and answer --server-version or a bare command."""
-    ctx.obj = client
+def pass_client(command):
+    """Hand the command the client of its command line as its first argument."""
+    @click.pass_context
+    def with_client(ctx: click.Context, *args, **kwargs):
+        holder = ctx.find_object(ClientHolder)
+        assert holder is not None, "a command that takes the client runs under a root that made one"
+        return ctx.invoke(command, holder.get(), *args, **kwargs)
+
+    return functools.update_wrapper(with_client, command)
+
+
+def lazy_module(name: str) -> types.ModuleType:
+    """The module `name`, imported when one of its attributes is first used: the commands' help and
+    usage mistakes are answered without gRPC and the API's stubs, which take most of a command's
+    start-up."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module named {name}")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def open_client(ctx: click.Context, make_client: typing.Callable[[], EndpointClient], server_version: bool) -> None:
+    """What a CLI's root does: keep how to make the client for the command, and answer
+    --server-version or a bare command."""
+    ctx.obj = ClientHolder(make_client)
     if server_version:
-        print_server_version(client)
+        print_server_version(ctx.obj.get())
         ctx.exit(0)
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
@@ -165,6 +209,9 @@ def render_pairs(pairs: Sequence[tuple[str, Cell]]) -> str:
 
 
 def echo_json(value: Message | dict | list) -> None:
+    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.message import Message
+
     def plain(item):
         if isinstance(item, Message):
             return MessageToDict(item, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

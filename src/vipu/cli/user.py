@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -20,6 +20,7 @@ from vipu.cli.common import (
     given,
     ipuof_dir_option,
     json_option,
+    lazy_module,
     open_client,
     pass_client,
     render_pairs,
@@ -31,22 +32,31 @@ from vipu.cli.common import (
     succeed,
 )
 from vipu.client.settings import client_settings
-from vipu.client.user import UserClient
-from vipu.ipuof import files as ipuof_files
-from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.queue import MAX_WAIT_SECONDS
+from vipu.model.waiting import MAX_WAIT_SECONDS
 
-SYNC_TYPES = {
-    "c2-compatible": pb.ST_GS2_DEFAULT,
-    "c2-independent-rails": pb.ST_GS2_INDEPENDENT_RAILS,
-    "pod-native-default": pb.ST_POD_NATIVE_DEFAULT,
-    "pod-native-replicated-pipeline": pb.ST_POD_NATIVE_REPLICATED_PIPELINE,
-}
-SYNC_NAMES = {number: name for name, number in SYNC_TYPES.items()}
+if typing.TYPE_CHECKING:
+    from vipu.api.protos import vipuuser_pb2 as pb
+    from vipu.client import user as user_client
+    from vipu.client.user import UserClient
+    from vipu.ipuof import files as ipuof_files
+    from vipu.model import configuration
+else:  # imported when first used: `vipu --help` and a usage mistake need none of them (bench.cli_speed)
+    pb = lazy_module("vipu.api.protos.vipuuser_pb2")
+    user_client = lazy_module("vipu.client.user")
+    ipuof_files = lazy_module("vipu.ipuof.files")
+    configuration = lazy_module("vipu.model.configuration")
+
+# The API's enumerations by the names the command line takes.
+SYNC_TYPES = {"c2-compatible": "ST_GS2_DEFAULT", "c2-independent-rails": "ST_GS2_INDEPENDENT_RAILS",
+              "pod-native-default": "ST_POD_NATIVE_DEFAULT", "pod-native-replicated-pipeline": "ST_POD_NATIVE_REPLICATED_PIPELINE"}
 COUNT = click.IntRange(0, 2**32 - 1)  # what a uint32 field can carry; the server judges the value
-IPULINK_ROUTINGS = {"dnc": pb.IRT_DNC, "swnc": pb.IRT_SWNC, "btnc": pb.IRT_BTNC, "ringswnc": pb.IRT_RINGSWNC}
+IPULINK_ROUTINGS = {"dnc": "IRT_DNC", "swnc": "IRT_SWNC", "btnc": "IRT_BTNC", "ringswnc": "IRT_RINGSWNC"}
 DEFAULT_WAIT_SECONDS = 3600
+
+
+def sync_name(number: int) -> str:
+    return next((name for name, constant in SYNC_TYPES.items() if getattr(pb, constant) == number), "-")
 
 
 def ild_routing(value: int) -> str:
@@ -71,7 +81,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Request and release IPU partitions from a V-IPU controller."""
     with reporting("vipu"):
         settings = client_settings(given(options))
-    open_client(ctx, UserClient(settings, api_timeout), server_version)
+    open_client(ctx, lambda: user_client.UserClient(settings, api_timeout), server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -148,8 +158,8 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
         config = user.create_partition(  # interrupted while it waits, the request is withdrawn
             partition_id, size, num_gcds=num_gcds, num_replicas=num_replicas, cluster_id=cluster_id,
             allocation_id=allocation_id, reconfigurable=reconfigurable,
-            sync_type=SYNC_TYPES[sync_type] if sync_type else pb.ST_UNDEFINED,
-            ipulink_routing=IPULINK_ROUTINGS[ipulink_routing] if ipulink_routing else pb.IRT_UNDEFINED,
+            sync_type=getattr(pb, SYNC_TYPES[sync_type]) if sync_type else pb.ST_UNDEFINED,
+            ipulink_routing=getattr(pb, IPULINK_ROUTINGS[ipulink_routing]) if ipulink_routing else pb.IRT_UNDEFINED,
             num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
             index=index, relocatable=relocatable, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
@@ -191,7 +201,7 @@ def own_attach_key(user: UserClient, directory: Path, partition_id: str) -> str 
     if not ipuof_files.shared(directory) or not ipuof_files.present(directory, partition_id):
         return None
     try:
-        return user.ipuof_config(partition_id).gcd_configs[0].attributes.get(ATTACH_KEY_ATTRIBUTE, "")
+        return user.ipuof_config(partition_id).gcd_configs[0].attributes.get(configuration.ATTACH_KEY_ATTRIBUTE, "")
     except VipuError:
         return ""  # not this controller's to tell: its removal says why, and no file goes
 
@@ -211,7 +221,7 @@ def reset_partition(user, partition_id, relocate, ipuof_dir):
             directory = ipuof_dir or ipuof_files.default_dir()
             try:
                 config = user.ipuof_config(partition_id)
-                ipuof_files.remove(directory, partition_id, config.gcd_configs[0].attributes.get(ATTACH_KEY_ATTRIBUTE))
+                ipuof_files.remove(directory, partition_id, config.gcd_configs[0].attributes.get(configuration.ATTACH_KEY_ATTRIBUTE))
                 ipuof_files.write(directory, partition_id, config)
             except OSError as error:
                 raise InvalidArgument(f"the partition moved, but its IPUoF files in {directory} could not be rewritten: "
@@ -272,7 +282,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("ILDs", str(spec.num_ipulink_segments)),
         ("ILD Routing", ild_routing(spec.ipulink_routing_type)),
         ("GW Routing", gw_routing(spec.gw_routing_type)),
-        ("Sync Type", SYNC_NAMES.get(spec.sync_type, "-")),
+        ("Sync Type", sync_name(spec.sync_type)),
         ("Reconfigurable", "yes" if spec.reconfigurable else "no"),
         ("State", ready_state(status.ready_state)),
         ("Operation", pb.PartitionOperationState.Name(status.operation_state).removeprefix("POS_")),

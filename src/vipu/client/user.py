@@ -13,7 +13,7 @@ from vipu.client.base import EndpointClient
 from vipu.client.connection import Stream
 from vipu.client.retry import RetryPolicy, answered_early
 from vipu.model.errors import HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
-from vipu.model.queue import WAIT_CALL_SECONDS
+from vipu.model.waiting import WAIT_CALL_SECONDS
 
 # How long past its own deadline a waiting client lets the controller end the request (so that it
 # is told the controller's last reason).

@@ -63,7 +63,7 @@ from vipu.model.errors import (
     Unauthenticated,
     VipuError,
 )
-from vipu.model.queue import WAIT_CALL_SECONDS
+from vipu.model.waiting import WAIT_CALL_SECONDS
 
 log = logging.getLogger("vipu.k8s.proxy")
 

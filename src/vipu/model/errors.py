@@ -73,3 +73,8 @@ class PermissionDenied(VipuError):
 
 class Unauthenticated(VipuError):
     """The caller could not be identified."""
+
+
+def one_line(message: str) -> str:
+    """The message with control characters (from names a caller sent, say) escaped: a refusal is one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)

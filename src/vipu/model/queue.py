@@ -39,10 +39,6 @@ from vipu.model.placement import Placement, Shape
 WAITING = "WAITING"
 ABSENT = None
 
-# The longest a request may wait: no request waits without a deadline.
-MAX_WAIT_SECONDS = 7 * 24 * 3600
-# The longest one waiting call (the API's WaitPartition) lasts; clients call again until their own deadline.
-WAIT_CALL_SECONDS = 20
 
 TRANSITIONS: dict[str, dict[str | None, str | None]] = {
     "enqueue": {ABSENT: WAITING},

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from vipu.api.status import one_line
 from vipu.client.user import UserClient
-from vipu.model.errors import VipuError
+from vipu.model.errors import VipuError, one_line
 from vipu.slurm import config as slurm_config
 
 

@@ -31,9 +31,8 @@ from pathlib import Path
 
 import click
 
-from vipu.api.status import one_line
 from vipu.client.user import UserClient
-from vipu.model.errors import InvalidArgument, Unavailable, VipuError
+from vipu.model.errors import InvalidArgument, Unavailable, VipuError, one_line
 from vipu.slurm import config as slurm_config
 from vipu.slurm.jobs import OVER, Scontrol, command, job_of
 

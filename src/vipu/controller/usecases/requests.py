@@ -34,7 +34,7 @@ from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import Conflict, InvalidArgument, NotFound
-from vipu.model.queue import MAX_WAIT_SECONDS, WAIT_CALL_SECONDS
+from vipu.model.waiting import MAX_WAIT_SECONDS, WAIT_CALL_SECONDS
 
 log = logging.getLogger(__name__)
 
