@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -209,6 +208,8 @@ def render_pairs(pairs: Sequence[tuple[str, Cell]]) -> str:
 
 
 def echo_json(value: Message | dict | list) -> None:
+    import json
+
     from google.protobuf.json_format import MessageToDict
     from google.protobuf.message import Message
 

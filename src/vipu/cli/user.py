@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import typing
 from pathlib import Path
@@ -267,7 +266,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
             return echo_json([{"gcd": number, "ipuof_config": document} for number, document in numbered])
         for number, document in numbered:
             click.echo(f"IPUoF configuration of partition {partition_id}, GCD {number}:")
-            click.echo(json.dumps(document, indent=2))
+            echo_json(document)
         return
     if as_json:
         return echo_json({"partition": partition, "status": status})
