@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
-import uvicorn
 
 from tests.functional.harness import wait_until
-from tests.ports import free_port
+from tests.unit.vpod.serving import serving
 from vipu.backends.sim.rack import generate_rack
 from vipu.model.entities import IldTopology
 from vipu.vpod.api import ADMIN_KEY_SETTING, hash_key, make_app
@@ -39,15 +37,8 @@ def served(tmp_path):
         raise RuntimeError(SECRET)
 
     store.get = failing_get  # type: ignore[method-assign]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), timeout=10, what="the API to start")
-    assert server.started, "the API did not start"
-    yield port
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as port:
+        yield port
     store.close()
 
 
