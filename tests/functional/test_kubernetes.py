@@ -323,7 +323,7 @@ def test_a_create_failed_by_the_machines_leaves_no_partition_and_the_job_is_told
         cluster.submit("faulty", replicas=4)
         cluster.wait_for("faulty", "Failed")
         init = cluster.launcher_log("faulty", "launcher-init")
-        assert "partition p-default-faulty refused" in init and "IPU-Link training failed" in init, init
+        assert "vipu-ipujob-init (partition p-default-faulty): failed: " in init and "IPU-Link training failed" in init, init
         assert cluster.partitions() == {} and "p-default-faulty" not in cluster.tracked()
     finally:
         cluster.pod.wipe_rack_only()
