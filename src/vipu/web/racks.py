@@ -1,7 +1,8 @@
 """The racks as the dashboard draws them, from what the API lists.
 
 Each IPU-Machine is a box of four IPUs (IPUs 2 and 3 above 0 and 1, as on the machine's ladder),
-in rack order, the lowest machine at the bottom, in columns of 16 machines (an IPU-POD64 rack).
+in rack order, the lowest machine at the bottom, in columns of 8 machines (half an IPU-POD64 rack:
+a column of 16 would put the lowest machines, the first a partition takes, below the fold).
 An administrator sees every cluster, each IPU-Link domain outlined, and the machines of no
 cluster; a user sees the machines of their allocations only. Each IPU takes the colour of the
 partition holding it (`partition_tones`), or the free colour; the allocations are outlined
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from vipu.api.protos import admin_pb2, vipuuser_pb2
 
 IPUS_PER_MACHINE = 4
-MACHINES_PER_COLUMN = 16
+MACHINES_PER_COLUMN = 8
 FREE = ("#e2e6ec", "#6b7785")
 # Colours told apart at a glance, each with the text colour that reads on it; none red, which marks errors.
 PALETTE = (

@@ -27,7 +27,7 @@ def test_up_to_16_partitions_shown_each_get_a_colour_of_their_own_which_they_kee
     assert racks.partition_tones(["train", "zz"])["train"] == racks.partition_tones(["train"])["train"]  # chosen first: kept
 
 
-def test_a_cluster_is_drawn_by_domains_in_columns_of_16_lowest_machine_at_the_bottom():
+def test_a_cluster_is_drawn_by_domains_in_columns_of_8_lowest_machine_at_the_bottom():
     cluster = admin_pb2.Cluster(id="cl0", agent_ids=[f"ag{n}" for n in range(1, 41)], num_ipulinkdomains=2,
                                 topology=admin_pb2.ILD_TOPOLOGY_TORUS)
     pod = agents(40, down=("ag7",))
@@ -37,7 +37,7 @@ def test_a_cluster_is_drawn_by_domains_in_columns_of_16_lowest_machine_at_the_bo
     assert group.subtitle == "40 machines, torus, 2 IPU-Link domains"
     assert [d.label for d in group.domains] == ["IPU-Link domain 0", "IPU-Link domain 1"]
     first = group.domains[0]
-    assert [len(column[0].machines) for column in first.columns] == [16, 4]  # 20 machines: 16 and 4
+    assert [len(column[0].machines) for column in first.columns] == [8, 8, 4]  # 20 machines: 8, 8 and 4, the lowest first
     bottom = first.columns[0][0].machines[-1]
     assert bottom.agent_id == "ag1" and [i.index for i in bottom.ladder] == [2, 3, 0, 1]
     assert {i.partition_id for i in bottom.ipus} == {"p8"} and bottom.ipus[0].tone == shown.tones["p8"]
