@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
+import typing
 from pathlib import Path
 
 import click
 
-from vipu.api.protos import admin_pb2 as pb
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -20,6 +20,7 @@ from vipu.cli.common import (
     given,
     ipuof_dir_option,
     json_option,
+    lazy_module,
     open_client,
     pass_client,
     render_pairs,
@@ -30,14 +31,27 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
-from vipu.client.admin import AdminClient
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
-from vipu.ipuof import files as ipuof_files
-from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import VipuError
 
-TOPOLOGIES = {"mesh": pb.ILD_TOPOLOGY_MESH, "torus": pb.ILD_TOPOLOGY_TORUS}
-TOPOLOGY_NAMES = {pb.ILD_TOPOLOGY_UNSPECIFIED: "mesh", pb.ILD_TOPOLOGY_MESH: "mesh", pb.ILD_TOPOLOGY_TORUS: "torus"}
+if typing.TYPE_CHECKING:
+    from vipu.api.protos import admin_pb2 as pb
+    from vipu.client import admin as admin_client
+    from vipu.client.admin import AdminClient
+    from vipu.ipuof import files as ipuof_files
+    from vipu.model import entities
+else:  # imported when first used, as in vipu's CLI: help and usage mistakes need none of them
+    pb = lazy_module("vipu.api.protos.admin_pb2")
+    admin_client = lazy_module("vipu.client.admin")
+    ipuof_files = lazy_module("vipu.ipuof.files")
+    entities = lazy_module("vipu.model.entities")
+
+# The API's cluster topologies by the names the command line takes.
+TOPOLOGIES = {"mesh": "ILD_TOPOLOGY_MESH", "torus": "ILD_TOPOLOGY_TORUS"}
+
+
+def topology_name(number: int) -> str:
+    return "torus" if number == pb.ILD_TOPOLOGY_TORUS else "mesh"  # unspecified is a mesh
 
 
 def force_option(command):
@@ -54,7 +68,7 @@ def cli(ctx, api_timeout, server_version, **options):
     """Administer a V-IPU controller: agents, clusters, allocations, users and cluster tests."""
     with reporting("vipu-admin"):
         settings = client_settings(given(options), port_key="api-admin-port", port_env="VIPU_ADMIN_API_PORT", default_port=8091)
-    open_client(ctx, lambda: AdminClient(settings, api_timeout), server_version)
+    open_client(ctx, lambda: admin_client.AdminClient(settings, api_timeout), server_version)
 
 
 @cli.group(cls=CommandGroup)
@@ -196,14 +210,15 @@ def remove_agent(admin, agent_id, force, ipuof_dir):
 def create_cluster(admin, cluster_id, agents, topology, num_ipulinkdomains, cluster_topology):
     """Group agents into a cluster with a known cabling topology."""
     with reporting("create cluster", cluster_id):
-        admin.create_cluster(cluster_id, split_list(agents), topology=TOPOLOGIES[topology], num_ipulinkdomains=num_ipulinkdomains,
+        admin.create_cluster(cluster_id, split_list(agents), topology=getattr(pb, TOPOLOGIES[topology]),
+                             num_ipulinkdomains=num_ipulinkdomains,
                              cluster_topology=pb.GW_TOPOLOGY_LOOPED if cluster_topology else pb.GW_TOPOLOGY_UNSPECIFIED)
     succeed("create cluster", cluster_id)
 
 
 def _cluster_shape(cluster: pb.Cluster) -> tuple[str, str]:
     looped = "looped" if cluster.cluster_topology == pb.GW_TOPOLOGY_LOOPED else "-"
-    return TOPOLOGY_NAMES[cluster.topology], looped
+    return topology_name(cluster.topology), looped
 
 
 @list_.command("clusters")
@@ -240,7 +255,7 @@ def get_cluster(admin, cluster_id, as_json):
         ("Num of IPU-Link Domains", str(cluster.num_ipulinkdomains)),
         ("Cluster Topology", looped),
         ("Num of Agents", str(len(cluster.agent_ids))),
-        ("Num of IPUs", str(len(cluster.agent_ids) * IPUS_PER_MACHINE)),
+        ("Num of IPUs", str(len(cluster.agent_ids) * entities.IPUS_PER_MACHINE)),
         ("Allocations", " ".join(cluster.allocation_ids) or "-"),
     ]))
     per_ild = len(cluster.agent_ids) // max(cluster.num_ipulinkdomains, 1)
@@ -305,7 +320,7 @@ def get_allocation(admin, allocation_id, as_json):
         ("Allocation ID", allocation.id),
         ("Cluster", allocation.cluster_id),
         ("Agents", " ".join(allocation.agent_ids)),
-        ("Num of IPUs", str(len(allocation.agent_ids) * IPUS_PER_MACHINE)),
+        ("Num of IPUs", str(len(allocation.agent_ids) * entities.IPUS_PER_MACHINE)),
         ("Partitions", " ".join(allocation.partition_ids) or "-"),
     ]))
 
