@@ -166,7 +166,7 @@ class SimPod:
         if state.get("replaced"):
             for old in [view.agent.id for view in controller.agents.list() if re.fullmatch(r"ag[0-9]+", view.agent.id)]:
                 if any(view.agent.id == old for view in controller.agents.list()):  # a force may have taken it already
-                    controller.agents.remove(old, force=True)
+                    controller.agents.remove(old, force=True, gone=True)  # its machine went with the old pod
             self._save_state(registered=False, replaced=False)
         known = {view.agent.id for view in controller.agents.list()}
         for position, machine in enumerate(rack.machines):

@@ -147,8 +147,9 @@ class AgentService:
                 holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
         return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus])
 
-    def remove(self, agent_id: str, force: bool = False) -> builtins.list[str]:
-        """Remove an agent; with `force`, its cluster (and what is in it) first."""
+    def remove(self, agent_id: str, force: bool = False, gone: bool = False) -> builtins.list[str]:
+        """Remove an agent; with `force`, its cluster (and what is in it) first. `gone`: its machine
+        is known to be gone (a rebuilt simulated pod's), so no release is asked of it."""
         view = self.get(agent_id)
         removed: builtins.list[str] = []
         if view.cluster_id:
@@ -162,7 +163,8 @@ class AgentService:
         with self.store.transaction() as tx:
             tx.delete_agent(agent_id)
         try:
-            self.gateway.release(view.agent.host, view.agent.port)
+            if not gone:
+                self.gateway.release(view.agent.host, view.agent.port)
         except VipuError as error:
             log.warning("agent %s removed, but its machine was not released (another controller may take it over): %s",
                         agent_id, error.message)
