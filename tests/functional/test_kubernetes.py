@@ -371,7 +371,9 @@ def test_the_mutating_webhook_fills_in_the_defaults(cluster):
     cluster.submit("plain", interactive={"ttl": 3600})
     spec = cluster.job("plain")["spec"]
     assert (spec["restartPolicy"], spec["cleanPodPolicy"], spec["workers"]["replicas"]) == (
-        {"type": "Never", "backoffLimit": 3}, "None", 1)
+        {"type": "Never", "backOffLimit": 3}, "None", 1)
+    cluster.submit("seeds", interactive={"ttl": 3600}, restartPolicy={"type": "OnFailure", "backOffLimit": 5})
+    assert cluster.job("seeds")["spec"]["restartPolicy"] == {"type": "OnFailure", "backOffLimit": 5}  # the seed's spelling kept
 
 
 def test_the_launchers_service_account_may_exec_into_its_own_jobs_workers_only(cluster):

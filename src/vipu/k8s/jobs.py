@@ -108,6 +108,22 @@ def _object(parent: dict, field: str, where: str) -> dict:
     return value
 
 
+BACKOFF_LIMITS = ("backOffLimit", "backoffLimit")  # the seed's spelling ("Back Off Limit" in kubectl describe), then vipu's first one
+DEFAULT_BACKOFF_LIMIT = 3
+
+
+def backoff_limit(restart: dict) -> int:
+    """spec.restartPolicy's limit of restarts, by either spelling (given both, they must agree)."""
+    given = {key: restart[key] for key in BACKOFF_LIMITS if key in restart}
+    if len({repr(value) for value in given.values()}) > 1:
+        raise InvalidArgument(f"spec.restartPolicy.backOffLimit ({given['backOffLimit']!r}) and backoffLimit ({given['backoffLimit']!r}) "
+                              "differ; give one")
+    backoff = next(iter(given.values()), DEFAULT_BACKOFF_LIMIT)
+    if not isinstance(backoff, int) or isinstance(backoff, bool) or backoff < 0:
+        raise InvalidArgument(f"spec.restartPolicy.backOffLimit must be a whole number of at least 0, not {backoff!r}")
+    return backoff
+
+
 def parse(job: dict) -> JobSpec:
     """The job's specification, or InvalidArgument naming the first thing wrong with it."""
     metadata, spec = _object(job, "metadata", ""), _object(job, "spec", "")
@@ -138,9 +154,7 @@ def parse(job: dict) -> JobSpec:
     restart_type = restart.get("type", "Never")
     if restart_type not in RESTART_POLICIES:
         raise InvalidArgument(f"spec.restartPolicy.type must be one of {', '.join(RESTART_POLICIES)}, not {restart_type!r}")
-    backoff = restart.get("backoffLimit", 3)
-    if not isinstance(backoff, int) or isinstance(backoff, bool) or backoff < 0:
-        raise InvalidArgument(f"spec.restartPolicy.backoffLimit must be a whole number of at least 0, not {backoff!r}")
+    backoff = backoff_limit(restart)
     clean = spec.get("cleanPodPolicy", "None")
     if clean not in CLEAN_POD_POLICIES:
         raise InvalidArgument(f"spec.cleanPodPolicy must be one of {', '.join(CLEAN_POD_POLICIES)}, not {clean!r}")
@@ -401,8 +415,9 @@ def decide(job: JobSpec, status: dict, pods: dict[str, dict], now: float, backof
                                "failed": phases.count("Failed")}
     status["launcherStatus"] = _phase(launcher) if launcher is not None else "Absent"
     if partition_obtained(launcher):
-        status["ipuPartitionCreated"] = True
+        status["ipuPartitionCreated"] = status["iPUPartitionCreated"] = True
     status.setdefault("ipuPartitionCreated", False)
+    status.setdefault("iPUPartitionCreated", status["ipuPartitionCreated"])  # the seed's spelling of the same
     subject = f"IPUJob {job.key}"
 
     if is_finished(status):

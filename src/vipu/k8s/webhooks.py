@@ -27,7 +27,7 @@ VALIDATE_PATH = "/validate-graphcore-ai-v1alpha1-ipujob"
 DEFAULTS = (
     (("workers", "replicas"), 1),
     (("restartPolicy", "type"), "Never"),
-    (("restartPolicy", "backoffLimit"), 3),
+    (("restartPolicy", "backOffLimit"), jobs.DEFAULT_BACKOFF_LIMIT),  # unless vipu's first spelling, backoffLimit, is given
     (("cleanPodPolicy",), "None"),
 )
 
@@ -50,7 +50,7 @@ def default_patch(spec: dict) -> list[dict]:
             if not isinstance(node, dict):  # not an object: validation refuses it
                 break
         else:
-            if path[-1] not in node:
+            if path[-1] not in node and not (path[-1] in jobs.BACKOFF_LIMITS and any(key in node for key in jobs.BACKOFF_LIMITS)):
                 operations.append({"op": "add", "path": _pointer(path), "value": value})
                 node[path[-1]] = value
     return operations

@@ -77,7 +77,8 @@ def test_the_seed_job_parses_with_the_documented_defaults():
     ({"ipusPerModelReplica": "zero"}, "ipusPerModelReplica must be a positive whole number"),
     ({"launcher": {}}, "launcher.command is required unless the job is interactive"),
     ({"restartPolicy": {"type": "Sometimes"}}, "restartPolicy.type must be one of"),
-    ({"restartPolicy": {"backoffLimit": -1}}, "backoffLimit"),
+    ({"restartPolicy": {"backoffLimit": -1}}, "backOffLimit must be a whole number"),
+    ({"restartPolicy": {"backOffLimit": 2, "backoffLimit": 5}}, r"backOffLimit \(2\) and backoffLimit \(5\) differ"),
     ({"cleanPodPolicy": "Some"}, "cleanPodPolicy must be one of"),
     ({"workers": {"template": {"spec": {"containers": []}}}}, "at least one container"),
     ({"workers": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c"}]}}}},
@@ -156,6 +157,7 @@ def test_a_new_job_gets_its_pods_and_waits_with_the_seeds_message():
     assert condition(decision)["type"] == "Pending"
     assert condition(decision)["message"] == "IPUJob default/ipujob-sample is waiting for resources to be ready."
     assert decision.status["startTime"] == STAMP and decision.status["ipuPartitionCreated"] is False
+    assert decision.status["iPUPartitionCreated"] is False  # the seed's spelling ("I PU Partition Created") too
 
 
 def test_a_running_launcher_makes_the_job_running_and_pending_false():
@@ -166,6 +168,7 @@ def test_a_running_launcher_makes_the_job_running_and_pending_false():
     assert [(c["type"], c["status"]) for c in decision.status["conditions"]] == [("Pending", "False"), ("Running", "True")]
     assert condition(decision)["message"] == "IPUJob default/ipujob-sample is running."
     assert decision.status["ipuPartitionCreated"] is True and decision.status["workersStatus"]["active"] == 1
+    assert decision.status["iPUPartitionCreated"] is True
 
 
 @pytest.mark.parametrize("policy, deleted", [
@@ -248,3 +251,11 @@ def test_an_interactive_launcher_that_slept_out_its_ttl_ends_the_session():
 def test_the_chosen_controller_is_read_back_from_the_status():
     assert jobs.controller_of({"controller": CONTROLLER.describe()}) == CONTROLLER
     assert jobs.controller_of({}) is None
+
+
+@pytest.mark.parametrize("restart, limit", [({}, 3), ({"backOffLimit": 5}, 5), ({"backoffLimit": 4}, 4),
+                                            ({"backOffLimit": 2, "backoffLimit": 2}, 2)])
+def test_the_limit_of_restarts_is_read_in_the_seeds_spelling_and_in_vipus_first(restart, limit):
+    """The seed's IPUJob says restartPolicy.backOffLimit (kubectl describe: "Back Off Limit"); vipu
+    first spelt it backoffLimit, and takes both."""
+    assert spec(restartPolicy={"type": "OnFailure", **restart}).backoff_limit == limit
