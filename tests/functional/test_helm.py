@@ -76,6 +76,7 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     assert defaults[("ConfigMap", "gc-ipu-operator-vipu-controllers")]["data"]["vipuControllers"] == "example.com:8191"
     proxy = container(defaults, "gc-ipu-operator-vipu-proxy", "vipu-proxy")
     assert {"--port=8080", "--vipu-cluster=test"} <= set(proxy["args"]) and "--advertise-on-master" not in proxy["args"]
+    assert (proxy["image"], proxy["imagePullPolicy"]) == ("registry.example/vipu:0.1.0", "Always")  # the controller's, unless set
     service = defaults[("Service", "gc-ipu-operator-vipu-proxy")]["spec"]
     assert (service["type"], service["ports"][0]["port"]) == ("ClusterIP", 80)
     hooks = defaults[("ValidatingWebhookConfiguration", "vipujob.graphcore.ai")]["webhooks"][0]
@@ -100,7 +101,9 @@ def test_each_value_does_what_the_seeds_table_says(kube):
                      "--set", "admissionWebhooks.timeoutSeconds=5", "--set", "admissionWebhooks.failurePolicy=Ignore",
                      "--set", "admissionWebhooks.port=9443", "--set", "admissionWebhooks.service.servicePort=8444",
                      "--set", "admissionWebhooks.service.type=NodePort", "--set", "admissionWebhooks.service.annotations.a=b",
-                     "--set", "admissionWebhooks.image.repository=reg/webhook", "--set", "admissionWebhooks.image.tag=w1")
+                     "--set", "admissionWebhooks.image.repository=reg/webhook", "--set", "admissionWebhooks.image.tag=w1",
+                     "--set", "vipuProxy.image.repository=reg/proxy", "--set", "vipuProxy.image.tag=p1",
+                     "--set", "vipuProxy.image.pullPolicy=Never")
     manager = container(changed, "gc-ipu-operator-controller-manager", "manager")
     assert manager["image"] == "registry.example/vipu:v9" and manager["imagePullPolicy"] == "IfNotPresent"
     assert "--launcher-image=reg/launch:2" in manager["args"] and manager["resources"] == {"limits": {"cpu": 1}}
@@ -119,6 +122,7 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     assert changed[("ConfigMap", "gc-ipu-operator-vipu-controllers")]["data"]["vipuControllers"] == "pod001:8090"
     proxy = container(changed, "gc-ipu-operator-vipu-proxy", "vipu-proxy")
     assert {"--port=9000", "--vipu-cluster=c64", "--advertise-on-master"} <= set(proxy["args"])
+    assert (proxy["image"], proxy["imagePullPolicy"]) == ("reg/proxy:p1", "Never")  # the seed's vipuProxy.image.repository
     assert proxy["securityContext"] == {"readOnlyRootFilesystem": True}
     service = changed[("Service", "gc-ipu-operator-vipu-proxy")]["spec"]
     assert (service["type"], service["ports"][0]["port"]) == ("NodePort", 81)

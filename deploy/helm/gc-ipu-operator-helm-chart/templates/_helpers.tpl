@@ -40,6 +40,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" (required "controller.image.repository must name vipu's image" .Values.controller.image.repository) (default .Chart.AppVersion .Values.controller.image.tag) -}}
 {{- end -}}
 
+{{- define "ipu.proxyImage" -}}
+{{- if .Values.vipuProxy.image.repository -}}
+{{- printf "%s:%s" .Values.vipuProxy.image.repository (default .Chart.AppVersion .Values.vipuProxy.image.tag) -}}
+{{- else -}}
+{{- include "ipu.image" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ipu.webhookImage" -}}
 {{- if .Values.admissionWebhooks.image.repository -}}
 {{- printf "%s:%s" .Values.admissionWebhooks.image.repository (default .Chart.AppVersion .Values.admissionWebhooks.image.tag) -}}
