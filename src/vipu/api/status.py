@@ -161,8 +161,9 @@ class RateLimitedLog:
     """A warning at most once per `interval` seconds, saying how many were left out meanwhile: a
     storm of bad requests from one client must not fill the log."""
 
-    def __init__(self, interval: float = 10.0):
+    def __init__(self, interval: float = 10.0, logger: logging.Logger = log):
         self.interval = interval
+        self.logger = logger
         self._lock = threading.Lock()
         self._next = 0.0
         self._left_out = 0
@@ -175,7 +176,7 @@ class RateLimitedLog:
                 return
             left_out, self._left_out, self._next = self._left_out, 0, now + self.interval
         suffix = f" ({left_out} more like it in the last {self.interval:.0f} s not logged)" if left_out else ""
-        log.warning(message + suffix, *args)
+        self.logger.warning(message + suffix, *args)
 
 
 class GuardInterceptor(grpc.ServerInterceptor):

@@ -16,8 +16,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import threading
-import time
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Request, Security
@@ -28,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vipu.api.status import RateLimitedLog
 from vipu.client.retry import http_status
 from vipu.model.entities import shown
 from vipu.model.errors import NotFound, PermissionDenied, Unauthenticated, VipuError
@@ -172,28 +171,18 @@ ADMIN_KEY = HTTPBearer(scheme_name="AdminKey", auto_error=False,
 
 class KeyRefusals:
     """Calls refused for the administrator key: counted by reason in `vipu_vpod_failed_logins_total`
-    and logged, at most one line every LOGGED_EVERY_SECONDS (saying how many more came meanwhile)."""
-
-    LOGGED_EVERY_SECONDS = 10.0
+    and logged at a bounded rate (vipu-server's RateLimitedLog)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.counter = Counter("vipu_vpod_failed_logins", "Calls to vipu-vpod refused for the administrator key, by reason.",
                                ["reason"], registry=registry)
         for reason in ("no key", "wrong key", "locked out"):
             self.counter.labels(reason)
-        self._lock = threading.Lock()
-        self._last_logged, self._unlogged = 0.0, 0
+        self.log = RateLimitedLog(logger=log)
 
     def refused(self, address: str, reason: str) -> None:
         self.counter.labels(reason).inc()
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last_logged < self.LOGGED_EVERY_SECONDS:
-                self._unlogged += 1
-                return
-            also = f" (and {self._unlogged} more refusals since the last such line)" if self._unlogged else ""
-            self._last_logged, self._unlogged = now, 0
-        log.warning("a call from %s refused: %s%s", address or "an unknown address", reason, also)
+        self.log.warning("a call from %s refused: %s", address or "an unknown address", reason)
 
 
 def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, throttle: LoginThrottle | None = None) -> FastAPI:

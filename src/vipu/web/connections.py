@@ -22,6 +22,8 @@ import time
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from vipu.api.status import RateLimitedLog
+
 log = logging.getLogger(__name__)
 
 HEAD_SECONDS = 10.0
@@ -30,10 +32,10 @@ MOST = 256
 REFUSALS_LOGGED_EVERY_SECONDS = 10.0
 
 
-class GuardedH11Protocol(H11Protocol):
-    _last_logged = 0.0
-    _unlogged = 0
+REFUSALS_LOG = RateLimitedLog(REFUSALS_LOGGED_EVERY_SECONDS, logger=log)
 
+
+class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.head_since: float | None = None
@@ -81,18 +83,11 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.abort()  # at once: a TLS close would wait for the peer to answer it
 
     def refuse(self, why: str) -> None:
-        """Close this connection at once, saying why in the log, at most once every REFUSALS_LOGGED_EVERY_SECONDS."""
+        """Close this connection at once, saying why in the log (at a bounded rate)."""
         self._cancel_head_timer()
         self.head_since = None
         self.transport.abort()
-        now = time.monotonic()
-        if now - GuardedH11Protocol._last_logged >= REFUSALS_LOGGED_EVERY_SECONDS:
-            also = f" (and {GuardedH11Protocol._unlogged} more since the last such line)" if GuardedH11Protocol._unlogged else ""
-            log.warning("a connection from %s closed: %s%s", _address(self) or "?", why, also)
-            GuardedH11Protocol._last_logged, GuardedH11Protocol._unlogged = now, 0
-        else:
-            GuardedH11Protocol._unlogged += 1
-
+        REFUSALS_LOG.warning("a connection from %s closed: %s", _address(self) or "?", why)
 
 def _address(connection: object) -> str:
     """The address a connection comes from ('' when the transport does not say)."""

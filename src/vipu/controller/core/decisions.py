@@ -107,21 +107,25 @@ class Decisions(QueueKeeping):
         self.start(Flow("removing", flows.remove(self, partition, command.force), command.reply, partition.id))
 
     def _reset(self, command: ResetPartition) -> None:
-        partition = self._visible(command.partition_id, command.access)
-        if self._holding(partition.id, command, wait=False):
-            return
-        self._refuse_if_busy(partition)
-        self._refuse_if_tested()
-        self.start(Flow("resetting", flows.reset(self, partition, command.automatic), command.reply, partition.id))
+        partition = self._to_configure_again(command)
+        if partition is not None:
+            self.start(Flow("resetting", flows.reset(self, partition, command.automatic), command.reply, partition.id))
 
     def _relocate(self, command: RelocatePartition) -> None:
+        partition = self._to_configure_again(command)
+        if partition is not None:
+            body = flows.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
+            self.start(Flow("relocating", body, command.reply, partition.id))
+
+    def _to_configure_again(self, command: ResetPartition | RelocatePartition) -> Partition | None:
+        """The partition a reset or a move configures again; refused while busy or under a disruptive
+        test; None when the command waits behind an operation that holds the partition."""
         partition = self._visible(command.partition_id, command.access)
         if self._holding(partition.id, command, wait=False):
-            return
+            return None
         self._refuse_if_busy(partition)
         self._refuse_if_tested()
-        body = flows.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
-        self.start(Flow("relocating", body, command.reply, partition.id))
+        return partition
 
     def _cancel(self, command: CancelRequest) -> None:
         request = self.state.queue.get(command.partition_id)
@@ -186,8 +190,7 @@ class Decisions(QueueKeeping):
                 partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
             for partition_id in stray:  # out of placement until cleared (after a restart, nothing else says where they are)
                 if (agent_id, partition_id) not in state.uncleared:
-                    state.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in held[partition_id].ipus])
-                    self._changed = True
+                    self.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in held[partition_id].ipus])
             lost = []
             for partition in here.values():
                 if partition.id in self.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:

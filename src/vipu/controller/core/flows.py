@@ -196,7 +196,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
                         "until the health pass sees them cleared: %s", partition.id, agent_id, reason)
     finally:
         for agent_id in uncleared - set(partition.agent_ids):
-            owner.keep_uncleared(agent_id, before)
+            owner.keep_uncleared_of(agent_id, before)
         owner.unlinger(partition.id)
     return (yield from configure(owner, partition, "fail"))
 

@@ -95,9 +95,11 @@ class QueueKeeping(Steps):
         queue = self.state.queue
         if len(self._expiries) > 3 * len(queue) + 64:  # most are of requests granted or cancelled since
             self._expiries = [(r.deadline, r.sequence, r.partition_id) for r in queue]
-            self._expiries += [(until, queue.by_key[p].sequence, p) for p, until in self._leases.items() if p in queue.by_key]
+            for partition_id in [p for p in self._asked if p not in queue.by_key]:  # in place: `renew` writes into it meanwhile
+                self._asked.pop(partition_id, None)
+            lease_time = timedelta(seconds=self.owners.limits.lease_seconds)
+            self._expiries += [(asked + lease_time, queue.by_key[p].sequence, p) for p, asked in list(self._asked.items())]
             heapq.heapify(self._expiries)
-            self._leases = {p: until for p, until in self._leases.items() if p in queue.by_key}
         now = datetime.now(UTC)
         while self._expiries and self._expiries[0][0] <= now:
             _, sequence, partition_id = heapq.heappop(self._expiries)
@@ -105,7 +107,7 @@ class QueueKeeping(Steps):
             if request is None or request.sequence != sequence:
                 continue
             if request.deadline > now:  # its lease came due, not its deadline
-                until = self._leases.get(partition_id)
+                until = self._lease_end(partition_id)
                 if until is None:
                     continue
                 if until > now:  # renewed meanwhile
@@ -128,16 +130,21 @@ class QueueKeeping(Steps):
         expiry heap when it ends before the request's deadline."""
         if request.detached:
             return
-        until = datetime.now(UTC) + timedelta(seconds=self.owners.limits.lease_seconds)
-        self._leases[request.partition_id] = until
-        if until < request.deadline:
+        self._asked[request.partition_id] = datetime.now(UTC)
+        until = self._lease_end(request.partition_id)
+        if until is not None and until < request.deadline:
             heapq.heappush(self._expiries, (until, request.sequence, request.partition_id))
 
     def renew(self, partition_id: str) -> None:
         """Its waiter asked after a request: its lease starts again. Any thread may call it: it
-        replaces one value, which the owner reads when the lease comes due."""
-        if partition_id in self._leases:
-            self._leases[partition_id] = datetime.now(UTC) + timedelta(seconds=self.owners.limits.lease_seconds)
+        replaces one time in `_asked` (which the owner never replaces whole), read when the lease comes due."""
+        if partition_id in self._asked:
+            self._asked[partition_id] = datetime.now(UTC)
+
+    def _lease_end(self, partition_id: str) -> datetime | None:
+        """When a waiting request's lease ends: a lease after its waiter last asked; None without a lease."""
+        asked = self._asked.get(partition_id)
+        return None if asked is None else asked + timedelta(seconds=self.owners.limits.lease_seconds)
 
     def _expiring(self, request: WaitingRequest, ending: VipuError) -> Body:
         try:

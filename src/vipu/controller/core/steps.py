@@ -124,7 +124,7 @@ class Steps(Turns):
 
         def apply() -> None:
             for agent_id in uncleared:
-                self.keep_uncleared(agent_id, partition)
+                self.keep_uncleared_of(agent_id, partition)
             plain_apply()
 
         def undo() -> None:
@@ -135,10 +135,14 @@ class Steps(Turns):
         write.apply, write.undo = apply, undo
         return write
 
-    def keep_uncleared(self, agent_id: str, partition: Partition) -> None:
-        """The partition's IPUs at an agent that did not confirm their clear stay out of placement."""
-        self.state.keep_uncleared(agent_id, partition.id, [i.index for i in partition.ipus if i.agent_id == agent_id])
+    def keep_uncleared(self, agent_id: str, partition_id: str, indices: list[int]) -> None:
+        """IPUs of an agent that did not confirm the clear of a partition's settings (or holds
+        settings nobody owns) stay out of placement until it is seen cleared (`cleared`)."""
+        self.state.keep_uncleared(agent_id, partition_id, indices)
         self._changed = True
+
+    def keep_uncleared_of(self, agent_id: str, partition: Partition) -> None:
+        self.keep_uncleared(agent_id, partition.id, [i.index for i in partition.ipus if i.agent_id == agent_id])
 
     def cleared(self, agent_id: str, partition_id: str) -> None:
         """An agent is seen holding nothing of a partition: IPUs kept out for it are free again."""

@@ -74,7 +74,7 @@ class Turns:
         self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
         # A waiting request's lease, which its waiter renews by asking after it (`renew`); one loaded
         # from the store (a restart, a new leader) gets a whole lease, for its waiter to come back.
-        self._leases: dict[str, datetime] = {}
+        self._asked: dict[str, datetime] = {}  # waiting request -> when its waiter last asked after it; its lease ends a lease later
         for request in state.queue:
             self._lease(request)
         heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
