@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,13 @@ def test_the_chart_lints_and_its_manifests_pass_the_api_servers_validation(kube)
         assert done.returncode == 0, done.stderr
 
 
-def test_the_chart_needs_the_image_and_names_things_as_the_seed_does(kube):
-    refused = helm(kube, "template", "gc", str(CHART), check=False)
-    assert refused.returncode != 0 and "controller.image.repository must name vipu's image" in refused.stderr
+def test_the_chart_names_the_releases_images_and_things_as_the_seed_does(kube):
+    manifests = yaml.safe_load_all(helm(kube, "template", "gc", str(CHART), "--namespace", "ipu").stdout)
+    images = {c["image"] for d in manifests if d and d["kind"] in ("Deployment", "Job")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"localhost/vipu/gc-operator:v1.0.0", "localhost/vipu/gc-webhook:v1.0.0", "localhost/vipu/gc-proxy:v1.0.0"}
+    refused = helm(kube, "template", "gc", str(CHART), "--set", "controller.image.repository=", check=False)
+    assert refused.returncode != 0 and "controller.image.repository must name the operator's image" in refused.stderr
     names = {name for _, name in render(kube)}
     assert {"gc-ipu-operator-controller-manager", "gc-ipu-operator-vipu-proxy", "gc-ipu-operator-vipu-controllers",
             "gc-ipu-operator-metrics-reader", "mipujob.graphcore.ai", "vipujob.graphcore.ai"} <= names
@@ -69,25 +74,33 @@ def test_the_chart_needs_the_image_and_names_things_as_the_seed_does(kube):
 def test_each_value_does_what_the_seeds_table_says(kube):
     defaults = render(kube)
     manager = container(defaults, "gc-ipu-operator-controller-manager", "manager")
-    assert manager["image"] == "registry.example/vipu:0.1.0" and manager["imagePullPolicy"] == "Always"
-    assert "--launcher-image=launcher:latest" in manager["args"]
+    assert manager["image"] == "registry.example/vipu:v1.0.0" and manager["imagePullPolicy"] == "IfNotPresent"
+    assert "--launcher-image=localhost/vipu/gc-launcher:v1.0.0" in manager["args"]
     operator_pod = defaults[("Deployment", "gc-ipu-operator-controller-manager")]["spec"]["template"]["spec"]
     assert (operator_pod["hostNetwork"], operator_pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert defaults[("ConfigMap", "gc-ipu-operator-vipu-controllers")]["data"]["vipuControllers"] == "example.com:8191"
     proxy = container(defaults, "gc-ipu-operator-vipu-proxy", "vipu-proxy")
     assert {"--port=8080", "--vipu-cluster=test"} <= set(proxy["args"]) and "--advertise-on-master" not in proxy["args"]
-    assert (proxy["image"], proxy["imagePullPolicy"]) == ("registry.example/vipu:0.1.0", "Always")  # the controller's, unless set
+    assert (proxy["image"], proxy["imagePullPolicy"]) == ("localhost/vipu/gc-proxy:v1.0.0", "IfNotPresent")
     service = defaults[("Service", "gc-ipu-operator-vipu-proxy")]["spec"]
     assert (service["type"], service["ports"][0]["port"]) == ("ClusterIP", 80)
     hooks = defaults[("ValidatingWebhookConfiguration", "vipujob.graphcore.ai")]["webhooks"][0]
     assert (hooks["failurePolicy"], hooks["timeoutSeconds"], hooks["clientConfig"]["service"]["port"]) == ("Fail", 30, 443)
-    assert "namespaceSelector" not in hooks and hooks["clientConfig"]["caBundle"]
+    assert "namespaceSelector" not in hooks and hooks["clientConfig"]["caBundle"] == ""  # the patch job fills it in
+    for job in ("create", "patch"):
+        pod = defaults[("Job", f"gc-ipu-operator-webhook-certs-{job}")]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["image"] == "localhost/vipu/gc-webhook:v1.0.0"
+        assert pod["containers"][0]["command"] == ["vipu-ipu-webhook-certs", job]
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 2000}
+        assert not {"priorityClassName", "nodeSelector", "tolerations"} & set(pod)
+    assert defaults[("Job", "gc-ipu-operator-webhook-certs-create")]["metadata"]["annotations"]["helm.sh/hook"] == \
+        "pre-install,pre-upgrade"
     assert ("ConfigMap", "gc-ipu-operator-scheduler-extender") not in defaults
 
     preferred = "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
     changed = render(kube, "--set", "global.launcherImage=reg/launch:2", "--set", "global.imagePullSecrets[0].name=pull",
                      "--set", "controller.hostNetwork=false", "--set", "controller.image.tag=v9", "--set",
-                     "controller.image.pullPolicy=IfNotPresent", "--set", "controller.serviceAccount.name=ops",
+                     "controller.image.pullPolicy=Always", "--set", "controller.serviceAccount.name=ops",
                      "--set", "controller.serviceAccount.annotations.team=ipu", "--set", "vipuServerAddr=pod001",
                      "--set", "vipuServerPort=8090", "--set", "vipuClusterName=c64", "--set", "proxyPort=9000",
                      "--set", "ipuVisibility.advertiseOnMaster=true", "--set", "podAnnotations.scrape=yes",
@@ -103,9 +116,14 @@ def test_each_value_does_what_the_seeds_table_says(kube):
                      "--set", "admissionWebhooks.service.type=NodePort", "--set", "admissionWebhooks.service.annotations.a=b",
                      "--set", "admissionWebhooks.image.repository=reg/webhook", "--set", "admissionWebhooks.image.tag=w1",
                      "--set", "vipuProxy.image.repository=reg/proxy", "--set", "vipuProxy.image.tag=p1",
-                     "--set", "vipuProxy.image.pullPolicy=Never")
+                     "--set", "vipuProxy.image.pullPolicy=Never", "--set", "admissionWebhooks.patch.image.repository=reg/certgen",
+                     "--set", "admissionWebhooks.patch.image.tag=c1", "--set", "admissionWebhooks.patch.image.pullPolicy=Always",
+                     "--set", "admissionWebhooks.patch.priorityClassName=low", "--set", "admissionWebhooks.patch.podAnnotations.p=q",
+                     "--set", "admissionWebhooks.patch.nodeSelector.role=ops",
+                     "--set", "admissionWebhooks.patch.tolerations[0].operator=Exists",
+                     "--set", "admissionWebhooks.patch.runAsUser=3000")
     manager = container(changed, "gc-ipu-operator-controller-manager", "manager")
-    assert manager["image"] == "registry.example/vipu:v9" and manager["imagePullPolicy"] == "IfNotPresent"
+    assert manager["image"] == "registry.example/vipu:v9" and manager["imagePullPolicy"] == "Always"
     assert "--launcher-image=reg/launch:2" in manager["args"] and manager["resources"] == {"limits": {"cpu": 1}}
     operator_pod = changed[("Deployment", "gc-ipu-operator-controller-manager")]["spec"]["template"]
     assert (operator_pod["spec"]["hostNetwork"], operator_pod["spec"]["dnsPolicy"]) == (False, "ClusterFirst")
@@ -134,6 +152,13 @@ def test_each_value_does_what_the_seeds_table_says(kube):
         hook = changed[(kind, name)]["webhooks"][0]
         assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    for job in ("create", "patch"):
+        template = changed[("Job", f"gc-ipu-operator-webhook-certs-{job}")]["spec"]["template"]
+        pod = template["spec"]
+        assert (pod["containers"][0]["image"], pod["containers"][0]["imagePullPolicy"]) == ("reg/certgen:c1", "Always")
+        assert (pod["priorityClassName"], pod["nodeSelector"], pod["tolerations"]) == ("low", {"role": "ops"}, [{"operator": "Exists"}])
+        assert pod["securityContext"]["runAsUser"] == 3000 and template["metadata"]["annotations"] == {"p": "q"}
+        assert pod["imagePullSecrets"] == [{"name": "pull"}]
     extender = yaml.safe_load(changed[("ConfigMap", "gc-ipu-operator-scheduler-extender")]["data"]["scheduler-config.yaml"])
     assert extender["extenders"][0]["urlPrefix"] == "http://gc-ipu-operator-vipu-proxy.ipu.svc:81/scheduler"
     assert (extender["extenders"][0]["filterVerb"], extender["extenders"][0]["prioritizeVerb"]) == ("filter", "prioritize")
@@ -142,20 +167,49 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     assert several[("ConfigMap", "gc-ipu-operator-vipu-controllers")]["data"]["vipuControllers"] == \
         "pod001:8090:ipunode=node1,pod002:8091:ipunode=node2"
     bare = render(kube, "--set", "controller.serviceAccount.create=false", "--set", "controller.rbac.create=false")
-    assert not [key for key in bare if key[0] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    assert not [key for key in bare if key[0] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+                and not key[1].endswith("-webhook-certs")]  # the patch jobs' own, which live only while they run
     assert bare[("Deployment", "gc-ipu-operator-vipu-proxy")]["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+
+
+def test_a_value_the_chart_does_not_know_is_refused_by_its_schema(kube):
+    typo = helm(kube, "install", "gc", str(CHART), "--namespace", "ipu", "--set", "vipuProxi.image.repository=x", check=False)
+    assert typo.returncode != 0
+    assert "values don't meet the specifications of the schema" in typo.stderr
+    assert "additional properties 'vipuProxi' not allowed" in typo.stderr, typo.stderr
+    wrong_type = helm(kube, "template", "gc", str(CHART), "--set", "proxyPort=http", check=False)
+    assert wrong_type.returncode != 0 and "proxyPort" in wrong_type.stderr
+    assert helm(kube, "ls", "-n", "ipu", "-q").stdout.strip() == ""  # nothing installed
+
+
+def test_the_seeds_own_spellings_are_taken(kube):
+    manifests = render(kube, "--set", "vipuCLusterName=c9", "--set", "controllers.serviceAccount.name=ops2")
+    assert "--vipu-cluster=c9" in container(manifests, "gc-ipu-operator-vipu-proxy", "vipu-proxy")["args"]
+    assert manifests[("Deployment", "gc-ipu-operator-vipu-proxy")]["spec"]["template"]["spec"]["serviceAccountName"] == "ops2"
+
+
+def test_the_charts_readme_and_schema_are_what_its_values_make():
+    done = subprocess.run([sys.executable, str(CHART.parents[2] / "scripts" / "release.py"), "chart-docs", "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    readme = (CHART / "README.md").read_text()
+    for path in ("vipuProxy.image.repository", "admissionWebhooks.patch.runAsUser", "global.launcherImage"):
+        assert f"| `{path}` |" in readme
 
 
 def test_install_upgrade_and_uninstall_leave_the_partition_tracker(kube):
     # What the proxy makes when it first runs: not the chart's, so the uninstall keeps it
     kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ipu-partitions-tracker", "namespace": "ipu"},
                 "data": {"p-default-job": json.dumps({"namespace": "default", "job": "job"})}})
-    notes = helm(kube, "install", "gc", str(CHART), "--namespace", "ipu", *IMAGE, "--set", "extendedScheduler.enabled=true").stdout
+    # No kubelet runs here to run the patch jobs (test_release runs them): the certificate is the site's
+    no_patch = ("--set", "admissionWebhooks.patch.enabled=false")
+    notes = helm(kube, "install", "gc", str(CHART), "--namespace", "ipu", *IMAGE, *no_patch,
+                 "--set", "extendedScheduler.enabled=true").stdout
     assert "Restart the default scheduler with the configuration in" in notes
     assert kube.kubectl("get", "deployment", "gc-ipu-operator-controller-manager", "-n", "ipu").returncode == 0
     assert kube.kubectl("get", "clusterrole", "-l", "component=metrics-reader", "-o", "name").stdout.split() == [
         "clusterrole.rbac.authorization.k8s.io/gc-ipu-operator-metrics-reader"]
-    helm(kube, "upgrade", "gc", str(CHART), "--namespace", "ipu", *IMAGE, "--set", "vipuControllers=pod001:8090:ipunode=node1")
+    helm(kube, "upgrade", "gc", str(CHART), "--namespace", "ipu", *IMAGE, *no_patch, "--set", "vipuControllers=pod001:8090:ipunode=node1")
     data = kube.kubectl("get", "configmap", "gc-ipu-operator-vipu-controllers", "-n", "ipu", "-o", "jsonpath={.data.vipuControllers}")
     assert data.stdout == "pod001:8090:ipunode=node1"
     assert '"deployed"' in helm(kube, "ls", "-n", "ipu", "-o", "json").stdout

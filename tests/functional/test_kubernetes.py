@@ -270,6 +270,17 @@ def test_a_failing_launcher_is_restarted_on_a_reset_partition_until_its_backoff_
     assert cluster.partitions() == {"p-default-flaky": 4}  # kept until the job is deleted, as the seed says
 
 
+def test_the_seeds_backoff_limit_of_one_retries_a_failing_launcher_once(cluster):
+    cluster.submit("retried", launcher={"command": ["sh", "-c", "exit 4"]}, restartPolicy={"type": "OnFailure", "backOffLimit": 1})
+    condition = cluster.wait_for("retried", "Failed")
+    assert condition["message"] == "IPUJob default/retried has failed after 1 restart(s): its launcher exited with code 4."
+    job = cluster.job("retried")
+    assert (job["status"]["restartCount"], job["spec"]["restartPolicy"]) == (1, {"type": "OnFailure", "backOffLimit": 1})
+    assert cluster.launcher_log("retried", "launcher-init").count("partition p-default-retried reset") == 1
+    cluster.submit("respelled", interactive={"ttl": 3600}, restartPolicy={"type": "OnFailure", "backoffLimit": 2})
+    assert cluster.job("respelled")["spec"]["restartPolicy"] == {"type": "OnFailure", "backOffLimit": 2}  # one spelling stored
+
+
 def test_a_job_that_never_restarts_fails_at_once(cluster):
     cluster.submit("once", launcher={"command": ["sh", "-c", "exit 5"]}, cleanPodPolicy="All")
     assert cluster.wait_for("once", "Failed")["message"] == "IPUJob default/once has failed: its launcher exited with code 5."

@@ -27,7 +27,7 @@ VALIDATE_PATH = "/validate-graphcore-ai-v1alpha1-ipujob"
 DEFAULTS = (
     (("workers", "replicas"), 1),
     (("restartPolicy", "type"), "Never"),
-    (("restartPolicy", "backOffLimit"), jobs.DEFAULT_BACKOFF_LIMIT),  # unless vipu's first spelling, backoffLimit, is given
+    (("restartPolicy", "backOffLimit"), jobs.DEFAULT_BACKOFF_LIMIT),
     (("cleanPodPolicy",), "None"),
 )
 
@@ -37,9 +37,19 @@ def _pointer(path: tuple[str, ...]) -> str:
 
 
 def default_patch(spec: dict) -> list[dict]:
-    """JSON Patch operations adding each missing default (and any object that is to hold it)."""
+    """JSON Patch operations storing the backoff limit in the seed's spelling (`backOffLimit`, where
+    vipu's first one, `backoffLimit`, was given alone) and adding each missing default (and any object
+    that is to hold it)."""
     spec = json.loads(json.dumps(spec))
     operations: list[dict] = []
+    restart = spec.get("restartPolicy")
+    seeds, vipus = jobs.BACKOFF_LIMITS
+    if isinstance(restart, dict) and vipus in restart:
+        if restart.get(seeds) == restart[vipus]:  # the same limit twice is stored once
+            operations.append({"op": "remove", "path": _pointer(("restartPolicy", vipus))})
+        elif seeds not in restart:  # two that differ stay for the validating webhook to refuse
+            operations.append({"op": "move", "from": _pointer(("restartPolicy", vipus)), "path": _pointer(("restartPolicy", seeds))})
+            restart[seeds] = restart[vipus]
     for path, value in DEFAULTS:
         node = spec
         for depth, part in enumerate(path[:-1]):
@@ -50,7 +60,7 @@ def default_patch(spec: dict) -> list[dict]:
             if not isinstance(node, dict):  # not an object: validation refuses it
                 break
         else:
-            if path[-1] not in node and not (path[-1] in jobs.BACKOFF_LIMITS and any(key in node for key in jobs.BACKOFF_LIMITS)):
+            if path[-1] not in node:
                 operations.append({"op": "add", "path": _pointer(path), "value": value})
                 node[path[-1]] = value
     return operations

@@ -24,9 +24,19 @@ def test_the_mutating_webhook_adds_only_the_missing_defaults():
         {"op": "add", "path": "/spec/restartPolicy/backOffLimit", "value": 3},
         {"op": "add", "path": "/spec/cleanPodPolicy", "value": "None"},
     ]
-    for spelling in ("backOffLimit", "backoffLimit"):  # the seed's, and vipu's first: either is the limit, not defaulted again
-        complete = job_document(restartPolicy={"type": "Always", spelling: 1}, cleanPodPolicy="All")
-        assert "patch" not in webhooks.mutate(review(complete))["response"]
+    complete = job_document(restartPolicy={"type": "Always", "backOffLimit": 1}, cleanPodPolicy="All")
+    assert "patch" not in webhooks.mutate(review(complete))["response"]
+
+
+def test_the_backoff_limit_is_stored_in_the_seeds_spelling_whichever_was_given():
+    def patch(**restart) -> list[dict]:
+        response = webhooks.mutate(review(job_document(restartPolicy={"type": "Always", **restart}, cleanPodPolicy="All")))
+        return json.loads(base64.b64decode(response["response"].get("patch", "W10=")))
+
+    assert patch(backoffLimit=1) == [{"op": "move", "from": "/spec/restartPolicy/backoffLimit",
+                                      "path": "/spec/restartPolicy/backOffLimit"}]
+    assert patch(backoffLimit=1, backOffLimit=1) == [{"op": "remove", "path": "/spec/restartPolicy/backoffLimit"}]
+    assert patch(backoffLimit=1, backOffLimit=2) == []  # left for the validating webhook to refuse in one line
 
 
 def test_the_validating_webhook_refuses_with_the_operators_reason():

@@ -28,16 +28,27 @@ app.kubernetes.io/name: {{ include "ipu.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /* controllers.serviceAccount.name: the seed's table spells it so */ -}}
 {{- define "ipu.serviceAccountName" -}}
+{{- $name := default ((.Values.controllers).serviceAccount).name .Values.controller.serviceAccount.name -}}
 {{- if .Values.controller.serviceAccount.create -}}
-{{- default (include "ipu.fullname" .) .Values.controller.serviceAccount.name -}}
+{{- default (include "ipu.fullname" .) $name -}}
 {{- else -}}
-{{- default "default" .Values.controller.serviceAccount.name -}}
+{{- default "default" $name -}}
 {{- end -}}
 {{- end -}}
 
+{{- /* vipuCLusterName: the seed's install command spells it so */ -}}
+{{- define "ipu.clusterName" -}}
+{{- default .Values.vipuClusterName .Values.vipuCLusterName -}}
+{{- end -}}
+
+{{- define "ipu.launcherImage" -}}
+{{- default (printf "localhost/vipu/gc-launcher:%s" .Chart.AppVersion) .Values.global.launcherImage -}}
+{{- end -}}
+
 {{- define "ipu.image" -}}
-{{- printf "%s:%s" (required "controller.image.repository must name vipu's image" .Values.controller.image.repository) (default .Chart.AppVersion .Values.controller.image.tag) -}}
+{{- printf "%s:%s" (required "controller.image.repository must name the operator's image" .Values.controller.image.repository) (default .Chart.AppVersion .Values.controller.image.tag) -}}
 {{- end -}}
 
 {{- define "ipu.proxyImage" -}}
@@ -85,4 +96,12 @@ tolerations:
 affinity:
 {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{- define "ipu.patchImage" -}}
+{{- if .Values.admissionWebhooks.patch.image.repository -}}
+{{- printf "%s:%s" .Values.admissionWebhooks.patch.image.repository (default .Chart.AppVersion .Values.admissionWebhooks.patch.image.tag) -}}
+{{- else -}}
+{{- include "ipu.webhookImage" . -}}
+{{- end -}}
 {{- end -}}
