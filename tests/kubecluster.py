@@ -33,7 +33,11 @@ from tests.processes import dying_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kwok", "helm")
-WORKLOAD_CONTROLLERS = "deployment-controller,replicaset-controller,garbage-collector-controller,serviceaccount-controller"
+# With workload_controllers: Deployments, Jobs, the default service accounts, Services' endpoints
+# (which the API server calls webhooks through, see --enable-aggregator-routing) and volume claims bound.
+WORKLOAD_CONTROLLERS = ",".join((
+    "deployment-controller", "replicaset-controller", "garbage-collector-controller", "serviceaccount-controller",
+    "job-controller", "endpoints-controller", "endpointslice-controller", "persistentvolume-binder-controller"))
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 # kwok's only work here: a node it manages becomes Ready, with room for many pods.
@@ -216,6 +220,9 @@ class KubeCluster:
             "--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"), "--service-cluster-ip-range", "10.0.0.0/24",
             "--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
+            # Webhooks behind a Service are called at its endpoints (the pods' 127.0.0.1 and target
+            # port), not at its cluster IP, which nothing here routes.
+            "--enable-aggregator-routing=true",
             # New nodes would be tainted not-ready until kube-controller-manager, which this cluster does
             # not run, saw them Ready; kwok makes them Ready at once.
             "--disable-admission-plugins=TaintNodesByCondition",

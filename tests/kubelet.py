@@ -7,9 +7,14 @@ container states through the API server as a kubelet does, and when a pod is del
 processes and completes the deletion.
 
 A container's filesystem is this machine's, with two of a kubelet's duties done by hand: the
-pod's ConfigMap, Secret and emptyDir volumes are written into a directory of the pod's, and the
-container's mount paths in its variables and arguments are translated to that directory (a
-Secret's keys reach its variables too); a pod
+pod's ConfigMap, Secret and emptyDir volumes are written into a directory of the pod's (a volume
+claim's is a directory of the claim's, shared by every pod that mounts it, as a ReadWriteMany
+volume is), and the container's mount paths in its variables and arguments are translated to that
+directory (a Secret's keys reach its variables too). Every pod has this machine's address
+(127.0.0.1 unless told another of its addresses: an EndpointSlice refuses loopback ones, so a
+Service that the API server calls, a webhook's, needs another), so cluster DNS and kube-proxy are
+done the same way: a Service's name in a URL of a container's variables or arguments
+(`http://NAME.NAMESPACE.svc:PORT`) becomes 127.0.0.1 and the Service's target port; a pod
 with a service account gets a real token for it (TokenRequest) in a kubeconfig named by
 KUBECONFIG, so its programs act with exactly the rights RBAC gives that account.
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,23 +57,32 @@ def _now() -> str:
 
 
 def _translated(text: str, mounts: dict[str, Path]) -> str:
+    """`text` (a path, or an option and a path: --tls-cert=/etc/...) with a mount path made the volume's directory."""
+    option = re.match(r"(--[\w-]+=)(/.*)", text)
+    if option:
+        return option.group(1) + _translated(option.group(2), mounts)
     for mount_path, host_path in sorted(mounts.items(), key=lambda item: -len(item[0])):
         if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
             return str(host_path) + text[len(mount_path.rstrip("/")):]
     return text
 
 
+SERVICE_URL = re.compile(r"(?<=//)([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?(?::(\d+))?")
+
+
 def container_environment(pod: dict, container: dict, mounts: dict[str, Path], base: dict[str, str],
-                          secret: Callable[[str, str], str] | None = None) -> dict[str, str]:
-    """The variables a container of this pod sees: `base`, then its spec's, fields resolved, and
-    keys of Secrets read through `secret(name, key)`."""
+                          secret: Callable[[str, str], str] | None = None,
+                          services: Callable[[str], str] = lambda text: text, pod_ip: str = "127.0.0.1") -> dict[str, str]:
+    """The variables a container of this pod sees: `base`, then its spec's, fields resolved, keys of
+    Secrets read through `secret(name, key)`, and Services' URLs through `services`."""
     fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
-              "spec.nodeName": pod["spec"].get("nodeName", ""), "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+              "spec.nodeName": pod["spec"].get("nodeName", ""),
+              "status.podIP": pod_ip, "status.hostIP": pod_ip}
     env = dict(base)
     for variable in container.get("env") or []:
         source = variable.get("valueFrom") or {}
         if "value" in variable:
-            env[variable["name"]] = _translated(str(variable["value"]), mounts)
+            env[variable["name"]] = services(_translated(str(variable["value"]), mounts))
         elif (source.get("fieldRef") or {}).get("fieldPath") in fields:
             env[variable["name"]] = fields[source["fieldRef"]["fieldPath"]]
         elif "secretKeyRef" in source and secret is not None:
@@ -76,9 +91,11 @@ def container_environment(pod: dict, container: dict, mounts: dict[str, Path], b
 
 
 class Kubelet:
-    def __init__(self, cluster: KubeCluster, root: Path, path: list[str]):
-        """`path`: directories put before the machine's PATH in every container."""
+    def __init__(self, cluster: KubeCluster, root: Path, path: list[str], pod_ip: str = "127.0.0.1"):
+        """`path`: directories put before the machine's PATH in every container; `pod_ip`: an address
+        of this machine, every pod's."""
         self.cluster = cluster
+        self.pod_ip = pod_ip
         self.root = root
         self.core = client.CoreV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
         shims = root / "shims"
@@ -187,6 +204,9 @@ class Kubelet:
             if "configMap" in volume:
                 source = self.core.read_namespaced_config_map(volume["configMap"]["name"], namespace)
                 _write_volume(target, volume["configMap"], {key: value.encode() for key, value in (source.data or {}).items()})
+            elif "persistentVolumeClaim" in volume:
+                target = self.root / "claims" / namespace / volume["persistentVolumeClaim"]["claimName"]
+                target.mkdir(parents=True, exist_ok=True)
             elif "secret" in volume:
                 secret = self.core.read_namespaced_secret(volume["secret"]["secretName"], namespace)
                 _write_volume(target, volume["secret"], {key: base64.b64decode(value) for key, value in (secret.data or {}).items()})
@@ -202,14 +222,38 @@ class Kubelet:
             base["KUBECONFIG"] = str(kubeconfig)
         return volumes, base
 
+    def _services_reached(self, text: str) -> str:
+        """`text` with each Service URL's host and port made the address its pods answer at."""
+        return SERVICE_URL.sub(lambda match: self._service_address(match.group(1), match.group(2), match.group(3)), text)
+
+    def _service_address(self, name: str, namespace: str, port: str | None) -> str:
+        service = self.core.read_namespaced_service(name, namespace)
+        wanted = int(port) if port else 80
+        entry = next((p for p in service.spec.ports if p.port == wanted), service.spec.ports[0])
+        target = entry.target_port or entry.port
+        if isinstance(target, str):  # a container port's name: look it up in a pod the Service selects (soon made)
+            selector = ",".join(f"{key}={value}" for key, value in (service.spec.selector or {}).items())
+            deadline = time.monotonic() + 60
+            while True:
+                pods = self.core.list_namespaced_pod(namespace, label_selector=selector).items
+                named = [p.container_port for pod in pods for c in pod.spec.containers for p in c.ports or [] if p.name == target]
+                if named:
+                    return f"127.0.0.1:{named[0]}"
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no pod of Service {namespace}/{name} has a port named {target}")
+                time.sleep(0.2)
+        return f"127.0.0.1:{target}"
+
     def _secret_value(self, namespace: str, name: str, key: str) -> str:
         return base64.b64decode(self.core.read_namespaced_secret(name, namespace).data[key]).decode()
 
     def _start(self, pod: dict, key: str, container: dict, volumes: dict[str, Path], base: dict[str, str]) -> subprocess.Popen:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts") or [] if m["name"] in volumes}
         namespace = pod["metadata"]["namespace"]
-        env = container_environment(pod, container, mounts, base, lambda name, key: self._secret_value(namespace, name, key))
-        command = [_translated(str(part), mounts) for part in (container.get("command") or []) + (container.get("args") or [])]
+        env = container_environment(pod, container, mounts, base, lambda name, key: self._secret_value(namespace, name, key),
+                                    self._services_reached, self.pod_ip)
+        command = [self._services_reached(_translated(str(part), mounts))
+                   for part in (container.get("command") or []) + (container.get("args") or [])]
         directory = self.pod_dir(pod["metadata"]["namespace"], pod["metadata"]["name"])
         with open(directory / f"{container['name']}.log", "ab") as log:
             try:
@@ -236,7 +280,7 @@ class Kubelet:
     def _run_pod(self, pod: dict, key: str) -> None:
         started = _now()
         ready = {"type": "PodScheduled", "status": "True", "lastTransitionTime": started}
-        self._patch_status(pod, {"phase": "Pending", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started,
+        self._patch_status(pod, {"phase": "Pending", "hostIP": self.pod_ip, "podIP": self.pod_ip, "startTime": started,
                                  "conditions": [ready]})
         try:
             volumes, base = self._prepare(pod)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+import click
 from kubernetes import client, watch
 
 from vipu.client.retry import RetryPolicy, Verdict, answered_early, verdict_of_http
@@ -89,7 +90,13 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
         time.sleep(next(delays))
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
+    """The IPUJob launcher's init container: waits for the job's workers, then has the V-IPU proxy
+    create the job's partition (or reset it, on a restart) and writes its IPUoF configuration.
+
+    It takes no arguments: the operator gives it IPUJOB_NAME, IPUJOB_NAMESPACE, IPUJOB_UID,
+    IPUJOB_WORKERS, IPUJOB_PARTITION, IPUJOB_IPUS and VIPU_PROXY_URL in its environment."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-ipujob-init: %(message)s", stream=sys.stderr)
     env = os.environ
     missing = [k for k in ("IPUJOB_NAME", "IPUJOB_NAMESPACE", "IPUJOB_UID", "IPUJOB_WORKERS", "IPUJOB_PARTITION",
