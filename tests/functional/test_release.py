@@ -205,6 +205,9 @@ def test_the_packaged_chart_installs_as_the_seed_says_and_the_seeds_samples_each
                    what="the two samples' partitions")
         stored = json.loads(kube.kubectl("get", "ipujob", "ipujob-sample", "-o", "json").stdout)
         assert _subset(single["spec"], stored["spec"]), stored["spec"]  # nothing of the seed's pruned
+        interactive = yaml.safe_load((SAMPLES / "interactive-job.yaml").read_text())
+        stored = json.loads(kube.kubectl("get", "ipujob", "interactive-sample-job", "-o", "json").stdout)
+        assert _subset(interactive["spec"], stored["spec"]), stored["spec"]
         assert stored["spec"]["restartPolicy"] == {"type": "Never", "backOffLimit": 3}
         wait_until(lambda: (json.loads(kube.kubectl("get", "ipujob", "ipujob-sample", "-o", "json").stdout)
                             .get("status") or {}).get("iPUPartitionCreated"), timeout=60, what="the seed's status field")
