@@ -190,8 +190,9 @@ def test_the_packaged_chart_installs_as_the_seed_says_and_the_seeds_samples_each
         secret = json.loads(kube.kubectl("get", "secret", "gc-ipu-operator-webhook-tls", "-o", "json").stdout)
         for kind, name in (("mutatingwebhookconfiguration", "mipujob.graphcore.ai"),
                            ("validatingwebhookconfiguration", "vipujob.graphcore.ai")):
-            bundle = kube.kubectl("get", kind, name, "-o", "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout
-            assert bundle == secret["data"]["ca.crt"]  # the patch job's work
+            hook = json.loads(kube.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"][0]
+            assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]  # the patch job's work
+            assert hook["rules"][0]["resources"] == ["ipujobs"]  # and only that
         assert kube.kubectl("get", "jobs", "-o", "name").stdout == ""  # both patch jobs succeeded and were removed
         kube.kubectl("wait", "--for=condition=Available", "deployment", "--all", "--timeout=120s")
         wait_until(lambda: kube.kubectl("apply", "--dry-run=server", "-f", str(SAMPLES / "single-gcd-sample.yaml"),

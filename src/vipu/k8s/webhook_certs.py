@@ -64,7 +64,9 @@ def patch(core: client.CoreV1Api, admission: client.AdmissionregistrationV1Api, 
     for names, read, write in kinds:
         for configuration in names:
             hooks = read(configuration).webhooks or []
-            write(configuration, {"webhooks": [{"name": hook.name, "clientConfig": {"caBundle": bundle}} for hook in hooks]})
+            # A strategic merge: the webhooks list merges by name, so only each one's caBundle changes
+            write(configuration, {"webhooks": [{"name": hook.name, "clientConfig": {"caBundle": bundle}} for hook in hooks]},
+                  _content_type="application/strategic-merge-patch+json")
             log.info("webhook configuration %s trusts the authority of Secret %s/%s", configuration, namespace, name)
 
 

@@ -56,16 +56,17 @@ def test_every_webhook_of_the_named_configurations_trusts_the_authority():
 
         read_validating_webhook_configuration = read_mutating_webhook_configuration
 
-        def patch_mutating_webhook_configuration(self, name, body):
-            patched.append(("mutating", name, body))
+        def patch_mutating_webhook_configuration(self, name, body, _content_type):
+            patched.append(("mutating", name, body, _content_type))
 
-        def patch_validating_webhook_configuration(self, name, body):
-            patched.append(("validating", name, body))
+        def patch_validating_webhook_configuration(self, name, body, _content_type):
+            patched.append(("validating", name, body, _content_type))
 
     webhook_certs.patch(secrets, Admission(), "tls", "ipu", ["m1"], ["v1"])
     bundle = secrets.stored[("ipu", "tls")].data["ca.crt"]
     hooks = [{"name": "a", "clientConfig": {"caBundle": bundle}}, {"name": "b", "clientConfig": {"caBundle": bundle}}]
-    assert patched == [("mutating", "m1", {"webhooks": hooks}), ("validating", "v1", {"webhooks": hooks})]
+    merge = "application/strategic-merge-patch+json"  # by name: the rest of each webhook is kept
+    assert patched == [("mutating", "m1", {"webhooks": hooks}, merge), ("validating", "v1", {"webhooks": hooks}, merge)]
 
 
 def test_an_api_servers_refusal_is_one_line(monkeypatch):
