@@ -1,0 +1,106 @@
+"""Real OpenStack services, as vipu-vpod's OpenStack provider (issue 31) will meet them: Keystone,
+Placement, Glance, Nova with its fake virt driver, and Neutron with Linux bridge's agent, from
+Debian's archive (tests/openstack.py). A server boots from a Glance image on a Neutron network with
+the user data it was given, its port bound on the compute host, and everything made is deleted
+again; the failures the provider must turn into one line come back as Nova gives them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.functional.harness import wait_until
+from tests.openstack import OpenStack
+
+pytestmark = [pytest.mark.functional,
+              pytest.mark.skipif(os.geteuid() != 0, reason="MariaDB, RabbitMQ and Neutron's agent run as root here")]
+USER_DATA = "#!/bin/sh\necho the vPOD controller starts here\n"
+
+
+@pytest.fixture(scope="module")
+def openstack(tmp_path_factory):
+    services = OpenStack(tmp_path_factory.mktemp("openstack")).start()
+    yield services
+    services.stop()
+
+
+@pytest.fixture(scope="module")
+def image(openstack) -> str:
+    made = openstack.call("glance", "POST", "/v2/images", {"name": "vipu-controller", "disk_format": "raw", "container_format": "bare"})
+    openstack.upload(made["id"], b"\0" * 4096)
+    assert openstack.call("glance", "GET", f"/v2/images/{made['id']}")["status"] == "active"
+    return made["id"]
+
+
+@pytest.fixture(scope="module")
+def flavor(openstack) -> str:
+    made = openstack.call("nova", "POST", "/flavors", {"flavor": {"name": "vpod-controller", "ram": 512, "vcpus": 1, "disk": 1}})
+    return made["flavor"]["id"]
+
+
+def failure(call) -> tuple[int, str]:
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        call()
+    body = json.loads(refused.value.read())
+    return refused.value.code, next(iter(body.values()))["message"]
+
+
+def test_a_server_boots_from_glance_on_a_neutron_network_with_its_user_data_and_leaves_nothing_behind(openstack, image, flavor):
+    network = openstack.call("neutron", "POST", "/v2.0/networks", {"network": {"name": "vpod-acme-1"}})["network"]
+    assert network["provider:network_type"] == "local"
+    subnet = openstack.call("neutron", "POST", "/v2.0/subnets", {"subnet": {
+        "network_id": network["id"], "cidr": "10.20.0.0/24", "ip_version": 4}})["subnet"]
+    group = openstack.call("neutron", "POST", "/v2.0/security-groups", {"security_group": {"name": "vpod-acme-1"}})["security_group"]
+    openstack.call("neutron", "POST", "/v2.0/security-group-rules", {"security_group_rule": {
+        "security_group_id": group["id"], "direction": "ingress", "protocol": "tcp", "port_range_min": 8090,
+        "port_range_max": 8091, "remote_ip_prefix": subnet["cidr"]}})
+
+    server = openstack.call("nova", "POST", "/servers", {"server": {
+        "name": "vpod-acme-1-controller", "imageRef": image, "flavorRef": flavor, "networks": [{"uuid": network["id"]}],
+        "security_groups": [{"name": "vpod-acme-1"}], "user_data": base64.b64encode(USER_DATA.encode()).decode()}})["server"]
+    active = wait_until(lambda: (s := openstack.call("nova", "GET", f"/servers/{server['id']}")["server"])["status"] in ("ACTIVE", "ERROR")
+                        and s, timeout=60, what="the server to boot")
+    assert active["status"] == "ACTIVE", active.get("fault")
+    address = active["addresses"]["vpod-acme-1"][0]["addr"]
+    assert address.startswith("10.20.0.")
+    ported = openstack.call("neutron", "GET", f"/v2.0/ports?device_id={server['id']}")["ports"]
+    assert [(p["binding:host_id"], p["binding:vif_type"], p["security_groups"]) for p in ported] == [("compute1", "bridge", [group["id"]])]
+    # What the harness's boot stand-in reads, as cloud-init does in a real VM
+    detail = openstack.call("nova", "GET", f"/servers/{server['id']}", headers={"OpenStack-API-Version": "compute 2.3"})["server"]
+    assert base64.b64decode(detail["OS-EXT-SRV-ATTR:user_data"]).decode() == USER_DATA
+
+    openstack.call("nova", "DELETE", f"/servers/{server['id']}")
+    wait_until(lambda: not openstack.call("nova", "GET", "/servers")["servers"], timeout=60, what="the server to go")
+    wait_until(lambda: not openstack.call("neutron", "GET", f"/v2.0/ports?device_id={server['id']}")["ports"], what="its port to go")
+    openstack.call("neutron", "DELETE", f"/v2.0/security-groups/{group['id']}")
+    openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
+    assert openstack.call("neutron", "GET", "/v2.0/networks")["networks"] == []
+    assert [g["name"] for g in openstack.call("neutron", "GET", "/v2.0/security-groups")["security_groups"]] == ["default"]
+
+
+def test_a_quota_and_a_missing_image_are_refused_by_nova_in_a_line(openstack, image, flavor):
+    network = openstack.call("neutron", "POST", "/v2.0/networks", {"network": {"name": "refusals"}})["network"]
+    openstack.call("neutron", "POST", "/v2.0/subnets", {"subnet": {"network_id": network["id"], "cidr": "10.21.0.0/24", "ip_version": 4}})
+    try:
+        def boot(image_id: str):
+            return openstack.call("nova", "POST", "/servers", {"server": {
+                "name": "refused", "imageRef": image_id, "flavorRef": flavor, "networks": [{"uuid": network["id"]}]}})
+
+        code, message = failure(lambda: boot("0d7b4fd8-8e5c-4a3a-8f0b-000000000000"))
+        assert (code, message) == (400, "Can not find requested image")
+        project = openstack.keystone._id("projects", "admin")
+        openstack.call("nova", "PUT", f"/os-quota-sets/{project}", {"quota_set": {"instances": 0}})
+        try:
+            code, message = failure(lambda: boot(image))
+            assert code == 403 and message.startswith("Quota exceeded for instances"), message
+        finally:
+            openstack.call("nova", "DELETE", f"/os-quota-sets/{project}")
+        assert openstack.call("nova", "GET", "/servers")["servers"] == []
+    finally:
+        openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
