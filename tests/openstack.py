@@ -10,11 +10,14 @@ and Nova not waiting for a VIF to be plugged (no virtual switch plugs one here).
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -150,6 +153,8 @@ class OpenStack:
         (directory / "mariadb").mkdir()
         (directory / "rabbitmq").mkdir()
         self.keystone = Keystone(directory / "keystone")
+        self.machines = BootStandIn(self, directory / "machines")
+        self._token: tuple[float, str] | None = None
         self.ports = {name: free_port() for name in ("placement", "glance", "nova", "neutron")}
         self.urls = {"placement": f"http://127.0.0.1:{self.ports['placement']}",
                      "glance": f"http://127.0.0.1:{self.ports['glance']}",
@@ -334,16 +339,21 @@ class OpenStack:
             log = self.processes.log({"neutron": "neutron-server", "nova": "nova-api"}.get(name, name))
             _wait(name, lambda name=name: self._answers(self.urls[name]), process, log)
         self._join_compute_host()
+        self.machines.start()
         return self
 
     def stop(self) -> None:
+        self.machines.stop()
         self.keystone.stop()
         self.processes.stop()
         self.broker.stop()
         shutil.rmtree(self.directory / "mariadb" / "data", ignore_errors=True)
 
     def admin_token(self) -> str:
-        return self.keystone.admin_token()
+        """Keystone's administrator's token, made again every 10 minutes (they last an hour)."""
+        if self._token is None or time.monotonic() - self._token[0] > 600:
+            self._token = (time.monotonic(), self.keystone.admin_token())
+        return self._token[1]
 
     def call(self, service: str, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
         request = urllib.request.Request(self.urls[service] + path, method=method,
@@ -359,3 +369,76 @@ class OpenStack:
         request = urllib.request.Request(f"{self.urls['glance']}/v2/images/{image_id}/file", data=data, method="PUT",
                                          headers={"Content-Type": "application/octet-stream", "X-Auth-Token": self.admin_token()})
         urllib.request.urlopen(request, timeout=60).read()
+
+
+class BootStandIn:
+    """What Nova's fake virt driver leaves out: a server's boot. When Nova reports a server ACTIVE,
+    its fixed addresses are put on this host's loopback interface (as the test kubelet gives pods
+    this host's address) and its user data is run as cloud-init runs a `#!` script at first boot,
+    with HOME and VIPU_STATE_DIR a directory of the server's own; when the server is deleted (or
+    stops being ACTIVE) its processes are stopped and its addresses taken back. Everything the
+    server was made with is Nova's and Neutron's: the stand-in only reads it."""
+
+    def __init__(self, openstack: OpenStack, directory: Path, interval: float = 0.3):
+        self.openstack, self.directory, self.interval = openstack, directory, interval
+        self.running: dict[str, tuple[subprocess.Popen | None, list[str]]] = {}  # by server id: its process, its addresses
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="boot stand-in", daemon=True)
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        for server in list(self.running):
+            self._halt(server)
+
+    def log(self, server_id: str) -> str:
+        path = self.directory / server_id / "console.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                servers = self.openstack.call("nova", "GET", "/servers/detail?all_tenants=1",
+                                              headers={"OpenStack-API-Version": "compute 2.3"})["servers"]
+            except OSError:
+                continue  # a service restarting: the next round
+            active = {server["id"]: server for server in servers if server["status"] == "ACTIVE"}
+            for server_id in [s for s in self.running if s not in active]:
+                self._halt(server_id)
+            for server_id, server in active.items():
+                if server_id not in self.running:
+                    self._boot(server)
+
+    def _boot(self, server: dict) -> None:
+        home = self.directory / server["id"]
+        home.mkdir(parents=True, exist_ok=True)
+        addresses = [entry["addr"] for entries in server["addresses"].values() for entry in entries if entry["version"] == 4]
+        for address in addresses:
+            subprocess.run(["ip", "address", "add", f"{address}/32", "dev", "lo"], capture_output=True, timeout=30)
+        process = None
+        user_data = base64.b64decode(server.get("OS-EXT-SRV-ATTR:user_data") or "")
+        if user_data.startswith(b"#!"):
+            script = home / "user-data"
+            script.write_bytes(user_data)
+            script.chmod(0o700)
+            with open(home / "console.log", "ab") as console:
+                process = subprocess.Popen(dying_with_parent([str(script)]), stdout=console, stderr=subprocess.STDOUT, cwd=home,
+                                           start_new_session=True, env={**os.environ, "HOME": str(home), "VIPU_STATE_DIR": str(home)})
+        self.running[server["id"]] = (process, addresses)
+
+    def _halt(self, server_id: str) -> None:
+        process, addresses = self.running.pop(server_id)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for address in addresses:
+            subprocess.run(["ip", "address", "del", f"{address}/32", "dev", "lo"], capture_output=True, timeout=30)

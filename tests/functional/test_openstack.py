@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -17,6 +18,7 @@ import pytest
 
 from tests.functional.harness import wait_until
 from tests.openstack import OpenStack
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.functional,
               pytest.mark.skipif(os.geteuid() != 0, reason="MariaDB, RabbitMQ and Neutron's agent run as root here")]
@@ -82,6 +84,34 @@ def test_a_server_boots_from_glance_on_a_neutron_network_with_its_user_data_and_
     openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
     assert openstack.call("neutron", "GET", "/v2.0/networks")["networks"] == []
     assert [g["name"] for g in openstack.call("neutron", "GET", "/v2.0/security-groups")["security_groups"]] == ["default"]
+
+
+def test_an_active_server_runs_its_user_data_at_its_own_address_until_it_is_deleted(openstack, image, flavor):
+    port = free_port()
+    user_data = f"#!/bin/sh\necho booted\nexec python3 -m http.server {port} --bind 0.0.0.0\n"
+    network = openstack.call("neutron", "POST", "/v2.0/networks", {"network": {"name": "booted"}})["network"]
+    openstack.call("neutron", "POST", "/v2.0/subnets", {"subnet": {"network_id": network["id"], "cidr": "10.22.0.0/24", "ip_version": 4}})
+    try:
+        server = openstack.call("nova", "POST", "/servers", {"server": {
+            "name": "booted", "imageRef": image, "flavorRef": flavor, "networks": [{"uuid": network["id"]}],
+            "user_data": base64.b64encode(user_data.encode()).decode()}})["server"]
+        active = wait_until(lambda: (s := openstack.call("nova", "GET", f"/servers/{server['id']}")["server"])["status"] == "ACTIVE"
+                            and s, timeout=60, what="the server to boot")
+        address = active["addresses"]["booted"][0]["addr"]
+
+        def answers() -> bool:
+            try:
+                return urllib.request.urlopen(f"http://{address}:{port}/", timeout=2).status == 200
+            except OSError:
+                return False
+        wait_until(answers, timeout=30, what="the server's user data to serve at its address")
+        assert openstack.machines.log(server["id"]).startswith("booted\n")
+        openstack.call("nova", "DELETE", f"/servers/{server['id']}")
+        wait_until(lambda: not answers(), timeout=60, what="the deleted server's process to stop")
+        assert address not in subprocess.run(["ip", "-4", "address", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    finally:
+        wait_until(lambda: not openstack.call("nova", "GET", "/servers")["servers"], timeout=60, what="the server to go")
+        openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
 
 
 def test_a_quota_and_a_missing_image_are_refused_by_nova_in_a_line(openstack, image, flavor):
