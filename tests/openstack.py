@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -32,6 +33,7 @@ PYTHON = "/usr/bin/python3"  # Debian's, whose dist-packages hold the services
 SERVICE_PASSWORD = "openstack-service-secret"
 DB_PASSWORD = "openstack-db-secret"
 SERVICES = ("nova", "placement", "glance", "neutron")
+IMAGE_PROGRAMS = Path(sys.executable).parent  # vipu's programs, which a server's image has in /opt/vipu/bin
 
 
 def _wait(what: str, ready, process: subprocess.Popen | None = None, log: Path | None = None, timeout: float = 120.0):
@@ -375,7 +377,8 @@ class BootStandIn:
     """What Nova's fake virt driver leaves out: a server's boot. When Nova reports a server ACTIVE,
     its fixed addresses are put on this host's loopback interface (as the test kubelet gives pods
     this host's address) and its user data is run as cloud-init runs a `#!` script at first boot,
-    with HOME and VIPU_STATE_DIR a directory of the server's own; when the server is deleted (or
+    with HOME and VIPU_STATE_DIR a directory of the server's own and vipu's programs on its PATH
+    (the controller image's); when the server is deleted (or
     stops being ACTIVE) its processes are stopped and its addresses taken back. Everything the
     server was made with is Nova's and Neutron's: the stand-in only reads it."""
 
@@ -428,7 +431,8 @@ class BootStandIn:
             script.chmod(0o700)
             with open(home / "console.log", "ab") as console:
                 process = subprocess.Popen(dying_with_parent([str(script)]), stdout=console, stderr=subprocess.STDOUT, cwd=home,
-                                           start_new_session=True, env={**os.environ, "HOME": str(home), "VIPU_STATE_DIR": str(home)})
+                                           start_new_session=True, env={**os.environ, "HOME": str(home), "VIPU_STATE_DIR": str(home),
+                                                                        "PATH": f"{IMAGE_PROGRAMS}:{os.environ['PATH']}"})
         self.running[server["id"]] = (process, addresses)
 
     def _halt(self, server_id: str) -> None:

@@ -15,8 +15,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
-from tests.functional.harness import wait_until
+from tests.functional.harness import BIN, wait_until
+from tests.functional.test_vpod import Site, created
+from tests.keystone import ADMIN_PASSWORD
 from tests.openstack import OpenStack
 from tests.ports import free_port
 
@@ -134,3 +137,53 @@ def test_a_quota_and_a_missing_image_are_refused_by_nova_in_a_line(openstack, im
         assert openstack.call("nova", "GET", "/servers")["servers"] == []
     finally:
         openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
+
+
+@pytest.fixture(scope="module")
+def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
+    """A clouds.yaml naming the site's cloud as vipu-vpod acts as it, and the subnet pool of vPODs' networks."""
+    openstack.call("neutron", "POST", "/v2.0/subnetpools", {"subnetpool": {
+        "name": "vpods", "prefixes": ["10.40.0.0/16"], "default_prefixlen": 28}})
+    clouds = tmp_path_factory.mktemp("cloud") / "clouds.yaml"
+    clouds.write_text(yaml.safe_dump({"clouds": {"site": {
+        "auth": {"auth_url": openstack.keystone.url, "username": "admin", "password": ADMIN_PASSWORD, "project_name": "admin",
+                 "user_domain_name": "Default", "project_domain_name": "Default"},
+        "region_name": "RegionOne", "identity_api_version": 3}}}))
+    return {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
+
+
+def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_release_leaves_nothing(
+        openstack, cloud, postgres, tmp_path):
+    site = Site(tmp_path / "site", machines=4, env=cloud)
+    try:
+        site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
+                   "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods",
+                   "--openstack-store", postgres.url("postgres"))
+        acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
+        name = f"vpod-{acme_id}"
+        (server,) = openstack.call("nova", "GET", f"/servers/detail?name={name}")["servers"]
+        assert server["status"] == "ACTIVE" and server["metadata"] == {"vipu-vpod": acme_id}
+        (network,) = openstack.call("neutron", "GET", f"/v2.0/networks?name={name}")["networks"]
+        (subnet,) = openstack.call("neutron", "GET", f"/v2.0/subnets?network_id={network['id']}")["subnets"]
+        assert subnet["cidr"].startswith("10.40.") and subnet["cidr"].endswith("/28")
+        address = server["addresses"][name][0]["addr"]
+        (group,) = openstack.call("neutron", "GET", f"/v2.0/security-groups?name={name}")["security_groups"]
+        ingress = [(r["protocol"], r["remote_ip_prefix"]) for r in group["security_group_rules"] if r["direction"] == "ingress"]
+        assert ingress == [("tcp", subnet["cidr"])]  # from the vPOD's network only
+        config = tmp_path / "acme" / "acme.vipu-cli.hcl"
+        assert address in config.read_text()  # the tenant reaches its controller at its server
+
+        def user(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
+        made = user("create", "partition", "p1", "--size", "8")
+        assert made.returncode == 0, made.stderr
+        assert site.held("m01") == ["p1"]
+
+        released = site.vpod("release", acme_id)
+        assert released.code == 0, released.err
+        for kind, path in (("nova", f"/servers?name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
+                           ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}")):
+            assert next(iter(openstack.call(kind, "GET", path).values())) == [], path
+        assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
+    finally:
+        site.stop()

@@ -136,6 +136,20 @@ def init(data_dir, db_url, tls_hosts):
                    "VIPU_VPOD_KUBERNETES_STORE keeps the password out of the process list.")
 @click.option("--kubernetes-controller-host", default=None,
               help="With --kubernetes-namespace: where the controllers are reached. Default: each one's Service, NAME.NAMESPACE.svc.")
+@click.option("--provider", type=click.Choice(["local", "kubernetes", "openstack"]), default=None,
+              help="Where tenants' controllers run: processes of this host (local), Deployments (kubernetes, the default with "
+                   "--kubernetes-namespace) or OpenStack servers (openstack).")
+@click.option("--openstack-cloud", default=None, help="With --provider openstack: the clouds.yaml entry to act as (OS_CLIENT_CONFIG_FILE "
+                                                      "names the file, as for the openstack CLI).")
+@click.option("--openstack-image", default=None, help="With --provider openstack: the controllers' image in Glance (name or id).")
+@click.option("--openstack-flavor", default=None, help="With --provider openstack: the controllers' flavor.")
+@click.option("--openstack-subnet-pool", default=None,
+              help="With --provider openstack: the Neutron subnet pool each vPOD's network takes its subnet from.")
+@click.option("--openstack-admit-cidr", default="",
+              help="With --provider openstack: a network besides the vPOD's own that may reach its controller (this orchestrator's).")
+@click.option("--openstack-store", default=None, envvar="VIPU_VPOD_OPENSTACK_STORE",
+              help="With --provider openstack: a PostgreSQL server URL whose user may create databases and roles, as "
+                   "--kubernetes-store. VIPU_VPOD_OPENSTACK_STORE keeps the password out of the process list.")
 @click.option("--test-on-release", is_flag=True,
               help="Run the cluster test on a vPOD's machines when it is released; those it fails on are held back from the pool.")
 @click.option("--login-failures", type=click.IntRange(0), default=10, show_default=True,
@@ -145,7 +159,8 @@ def init(data_dir, db_url, tls_hosts):
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
-          kubernetes_image, kubernetes_store, kubernetes_controller_host, test_on_release, login_failures, login_lockout, log_level):
+          kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
+          openstack_subnet_pool, openstack_admit_cidr, openstack_store, test_on_release, login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
         try:
@@ -171,7 +186,27 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         store.add_machines(site_machines(rack))
         site = site_tls(data_dir)
         tenants: TenantControllers
-        if kubernetes_namespace:
+        provider = provider or ("kubernetes" if kubernetes_namespace else "local")
+        openstack_options = {"--openstack-cloud": openstack_cloud, "--openstack-image": openstack_image,
+                             "--openstack-flavor": openstack_flavor, "--openstack-subnet-pool": openstack_subnet_pool,
+                             "--openstack-store": openstack_store}
+        if provider == "openstack":
+            absent = [name for name, value in openstack_options.items() if not value]
+            if absent:
+                raise InvalidArgument(f"--provider openstack needs {', '.join(absent)} too")
+            if kubernetes_namespace or advertise_host:
+                raise InvalidArgument("with --provider openstack, controllers are reached at their servers' addresses: "
+                                      "--kubernetes-namespace and --advertise-host are for other providers")
+            from vipu.vpod.openstack import OpenStackControllers
+
+            use_runner(store, f"openstack:{openstack_cloud}")
+            tenants = OpenStackControllers(data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor,
+                                           openstack_subnet_pool, openstack_store, openstack_admit_cidr)
+        elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr)] if value]:
+            raise InvalidArgument(f"{given[0]} is for controllers on OpenStack: give --provider openstack too")
+        elif provider == "kubernetes" and not kubernetes_namespace:
+            raise InvalidArgument("--provider kubernetes needs --kubernetes-namespace")
+        elif kubernetes_namespace:
             if not kubernetes_image or not kubernetes_store:
                 raise InvalidArgument("--kubernetes-namespace needs --kubernetes-image and --kubernetes-store too")
             if advertise_host:
@@ -224,7 +259,9 @@ def use_runner(store: VpodStore, runner: str) -> None:
     whose controllers the new one would neither find nor stop."""
     recorded = store.setting("runner") or "local"
     if recorded != runner and any(v.state != "Released" for v in store.list()):
-        where = {"local": "as processes of this host"}.get(recorded, f"on Kubernetes, namespace {recorded.partition(':')[2]}")
+        kind, _, place = recorded.partition(":")
+        where = {"local": "as processes of this host", "kubernetes": f"on Kubernetes, namespace {place}",
+                 "openstack": f"on OpenStack cloud {place}"}[kind]
         raise Conflict(f"the vPODs of this orchestrator have their controllers {where}; release them first, or serve as before")
     store.set_setting("runner", runner)
 

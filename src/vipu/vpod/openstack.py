@@ -1,0 +1,254 @@
+"""Tenants' controllers as OpenStack servers (seed 003: the orchestration spawns a VM, via
+OpenStack, running the tenant's V-IPU controller).
+
+For each vPOD, through openstacksdk and the site's `clouds.yaml` entry, in this order and each
+found again by its name if an earlier attempt made it (`vpod-<id>`):
+
+1. a Neutron network and a subnet from the site's subnet pool (so no two vPODs' addresses meet),
+2. a security group admitting the controller's ports from that subnet (and the orchestrator's
+   CIDR, where the site names one), and nothing else,
+3. a port on the network with that group: its fixed address is the controller's, in its
+   certificate, before anything is started,
+4. the controller as a Nova server from the site's controller image and flavor, on that port, its
+   configuration (the certificates, the store's URL, its ports) in its user data: a script that
+   cloud-init runs at first boot, which writes them and starts `vipu-server`.
+
+The store is a PostgreSQL database of the vPOD's own, as on Kubernetes. Stopping deletes the
+server and waits for it to go, then the port, the security group and the network (the subnet goes
+with it). Every OpenStack refusal (a quota, no valid host, a missing image or flavor, a server in
+ERROR) becomes Unavailable with OpenStack's reason in one line; the orchestrator then undoes the
+vPOD, which deletes whatever was made.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import openstack
+from openstack import exceptions as sdk_errors
+
+from vipu.api.atomic import write_file
+from vipu.api.tls import TlsFiles
+from vipu.model.errors import Unavailable
+from vipu.store.databases import close_database, make_database, server_url
+from vipu.vpod.store import Vpod
+from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, TenantControllers, controller_name
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+STORE_FILE = "store-url"
+ADDRESS_FILE = "address"
+STATE_DIR = "/var/lib/vipu"  # in the controller's VM
+SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
+
+
+def object_name(vpod_id: str) -> str:
+    return controller_name(vpod_id)
+
+
+def connect(cloud: str) -> openstack.connection.Connection:
+    """The site's cloud, by its clouds.yaml entry (openstacksdk finds the file as the openstack CLI does)."""
+    try:
+        return openstack.connect(cloud=cloud)
+    except sdk_errors.ConfigException as error:
+        raise Unavailable(f"cannot use OpenStack cloud {cloud}: {error}") from None
+
+
+def _reason(error: Exception) -> str:
+    """OpenStack's own words for a refusal, on one line."""
+    details = getattr(error, "details", None) or getattr(error, "message", None) or str(error)
+    return " ".join(str(details).split())
+
+
+class OpenStackControllers(TenantControllers):
+    start_deadline_seconds = 300.0  # a server's boot takes a while
+
+    def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
+                 store_server: str, admit_cidr: str = "", connection: openstack.connection.Connection | None = None):
+        """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
+        server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
+        from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
+        `admit_cidr`: another network allowed to reach the controllers (the orchestrator's)."""
+        super().__init__(root, site)
+        self.site_id = site_id
+        self.cloud_name, self.image, self.flavor, self.subnet_pool, self.admit_cidr = cloud, image, flavor, subnet_pool, admit_cidr
+        self.store_server = server_url(store_server)
+        self.cloud = connection or connect(cloud)
+
+    def _call(self, what: str, call: Callable[..., T], *args, **kwargs) -> T:
+        """One OpenStack call; Unavailable, with OpenStack's reason, when it refuses or does not answer."""
+        try:
+            return call(*args, **kwargs)
+        except sdk_errors.SDKException as error:
+            raise Unavailable(f"cannot {what}: {_reason(error)}") from None
+
+    # Where things are
+
+    def host(self, vpod_id: str) -> str:
+        try:
+            return (self.directory(vpod_id) / ADDRESS_FILE).read_text().strip()
+        except OSError:
+            raise Unavailable(f"the controller of vPOD {vpod_id} has no address yet; release it") from None
+
+    def tls_hosts(self, vpod_id: str) -> str:
+        return f"localhost,127.0.0.1,{self.host(vpod_id)}"
+
+    def db_url(self, vpod_id: str) -> str:
+        try:
+            return (self.directory(vpod_id) / STORE_FILE).read_text().strip()
+        except OSError as error:
+            raise Unavailable(f"the store of vPOD {vpod_id} is not known ({error.strerror}); release it") from None
+
+    def _fresh_store(self, vpod_id: str) -> None:
+        url = make_database(self.store_server, controller_name(vpod_id), self.site_id)
+        write_file(self.directory(vpod_id) / STORE_FILE, url.encode(), 0o600)
+
+    # The vPOD's network, made before its certificate names the controller's address
+
+    def prepare(self, vpod: Vpod) -> None:
+        if not (self.directory(vpod.id) / "prepared").exists():
+            self.directory(vpod.id).mkdir(parents=True, exist_ok=True)
+            self._network(vpod)
+        super().prepare(vpod)
+
+    def _network(self, vpod: Vpod) -> None:
+        name, net = object_name(vpod.id), self.cloud.network
+        network = net.find_network(name) or self._call(f"make network {name}", net.create_network, name=name)
+        subnet = next(iter(net.subnets(network_id=network.id)), None)
+        if subnet is None:
+            pool = self._call(f"find subnet pool {self.subnet_pool}", net.find_subnet_pool, self.subnet_pool)
+            if pool is None:
+                raise Unavailable(f"cannot make subnet {name}: Neutron has no subnet pool {self.subnet_pool}")
+            subnet = self._call(f"make subnet {name}", net.create_subnet, name=name, network_id=network.id, ip_version=4,
+                                subnet_pool_id=pool.id)
+        group = net.find_security_group(name) or self._security_group(name, subnet.cidr, vpod.ports)
+        port = net.find_port(name) or self._call(f"make port {name}", net.create_port, name=name, network_id=network.id,
+                                                 security_group_ids=[group.id])
+        write_file(self.directory(vpod.id) / ADDRESS_FILE, port.fixed_ips[0]["ip_address"].encode())
+
+    def _security_group(self, name: str, cidr: str, ports: list[int]):
+        net = self.cloud.network
+        group = self._call(f"make security group {name}", net.create_security_group, name=name,
+                           description="vipu vPOD controller: its user, administration and metrics ports")
+        for rule in list(group.security_group_rules or []):  # the egress rules Neutron adds stay; nothing else comes in
+            if rule["direction"] == "ingress":
+                self._call("remove a default rule", net.delete_security_group_rule, rule["id"])
+        for source in filter(None, (cidr, self.admit_cidr)):
+            self._call(f"admit {source} in security group {name}", net.create_security_group_rule, security_group_id=group.id,
+                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=min(ports),
+                       port_range_max=max(ports), remote_ip_prefix=source)
+        return group
+
+    # Life
+
+    def _server(self, vpod_id: str):
+        return self._call("look for a server", self.cloud.compute.find_server, object_name(vpod_id))
+
+    def alive(self, vpod_id: str) -> bool:
+        """Whether its server is there and not failed; an OpenStack that does not answer counts as
+        alive, so that nothing is made again blindly."""
+        try:
+            server = self._server(vpod_id)
+        except Unavailable as error:
+            log.warning("vPOD %s: %s", vpod_id, error.message)
+            return True
+        return server is not None and server.status not in ("ERROR", "DELETED", "SOFT_DELETED")
+
+    def _why_not_ready(self, vpod_id: str) -> str | None:
+        server = self._server(vpod_id)
+        if server is None:
+            return "has no server"
+        if server.status == "ERROR":
+            fault = (self._call("read a server", self.cloud.compute.get_server, server.id).fault or {}).get("message", "no reason given")
+            return f"failed in Nova: {fault}"
+        return None
+
+    def _launch(self, vpod: Vpod) -> None:
+        name = object_name(vpod.id)
+        server = self._server(vpod.id)
+        if server is not None:  # an ERROR server from an earlier attempt goes first: its port is wanted
+            self._delete_server(server)
+        image = self._call(f"find image {self.image}", self.cloud.image.find_image, self.image)
+        if image is None:
+            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: Glance has no image {self.image}")
+        flavor = self._call(f"find flavor {self.flavor}", self.cloud.compute.find_flavor, self.flavor)
+        if flavor is None:
+            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: Nova has no flavor {self.flavor}")
+        port = self._call(f"find port {name}", self.cloud.network.find_port, name)
+        if port is None:
+            raise Unavailable(f"the controller of vPOD {vpod.id} has no port {name}; release it")
+        user_data = base64.b64encode(self.user_data(vpod).encode()).decode()
+        server = self._call(f"start the controller of vPOD {vpod.id}", self.cloud.compute.create_server, name=name,
+                            image_id=image.id, flavor_id=flavor.id, networks=[{"port": port.id}], user_data=user_data,
+                            metadata={"vipu-vpod": vpod.id})
+        log.info("vPOD %s: server %s (%s) made on %s", vpod.id, name, server.id, self.host(vpod.id))
+        try:
+            self.cloud.compute.wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1, wait=SERVER_DEADLINE_SECONDS)
+        except sdk_errors.ResourceFailure:
+            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {self._why_not_ready(vpod.id)}") from None
+        except sdk_errors.ResourceTimeout:
+            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: server {name} was not ACTIVE within "
+                              f"{SERVER_DEADLINE_SECONDS:.0f} s") from None
+
+    def user_data(self, vpod: Vpod) -> str:
+        """The script cloud-init runs at the server's first boot: it writes the controller's
+        certificates and store URL (readable by root only) and starts vipu-server."""
+        tls = self.tls(vpod.id)
+        files = sorted(path.relative_to(tls.root) for directory in (tls.server_dir, tls.controller_dir)
+                       for path in directory.iterdir() if path.is_file())
+        user_port, admin_port, metrics_port = vpod.ports
+        lines = ["#!/bin/sh", f"# vipu-vpod: the V-IPU controller of vPOD {vpod.id}", "set -eu", "umask 077",
+                 f'state="${{VIPU_STATE_DIR:-{STATE_DIR}}}"', 'mkdir -p "$state/certs" "$state/data"']
+        for relative in files:
+            encoded = base64.b64encode((tls.root / relative).read_bytes()).decode()
+            lines += [f'mkdir -p "$state/certs/{relative.parent}"',
+                      f"echo {encoded} | base64 -d > \"$state/certs/{relative}\""]
+        store = base64.b64encode(self.db_url(vpod.id).encode()).decode()
+        lines += [f"VIPU_SERVER_DB=$(echo {store} | base64 -d)", "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"',
+                  " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
+                            "--listen-address 0.0.0.0", f"--advertise-address {shlex.quote(self.host(vpod.id))}",
+                            f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])]
+        return "\n".join(lines) + "\n"
+
+    def _delete_server(self, server) -> None:
+        self._call(f"delete server {server.name}", self.cloud.compute.delete_server, server, ignore_missing=True)
+        try:
+            self.cloud.compute.wait_for_delete(server, interval=1, wait=SERVER_DEADLINE_SECONDS)
+        except sdk_errors.ResourceTimeout:
+            raise Unavailable(f"server {server.name} was not gone within {SERVER_DEADLINE_SECONDS:.0f} s") from None
+
+    def _halt(self, vpod_id: str) -> None:
+        """Delete the server and wait for it to go, then its port, security group and network, and
+        close the tenant's database (kept, its role no longer able to log in)."""
+        name, net = object_name(vpod_id), self.cloud.network
+        server = self._server(vpod_id)
+        if server is not None:
+            self._delete_server(server)
+        deadline = time.monotonic() + STOP_DEADLINE_SECONDS
+        kinds: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
+            (net.find_port, net.delete_port), (net.find_security_group, net.delete_security_group),
+            (net.find_network, net.delete_network)]
+        for find, delete in kinds:
+            while (found := self._call(f"look for {name}", find, name)) is not None:
+                try:
+                    delete(found, ignore_missing=True)
+                except sdk_errors.ConflictException as error:  # still in use for a moment after the server went
+                    if time.monotonic() > deadline:
+                        raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
+                    time.sleep(0.5)
+                except sdk_errors.SDKException as error:
+                    raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
+        try:
+            close_database(self.store_server, controller_name(vpod_id))
+        except Unavailable as error:
+            log.warning("vPOD %s: %s", vpod_id, error.message)
+        log.info("vPOD %s: server, port, security group and network %s deleted", vpod_id, name)
+
+    def _reap(self) -> None:
+        """Nothing: OpenStack keeps the servers."""
