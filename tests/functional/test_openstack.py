@@ -111,7 +111,8 @@ def test_an_active_server_runs_its_user_data_at_its_own_address_until_it_is_dele
         assert openstack.machines.log(server["id"]).startswith("booted\n")
         openstack.call("nova", "DELETE", f"/servers/{server['id']}")
         wait_until(lambda: not answers(), timeout=60, what="the deleted server's process to stop")
-        assert address not in subprocess.run(["ip", "-4", "address", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        wait_until(lambda: address not in subprocess.run(["ip", "-4", "address", "show", "dev", "lo"], capture_output=True,
+                                                         text=True).stdout, what="the deleted server's address to go")
     finally:
         wait_until(lambda: not openstack.call("nova", "GET", "/servers")["servers"], timeout=60, what="the server to go")
         openstack.call("neutron", "DELETE", f"/v2.0/networks/{network['id']}")
@@ -185,5 +186,23 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
                            ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}")):
             assert next(iter(openstack.call(kind, "GET", path).values())) == [], path
         assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
+
+        # Nova's refusal is the creation's one line, and the undo leaves nothing in OpenStack
+        project = openstack.keystone._id("projects", "admin")
+        openstack.call("nova", "PUT", f"/os-quota-sets/{project}", {"quota_set": {"instances": 0}})
+        try:
+            refused = site.vpod("create", "bravo", "--machines", "4")
+        finally:
+            openstack.call("nova", "DELETE", f"/os-quota-sets/{project}")
+        assert refused.code == 1 and refused.out == "", refused
+        (line,) = refused.err.splitlines()
+        assert line.startswith("create vpod (bravo): failed: cannot start the controller of vPOD bravo-1: ")
+        assert "Quota exceeded for instances" in line, line
+        assert openstack.call("nova", "GET", "/servers")["servers"] == []
+        assert openstack.call("neutron", "GET", "/v2.0/networks")["networks"] == []
+        assert [g["name"] for g in openstack.call("neutron", "GET", "/v2.0/security-groups")["security_groups"]] == ["default"]
+        bravo = site.rest("GET", "/v1/vpods/bravo-1")["vpod"]
+        assert bravo["state"] == "Released" and "Quota exceeded for instances" in bravo["error"]  # undone, the reason kept
+        assert all(not machine["vpod"] for machine in site.rest("GET", "/v1/machines")["machines"])
     finally:
         site.stop()
