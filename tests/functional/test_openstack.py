@@ -16,8 +16,10 @@ import urllib.request
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from tests.functional.harness import BIN, wait_until
+from tests.functional.harness import BIN, failed_line, wait_until
 from tests.functional.test_vpod import Site, created
 from tests.keystone import ADMIN_PASSWORD
 from tests.openstack import OpenStack
@@ -174,14 +176,46 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         config = tmp_path / "acme" / "acme.vipu-cli.hcl"
         assert address in config.read_text()  # the tenant reaches its controller at its server
 
+        # The user's Poplar VM, on the Poplar hosts' zone, on the vPOD's network, its vipu configured
+        public_key = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+        openstack.call("nova", "POST", "/os-keypairs", {"keypair": {"name": "alice", "public_key": public_key}})
+        booted = site.vpod("vm", "create", acme_id, "poplar1", "--flavor", "vpod-controller", "--image", "vipu-controller",
+                           "--key", "alice")
+        assert booted.code == 0, booted.err
+        (vm,) = site.rest("GET", f"/v1/vpods/{acme_id}/vms")["vms"]
+        assert booted.out == f"create vm (poplar1): success. Address {vm['address']}; log in with: ssh debian@{vm['address']}\n"
+        assert vm["status"] == "ACTIVE" and vm["address"].startswith(subnet["cidr"].rsplit(".", 1)[0])
+        server = openstack.call("nova", "GET", f"/servers/{vm['server_id']}")["server"]
+        assert (server["key_name"], server["OS-EXT-AZ:availability_zone"], list(server["addresses"])) == ("alice", "nova", [name])
+        failed_line(site.vpod("vm", "create", acme_id, "poplar2", "--flavor", "vpod-controller", "--image", "no-such-image",
+                              "--key", "alice"), "create vm", "poplar2", "Glance has no image no-such-image")
+
+        # Inside the VM (its vipu configuration is where the boot put it): a partition, and a program on its IPUs
+        inside = openstack.machines.directory / vm["server_id"]
+
         def user(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([str(BIN / "vipu"), "--config", str(config), *args], capture_output=True, text=True, timeout=60)
+            return subprocess.run([str(BIN / "vipu"), "--config", str(inside / "vipu-cli.hcl"), *args], capture_output=True,
+                                  text=True, timeout=60)
         made = user("create", "partition", "p1", "--size", "8")
         assert made.returncode == 0, made.stderr
         assert site.held("m01") == ["p1"]
+        configs = user("get", "partition", "p1", "--ipu-configs", "--json")
+        assert configs.returncode == 0, configs.stderr
+        files = []
+        for entry in json.loads(configs.stdout):
+            files.append(inside / f"p1_gcd{entry['gcd']}_ipuof.conf")
+            files[-1].write_text(json.dumps(entry["ipuof_config"]))
+        ran = subprocess.run([str(BIN / "vipu-ipuof"), "run", *map(str, files)], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and "ran the test program" in ran.stdout, ran.stdout + ran.stderr
+        assert user("remove", "partition", "p1").returncode == 0
+        assert site.vpod("vm", "delete", acme_id, "poplar1").out == "delete vm (poplar1): success.\n"
+        assert site.rest("GET", f"/v1/vpods/{acme_id}/vms")["vms"] == []
+        assert site.vpod("vm", "create", acme_id, "poplar3", "--flavor", "vpod-controller", "--image", "vipu-controller",
+                         "--key", "alice").code == 0  # one left for the release to delete
 
         released = site.vpod("release", acme_id)
         assert released.code == 0, released.err
+        assert openstack.call("nova", "GET", "/servers")["servers"] == []  # the VM too
         for kind, path in (("nova", f"/servers?name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
                            ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}")):
             assert next(iter(openstack.call(kind, "GET", path).values())) == [], path

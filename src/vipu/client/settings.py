@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vipu.model.errors import InvalidArgument
@@ -179,8 +179,9 @@ def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_client_config(path: Path, settings: ClientSettings, admin_port: int | None = None) -> None:
-    """A configuration file for one user, readable by its owner only: it holds an access key."""
+def client_config_text(settings: ClientSettings, admin_port: int | None = None) -> str:
+    """A configuration file's text for one user; certificate paths as given (relative ones are
+    relative to the file)."""
     lines = [f"api-host = {_quoted(settings.host)}", f"api-port = {settings.port}"]
     if admin_port is not None:
         lines.append(f"api-admin-port = {admin_port}")
@@ -188,8 +189,18 @@ def write_client_config(path: Path, settings: ClientSettings, admin_port: int | 
     for key, file in (("tls-server-cert", settings.server_cert), ("tls-client-cert", settings.client_cert),
                       ("tls-client-key", settings.client_key)):
         if file is not None:
-            lines.append(f"{key} = {_quoted(str(Path(file).resolve()))}")
+            lines.append(f"{key} = {_quoted(str(file))}")
+    return "\n".join(lines) + "\n"
+
+
+def write_client_config(path: Path, settings: ClientSettings, admin_port: int | None = None) -> None:
+    """A configuration file for one user, readable by its owner only: it holds an access key."""
+    def resolved(file: str | Path | None) -> Path | None:
+        return None if file is None else Path(file).resolve()
+
+    absolute = replace(settings, server_cert=resolved(settings.server_cert), client_cert=resolved(settings.client_cert),
+                       client_key=resolved(settings.client_key))
     path.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         os.fchmod(out.fileno(), 0o600)  # a file that was there keeps its mode through O_CREAT
-        out.write("\n".join(lines) + "\n")
+        out.write(client_config_text(absolute, admin_port))

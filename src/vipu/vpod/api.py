@@ -34,6 +34,7 @@ from vipu.model.throttle import LoginThrottle
 from vipu.vpod.identity import SITE_ADMINISTRATOR, Caller, KeystoneTokens
 from vipu.vpod.orchestrator import Credentials, Orchestrator, internal_error
 from vipu.vpod.store import SiteMachine, Vpod
+from vipu.vpod.tenants import VmRequest
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,31 @@ class VpodReply(BaseModel):
 
 class VpodsReply(BaseModel):
     vpods: list[VpodView]
+
+
+class CreateVm(BaseModel):
+    name: str = Field(description="The VM's name within its vPOD.")
+    flavor: str = Field(description="A Nova flavor, by name or id.")
+    image: str = Field(description="A Glance image (a Poplar image with vipu installed), by name or id.")
+    key: str = Field(description="The Nova key pair whose public key may log in.")
+
+
+class VmView(BaseModel):
+    """A tenant's Poplar VM: a Nova server on the vPOD's network, its vipu configured for the tenant's controller."""
+
+    name: str
+    server_id: str = Field(description="Nova's id of its server.")
+    status: str = Field(description="Nova's: ACTIVE once booted.")
+    address: str = Field(description="Its address on the vPOD's network.")
+    ssh: str = Field(description="How to log in to it.")
+
+
+class VmReply(BaseModel):
+    vm: VmView
+
+
+class VmsReply(BaseModel):
+    vms: list[VmView]
 
 
 class CredentialsReply(BaseModel):
@@ -297,6 +323,29 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, t
     def release_vpod(vpod_id: str, caller: Caller = Depends(authenticated)) -> VpodReply:
         """Release a vPOD: its partitions removed, its machines taken back clean, its controller stopped and archived."""
         return VpodReply(vpod=vpod_view(orchestrator.release(visible(caller, vpod_id).id)))
+
+    @app.post("/v1/vpods/{vpod_id}/vms", status_code=201, response_model=VmReply, responses=_errors(
+        status_400="A name, flavor, image or key pair that is not valid or not known, or a runner that makes no VMs.",
+        status_404="No such vPOD, or another tenant's.", status_409="The vPOD is not Active, or has a VM of that name.",
+        status_422=NOT_VALID, status_503="Nova refused or failed the server (a quota, no valid host)."))
+    def create_vm(vpod_id: str, body: CreateVm, caller: Caller = Depends(authenticated)) -> VmReply:
+        """Boot a Poplar VM on the vPOD's network, on the site's Poplar hosts, given the tenant's vipu
+        configuration (steps 4 and 5 of seed 003)."""
+        vm = orchestrator.create_vm(visible(caller, vpod_id).id, VmRequest(body.name, body.flavor, body.image, body.key))
+        return VmReply(vm=VmView(**vm.__dict__))
+
+    @app.get("/v1/vpods/{vpod_id}/vms", response_model=VmsReply, responses=_errors(
+        status_404="No such vPOD, or another tenant's.", status_422=NOT_VALID))
+    def list_vms(vpod_id: str, caller: Caller = Depends(authenticated)) -> VmsReply:
+        """The vPOD's Poplar VMs."""
+        return VmsReply(vms=[VmView(**vm.__dict__) for vm in orchestrator.vms(visible(caller, vpod_id).id)])
+
+    @app.delete("/v1/vpods/{vpod_id}/vms/{name}", status_code=204, responses=_errors(
+        status_404="No such vPOD or VM, or another tenant's.", status_422=NOT_VALID))
+    def delete_vm(vpod_id: str, name: str, caller: Caller = Depends(authenticated)) -> Response:
+        """Delete a Poplar VM (a release deletes them all)."""
+        orchestrator.delete_vm(visible(caller, vpod_id).id, name)
+        return Response(status_code=204)
 
     def administrator(caller: Caller = Depends(authenticated)) -> Caller:
         if not caller.admin:

@@ -147,6 +147,10 @@ def init(data_dir, db_url, tls_hosts):
               help="With --provider openstack: the Neutron subnet pool each vPOD's network takes its subnet from.")
 @click.option("--openstack-admit-cidr", default="",
               help="With --provider openstack: a network besides the vPOD's own that may reach its controller (this orchestrator's).")
+@click.option("--openstack-poplar-zone", default="",
+              help="With --provider openstack: the availability zone of the site's Poplar hosts, where tenants' Poplar VMs go.")
+@click.option("--openstack-ssh-user", default="debian", show_default=True,
+              help="With --provider openstack: the user a Poplar VM's image lets in with its key pair.")
 @click.option("--openstack-store", default=None, envvar="VIPU_VPOD_OPENSTACK_STORE",
               help="With --provider openstack: a PostgreSQL server URL whose user may create databases and roles, as "
                    "--kubernetes-store. VIPU_VPOD_OPENSTACK_STORE keeps the password out of the process list.")
@@ -160,7 +164,8 @@ def init(data_dir, db_url, tls_hosts):
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
-          openstack_subnet_pool, openstack_admit_cidr, openstack_store, test_on_release, login_failures, login_lockout, log_level):
+          openstack_subnet_pool, openstack_admit_cidr, openstack_poplar_zone, openstack_ssh_user, openstack_store, test_on_release,
+          login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
         try:
@@ -201,8 +206,10 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
 
             use_runner(store, f"openstack:{openstack_cloud}")
             tenants = OpenStackControllers(data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor,
-                                           openstack_subnet_pool, openstack_store, openstack_admit_cidr)
-        elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr)] if value]:
+                                           openstack_subnet_pool, openstack_store, openstack_admit_cidr, openstack_poplar_zone,
+                                           openstack_ssh_user)
+        elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr),
+                                                ("--openstack-poplar-zone", openstack_poplar_zone)] if value]:
             raise InvalidArgument(f"{given[0]} is for controllers on OpenStack: give --provider openstack too")
         elif provider == "kubernetes" and not kubernetes_namespace:
             raise InvalidArgument("--provider kubernetes needs --kubernetes-namespace")
@@ -367,6 +374,55 @@ def release(ctx, vpod_id):
     with reporting("release vpod", vpod_id):
         call(ctx, "DELETE", f"/v1/vpods/{vpod_id}")
     click.echo(f"release vpod ({vpod_id}): success.")
+
+
+@cli.group("vm")
+def vm():
+    """Tenants' Poplar VMs: OpenStack servers on their vPOD's network, vipu configured for its controller."""
+
+
+def show_vms(vms: list[dict], as_json: bool) -> None:
+    if as_json:
+        echo_json(vms)
+        return
+    click.echo(render_table(["Name", "Status", "Address", "Log in", "Server"],
+                            [[v["name"], v["status"], v["address"], v["ssh"], v["server_id"]] for v in vms]))
+
+
+@vm.command("create")
+@click.argument("vpod_id")
+@click.argument("name")
+@click.option("--flavor", required=True, help="A Nova flavor.")
+@click.option("--image", required=True, help="A Glance image: a Poplar image with vipu installed.")
+@click.option("--key", required=True, help="The Nova key pair whose key may log in.")
+@click.pass_context
+def create_vm(ctx, vpod_id, name, flavor, image, key):
+    """Boot a Poplar VM on the vPOD's network; `vipu` in it reaches the vPOD's controller as its first user."""
+    with reporting("create vm", name):
+        made = call(ctx, "POST", f"/v1/vpods/{vpod_id}/vms", {"name": name, "flavor": flavor, "image": image, "key": key})["vm"]
+    click.echo(f"create vm ({name}): success. Address {made['address']}; log in with: {made['ssh']}")
+
+
+@vm.command("list")
+@click.argument("vpod_id")
+@json_option
+@click.pass_context
+def list_vms(ctx, vpod_id, as_json):
+    """The vPOD's Poplar VMs."""
+    with reporting("list vms", vpod_id):
+        reply = call(ctx, "GET", f"/v1/vpods/{vpod_id}/vms")
+    show_vms(reply["vms"], as_json)
+
+
+@vm.command("delete")
+@click.argument("vpod_id")
+@click.argument("name")
+@click.pass_context
+def delete_vm(ctx, vpod_id, name):
+    """Delete a Poplar VM."""
+    with reporting("delete vm", name):
+        call(ctx, "DELETE", f"/v1/vpods/{vpod_id}/vms/{name}")
+    click.echo(f"delete vm ({name}): success.")
 
 
 @cli.command("machines")

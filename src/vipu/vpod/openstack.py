@@ -35,10 +35,10 @@ from openstack import exceptions as sdk_errors
 
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles
-from vipu.model.errors import Unavailable
+from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from vipu.store.databases import close_database, make_database, server_url
 from vipu.vpod.store import Vpod
-from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, TenantControllers, controller_name
+from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, PoplarVm, TenantControllers, VmConfig, VmRequest, controller_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,14 +70,18 @@ class OpenStackControllers(TenantControllers):
     start_deadline_seconds = 300.0  # a server's boot takes a while
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
-                 store_server: str, admit_cidr: str = "", connection: openstack.connection.Connection | None = None):
+                 store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian",
+                 connection: openstack.connection.Connection | None = None):
         """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
         server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
         from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
-        `admit_cidr`: another network allowed to reach the controllers (the orchestrator's)."""
+        `admit_cidr`: another network allowed to reach the controllers (the orchestrator's);
+        `poplar_zone`: the availability zone of the site's Poplar hosts, where Poplar VMs go;
+        `ssh_user`: the user a Poplar VM's image lets in with the key pair's key."""
         super().__init__(root, site)
         self.site_id = site_id
         self.cloud_name, self.image, self.flavor, self.subnet_pool, self.admit_cidr = cloud, image, flavor, subnet_pool, admit_cidr
+        self.poplar_zone, self.ssh_user = poplar_zone, ssh_user
         self.store_server = server_url(store_server)
         self.cloud = connection or connect(cloud)
 
@@ -227,6 +231,8 @@ class OpenStackControllers(TenantControllers):
         """Delete the server and wait for it to go, then its port, security group and network, and
         close the tenant's database (kept, its role no longer able to log in)."""
         name, net = object_name(vpod_id), self.cloud.network
+        for vm in self._vm_servers(vpod_id):  # the tenant's Poplar VMs first: they are on the vPOD's network
+            self._delete_server(vm)
         server = self._server(vpod_id)
         if server is not None:
             self._delete_server(server)
@@ -252,3 +258,71 @@ class OpenStackControllers(TenantControllers):
 
     def _reap(self) -> None:
         """Nothing: OpenStack keeps the servers."""
+
+    # Poplar VMs: Nova's servers are the record (name vpod-<id>-vm-<name>, metadata naming both)
+
+    def _vm_name(self, vpod_id: str, name: str) -> str:
+        return f"{object_name(vpod_id)}-vm-{name}"
+
+    def _vm_servers(self, vpod_id: str) -> list:
+        listed = self._call("list servers", lambda: list(self.cloud.compute.servers(name=f"^{object_name(vpod_id)}-vm-")))
+        return [server for server in listed if (server.metadata or {}).get("vipu-vpod") == vpod_id]
+
+    def _vm(self, vpod_id: str, server) -> PoplarVm:
+        addresses = [entry["addr"] for entries in (server.addresses or {}).values() for entry in entries if entry.get("version") == 4]
+        address = addresses[0] if addresses else ""
+        ssh = f"ssh {self.ssh_user}@{address}" if address else "no address yet"
+        return PoplarVm(server.metadata["vipu-vpod-vm"], server.id, server.status, address, ssh)
+
+    def vms(self, vpod_id: str) -> list[PoplarVm]:
+        return sorted((self._vm(vpod_id, server) for server in self._vm_servers(vpod_id)), key=lambda vm: vm.name)
+
+    def create_vm(self, vpod: Vpod, request: VmRequest, config: VmConfig) -> PoplarVm:
+        """Boot the VM on the vPOD's network, in the Poplar hosts' zone, and wait for it (deadline);
+        one that fails is deleted again and its reason given in one line."""
+        name = self._vm_name(vpod.id, request.name)
+        if self._call("look for a server", self.cloud.compute.find_server, name) is not None:
+            raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
+        image = self._call(f"find image {request.image}", self.cloud.image.find_image, request.image)
+        if image is None:
+            raise InvalidArgument(f"Glance has no image {request.image}")
+        flavor = self._call(f"find flavor {request.flavor}", self.cloud.compute.find_flavor, request.flavor)
+        if flavor is None:
+            raise InvalidArgument(f"Nova has no flavor {request.flavor}")
+        if self._call(f"find key pair {request.key}", self.cloud.compute.find_keypair, request.key) is None:
+            raise InvalidArgument(f"Nova has no key pair {request.key}")
+        network = self._call(f"find network {object_name(vpod.id)}", self.cloud.network.find_network, object_name(vpod.id))
+        if network is None:
+            raise Unavailable(f"vPOD {vpod.id} has no network {object_name(vpod.id)}; release it")
+        zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
+        server = self._call(f"boot Poplar VM {request.name}", self.cloud.compute.create_server, name=name, image_id=image.id,
+                            flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
+                            user_data=base64.b64encode(vm_user_data(vpod.id, request.name, config).encode()).decode(),
+                            metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **zone)
+        try:
+            server = self.cloud.compute.wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
+                                                        wait=SERVER_DEADLINE_SECONDS)
+        except (sdk_errors.ResourceFailure, sdk_errors.ResourceTimeout):
+            fault = (self._call("read a server", self.cloud.compute.get_server, server.id).fault or {}).get("message", "not ACTIVE in time")
+            self._delete_server(server)
+            raise Unavailable(f"Poplar VM {request.name} failed in Nova: {fault}") from None
+        log.info("vPOD %s: Poplar VM %s (%s) booted", vpod.id, request.name, server.id)
+        return self._vm(vpod.id, server)
+
+    def delete_vm(self, vpod_id: str, name: str) -> None:
+        server = next((s for s in self._vm_servers(vpod_id) if s.metadata.get("vipu-vpod-vm") == name), None)
+        if server is None:
+            raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
+        self._delete_server(server)
+
+
+def vm_user_data(vpod_id: str, name: str, config: VmConfig) -> str:
+    """The script cloud-init runs at a Poplar VM's first boot: the tenant's vipu configuration goes
+    where `vipu` looks for it (/etc/vipu/vipu-cli.hcl), its certificates beside it."""
+    lines = ["#!/bin/sh", f"# vipu-vpod: Poplar VM {name} of vPOD {vpod_id}: the tenant's vipu configuration", "set -eu",
+             "umask 077", 'config="${VIPU_STATE_DIR:-/etc/vipu}"', 'mkdir -p "$config"']
+    for relative, content in sorted({**config.files, "vipu-cli.hcl": config.config.encode()}.items()):
+        lines += [f'mkdir -p "$config/{Path(relative).parent}"',
+                  f'echo {base64.b64encode(content).decode()} | base64 -d > "$config/{relative}"']
+    lines.append('chmod -R a+rX "$config"')  # the VM's users run vipu; the VM is the tenant's own
+    return "\n".join(lines) + "\n"

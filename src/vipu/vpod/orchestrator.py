@@ -37,14 +37,14 @@ from pathlib import Path
 from vipu.api.protos import admin_pb2
 from vipu.backends.sim.rack import Rack
 from vipu.client.admin import AdminClient
-from vipu.client.settings import ClientSettings, parse_hcl, write_client_config
+from vipu.client.settings import ClientSettings, client_config_text, parse_hcl, write_client_config
 from vipu.model.entities import IldTopology, check_id
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, InvalidArgument, Unavailable, VipuError
 from vipu.vpod.agents import SiteAgents
 from vipu.vpod.crash import crash_point
 from vipu.vpod.site import pick_machines
 from vipu.vpod.store import SiteMachine, Vpod, VpodStore
-from vipu.vpod.tenants import ADMIN_USER, TenantControllers, controller_name
+from vipu.vpod.tenants import ADMIN_USER, PoplarVm, TenantControllers, VmConfig, VmRequest, controller_name
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,28 @@ class Orchestrator:
         tls = self.tenants.tls(vpod_id)
         return Credentials(vpod.user_id, str(settings["api-access-key"]), self.tenants.host(vpod_id), vpod.ports[0], vpod.ports[1],
                            tls.ca_for(tls.client_dir).read_bytes(), tls.client_cert.read_bytes(), tls.client_key.read_bytes())
+
+    # Tenants' Poplar VMs
+
+    def create_vm(self, vpod_id: str, request: VmRequest) -> PoplarVm:
+        """A Poplar VM on the vPOD's network, given the tenant's first user's configuration."""
+        check_id("VM", request.name)
+        with self._alone(vpod_id):
+            credentials = self.credentials(vpod_id)
+            files = {"certs/ca.pem": credentials.server_ca, "certs/client.pem": credentials.client_cert,
+                     "certs/client-key.pem": credentials.client_key}
+            config = client_config_text(ClientSettings(credentials.host, credentials.port, credentials.user_id, credentials.access_key,
+                                                       Path("certs/ca.pem"), Path("certs/client.pem"), Path("certs/client-key.pem")),
+                                        admin_port=credentials.admin_port)
+            return self.tenants.create_vm(self.store.get(vpod_id), request, VmConfig(config, files))
+
+    def vms(self, vpod_id: str) -> list[PoplarVm]:
+        self.store.get(vpod_id)  # NotFound for no such vPOD
+        return self.tenants.vms(vpod_id)
+
+    def delete_vm(self, vpod_id: str, name: str) -> None:
+        with self._alone(vpod_id):
+            self.tenants.delete_vm(self.store.get(vpod_id).id, name)
 
     # Releasing
 

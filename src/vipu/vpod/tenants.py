@@ -30,13 +30,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.entities import ID_MAX_LENGTH
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import InvalidArgument, NotFound, Unavailable, VipuError
 from vipu.vpod.crash import crash_point
 from vipu.vpod.store import Vpod
 
@@ -222,6 +223,46 @@ class TenantControllers(abc.ABC):
     @abc.abstractmethod
     def _reap(self) -> None:
         """Collect what ended of the controllers this orchestrator started, if that is its to do."""
+
+    # Tenants' Poplar VMs (seed 003, steps 4 to 6): OpenStack servers, so only that runner has them
+
+    def create_vm(self, vpod: Vpod, request: VmRequest, config: VmConfig) -> PoplarVm:
+        raise InvalidArgument("Poplar VMs are OpenStack servers: serve with --provider openstack to make them")
+
+    def vms(self, vpod_id: str) -> list[PoplarVm]:
+        return []
+
+    def delete_vm(self, vpod_id: str, name: str) -> None:
+        raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
+
+
+@dataclass(frozen=True)
+class VmRequest:
+    """A tenant's Poplar VM, as asked for: Nova's flavor and Glance's image, by name or id, and the
+    Nova key pair whose public key may log in."""
+
+    name: str
+    flavor: str
+    image: str
+    key: str
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    """What a Poplar VM is given so that `vipu` works inside it: the tenant's user's configuration
+    file (certificate paths relative to it) and the certificates it names."""
+
+    config: str
+    files: dict[str, bytes]  # path relative to the configuration's directory: contents
+
+
+@dataclass(frozen=True)
+class PoplarVm:
+    name: str
+    server_id: str
+    status: str
+    address: str
+    ssh: str  # how to reach it
 
 
 class LocalControllers(TenantControllers):
