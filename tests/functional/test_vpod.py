@@ -373,7 +373,8 @@ def test_refusals_are_one_line_and_change_nothing(site):
 ROUTES = {("post", "/v1/vpods"): ("201", "CreatedReply"), ("get", "/v1/vpods"): ("200", "VpodsReply"),
           ("get", "/v1/vpods/{vpod_id}"): ("200", "VpodReply"), ("get", "/v1/vpods/{vpod_id}/credentials"): ("200", "CredentialsReply"),
           ("delete", "/v1/vpods/{vpod_id}"): ("200", "VpodReply"), ("get", "/v1/machines"): ("200", "MachinesReply"),
-          ("post", "/v1/machines/repaired"): ("200", "MachinesReply")}
+          ("post", "/v1/machines/repaired"): ("200", "MachinesReply"), ("post", "/v1/vpods/{vpod_id}/vms"): ("201", "VmReply"),
+          ("get", "/v1/vpods/{vpod_id}/vms"): ("200", "VmsReply"), ("delete", "/v1/vpods/{vpod_id}/vms/{name}"): ("200", "VmReply")}
 
 
 def openapi(site: Site, schemes: list[str]) -> dict:

@@ -340,12 +340,11 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, t
         """The vPOD's Poplar VMs."""
         return VmsReply(vms=[VmView(**vm.__dict__) for vm in orchestrator.vms(visible(caller, vpod_id).id)])
 
-    @app.delete("/v1/vpods/{vpod_id}/vms/{name}", status_code=204, responses=_errors(
+    @app.delete("/v1/vpods/{vpod_id}/vms/{name}", response_model=VmReply, responses=_errors(
         status_404="No such vPOD or VM, or another tenant's.", status_422=NOT_VALID))
-    def delete_vm(vpod_id: str, name: str, caller: Caller = Depends(authenticated)) -> Response:
-        """Delete a Poplar VM (a release deletes them all)."""
-        orchestrator.delete_vm(visible(caller, vpod_id).id, name)
-        return Response(status_code=204)
+    def delete_vm(vpod_id: str, name: str, caller: Caller = Depends(authenticated)) -> VmReply:
+        """Delete a Poplar VM and wait for it to go (a release deletes them all); the VM as it was."""
+        return VmReply(vm=VmView(**orchestrator.delete_vm(visible(caller, vpod_id).id, name).__dict__))
 
     def administrator(caller: Caller = Depends(authenticated)) -> Caller:
         if not caller.admin:

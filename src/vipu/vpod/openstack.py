@@ -309,11 +309,12 @@ class OpenStackControllers(TenantControllers):
         log.info("vPOD %s: Poplar VM %s (%s) booted", vpod.id, request.name, server.id)
         return self._vm(vpod.id, server)
 
-    def delete_vm(self, vpod_id: str, name: str) -> None:
+    def delete_vm(self, vpod_id: str, name: str) -> PoplarVm:
         server = next((s for s in self._vm_servers(vpod_id) if s.metadata.get("vipu-vpod-vm") == name), None)
         if server is None:
             raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
         self._delete_server(server)
+        return self._vm(vpod_id, server)
 
 
 def vm_user_data(vpod_id: str, name: str, config: VmConfig) -> str:

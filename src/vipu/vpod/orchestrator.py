@@ -245,9 +245,9 @@ class Orchestrator:
         self.store.get(vpod_id)  # NotFound for no such vPOD
         return self.tenants.vms(vpod_id)
 
-    def delete_vm(self, vpod_id: str, name: str) -> None:
+    def delete_vm(self, vpod_id: str, name: str) -> PoplarVm:
         with self._alone(vpod_id):
-            self.tenants.delete_vm(self.store.get(vpod_id).id, name)
+            return self.tenants.delete_vm(self.store.get(vpod_id).id, name)
 
     # Releasing
 

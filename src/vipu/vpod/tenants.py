@@ -232,7 +232,7 @@ class TenantControllers(abc.ABC):
     def vms(self, vpod_id: str) -> list[PoplarVm]:
         return []
 
-    def delete_vm(self, vpod_id: str, name: str) -> None:
+    def delete_vm(self, vpod_id: str, name: str) -> PoplarVm:
         raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
 
 
