@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -238,5 +239,51 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         bravo = site.rest("GET", "/v1/vpods/bravo-1")["vpod"]
         assert bravo["state"] == "Released" and "Quota exceeded for instances" in bravo["error"]  # undone, the reason kept
         assert all(not machine["vpod"] for machine in site.rest("GET", "/v1/machines")["machines"])
+    finally:
+        site.stop()
+
+
+def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(openstack, cloud, postgres, tmp_path):
+    """vipu-vpod SIGKILLs itself at a point of a creation, is started again and finishes it (one
+    server, one network of the vPOD's), then at a point of the release, and finishes that (nothing
+    of the vPOD's left in Nova or Neutron)."""
+    site = Site(tmp_path / "site", machines=4, env=cloud)
+    options = ("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
+               "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-store", postgres.url("postgres"))
+
+    def named(service: str, path: str, name: str) -> list[dict]:
+        return next(iter(openstack.call(service, "GET", f"{path}?name={name}").values()))
+
+    def killed_at(point: str, call: subprocess.Popen) -> None:
+        assert site.server is not None
+        call.communicate(timeout=300)
+        assert site.server.wait(timeout=120) == -signal.SIGKILL, point
+        assert site.log_since_served().rstrip().endswith(f"crash point {point} reached: SIGKILL"), point
+        site.serve(*options)  # resumes what was under way
+
+    rounds = [("openstack:network-made", "release:emptied"), ("controller:launched", "release:taken-back"),
+              ("create:started", "release:stopped")]
+    try:
+        for n, (create_at, release_at) in enumerate(rounds):
+            tenant = f"t{n}"
+            vpod_id, name = f"{tenant}-1", f"vpod-{tenant}-1"
+            site.serve(*options, crash_at=create_at)
+            killed_at(create_at, site.vpod_in_background("create", tenant, "--machines", "4"))
+            wait_until(lambda vpod_id=vpod_id: site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Active",
+                       timeout=120, what=f"the creation cut at {create_at} to be finished")
+            assert [s["status"] for s in named("nova", "/servers/detail", name)] == ["ACTIVE"], create_at
+            assert len(named("neutron", "/v2.0/networks", name)) == len(named("neutron", "/v2.0/ports", name)) == 1, create_at
+            site.server.terminate()
+            site.server.wait(timeout=30)
+            site.serve(*options, crash_at=release_at)
+            killed_at(release_at, site.vpod_in_background("release", vpod_id))
+            wait_until(lambda vpod_id=vpod_id: site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Released",
+                       timeout=120, what=f"the release cut at {release_at} to be finished")
+            for service, path in (("nova", "/servers"), ("neutron", "/v2.0/networks"), ("neutron", "/v2.0/ports"),
+                                  ("neutron", "/v2.0/security-groups")):
+                assert named(service, path, name) == [], (release_at, path)
+            assert all(not machine["vpod"] for machine in site.rest("GET", "/v1/machines")["machines"]), release_at
+            site.server.terminate()
+            site.server.wait(timeout=30)
     finally:
         site.stop()

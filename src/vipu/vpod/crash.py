@@ -12,7 +12,9 @@ as in every deployment, the points cost one look at the environment. The points 
   is handed to the tenant's controller, or taken back from it;
 - `release:testing`: once the release's cluster test has started in the tenant's controller;
 - `controller:launched`: once a tenant's controller process is started, before its process id is
-  written down.
+  written down (on OpenStack: once its server is asked for, before it is ACTIVE);
+- `openstack:network-made`: on OpenStack, once a vPOD's network, subnet, security group and port
+  are made, before its controller's address is written down.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ CREATE_POINTS = ("create:reserved", "create:prepared", "controller:launched", "c
                  "create:configured", "create:active")  # in the order a creation reaches them
 RELEASE_POINTS = ("release:begun", "release:emptied", "release:testing", "release:tested", "release:taking-back",
                   "release:taken-back", "release:stopped", "release:archived", "release:released")
-CRASH_POINTS = CREATE_POINTS + RELEASE_POINTS
+OPENSTACK_POINTS = ("openstack:network-made",)  # reached only with --provider openstack
+CRASH_POINTS = CREATE_POINTS + RELEASE_POINTS + OPENSTACK_POINTS
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles
 from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from vipu.store.databases import close_database, make_database, server_url
+from vipu.vpod.crash import crash_point
 from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, PoplarVm, TenantControllers, VmConfig, VmRequest, controller_name
 
@@ -134,6 +135,7 @@ class OpenStackControllers(TenantControllers):
         group = net.find_security_group(name) or self._security_group(name, subnet.cidr, vpod.ports)
         port = net.find_port(name) or self._call(f"make port {name}", net.create_port, name=name, network_id=network.id,
                                                  security_group_ids=[group.id])
+        crash_point("openstack:network-made")
         write_file(self.directory(vpod.id) / ADDRESS_FILE, port.fixed_ips[0]["ip_address"].encode())
 
     def _security_group(self, name: str, cidr: str, ports: list[int]):
@@ -192,6 +194,7 @@ class OpenStackControllers(TenantControllers):
                             image_id=image.id, flavor_id=flavor.id, networks=[{"port": port.id}], user_data=user_data,
                             metadata={"vipu-vpod": vpod.id})
         log.info("vPOD %s: server %s (%s) made on %s", vpod.id, name, server.id, self.host(vpod.id))
+        crash_point("controller:launched")
         try:
             self.cloud.compute.wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1, wait=SERVER_DEADLINE_SECONDS)
         except sdk_errors.ResourceFailure:
