@@ -38,13 +38,12 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles
 from vipu.k8s import kube
 from vipu.model.errors import InvalidArgument, Unavailable
-from vipu.store.databases import close_database, make_database, server_url
+from vipu.store.databases import server_url
 from vipu.vpod.store import Vpod
-from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, TenantControllers, controller_name
+from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, DatabasePerVpod
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,6 @@ ID_ANNOTATION = "vipu.graphcore.ai/vpod-id"
 CERTS_PATH = "/etc/vipu/certs"
 DATA_PATH = "/var/lib/vipu"
 STORE_KEY = "store-url"
-STORE_FILE = "store-url"  # in the vPOD's directory: the tenant's own database URL, with its password
 RUN_AS = 10001  # the controller's user and group in its container; the Secret's files are readable by that group
 GRACE_SECONDS = 30
 API_DEADLINE = (5, 30)  # seconds to connect to the API server, and for its answer
@@ -85,7 +83,7 @@ def _api_client() -> client.ApiClient:
         raise InvalidArgument(f"cannot reach Kubernetes: {error}; set KUBECONFIG, or run vipu-vpod in a pod") from None
 
 
-class KubernetesControllers(TenantControllers):
+class KubernetesControllers(DatabasePerVpod):
     start_deadline_seconds = 300.0  # a first image pull takes a while
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, namespace: str, image: str, store_server: str,
@@ -125,16 +123,6 @@ class KubernetesControllers(TenantControllers):
         names = ["localhost", "127.0.0.1", name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
                  f"{name}.{namespace}.svc.cluster.local", self.host(vpod_id)]
         return ",".join(dict.fromkeys(names))
-
-    def db_url(self, vpod_id: str) -> str:
-        try:
-            return (self.directory(vpod_id) / STORE_FILE).read_text().strip()
-        except OSError as error:
-            raise Unavailable(f"the store of vPOD {vpod_id} is not known ({error.strerror}); release it") from None
-
-    def _fresh_store(self, vpod_id: str) -> None:
-        url = make_database(self.store_server, controller_name(vpod_id), self.site_id)
-        write_file(self.directory(vpod_id) / STORE_FILE, url.encode(), 0o600)
 
     # Life
 
@@ -248,7 +236,7 @@ class KubernetesControllers(TenantControllers):
             time.sleep(0.2)
         self._call("delete a Service", self.core.delete_namespaced_service, name, self.namespace, missing_ok=True)
         self._call("delete a Secret", self.core.delete_namespaced_secret, name, self.namespace, missing_ok=True)
-        close_database(self.store_server, controller_name(vpod_id))
+        self._close_store(vpod_id)
 
     def _reap(self) -> None:
         """Kubernetes collects its pods."""

@@ -35,15 +35,14 @@ from openstack import exceptions as sdk_errors
 
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles
-from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
-from vipu.store.databases import close_database, make_database, server_url
+from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, VipuError
+from vipu.store.databases import server_url
 from vipu.vpod.crash import crash_point
 from vipu.vpod.store import Vpod
-from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, PoplarVm, TenantControllers, VmConfig, VmRequest, controller_name
+from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, DatabasePerVpod, PoplarVm, VmConfig, VmRequest, controller_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-STORE_FILE = "store-url"
 ADDRESS_FILE = "address"
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
@@ -67,7 +66,7 @@ def _reason(error: Exception) -> str:
     return " ".join(str(details).split())
 
 
-class OpenStackControllers(TenantControllers):
+class OpenStackControllers(DatabasePerVpod):
     start_deadline_seconds = 300.0  # a server's boot takes a while
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
@@ -103,16 +102,6 @@ class OpenStackControllers(TenantControllers):
 
     def tls_hosts(self, vpod_id: str) -> str:
         return f"localhost,127.0.0.1,{self.host(vpod_id)}"
-
-    def db_url(self, vpod_id: str) -> str:
-        try:
-            return (self.directory(vpod_id) / STORE_FILE).read_text().strip()
-        except OSError as error:
-            raise Unavailable(f"the store of vPOD {vpod_id} is not known ({error.strerror}); release it") from None
-
-    def _fresh_store(self, vpod_id: str) -> None:
-        url = make_database(self.store_server, controller_name(vpod_id), self.site_id)
-        write_file(self.directory(vpod_id) / STORE_FILE, url.encode(), 0o600)
 
     # The vPOD's network, made before its certificate names the controller's address
 
@@ -151,6 +140,16 @@ class OpenStackControllers(TenantControllers):
                        port_range_max=max(ports), remote_ip_prefix=source)
         return group
 
+    def _image_and_flavor(self, image: str, flavor: str, refusal: type[VipuError], context: str = "") -> tuple[Any, Any]:
+        """The Glance image and Nova flavor of those names (or ids); `refusal` naming the one missing."""
+        found_image = self._call(f"find image {image}", self.cloud.image.find_image, image)
+        if found_image is None:
+            raise refusal(f"{context}Glance has no image {image}")
+        found_flavor = self._call(f"find flavor {flavor}", self.cloud.compute.find_flavor, flavor)
+        if found_flavor is None:
+            raise refusal(f"{context}Nova has no flavor {flavor}")
+        return found_image, found_flavor
+
     # Life
 
     def _server(self, vpod_id: str):
@@ -180,12 +179,7 @@ class OpenStackControllers(TenantControllers):
         server = self._server(vpod.id)
         if server is not None:  # an ERROR server from an earlier attempt goes first: its port is wanted
             self._delete_server(server)
-        image = self._call(f"find image {self.image}", self.cloud.image.find_image, self.image)
-        if image is None:
-            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: Glance has no image {self.image}")
-        flavor = self._call(f"find flavor {self.flavor}", self.cloud.compute.find_flavor, self.flavor)
-        if flavor is None:
-            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: Nova has no flavor {self.flavor}")
+        image, flavor = self._image_and_flavor(self.image, self.flavor, Unavailable, f"cannot start the controller of vPOD {vpod.id}: ")
         port = self._call(f"find port {name}", self.cloud.network.find_port, name)
         if port is None:
             raise Unavailable(f"the controller of vPOD {vpod.id} has no port {name}; release it")
@@ -254,7 +248,7 @@ class OpenStackControllers(TenantControllers):
                 except sdk_errors.SDKException as error:
                     raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
         try:
-            close_database(self.store_server, controller_name(vpod_id))
+            self._close_store(vpod_id)
         except Unavailable as error:
             log.warning("vPOD %s: %s", vpod_id, error.message)
         log.info("vPOD %s: server, port, security group and network %s deleted", vpod_id, name)
@@ -286,12 +280,7 @@ class OpenStackControllers(TenantControllers):
         name = self._vm_name(vpod.id, request.name)
         if self._call("look for a server", self.cloud.compute.find_server, name) is not None:
             raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
-        image = self._call(f"find image {request.image}", self.cloud.image.find_image, request.image)
-        if image is None:
-            raise InvalidArgument(f"Glance has no image {request.image}")
-        flavor = self._call(f"find flavor {request.flavor}", self.cloud.compute.find_flavor, request.flavor)
-        if flavor is None:
-            raise InvalidArgument(f"Nova has no flavor {request.flavor}")
+        image, flavor = self._image_and_flavor(request.image, request.flavor, InvalidArgument)
         if self._call(f"find key pair {request.key}", self.cloud.compute.find_keypair, request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
         network = self._call(f"find network {object_name(vpod.id)}", self.cloud.network.find_network, object_name(vpod.id))

@@ -38,6 +38,7 @@ from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
 from vipu.model.entities import ID_MAX_LENGTH
 from vipu.model.errors import InvalidArgument, NotFound, Unavailable, VipuError
+from vipu.store.databases import close_database, make_database
 from vipu.vpod.crash import crash_point
 from vipu.vpod.store import Vpod
 
@@ -47,6 +48,7 @@ ADMIN_USER = "vpod-admin"  # the orchestrator's administrator in each tenant's c
 START_DEADLINE_SECONDS = 60.0
 STOP_DEADLINE_SECONDS = 30.0
 SERVER_PROGRAM = "vipu-server"
+STORE_FILE = "store-url"  # in the vPOD's directory: the tenant's own database URL, with its password
 
 
 def controller_name(vpod_id: str) -> str:
@@ -263,6 +265,29 @@ class PoplarVm:
     status: str
     address: str
     ssh: str  # how to reach it
+
+
+class DatabasePerVpod(TenantControllers):
+    """For runners whose controllers live elsewhere (Kubernetes, OpenStack): each vPOD's store is a
+    PostgreSQL database and role of its own on the site's server, its URL (with its password) kept
+    in the vPOD's directory."""
+
+    store_server: str  # a PostgreSQL server URL whose user may create databases and roles
+    site_id: str  # this orchestrator's, marking the databases it makes
+
+    def db_url(self, vpod_id: str) -> str:
+        try:
+            return (self.directory(vpod_id) / STORE_FILE).read_text().strip()
+        except OSError as error:
+            raise Unavailable(f"the store of vPOD {vpod_id} is not known ({error.strerror}); release it") from None
+
+    def _fresh_store(self, vpod_id: str) -> None:
+        url = make_database(self.store_server, controller_name(vpod_id), self.site_id)
+        write_file(self.directory(vpod_id) / STORE_FILE, url.encode(), 0o600)
+
+    def _close_store(self, vpod_id: str) -> None:
+        """Keep the database as the vPOD's archive, its role no longer able to log in."""
+        close_database(self.store_server, controller_name(vpod_id))
 
 
 class LocalControllers(TenantControllers):
