@@ -113,31 +113,41 @@ class OpenStackControllers(DatabasePerVpod):
 
     def _network(self, vpod: Vpod) -> None:
         name, net = object_name(vpod.id), self.cloud.network
-        network = net.find_network(name) or self._call(f"make network {name}", net.create_network, name=name)
-        subnet = next(iter(net.subnets(network_id=network.id)), None)
+        network = self._call(f"look for network {name}", net.find_network, name) or \
+            self._call(f"make network {name}", net.create_network, name=name)
+        subnet = self._call(f"look for subnet {name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
         if subnet is None:
             pool = self._call(f"find subnet pool {self.subnet_pool}", net.find_subnet_pool, self.subnet_pool)
             if pool is None:
                 raise Unavailable(f"cannot make subnet {name}: Neutron has no subnet pool {self.subnet_pool}")
             subnet = self._call(f"make subnet {name}", net.create_subnet, name=name, network_id=network.id, ip_version=4,
                                 subnet_pool_id=pool.id)
-        group = net.find_security_group(name) or self._security_group(name, subnet.cidr, vpod.ports)
-        port = net.find_port(name) or self._call(f"make port {name}", net.create_port, name=name, network_id=network.id,
-                                                 security_group_ids=[group.id])
+        group = self._security_group(name, subnet.cidr, vpod.ports)
+        port = self._call(f"look for port {name}", net.find_port, name) or \
+            self._call(f"make port {name}", net.create_port, name=name, network_id=network.id, security_group_ids=[group.id])
         crash_point("openstack:network-made")
         write_file(self.directory(vpod.id) / ADDRESS_FILE, port.fixed_ips[0]["ip_address"].encode())
 
     def _security_group(self, name: str, cidr: str, ports: list[int]):
+        """The vPOD's group, made or found, with exactly its ingress rules (an attempt cut short
+        left it with fewer): the controller's ports from its subnet and the admitted CIDR."""
         net = self.cloud.network
-        group = self._call(f"make security group {name}", net.create_security_group, name=name,
-                           description="vipu vPOD controller: its user, administration and metrics ports")
-        for rule in list(group.security_group_rules or []):  # the egress rules Neutron adds stay; nothing else comes in
-            if rule["direction"] == "ingress":
-                self._call("remove a default rule", net.delete_security_group_rule, rule["id"])
-        for source in filter(None, (cidr, self.admit_cidr)):
+        group = self._call(f"look for security group {name}", net.find_security_group, name) or \
+            self._call(f"make security group {name}", net.create_security_group, name=name,
+                       description="vipu vPOD controller: its user, administration and metrics ports")
+        wanted = {source for source in (cidr, self.admit_cidr) if source}
+        span = (min(ports), max(ports))
+        for rule in list(group.security_group_rules or []):  # the egress rules Neutron adds stay
+            if rule["direction"] != "ingress":
+                continue
+            if rule["remote_ip_prefix"] in wanted and (rule["port_range_min"], rule["port_range_max"]) == span:
+                wanted.discard(rule["remote_ip_prefix"])
+            else:
+                self._call(f"remove a rule of security group {name}", net.delete_security_group_rule, rule["id"])
+        for source in sorted(wanted):
             self._call(f"admit {source} in security group {name}", net.create_security_group_rule, security_group_id=group.id,
-                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=min(ports),
-                       port_range_max=max(ports), remote_ip_prefix=source)
+                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=span[0], port_range_max=span[1],
+                       remote_ip_prefix=source)
         return group
 
     def _image_and_flavor(self, image: str, flavor: str, refusal: type[VipuError], context: str = "") -> tuple[Any, Any]:
