@@ -92,7 +92,7 @@ def chart_readme(values_text: str) -> str:
     rows = "\n".join(f"| `{path}` | {text} | {_default(values, path)} |" for path, text in described_values(values_text).items())
     return f"""# {chart["name"]}
 
-{chart["description"]}. Version {chart["version"]}, app version {chart["appVersion"]}.
+{chart["description"]}. Its images default to the release's own, tagged with the chart's appVersion.
 
 This file is made from `values.yaml` by `scripts/release.py chart-docs`; edit the descriptions
 there. Any value not listed here is refused by the chart's `values.schema.json`, so a misspelt

@@ -148,6 +148,7 @@ def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
     """A clouds.yaml naming the site's cloud as vipu-vpod acts as it, and the subnet pool of vPODs' networks."""
     openstack.call("neutron", "POST", "/v2.0/subnetpools", {"subnetpool": {
         "name": "vpods", "prefixes": ["10.40.0.0/16"], "default_prefixlen": 28}})
+    openstack.call("neutron", "POST", "/v2.0/routers", {"router": {"name": "site-router"}})
     clouds = tmp_path_factory.mktemp("cloud") / "clouds.yaml"
     clouds.write_text(yaml.safe_dump({"clouds": {"site": {
         "auth": {"auth_url": openstack.keystone.url, "username": "admin", "password": ADMIN_PASSWORD, "project_name": "admin",
@@ -161,8 +162,8 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
     site = Site(tmp_path / "site", machines=4, env=cloud)
     try:
         site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
-                   "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods",
-                   "--openstack-store", postgres.url("postgres"))
+                   "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-router", "site-router",
+                   "--openstack-poplar-zone", "nova", "--openstack-store", postgres.url("postgres"))
         acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
         name = f"vpod-{acme_id}"
         (server,) = openstack.call("nova", "GET", f"/servers/detail?name={name}")["servers"]
@@ -174,6 +175,12 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         (group,) = openstack.call("neutron", "GET", f"/v2.0/security-groups?name={name}")["security_groups"]
         ingress = [(r["protocol"], r["remote_ip_prefix"]) for r in group["security_group_rules"] if r["direction"] == "ingress"]
         assert ingress == [("tcp", subnet["cidr"])]  # from the vPOD's network only
+        assert [(r["port_range_min"], r["port_range_max"]) for r in group["security_group_rules"] if r["direction"] == "ingress"] == [
+            (min(site.rest("GET", f"/v1/vpods/{acme_id}")["vpod"][p] for p in ("user_port", "admin_port", "metrics_port")),
+             max(site.rest("GET", f"/v1/vpods/{acme_id}")["vpod"][p] for p in ("user_port", "admin_port", "metrics_port")))]
+        (router,) = openstack.call("neutron", "GET", "/v2.0/routers?name=site-router")["routers"]
+        interfaces = openstack.call("neutron", "GET", f"/v2.0/ports?device_id={router['id']}")["ports"]
+        assert [p["fixed_ips"][0]["subnet_id"] for p in interfaces] == [subnet["id"]]  # reached through the site's router
         config = tmp_path / "acme" / "acme.vipu-cli.hcl"
         assert address in config.read_text()  # the tenant reaches its controller at its server
 
@@ -217,6 +224,7 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         released = site.vpod("release", acme_id)
         assert released.code == 0, released.err
         assert openstack.call("nova", "GET", "/servers")["servers"] == []  # the VM too
+        assert openstack.call("neutron", "GET", f"/v2.0/ports?device_id={router['id']}")["ports"] == []  # detached
         for kind, path in (("nova", f"/servers?name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
                            ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}")):
             assert next(iter(openstack.call(kind, "GET", path).values())) == [], path

@@ -194,6 +194,11 @@ def test_the_packaged_chart_installs_as_the_seed_says_and_the_seeds_samples_each
             assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]  # the patch job's work
             assert hook["rules"][0]["resources"] == ["ipujobs"]  # and only that
         assert kube.kubectl("get", "jobs", "-o", "name").stdout == ""  # both patch jobs succeeded and were removed
+        helm(kube, "upgrade", "gc", str(release / f"gc-ipu-operator-helm-chart-{TAG}.tgz"), "--reuse-values")
+        for kind, name in (("mutatingwebhookconfiguration", "mipujob.graphcore.ai"),
+                           ("validatingwebhookconfiguration", "vipujob.graphcore.ai")):  # an upgrade keeps the authority
+            bundle = kube.kubectl("get", kind, name, "-o", "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout
+            assert bundle == secret["data"]["ca.crt"], kind
         kube.kubectl("wait", "--for=condition=Available", "deployment", "--all", "--timeout=120s")
         wait_until(lambda: kube.kubectl("apply", "--dry-run=server", "-f", str(SAMPLES / "single-gcd-sample.yaml"),
                                         check=False).returncode == 0, timeout=60, what="the webhooks to answer")

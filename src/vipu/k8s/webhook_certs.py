@@ -18,7 +18,8 @@ import logging
 import sys
 
 import click
-from kubernetes import client
+import urllib3
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from vipu.api import tls
@@ -106,5 +107,8 @@ def _reporting(action, what: str):
     try:
         return action()
     except ApiException as error:
-        print(f"vipu-ipu-webhook-certs: {what}: failed: {error.status} {error.reason}.", file=sys.stderr)
-        sys.exit(1)
+        reason = f"{error.status} {error.reason}"
+    except (urllib3.exceptions.HTTPError, config.ConfigException) as error:  # no API server, or no credentials for it
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    print(f"vipu-ipu-webhook-certs: {what}: failed: {reason}.", file=sys.stderr)
+    sys.exit(1)

@@ -147,6 +147,9 @@ def init(data_dir, db_url, tls_hosts):
               help="With --provider openstack: the Neutron subnet pool each vPOD's network takes its subnet from.")
 @click.option("--openstack-admit-cidr", default="",
               help="With --provider openstack: a network besides the vPOD's own that may reach its controller (this orchestrator's).")
+@click.option("--openstack-router", default="",
+              help="With --provider openstack: the site's Neutron router each vPOD's subnet is attached to, through which this "
+                   "orchestrator, the store, the agents and the tenant's users reach it. Default: none (the site routes them).")
 @click.option("--openstack-poplar-zone", default="",
               help="With --provider openstack: the availability zone of the site's Poplar hosts, where tenants' Poplar VMs go.")
 @click.option("--openstack-ssh-user", default="debian", show_default=True,
@@ -164,7 +167,8 @@ def init(data_dir, db_url, tls_hosts):
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
-          openstack_subnet_pool, openstack_admit_cidr, openstack_poplar_zone, openstack_ssh_user, openstack_store, test_on_release,
+          openstack_subnet_pool, openstack_admit_cidr, openstack_router, openstack_poplar_zone, openstack_ssh_user, openstack_store,
+          test_on_release,
           login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
@@ -207,12 +211,15 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
             use_runner(store, f"openstack:{openstack_cloud}")
             tenants = OpenStackControllers(data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor,
                                            openstack_subnet_pool, openstack_store, openstack_admit_cidr, openstack_poplar_zone,
-                                           openstack_ssh_user)
+                                           openstack_ssh_user, openstack_router)
         elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr),
-                                                ("--openstack-poplar-zone", openstack_poplar_zone)] if value]:
+                                                ("--openstack-poplar-zone", openstack_poplar_zone),
+                                                ("--openstack-router", openstack_router)] if value]:
             raise InvalidArgument(f"{given[0]} is for controllers on OpenStack: give --provider openstack too")
         elif provider == "kubernetes" and not kubernetes_namespace:
             raise InvalidArgument("--provider kubernetes needs --kubernetes-namespace")
+        elif provider == "local" and kubernetes_namespace:
+            raise InvalidArgument("--kubernetes-namespace is for controllers on Kubernetes, not with --provider local")
         elif kubernetes_namespace:
             if not kubernetes_image or not kubernetes_store:
                 raise InvalidArgument("--kubernetes-namespace needs --kubernetes-image and --kubernetes-store too")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import openstack
+from keystoneauth1 import exceptions as keystone_errors
 from openstack import exceptions as sdk_errors
 
 from vipu.api.atomic import write_file
@@ -46,6 +47,8 @@ T = TypeVar("T")
 ADDRESS_FILE = "address"
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
+# openstacksdk's own, and keystoneauth's, which it passes on unwrapped (Keystone or a service unreachable)
+OPENSTACK_ERRORS = (sdk_errors.SDKException, keystone_errors.ClientException)
 
 
 def object_name(vpod_id: str) -> str:
@@ -70,18 +73,20 @@ class OpenStackControllers(DatabasePerVpod):
     start_deadline_seconds = 300.0  # a server's boot takes a while
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
-                 store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian",
+                 store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian", router: str = "",
                  connection: openstack.connection.Connection | None = None):
         """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
         server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
         from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
         `admit_cidr`: another network allowed to reach the controllers (the orchestrator's);
         `poplar_zone`: the availability zone of the site's Poplar hosts, where Poplar VMs go;
-        `ssh_user`: the user a Poplar VM's image lets in with the key pair's key."""
+        `ssh_user`: the user a Poplar VM's image lets in with the key pair's key; `router`: the
+        site's Neutron router each vPOD's subnet is attached to, through which the orchestrator, the
+        store, the agents and the tenant's users reach the vPOD's network (none: the site routes it)."""
         super().__init__(root, site)
         self.site_id = site_id
         self.cloud_name, self.image, self.flavor, self.subnet_pool, self.admit_cidr = cloud, image, flavor, subnet_pool, admit_cidr
-        self.poplar_zone, self.ssh_user = poplar_zone, ssh_user
+        self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
         self.store_server = server_url(store_server)
         self.cloud = connection or connect(cloud)
 
@@ -89,8 +94,12 @@ class OpenStackControllers(DatabasePerVpod):
         """One OpenStack call; Unavailable, with OpenStack's reason, when it refuses or does not answer."""
         try:
             return call(*args, **kwargs)
-        except sdk_errors.SDKException as error:
+        except OPENSTACK_ERRORS as error:
             raise Unavailable(f"cannot {what}: {_reason(error)}") from None
+
+    def _service(self, kind: str):
+        """The cloud's compute, network or image service (found in Keystone's catalog on first use)."""
+        return self._call(f"reach OpenStack's {kind} service", getattr, self.cloud, kind)
 
     # Where things are
 
@@ -112,7 +121,7 @@ class OpenStackControllers(DatabasePerVpod):
         super().prepare(vpod)
 
     def _network(self, vpod: Vpod) -> None:
-        name, net = object_name(vpod.id), self.cloud.network
+        name, net = object_name(vpod.id), self._service("network")
         network = self._call(f"look for network {name}", net.find_network, name) or \
             self._call(f"make network {name}", net.create_network, name=name)
         subnet = self._call(f"look for subnet {name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
@@ -122,16 +131,41 @@ class OpenStackControllers(DatabasePerVpod):
                 raise Unavailable(f"cannot make subnet {name}: Neutron has no subnet pool {self.subnet_pool}")
             subnet = self._call(f"make subnet {name}", net.create_subnet, name=name, network_id=network.id, ip_version=4,
                                 subnet_pool_id=pool.id)
+        if self.router:
+            self._attach(network.id, subnet.id)
         group = self._security_group(name, subnet.cidr, vpod.ports)
         port = self._call(f"look for port {name}", net.find_port, name) or \
             self._call(f"make port {name}", net.create_port, name=name, network_id=network.id, security_group_ids=[group.id])
         crash_point("openstack:network-made")
         write_file(self.directory(vpod.id) / ADDRESS_FILE, port.fixed_ips[0]["ip_address"].encode())
 
+    def _site_router(self):
+        router = self._call(f"find router {self.router}", self._service("network").find_router, self.router)
+        if router is None:
+            raise Unavailable(f"Neutron has no router {self.router}")
+        return router
+
+    def _router_ports(self, router_id: str, network_id: str) -> list:
+        return self._call("list the router's ports", lambda: list(self._service("network").ports(device_id=router_id,
+                                                                                                 network_id=network_id)))
+
+    def _attach(self, network_id: str, subnet_id: str) -> None:
+        """The subnet on the site's router, unless an earlier attempt put it there."""
+        router = self._site_router()
+        if not self._router_ports(router.id, network_id):
+            self._call(f"attach the subnet to router {self.router}", self._service("network").add_interface_to_router, router,
+                       subnet_id=subnet_id)
+
+    def _detach(self, network_id: str) -> None:
+        router = self._site_router()
+        for port in self._router_ports(router.id, network_id):
+            self._call(f"detach a subnet from router {self.router}", self._service("network").remove_interface_from_router, router,
+                       port_id=port.id)
+
     def _security_group(self, name: str, cidr: str, ports: list[int]):
         """The vPOD's group, made or found, with exactly its ingress rules (an attempt cut short
         left it with fewer): the controller's ports from its subnet and the admitted CIDR."""
-        net = self.cloud.network
+        net = self._service("network")
         group = self._call(f"look for security group {name}", net.find_security_group, name) or \
             self._call(f"make security group {name}", net.create_security_group, name=name,
                        description="vipu vPOD controller: its user, administration and metrics ports")
@@ -152,18 +186,25 @@ class OpenStackControllers(DatabasePerVpod):
 
     def _image_and_flavor(self, image: str, flavor: str, refusal: type[VipuError], context: str = "") -> tuple[Any, Any]:
         """The Glance image and Nova flavor of those names (or ids); `refusal` naming the one missing."""
-        found_image = self._call(f"find image {image}", self.cloud.image.find_image, image)
+        found_image = self._call(f"find image {image}", self._service("image").find_image, image)
         if found_image is None:
             raise refusal(f"{context}Glance has no image {image}")
-        found_flavor = self._call(f"find flavor {flavor}", self.cloud.compute.find_flavor, flavor)
+        found_flavor = self._call(f"find flavor {flavor}", self._service("compute").find_flavor, flavor)
         if found_flavor is None:
             raise refusal(f"{context}Nova has no flavor {flavor}")
         return found_image, found_flavor
 
+    def _fault(self, server_id: str, otherwise: str) -> str:
+        """Why Nova failed the server, in its words; `otherwise` when it gives none or cannot be asked."""
+        try:
+            return (self._call("read a server", self._service("compute").get_server, server_id).fault or {}).get("message", otherwise)
+        except Unavailable:
+            return otherwise
+
     # Life
 
     def _server(self, vpod_id: str):
-        return self._call("look for a server", self.cloud.compute.find_server, object_name(vpod_id))
+        return self._call("look for a server", self._service("compute").find_server, object_name(vpod_id))
 
     def alive(self, vpod_id: str) -> bool:
         """Whether its server is there and not failed; an OpenStack that does not answer counts as
@@ -180,8 +221,7 @@ class OpenStackControllers(DatabasePerVpod):
         if server is None:
             return "has no server"
         if server.status == "ERROR":
-            fault = (self._call("read a server", self.cloud.compute.get_server, server.id).fault or {}).get("message", "no reason given")
-            return f"failed in Nova: {fault}"
+            return f"failed in Nova: {self._fault(server.id, 'no reason given')}"
         return None
 
     def _launch(self, vpod: Vpod) -> None:
@@ -190,22 +230,24 @@ class OpenStackControllers(DatabasePerVpod):
         if server is not None:  # an ERROR server from an earlier attempt goes first: its port is wanted
             self._delete_server(server)
         image, flavor = self._image_and_flavor(self.image, self.flavor, Unavailable, f"cannot start the controller of vPOD {vpod.id}: ")
-        port = self._call(f"find port {name}", self.cloud.network.find_port, name)
+        port = self._call(f"find port {name}", self._service("network").find_port, name)
         if port is None:
             raise Unavailable(f"the controller of vPOD {vpod.id} has no port {name}; release it")
         user_data = base64.b64encode(self.user_data(vpod).encode()).decode()
-        server = self._call(f"start the controller of vPOD {vpod.id}", self.cloud.compute.create_server, name=name,
+        server = self._call(f"start the controller of vPOD {vpod.id}", self._service("compute").create_server, name=name,
                             image_id=image.id, flavor_id=flavor.id, networks=[{"port": port.id}], user_data=user_data,
                             metadata={"vipu-vpod": vpod.id})
         log.info("vPOD %s: server %s (%s) made on %s", vpod.id, name, server.id, self.host(vpod.id))
         crash_point("controller:launched")
         try:
-            self.cloud.compute.wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1, wait=SERVER_DEADLINE_SECONDS)
+            self._service("compute").wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1, wait=SERVER_DEADLINE_SECONDS)
         except sdk_errors.ResourceFailure:
             raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {self._why_not_ready(vpod.id)}") from None
         except sdk_errors.ResourceTimeout:
             raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: server {name} was not ACTIVE within "
                               f"{SERVER_DEADLINE_SECONDS:.0f} s") from None
+        except OPENSTACK_ERRORS as error:
+            raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {_reason(error)}") from None
 
     def user_data(self, vpod: Vpod) -> str:
         """The script cloud-init runs at the server's first boot: it writes the controller's
@@ -228,21 +270,26 @@ class OpenStackControllers(DatabasePerVpod):
         return "\n".join(lines) + "\n"
 
     def _delete_server(self, server) -> None:
-        self._call(f"delete server {server.name}", self.cloud.compute.delete_server, server, ignore_missing=True)
+        self._call(f"delete server {server.name}", self._service("compute").delete_server, server, ignore_missing=True)
         try:
-            self.cloud.compute.wait_for_delete(server, interval=1, wait=SERVER_DEADLINE_SECONDS)
+            self._service("compute").wait_for_delete(server, interval=1, wait=SERVER_DEADLINE_SECONDS)
         except sdk_errors.ResourceTimeout:
             raise Unavailable(f"server {server.name} was not gone within {SERVER_DEADLINE_SECONDS:.0f} s") from None
+        except OPENSTACK_ERRORS as error:
+            raise Unavailable(f"cannot delete server {server.name}: {_reason(error)}") from None
 
     def _halt(self, vpod_id: str) -> None:
         """Delete the server and wait for it to go, then its port, security group and network, and
         close the tenant's database (kept, its role no longer able to log in)."""
-        name, net = object_name(vpod_id), self.cloud.network
+        name, net = object_name(vpod_id), self._service("network")
         for vm in self._vm_servers(vpod_id):  # the tenant's Poplar VMs first: they are on the vPOD's network
             self._delete_server(vm)
         server = self._server(vpod_id)
         if server is not None:
             self._delete_server(server)
+        network = self._call(f"look for network {name}", net.find_network, name)
+        if self.router and network is not None:
+            self._detach(network.id)
         deadline = time.monotonic() + STOP_DEADLINE_SECONDS
         kinds: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
             (net.find_port, net.delete_port), (net.find_security_group, net.delete_security_group),
@@ -255,7 +302,7 @@ class OpenStackControllers(DatabasePerVpod):
                     if time.monotonic() > deadline:
                         raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
                     time.sleep(0.5)
-                except sdk_errors.SDKException as error:
+                except OPENSTACK_ERRORS as error:
                     raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
         try:
             self._close_store(vpod_id)
@@ -272,7 +319,7 @@ class OpenStackControllers(DatabasePerVpod):
         return f"{object_name(vpod_id)}-vm-{name}"
 
     def _vm_servers(self, vpod_id: str) -> list:
-        listed = self._call("list servers", lambda: list(self.cloud.compute.servers(name=f"^{object_name(vpod_id)}-vm-")))
+        listed = self._call("list servers", lambda: list(self._service("compute").servers(name=f"^{object_name(vpod_id)}-vm-")))
         return [server for server in listed if (server.metadata or {}).get("vipu-vpod") == vpod_id]
 
     def _vm(self, vpod_id: str, server) -> PoplarVm:
@@ -288,24 +335,24 @@ class OpenStackControllers(DatabasePerVpod):
         """Boot the VM on the vPOD's network, in the Poplar hosts' zone, and wait for it (deadline);
         one that fails is deleted again and its reason given in one line."""
         name = self._vm_name(vpod.id, request.name)
-        if self._call("look for a server", self.cloud.compute.find_server, name) is not None:
+        if self._call("look for a server", self._service("compute").find_server, name) is not None:
             raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
         image, flavor = self._image_and_flavor(request.image, request.flavor, InvalidArgument)
-        if self._call(f"find key pair {request.key}", self.cloud.compute.find_keypair, request.key) is None:
+        if self._call(f"find key pair {request.key}", self._service("compute").find_keypair, request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
-        network = self._call(f"find network {object_name(vpod.id)}", self.cloud.network.find_network, object_name(vpod.id))
+        network = self._call(f"find network {object_name(vpod.id)}", self._service("network").find_network, object_name(vpod.id))
         if network is None:
             raise Unavailable(f"vPOD {vpod.id} has no network {object_name(vpod.id)}; release it")
         zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
-        server = self._call(f"boot Poplar VM {request.name}", self.cloud.compute.create_server, name=name, image_id=image.id,
+        server = self._call(f"boot Poplar VM {request.name}", self._service("compute").create_server, name=name, image_id=image.id,
                             flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
                             user_data=base64.b64encode(vm_user_data(vpod.id, request.name, config).encode()).decode(),
                             metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **zone)
         try:
-            server = self.cloud.compute.wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
-                                                        wait=SERVER_DEADLINE_SECONDS)
-        except (sdk_errors.ResourceFailure, sdk_errors.ResourceTimeout):
-            fault = (self._call("read a server", self.cloud.compute.get_server, server.id).fault or {}).get("message", "not ACTIVE in time")
+            server = self._service("compute").wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
+                                                              wait=SERVER_DEADLINE_SECONDS)
+        except OPENSTACK_ERRORS:
+            fault = self._fault(server.id, "not ACTIVE in time")
             self._delete_server(server)
             raise Unavailable(f"Poplar VM {request.name} failed in Nova: {fault}") from None
         log.info("vPOD %s: Poplar VM %s (%s) booted", vpod.id, request.name, server.id)
