@@ -52,6 +52,10 @@ def flavor(openstack) -> str:
     return made["flavor"]["id"]
 
 
+def named_servers(openstack: OpenStack, name: str) -> list[dict]:
+    return openstack.call("nova", "GET", f"/servers/detail?name=^{name}$")["servers"]
+
+
 def failure(call) -> tuple[int, str]:
     with pytest.raises(urllib.error.HTTPError) as refused:
         call()
@@ -207,6 +211,14 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         made = user("create", "partition", "p1", "--size", "8")
         assert made.returncode == 0, made.stderr
         assert site.held("m01") == ["p1"]
+
+        # The controller's server stopped (a host's maintenance, say): vipu-vpod makes it again, its partition kept
+        (controller,) = named_servers(openstack, name)
+        openstack.call("nova", "POST", f"/servers/{controller['id']}/action", {"os-stop": None})
+        wait_until(lambda: [(s["id"] != controller["id"], s["status"]) for s in named_servers(openstack, name)] == [(True, "ACTIVE")],
+                   timeout=120, what="the stopped controller's server to be made again")
+        wait_until(lambda: user("list", "partitions").returncode == 0, timeout=60, what="the new server's controller")
+        assert " p1 " in user("list", "partitions").stdout
         configs = user("get", "partition", "p1", "--ipu-configs", "--json")
         assert configs.returncode == 0, configs.stderr
         files = []

@@ -47,6 +47,8 @@ T = TypeVar("T")
 ADDRESS_FILE = "address"
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
+# Nova's states of a server that runs or soon will
+RUNNING = ("ACTIVE", "BUILD", "REBOOT", "HARD_REBOOT", "REBUILD", "RESIZE", "VERIFY_RESIZE", "REVERT_RESIZE", "MIGRATING", "PASSWORD")
 # openstacksdk's own, and keystoneauth's, which it passes on unwrapped (Keystone or a service unreachable)
 OPENSTACK_ERRORS = (sdk_errors.SDKException, keystone_errors.ClientException)
 
@@ -207,14 +209,15 @@ class OpenStackControllers(DatabasePerVpod):
         return self._call("look for a server", self._service("compute").find_server, object_name(vpod_id))
 
     def alive(self, vpod_id: str) -> bool:
-        """Whether its server is there and not failed; an OpenStack that does not answer counts as
-        alive, so that nothing is made again blindly."""
+        """Whether its server runs or is on its way to (a stopped, paused, shelved or failed one is
+        made again: its store is PostgreSQL's, its configuration its user data); an OpenStack that
+        does not answer counts as alive, so that nothing is made again blindly."""
         try:
             server = self._server(vpod_id)
         except Unavailable as error:
             log.warning("vPOD %s: %s", vpod_id, error.message)
             return True
-        return server is not None and server.status not in ("ERROR", "DELETED", "SOFT_DELETED")
+        return server is not None and server.status in RUNNING
 
     def _why_not_ready(self, vpod_id: str) -> str | None:
         server = self._server(vpod_id)
@@ -227,7 +230,7 @@ class OpenStackControllers(DatabasePerVpod):
     def _launch(self, vpod: Vpod) -> None:
         name = object_name(vpod.id)
         server = self._server(vpod.id)
-        if server is not None:  # an ERROR server from an earlier attempt goes first: its port is wanted
+        if server is not None:  # a failed or stopped server goes first: its port is wanted
             self._delete_server(server)
         image, flavor = self._image_and_flavor(self.image, self.flavor, Unavailable, f"cannot start the controller of vPOD {vpod.id}: ")
         port = self._call(f"find port {name}", self._service("network").find_port, name)
