@@ -268,7 +268,8 @@ class OpenStackControllers(DatabasePerVpod):
         store = base64.b64encode(self.db_url(vpod.id).encode()).decode()
         lines += [f"VIPU_SERVER_DB=$(echo {store} | base64 -d)", "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"',
                   " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
-                            "--listen-address 0.0.0.0", f"--advertise-address {shlex.quote(self.host(vpod.id))}",
+                            f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
+                            f"--advertise-address {shlex.quote(self.host(vpod.id))}",
                             f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])]
         return "\n".join(lines) + "\n"
 
