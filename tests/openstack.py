@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -205,10 +206,10 @@ class OpenStack:
         assert done.returncode == 0, f"{module} {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-4000:]}"
 
     def _answers(self, url: str) -> bool:
-        try:
+        """Whether the service answers at all (401 and the like count); a refused connection is an
+        OSError, which _wait takes for not yet."""
+        with contextlib.suppress(urllib.error.HTTPError):
             urllib.request.urlopen(url, timeout=3).read()
-        except urllib.error.HTTPError:
-            return True  # 401 and the like: it answers
         return True
 
     def _placement(self) -> Callable[[], subprocess.Popen]:

@@ -53,10 +53,6 @@ RUNNING = ("ACTIVE", "BUILD", "REBOOT", "HARD_REBOOT", "REBUILD", "RESIZE", "VER
 OPENSTACK_ERRORS = (sdk_errors.SDKException, keystone_errors.ClientException)
 
 
-def object_name(vpod_id: str) -> str:
-    return controller_name(vpod_id)
-
-
 def connect(cloud: str) -> openstack.connection.Connection:
     """The site's cloud, by its clouds.yaml entry (openstacksdk finds the file as the openstack CLI does)."""
     try:
@@ -87,7 +83,7 @@ class OpenStackControllers(DatabasePerVpod):
         store, the agents and the tenant's users reach the vPOD's network (none: the site routes it)."""
         super().__init__(root, site)
         self.site_id = site_id
-        self.cloud_name, self.image, self.flavor, self.subnet_pool, self.admit_cidr = cloud, image, flavor, subnet_pool, admit_cidr
+        self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
         self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
         self.store_server = server_url(store_server)
         self.cloud = connection or connect(cloud)
@@ -123,7 +119,7 @@ class OpenStackControllers(DatabasePerVpod):
         super().prepare(vpod)
 
     def _network(self, vpod: Vpod) -> None:
-        name, net = object_name(vpod.id), self._service("network")
+        name, net = controller_name(vpod.id), self._service("network")
         network = self._call(f"look for network {name}", net.find_network, name) or \
             self._call(f"make network {name}", net.create_network, name=name)
         subnet = self._call(f"look for subnet {name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
@@ -206,7 +202,7 @@ class OpenStackControllers(DatabasePerVpod):
     # Life
 
     def _server(self, vpod_id: str):
-        return self._call("look for a server", self._service("compute").find_server, object_name(vpod_id))
+        return self._call("look for a server", self._service("compute").find_server, controller_name(vpod_id))
 
     def alive(self, vpod_id: str) -> bool:
         """Whether its server runs or is on its way to (a stopped, paused, shelved or failed one is
@@ -228,7 +224,7 @@ class OpenStackControllers(DatabasePerVpod):
         return None
 
     def _launch(self, vpod: Vpod) -> None:
-        name = object_name(vpod.id)
+        name = controller_name(vpod.id)
         server = self._server(vpod.id)
         if server is not None:  # a failed or stopped server goes first: its port is wanted
             self._delete_server(server)
@@ -285,7 +281,7 @@ class OpenStackControllers(DatabasePerVpod):
     def _halt(self, vpod_id: str) -> None:
         """Delete the server and wait for it to go, then its port, security group and network, and
         close the tenant's database (kept, its role no longer able to log in)."""
-        name, net = object_name(vpod_id), self._service("network")
+        name, net = controller_name(vpod_id), self._service("network")
         for vm in self._vm_servers(vpod_id):  # the tenant's Poplar VMs first: they are on the vPOD's network
             self._delete_server(vm)
         server = self._server(vpod_id)
@@ -320,10 +316,10 @@ class OpenStackControllers(DatabasePerVpod):
     # Poplar VMs: Nova's servers are the record (name vpod-<id>-vm-<name>, metadata naming both)
 
     def _vm_name(self, vpod_id: str, name: str) -> str:
-        return f"{object_name(vpod_id)}-vm-{name}"
+        return f"{controller_name(vpod_id)}-vm-{name}"
 
     def _vm_servers(self, vpod_id: str) -> list:
-        listed = self._call("list servers", lambda: list(self._service("compute").servers(name=f"^{object_name(vpod_id)}-vm-")))
+        listed = self._call("list servers", lambda: list(self._service("compute").servers(name=f"^{controller_name(vpod_id)}-vm-")))
         return [server for server in listed if (server.metadata or {}).get("vipu-vpod") == vpod_id]
 
     def _vm(self, vpod_id: str, server) -> PoplarVm:
@@ -344,9 +340,9 @@ class OpenStackControllers(DatabasePerVpod):
         image, flavor = self._image_and_flavor(request.image, request.flavor, InvalidArgument)
         if self._call(f"find key pair {request.key}", self._service("compute").find_keypair, request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
-        network = self._call(f"find network {object_name(vpod.id)}", self._service("network").find_network, object_name(vpod.id))
+        network = self._call(f"find network {controller_name(vpod.id)}", self._service("network").find_network, controller_name(vpod.id))
         if network is None:
-            raise Unavailable(f"vPOD {vpod.id} has no network {object_name(vpod.id)}; release it")
+            raise Unavailable(f"vPOD {vpod.id} has no network {controller_name(vpod.id)}; release it")
         zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
         server = self._call(f"boot Poplar VM {request.name}", self._service("compute").create_server, name=name, image_id=image.id,
                             flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
