@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ADDRESS_FILE = "address"
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
+CONTROLLER_UNIT = "/etc/systemd/system/vipu-controller.service"  # scripts/vm-images' controller image has it
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
 # Nova's states of a server that runs or soon will
 RUNNING = ("ACTIVE", "BUILD", "REBOOT", "HARD_REBOOT", "REBUILD", "RESIZE", "VERIFY_RESIZE", "REVERT_RESIZE", "MIGRATING", "PASSWORD")
@@ -250,7 +251,9 @@ class OpenStackControllers(DatabasePerVpod):
 
     def user_data(self, vpod: Vpod) -> str:
         """The script cloud-init runs at the server's first boot: it writes the controller's
-        certificates and store URL (readable by root only) and starts vipu-server."""
+        certificates and the script that starts vipu-server with its store's URL (readable by the
+        controller's user only), then has the image's unit run it; an image without the unit runs
+        it in the foreground."""
         tls = self.tls(vpod.id)
         files = sorted(path.relative_to(tls.root) for directory in (tls.server_dir, tls.controller_dir)
                        for path in directory.iterdir() if path.is_file())
@@ -262,11 +265,17 @@ class OpenStackControllers(DatabasePerVpod):
             lines += [f'mkdir -p "$state/certs/{relative.parent}"',
                       f"echo {encoded} | base64 -d > \"$state/certs/{relative}\""]
         store = base64.b64encode(self.db_url(vpod.id).encode()).decode()
-        lines += [f"VIPU_SERVER_DB=$(echo {store} | base64 -d)", "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"',
-                  " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
-                            f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
-                            f"--advertise-address {shlex.quote(self.host(vpod.id))}",
-                            f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])]
+        server = " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
+                           f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
+                           f"--advertise-address {shlex.quote(self.host(vpod.id))}",
+                           f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])
+        lines += ['{ echo "#!/bin/sh"; echo "state=\'$state\'"', "cat << 'END'", f"VIPU_SERVER_DB=$(echo {store} | base64 -d)",
+                  "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"', server, 'END', '} > "$state/controller"',
+                  'chmod 0700 "$state/controller"',
+                  f"if [ -f {CONTROLLER_UNIT} ]; then  # the controller image's unit runs it, as user vipu",
+                  '    chown -R vipu:vipu "$state"', f"    systemctl enable {Path(CONTROLLER_UNIT).name}",
+                  f"    systemctl start --no-block {Path(CONTROLLER_UNIT).name}",  # cloud-init's own unit is still starting
+                  "else", '    exec "$state/controller"', "fi"]
         return "\n".join(lines) + "\n"
 
     def _delete_server(self, server) -> None:
