@@ -199,6 +199,11 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         assert vm["status"] == "ACTIVE" and vm["address"].startswith(subnet["cidr"].rsplit(".", 1)[0])
         server = openstack.call("nova", "GET", f"/servers/{vm['server_id']}")["server"]
         assert (server["key_name"], server["OS-EXT-AZ:availability_zone"], list(server["addresses"])) == ("alice", "nova", [name])
+        assert server["security_groups"] == [{"name": f"{name}-vms"}]  # SSH from anywhere, and each other; not the default group
+        (vm_group,) = openstack.call("neutron", "GET", f"/v2.0/security-groups?name={name}-vms")["security_groups"]
+        assert sorted(((r["protocol"], r["port_range_min"], r["port_range_max"], r["remote_ip_prefix"])
+                       for r in vm_group["security_group_rules"] if r["direction"] == "ingress"), key=str) == [
+            ("tcp", 22, 22, "0.0.0.0/0"), ("tcp", None, None, subnet["cidr"])]
         failed_line(site.vpod("vm", "create", acme_id, "poplar2", "--flavor", "vpod-controller", "--image", "no-such-image",
                               "--key", "alice"), "create vm", "poplar2", "Glance has no image no-such-image")
 
@@ -238,7 +243,8 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         assert openstack.call("nova", "GET", "/servers")["servers"] == []  # the VM too
         assert openstack.call("neutron", "GET", f"/v2.0/ports?device_id={router['id']}")["ports"] == []  # detached
         for kind, path in (("nova", f"/servers?name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
-                           ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}")):
+                           ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}"),
+                           ("neutron", f"/v2.0/security-groups?name={name}-vms")):
             assert next(iter(openstack.call(kind, "GET", path).values())) == [], path
         assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
 

@@ -73,7 +73,7 @@ class OpenStackControllers(DatabasePerVpod):
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
                  store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian", router: str = "",
-                 connection: openstack.connection.Connection | None = None):
+                 ssh_cidr: str = "0.0.0.0/0", connection: openstack.connection.Connection | None = None):
         """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
         server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
         from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
@@ -81,11 +81,12 @@ class OpenStackControllers(DatabasePerVpod):
         `poplar_zone`: the availability zone of the site's Poplar hosts, where Poplar VMs go;
         `ssh_user`: the user a Poplar VM's image lets in with the key pair's key; `router`: the
         site's Neutron router each vPOD's subnet is attached to, through which the orchestrator, the
-        store, the agents and the tenant's users reach the vPOD's network (none: the site routes it)."""
+        store, the agents and the tenant's users reach the vPOD's network (none: the site routes it);
+        `ssh_cidr`: where tenants' users reach their Poplar VMs by SSH from."""
         super().__init__(root, site)
         self.site_id = site_id
         self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
-        self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
+        self.poplar_zone, self.ssh_user, self.router, self.ssh_cidr = poplar_zone, ssh_user, router, ssh_cidr
         self.store_server = server_url(store_server)
         self.cloud = connection or connect(cloud)
 
@@ -132,7 +133,9 @@ class OpenStackControllers(DatabasePerVpod):
                                 subnet_pool_id=pool.id)
         if self.router:
             self._attach(network.id, subnet.id)
-        group = self._security_group(name, subnet.cidr, vpod.ports)
+        span = (min(vpod.ports), max(vpod.ports))
+        group = self._security_group(name, "vipu vPOD controller: its user, administration and metrics ports",
+                                     {(source, *span) for source in (subnet.cidr, self.admit_cidr) if source})
         port = self._call(f"look for port {name}", net.find_port, name) or \
             self._call(f"make port {name}", net.create_port, name=name, network_id=network.id, security_group_ids=[group.id])
         crash_point("openstack:network-made")
@@ -161,25 +164,25 @@ class OpenStackControllers(DatabasePerVpod):
             self._call(f"detach a subnet from router {self.router}", self._service("network").remove_interface_from_router, router,
                        port_id=port.id)
 
-    def _security_group(self, name: str, cidr: str, ports: list[int]):
-        """The vPOD's group, made or found, with exactly its ingress rules (an attempt cut short
-        left it with fewer): the controller's ports from its subnet and the admitted CIDR."""
+    def _security_group(self, name: str, description: str, admitted: set[tuple[str, int | None, int | None]]):
+        """The group of that name, made or found, with exactly these ingress rules (an attempt cut
+        short left it with fewer): TCP from each (CIDR, first port, last port), None: every port.
+        The egress rules Neutron adds stay."""
         net = self._service("network")
         group = self._call(f"look for security group {name}", net.find_security_group, name) or \
-            self._call(f"make security group {name}", net.create_security_group, name=name,
-                       description="vipu vPOD controller: its user, administration and metrics ports")
-        wanted = {source for source in (cidr, self.admit_cidr) if source}
-        span = (min(ports), max(ports))
-        for rule in list(group.security_group_rules or []):  # the egress rules Neutron adds stay
+            self._call(f"make security group {name}", net.create_security_group, name=name, description=description)
+        wanted = set(admitted)
+        for rule in list(group.security_group_rules or []):
             if rule["direction"] != "ingress":
                 continue
-            if rule["remote_ip_prefix"] in wanted and (rule["port_range_min"], rule["port_range_max"]) == span:
-                wanted.discard(rule["remote_ip_prefix"])
+            found = (rule["remote_ip_prefix"], rule["port_range_min"], rule["port_range_max"])
+            if rule["protocol"] == "tcp" and found in wanted:
+                wanted.discard(found)
             else:
                 self._call(f"remove a rule of security group {name}", net.delete_security_group_rule, rule["id"])
-        for source in sorted(wanted):
+        for source, first, last in sorted(wanted, key=str):
             self._call(f"admit {source} in security group {name}", net.create_security_group_rule, security_group_id=group.id,
-                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=span[0], port_range_max=span[1],
+                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=first, port_range_max=last,
                        remote_ip_prefix=source)
         return group
 
@@ -300,19 +303,19 @@ class OpenStackControllers(DatabasePerVpod):
         if self.router and network is not None:
             self._detach(network.id)
         deadline = time.monotonic() + STOP_DEADLINE_SECONDS
-        kinds: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
-            (net.find_port, net.delete_port), (net.find_security_group, net.delete_security_group),
-            (net.find_network, net.delete_network)]
-        for find, delete in kinds:
-            while (found := self._call(f"look for {name}", find, name)) is not None:
+        kinds: list[tuple[Callable[..., Any], Callable[..., Any], str]] = [
+            (net.find_port, net.delete_port, name), (net.find_security_group, net.delete_security_group, self._vm_group_name(vpod_id)),
+            (net.find_security_group, net.delete_security_group, name), (net.find_network, net.delete_network, name)]
+        for find, delete, named in kinds:
+            while (found := self._call(f"look for {named}", find, named)) is not None:
                 try:
                     delete(found, ignore_missing=True)
                 except sdk_errors.ConflictException as error:  # still in use for a moment after the server went
                     if time.monotonic() > deadline:
-                        raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
+                        raise Unavailable(f"cannot delete {named}: {_reason(error)}") from None
                     time.sleep(0.5)
                 except OPENSTACK_ERRORS as error:
-                    raise Unavailable(f"cannot delete {name}: {_reason(error)}") from None
+                    raise Unavailable(f"cannot delete {named}: {_reason(error)}") from None
         try:
             self._close_store(vpod_id)
         except Unavailable as error:
@@ -326,6 +329,15 @@ class OpenStackControllers(DatabasePerVpod):
 
     def _vm_name(self, vpod_id: str, name: str) -> str:
         return f"{controller_name(vpod_id)}-vm-{name}"
+
+    def _vm_group_name(self, vpod_id: str) -> str:
+        return f"{controller_name(vpod_id)}-vms"
+
+    def _vm_group(self, vpod_id: str, subnet_cidr: str):
+        """The Poplar VMs' security group: SSH from --openstack-ssh-cidr, every TCP port from the
+        vPOD's subnet (its VMs work together; the controller's own group guards the controller)."""
+        return self._security_group(self._vm_group_name(vpod_id), "vipu vPOD Poplar VMs: SSH, and each other",
+                                    {(self.ssh_cidr, 22, 22), (subnet_cidr, None, None)})
 
     def _vm_servers(self, vpod_id: str) -> list:
         listed = self._call("list servers", lambda: list(self._service("compute").servers(name=f"^{controller_name(vpod_id)}-vm-")))
@@ -350,11 +362,15 @@ class OpenStackControllers(DatabasePerVpod):
         if self._call(f"find key pair {request.key}", self._service("compute").find_keypair, request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
         network = self._call(f"find network {controller_name(vpod.id)}", self._service("network").find_network, controller_name(vpod.id))
-        if network is None:
+        subnet = None if network is None else self._call("look for the vPOD's subnet",
+                                                          lambda: next(iter(self._service("network").subnets(network_id=network.id)), None))
+        if network is None or subnet is None:
             raise Unavailable(f"vPOD {vpod.id} has no network {controller_name(vpod.id)}; release it")
+        group = self._vm_group(vpod.id, subnet.cidr)
         zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
         server = self._call(f"boot Poplar VM {request.name}", self._service("compute").create_server, name=name, image_id=image.id,
                             flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
+                            security_groups=[{"name": group.name}],
                             user_data=base64.b64encode(vm_user_data(vpod.id, request.name, config).encode()).decode(),
                             metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **zone)
         try:

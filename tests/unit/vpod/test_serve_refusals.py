@@ -29,6 +29,10 @@ def serve(tmp_path, *options: str) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+OPENSTACK = ("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller", "--openstack-flavor",
+             "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-store", "postgresql://u@h/postgres")
+
+
 @pytest.mark.parametrize("options, reason", [
     (("--kubernetes-image", "vipu:1"), "--kubernetes-image is for controllers on Kubernetes: give --kubernetes-namespace too"),
     (("--kubernetes-controller-host", "h"), "--kubernetes-controller-host is for controllers on Kubernetes"),
@@ -37,10 +41,20 @@ def serve(tmp_path, *options: str) -> tuple[int, str]:
       "--advertise-host", "10.0.0.1"), "--advertise-host is for controllers on this host"),
     (("--kubernetes-namespace", "vpods", "--kubernetes-image", "vipu:1", "--kubernetes-store", "sqlite:///x.db"),
      "tenants' controllers on Kubernetes keep their stores on PostgreSQL"),
+    (("--provider", "openstack", "--openstack-cloud", "site"),
+     "--provider openstack needs --openstack-image, --openstack-flavor, --openstack-subnet-pool, --openstack-store too"),
+    ((*OPENSTACK, "--advertise-host", "10.0.0.1"), "--kubernetes-namespace and --advertise-host are for other providers"),
+    ((*OPENSTACK, "--kubernetes-namespace", "vpods"), "--kubernetes-namespace and --advertise-host are for other providers"),
+    (("--openstack-router", "site-router"), "--openstack-router is for controllers on OpenStack: give --provider openstack too"),
+    (("--openstack-image", "vipu-controller"), "--openstack-image is for controllers on OpenStack: give --provider openstack too"),
+    (OPENSTACK, "cannot use OpenStack cloud site: "),  # no such entry in clouds.yaml
 ])
 def test_options_that_do_not_go_together_are_refused_in_one_line(tmp_path, monkeypatch, options, reason):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     monkeypatch.delenv("VIPU_VPOD_KUBERNETES_STORE", raising=False)
+    monkeypatch.delenv("VIPU_VPOD_OPENSTACK_STORE", raising=False)
+    (tmp_path / "clouds.yaml").write_text("clouds: {}\n")
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(tmp_path / "clouds.yaml"))
     code, err = serve(tmp_path, *options)
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("vipu-vpod serve: ") and reason in err, err
 
