@@ -145,9 +145,13 @@ class Keystone:
     def user(self, name: str, password: str, project: str, role: str = "member") -> None:
         """A user with `role` on `project` (the role is made if Keystone has none of that name)."""
         self._call("POST", "/users", {"user": {"name": name, "password": password, "domain_id": "default"}})
+        self.grant(name, project, role)
+
+    def grant(self, user: str, project: str, role: str) -> None:
+        """`role` on `project` for `user` (the role is made if Keystone has none of that name)."""
         try:
             role_id = self._id("roles", role)
         except IndexError:
             role_id = self._call("POST", "/roles", {"role": {"name": role}})[0]["role"]["id"]
-        self._call("PUT", f"/projects/{self._id('projects', project)}/users/{self._id('users', name)}/roles/{role_id}")
+        self._call("PUT", f"/projects/{self._id('projects', project)}/users/{self._id('users', user)}/roles/{role_id}")
 

@@ -53,7 +53,7 @@ def flavor(openstack) -> str:
 
 
 def named_servers(openstack: OpenStack, name: str) -> list[dict]:
-    return openstack.call("nova", "GET", f"/servers/detail?name=^{name}$")["servers"]
+    return openstack.call("nova", "GET", f"/servers/detail?all_tenants=1&name=^{name}$")["servers"]
 
 
 def failure(call) -> tuple[int, str]:
@@ -151,7 +151,7 @@ def test_a_quota_and_a_missing_image_are_refused_by_nova_in_a_line(openstack, im
 def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
     """A clouds.yaml naming the site's cloud as vipu-vpod acts as it, and the subnet pool of vPODs' networks."""
     openstack.call("neutron", "POST", "/v2.0/subnetpools", {"subnetpool": {
-        "name": "vpods", "prefixes": ["10.40.0.0/16"], "default_prefixlen": 28}})
+        "name": "vpods", "prefixes": ["10.40.0.0/16"], "default_prefixlen": 28, "shared": True}})  # tenants' projects take from it
     openstack.call("neutron", "POST", "/v2.0/routers", {"router": {"name": "site-router"}})
     clouds = tmp_path_factory.mktemp("cloud") / "clouds.yaml"
     clouds.write_text(yaml.safe_dump({"clouds": {"site": {
@@ -164,15 +164,20 @@ def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
 def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_release_leaves_nothing(
         openstack, cloud, postgres, tmp_path):
     site = Site(tmp_path / "site", machines=4, env=cloud)
+    for tenant in ("acme", "bravo"):  # each tenant's resources in its own project, where vipu-vpod's user is given a role
+        openstack.keystone.project(tenant)
+        openstack.keystone.grant("admin", tenant, "admin")
     try:
         site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
                    "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-router", "site-router",
                    "--openstack-poplar-zone", "nova", "--openstack-store", postgres.url("postgres"))
         acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
         name = f"vpod-{acme_id}"
-        (server,) = openstack.call("nova", "GET", f"/servers/detail?name={name}")["servers"]
+        (server,) = openstack.call("nova", "GET", f"/servers/detail?all_tenants=1&name={name}")["servers"]
         assert server["status"] == "ACTIVE" and server["metadata"] == {"vipu-vpod": acme_id}
         (network,) = openstack.call("neutron", "GET", f"/v2.0/networks?name={name}")["networks"]
+        acme_project = openstack.keystone._id("projects", "acme")
+        assert server["tenant_id"] == network["project_id"] == acme_project  # the tenant's, not the orchestrator's
         (subnet,) = openstack.call("neutron", "GET", f"/v2.0/subnets?network_id={network['id']}")["subnets"]
         assert subnet["cidr"].startswith("10.40.") and subnet["cidr"].endswith("/28")
         address = server["addresses"][name][0]["addr"]
@@ -240,16 +245,16 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
 
         released = site.vpod("release", acme_id)
         assert released.code == 0, released.err
-        assert openstack.call("nova", "GET", "/servers")["servers"] == []  # the VM too
+        assert openstack.call("nova", "GET", "/servers?all_tenants=1")["servers"] == []  # the VM too
         assert openstack.call("neutron", "GET", f"/v2.0/ports?device_id={router['id']}")["ports"] == []  # detached
-        for kind, path in (("nova", f"/servers?name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
+        for kind, path in (("nova", f"/servers?all_tenants=1&name={name}"), ("neutron", f"/v2.0/networks?name={name}"),
                            ("neutron", f"/v2.0/ports?name={name}"), ("neutron", f"/v2.0/security-groups?name={name}"),
                            ("neutron", f"/v2.0/security-groups?name={name}-vms")):
             assert next(iter(openstack.call(kind, "GET", path).values())) == [], path
         assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
 
         # Nova's refusal is the creation's one line, and the undo leaves nothing in OpenStack
-        project = openstack.keystone._id("projects", "admin")
+        project = openstack.keystone._id("projects", "bravo")
         openstack.call("nova", "PUT", f"/os-quota-sets/{project}", {"quota_set": {"instances": 0}})
         try:
             refused = site.vpod("create", "bravo", "--machines", "4")
@@ -259,11 +264,20 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         (line,) = refused.err.splitlines()
         assert line.startswith("create vpod (bravo): failed: cannot start the controller of vPOD bravo-1: ")
         assert "Quota exceeded for instances" in line, line
-        assert openstack.call("nova", "GET", "/servers")["servers"] == []
+        assert openstack.call("nova", "GET", "/servers?all_tenants=1")["servers"] == []
         assert openstack.call("neutron", "GET", "/v2.0/networks")["networks"] == []
-        assert [g["name"] for g in openstack.call("neutron", "GET", "/v2.0/security-groups")["security_groups"]] == ["default"]
+        groups = openstack.call("neutron", "GET", "/v2.0/security-groups")["security_groups"]
+        assert {g["name"] for g in groups} == {"default"}  # each project's own, which Neutron made
         bravo = site.rest("GET", "/v1/vpods/bravo-1")["vpod"]
         assert bravo["state"] == "Released" and "Quota exceeded for instances" in bravo["error"]  # undone, the reason kept
+        assert all(not machine["vpod"] for machine in site.rest("GET", "/v1/machines")["machines"])
+
+        # A tenant with no project in Keystone (or none where vipu-vpod's user has a role): one line, nothing made
+        refused = site.vpod("create", "charlie", "--machines", "4")
+        assert refused.code == 1 and len(refused.err.splitlines()) == 1, refused
+        assert refused.err.startswith("create vpod (charlie): failed: cannot act in Keystone project charlie "), refused.err
+        assert site.rest("GET", "/v1/vpods/charlie-1")["vpod"]["state"] == "Released"
+        assert openstack.call("neutron", "GET", "/v2.0/networks")["networks"] == []
         assert all(not machine["vpod"] for machine in site.rest("GET", "/v1/machines")["machines"])
     finally:
         site.stop()
@@ -275,7 +289,8 @@ def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(open
     of the vPOD's left in Nova or Neutron)."""
     site = Site(tmp_path / "site", machines=4, env=cloud)
     options = ("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
-               "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-store", postgres.url("postgres"))
+               "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-store", postgres.url("postgres"),
+               "--openstack-projects", "site")  # all in the clouds.yaml entry's project: tenants t0, t1, t2 have none
 
     def named(service: str, path: str, name: str) -> list[dict]:
         return next(iter(openstack.call(service, "GET", f"{path}?name={name}").values()))

@@ -157,6 +157,9 @@ def init(data_dir, db_url, tls_hosts):
 @click.option("--openstack-ssh-cidr", default="0.0.0.0/0", show_default=True,
               help="With --provider openstack: where tenants' users may reach their Poplar VMs by SSH from (the VMs' "
                    "security group admits port 22 from there; key pairs only, as the images allow).")
+@click.option("--openstack-projects", type=click.Choice(["tenant", "site"]), default="tenant", show_default=True,
+              help="With --provider openstack: where each vPOD's servers, network and groups are made: in the Keystone project "
+                   "named as its tenant (the clouds.yaml entry's user needs a role there), or all in the entry's own project.")
 @click.option("--openstack-store", default=None, envvar="VIPU_VPOD_OPENSTACK_STORE",
               help="With --provider openstack: a PostgreSQL server URL whose user may create databases and roles, as "
                    "--kubernetes-store. VIPU_VPOD_OPENSTACK_STORE keeps the password out of the process list.")
@@ -171,7 +174,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
           openstack_subnet_pool, openstack_admit_cidr, openstack_router, openstack_poplar_zone, openstack_ssh_user,
-          openstack_ssh_cidr, openstack_store, test_on_release,
+          openstack_ssh_cidr, openstack_projects, openstack_store, test_on_release,
           login_failures, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
@@ -214,7 +217,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
             use_runner(store, f"openstack:{openstack_cloud}")
             tenants = OpenStackControllers(data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor,
                                            openstack_subnet_pool, openstack_store, openstack_admit_cidr, openstack_poplar_zone,
-                                           openstack_ssh_user, openstack_router, openstack_ssh_cidr)
+                                           openstack_ssh_user, openstack_router, openstack_ssh_cidr, openstack_projects == "tenant")
         elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr),
                                                 ("--openstack-poplar-zone", openstack_poplar_zone),
                                                 ("--openstack-router", openstack_router)] if value]:

@@ -1,8 +1,10 @@
 """Tenants' controllers as OpenStack servers (seed 003: the orchestration spawns a VM, via
 OpenStack, running the tenant's V-IPU controller).
 
-For each vPOD, through openstacksdk and the site's `clouds.yaml` entry, in this order and each
-found again by its name if an earlier attempt made it (`vpod-<id>`):
+For each vPOD, through openstacksdk and the site's `clouds.yaml` entry (its user scoped to the
+Keystone project named as the vPOD's tenant, so that the tenant sees and is charged for them; or
+all in the entry's own project), in this order and each found again by its name if an earlier
+attempt made it (`vpod-<id>`):
 
 1. a Neutron network and a subnet from the site's subnet pool (so no two vPODs' addresses meet),
 2. a security group admitting the controller's ports from that subnet (and the orchestrator's
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import logging
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +48,7 @@ from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, DatabasePer
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ADDRESS_FILE = "address"
+PROJECT_FILE = "project"  # the Keystone project the vPOD's resources are in (empty: the clouds.yaml entry's)
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
 CONTROLLER_UNIT = "/etc/systemd/system/vipu-controller.service"  # scripts/vm-images' controller image has it
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
@@ -73,7 +77,7 @@ class OpenStackControllers(DatabasePerVpod):
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
                  store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian", router: str = "",
-                 ssh_cidr: str = "0.0.0.0/0", connection: openstack.connection.Connection | None = None):
+                 ssh_cidr: str = "0.0.0.0/0", tenant_projects: bool = True, connection: openstack.connection.Connection | None = None):
         """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
         server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
         from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
@@ -82,13 +86,18 @@ class OpenStackControllers(DatabasePerVpod):
         `ssh_user`: the user a Poplar VM's image lets in with the key pair's key; `router`: the
         site's Neutron router each vPOD's subnet is attached to, through which the orchestrator, the
         store, the agents and the tenant's users reach the vPOD's network (none: the site routes it);
-        `ssh_cidr`: where tenants' users reach their Poplar VMs by SSH from."""
+        `ssh_cidr`: where tenants' users reach their Poplar VMs by SSH from; `tenant_projects`: each
+        vPOD's resources in the Keystone project named as its tenant (in the clouds.yaml entry's
+        project domain), else all in the entry's project. The router is always the entry's."""
         super().__init__(root, site)
         self.site_id = site_id
         self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
         self.poplar_zone, self.ssh_user, self.router, self.ssh_cidr = poplar_zone, ssh_user, router, ssh_cidr
         self.store_server = server_url(store_server)
+        self.tenant_projects = tenant_projects
         self.cloud = connection or connect(cloud)
+        self._connections_lock = threading.Lock()
+        self._connections: dict[str, openstack.connection.Connection] = {}  # by project
 
     def _call(self, what: str, call: Callable[..., T], *args, **kwargs) -> T:
         """One OpenStack call; Unavailable, with OpenStack's reason, when it refuses or does not answer."""
@@ -97,9 +106,28 @@ class OpenStackControllers(DatabasePerVpod):
         except OPENSTACK_ERRORS as error:
             raise Unavailable(f"cannot {what}: {_reason(error)}") from None
 
-    def _service(self, kind: str):
-        """The cloud's compute, network or image service (found in Keystone's catalog on first use)."""
-        return self._call(f"reach OpenStack's {kind} service", getattr, self.cloud, kind)
+    def _service(self, kind: str, vpod_id: str | None = None):
+        """The compute, network or image service (found in Keystone's catalog on first use), as the
+        vPOD's project sees it; without a vPOD, as the clouds.yaml entry's project does."""
+        return self._call(f"reach OpenStack's {kind} service", getattr, self._connection(vpod_id), kind)
+
+    def _connection(self, vpod_id: str | None) -> openstack.connection.Connection:
+        """The clouds.yaml entry's connection, scoped to the Keystone project the vPOD's resources are
+        in (its tenant's, recorded when it was prepared; none recorded: the entry's own)."""
+        try:
+            project = (self.directory(vpod_id) / PROJECT_FILE).read_text().strip() if vpod_id else ""
+        except FileNotFoundError:
+            project = ""
+        if not project:
+            return self.cloud
+        with self._connections_lock:
+            known = self._connections.get(project)
+        if known is not None:
+            return known
+        scoped = self._call(f"act in Keystone project {project}", self.cloud.connect_as_project, project)
+        self._call(f"act in Keystone project {project} (vipu-vpod's OpenStack user needs a role there)", scoped.authorize)
+        with self._connections_lock:
+            return self._connections.setdefault(project, scoped)
 
     # Where things are
 
@@ -117,11 +145,18 @@ class OpenStackControllers(DatabasePerVpod):
     def prepare(self, vpod: Vpod) -> None:
         if not (self.directory(vpod.id) / "prepared").exists():
             self.directory(vpod.id).mkdir(parents=True, exist_ok=True)
+            project = self.directory(vpod.id) / PROJECT_FILE
+            write_file(project, (vpod.tenant if self.tenant_projects else "").encode())
+            try:
+                self._connection(vpod.id)
+            except Unavailable:
+                project.unlink()  # nothing is made there: the undo looks in the entry's project, and finds nothing
+                raise
             self._network(vpod)
         super().prepare(vpod)
 
     def _network(self, vpod: Vpod) -> None:
-        name, net = controller_name(vpod.id), self._service("network")
+        name, net = controller_name(vpod.id), self._service("network", vpod.id)
         network = self._call(f"look for network {name}", net.find_network, name) or \
             self._call(f"make network {name}", net.create_network, name=name)
         subnet = self._call(f"look for subnet {name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
@@ -134,7 +169,7 @@ class OpenStackControllers(DatabasePerVpod):
         if self.router:
             self._attach(network.id, subnet.id)
         span = (min(vpod.ports), max(vpod.ports))
-        group = self._security_group(name, "vipu vPOD controller: its user, administration and metrics ports",
+        group = self._security_group(vpod.id, name, "vipu vPOD controller: its user, administration and metrics ports",
                                      {(source, *span) for source in (subnet.cidr, self.admit_cidr) if source})
         port = self._call(f"look for port {name}", net.find_port, name) or \
             self._call(f"make port {name}", net.create_port, name=name, network_id=network.id, security_group_ids=[group.id])
@@ -164,11 +199,11 @@ class OpenStackControllers(DatabasePerVpod):
             self._call(f"detach a subnet from router {self.router}", self._service("network").remove_interface_from_router, router,
                        port_id=port.id)
 
-    def _security_group(self, name: str, description: str, admitted: set[tuple[str, int | None, int | None]]):
+    def _security_group(self, vpod_id: str, name: str, description: str, admitted: set[tuple[str, int | None, int | None]]):
         """The group of that name, made or found, with exactly these ingress rules (an attempt cut
         short left it with fewer): TCP from each (CIDR, first port, last port), None: every port.
         The egress rules Neutron adds stay."""
-        net = self._service("network")
+        net = self._service("network", vpod_id)
         group = self._call(f"look for security group {name}", net.find_security_group, name) or \
             self._call(f"make security group {name}", net.create_security_group, name=name, description=description)
         wanted = set(admitted)
@@ -186,27 +221,29 @@ class OpenStackControllers(DatabasePerVpod):
                        remote_ip_prefix=source)
         return group
 
-    def _image_and_flavor(self, image: str, flavor: str, refusal: type[VipuError], context: str = "") -> tuple[Any, Any]:
+    def _image_and_flavor(self, vpod_id: str, image: str, flavor: str, refusal: type[VipuError],
+                          context: str = "") -> tuple[Any, Any]:
         """The Glance image and Nova flavor of those names (or ids); `refusal` naming the one missing."""
-        found_image = self._call(f"find image {image}", self._service("image").find_image, image)
+        found_image = self._call(f"find image {image}", self._service("image", vpod_id).find_image, image)
         if found_image is None:
             raise refusal(f"{context}Glance has no image {image}")
-        found_flavor = self._call(f"find flavor {flavor}", self._service("compute").find_flavor, flavor)
+        found_flavor = self._call(f"find flavor {flavor}", self._service("compute", vpod_id).find_flavor, flavor)
         if found_flavor is None:
             raise refusal(f"{context}Nova has no flavor {flavor}")
         return found_image, found_flavor
 
-    def _fault(self, server_id: str, otherwise: str) -> str:
+    def _fault(self, vpod_id: str, server_id: str, otherwise: str) -> str:
         """Why Nova failed the server, in its words; `otherwise` when it gives none or cannot be asked."""
         try:
-            return (self._call("read a server", self._service("compute").get_server, server_id).fault or {}).get("message", otherwise)
+            server = self._call("read a server", self._service("compute", vpod_id).get_server, server_id)
+            return (server.fault or {}).get("message", otherwise)
         except Unavailable:
             return otherwise
 
     # Life
 
     def _server(self, vpod_id: str):
-        return self._call("look for a server", self._service("compute").find_server, controller_name(vpod_id))
+        return self._call("look for a server", self._service("compute", vpod_id).find_server, controller_name(vpod_id))
 
     def alive(self, vpod_id: str) -> bool:
         """Whether its server runs or is on its way to (a stopped, paused, shelved or failed one is
@@ -224,26 +261,28 @@ class OpenStackControllers(DatabasePerVpod):
         if server is None:
             return "has no server"
         if server.status == "ERROR":
-            return f"failed in Nova: {self._fault(server.id, 'no reason given')}"
+            return f"failed in Nova: {self._fault(vpod_id, server.id, 'no reason given')}"
         return None
 
     def _launch(self, vpod: Vpod) -> None:
         name = controller_name(vpod.id)
         server = self._server(vpod.id)
         if server is not None:  # a failed or stopped server goes first: its port is wanted
-            self._delete_server(server)
-        image, flavor = self._image_and_flavor(self.image, self.flavor, Unavailable, f"cannot start the controller of vPOD {vpod.id}: ")
-        port = self._call(f"find port {name}", self._service("network").find_port, name)
+            self._delete_server(vpod.id, server)
+        image, flavor = self._image_and_flavor(vpod.id, self.image, self.flavor, Unavailable,
+                                               f"cannot start the controller of vPOD {vpod.id}: ")
+        port = self._call(f"find port {name}", self._service("network", vpod.id).find_port, name)
         if port is None:
             raise Unavailable(f"the controller of vPOD {vpod.id} has no port {name}; release it")
         user_data = base64.b64encode(self.user_data(vpod).encode()).decode()
-        server = self._call(f"start the controller of vPOD {vpod.id}", self._service("compute").create_server, name=name,
+        server = self._call(f"start the controller of vPOD {vpod.id}", self._service("compute", vpod.id).create_server, name=name,
                             image_id=image.id, flavor_id=flavor.id, networks=[{"port": port.id}], user_data=user_data,
                             metadata={"vipu-vpod": vpod.id})
         log.info("vPOD %s: server %s (%s) made on %s", vpod.id, name, server.id, self.host(vpod.id))
         crash_point("controller:launched")
         try:
-            self._service("compute").wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1, wait=SERVER_DEADLINE_SECONDS)
+            self._service("compute", vpod.id).wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
+                                                              wait=SERVER_DEADLINE_SECONDS)
         except sdk_errors.ResourceFailure:
             raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {self._why_not_ready(vpod.id)}") from None
         except sdk_errors.ResourceTimeout:
@@ -281,10 +320,10 @@ class OpenStackControllers(DatabasePerVpod):
                   "else", '    exec "$state/controller"', "fi"]
         return "\n".join(lines) + "\n"
 
-    def _delete_server(self, server) -> None:
-        self._call(f"delete server {server.name}", self._service("compute").delete_server, server, ignore_missing=True)
+    def _delete_server(self, vpod_id: str, server) -> None:
+        self._call(f"delete server {server.name}", self._service("compute", vpod_id).delete_server, server, ignore_missing=True)
         try:
-            self._service("compute").wait_for_delete(server, interval=1, wait=SERVER_DEADLINE_SECONDS)
+            self._service("compute", vpod_id).wait_for_delete(server, interval=1, wait=SERVER_DEADLINE_SECONDS)
         except sdk_errors.ResourceTimeout:
             raise Unavailable(f"server {server.name} was not gone within {SERVER_DEADLINE_SECONDS:.0f} s") from None
         except OPENSTACK_ERRORS as error:
@@ -293,12 +332,12 @@ class OpenStackControllers(DatabasePerVpod):
     def _halt(self, vpod_id: str) -> None:
         """Delete the server and wait for it to go, then its port, security group and network, and
         close the tenant's database (kept, its role no longer able to log in)."""
-        name, net = controller_name(vpod_id), self._service("network")
+        name, net = controller_name(vpod_id), self._service("network", vpod_id)
         for vm in self._vm_servers(vpod_id):  # the tenant's Poplar VMs first: they are on the vPOD's network
-            self._delete_server(vm)
+            self._delete_server(vpod_id, vm)
         server = self._server(vpod_id)
         if server is not None:
-            self._delete_server(server)
+            self._delete_server(vpod_id, server)
         network = self._call(f"look for network {name}", net.find_network, name)
         if self.router and network is not None:
             self._detach(network.id)
@@ -336,11 +375,12 @@ class OpenStackControllers(DatabasePerVpod):
     def _vm_group(self, vpod_id: str, subnet_cidr: str):
         """The Poplar VMs' security group: SSH from --openstack-ssh-cidr, every TCP port from the
         vPOD's subnet (its VMs work together; the controller's own group guards the controller)."""
-        return self._security_group(self._vm_group_name(vpod_id), "vipu vPOD Poplar VMs: SSH, and each other",
+        return self._security_group(vpod_id, self._vm_group_name(vpod_id), "vipu vPOD Poplar VMs: SSH, and each other",
                                     {(self.ssh_cidr, 22, 22), (subnet_cidr, None, None)})
 
     def _vm_servers(self, vpod_id: str) -> list:
-        listed = self._call("list servers", lambda: list(self._service("compute").servers(name=f"^{controller_name(vpod_id)}-vm-")))
+        compute = self._service("compute", vpod_id)
+        listed = self._call("list servers", lambda: list(compute.servers(name=f"^{controller_name(vpod_id)}-vm-")))
         return [server for server in listed if (server.metadata or {}).get("vipu-vpod") == vpod_id]
 
     def _vm(self, vpod_id: str, server) -> PoplarVm:
@@ -356,29 +396,30 @@ class OpenStackControllers(DatabasePerVpod):
         """Boot the VM on the vPOD's network, in the Poplar hosts' zone, and wait for it (deadline);
         one that fails is deleted again and its reason given in one line."""
         name = self._vm_name(vpod.id, request.name)
-        if self._call("look for a server", self._service("compute").find_server, name) is not None:
+        if self._call("look for a server", self._service("compute", vpod.id).find_server, name) is not None:
             raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
-        image, flavor = self._image_and_flavor(request.image, request.flavor, InvalidArgument)
-        if self._call(f"find key pair {request.key}", self._service("compute").find_keypair, request.key) is None:
+        image, flavor = self._image_and_flavor(vpod.id, request.image, request.flavor, InvalidArgument)
+        if self._call(f"find key pair {request.key}", self._service("compute", vpod.id).find_keypair, request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
-        network = self._call(f"find network {controller_name(vpod.id)}", self._service("network").find_network, controller_name(vpod.id))
+        net = self._service("network", vpod.id)
+        network = self._call(f"find network {controller_name(vpod.id)}", net.find_network, controller_name(vpod.id))
         subnet = None if network is None else self._call("look for the vPOD's subnet",
-                                                          lambda: next(iter(self._service("network").subnets(network_id=network.id)), None))
+                                                          lambda: next(iter(net.subnets(network_id=network.id)), None))
         if network is None or subnet is None:
             raise Unavailable(f"vPOD {vpod.id} has no network {controller_name(vpod.id)}; release it")
         group = self._vm_group(vpod.id, subnet.cidr)
         zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
-        server = self._call(f"boot Poplar VM {request.name}", self._service("compute").create_server, name=name, image_id=image.id,
+        server = self._call(f"boot Poplar VM {request.name}", self._service("compute", vpod.id).create_server, name=name, image_id=image.id,
                             flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
                             security_groups=[{"name": group.name}],
                             user_data=base64.b64encode(vm_user_data(vpod.id, request.name, config).encode()).decode(),
                             metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **zone)
         try:
-            server = self._service("compute").wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
+            server = self._service("compute", vpod.id).wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
                                                               wait=SERVER_DEADLINE_SECONDS)
         except OPENSTACK_ERRORS:
-            fault = self._fault(server.id, "not ACTIVE in time")
-            self._delete_server(server)
+            fault = self._fault(vpod.id, server.id, "not ACTIVE in time")
+            self._delete_server(vpod.id, server)
             raise Unavailable(f"Poplar VM {request.name} failed in Nova: {fault}") from None
         log.info("vPOD %s: Poplar VM %s (%s) booted", vpod.id, request.name, server.id)
         return self._vm(vpod.id, server)
@@ -387,7 +428,7 @@ class OpenStackControllers(DatabasePerVpod):
         server = next((s for s in self._vm_servers(vpod_id) if s.metadata.get("vipu-vpod-vm") == name), None)
         if server is None:
             raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
-        self._delete_server(server)
+        self._delete_server(vpod_id, server)
         return self._vm(vpod_id, server)
 
 
