@@ -240,8 +240,20 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         assert user("remove", "partition", "p1").returncode == 0
         assert site.vpod("vm", "delete", acme_id, "poplar1").out == "delete vm (poplar1): success.\n"
         assert site.rest("GET", f"/v1/vpods/{acme_id}/vms")["vms"] == []
+        # The tenant's own key instead of a key pair of the orchestrator's user: it rides in the user data
+        (tmp_path / "alice.pub").write_text(public_key + "\n")
+        (tmp_path / "junk.pub").write_text("not a key\n")
+        failed_line(site.vpod("vm", "create", acme_id, "poplar3", "--flavor", "vpod-controller", "--image", "vipu-controller"),
+                    "create vm", "poplar3", "say who may log in to the VM: a Nova key pair (--key) or a public key (--public-key)")
+        failed_line(site.vpod("vm", "create", acme_id, "poplar3", "--flavor", "vpod-controller", "--image", "vipu-controller",
+                              "--public-key", str(tmp_path / "junk.pub")),
+                    "create vm", "poplar3", "the public key is not an OpenSSH public key (one line, as in id_ed25519.pub)")
         assert site.vpod("vm", "create", acme_id, "poplar3", "--flavor", "vpod-controller", "--image", "vipu-controller",
-                         "--key", "alice").code == 0  # one left for the release to delete
+                         "--public-key", str(tmp_path / "alice.pub")).code == 0  # one left for the release to delete
+        (vm,) = site.rest("GET", f"/v1/vpods/{acme_id}/vms")["vms"]
+        server = openstack.call("nova", "GET", f"/servers/{vm['server_id']}", headers={"OpenStack-API-Version": "compute 2.3"})["server"]
+        assert server["key_name"] is None
+        assert base64.b64encode(public_key.encode() + b"\n").decode() in base64.b64decode(server["OS-EXT-SRV-ATTR:user_data"]).decode()
 
         released = site.vpod("release", acme_id)
         assert released.code == 0, released.err

@@ -1,8 +1,9 @@
 """The disk images of scripts/vm-images booted as Nova boots them (UEFI firmware, cloud-init, the
 user data and key pair in the instance's metadata; tests/qemu.py): the controller image runs the
 controller that vipu-vpod's OpenStack provider describes in its user data, on a tenant's PostgreSQL
-database, and a Poplar VM given `vipu-vpod vm create`'s user data lets its user in by SSH with the
-key pair's key and reaches that controller by its address, its certificate verified, with vipu.
+database, and lets its user in with the key in its metadata (a Nova key pair's); a Poplar VM given
+`vipu-vpod vm create`'s user data lets its user in by SSH with the public key in it, and reaches
+that controller by its address, its certificate verified, with vipu.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
     controller = Vm(tmp_path / "controller-vm", images / "vipu-controller.qcow2", "vpod-imaged", controllers.user_data(vpod),
                     public_key=public_key, host_forwards=[(user_port, user_port), (admin_port, admin_port), (controller_ssh_port, 22)])
     poplar = Vm(tmp_path / "poplar-vm", images / "vipu-poplar.qcow2", "vpod-imaged-vm-p1",
-                vm_user_data(vpod.id, "p1", VmConfig(config, files)), public_key=public_key, network="10.0.0.0/16",
+                vm_user_data(vpod.id, "p1", VmConfig(config, files), public_key=public_key), network="10.0.0.0/16",
                 host_forwards=[(ssh_port, 22)], guest_forwards=[(CONTROLLER_ADDRESS, user_port, user_port),
                                                                 (CONTROLLER_ADDRESS, admin_port, admin_port)])
     vms = [controller.start(), poplar.start()]

@@ -130,7 +130,9 @@ class CreateVm(BaseModel):
     name: str = Field(description="The VM's name within its vPOD.")
     flavor: str = Field(description="A Nova flavor, by name or id.")
     image: str = Field(description="A Glance image (a Poplar image with vipu installed), by name or id.")
-    key: str = Field(description="The Nova key pair whose public key may log in.")
+    key: str = Field("", description="A Nova key pair of the orchestrator's OpenStack user whose public key may log in.")
+    public_key: str = Field("", description="An OpenSSH public key that may log in, given to the VM in its user data "
+                                            "(a tenant's own Nova key pairs are its users', which no one else may boot with).")
 
 
 class VmView(BaseModel):
@@ -331,7 +333,7 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, t
     def create_vm(vpod_id: str, body: CreateVm, caller: Caller = Depends(authenticated)) -> VmReply:
         """Boot a Poplar VM on the vPOD's network, on the site's Poplar hosts, given the tenant's vipu
         configuration (steps 4 and 5 of seed 003)."""
-        vm = orchestrator.create_vm(visible(caller, vpod_id).id, VmRequest(body.name, body.flavor, body.image, body.key))
+        vm = orchestrator.create_vm(visible(caller, vpod_id).id, VmRequest(body.name, body.flavor, body.image, body.key, body.public_key))
         return VmReply(vm=VmView(**vm.__dict__))
 
     @app.get("/v1/vpods/{vpod_id}/vms", response_model=VmsReply, responses=_errors(

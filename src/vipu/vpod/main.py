@@ -407,12 +407,20 @@ def show_vms(vms: list[dict], as_json: bool) -> None:
 @click.argument("name")
 @click.option("--flavor", required=True, help="A Nova flavor.")
 @click.option("--image", required=True, help="A Glance image: a Poplar image with vipu installed.")
-@click.option("--key", required=True, help="The Nova key pair whose key may log in.")
+@click.option("--key", default="", help="A Nova key pair of the orchestrator's OpenStack user whose key may log in.")
+@click.option("--public-key", "public_key_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A file with an OpenSSH public key that may log in (as ~/.ssh/id_ed25519.pub): your own key, which the VM "
+                   "is given in its user data.")
 @click.pass_context
-def create_vm(ctx, vpod_id, name, flavor, image, key):
+def create_vm(ctx, vpod_id, name, flavor, image, key, public_key_file):
     """Boot a Poplar VM on the vPOD's network; `vipu` in it reaches the vPOD's controller as its first user."""
     with reporting("create vm", name):
-        made = call(ctx, "POST", f"/v1/vpods/{vpod_id}/vms", {"name": name, "flavor": flavor, "image": image, "key": key})["vm"]
+        try:
+            public_key = public_key_file.read_text() if public_key_file else ""
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidArgument(f"cannot read {public_key_file}: {getattr(error, 'strerror', None) or 'not text'}") from None
+        made = call(ctx, "POST", f"/v1/vpods/{vpod_id}/vms",
+                    {"name": name, "flavor": flavor, "image": image, "key": key, "public_key": public_key})["vm"]
     click.echo(f"create vm ({name}): success. Address {made['address']}; log in with: {made['ssh']}")
 
 

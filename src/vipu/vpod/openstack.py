@@ -399,7 +399,8 @@ class OpenStackControllers(DatabasePerVpod):
         if self._call("look for a server", self._service("compute", vpod.id).find_server, name) is not None:
             raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
         image, flavor = self._image_and_flavor(vpod.id, request.image, request.flavor, InvalidArgument)
-        if self._call(f"find key pair {request.key}", self._service("compute", vpod.id).find_keypair, request.key) is None:
+        if request.key and self._call(f"find key pair {request.key}", self._service("compute", vpod.id).find_keypair,
+                                      request.key) is None:
             raise InvalidArgument(f"Nova has no key pair {request.key}")
         net = self._service("network", vpod.id)
         network = self._call(f"find network {controller_name(vpod.id)}", net.find_network, controller_name(vpod.id))
@@ -408,12 +409,15 @@ class OpenStackControllers(DatabasePerVpod):
         if network is None or subnet is None:
             raise Unavailable(f"vPOD {vpod.id} has no network {controller_name(vpod.id)}; release it")
         group = self._vm_group(vpod.id, subnet.cidr)
-        zone = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
+        placed = {"availability_zone": self.poplar_zone} if self.poplar_zone else {}
+        if request.key:
+            placed["key_name"] = request.key
+        user_data = vm_user_data(vpod.id, request.name, config, request.public_key, self.ssh_user)
         server = self._call(f"boot Poplar VM {request.name}", self._service("compute", vpod.id).create_server, name=name, image_id=image.id,
-                            flavor_id=flavor.id, key_name=request.key, networks=[{"uuid": network.id}],
+                            flavor_id=flavor.id, networks=[{"uuid": network.id}],
                             security_groups=[{"name": group.name}],
-                            user_data=base64.b64encode(vm_user_data(vpod.id, request.name, config).encode()).decode(),
-                            metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **zone)
+                            user_data=base64.b64encode(user_data.encode()).decode(),
+                            metadata={"vipu-vpod": vpod.id, "vipu-vpod-vm": request.name}, **placed)
         try:
             server = self._service("compute", vpod.id).wait_for_server(server, status="ACTIVE", failures=["ERROR"], interval=1,
                                                               wait=SERVER_DEADLINE_SECONDS)
@@ -432,13 +436,19 @@ class OpenStackControllers(DatabasePerVpod):
         return self._vm(vpod_id, server)
 
 
-def vm_user_data(vpod_id: str, name: str, config: VmConfig) -> str:
+def vm_user_data(vpod_id: str, name: str, config: VmConfig, public_key: str = "", ssh_user: str = "debian") -> str:
     """The script cloud-init runs at a Poplar VM's first boot: the tenant's vipu configuration goes
-    where `vipu` looks for it (/etc/vipu/vipu-cli.hcl), its certificates beside it."""
+    where `vipu` looks for it (/etc/vipu/vipu-cli.hcl), its certificates beside it; a public key
+    given goes to the image's user's authorized keys (an image without that user has none to add)."""
     lines = ["#!/bin/sh", f"# vipu-vpod: Poplar VM {name} of vPOD {vpod_id}: the tenant's vipu configuration", "set -eu",
              "umask 077", 'config="${VIPU_STATE_DIR:-/etc/vipu}"', 'mkdir -p "$config"']
     for relative, content in sorted({**config.files, "vipu-cli.hcl": config.config.encode()}.items()):
         lines += [f'mkdir -p "$config/{Path(relative).parent}"',
                   f'echo {base64.b64encode(content).decode()} | base64 -d > "$config/{relative}"']
     lines.append('chmod -R a+rX "$config"')  # the VM's users run vipu; the VM is the tenant's own
+    if public_key:
+        user, key = shlex.quote(ssh_user), base64.b64encode(public_key.strip().encode() + b"\n").decode()
+        lines += [f"if home=$(getent passwd {user} | cut -d: -f6) && [ -n \"$home\" ]; then",
+                  '    install -d -m 0700 "$home/.ssh"', f'    echo {key} | base64 -d >> "$home/.ssh/authorized_keys"',
+                  f'    chmod 0600 "$home/.ssh/authorized_keys" && chown -R {user}: "$home/.ssh"', "fi"]
     return "\n".join(lines) + "\n"

@@ -33,6 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue_link_certificate
 from vipu.client.admin import AdminClient
@@ -240,13 +243,24 @@ class TenantControllers(abc.ABC):
 
 @dataclass(frozen=True)
 class VmRequest:
-    """A tenant's Poplar VM, as asked for: Nova's flavor and Glance's image, by name or id, and the
-    Nova key pair whose public key may log in."""
+    """A tenant's Poplar VM, as asked for: Nova's flavor and Glance's image, by name or id, and who
+    may log in: a Nova key pair of the orchestrator's user, or an OpenSSH public key (the tenant's
+    own key pairs are its users', which Nova lets no one else boot with), or both."""
 
     name: str
     flavor: str
     image: str
-    key: str
+    key: str = ""
+    public_key: str = ""
+
+    def __post_init__(self):
+        if not self.key and not self.public_key:
+            raise InvalidArgument("say who may log in to the VM: a Nova key pair (--key) or a public key (--public-key)")
+        if self.public_key:
+            try:
+                load_ssh_public_key(self.public_key.strip().encode())
+            except (ValueError, UnsupportedAlgorithm):
+                raise InvalidArgument("the public key is not an OpenSSH public key (one line, as in id_ed25519.pub)") from None
 
 
 @dataclass(frozen=True)
