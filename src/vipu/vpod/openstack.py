@@ -330,8 +330,9 @@ class OpenStackControllers(DatabasePerVpod):
             raise Unavailable(f"cannot delete server {server.name}: {_reason(error)}") from None
 
     def _halt(self, vpod_id: str) -> None:
-        """Delete the server and wait for it to go, then its port, security group and network, and
-        close the tenant's database (kept, its role no longer able to log in)."""
+        """Delete the Poplar VMs and the server, waiting for each to go, then the port, the VMs' and
+        the controller's security groups and the network, and close the tenant's database (kept,
+        its role no longer able to log in)."""
         name, net = controller_name(vpod_id), self._service("network", vpod_id)
         for vm in self._vm_servers(vpod_id):  # the tenant's Poplar VMs first: they are on the vPOD's network
             self._delete_server(vpod_id, vm)
