@@ -56,6 +56,8 @@ class Cable:
         return f"{self.kind.value} {self.lower.agent_id}:{self.lower.number} {self.upper.agent_id}:{self.upper.number}"
 
 
+# An IPU-M2000's chassis ports of each kind, numbered from 1.
+PORT_COUNTS = {LinkKind.IPULINK: 8, LinkKind.SYNC: 8, LinkKind.GWLINK: 2}
 # IPU-Link chassis port -> the IPU it belongs to.
 IPULINK_PORT_IPU = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3}
 UPWARD_IPULINK_PORTS = (5, 6, 7, 8)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vipu.backends.sim.rack import PORT_COUNTS, Endpoint, Rack, RackCable
+from vipu.backends.sim.rack import Endpoint, Rack, RackCable
 from vipu.model.errors import InvalidArgument
-from vipu.model.topology import INTERNAL_LINKS, LinkKind
+from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
 
 KIND_NAMES = {
     "ipu-link": LinkKind.IPULINK, "ipulink": LinkKind.IPULINK,

@@ -45,9 +45,7 @@ import yaml
 from vipu import __version__
 from vipu.model.entities import GwTopology, IldTopology, IpuInfo
 from vipu.model.errors import InvalidArgument
-from vipu.model.topology import INTERNAL_LINKS, ClusterLayout, LinkKind
-
-PORT_COUNTS = {LinkKind.IPULINK: 8, LinkKind.SYNC: 8, LinkKind.GWLINK: 2}
+from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, ClusterLayout, LinkKind
 
 DEFAULT_VERSIONS = {
     "agent": __version__,

@@ -1,0 +1,240 @@
+"""A link's health over time, judged from its counters' history rather than from one reading.
+
+Each link is named by its machine's agent and its place: `ag3:5` is IPU-Link chassis port 5,
+`ag3:sync2` Sync-Link port 2, `ag3:gw1` GW-Link port 1, `ag3:ipu1:4C` a link inside the machine.
+Agents report each link's corrected-error and recovery counters (they only grow, until the
+machine is reset and they start again from zero) and whether it is up.
+
+A link is *suspect* when its counters grew in at least k of its last N windows (a trend, as in
+NVIDIA's windowed NVLink check, not a threshold that one burst crosses), *failed* when a cluster
+test fails it or it stops training, *healthy* otherwise. Old samples are compacted: full samples
+for the recent past, then one summary per hour, then one per day, which keep each span's growth
+and how often the link was down, so a year of a link's history stays small and its trend legible.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from itertools import groupby
+
+from vipu.model.errors import InvalidArgument
+from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+_PLACE = re.compile(r"^(?:(?P<ipulink>\d+)|sync(?P<sync>\d+)|gw(?P<gw>\d+)|(?P<internal>ipu\d:\d[A-D]))$")
+_INTERNAL_KEYS = frozenset(link.key for link in INTERNAL_LINKS)
+
+
+class LinkHealth(str, Enum):
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, order=True)
+class LinkName:
+    """A link by its machine's agent and its place: a chassis port of a kind, or an internal link
+    (`kind` None, `place` its key, e.g. "ipu1:4C")."""
+
+    agent_id: str
+    place: str
+
+    @property
+    def kind(self) -> LinkKind | None:
+        if self.place.startswith("sync"):
+            return LinkKind.SYNC
+        if self.place.startswith("gw"):
+            return LinkKind.GWLINK
+        return LinkKind.IPULINK if self.place.isdigit() else None
+
+    @property
+    def port(self) -> int | None:
+        """Its chassis port's number; None for a link inside the machine."""
+        digits = self.place.removeprefix("sync").removeprefix("gw")
+        return int(digits) if digits.isdigit() else None
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}:{self.place}"
+
+    @classmethod
+    def of_port(cls, agent_id: str, kind: LinkKind, port: int) -> LinkName:
+        prefix = {LinkKind.IPULINK: "", LinkKind.SYNC: "sync", LinkKind.GWLINK: "gw"}[kind]
+        return cls(agent_id, f"{prefix}{port}")
+
+    @classmethod
+    def parse(cls, text: str) -> LinkName:
+        """`AGENT:PLACE`, as `vipu-admin get link ag3:5` takes it."""
+        agent_id, _, place = text.partition(":")
+        found = _PLACE.match(place)
+        if not agent_id or found is None:
+            raise InvalidArgument(f"{text!r} names no link: give AGENT:PORT (ag3:5), AGENT:syncN, AGENT:gwN or AGENT:ipuN:PL (ag3:ipu1:4C)")
+        for kind, group in ((LinkKind.IPULINK, "ipulink"), (LinkKind.SYNC, "sync"), (LinkKind.GWLINK, "gw")):
+            if found[group] is not None and not 1 <= int(found[group]) <= PORT_COUNTS[kind]:
+                raise InvalidArgument(f"{kind.value} ports are numbered 1 to {PORT_COUNTS[kind]}, not {found[group]}")
+        if found["internal"] is not None and found["internal"] not in _INTERNAL_KEYS:
+            raise InvalidArgument(f"{found['internal']!r} is not a link inside an IPU-M2000; they are ipu0:1A to ipu2:4D")
+        return cls(agent_id, place)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of a link's counters."""
+
+    at: float  # seconds since the epoch
+    corrected: int  # corrected errors since the machine's last reset
+    recoveries: int  # link recovery (retraining) events since then
+    up: bool
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A span of a link's samples, compacted: how much its counters grew in it (across resets),
+    where they stood at its end, and how many of its samples found the link down."""
+
+    start: float
+    end: float  # the last sample's time
+    samples: int
+    down: int
+    corrected_growth: int
+    recovery_growth: int
+    last_corrected: int
+    last_recoveries: int
+
+
+def _growth(before: tuple[int, int] | None, after: Sample) -> tuple[int, int]:
+    """How much the counters grew from one reading to the next; a counter that went down was
+    reset (the machine was), so all it reads now grew since."""
+    if before is None:
+        return 0, 0
+    corrected = after.corrected - before[0] if after.corrected >= before[0] else after.corrected
+    recoveries = after.recoveries - before[1] if after.recoveries >= before[1] else after.recoveries
+    return corrected, recoveries
+
+
+def summarise(samples: Sequence[Sample], start: float, before: tuple[int, int] | None) -> Summary:
+    """The samples of one span (in time order), `before` the counters just before it (None: none known)."""
+    corrected = recoveries = 0
+    last = before
+    for sample in samples:
+        grew = _growth(last, sample)
+        corrected, recoveries = corrected + grew[0], recoveries + grew[1]
+        last = (sample.corrected, sample.recoveries)
+    assert last is not None
+    return Summary(start, samples[-1].at, len(samples), sum(not s.up for s in samples), corrected, recoveries, last[0], last[1])
+
+
+def merge(summaries: Sequence[Summary], start: float) -> Summary:
+    """Consecutive summaries as one (an hour's into a day's)."""
+    return Summary(start, summaries[-1].end, sum(s.samples for s in summaries), sum(s.down for s in summaries),
+                   sum(s.corrected_growth for s in summaries), sum(s.recovery_growth for s in summaries),
+                   summaries[-1].last_corrected, summaries[-1].last_recoveries)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long each form of a link's history is kept: full samples, then hourly summaries, then
+    daily ones; nothing older than `days`."""
+
+    full_seconds: float = 7 * DAY
+    hourly_seconds: float = 90 * DAY
+    days: float = 400.0
+
+    def __post_init__(self):
+        if not 0 < self.full_seconds <= self.hourly_seconds <= self.days * DAY:
+            raise InvalidArgument("keep full samples no longer than hourly summaries, and those no longer than the history")
+
+
+@dataclass(frozen=True)
+class History:
+    """One link's history: summaries (oldest first, hourly and daily), then full samples."""
+
+    summaries: tuple[Summary, ...] = ()
+    samples: tuple[Sample, ...] = ()
+
+
+def _bucket(at: float, width: float) -> float:
+    return at - at % width
+
+
+def compact(history: History, now: float, retention: Retention = Retention()) -> History:
+    """The history with samples older than `retention.full_seconds` summarised per hour, hourly
+    summaries older than `retention.hourly_seconds` merged per day, and anything older than
+    `retention.days` dropped. Compacting again changes nothing; growth is never lost within
+    what is kept."""
+    full_from, hourly_from, oldest = now - retention.full_seconds, now - retention.hourly_seconds, now - retention.days * DAY
+    last_known = (history.summaries[-1].last_corrected, history.summaries[-1].last_recoveries) if history.summaries else None
+    old = [s for s in history.samples if _bucket(s.at, HOUR) + HOUR <= full_from]
+    recent = history.samples[len(old):]  # samples are in time order
+    hourly = list(history.summaries)
+    for start, grouped in groupby(old, key=lambda s: _bucket(s.at, HOUR)):
+        span = list(grouped)
+        hourly.append(summarise(span, start, last_known))
+        last_known = (span[-1].corrected, span[-1].recoveries)
+    kept: list[Summary] = []
+    for day, grouped_hours in groupby(hourly, key=lambda s: _bucket(s.start, DAY) if _bucket(s.start, DAY) + DAY <= hourly_from else None):
+        spans = list(grouped_hours)
+        if day is None or (len(spans) == 1 and spans[0].start == day):  # recent hours, or a day merged already
+            kept += spans
+        else:
+            kept.append(merge(spans, day))
+    return History(tuple(s for s in kept if s.end >= oldest), recent)
+
+
+@dataclass(frozen=True)
+class TrendPolicy:
+    """A link is suspect when its counters grew in at least `growing` of its last `windows`
+    windows of `window_seconds` each."""
+
+    window_seconds: float = HOUR
+    windows: int = 6
+    growing: int = 3
+
+    def __post_init__(self):
+        if self.window_seconds <= 0 or not 1 <= self.growing <= self.windows:
+            raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
+
+
+def growth_windows(samples: Iterable[Sample], policy: TrendPolicy, now: float) -> list[bool]:
+    """For each of the last N windows, newest first, whether the counters grew within it (a window
+    with no reading shows no growth: there is no evidence of any)."""
+    grew = [False] * policy.windows
+    last: tuple[int, int] | None = None
+    for sample in sorted(samples, key=lambda s: s.at):
+        corrected, recoveries = _growth(last, sample)
+        last = (sample.corrected, sample.recoveries)
+        age = now - sample.at
+        if 0 <= age < policy.window_seconds * policy.windows and (corrected or recoveries):
+            grew[int(age // policy.window_seconds)] = True
+    return grew
+
+
+@dataclass(frozen=True)
+class Verdict:
+    health: LinkHealth
+    reason: str
+
+
+def judge(samples: Sequence[Sample], policy: TrendPolicy, now: float, test_failure: str = "") -> Verdict:
+    """The link's health now: failed by a test's failure or by its last reading down, suspect by
+    its trend, healthy otherwise; each with its reason in words."""
+    if test_failure:
+        return Verdict(LinkHealth.FAILED, test_failure)
+    latest = max(samples, key=lambda s: s.at, default=None)
+    if latest is not None and not latest.up:
+        return Verdict(LinkHealth.FAILED, "it is down: it stopped training")
+    windows = growth_windows(samples, policy, now)
+    span = f"{policy.windows} windows of {_duration(policy.window_seconds)}"
+    if sum(windows) >= policy.growing:
+        return Verdict(LinkHealth.SUSPECT, f"its errors or recoveries grew in {sum(windows)} of its last {span}")
+    return Verdict(LinkHealth.HEALTHY, f"its errors or recoveries grew in {sum(windows)} of its last {span}")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", DAY), ("h", HOUR), ("min", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
