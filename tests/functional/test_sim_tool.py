@@ -43,3 +43,24 @@ def test_a_bad_fault_changes_nothing(tmp_path):
                 "no IPU-Link cable is plugged into m02:5")
     failed_line(sim("fault", str(path), "--pfc", "m01=1"), "fault", str(path), "expected M:RNIC=C,C,...")
     assert path.read_text() == before
+
+
+def test_links_are_made_to_go_bad_recover_and_have_their_cables_swapped(tmp_path):
+    path = tmp_path / "pod.yaml"
+    assert sim("rack", str(path), "--machines", "2").code == 0
+    done = sim("fault", str(path), "--degrade", "m01:IPU-Link:5=bursts:40:3600", "--degrade", "m02:ipu1:4C=flapping:3",
+               "--swap-cable", "m01:Sync-Link:6=SPARE-7")
+    assert done.out == f"fault ({path}): success.\n", done.err
+    rack = load_rack(path)
+    degrading = rack.plugged("m01", LinkKind.IPULINK, 5)[0].degradation
+    assert degrading is not None and (degrading.pattern, degrading.per_minute, degrading.fails_after) == ("bursts", 40, 3600.0)
+    assert rack.machine("m02").degrading_links["ipu1:4C"].pattern == "flapping"
+    assert rack.plugged("m01", LinkKind.SYNC, 6)[0].serial == "SPARE-7"
+    assert sim("fault", str(path), "--recover", "m02:ipu1:4C").code == 0
+    assert load_rack(path).machine("m02").degrading_links["ipu1:4C"].recovered_at >= degrading.since
+
+    before = path.read_text()
+    failed_line(sim("fault", str(path), "--degrade", "m01:IPU-Link:6=steady"), "fault", str(path), "expected LINK=PATTERN:N[:SECONDS]")
+    failed_line(sim("fault", str(path), "--degrade", "m01:IPU-Link:6=drifting:5"), "fault", str(path), "not 'drifting'")
+    failed_line(sim("fault", str(path), "--recover", "m01:IPU-Link:6"), "fault", str(path), "is not degrading")
+    assert path.read_text() == before

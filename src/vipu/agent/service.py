@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from vipu.agent.holds import MachineHold, caller_of
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
@@ -42,6 +44,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument(f"unknown probe {request.probe!r}") from None
         with self.hold.obeying(caller_of(context)):
             return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))
+
+    def LinkCounters(self, request, context):
+        """Anyone may read them, as the inventory: they change nothing."""
+        read_at = time.time()
+        return convert.link_counters_to_proto(self.backend.link_counters(), read_at)
 
     def Claim(self, request, context):
         caller = caller_of(context)

@@ -27,6 +27,7 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import InvalidArgument
+from vipu.model.linkhealth import CableIdentity, LinkReading
 from vipu.model.queue import WaitingRequest
 from vipu.model.topology import LinkKind
 
@@ -351,6 +352,23 @@ def observation_from_proto(message: agent_pb2.DiagnoseReply) -> Observation:
         checksums=dict(message.checksums),
         rnics={name: tuple(classes.classes) for name, classes in message.rnics.items()},
     )
+
+
+# The link ledger
+
+
+def link_counters_to_proto(readings: list[LinkReading], read_at: float) -> agent_pb2.LinkCountersReply:
+    return agent_pb2.LinkCountersReply(read_at=read_at, links=[
+        agent_pb2.LinkCounter(place=r.place, corrected_errors=r.corrected, recovery_events=r.recoveries, up=r.up,
+                              cable=agent_pb2.CableIdentity(serial=r.cable.serial, vendor=r.cable.vendor, model=r.cable.model)
+                              if r.cable else None, peer_serial=r.peer_serial, peer_port=r.peer_port)
+        for r in readings])
+
+
+def link_counters_from_proto(message: agent_pb2.LinkCountersReply) -> tuple[list[LinkReading], float]:
+    return [LinkReading(r.place, r.corrected_errors, r.recovery_events, r.up,
+                        CableIdentity(r.cable.serial, r.cable.vendor, r.cable.model) if r.HasField("cable") else None,
+                        r.peer_serial, r.peer_port) for r in message.links], message.read_at
 
 
 def cabling_to_proto(cluster_id: str, test_state: str, cables: list[CableResult]) -> admin_pb2.Cabling:

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
+from vipu.model.linkhealth import LinkReading
 
 
 class MachineBackend(ABC):
@@ -38,6 +39,11 @@ class MachineBackend(ABC):
     @abstractmethod
     def diagnose(self, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
         """Run one cluster-test step; `ipus` maps the IPUs a traffic step uses to their routing ids."""
+
+    @abstractmethod
+    def link_counters(self) -> list[LinkReading]:
+        """Every link's corrected-error and recovery counters and state now, with each chassis
+        port's cable identity: read without disturbing the links (partitions may be using them)."""
 
     @abstractmethod
     def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:

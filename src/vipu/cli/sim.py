@@ -9,6 +9,7 @@ Agents serving a rack re-read it when it changes, so faults can be put into a ru
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -86,7 +87,12 @@ def _link(value: str) -> tuple[str, str, faults.LinkKind]:
 @click.option("--pfc", multiple=True, metavar="M:RNIC=C,C,...", help="The PFC classes of an RNIC (empty for none).")
 @click.option("--silent", multiple=True, metavar="M", help="A machine that does not answer.")
 @click.option("--configure-fault", multiple=True, metavar="M=REASON", help="A machine whose partition configuration fails.")
-def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault):
+@click.option("--degrade", multiple=True, metavar="LINK=PATTERN:N[:S]",
+              help="A link going bad from now: PATTERN steady or bursts (N corrected errors a minute) or flapping (N recoveries a "
+                   "minute), failing after S seconds if given. LINK: M:KIND:PORT or M:ipuN:PL.")
+@click.option("--recover", multiple=True, metavar="LINK", help="A degrading link that stops getting worse from now (and is up again).")
+@click.option("--swap-cable", multiple=True, metavar="M:KIND:PORT=SERIAL", help="The cable in a port replaced by a new one.")
+def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault, degrade, recover, swap_cable):
     """Put faults into a rack description, all at once or not at all."""
     try:
         rack = load_rack(rack_path)
@@ -129,6 +135,21 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
         for value in configure_fault:
             machine, reason = _split(value, "=", "M=REASON")
             faults.fail_configuration(rack, machine, reason)
+        now = time.time()
+        for value in degrade:
+            link, how = _split(value, "=", "LINK=PATTERN:N[:SECONDS]")
+            pattern, _, rates = how.partition(":")
+            rate, _, fails_after = rates.partition(":")
+            if not rate.isdigit() or not (fails_after.isdigit() or not fails_after):
+                raise InvalidArgument(f"{value!r}: expected LINK=PATTERN:N[:SECONDS], e.g. m03:IPU-Link:5=steady:30:3600")
+            machine, name, kind = _link(link)
+            faults.degrade(rack, machine, name, pattern, int(rate), now, float(fails_after or 0), kind)
+        for value in recover:
+            machine, name, kind = _link(value)
+            faults.recover(rack, machine, name, now, kind)
+        for value in swap_cable:
+            end, serial = _split(value, "=", "M:KIND:PORT=SERIAL")
+            faults.swap_cable(rack, *_port_end(end), serial)
         save_rack(rack, rack_path)
     except VipuError as error:
         fail("fault", str(rack_path), error.message)

@@ -81,6 +81,29 @@ class LinkName:
 
 
 @dataclass(frozen=True)
+class CableIdentity:
+    """An OSFP cable as its EEPROM names it; a new serial in a port is a new cable."""
+
+    serial: str
+    vendor: str = ""
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class LinkReading:
+    """What an agent reads of one link of its machine: its counters, whether it is up, and for a
+    chassis port the cable in it (None: an internal link, or an empty port) and where that leads."""
+
+    place: str  # as LinkName.place: "5", "sync2", "gw1", "ipu1:4C"
+    corrected: int
+    recoveries: int
+    up: bool
+    cable: CableIdentity | None = None
+    peer_serial: str = ""
+    peer_port: int = 0
+
+
+@dataclass(frozen=True)
 class Sample:
     """One reading of a link's counters."""
 

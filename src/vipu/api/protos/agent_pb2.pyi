@@ -221,6 +221,46 @@ class DiagnoseReply(_message.Message):
     rnics: _containers.MessageMap[str, PfcClasses]
     def __init__(self, ports: _Optional[_Iterable[_Union[PortReading, _Mapping]]] = ..., internal_links: _Optional[_Iterable[_Union[InternalLinkReading, _Mapping]]] = ..., checksums: _Optional[_Mapping[int, int]] = ..., rnics: _Optional[_Mapping[str, PfcClasses]] = ...) -> None: ...
 
+class LinkCountersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CableIdentity(_message.Message):
+    __slots__ = ("serial", "vendor", "model")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    serial: str
+    vendor: str
+    model: str
+    def __init__(self, serial: _Optional[str] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class LinkCounter(_message.Message):
+    __slots__ = ("place", "corrected_errors", "recovery_events", "up", "cable", "peer_serial", "peer_port")
+    PLACE_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    CABLE_FIELD_NUMBER: _ClassVar[int]
+    PEER_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
+    place: str
+    corrected_errors: int
+    recovery_events: int
+    up: bool
+    cable: CableIdentity
+    peer_serial: str
+    peer_port: int
+    def __init__(self, place: _Optional[str] = ..., corrected_errors: _Optional[int] = ..., recovery_events: _Optional[int] = ..., up: _Optional[bool] = ..., cable: _Optional[_Union[CableIdentity, _Mapping]] = ..., peer_serial: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
+
+class LinkCountersReply(_message.Message):
+    __slots__ = ("links", "read_at")
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[LinkCounter]
+    read_at: float
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkCounter, _Mapping]]] = ..., read_at: _Optional[float] = ...) -> None: ...
+
 class ClaimRequest(_message.Message):
     __slots__ = ("takeover_grant",)
     TAKEOVER_GRANT_FIELD_NUMBER: _ClassVar[int]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vipu.backends.sim.rack import Endpoint, Rack, RackCable
+from vipu.backends.sim.rack import DEGRADATION_PATTERNS, Degradation, Endpoint, Rack, RackCable
 from vipu.model.errors import InvalidArgument
 from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
 
@@ -119,3 +119,44 @@ def fail_configuration(rack: Rack, machine: str, reason: str) -> None:
 def slow_down(rack: Rack, machine: str, delay_ms: int) -> None:
     """A machine whose every partition apply and clear takes `delay_ms`."""
     rack.machine(machine).faults.apply_delay_ms = delay_ms
+
+
+def degrade(rack: Rack, machine: str, link: str, pattern: str, per_minute: int, since: float, fails_after: float = 0.0,
+            kind: LinkKind = LinkKind.IPULINK) -> None:
+    """A link that goes bad from `since`: errors growing steadily or in bursts, or recoveries
+    repeating (flapping), `per_minute` of them, until it fails `fails_after` seconds on (0: never)."""
+    if pattern not in DEGRADATION_PATTERNS:
+        raise InvalidArgument(f"a link degrades {', '.join(DEGRADATION_PATTERNS)}, not {pattern!r}")
+    if per_minute < 1 or fails_after < 0:
+        raise InvalidArgument("a degrading link has 1 or more events a minute and fails after 0 seconds or more (0: never)")
+    degradation = Degradation(pattern, since, per_minute, fails_after)
+    if link.isdigit():
+        index, cable = _cable_at(rack, machine, kind, int(link))
+        rack.cables[index] = replace(cable, degradation=degradation)
+    else:
+        rack.machine(machine).degrading_links[_internal_key(link)] = degradation
+
+
+def recover(rack: Rack, machine: str, link: str, at: float, kind: LinkKind = LinkKind.IPULINK) -> None:
+    """A degrading link that stops getting worse at `at` (and comes back up, if it had failed)."""
+    if link.isdigit():
+        index, cable = _cable_at(rack, machine, kind, int(link))
+        if cable.degradation is None:
+            raise InvalidArgument(f"the {kind.value} link at {machine}:{link} is not degrading")
+        rack.cables[index] = replace(cable, degradation=replace(cable.degradation, recovered_at=at))
+    else:
+        degrading = rack.machine(machine).degrading_links
+        if _internal_key(link) not in degrading:
+            raise InvalidArgument(f"the link {machine}:{link} is not degrading")
+        degrading[link] = replace(degrading[link], recovered_at=at)
+
+
+def swap_cable(rack: Rack, machine: str, kind: LinkKind, port: int, serial: str, vendor: str = "", model: str = "") -> None:
+    """The cable in a port replaced by another (`serial`): a new cable, its link healthy."""
+    if not serial:
+        raise InvalidArgument("a replacement cable has a serial number")
+    index, cable = _cable_at(rack, machine, kind, port)
+    if serial == cable.serial:
+        raise InvalidArgument(f"the cable at {machine}:{port} has serial {serial} already")
+    rack.cables[index] = replace(cable, serial=serial, vendor=vendor or cable.vendor, model=model or cable.model, degradation=None,
+                                 errors=0, broken=False)

@@ -39,6 +39,7 @@ from vipu.model.errors import (
     NotFound,
     PermissionDenied,
 )
+from vipu.model.linkhealth import CableIdentity, LinkName, LinkReading
 from vipu.model.topology import INTERNAL_LINKS, IPULINK_PORT_IPU, LinkKind
 
 IPU_ARCH_ID_MK2 = 1
@@ -55,6 +56,7 @@ PROBE_PORTS = {
     Probe.GWLINK: (LinkKind.GWLINK,),
     Probe.PFC: (),
 }
+SIM_CABLE_VENDOR, SIM_CABLE_MODEL = "vipu-sim", "OSFP-DAC-1m"  # what a simulated cable's EEPROM says unless the rack names it
 PROGRAM_SECONDS = 0.05  # one run of the test program over IPUoF
 
 
@@ -196,6 +198,28 @@ class SimMachine(MachineBackend):
             peer_port=far.port if up else 0,
             errors=cable.errors if with_errors else 0,
         )
+
+    def link_counters(self) -> list[LinkReading]:
+        rack = self.rack.current()
+        machine = rack.machine(self.machine_name)
+        now = time.time()
+        readings = []
+        for kind in (LinkKind.IPULINK, LinkKind.SYNC, LinkKind.GWLINK):
+            for port in range(1, PORT_COUNTS[kind] + 1):
+                plugged = rack.plugged(machine.name, kind, port)
+                if plugged is None:
+                    continue
+                cable, far = plugged
+                corrected, recoveries, up = cable.degradation.counters(now) if cable.degradation else (0, 0, True)
+                up = up and not cable.broken and not rack.machine(far.machine).faults.silent
+                identity = CableIdentity(cable.serial, cable.vendor or SIM_CABLE_VENDOR, cable.model or SIM_CABLE_MODEL)
+                readings.append(LinkReading(LinkName.of_port(machine.name, kind, port).place, corrected, recoveries, up, identity,
+                                            rack.machine(far.machine).serial if up else "", far.port if up else 0))
+        for link in INTERNAL_LINKS:
+            degradation = machine.degrading_links.get(link.key)
+            corrected, recoveries, up = degradation.counters(now) if degradation else (0, 0, True)
+            readings.append(LinkReading(link.key, corrected, recoveries, up and link.key not in machine.broken_links))
+        return readings
 
     def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
         machine = self.machine()

@@ -69,6 +69,37 @@ class Endpoint:
         return f"{self.machine}:{self.port}"
 
 
+DEGRADATION_PATTERNS = ("steady", "bursts", "flapping")
+BURST_SECONDS = 20.0  # a bursting link's errors come in the first 20 s of each minute
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """A link going bad over time, from `since` (seconds since the epoch): its corrected errors
+    growing steadily or in bursts, or its recoveries (retraining) repeating, `per_minute` of them,
+    until it fails `fails_after` seconds on (0: it never does), or stops getting worse at
+    `recovered_at` (0: it has not)."""
+
+    pattern: str
+    since: float
+    per_minute: int
+    fails_after: float = 0.0
+    recovered_at: float = 0.0
+
+    def counters(self, now: float) -> tuple[int, int, bool]:
+        """Its corrected errors, recoveries and whether it is up, at `now`."""
+        until = min(now, self.recovered_at) if self.recovered_at else now
+        elapsed = max(0.0, until - self.since)
+        minutes, into = divmod(elapsed, 60.0)
+        up = not (self.fails_after and now - self.since >= self.fails_after and not self.recovered_at)
+        if self.pattern == "bursts":
+            return int(self.per_minute * (minutes + min(into, BURST_SECONDS) / BURST_SECONDS)), 0, up
+        if self.pattern == "flapping":
+            recoveries = int(self.per_minute * elapsed / 60.0)
+            return recoveries * 10, recoveries, up
+        return int(self.per_minute * elapsed / 60.0), 0, up
+
+
 @dataclass(frozen=True)
 class RackCable:
     kind: LinkKind
@@ -77,6 +108,9 @@ class RackCable:
     serial: str = ""
     errors: int = 0  # corrected errors the link shows under traffic
     broken: bool = False  # plugged in, but the link never comes up
+    vendor: str = ""  # the OSFP cable's identity, as its EEPROM gives it
+    model: str = ""
+    degradation: Degradation | None = None  # its link going bad over time
 
 
 @dataclass
@@ -108,6 +142,7 @@ class RackMachine:
     faults: MachineFaults = field(default_factory=MachineFaults)
     link_errors: dict[str, int] = field(default_factory=dict)  # internal link ("ipu1:4C") -> corrected errors
     broken_links: list[str] = field(default_factory=list)  # internal links that never come up
+    degrading_links: dict[str, Degradation] = field(default_factory=dict)  # internal link -> how it goes bad
 
 
 @dataclass
@@ -241,6 +276,8 @@ def rack_to_data(rack: Rack) -> dict:
             entry["link_errors"] = dict(m.link_errors)
         if m.broken_links:
             entry["broken_links"] = list(m.broken_links)
+        if m.degrading_links:
+            entry["degrading_links"] = {key: vars(d).copy() for key, d in m.degrading_links.items()}
         machines.append(entry)
     cables = []
     for c in rack.cables:
@@ -251,6 +288,10 @@ def rack_to_data(rack: Rack) -> dict:
             entry["errors"] = c.errors
         if c.broken:
             entry["broken"] = True
+        if c.vendor or c.model:
+            entry["vendor"], entry["model"] = c.vendor, c.model
+        if c.degradation is not None:
+            entry["degrading"] = vars(c.degradation).copy()
         cables.append(entry)
     return {"name": rack.name, "time_scale": rack.time_scale, "machines": machines, "cables": cables}
 
@@ -363,6 +404,8 @@ class _Reader:
                 for k in link_errors
             },
             broken_links=[self.internal_link(k, f"{where}.broken_links[{i}]") for i, k in enumerate(broken_links)],
+            degrading_links={self.internal_link(k, f"{where}.degrading_links"): self.degradation(v, f"{where}.degrading_links.{k}")
+                             for k, v in self.mapping(data.get("degrading_links", {}), f"{where}.degrading_links").items()},
         )
 
     def ipu(self, data, where: str) -> IpuInfo:
@@ -396,7 +439,24 @@ class _Reader:
             serial=self.text(data, "serial", where, ""),
             errors=self.number(data, "errors", where, 0, high=10**9),
             broken=self.flag(data, "broken", where),
+            vendor=self.text(data, "vendor", where, ""),
+            model=self.text(data, "model", where, ""),
+            degradation=self.degradation(data["degrading"], f"{where}.degrading") if "degrading" in data else None,
         )
+
+    def degradation(self, data, where: str) -> Degradation:
+        data = self.mapping(data, where)
+        pattern = self.text(data, "pattern", where)
+        if pattern not in DEGRADATION_PATTERNS:
+            self.fail(where, f"pattern must be one of {', '.join(DEGRADATION_PATTERNS)}, not {pattern!r}")
+        times = {}
+        for key in ("since", "fails_after", "recovered_at"):
+            value = data.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                self.fail(f"{where}.{key}", "expected a number of seconds, 0 or more")
+            times[key] = float(value)
+        return Degradation(pattern, times["since"], self.number(data, "per_minute", where, high=10**9), times["fails_after"],
+                           times["recovered_at"])
 
 
 def _document(text: str, reader: _Reader):
