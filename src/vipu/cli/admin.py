@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import typing
+from datetime import UTC
 from pathlib import Path
 
 import click
@@ -192,6 +193,96 @@ def remove_agent(admin, agent_id, force, ipuof_dir):
     with reporting("remove agent", agent_id):
         removed = admin.remove_agent(agent_id, force)
     report_removal("agent", agent_id, removed, ipuof_dir)
+
+
+# The link ledger
+
+
+def since_time(value: str | None) -> float:
+    """--since as seconds since the epoch: a time ago (30m, 12h, 7d) or a date and time (2026-11-01,
+    2026-11-01T08:00, UTC unless it names its zone); 0 for none."""
+    if not value:
+        return 0.0
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(value[:-1]) * units[value[-1]]
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a time ago (30m, 12h, 7d) nor a date and time (2026-11-01T08:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _grown(before, after, counter: str) -> int:
+    """How much a counter grew from one sample to the next (all it reads, after a reset)."""
+    if before is None:
+        return 0
+    old, new = getattr(before, counter), getattr(after, counter)
+    return new - old if new >= old else new
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
+
+
+since_option = click.option("--since", default=None, metavar="WHEN",
+                            help="A time ago (30m, 12h, 7d) or a date and time in UTC (2026-11-01T08:00).")
+
+
+@list_.command("links")
+@click.option("--suspect", is_flag=True, help="Only the links that are suspect or failed.")
+@click.option("--machine", "agent_id", default="", metavar="AGENT", help="Only this agent's machine's links.")
+@since_option
+@json_option
+@pass_client
+def list_links(admin, suspect, agent_id, since, as_json):
+    """List the links of the link ledger, with their health and why."""
+    with reporting("list links"):
+        links = admin.list_links(agent_id, suspect, since_time(since))
+    if as_json:
+        return echo_json({"links": links})
+    rows = [[link.name, link.kind, link.health, _when(link.changed_at), link.cable.serial or "-",
+             str(link.last.corrected_errors), str(link.last.recovery_events), link.reason] for link in links]
+    click.echo(render_table(["Link", "Kind", "Health", "Since (UTC)", "Cable", "Errors", "Recoveries", "Reason"], rows))
+
+
+@get.command("link")
+@click.argument("name", metavar="AGENT:PLACE")
+@click.option("--history", is_flag=True, help="Its samples, older summaries, events and cables too.")
+@since_option
+@json_option
+@pass_client
+def get_link(admin, name, history, since, as_json):
+    """Show a link (ag3:5, ag3:sync2, ag3:gw1, ag3:ipu1:4C): its health and why, its cable, and with
+    --history what the ledger kept of it."""
+    with reporting("get link", name):
+        link = admin.get_link(name, history, since_time(since))
+    if as_json:
+        return echo_json(link)
+    cable = f"{link.cable.serial} ({link.cable.vendor} {link.cable.model}, since {_when(link.cable.first_seen)})" if link.cable.serial \
+        else "-"
+    click.echo(render_pairs([("Link", link.name), ("Kind", link.kind), ("Health", link.health), ("Reason", link.reason),
+                             ("Since (UTC)", _when(link.changed_at)), ("Cable", cable),
+                             ("Corrected Errors", str(link.last.corrected_errors)), ("Recoveries", str(link.last.recovery_events)),
+                             ("Up", "yes" if link.last.up else "no"), ("Read (UTC)", _when(link.last.at))]))
+    if not history:
+        return
+    if link.events:
+        click.echo(render_table(["Event (UTC)", "Health", "Reason", "Partitions"],
+                                [[_when(e.at), e.health, e.reason, ",".join(e.partitions) or "-"] for e in link.events]))
+    if len(link.cables) > 1:
+        click.echo(render_table(["Cable", "Vendor", "Model", "First Seen (UTC)", "Replaced"],
+                                [[c.serial, c.vendor, c.model, _when(c.first_seen), c.replaced or "-"] for c in link.cables]))
+    rows = [[f"{_when(s.start)} - {_when(s.end)}", str(s.samples), str(s.down), str(s.corrected_growth), str(s.recovery_growth)]
+            for s in link.summaries]
+    previous = None
+    for sample in link.samples:
+        rows.append([_when(sample.at), "1", "0" if sample.up else "1", str(_grown(previous, sample, "corrected_errors")),
+                     str(_grown(previous, sample, "recovery_events"))])
+        previous = sample
+    click.echo(render_table(["Time (UTC)", "Samples", "Down", "Errors Grew", "Recoveries Grew"], rows))
 
 
 # Clusters

@@ -112,6 +112,15 @@ class AdminClient(EndpointClient):
         with the tests' lines, untested)."""
         return self._call("GetCabling", pb.GetRequest(id=cluster_id))
 
+    def list_links(self, agent_id: str = "", unhealthy: bool = False, since: float = 0.0) -> list[pb.Link]:
+        """The links in the link ledger: one machine's or all; only the suspect and failed ones;
+        only those whose health changed since a time (seconds since the epoch)."""
+        return list(self._call("ListLinks", pb.ListLinksRequest(agent_id=agent_id, unhealthy=unhealthy, since=since)).links)
+
+    def get_link(self, name: str, history: bool = False, since: float = 0.0) -> pb.Link:
+        """One link (`ag3:5`), with its samples, summaries, events and cables when `history`."""
+        return self._call("GetLink", pb.GetLinkRequest(name=name, history=history, since=since))
+
     def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True) -> pb.ClusterTestReport:
         """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite). With
         `wait`, the call lasts as long as the tests; without, it returns once they started."""

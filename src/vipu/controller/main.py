@@ -28,6 +28,7 @@ from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.controller.usecases.users import UserService
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.linkhealth import TrendPolicy
 from vipu.store.store import Store
 
 log = logging.getLogger("vipu.server")
@@ -204,6 +205,18 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
         store.close()
 
 
+def link_trend_policy(text: str) -> TrendPolicy:
+    """--link-trend K,N,SECONDS as a policy; a one-line refusal of anything else."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        growing, windows, seconds = int(parts[0]), int(parts[1]), float(parts[2])
+    except (ValueError, IndexError):
+        raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 3,6,3600") from None
+    if len(parts) != 3:
+        raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 3,6,3600")
+    return TrendPolicy(seconds, windows, growing)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vipu-server")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True,
@@ -262,12 +275,19 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 @click.option("--request-lease", type=click.FloatRange(5, 86_400), default=QueueLimits.lease_seconds, show_default=True,
               help="Seconds a waiting request lives without its waiter asking after it (create --wait asks every 20 s at "
                    "most); then it is withdrawn, its waiter being gone. Requests made to be picked up later have no lease.")
+@click.option("--link-sample-interval", type=click.FloatRange(0, 86_400), default=60.0, show_default=True,
+              help="Seconds between readings of every link's error and recovery counters, for the link ledger (0: none).")
+@click.option("--link-trend", default="3,6,3600", show_default=True, metavar="K,N,SECONDS",
+              help="A link is suspect when its counters grew in K of its last N windows of SECONDS each.")
+@click.option("--link-history-days", type=click.FloatRange(30, 36_500), default=400.0, show_default=True,
+              help="Days of each link's history the ledger keeps (compacted as they age).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
-         sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease, log_level):
+         sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
+         link_sample_interval, link_trend, link_history_days, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -301,6 +321,9 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             max_waiting_per_user=max_waiting_per_user,
             max_waiting=max_waiting,
             request_lease_seconds=request_lease,
+            link_sample_interval=link_sample_interval,
+            link_policy=link_trend_policy(link_trend),
+            link_history_days=link_history_days,
         )
         deposed: list[str] = []
 

@@ -17,11 +17,12 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from vipu.api.status import service_and_method
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
 from vipu.model.errors import Unavailable
+from vipu.model.linkhealth import LinkHealth, LinkState
 from vipu.store.store import Store
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -37,6 +38,8 @@ class EntityCollector:
             clusters = tx.list_clusters()
             allocations = tx.list_allocations()
             partitions = tx.list_partitions()
+            links = tx.links()
+            events = tx.link_event_counts()
         by_status = Tally(a.status.value for a in agents)
         family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
         for status in AgentStatus:
@@ -54,6 +57,27 @@ class EntityCollector:
         family.add_metric(["partition"], in_partitions)
         family.add_metric(["free"], len(agents) * IPUS_PER_MACHINE - in_partitions)
         yield family
+        yield from _link_families(links, events)
+
+
+def _link_families(links: list[LinkState], events: dict[str, int]):
+    """The link ledger: links by health, each unhealthy one by name (for an alert to name it), and
+    the events it keeps (as long as its history)."""
+    by_health = Tally(link.health.value for link in links)
+    family = GaugeMetricFamily("vipu_links", "Links in the link ledger by health", labels=["health"])
+    for health in LinkHealth:
+        family.add_metric([health.value], by_health[health.value])
+    yield family
+    family = GaugeMetricFamily("vipu_link_unhealthy", "1 for each link that is suspect or failed", labels=["link", "health"])
+    for link in links:
+        if link.health is not LinkHealth.HEALTHY:
+            family.add_metric([str(link.name), link.health.value], 1)
+    yield family
+    kept = CounterMetricFamily("vipu_link_events", "Events the link ledger keeps (changes of health, cables replaced), by the "
+                               "link's health after each", labels=["health"])
+    for health in LinkHealth:
+        kept.add_metric([health.value], events.get(health.value, 0))
+    yield kept
 
 
 class ControllerMetrics:

@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -35,6 +35,7 @@ from vipu.controller.usecases.agents import no_takeover
 from vipu.controller.usecases.users import UserService
 from vipu.controller.wiring import ControllerServices
 from vipu.model.errors import InvalidArgument, VipuError
+from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_RETENTION, TrendPolicy
 from vipu.model.throttle import LoginThrottle
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
@@ -56,6 +57,9 @@ class ServerConfig:
     metrics_port: int = 8092  # 0: no metrics end-point
     agent_timeout: float = 10.0
     health_interval: float = 10.0
+    link_sample_interval: float = 60.0  # seconds between readings of every link's counters; 0: none
+    link_policy: TrendPolicy = DEFAULT_POLICY  # when a link's trend makes it suspect
+    link_history_days: float = DEFAULT_RETENTION.days
     workers: int = 32
     discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
     discovery_port: int = DISCOVERY_PORT
@@ -109,7 +113,8 @@ class Controller:
         self.store.on_commit = self._committed
         self.services = services = ControllerServices(self.store, self.gateway, self.changes, config.workers,
                                                       QueueLimits(config.max_waiting_per_user, config.max_waiting,
-                                                                  config.request_lease_seconds), takeover_grant(config))
+                                                                  config.request_lease_seconds), takeover_grant(config),
+                                                      config.link_policy, replace(DEFAULT_RETENTION, days=config.link_history_days))
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health
@@ -163,6 +168,9 @@ class Controller:
         self._health = threading.Thread(target=self.health.run, args=(self.config.health_interval, self._stop), name="health",
                                         daemon=True)
         self._health.start()
+        if self.config.link_sample_interval > 0:
+            threading.Thread(target=self.services.links.run, args=(self.config.link_sample_interval, self._stop), name="links",
+                             daemon=True).start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""
@@ -197,7 +205,7 @@ class Controller:
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
-                                 self.users, self.config.port, self.partitions, self.requests)
+                                 self.users, self.config.port, self.partitions, self.requests, self.services.links)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 

@@ -16,14 +16,17 @@ from vipu.controller.usecases.agents import AgentService, no_takeover
 from vipu.controller.usecases.allocations import AllocationService
 from vipu.controller.usecases.clusters import ClusterService
 from vipu.controller.usecases.clustertests import ClusterTestService
+from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
 from vipu.controller.usecases.requests import RequestService
+from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_RETENTION, Retention, TrendPolicy
 from vipu.store.store import Store
 
 
 class ControllerServices:
     def __init__(self, store: Store, gateway: AgentGateway, changes: ChangeFeed | None = None, workers: int = 32,
-                 limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover):
+                 limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover,
+                 link_policy: TrendPolicy = DEFAULT_POLICY, link_retention: Retention = DEFAULT_RETENTION):
         """`workers`: threads for each kind of agent calls, and the user end-point's (which bounds the
         waiting calls that may block there)."""
         self.store = store
@@ -33,7 +36,8 @@ class ControllerServices:
         self.partitions = PartitionService(store, self.owners)
         self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
         self.allocations = AllocationService(store, self.owners)
-        self.clustertests = ClusterTestService(store, gateway, self.owners, changes, workers)
+        self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8))
+        self.clustertests = ClusterTestService(store, gateway, self.owners, changes, workers, self.links)
         self.clusters = ClusterService(store, self.allocations, self.clustertests.testing)
         self.agents = AgentService(store, gateway, self.clusters, self.owners, takeover_grant)
         self.health = HealthPass(store, self.owners, gateway, workers)
@@ -43,4 +47,5 @@ class ControllerServices:
         self.clustertests.shutdown()
         self.owners.stop(reason)
         self.health.close()
+        self.links.close()
         self.calls.close()

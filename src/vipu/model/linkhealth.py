@@ -171,6 +171,9 @@ class Retention:
             raise InvalidArgument("keep full samples no longer than hourly summaries, and those no longer than the history")
 
 
+DEFAULT_RETENTION = Retention()
+
+
 @dataclass(frozen=True)
 class History:
     """One link's history: summaries (oldest first, hourly and daily), then full samples."""
@@ -183,7 +186,7 @@ def _bucket(at: float, width: float) -> float:
     return at - at % width
 
 
-def compact(history: History, now: float, retention: Retention = Retention()) -> History:
+def compact(history: History, now: float, retention: Retention = DEFAULT_RETENTION) -> History:
     """The history with samples older than `retention.full_seconds` summarised per hour, hourly
     summaries older than `retention.hourly_seconds` merged per day, and anything older than
     `retention.days` dropped. Compacting again changes nothing; growth is never lost within
@@ -219,6 +222,9 @@ class TrendPolicy:
     def __post_init__(self):
         if self.window_seconds <= 0 or not 1 <= self.growing <= self.windows:
             raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
+
+
+DEFAULT_POLICY = TrendPolicy()
 
 
 def growth_windows(samples: Iterable[Sample], policy: TrendPolicy, now: float) -> list[bool]:
@@ -261,3 +267,41 @@ def _duration(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g} {unit}"
     return f"{seconds:g} s"
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """What the ledger knows of a link now: its health and why, since when, the cable in it, its
+    last reading, and the failure a cluster test found in it (kept until a test passes it or its
+    cable is replaced)."""
+
+    name: LinkName
+    health: LinkHealth
+    reason: str
+    changed_at: float
+    cable: CableIdentity | None = None
+    cable_since: float = 0.0  # when that cable was first seen there
+    last: Sample | None = None
+    test_failure: str = ""
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """A change in a link's life, kept in the ledger: its health changed (and why), or its cable
+    was replaced; with the partitions that used the link then."""
+
+    name: LinkName
+    at: float
+    health: LinkHealth
+    reason: str
+    partitions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CableRecord:
+    """A cable as the ledger met it: in which link's port, from when, and the cable it replaced."""
+
+    identity: CableIdentity
+    name: LinkName
+    first_seen: float
+    replaced: str = ""  # the serial of the cable that was there before

@@ -19,10 +19,12 @@ from datetime import datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
@@ -35,9 +37,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 10  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 11  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
-# 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached
+# 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
+# link_summaries, link_events, cables)
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -239,3 +242,73 @@ class LeaseRow(Base):
     address: Mapped[str] = mapped_column(String(255))
     term: Mapped[int] = mapped_column(Integer)
     expires: Mapped[float] = mapped_column(Float)  # seconds since the epoch, by the database's clock
+
+
+# The link ledger (`vipu.store.links`): not tied to the agents' rows, so that a machine's links
+# keep their history when it is removed and registered again. Times are seconds since the epoch.
+PLACE = String(16)
+
+
+class LinkRow(Base):
+    __tablename__ = "links"
+    agent_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    place: Mapped[str] = mapped_column(PLACE, primary_key=True)
+    health: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(String(1024))
+    changed_at: Mapped[float] = mapped_column(Float)
+    cable_serial: Mapped[str] = mapped_column(String(64), default="")
+    cable_since: Mapped[float] = mapped_column(Float, default=0.0)
+    test_failure: Mapped[str] = mapped_column(String(1024), default="")
+    last_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_corrected: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_recoveries: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_up: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class LinkSampleRow(Base):
+    __tablename__ = "link_samples"
+    __table_args__ = (Index("link_samples_by_link", "agent_id", "place", "at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(ID)
+    place: Mapped[str] = mapped_column(PLACE)
+    at: Mapped[float] = mapped_column(Float)
+    corrected: Mapped[int] = mapped_column(BigInteger)
+    recoveries: Mapped[int] = mapped_column(BigInteger)
+    up: Mapped[bool] = mapped_column(Boolean)
+
+
+class LinkSummaryRow(Base):
+    __tablename__ = "link_summaries"
+    agent_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    place: Mapped[str] = mapped_column(PLACE, primary_key=True)
+    start: Mapped[float] = mapped_column(Float, primary_key=True)
+    end: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    down: Mapped[int] = mapped_column(Integer)
+    corrected_growth: Mapped[int] = mapped_column(BigInteger)
+    recovery_growth: Mapped[int] = mapped_column(BigInteger)
+    last_corrected: Mapped[int] = mapped_column(BigInteger)
+    last_recoveries: Mapped[int] = mapped_column(BigInteger)
+
+
+class LinkEventRow(Base):
+    __tablename__ = "link_events"
+    __table_args__ = (Index("link_events_by_link", "agent_id", "place", "at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(ID)
+    place: Mapped[str] = mapped_column(PLACE)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    health: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(1024))
+    partitions: Mapped[list] = mapped_column(JSON, default=list)
+
+
+class CableRow(Base):
+    __tablename__ = "cables"
+    serial: Mapped[str] = mapped_column(String(64), primary_key=True)
+    vendor: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[str] = mapped_column(ID)
+    place: Mapped[str] = mapped_column(PLACE)
+    first_seen: Mapped[float] = mapped_column(Float)
+    replaced: Mapped[str] = mapped_column(String(64), default="")

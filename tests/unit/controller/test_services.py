@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -72,6 +73,9 @@ class InMemoryGateway:
 
     def clear(self, host, port, partition_id):
         self.machine(host, port).clear(partition_id)
+
+    def link_counters(self, host, port):
+        return self.machine(host, port).link_counters(), time.time()
 
     def apply_all(self, targets):
         return [self._outcome(lambda h=host, p=port, s=settings: self.apply(h, p, s)) for host, port, settings in targets]

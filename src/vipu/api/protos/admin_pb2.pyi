@@ -332,3 +332,109 @@ class Cabling(_message.Message):
     cables: _containers.RepeatedCompositeFieldContainer[Cable]
     test_state: str
     def __init__(self, cluster_id: _Optional[str] = ..., cables: _Optional[_Iterable[_Union[Cable, _Mapping]]] = ..., test_state: _Optional[str] = ...) -> None: ...
+
+class ListLinksRequest(_message.Message):
+    __slots__ = ("agent_id", "unhealthy", "since")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    unhealthy: bool
+    since: float
+    def __init__(self, agent_id: _Optional[str] = ..., unhealthy: _Optional[bool] = ..., since: _Optional[float] = ...) -> None: ...
+
+class LinkCable(_message.Message):
+    __slots__ = ("serial", "vendor", "model", "first_seen", "replaced")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    serial: str
+    vendor: str
+    model: str
+    first_seen: float
+    replaced: str
+    def __init__(self, serial: _Optional[str] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ..., first_seen: _Optional[float] = ..., replaced: _Optional[str] = ...) -> None: ...
+
+class LinkSample(_message.Message):
+    __slots__ = ("at", "corrected_errors", "recovery_events", "up")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    corrected_errors: int
+    recovery_events: int
+    up: bool
+    def __init__(self, at: _Optional[float] = ..., corrected_errors: _Optional[int] = ..., recovery_events: _Optional[int] = ..., up: _Optional[bool] = ...) -> None: ...
+
+class LinkSummary(_message.Message):
+    __slots__ = ("start", "end", "samples", "down", "corrected_growth", "recovery_growth")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DOWN_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_GROWTH_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_GROWTH_FIELD_NUMBER: _ClassVar[int]
+    start: float
+    end: float
+    samples: int
+    down: int
+    corrected_growth: int
+    recovery_growth: int
+    def __init__(self, start: _Optional[float] = ..., end: _Optional[float] = ..., samples: _Optional[int] = ..., down: _Optional[int] = ..., corrected_growth: _Optional[int] = ..., recovery_growth: _Optional[int] = ...) -> None: ...
+
+class LinkEvent(_message.Message):
+    __slots__ = ("at", "health", "reason", "partitions")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    health: str
+    reason: str
+    partitions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, at: _Optional[float] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., partitions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Link(_message.Message):
+    __slots__ = ("name", "kind", "health", "reason", "changed_at", "cable", "last", "samples", "summaries", "events", "cables")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    CABLE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CABLES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    health: str
+    reason: str
+    changed_at: float
+    cable: LinkCable
+    last: LinkSample
+    samples: _containers.RepeatedCompositeFieldContainer[LinkSample]
+    summaries: _containers.RepeatedCompositeFieldContainer[LinkSummary]
+    events: _containers.RepeatedCompositeFieldContainer[LinkEvent]
+    cables: _containers.RepeatedCompositeFieldContainer[LinkCable]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., changed_at: _Optional[float] = ..., cable: _Optional[_Union[LinkCable, _Mapping]] = ..., last: _Optional[_Union[LinkSample, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., summaries: _Optional[_Iterable[_Union[LinkSummary, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ..., cables: _Optional[_Iterable[_Union[LinkCable, _Mapping]]] = ...) -> None: ...
+
+class ListLinksReply(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[Link]
+    def __init__(self, links: _Optional[_Iterable[_Union[Link, _Mapping]]] = ...) -> None: ...
+
+class GetLinkRequest(_message.Message):
+    __slots__ = ("name", "history", "since")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    history: bool
+    since: float
+    def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ..., since: _Optional[float] = ...) -> None: ...

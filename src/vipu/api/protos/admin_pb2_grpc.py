@@ -165,6 +165,16 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.FromString,
                 _registered_method=True)
+        self.ListLinks = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListLinks',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksReply.FromString,
+                _registered_method=True)
+        self.GetLink = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/GetLink',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Link.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -327,6 +337,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLinks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLink(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -459,6 +481,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetCabling,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.SerializeToString,
+            ),
+            'ListLinks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLinks,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksReply.SerializeToString,
+            ),
+            'GetLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLink,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Link.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1163,6 +1195,60 @@ class AdminService:
             '/vipu.admin.v1.AdminService/GetCabling',
             vipu_dot_api_dot_protos_dot_admin__pb2.GetRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.Cabling.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLinks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListLinks',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListLinksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/GetLink',
+            vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.Link.FromString,
             options,
             channel_credentials,
             insecure,

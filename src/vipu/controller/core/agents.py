@@ -27,6 +27,7 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Unavailable, VipuError
+from vipu.model.linkhealth import LinkReading
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -67,6 +68,10 @@ class AgentGateway(Protocol):
     def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
 
     def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation: ...
+
+    def link_counters(self, host: str, port: int) -> tuple[list[LinkReading], float]:
+        """Every link's counters and state, and when the agent read them (seconds since the epoch)."""
+        ...
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         """Hold the agent's machine, so that it obeys this controller only (on a TLS link); with a

@@ -15,6 +15,7 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import VipuError
+from vipu.model.linkhealth import LinkReading
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
 # gRPC's own back-off would keep it Down, and its partitions in ERROR, long after it answers.
@@ -96,6 +97,9 @@ class GrpcAgentGateway:
     def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
         request = agent_pb2.DiagnoseRequest(probe=probe.value, ipus=ipus, seed=seed)
         return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
+
+    def link_counters(self, host: str, port: int) -> tuple[list[LinkReading], float]:
+        return convert.link_counters_from_proto(self._call(host, port, "LinkCounters", agent_pb2.LinkCountersRequest()))
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         if self.credentials is None and not takeover_grant:  # a plaintext link knows no holders

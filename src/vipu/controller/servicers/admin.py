@@ -13,12 +13,14 @@ from vipu.controller.usecases.agents import AgentService, AgentView
 from vipu.controller.usecases.allocations import AllocationService
 from vipu.controller.usecases.clusters import ClusterService
 from vipu.controller.usecases.clustertests import WAIT_SECONDS, ClusterTestService
+from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
 from vipu.controller.usecases.requests import RequestService
 from vipu.controller.usecases.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
 from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.linkhealth import LinkName
 
 
 def _agent(view: AgentView) -> pb.Agent:
@@ -43,8 +45,9 @@ def _user(user: User) -> pb.User:
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
                  clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
-                 user_port: int, partitions: PartitionService, requests: RequestService):
+                 user_port: int, partitions: PartitionService, requests: RequestService, links: LinkLedger):
         self.partitions = partitions
+        self.links = links
         self.requests = requests
         self.agents = agents
         self.clusters = clusters
@@ -160,6 +163,15 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def RemoveUser(self, request, context):
         self._users().remove(request.id)
         return pb.RemoveReply()
+
+    def ListLinks(self, request, context):
+        states = self.links.links(request.agent_id or None, request.unhealthy, request.since or None)
+        return pb.ListLinksReply(links=[convert.link_to_proto(state) for state in states])
+
+    def GetLink(self, request, context):
+        detail = self.links.detail(LinkName.parse(request.name), request.since)
+        parts = (detail.history, detail.events, detail.cables) if request.history else None
+        return convert.link_to_proto(detail.state, parts)
 
     def GetCabling(self, request, context):
         state, cables = self.clustertests.cabling(request.id)

@@ -27,6 +27,7 @@ from vipu.controller.core.agents import AgentGateway
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import ClaimMachines, ReleaseMachines, Reply
 from vipu.controller.core.owners import Owners
+from vipu.controller.usecases.links import LinkLedger
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
     DISRUPTIVE,
@@ -63,10 +64,13 @@ class _Context:
 
 
 class ClusterTestService:
-    def __init__(self, store: Store, gateway: AgentGateway, owners: Owners, changes: ChangeFeed | None = None, workers: int = 32):
+    def __init__(self, store: Store, gateway: AgentGateway, owners: Owners, changes: ChangeFeed | None = None, workers: int = 32,
+                 links: LinkLedger | None = None):
+        """`links`: the link ledger, told each cable's verdict as the run judges it."""
         self.store = store
         self.gateway = gateway
         self.owners = owners
+        self.links = links
         self.changes = changes  # told when a step starts; the store tells it of what is saved
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cluster-test")
         self._lock = threading.Lock()
@@ -306,7 +310,10 @@ class ClusterTestService:
         """The run as it stands, and the verdicts of the cables it has judged so far."""
         with self.store.transaction() as tx:
             tx.save_test_run(run)
-            tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
+            verdicts = judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run)
+            tx.save_cable_verdicts(run.cluster_id, verdicts)
+        if self.links is not None:
+            self.links.record_test("cluster", verdicts.cables)
 
     # The steps
 

@@ -1,0 +1,207 @@
+"""The link ledger: every link's counters, sampled from its agent; its health judged by their trend
+(`vipu.model.linkhealth`); each change of health, and each cable replaced, an event with its
+reason and the partitions on the machine then; cluster tests' verdicts on cables folded in; the
+history compacted as it ages.
+
+It decides nothing about partitions and holds no lock: each agent's readings are recorded in one
+store transaction of their own, and an agent that does not answer is simply not sampled this time
+(the health pass says why it is Down).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from vipu.controller.core.agents import AgentGateway
+from vipu.model.clustertests import CableVerdict
+from vipu.model.entities import AgentStatus
+from vipu.model.errors import NotFound, VipuError
+from vipu.model.linkhealth import (
+    DAY,
+    DEFAULT_POLICY,
+    DEFAULT_RETENTION,
+    HOUR,
+    CableRecord,
+    History,
+    LinkEvent,
+    LinkHealth,
+    LinkName,
+    LinkReading,
+    LinkState,
+    Retention,
+    Sample,
+    TrendPolicy,
+    compact,
+    judge,
+)
+from vipu.store.store import Store, Transaction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LinkDetail:
+    """One link as `vipu-admin get link` shows it."""
+
+    state: LinkState
+    history: History
+    events: list[LinkEvent]
+    cables: list[CableRecord]
+
+
+class LinkLedger:
+    def __init__(self, store: Store, gateway: AgentGateway, policy: TrendPolicy = DEFAULT_POLICY,
+                 retention: Retention = DEFAULT_RETENTION, clock: Callable[[], float] = time.time, workers: int = 8):
+        self.store = store
+        self.gateway = gateway
+        self.policy = policy
+        self.retention = retention
+        self.clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="links")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def run(self, interval: float, stop: threading.Event, compact_every: float = HOUR) -> None:
+        """Sample every `interval` seconds, and compact every `compact_every`, until `stop` is set."""
+        compacted = time.monotonic()
+        while not stop.wait(interval):
+            try:
+                self.sample_all()
+                if time.monotonic() - compacted >= compact_every:
+                    self.compact()
+                    compacted = time.monotonic()
+            except Exception:
+                log.exception("link sampling failed")
+
+    # Sampling
+
+    def sample_all(self) -> int:
+        """Read every Up agent's links, in parallel, and record what each answered; how many answered."""
+        with self.store.reading() as tx:
+            agents = [a for a in tx.list_agents() if a.status is AgentStatus.UP]
+        futures = {agent.id: self._pool.submit(self.gateway.link_counters, agent.host, agent.port) for agent in agents}
+        answered = 0
+        for agent_id, future in futures.items():
+            try:
+                readings, read_at = future.result()
+            except VipuError as error:
+                log.info("links of %s not sampled: %s", agent_id, error.message)
+                continue
+            self.record(agent_id, readings, read_at or self.clock())
+            answered += 1
+        return answered
+
+    def record(self, agent_id: str, readings: list[LinkReading], read_at: float) -> list[LinkEvent]:
+        """One agent's readings into the ledger, in one transaction; the events they caused."""
+        events: list[LinkEvent] = []
+        with self.store.transaction() as tx:
+            partitions = tx.partitions_on(agent_id)
+            for reading in readings:
+                events += self._record_one(tx, LinkName(agent_id, reading.place), reading, read_at, partitions)
+        for event in events:
+            log.info("link %s is %s: %s", event.name, event.health.value, event.reason)
+        return events
+
+    def _record_one(self, tx: Transaction, name: LinkName, reading: LinkReading, at: float,
+                    partitions: tuple[str, ...]) -> list[LinkEvent]:
+        state = tx.link(name) or LinkState(name, LinkHealth.HEALTHY, "first read", at)
+        events = []
+        if reading.cable is not None and (state.cable is None or state.cable.serial != reading.cable.serial):
+            before = state.cable.serial if state.cable else ""
+            if tx.cable(reading.cable.serial) is None:
+                tx.add_cable(CableRecord(reading.cable, name, at, before))
+            if before:  # a new cable: its link starts afresh, the old cable's trend and test failure gone with it
+                events.append(LinkEvent(name, at, state.health, f"cable {reading.cable.serial} replaced cable {before}", partitions))
+            state = replace(state, cable=reading.cable, cable_since=at, test_failure="")
+        sample = Sample(at, reading.corrected, reading.recoveries, reading.up)
+        tx.add_sample(name, sample)
+        since = max(at - self.policy.window_seconds * self.policy.windows, state.cable_since)
+        verdict = judge(tx.samples(name, since), self.policy, at, state.test_failure)
+        if verdict.health is not state.health or (verdict.health is not LinkHealth.HEALTHY and verdict.reason != state.reason
+                                                   and verdict.health is LinkHealth.FAILED):
+            events.append(LinkEvent(name, at, verdict.health, verdict.reason, partitions))
+            state = replace(state, health=verdict.health, changed_at=at)
+        state = replace(state, reason=verdict.reason, last=sample)
+        for event in events:
+            tx.add_link_event(event)
+        tx.save_link(state)
+        return events
+
+    def record_test(self, test: str, cables: dict[str, tuple[CableVerdict, tuple[str, ...]]]) -> list[LinkEvent]:
+        """A cluster test's verdicts on cables ("IPU-Link ag3:5 ag4:1" -> verdict and its lines):
+        both ends of a failed cable fail with the test's words, and a passed one clears the
+        failure a test had found there."""
+        at, events = self.clock(), []
+        with self.store.transaction() as tx:
+            for key, (verdict, lines) in cables.items():
+                names = _cable_ends(key)
+                if names is None or verdict not in (CableVerdict.FAILED, CableVerdict.PASSED):
+                    continue
+                for name in names:
+                    state = tx.link(name) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at)
+                    failure = f"failed the {test} test: {lines[0] if lines else 'no reason given'}" if verdict is CableVerdict.FAILED \
+                        else ""
+                    if failure == state.test_failure:
+                        continue
+                    samples = tx.samples(name, max(at - self.policy.window_seconds * self.policy.windows, state.cable_since))
+                    judged = judge(samples, self.policy, at, failure)
+                    event = LinkEvent(name, at, judged.health, judged.reason, tx.partitions_on(name.agent_id))
+                    tx.add_link_event(event)
+                    events.append(event)
+                    tx.save_link(replace(state, health=judged.health, reason=judged.reason, test_failure=failure,
+                                         changed_at=at if judged.health is not state.health else state.changed_at))
+        return events
+
+    # Ageing
+
+    def compact(self) -> int:
+        """Every link's history compacted, and events older than the history dropped; the number of links."""
+        now = self.clock()
+        with self.store.reading() as tx:
+            names = [state.name for state in tx.links()]
+        for name in names:
+            with self.store.transaction() as tx:
+                history = tx.history(name)
+                compacted = compact(history, now, self.retention)
+                if compacted != history:
+                    tx.replace_history(name, compacted, before=compacted.samples[0].at if compacted.samples else now + 1)
+        with self.store.transaction() as tx:
+            tx.drop_link_events(now - self.retention.days * DAY)
+        return len(names)
+
+    # Reading
+
+    def links(self, agent_id: str | None = None, unhealthy: bool = False, since: float | None = None) -> list[LinkState]:
+        """The links known, of one machine or all; only those suspect or failed; only those whose
+        health changed since a time."""
+        with self.store.reading() as tx:
+            states = tx.links(agent_id)
+        return [s for s in states if (not unhealthy or s.health is not LinkHealth.HEALTHY) and (since is None or s.changed_at >= since)]
+
+    def detail(self, name: LinkName, since: float = 0.0) -> LinkDetail:
+        with self.store.reading() as tx:
+            state = tx.link(name)
+            if state is None:
+                raise NotFound(f"no link {name} is in the ledger: its agent has not been sampled, or it has no such link")
+            return LinkDetail(state, tx.history(name, since), tx.link_events(name, since), tx.cables_of(name))
+
+
+def _cable_ends(key: str) -> tuple[LinkName, LinkName] | None:
+    """The two links a cable's key names ("IPU-Link ag3:5 ag4:1"); None for a key of another shape."""
+    kinds = {"IPU-Link": "", "Sync-Link": "sync", "GW-Link": "gw"}
+    parts = key.rsplit(" ", 2)
+    if len(parts) != 3 or parts[0] not in kinds:
+        return None
+    ends = []
+    for end in parts[1:]:
+        agent_id, _, port = end.rpartition(":")
+        if not agent_id or not port.isdigit():
+            return None
+        ends.append(LinkName(agent_id, f"{kinds[parts[0]]}{port}"))
+    return ends[0], ends[1]

@@ -1,0 +1,141 @@
+"""The link ledger in the store: each link's state, its samples and their compacted summaries, its
+events, and the cables met in its ports (`vipu.model.linkhealth`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import delete, func, select
+
+from vipu.model.linkhealth import (
+    CableIdentity,
+    CableRecord,
+    History,
+    LinkEvent,
+    LinkHealth,
+    LinkName,
+    LinkState,
+    Sample,
+    Summary,
+)
+from vipu.store.schema import CableRow, LinkEventRow, LinkRow, LinkSampleRow, LinkSummaryRow, PartitionIpuRow
+from vipu.store.transactions import TransactionBase
+
+
+def _state(row: LinkRow, cables: dict[str, CableRow]) -> LinkState:
+    cable = cables.get(row.cable_serial)
+    identity = CableIdentity(cable.serial, cable.vendor, cable.model) if cable else None
+    last = Sample(row.last_at, row.last_corrected, row.last_recoveries, row.last_up) if row.last_at is not None else None
+    return LinkState(LinkName(row.agent_id, row.place), LinkHealth(row.health), row.reason, row.changed_at, identity, row.cable_since,
+                     last, row.test_failure)
+
+
+class LinkRepository(TransactionBase):
+    """The ledger's rows, through the ORM, in the transaction's session."""
+
+    def links(self, agent_id: str | None = None) -> list[LinkState]:
+        query = select(LinkRow).order_by(LinkRow.agent_id, LinkRow.place)
+        if agent_id is not None:
+            query = query.where(LinkRow.agent_id == agent_id)
+        rows = self.session.scalars(query).all()
+        serials = {row.cable_serial for row in rows if row.cable_serial}
+        cables = {c.serial: c for c in self.session.scalars(select(CableRow).where(CableRow.serial.in_(serials)))} if serials else {}
+        return [_state(row, cables) for row in rows]
+
+    def link(self, name: LinkName) -> LinkState | None:
+        row = self.session.get(LinkRow, (name.agent_id, name.place))
+        if row is None:
+            return None
+        cable = self.session.get(CableRow, row.cable_serial) if row.cable_serial else None
+        return _state(row, {cable.serial: cable} if cable else {})
+
+    def save_link(self, state: LinkState) -> None:
+        row = self.session.get(LinkRow, (state.name.agent_id, state.name.place))
+        if row is None:
+            row = LinkRow(agent_id=state.name.agent_id, place=state.name.place)
+            self.session.add(row)
+        row.health, row.reason, row.changed_at = state.health.value, state.reason[:1024], state.changed_at
+        row.cable_serial, row.cable_since, row.test_failure = state.cable.serial if state.cable else "", state.cable_since, \
+            state.test_failure[:1024]
+        if state.last is not None:
+            row.last_at, row.last_corrected, row.last_recoveries, row.last_up = (state.last.at, state.last.corrected,
+                                                                                 state.last.recoveries, state.last.up)
+
+    def add_sample(self, name: LinkName, sample: Sample) -> None:
+        self.session.add(LinkSampleRow(agent_id=name.agent_id, place=name.place, at=sample.at, corrected=sample.corrected,
+                                       recoveries=sample.recoveries, up=sample.up))
+
+    def samples(self, name: LinkName, since: float = 0.0, until: float | None = None) -> list[Sample]:
+        query = select(LinkSampleRow).where(LinkSampleRow.agent_id == name.agent_id, LinkSampleRow.place == name.place,
+                                            LinkSampleRow.at >= since)
+        if until is not None:
+            query = query.where(LinkSampleRow.at <= until)
+        return [Sample(r.at, r.corrected, r.recoveries, r.up) for r in self.session.scalars(query.order_by(LinkSampleRow.at))]
+
+    def summaries(self, name: LinkName, since: float = 0.0) -> list[Summary]:
+        query = select(LinkSummaryRow).where(LinkSummaryRow.agent_id == name.agent_id, LinkSummaryRow.place == name.place,
+                                             LinkSummaryRow.end >= since).order_by(LinkSummaryRow.start)
+        return [Summary(r.start, r.end, r.samples, r.down, r.corrected_growth, r.recovery_growth, r.last_corrected, r.last_recoveries)
+                for r in self.session.scalars(query)]
+
+    def history(self, name: LinkName, since: float = 0.0) -> History:
+        return History(tuple(self.summaries(name, since)), tuple(self.samples(name, since)))
+
+    def replace_history(self, name: LinkName, history: History, before: float) -> None:
+        """The link's samples from before `before`, and all its summaries, replaced by `history`'s
+        (compaction: `history` is what compacting them gave, with the samples it kept)."""
+        where = (LinkSampleRow.agent_id == name.agent_id, LinkSampleRow.place == name.place, LinkSampleRow.at < before)
+        self.session.execute(delete(LinkSampleRow).where(*where))
+        self.session.execute(delete(LinkSummaryRow).where(LinkSummaryRow.agent_id == name.agent_id, LinkSummaryRow.place == name.place))
+        self.session.add_all(LinkSummaryRow(agent_id=name.agent_id, place=name.place, start=s.start, end=s.end, samples=s.samples,
+                                            down=s.down, corrected_growth=s.corrected_growth, recovery_growth=s.recovery_growth,
+                                            last_corrected=s.last_corrected, last_recoveries=s.last_recoveries)
+                             for s in history.summaries)
+        self.session.add_all(self._sample_rows(name, (s for s in history.samples if s.at < before)))
+
+    @staticmethod
+    def _sample_rows(name: LinkName, samples: Iterable[Sample]) -> list[LinkSampleRow]:
+        return [LinkSampleRow(agent_id=name.agent_id, place=name.place, at=s.at, corrected=s.corrected, recoveries=s.recoveries, up=s.up)
+                for s in samples]
+
+    def add_link_event(self, event: LinkEvent) -> None:
+        self.session.add(LinkEventRow(agent_id=event.name.agent_id, place=event.name.place, at=event.at, health=event.health.value,
+                                      reason=event.reason[:1024], partitions=list(event.partitions)))
+
+    def link_events(self, name: LinkName | None = None, since: float = 0.0) -> list[LinkEvent]:
+        query = select(LinkEventRow).where(LinkEventRow.at >= since)
+        if name is not None:
+            query = query.where(LinkEventRow.agent_id == name.agent_id, LinkEventRow.place == name.place)
+        return [LinkEvent(LinkName(r.agent_id, r.place), r.at, LinkHealth(r.health), r.reason, tuple(r.partitions))
+                for r in self.session.scalars(query.order_by(LinkEventRow.at, LinkEventRow.id))]
+
+    def drop_link_events(self, before: float) -> None:
+        self.session.execute(delete(LinkEventRow).where(LinkEventRow.at < before))
+
+    def cable(self, serial: str) -> CableRecord | None:
+        row = self.session.get(CableRow, serial)
+        if row is None:
+            return None
+        return CableRecord(CableIdentity(row.serial, row.vendor, row.model), LinkName(row.agent_id, row.place), row.first_seen,
+                           row.replaced)
+
+    def add_cable(self, record: CableRecord) -> None:
+        self.session.add(CableRow(serial=record.identity.serial, vendor=record.identity.vendor[:64], model=record.identity.model[:64],
+                                  agent_id=record.name.agent_id, place=record.name.place, first_seen=record.first_seen,
+                                  replaced=record.replaced))
+
+    def cables_of(self, name: LinkName) -> list[CableRecord]:
+        """The cables first met in this link's port, oldest first."""
+        rows = self.session.scalars(select(CableRow).where(CableRow.agent_id == name.agent_id, CableRow.place == name.place)
+                                    .order_by(CableRow.first_seen))
+        return [CableRecord(CableIdentity(r.serial, r.vendor, r.model), name, r.first_seen, r.replaced) for r in rows]
+
+    def partitions_on(self, agent_id: str) -> tuple[str, ...]:
+        """The partitions with IPUs on the agent's machine now: those a link of it serves."""
+        rows = self.session.scalars(select(PartitionIpuRow.partition_id).where(PartitionIpuRow.agent_id == agent_id).distinct())
+        return tuple(sorted(rows))
+
+    def link_event_counts(self) -> dict[str, int]:
+        """How many of the kept events changed a link's health to each health."""
+        query = select(LinkEventRow.health, func.count()).group_by(LinkEventRow.health)
+        return {health: count for health, count in self.session.execute(query).all()}

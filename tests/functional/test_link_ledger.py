@@ -1,0 +1,82 @@
+"""The link ledger on real agent processes and vipu-server (issue 32): a link made to degrade in the
+rack is sampled, its trend makes it suspect at both ends of its cable, with the partition on its
+machine named; its history is there as a table and as JSON; a swapped cable is a new cable naming
+the one it replaced; a name that is no link is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.functional.harness import BIN, Pod, failed_line, pairs, rows, wait_until
+from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
+
+pytestmark = pytest.mark.functional
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    # readings twice a second; suspect when two of the last three one-second windows grew
+    started = Pod(tmp_path_factory.mktemp("links"), machines=4,
+                  server_options=("--link-sample-interval", "0.5", "--link-trend", "2,3,1")).start()
+    started.register()
+    yield started
+    started.stop()
+
+
+def sim(pod: Pod, *args: str) -> None:
+    done = subprocess.run([str(BIN / "vipu-sim"), "fault", str(pod.rack_path), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def links(pod: Pod, *args: str) -> dict[str, list[str]]:
+    listed = pod.admin("list", "links", *args)
+    assert listed.code == 0, listed.err
+    return {row[0]: row for row in rows(listed.out)}
+
+
+def test_every_link_is_sampled_and_healthy_with_its_cable(pod):
+    plugged = sum(1 for machine in pod.rack.machines for kind in LinkKind for port in range(1, PORT_COUNTS[kind] + 1)
+                  if pod.rack.plugged(machine.name, kind, port) is not None)
+    expected = plugged + 4 * len(INTERNAL_LINKS)
+    seen = wait_until(lambda: links(pod) if len(links(pod)) == expected else None, timeout=30, what=f"all {expected} links sampled")
+    assert all(row[2] == "healthy" for row in seen.values())
+    five = pairs(pod.admin("get", "link", "ag1:5").out)
+    assert (five["Kind"], five["Health"], five["Up"]) == ("IPU-Link", "healthy", "yes") and "vipu-sim OSFP-DAC-1m" in five["Cable"]
+    assert links(pod, "--suspect") == {}
+
+
+def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afresh(pod):
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # on ag1
+    sim(pod, "--degrade", "m01:IPU-Link:5=steady:600")  # ten corrected errors a second
+    suspect = wait_until(lambda: links(pod, "--suspect") if set(links(pod, "--suspect")) >= {"ag1:5", "ag2:1"} else None,
+                         timeout=30, what="ag1:5 and its cable's other end to turn suspect")
+    assert suspect["ag1:5"][2] == "suspect" and "of its last 3 windows of 1 s" in suspect["ag1:5"][-1]
+    assert set(links(pod, "--suspect", "--machine", "ag2")) == {"ag2:1"}
+    metrics = pod.metrics()
+    assert metrics['vipu_link_unhealthy{health="suspect",link="ag1:5"}'] == 1 and metrics['vipu_links{health="suspect"}'] >= 2
+    assert metrics['vipu_link_events_total{health="suspect"}'] >= 2
+
+    detail = json.loads(pod.admin("get", "link", "ag1:5", "--history", "--json").out)
+    assert detail["health"] == "suspect" and len(detail["samples"]) >= 3
+    assert detail["events"][-1]["health"] == "suspect" and detail["events"][-1]["partitions"] == ["p1"]
+    assert int(detail["samples"][-1]["corrected_errors"]) > int(detail["samples"][0]["corrected_errors"])
+    shown = pod.admin("get", "link", "ag1:5", "--history")
+    assert shown.code == 0 and "Errors Grew" in shown.out and " p1" in shown.out
+
+    old_serial = detail["cable"]["serial"]
+    sim(pod, "--swap-cable", "m01:IPU-Link:5=SPARE-0042")
+    wait_until(lambda: pairs(pod.admin("get", "link", "ag1:5").out)["Health"] == "healthy", timeout=30,
+               what="the new cable's link to be healthy")
+    cables = json.loads(pod.admin("get", "link", "ag1:5", "--history", "--json").out)["cables"]
+    assert [(c["serial"], c["replaced"]) for c in cables] == [(old_serial, ""), ("SPARE-0042", old_serial)]
+    assert pod.user("remove", "partition", "p1").code == 0
+
+
+def test_a_name_that_is_no_link_or_a_link_never_read_is_refused_in_one_line(pod):
+    failed_line(pod.admin("get", "link", "ag1:port5"), "get link", "ag1:port5", "names no link")
+    failed_line(pod.admin("get", "link", "ag9:5"), "get link", "ag9:5", "no link ag9:5 is in the ledger")
+    refused = pod.admin("list", "links", "--since", "yesterday-ish")
+    assert refused.code == 2 and "neither a time ago" in refused.err

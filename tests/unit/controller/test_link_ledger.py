@@ -1,0 +1,168 @@
+"""The link ledger over a simulated pod and a real store (SQLite; PostgreSQL in the last test): readings become
+history, a trend makes a link suspect and a down link failed, each change is an event with the
+partitions on the machine, a swapped cable starts afresh and names the cable it replaced, cluster
+tests fail and clear links, and compaction keeps the history's growth while it shrinks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.controller.test_services import Pod
+from vipu.backends.sim import faults
+from vipu.backends.sim.rack import load_rack, save_rack
+from vipu.controller.usecases.links import LinkLedger
+from vipu.model.clustertests import CableVerdict
+from vipu.model.clustertests import TestType as Step
+from vipu.model.entities import PartitionRequest
+from vipu.model.errors import NotFound
+from vipu.model.linkhealth import HOUR, CableIdentity, LinkHealth, LinkName, LinkReading, Retention, TrendPolicy
+from vipu.model.topology import LinkKind
+
+T0 = 1_800_000_000.0
+POLICY = TrendPolicy(window_seconds=60.0, windows=5, growing=3)
+
+
+class Clock:
+    def __init__(self, now: float = T0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def pod(tmp_path):
+    made = Pod(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def ledger(pod, clock):
+    made = LinkLedger(pod.store, pod.gateway, POLICY, Retention(full_seconds=2 * HOUR, hourly_seconds=4 * HOUR, days=400), clock)
+    yield made
+    made.close()
+
+
+def port(corrected: int, recoveries: int = 0, up: bool = True, serial: str = "C-1") -> LinkReading:
+    return LinkReading("5", corrected, recoveries, up, CableIdentity(serial, "vipu-sim", "OSFP-DAC-1m"), "peer", 1)
+
+
+def test_every_up_agent_is_sampled_and_each_of_its_links_enters_the_ledger(pod, ledger):
+    pod.gateway.unreachable.add(pod.address("ag8"))
+    assert ledger.sample_all() == 7  # ag8 does not answer this time
+    links = ledger.links()
+    assert {s.name.agent_id for s in links} == {f"ag{n}" for n in range(1, 8)}
+    assert all(s.health is LinkHealth.HEALTHY and s.last is not None for s in links)
+    five = ledger.detail(LinkName("ag1", "5"))
+    assert five.state.cable is not None and five.state.cable.vendor == "vipu-sim" and len(five.history.samples) == 1
+    assert [c.identity.serial for c in five.cables] == [five.state.cable.serial]
+    with pytest.raises(NotFound, match="no link ag8:5 is in the ledger"):
+        ledger.detail(LinkName("ag8", "5"))
+
+
+def test_growth_in_k_of_n_windows_makes_a_link_suspect_with_an_event_naming_the_partitions_there(pod, ledger, clock):
+    pod.partitions.create(PartitionRequest("p1", 8))  # on ag1 and ag2
+    name = LinkName("ag1", "5")
+    for minute, corrected in enumerate([0, 0, 4, 4, 9, 15]):  # growth in three of the last five minutes
+        clock.now = T0 + 60 * minute + 1
+        ledger.record("ag1", [port(corrected)], clock.now)
+    state = ledger.detail(name).state
+    assert state.health is LinkHealth.SUSPECT and state.reason == "its errors or recoveries grew in 3 of its last 5 windows of 1 min"
+    (event,) = ledger.detail(name).events
+    assert (event.health, event.partitions, event.at) == (LinkHealth.SUSPECT, ("p1",), T0 + 301)
+    assert [s.name for s in ledger.links(unhealthy=True)] == [name]
+    assert ledger.links(agent_id="ag2") == [] and ledger.links(since=T0 + 302) == []
+
+    clock.now = T0 + 900  # quiet for ten minutes: healthy again, another event
+    ledger.record("ag1", [port(15)], clock.now)
+    assert [e.health for e in ledger.detail(name).events] == [LinkHealth.SUSPECT, LinkHealth.HEALTHY]
+
+
+def test_a_link_that_goes_down_fails_and_a_new_cable_starts_afresh_naming_the_one_it_replaced(ledger, clock):
+    name = LinkName("ag1", "5")
+    ledger.record("ag1", [port(0)], T0)
+    ledger.record("ag1", [port(3, up=False)], T0 + 60)
+    assert ledger.detail(name).state.health is LinkHealth.FAILED
+    ledger.record("ag1", [port(0, serial="C-2")], T0 + 120)
+    detail = ledger.detail(name)
+    assert detail.state.health is LinkHealth.HEALTHY and detail.state.cable is not None and detail.state.cable.serial == "C-2"
+    assert [(c.identity.serial, c.replaced) for c in detail.cables] == [("C-1", ""), ("C-2", "C-1")]
+    assert [e.reason for e in detail.events] == ["it is down: it stopped training", "cable C-2 replaced cable C-1",
+                                                 "its errors or recoveries grew in 0 of its last 5 windows of 1 min"]
+
+
+def test_a_cluster_test_fails_both_ends_of_a_cable_and_a_later_pass_clears_them(ledger, clock):
+    ledger.record("ag3", [port(0)], T0)
+    failed = ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.FAILED, ("ag3:5 - ag4:1: 412 corrected errors",)),
+                                            "Sync-Link ag3:6 ag4:2": (CableVerdict.UNTESTED, ())})
+    assert {(str(e.name), e.health) for e in failed} == {("ag3:5", LinkHealth.FAILED), ("ag4:1", LinkHealth.FAILED)}
+    state = ledger.detail(LinkName("ag3", "5")).state
+    assert state.reason == "failed the cluster test: ag3:5 - ag4:1: 412 corrected errors"
+    clock.now = T0 + 30
+    ledger.record("ag3", [port(0)], clock.now)
+    assert ledger.detail(LinkName("ag3", "5")).state.health is LinkHealth.FAILED  # a quiet reading does not clear a test's failure
+    assert ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.FAILED, ("ag3:5 - ag4:1: 412 corrected errors",))}) == []
+    cleared = ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.PASSED, ())})
+    assert {e.health for e in cleared} == {LinkHealth.HEALTHY}
+
+
+def test_a_cluster_test_run_tells_the_ledger_what_it_found(pod):
+    rack = load_rack(pod.rack_path)
+    faults.break_link(rack, "m03", "5")
+    save_rack(rack, pod.rack_path)
+    pod.clustertests.start("cl0", {Step.CABLING, Step.IPULINK}, wait=True)
+    failed = pod.services.links.links(unhealthy=True)
+    assert {str(s.name) for s in failed} >= {"ag3:5", "ag4:1"}, failed
+
+
+def test_compaction_shrinks_old_history_keeping_its_growth(ledger, clock):
+    name = LinkName("ag1", "5")
+    for minute in range(0, 6 * 60, 5):  # six hours of readings every five minutes, one error each
+        ledger.record("ag1", [port(minute // 5)], T0 + minute * 60)
+    clock.now = T0 + 6 * HOUR
+    before = ledger.detail(name).history
+    assert ledger.compact() == 1
+    after = ledger.detail(name).history
+    assert len(after.samples) < len(before.samples) and after.summaries
+    assert after.samples[-1] == before.samples[-1]
+    grown = sum(s.corrected_growth for s in after.summaries) + after.samples[-1].corrected - after.summaries[-1].last_corrected
+    assert grown == before.samples[-1].corrected - before.samples[0].corrected
+    assert ledger.compact() == 1 and ledger.detail(name).history == after  # done once
+
+
+def test_a_swapped_cable_in_the_simulator_reaches_the_ledger_through_sampling(pod, ledger):
+    ledger.sample_all()
+    rack = load_rack(pod.rack_path)
+    old = rack.plugged("m02", LinkKind.IPULINK, 5)[0].serial
+    faults.swap_cable(rack, "m02", LinkKind.IPULINK, 5, "SPARE-9")
+    save_rack(rack, pod.rack_path)
+    ledger.sample_all()
+    detail = ledger.detail(LinkName("ag2", "5"))
+    assert [(c.identity.serial, c.replaced) for c in detail.cables] == [(old, ""), ("SPARE-9", old)]
+    assert ledger.detail(LinkName("ag3", "1")).state.cable.serial == "SPARE-9"  # the cable's other end
+
+
+@pytest.mark.postgres
+def test_the_ledger_keeps_and_compacts_its_history_on_postgresql(tmp_path, postgres_url):
+    pod = Pod(tmp_path, store_url=postgres_url)
+    clock = Clock()
+    ledger = LinkLedger(pod.store, pod.gateway, POLICY, Retention(full_seconds=HOUR, hourly_seconds=2 * HOUR, days=400), clock)
+    try:
+        name = LinkName("ag1", "5")
+        for minute, corrected in enumerate([0, 2, 2, 5, 9] + [9] * 200):
+            ledger.record("ag1", [port(corrected, serial="PG-1")], T0 + 60 * minute)
+        assert [e.health for e in ledger.detail(name).events] == [LinkHealth.SUSPECT, LinkHealth.HEALTHY]
+        clock.now = T0 + 205 * 60
+        ledger.compact()
+        history = ledger.detail(name).history
+        assert history.summaries and sum(s.corrected_growth for s in history.summaries) == 9
+        assert ledger.detail(name).cables[0].identity.serial == "PG-1"
+    finally:
+        ledger.close()
+        pod.close()
