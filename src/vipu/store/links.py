@@ -72,6 +72,15 @@ class LinkRepository(TransactionBase):
             query = query.where(LinkSampleRow.at <= until)
         return [Sample(r.at, r.corrected, r.recoveries, r.up) for r in self.session.scalars(query.order_by(LinkSampleRow.at))]
 
+    def trend_samples(self, name: LinkName, since: float) -> list[Sample]:
+        """The samples from `since` on, after the last one before it (the counters they grew from:
+        only readings that changed something are kept)."""
+        query = select(LinkSampleRow).where(LinkSampleRow.agent_id == name.agent_id, LinkSampleRow.place == name.place,
+                                            LinkSampleRow.at < since)
+        before = self.session.scalars(query.order_by(LinkSampleRow.at.desc()).limit(1)).first()
+        baseline = [Sample(before.at, before.corrected, before.recoveries, before.up)] if before is not None else []
+        return baseline + self.samples(name, since)
+
     def summaries(self, name: LinkName, since: float = 0.0) -> list[Summary]:
         query = select(LinkSummaryRow).where(LinkSummaryRow.agent_id == name.agent_id, LinkSummaryRow.place == name.place,
                                              LinkSummaryRow.end >= since).order_by(LinkSummaryRow.start)

@@ -42,6 +42,7 @@ from vipu.model.linkhealth import (
 from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = HOUR  # a quiet link's reading is kept this often, so its history shows it was read
 
 
 @dataclass(frozen=True)
@@ -98,39 +99,51 @@ class LinkLedger:
         return answered
 
     def record(self, agent_id: str, readings: list[LinkReading], read_at: float) -> list[LinkEvent]:
-        """One agent's readings into the ledger, in one transaction; the events they caused."""
+        """One agent's readings into the ledger, in one transaction; the events they caused. A
+        reading is kept when it differs from the link's last kept one (or that is an hour old), so
+        a quiet link costs a row an hour, not one a reading; a link that is not healthy is judged
+        again at each reading all the same, as its windows move on."""
         events: list[LinkEvent] = []
         with self.store.transaction() as tx:
+            known = {state.name.place: state for state in tx.links(agent_id)}
             partitions = tx.partitions_on(agent_id)
             for reading in readings:
-                events += self._record_one(tx, LinkName(agent_id, reading.place), reading, read_at, partitions)
+                name = LinkName(agent_id, reading.place)
+                events += self._record_one(tx, known.get(reading.place) or LinkState(name, LinkHealth.HEALTHY, "first read", read_at),
+                                           reading, read_at, partitions)
         for event in events:
             log.info("link %s is %s: %s", event.name, event.health.value, event.reason)
         return events
 
-    def _record_one(self, tx: Transaction, name: LinkName, reading: LinkReading, at: float,
+    def _record_one(self, tx: Transaction, state: LinkState, reading: LinkReading, at: float,
                     partitions: tuple[str, ...]) -> list[LinkEvent]:
-        state = tx.link(name) or LinkState(name, LinkHealth.HEALTHY, "first read", at)
-        events = []
-        if reading.cable is not None and (state.cable is None or state.cable.serial != reading.cable.serial):
+        name, events = state.name, []
+        sample = Sample(at, reading.corrected, reading.recoveries, reading.up)
+        new_cable = reading.cable is not None and (state.cable is None or state.cable.serial != reading.cable.serial)
+        last = state.last
+        changed = last is None or (last.corrected, last.recoveries, last.up) != (sample.corrected, sample.recoveries, sample.up)
+        due = last is None or at - last.at >= HEARTBEAT_SECONDS
+        if not (new_cable or changed or due or state.health is not LinkHealth.HEALTHY):
+            return []  # nothing new, and nothing to judge again
+        if new_cable:
+            assert reading.cable is not None
             before = state.cable.serial if state.cable else ""
             if tx.cable(reading.cable.serial) is None:
                 tx.add_cable(CableRecord(reading.cable, name, at, before))
             if before:  # a new cable: its link starts afresh, the old cable's trend and test failure gone with it
                 events.append(LinkEvent(name, at, state.health, f"cable {reading.cable.serial} replaced cable {before}", partitions))
             state = replace(state, cable=reading.cable, cable_since=at, test_failure="")
-        sample = Sample(at, reading.corrected, reading.recoveries, reading.up)
-        tx.add_sample(name, sample)
+        if new_cable or changed or due:
+            tx.add_sample(name, sample)
+            state = replace(state, last=sample)
         since = max(at - self.policy.window_seconds * self.policy.windows, state.cable_since)
-        verdict = judge(tx.samples(name, since), self.policy, at, state.test_failure)
-        if verdict.health is not state.health or (verdict.health is not LinkHealth.HEALTHY and verdict.reason != state.reason
-                                                   and verdict.health is LinkHealth.FAILED):
+        verdict = judge(tx.trend_samples(name, since), self.policy, at, state.test_failure)
+        if verdict.health is not state.health or (verdict.health is LinkHealth.FAILED and verdict.reason != state.reason):
             events.append(LinkEvent(name, at, verdict.health, verdict.reason, partitions))
             state = replace(state, health=verdict.health, changed_at=at)
-        state = replace(state, reason=verdict.reason, last=sample)
         for event in events:
             tx.add_link_event(event)
-        tx.save_link(state)
+        tx.save_link(replace(state, reason=verdict.reason))
         return events
 
     def record_test(self, test: str, cables: dict[str, tuple[CableVerdict, tuple[str, ...]]]) -> list[LinkEvent]:
@@ -149,7 +162,7 @@ class LinkLedger:
                         else ""
                     if failure == state.test_failure:
                         continue
-                    samples = tx.samples(name, max(at - self.policy.window_seconds * self.policy.windows, state.cable_since))
+                    samples = tx.trend_samples(name, max(at - self.policy.window_seconds * self.policy.windows, state.cable_since))
                     judged = judge(samples, self.policy, at, failure)
                     event = LinkEvent(name, at, judged.health, judged.reason, tx.partitions_on(name.agent_id))
                     tx.add_link_event(event)
