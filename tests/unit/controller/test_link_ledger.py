@@ -31,13 +31,6 @@ class Clock:
 
 
 @pytest.fixture
-def pod(tmp_path):
-    made = Pod(tmp_path)
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def clock():
     return Clock()
 
