@@ -57,7 +57,7 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
     assert set(links(pod, "--suspect", "--machine", "ag2")) == {"ag2:1"}
     metrics = pod.metrics()
     assert metrics['vipu_link_unhealthy{health="suspect",link="ag1:5"}'] == 1 and metrics['vipu_links{health="suspect"}'] >= 2
-    assert metrics['vipu_link_events_total{health="suspect"}'] >= 2
+    assert metrics['vipu_link_events{health="suspect"}'] >= 2
 
     detail = json.loads(pod.admin("get", "link", "ag1:5", "--history", "--json").out)
     assert detail["health"] == "suspect" and len(detail["samples"]) >= 3

@@ -40,7 +40,8 @@ def openstack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image(openstack) -> str:
-    made = openstack.call("glance", "POST", "/v2/images", {"name": "vipu-controller", "disk_format": "raw", "container_format": "bare"})
+    made = openstack.call("glance", "POST", "/v2/images", {"name": "vipu-controller", "disk_format": "raw", "container_format": "bare",
+                                                           "visibility": "public"})  # as the README registers it: every tenant boots it
     openstack.upload(made["id"], b"\0" * 4096)
     assert openstack.call("glance", "GET", f"/v2/images/{made['id']}")["status"] == "active"
     return made["id"]
@@ -166,7 +167,7 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
     site = Site(tmp_path / "site", machines=4, env=cloud)
     for tenant in ("acme", "bravo"):  # each tenant's resources in its own project, where vipu-vpod's user is given a role
         openstack.keystone.project(tenant)
-        openstack.keystone.grant("admin", tenant, "admin")
+        openstack.keystone.grant("admin", tenant, "member")
     try:
         site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
                    "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-router", "site-router",

@@ -97,7 +97,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
             return done if done.returncode == 0 else None
 
         wait_for(vms, answers, BOOT_SECONDS, "the controller VM's vipu-server did not answer its administrator")
-        unit = ssh(key, "debian", controller_ssh_port, "systemctl is-enabled vipu-controller && pgrep -u vipu -f vipu-server")
+        unit = ssh(key, "debian", controller_ssh_port, "systemctl is-enabled vipu-controller && pgrep -u vipu -f vipu-server", timeout=120)
         assert unit.returncode == 0 and unit.stdout.startswith("enabled"), unit.stdout + unit.stderr  # the image's unit runs it, as vipu
 
         def user_in() -> subprocess.CompletedProcess | None:
@@ -107,8 +107,8 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
         assert "vipu, version" in wait_for(vms, user_in, BOOT_SECONDS, "the Poplar VM did not let its user in with the key").stdout
         seen = ssh(key, "debian", ssh_port, "vipu-admin list agents && vipu list partitions")
         assert seen.returncode == 0, seen.stdout + seen.stderr
-        refused = ssh(key, "root", ssh_port, "true")
-        assert refused.returncode != 0  # the key opens the image's user only
+        refused = ssh(key, "root", controller_ssh_port, "true")
+        assert refused.returncode != 0  # the metadata's key opens the image's user only, not root
     finally:
         for vm in vms:
             vm.stop()

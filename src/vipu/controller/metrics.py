@@ -17,7 +17,7 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
 from vipu.api.status import service_and_method
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
@@ -73,8 +73,8 @@ def _link_families(links: list[LinkState], events: dict[str, int]):
         if link.health is not LinkHealth.HEALTHY:
             family.add_metric([str(link.name), link.health.value], 1)
     yield family
-    kept = CounterMetricFamily("vipu_link_events", "Events the link ledger keeps (changes of health, cables replaced), by the "
-                               "link's health after each", labels=["health"])
+    kept = GaugeMetricFamily("vipu_link_events", "Events the link ledger keeps (changes of health, cables replaced; older ones "
+                             "go with the history), by the link's health after each", labels=["health"])
     for health in LinkHealth:
         kept.add_metric([health.value], events.get(health.value, 0))
     yield kept

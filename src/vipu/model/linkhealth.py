@@ -14,6 +14,7 @@ and how often the link was down, so a year of a link's history stays small and i
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -220,8 +221,11 @@ class TrendPolicy:
     growing: int = 3
 
     def __post_init__(self):
-        if self.window_seconds <= 0 or not 1 <= self.growing <= self.windows:
+        if not 0 < self.window_seconds < math.inf or not 1 <= self.growing <= self.windows:
             raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
+        if self.window_seconds * self.windows > DEFAULT_RETENTION.full_seconds:
+            raise InvalidArgument(f"a trend's N windows must fit in the {_duration(DEFAULT_RETENTION.full_seconds)} of full readings "
+                                  "the ledger keeps")
 
 
 DEFAULT_POLICY = TrendPolicy()

@@ -3,8 +3,6 @@ events, and the cables met in its ports (`vipu.model.linkhealth`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from sqlalchemy import delete, func, select
 
 from vipu.model.linkhealth import (
@@ -21,9 +19,11 @@ from vipu.model.linkhealth import (
 from vipu.store.schema import CableRow, LinkEventRow, LinkRow, LinkSampleRow, LinkSummaryRow, PartitionIpuRow
 from vipu.store.transactions import TransactionBase
 
+SERIAL = 64  # the longest serial kept: an agent's longer one is cut, not refused (its machine's readings would all fail)
 
-def _state(row: LinkRow, cables: dict[str, CableRow]) -> LinkState:
-    cable = cables.get(row.cable_serial)
+
+def _state(row: LinkRow, cables: dict[tuple[str, str, str], CableRow]) -> LinkState:
+    cable = cables.get((row.cable_serial, row.agent_id, row.place))
     identity = CableIdentity(cable.serial, cable.vendor, cable.model) if cable else None
     last = Sample(row.last_at, row.last_corrected, row.last_recoveries, row.last_up) if row.last_at is not None else None
     return LinkState(LinkName(row.agent_id, row.place), LinkHealth(row.health), row.reason, row.changed_at, identity, row.cable_since,
@@ -33,21 +33,26 @@ def _state(row: LinkRow, cables: dict[str, CableRow]) -> LinkState:
 class LinkRepository(TransactionBase):
     """The ledger's rows, through the ORM, in the transaction's session."""
 
-    def links(self, agent_id: str | None = None) -> list[LinkState]:
+    def links(self, agent_id: str | None = None, for_update: bool = False) -> list[LinkState]:
+        """`for_update`: their rows locked until the transaction ends (PostgreSQL; SQLite's writers
+        take turns), so that the sampler and a cluster test's verdicts do not overwrite each other."""
         query = select(LinkRow).order_by(LinkRow.agent_id, LinkRow.place)
         if agent_id is not None:
             query = query.where(LinkRow.agent_id == agent_id)
+        if for_update:
+            query = query.with_for_update()
         rows = self.session.scalars(query).all()
         serials = {row.cable_serial for row in rows if row.cable_serial}
-        cables = {c.serial: c for c in self.session.scalars(select(CableRow).where(CableRow.serial.in_(serials)))} if serials else {}
+        found = self.session.scalars(select(CableRow).where(CableRow.serial.in_(serials))) if serials else ()
+        cables = {(c.serial, c.agent_id, c.place): c for c in found}
         return [_state(row, cables) for row in rows]
 
-    def link(self, name: LinkName) -> LinkState | None:
-        row = self.session.get(LinkRow, (name.agent_id, name.place))
+    def link(self, name: LinkName, for_update: bool = False) -> LinkState | None:
+        row = self.session.get(LinkRow, (name.agent_id, name.place), with_for_update=for_update)
         if row is None:
             return None
-        cable = self.session.get(CableRow, row.cable_serial) if row.cable_serial else None
-        return _state(row, {cable.serial: cable} if cable else {})
+        cable = self.session.get(CableRow, (row.cable_serial, row.agent_id, row.place)) if row.cable_serial else None
+        return _state(row, {(cable.serial, cable.agent_id, cable.place): cable} if cable else {})
 
     def save_link(self, state: LinkState) -> None:
         row = self.session.get(LinkRow, (state.name.agent_id, state.name.place))
@@ -55,8 +60,8 @@ class LinkRepository(TransactionBase):
             row = LinkRow(agent_id=state.name.agent_id, place=state.name.place)
             self.session.add(row)
         row.health, row.reason, row.changed_at = state.health.value, state.reason[:1024], state.changed_at
-        row.cable_serial, row.cable_since, row.test_failure = state.cable.serial if state.cable else "", state.cable_since, \
-            state.test_failure[:1024]
+        row.cable_serial, row.cable_since, row.test_failure = (state.cable.serial[:SERIAL] if state.cable else "", state.cable_since,
+                                                               state.test_failure[:1024])
         if state.last is not None:
             row.last_at, row.last_corrected, row.last_recoveries, row.last_up = (state.last.at, state.last.corrected,
                                                                                  state.last.recoveries, state.last.up)
@@ -65,11 +70,9 @@ class LinkRepository(TransactionBase):
         self.session.add(LinkSampleRow(agent_id=name.agent_id, place=name.place, at=sample.at, corrected=sample.corrected,
                                        recoveries=sample.recoveries, up=sample.up))
 
-    def samples(self, name: LinkName, since: float = 0.0, until: float | None = None) -> list[Sample]:
+    def samples(self, name: LinkName, since: float = 0.0) -> list[Sample]:
         query = select(LinkSampleRow).where(LinkSampleRow.agent_id == name.agent_id, LinkSampleRow.place == name.place,
                                             LinkSampleRow.at >= since)
-        if until is not None:
-            query = query.where(LinkSampleRow.at <= until)
         return [Sample(r.at, r.corrected, r.recoveries, r.up) for r in self.session.scalars(query.order_by(LinkSampleRow.at))]
 
     def trend_samples(self, name: LinkName, since: float) -> list[Sample]:
@@ -100,12 +103,7 @@ class LinkRepository(TransactionBase):
                                             down=s.down, corrected_growth=s.corrected_growth, recovery_growth=s.recovery_growth,
                                             last_corrected=s.last_corrected, last_recoveries=s.last_recoveries)
                              for s in history.summaries)
-        self.session.add_all(self._sample_rows(name, (s for s in history.samples if s.at < before)))
 
-    @staticmethod
-    def _sample_rows(name: LinkName, samples: Iterable[Sample]) -> list[LinkSampleRow]:
-        return [LinkSampleRow(agent_id=name.agent_id, place=name.place, at=s.at, corrected=s.corrected, recoveries=s.recoveries, up=s.up)
-                for s in samples]
 
     def add_link_event(self, event: LinkEvent) -> None:
         self.session.add(LinkEventRow(agent_id=event.name.agent_id, place=event.name.place, at=event.at, health=event.health.value,
@@ -121,17 +119,17 @@ class LinkRepository(TransactionBase):
     def drop_link_events(self, before: float) -> None:
         self.session.execute(delete(LinkEventRow).where(LinkEventRow.at < before))
 
-    def cable(self, serial: str) -> CableRecord | None:
-        row = self.session.get(CableRow, serial)
+    def cable_at(self, serial: str, name: LinkName) -> CableRecord | None:
+        """The cable of that serial as first met in this link's port (each end of a cable has a row)."""
+        row = self.session.get(CableRow, (serial[:SERIAL], name.agent_id, name.place))
         if row is None:
             return None
-        return CableRecord(CableIdentity(row.serial, row.vendor, row.model), LinkName(row.agent_id, row.place), row.first_seen,
-                           row.replaced)
+        return CableRecord(CableIdentity(row.serial, row.vendor, row.model), name, row.first_seen, row.replaced)
 
     def add_cable(self, record: CableRecord) -> None:
-        self.session.add(CableRow(serial=record.identity.serial, vendor=record.identity.vendor[:64], model=record.identity.model[:64],
-                                  agent_id=record.name.agent_id, place=record.name.place, first_seen=record.first_seen,
-                                  replaced=record.replaced))
+        self.session.add(CableRow(serial=record.identity.serial[:SERIAL], vendor=record.identity.vendor[:64],
+                                  model=record.identity.model[:64], agent_id=record.name.agent_id, place=record.name.place,
+                                  first_seen=record.first_seen, replaced=record.replaced[:SERIAL]))
 
     def cables_of(self, name: LinkName) -> list[CableRecord]:
         """The cables first met in this link's port, oldest first."""

@@ -304,11 +304,13 @@ class LinkEventRow(Base):
 
 
 class CableRow(Base):
+    """A cable as met at one of its ends (a cable has a row for each end; moved to another port, another)."""
+
     __tablename__ = "cables"
     serial: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    place: Mapped[str] = mapped_column(PLACE, primary_key=True)
     vendor: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(64))
-    agent_id: Mapped[str] = mapped_column(ID)
-    place: Mapped[str] = mapped_column(PLACE)
     first_seen: Mapped[float] = mapped_column(Float)
     replaced: Mapped[str] = mapped_column(String(64), default="")

@@ -311,9 +311,9 @@ class OpenStackControllers(DatabasePerVpod):
                            f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
                            f"--advertise-address {shlex.quote(self.host(vpod.id))}",
                            f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])
-        lines += ['{ echo "#!/bin/sh"; echo "state=\'$state\'"', "cat << 'END'", f"VIPU_SERVER_DB=$(echo {store} | base64 -d)",
-                  "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"', server, 'END', '} > "$state/controller"',
-                  'chmod 0700 "$state/controller"',
+        lines += ['{ echo "#!/bin/sh"; echo "set -eu"; echo "state=\'$state\'"', "cat << 'END'",
+                  f"VIPU_SERVER_DB=$(echo {store} | base64 -d)", "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"', server, 'END',
+                  '} > "$state/controller"', 'chmod 0700 "$state/controller"',
                   f"if [ -f {CONTROLLER_UNIT} ]; then  # the controller image's unit runs it, as user vipu",
                   '    chown -R vipu:vipu "$state"', f"    systemctl enable {Path(CONTROLLER_UNIT).name}",
                   f"    systemctl start --no-block {Path(CONTROLLER_UNIT).name}",  # cloud-init's own unit is still starting

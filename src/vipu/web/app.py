@@ -158,9 +158,10 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
             if not source.viewer.admin:
                 return {"drawings": None}
             drawings = []
+            unhealthy = source.unhealthy_links()
             for cluster in sorted(source.clusters(), key=lambda c: c.id):
                 wiring = source.cabling(cluster.id)
-                drawings.append((cluster, wiring, cabling.draw(cluster, wiring)))
+                drawings.append((cluster, wiring, cabling.draw(cluster, wiring, unhealthy)))
             return {"drawings": drawings}
 
         return shown(request, "cabling.html", draw)

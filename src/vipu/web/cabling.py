@@ -1,5 +1,6 @@
 """A cluster's cabling as the dashboard draws it: an SVG of its machines and every cable between
-them, each coloured by the verdict of the last cluster test that judged it.
+them, each coloured by the verdict of the last cluster test that judged it, and marked when the
+link ledger finds either end's link suspect or failed (its trend, between tests).
 
 Each IPU-Link domain is a column of machines, the lowest at the bottom. Between two machines of
 a column run their four IPU-Link cables (ports 5-8 of the lower to 1-4 of the upper) and, to the
@@ -34,11 +35,17 @@ class Box:
     height: float = MACHINE_HEIGHT
 
 
+LEDGER_ORDER = ("", "healthy", "suspect", "failed")  # a cable is as unhealthy as the worse of its two ends
+PORT_PREFIX = {"IPU-Link": "", "Sync-Link": "sync", "GW-Link": "gw"}  # a link's place, as the ledger names it
+
+
 @dataclass
 class Wire:
     cable: admin_pb2.Cable
     path: str
     labels: tuple[tuple[float, float, str], ...] = ()  # (x, y, text): where a stub's far end is named
+    health: str = ""  # the link ledger's word for the worse end: suspect or failed ("" when neither is)
+    health_lines: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -47,8 +54,13 @@ class Wire:
 
     @property
     def title(self) -> str:
-        lines = [f"{self.name}: {self.cable.verdict}", *self.cable.failures]
+        lines = [f"{self.name}: {self.cable.verdict}", *self.cable.failures, *self.health_lines]
         return "\n".join(lines)
+
+    def ends(self) -> tuple[str, str]:
+        """The ledger's names of the links at the cable's two ends (ag3:5, ag4:sync2, ...)."""
+        c, prefix = self.cable, PORT_PREFIX.get(self.cable.kind, "")
+        return f"{c.lower_agent_id}:{prefix}{c.lower_port}", f"{c.upper_agent_id}:{prefix}{c.upper_port}"
 
 
 @dataclass
@@ -60,7 +72,8 @@ class Drawing:
     domains: list[tuple[str, float]]  # each domain's label and the x of its column
 
 
-def draw(cluster: admin_pb2.Cluster, cabling: admin_pb2.Cabling) -> Drawing:
+def draw(cluster: admin_pb2.Cluster, cabling: admin_pb2.Cabling, unhealthy: dict[str, admin_pb2.Link] | None = None) -> Drawing:
+    """`unhealthy`: the link ledger's suspect and failed links, by name."""
     domains = max(1, cluster.num_ipulinkdomains)
     size = len(cluster.agent_ids) // domains
     places: dict[str, tuple[int, int]] = {}  # agent -> (domain, position from the bottom)
@@ -82,7 +95,13 @@ def draw(cluster: admin_pb2.Cluster, cabling: admin_pb2.Cabling) -> Drawing:
         lower, upper = places.get(cable.lower_agent_id), places.get(cable.upper_agent_id)
         if lower is None or upper is None:  # the cluster changed since the test
             continue
-        wires.append(_wire(cable, lower, upper, box_x, box_y))
+        wire = _wire(cable, lower, upper, box_x, box_y)
+        found = [known for end in wire.ends() if (known := (unhealthy or {}).get(end)) is not None]
+        if found:
+            worst = max(found, key=lambda link: LEDGER_ORDER.index(link.health) if link.health in LEDGER_ORDER else 0)
+            wire.health = worst.health
+            wire.health_lines = tuple(f"link ledger: {link.name} {link.health}: {link.reason}" for link in found)
+        wires.append(wire)
     width = box_x(domains - 1) + MACHINE_WIDTH + MARGIN + (STUB + 30 if looped else 0)
     labels = [(f"IPU-Link domain {d}", box_x(d)) for d in range(domains)]
     return Drawing(width, height, boxes, wires, labels)

@@ -109,6 +109,10 @@ class Source:
     def cabling(self, cluster_id: str) -> admin_pb2.Cabling:
         return self._admin().cabling(cluster_id)
 
+    def unhealthy_links(self) -> dict[str, admin_pb2.Link]:
+        """The link ledger's suspect and failed links, by name."""
+        return {link.name: link for link in self._admin().list_links(unhealthy=True)}
+
     def _admin(self) -> AdminClient:
         if self.admin is None:
             raise PermissionDenied("only administrators see the pod's machines, cabling and cluster tests")

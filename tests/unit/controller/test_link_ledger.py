@@ -100,6 +100,8 @@ def test_a_cluster_test_fails_both_ends_of_a_cable_and_a_later_pass_clears_them(
     clock.now = T0 + 30
     ledger.record("ag3", [port(0)], clock.now)
     assert ledger.detail(LinkName("ag3", "5")).state.health is LinkHealth.FAILED  # a quiet reading does not clear a test's failure
+    ledger.record("ag4", [LinkReading("1", 0, 0, True, CableIdentity("C-1"))], clock.now)
+    assert ledger.detail(LinkName("ag4", "1")).state.health is LinkHealth.FAILED  # nor does the first reading of the other end
     assert ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.FAILED, ("ag3:5 - ag4:1: 412 corrected errors",))}) == []
     cleared = ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.PASSED, ())})
     assert {e.health for e in cleared} == {LinkHealth.HEALTHY}
@@ -138,7 +140,8 @@ def test_a_swapped_cable_in_the_simulator_reaches_the_ledger_through_sampling(po
     ledger.sample_all()
     detail = ledger.detail(LinkName("ag2", "5"))
     assert [(c.identity.serial, c.replaced) for c in detail.cables] == [(old, ""), ("SPARE-9", old)]
-    assert ledger.detail(LinkName("ag3", "1")).state.cable.serial == "SPARE-9"  # the cable's other end
+    other_end = ledger.detail(LinkName("ag3", "1"))  # the same cable, seen from its other end
+    assert [(c.identity.serial, c.replaced) for c in other_end.cables] == [(old, ""), ("SPARE-9", old)]
 
 
 @pytest.mark.postgres

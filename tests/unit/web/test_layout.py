@@ -107,3 +107,20 @@ def test_ages_read_as_people_say_them():
     assert age(now) in ("0 s", "1 s")
     now.seconds -= 3 * 3600 + 5
     assert age(now) == "3 h"
+
+
+def test_a_cable_is_marked_by_the_worse_of_its_ends_in_the_link_ledger():
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=["ag1", "ag2"], topology=admin_pb2.ILD_TOPOLOGY_MESH, num_ipulinkdomains=1)
+    cables = [admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=5, upper_agent_id="ag2", upper_port=1, verdict="passed"),
+              admin_pb2.Cable(kind="Sync-Link", lower_agent_id="ag1", lower_port=6, upper_agent_id="ag2", upper_port=2, verdict="passed"),
+              admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=6, upper_agent_id="ag2", upper_port=2, verdict="passed")]
+    unhealthy = {"ag1:5": admin_pb2.Link(name="ag1:5", health="suspect", reason="its errors grew in 3 of its last 6 windows of 1 h"),
+                 "ag2:1": admin_pb2.Link(name="ag2:1", health="failed", reason="it is down: it stopped training"),
+                 "ag2:sync2": admin_pb2.Link(name="ag2:sync2", health="suspect", reason="its recoveries grew")}
+    drawing = cabling.draw(cluster, admin_pb2.Cabling(cluster_id="cl0", cables=cables), unhealthy)
+    marked = {wire.name: (wire.health, wire.title.splitlines()[1:]) for wire in drawing.wires}
+    assert marked["IPU-Link ag1:5 <--> ag2:1"] == ("failed", [
+        "link ledger: ag1:5 suspect: its errors grew in 3 of its last 6 windows of 1 h",
+        "link ledger: ag2:1 failed: it is down: it stopped training"])
+    assert marked["Sync-Link ag1:6 <--> ag2:2"] == ("suspect", ["link ledger: ag2:sync2 suspect: its recoveries grew"])
+    assert marked["IPU-Link ag1:6 <--> ag2:2"] == ("", [])  # both ends healthy: the test's colour alone

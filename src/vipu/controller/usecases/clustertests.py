@@ -310,10 +310,14 @@ class ClusterTestService:
         """The run as it stands, and the verdicts of the cables it has judged so far."""
         with self.store.transaction() as tx:
             tx.save_test_run(run)
-            verdicts = judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run)
-            tx.save_cable_verdicts(run.cluster_id, verdicts)
-        if self.links is not None:
-            self.links.record_test("cluster", verdicts.cables)
+            tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
+        judged = {r.cable.key: (r.verdict, r.lines) for r in judge.cable_results(layout, run.outcomes)
+                  if r.verdict is not judge.CableVerdict.UNTESTED}
+        if self.links is not None and judged:  # this run's verdicts only: a cable replaced since an older run starts afresh
+            try:
+                self.links.record_test("cluster", judged)
+            except VipuError as error:
+                log.warning("the link ledger did not take the cluster test's verdicts: %s", error.message)
 
     # The steps
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from vipu.controller.core.agents import AgentGateway
@@ -39,6 +39,7 @@ from vipu.model.linkhealth import (
     compact,
     judge,
 )
+from vipu.model.topology import LinkKind
 from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,10 @@ class LinkLedger:
         """Read every Up agent's links, in parallel, and record what each answered; how many answered."""
         with self.store.reading() as tx:
             agents = [a for a in tx.list_agents() if a.status is AgentStatus.UP]
-        futures = {agent.id: self._pool.submit(self.gateway.link_counters, agent.host, agent.port) for agent in agents}
+        try:
+            futures = {agent.id: self._pool.submit(self.gateway.link_counters, agent.host, agent.port) for agent in agents}
+        except RuntimeError:  # closed: the controller stops
+            return 0
         answered = 0
         for agent_id, future in futures.items():
             try:
@@ -94,6 +98,8 @@ class LinkLedger:
             except VipuError as error:
                 log.info("links of %s not sampled: %s", agent_id, error.message)
                 continue
+            except CancelledError:  # closed: the controller stops
+                return answered
             self.record(agent_id, readings, read_at or self.clock())
             answered += 1
         return answered
@@ -105,7 +111,7 @@ class LinkLedger:
         again at each reading all the same, as its windows move on."""
         events: list[LinkEvent] = []
         with self.store.transaction() as tx:
-            known = {state.name.place: state for state in tx.links(agent_id)}
+            known = {state.name.place: state for state in tx.links(agent_id, for_update=True)}
             partitions = tx.partitions_on(agent_id)
             for reading in readings:
                 name = LinkName(agent_id, reading.place)
@@ -128,11 +134,12 @@ class LinkLedger:
         if new_cable:
             assert reading.cable is not None
             before = state.cable.serial if state.cable else ""
-            if tx.cable(reading.cable.serial) is None:
+            if tx.cable_at(reading.cable.serial, name) is None:
                 tx.add_cable(CableRecord(reading.cable, name, at, before))
+            state = replace(state, cable=reading.cable, cable_since=at)
             if before:  # a new cable: its link starts afresh, the old cable's trend and test failure gone with it
                 events.append(LinkEvent(name, at, state.health, f"cable {reading.cable.serial} replaced cable {before}", partitions))
-            state = replace(state, cable=reading.cable, cable_since=at, test_failure="")
+                state = replace(state, test_failure="")
         if new_cable or changed or due:
             tx.add_sample(name, sample)
             state = replace(state, last=sample)
@@ -146,7 +153,7 @@ class LinkLedger:
         tx.save_link(replace(state, reason=verdict.reason))
         return events
 
-    def record_test(self, test: str, cables: dict[str, tuple[CableVerdict, tuple[str, ...]]]) -> list[LinkEvent]:
+    def record_test(self, test: str, cables: Mapping[str, tuple[CableVerdict, tuple[str, ...]]]) -> list[LinkEvent]:
         """A cluster test's verdicts on cables ("IPU-Link ag3:5 ag4:1" -> verdict and its lines):
         both ends of a failed cable fail with the test's words, and a passed one clears the
         failure a test had found there."""
@@ -157,7 +164,7 @@ class LinkLedger:
                 if names is None or verdict not in (CableVerdict.FAILED, CableVerdict.PASSED):
                     continue
                 for name in names:
-                    state = tx.link(name) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at)
+                    state = tx.link(name, for_update=True) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at)
                     failure = f"failed the {test} test: {lines[0] if lines else 'no reason given'}" if verdict is CableVerdict.FAILED \
                         else ""
                     if failure == state.test_failure:
@@ -207,14 +214,14 @@ class LinkLedger:
 
 def _cable_ends(key: str) -> tuple[LinkName, LinkName] | None:
     """The two links a cable's key names ("IPU-Link ag3:5 ag4:1"); None for a key of another shape."""
-    kinds = {"IPU-Link": "", "Sync-Link": "sync", "GW-Link": "gw"}
     parts = key.rsplit(" ", 2)
-    if len(parts) != 3 or parts[0] not in kinds:
+    kind = next((k for k in LinkKind if k.value == parts[0]), None)
+    if len(parts) != 3 or kind is None:
         return None
     ends = []
     for end in parts[1:]:
         agent_id, _, port = end.rpartition(":")
         if not agent_id or not port.isdigit():
             return None
-        ends.append(LinkName(agent_id, f"{kinds[parts[0]]}{port}"))
+        ends.append(LinkName.of_port(agent_id, kind, int(port)))
     return ends[0], ends[1]
