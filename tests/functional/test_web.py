@@ -298,11 +298,15 @@ def test_gw_links_between_domains_are_drawn_with_the_verdict_of_a_cluster_test_w
     assert {cable["verdict"] for cable in cables if cable not in failed} == {"passed"}
     verdicts = page.eval_on_selector_all("g.cable", "cables => cables.map(c => c.dataset.verdict)")
     assert len(verdicts) == 2 * (8 * 4 + 7 * 2) + 16 and verdicts.count("failed") == 1  # two 8-machine tori and their GW-Links
-    name, *lines = failed[0]["title"].split("\n")  # on hover: the cable, then each failing test's line about it
+    name, *lines = failed[0]["title"].split("\n")  # on hover: the cable, each failing test's line about it, then the link ledger's
     assert name == "GW-Link ag2:1 <--> ag10:2: failed"
+    ledger = [line for line in lines if line.startswith("link ledger: ")]
+    tested = [line for line in lines if line not in ledger]
     summaries = {test: summary for test, _, _, summary in printed_table}
-    assert [test for test, _, _ in (line.partition(": ") for line in lines)] == ["Sync-Link", "Cabling"]
-    assert all(text in summaries[test] for test, _, text in (line.partition(": ") for line in lines)), lines
+    assert [test for test, _, _ in (line.partition(": ") for line in tested)] == ["Sync-Link", "Cabling"]
+    assert all(text in summaries[test] for test, _, text in (line.partition(": ") for line in tested)), lines
+    assert [line.split(" ")[2] for line in ledger] == ["ag2:gw1", "ag10:gw2"], ledger  # the ledger took the test's verdict
+    assert all(" failed: failed the cluster test: " in line for line in ledger), ledger
 
 
 def shown_results(page) -> list[list]:

@@ -223,6 +223,15 @@ def _grown(before, after, counter: str) -> int:
     return new - old if new >= old else new
 
 
+def _last_reading(link) -> list[tuple[str, str]]:
+    """The link's last kept reading, or dashes for a link known only from a cluster test's verdict."""
+    if not link.HasField("last"):
+        return [("Corrected Errors", "-"), ("Recoveries", "-"), ("Up", "-"), ("Read (UTC)", "not read yet")]
+    last = link.last
+    return [("Corrected Errors", str(last.corrected_errors)), ("Recoveries", str(last.recovery_events)), ("Up", "yes" if last.up else "no"),
+            ("Read (UTC)", _when(last.at))]
+
+
 def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
 
@@ -244,7 +253,8 @@ def list_links(admin, suspect, agent_id, since, as_json):
     if as_json:
         return echo_json({"links": links})
     rows = [[link.name, link.kind, link.health, _when(link.changed_at), link.cable.serial or "-",
-             str(link.last.corrected_errors), str(link.last.recovery_events), link.reason] for link in links]
+             *((str(link.last.corrected_errors), str(link.last.recovery_events)) if link.HasField("last") else ("-", "-")), link.reason]
+            for link in links]
     click.echo(render_table(["Link", "Kind", "Health", "Since (UTC)", "Cable", "Errors", "Recoveries", "Reason"], rows))
 
 
@@ -265,8 +275,7 @@ def get_link(admin, name, history, since, as_json):
         else "-"
     click.echo(render_pairs([("Link", link.name), ("Kind", link.kind), ("Health", link.health), ("Reason", link.reason),
                              ("Since (UTC)", _when(link.changed_at)), ("Cable", cable),
-                             ("Corrected Errors", str(link.last.corrected_errors)), ("Recoveries", str(link.last.recovery_events)),
-                             ("Up", "yes" if link.last.up else "no"), ("Read (UTC)", _when(link.last.at))]))
+                             *_last_reading(link)]))
     if not history:
         return
     if link.events:
