@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from vipu.backends.sim.rack import generate_rack, parse_rack, rack_to_data
 from vipu.client.settings import ClientSettings, parse_hcl
+from vipu.controller.main import link_trend_policy
 from vipu.k8s import controllers, jobs, webhooks
 from vipu.model.errors import InvalidArgument
+from vipu.model.linkhealth import DAY, LinkName
 from vipu.slurm import config as slurm_config
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -128,3 +130,17 @@ def test_the_property_tests_see_valid_input_too(tmp_path):
     path = Path(tmp_path) / "vipu.conf"
     path.write_text("ApiHost=h\nIpuofDir=/tmp\n")
     assert slurm_config.load(path).api_host == "h"
+
+
+@SETTINGS
+@given(st.text(alphabet=st.sampled_from("0123456789,.-e +naif_"), max_size=16) | st.text(max_size=16))
+def test_link_trend_settings(text):
+    policy = refused_in_one_line(link_trend_policy, text)
+    assert policy is None or (1 <= policy.growing <= policy.windows and 0 < policy.span_seconds <= 7 * DAY), policy
+
+
+@SETTINGS
+@given(st.text(alphabet=st.sampled_from("ag3:510sycnwipu4ABCDE"), max_size=14) | st.text(max_size=14))
+def test_link_names(text):
+    name = refused_in_one_line(LinkName.parse, text)
+    assert name is None or LinkName.parse(str(name)) == name

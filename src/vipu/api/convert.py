@@ -27,7 +27,7 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import InvalidArgument
-from vipu.model.linkhealth import CableIdentity, CableRecord, History, LinkEvent, LinkReading, LinkState, Sample
+from vipu.model.linkhealth import CableIdentity, CableRecord, LinkDetail, LinkReading, LinkState, Sample
 from vipu.model.queue import WaitingRequest
 from vipu.model.topology import LinkKind
 
@@ -354,9 +354,6 @@ def observation_from_proto(message: agent_pb2.DiagnoseReply) -> Observation:
     )
 
 
-LinkDetailParts = tuple[History, list[LinkEvent], list[CableRecord]]
-
-
 # The link ledger
 
 
@@ -383,8 +380,8 @@ def _link_sample(sample: Sample) -> admin_pb2.LinkSample:
     return admin_pb2.LinkSample(at=sample.at, corrected_errors=sample.corrected, recovery_events=sample.recoveries, up=sample.up)
 
 
-def link_to_proto(state: LinkState, detail: LinkDetailParts | None = None) -> admin_pb2.Link:
-    """A link as the admin API shows it; with `detail` (its history, events and cables), in full."""
+def link_to_proto(state: LinkState) -> admin_pb2.Link:
+    """A link as the admin API lists it."""
     kind = state.name.kind
     message = admin_pb2.Link(name=str(state.name), kind=kind.value if kind else "internal", health=state.health.value,
                              reason=state.reason, changed_at=state.changed_at,
@@ -392,15 +389,19 @@ def link_to_proto(state: LinkState, detail: LinkDetailParts | None = None) -> ad
     if state.cable is not None:
         message.cable.CopyFrom(admin_pb2.LinkCable(serial=state.cable.serial, vendor=state.cable.vendor, model=state.cable.model,
                                                    first_seen=state.cable_since))
-    if detail is not None:
-        history, events, cables = detail
-        message.samples.extend(_link_sample(s) for s in history.samples)
-        message.summaries.extend(admin_pb2.LinkSummary(start=s.start, end=s.end, samples=s.samples, down=s.down,
-                                                       corrected_growth=s.corrected_growth, recovery_growth=s.recovery_growth)
-                                 for s in history.summaries)
-        message.events.extend(admin_pb2.LinkEvent(at=e.at, health=e.health.value, reason=e.reason, partitions=e.partitions)
-                              for e in events)
-        message.cables.extend(_link_cable(c) for c in cables)
+    return message
+
+
+def link_history_to_proto(detail: LinkDetail) -> admin_pb2.Link:
+    """A link with what the ledger kept of it: its readings, summaries, events and cables."""
+    message = link_to_proto(detail.state)
+    message.samples.extend(_link_sample(s) for s in detail.history.samples)
+    message.summaries.extend(admin_pb2.LinkSummary(start=s.start, end=s.end, samples=s.samples, down=s.down,
+                                                   corrected_growth=s.corrected_growth, recovery_growth=s.recovery_growth)
+                             for s in detail.history.summaries)
+    message.events.extend(admin_pb2.LinkEvent(at=e.at, health=e.health.value, reason=e.reason, partitions=e.partitions)
+                          for e in detail.events)
+    message.cables.extend(_link_cable(c) for c in detail.cables)
     return message
 
 

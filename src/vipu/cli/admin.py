@@ -34,6 +34,7 @@ from vipu.cli.common import (
 )
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.errors import VipuError
+from vipu.model.linkhealth import growth
 
 if typing.TYPE_CHECKING:
     from vipu.api.protos import admin_pb2 as pb
@@ -215,14 +216,6 @@ def since_time(value: str | None) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _grown(before, after, counter: str) -> int:
-    """How much a counter grew from one sample to the next (all it reads, after a reset)."""
-    if before is None:
-        return 0
-    old, new = getattr(before, counter), getattr(after, counter)
-    return new - old if new >= old else new
-
-
 def _last_reading(link) -> list[tuple[str, str]]:
     """The link's last kept reading, or dashes for a link known only from a cluster test's verdict."""
     if not link.HasField("last"):
@@ -288,9 +281,9 @@ def get_link(admin, name, history, since, as_json):
             for s in link.summaries]
     previous = None
     for sample in link.samples:
-        rows.append([_when(sample.at), "1", "0" if sample.up else "1", str(_grown(previous, sample, "corrected_errors")),
-                     str(_grown(previous, sample, "recovery_events"))])
-        previous = sample
+        counters = (sample.corrected_errors, sample.recovery_events)
+        rows.append([_when(sample.at), "1", "0" if sample.up else "1", *map(str, growth(previous, counters))])
+        previous = counters
     click.echo(render_table(["Time (UTC)", "Samples", "Down", "Errors Grew", "Recoveries Grew"], rows))
 
 

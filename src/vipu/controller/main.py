@@ -207,14 +207,11 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
 
 def link_trend_policy(text: str) -> TrendPolicy:
     """--link-trend K,N,SECONDS as a policy; a one-line refusal of anything else."""
-    parts = [part.strip() for part in text.split(",")]
     try:
-        growing, windows, seconds = int(parts[0]), int(parts[1]), float(parts[2])
-    except (ValueError, IndexError):
+        growing, windows, seconds = (part.strip() for part in text.split(","))
+        return TrendPolicy(float(seconds), int(windows), int(growing))
+    except ValueError:  # not three parts, or one not a number
         raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 3,6,3600") from None
-    if len(parts) != 3:
-        raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 3,6,3600")
-    return TrendPolicy(seconds, windows, growing)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

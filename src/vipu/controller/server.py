@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -35,7 +35,7 @@ from vipu.controller.usecases.agents import no_takeover
 from vipu.controller.usecases.users import UserService
 from vipu.controller.wiring import ControllerServices
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.linkhealth import DAY, DEFAULT_POLICY, DEFAULT_RETENTION, Retention, TrendPolicy
+from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_RETENTION, Retention, TrendPolicy
 from vipu.model.throttle import LoginThrottle
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
@@ -73,11 +73,6 @@ class ServerConfig:
     max_waiting_per_user: int = QueueLimits.per_user  # requests one user of secure mode may have waiting for room
     max_waiting: int = QueueLimits.total  # requests that may wait for room on this controller, in all
     request_lease_seconds: float = QueueLimits.lease_seconds  # a waiting request nobody asks after for this long is withdrawn
-
-
-def link_retention(days: float) -> Retention:
-    """The ledger's default forms of history within `days` (a shorter history keeps hourly summaries no longer than itself)."""
-    return replace(DEFAULT_RETENTION, days=days, hourly_seconds=min(DEFAULT_RETENTION.hourly_seconds, days * DAY))
 
 
 def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
@@ -119,7 +114,7 @@ class Controller:
         self.services = services = ControllerServices(self.store, self.gateway, self.changes, config.workers,
                                                       QueueLimits(config.max_waiting_per_user, config.max_waiting,
                                                                   config.request_lease_seconds), takeover_grant(config),
-                                                      config.link_policy, link_retention(config.link_history_days))
+                                                      config.link_policy, Retention.keeping(config.link_history_days))
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health

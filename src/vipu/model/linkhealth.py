@@ -104,6 +104,9 @@ class LinkReading:
     peer_port: int = 0
 
 
+Counters = tuple[int, int]  # corrected errors and recoveries, as one reading gives them
+
+
 @dataclass(frozen=True)
 class Sample:
     """One reading of a link's counters."""
@@ -112,6 +115,10 @@ class Sample:
     corrected: int  # corrected errors since the machine's last reset
     recoveries: int  # link recovery (retraining) events since then
     up: bool
+
+    @property
+    def counters(self) -> Counters:
+        return self.corrected, self.recoveries
 
 
 @dataclass(frozen=True)
@@ -128,25 +135,31 @@ class Summary:
     last_corrected: int
     last_recoveries: int
 
+    @property
+    def last_counters(self) -> Counters:
+        return self.last_corrected, self.last_recoveries
 
-def _growth(before: tuple[int, int] | None, after: Sample) -> tuple[int, int]:
-    """How much the counters grew from one reading to the next; a counter that went down was
-    reset (the machine was), so all it reads now grew since."""
+
+def growth(before: Counters | None, after: Counters) -> Counters:
+    """How much the counters grew from one reading to the next (none without an earlier one); a
+    counter that went down was reset (the machine was), so all it reads now grew since."""
     if before is None:
         return 0, 0
-    corrected = after.corrected - before[0] if after.corrected >= before[0] else after.corrected
-    recoveries = after.recoveries - before[1] if after.recoveries >= before[1] else after.recoveries
-    return corrected, recoveries
+    return _grew(before[0], after[0]), _grew(before[1], after[1])
 
 
-def summarise(samples: Sequence[Sample], start: float, before: tuple[int, int] | None) -> Summary:
+def _grew(then: int, now: int) -> int:
+    return now - then if now >= then else now
+
+
+def summarise(samples: Sequence[Sample], start: float, before: Counters | None) -> Summary:
     """The samples of one span (in time order), `before` the counters just before it (None: none known)."""
     corrected = recoveries = 0
     last = before
     for sample in samples:
-        grew = _growth(last, sample)
+        grew = growth(last, sample.counters)
         corrected, recoveries = corrected + grew[0], recoveries + grew[1]
-        last = (sample.corrected, sample.recoveries)
+        last = sample.counters
     assert last is not None
     return Summary(start, samples[-1].at, len(samples), sum(not s.up for s in samples), corrected, recoveries, last[0], last[1])
 
@@ -171,6 +184,12 @@ class Retention:
         if not 0 < self.full_seconds <= self.hourly_seconds <= self.days * DAY:
             raise InvalidArgument("keep full samples no longer than hourly summaries, and those no longer than the history")
 
+    @classmethod
+    def keeping(cls, days: float) -> Retention:
+        """The default forms of history within `days`: a history shorter than the default hourly
+        summaries' keeps them no longer than itself."""
+        return cls(days=days, hourly_seconds=min(cls.hourly_seconds, days * DAY))
+
 
 DEFAULT_RETENTION = Retention()
 
@@ -193,14 +212,14 @@ def compact(history: History, now: float, retention: Retention = DEFAULT_RETENTI
     `retention.days` dropped. Compacting again changes nothing; growth is never lost within
     what is kept."""
     full_from, hourly_from, oldest = now - retention.full_seconds, now - retention.hourly_seconds, now - retention.days * DAY
-    last_known = (history.summaries[-1].last_corrected, history.summaries[-1].last_recoveries) if history.summaries else None
+    last_known = history.summaries[-1].last_counters if history.summaries else None
     old = [s for s in history.samples if _bucket(s.at, HOUR) + HOUR <= full_from]
     recent = history.samples[len(old):]  # samples are in time order
     hourly = list(history.summaries)
     for start, grouped in groupby(old, key=lambda s: _bucket(s.at, HOUR)):
         span = list(grouped)
         hourly.append(summarise(span, start, last_known))
-        last_known = (span[-1].corrected, span[-1].recoveries)
+        last_known = span[-1].counters
     kept: list[Summary] = []
     for day, grouped_hours in groupby(hourly, key=lambda s: _bucket(s.start, DAY) if _bucket(s.start, DAY) + DAY <= hourly_from else None):
         spans = list(grouped_hours)
@@ -223,9 +242,14 @@ class TrendPolicy:
     def __post_init__(self):
         if not 0 < self.window_seconds < math.inf or not 1 <= self.growing <= self.windows:
             raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
-        if self.window_seconds * self.windows > DEFAULT_RETENTION.full_seconds:
+        if self.span_seconds > DEFAULT_RETENTION.full_seconds:
             raise InvalidArgument(f"a trend's N windows must fit in the {_duration(DEFAULT_RETENTION.full_seconds)} of full readings "
                                   "the ledger keeps")
+
+    @property
+    def span_seconds(self) -> float:
+        """How far back the trend looks: its N windows."""
+        return self.window_seconds * self.windows
 
 
 DEFAULT_POLICY = TrendPolicy()
@@ -235,12 +259,12 @@ def growth_windows(samples: Iterable[Sample], policy: TrendPolicy, now: float) -
     """For each of the last N windows, newest first, whether the counters grew within it (a window
     with no reading shows no growth: there is no evidence of any)."""
     grew = [False] * policy.windows
-    last: tuple[int, int] | None = None
+    last: Counters | None = None
     for sample in sorted(samples, key=lambda s: s.at):
-        corrected, recoveries = _growth(last, sample)
-        last = (sample.corrected, sample.recoveries)
+        corrected, recoveries = growth(last, sample.counters)
+        last = sample.counters
         age = now - sample.at
-        if 0 <= age < policy.window_seconds * policy.windows and (corrected or recoveries):
+        if 0 <= age < policy.span_seconds and (corrected or recoveries):
             grew[int(age // policy.window_seconds)] = True
     return grew
 
@@ -309,3 +333,13 @@ class CableRecord:
     name: LinkName
     first_seen: float
     replaced: str = ""  # the serial of the cable that was there before
+
+
+@dataclass(frozen=True)
+class LinkDetail:
+    """One link with what the ledger kept of it: `vipu-admin get link --history`."""
+
+    state: LinkState
+    history: History
+    events: list[LinkEvent]
+    cables: list[CableRecord]

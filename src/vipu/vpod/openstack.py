@@ -159,7 +159,7 @@ class OpenStackControllers(DatabasePerVpod):
         name, net = controller_name(vpod.id), self._service("network", vpod.id)
         network = self._call(f"look for network {name}", net.find_network, name) or \
             self._call(f"make network {name}", net.create_network, name=name)
-        subnet = self._call(f"look for subnet {name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
+        subnet = self._subnet(net, network)
         if subnet is None:
             pool = self._call(f"find subnet pool {self.subnet_pool}", net.find_subnet_pool, self.subnet_pool)
             if pool is None:
@@ -175,6 +175,10 @@ class OpenStackControllers(DatabasePerVpod):
             self._call(f"make port {name}", net.create_port, name=name, network_id=network.id, security_group_ids=[group.id])
         crash_point("openstack:network-made")
         write_file(self.directory(vpod.id) / ADDRESS_FILE, port.fixed_ips[0]["ip_address"].encode())
+
+    def _subnet(self, net, network):
+        """The vPOD network's subnet (it has one), or None where an attempt was cut short before it."""
+        return self._call(f"look for the subnet of {network.name}", lambda: next(iter(net.subnets(network_id=network.id)), None))
 
     def _site_router(self):
         router = self._call(f"find router {self.router}", self._service("network").find_router, self.router)
@@ -303,9 +307,7 @@ class OpenStackControllers(DatabasePerVpod):
         lines = ["#!/bin/sh", f"# vipu-vpod: the V-IPU controller of vPOD {vpod.id}", "set -eu", "umask 077",
                  f'state="${{VIPU_STATE_DIR:-{STATE_DIR}}}"', 'mkdir -p "$state/certs" "$state/data"']
         for relative in files:
-            encoded = base64.b64encode((tls.root / relative).read_bytes()).decode()
-            lines += [f'mkdir -p "$state/certs/{relative.parent}"',
-                      f"echo {encoded} | base64 -d > \"$state/certs/{relative}\""]
+            lines += _written("$state/certs", relative, (tls.root / relative).read_bytes())
         store = base64.b64encode(self.db_url(vpod.id).encode()).decode()
         server = " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
                            f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
@@ -405,8 +407,7 @@ class OpenStackControllers(DatabasePerVpod):
             raise InvalidArgument(f"Nova has no key pair {request.key}")
         net = self._service("network", vpod.id)
         network = self._call(f"find network {controller_name(vpod.id)}", net.find_network, controller_name(vpod.id))
-        subnet = None if network is None else self._call("look for the vPOD's subnet",
-                                                          lambda: next(iter(net.subnets(network_id=network.id)), None))
+        subnet = None if network is None else self._subnet(net, network)
         if network is None or subnet is None:
             raise Unavailable(f"vPOD {vpod.id} has no network {controller_name(vpod.id)}; release it")
         group = self._vm_group(vpod.id, subnet.cidr)
@@ -437,6 +438,13 @@ class OpenStackControllers(DatabasePerVpod):
         return self._vm(vpod_id, server)
 
 
+def _written(directory: str, relative: Path, content: bytes) -> list[str]:
+    """A user-data script's lines that write a file under `directory` (a shell variable), its
+    content carried in base64 so that nothing in it reaches the shell."""
+    return [f'mkdir -p "{directory}/{relative.parent}"',
+            f'echo {base64.b64encode(content).decode()} | base64 -d > "{directory}/{relative}"']
+
+
 def vm_user_data(vpod_id: str, name: str, config: VmConfig, public_key: str = "", ssh_user: str = "debian") -> str:
     """The script cloud-init runs at a Poplar VM's first boot: the tenant's vipu configuration goes
     where `vipu` looks for it (/etc/vipu/vipu-cli.hcl), its certificates beside it; a public key
@@ -444,8 +452,7 @@ def vm_user_data(vpod_id: str, name: str, config: VmConfig, public_key: str = ""
     lines = ["#!/bin/sh", f"# vipu-vpod: Poplar VM {name} of vPOD {vpod_id}: the tenant's vipu configuration", "set -eu",
              "umask 077", 'config="${VIPU_STATE_DIR:-/etc/vipu}"', 'mkdir -p "$config"']
     for relative, content in sorted({**config.files, "vipu-cli.hcl": config.config.encode()}.items()):
-        lines += [f'mkdir -p "$config/{Path(relative).parent}"',
-                  f'echo {base64.b64encode(content).decode()} | base64 -d > "$config/{relative}"']
+        lines += _written("$config", Path(relative), content)
     lines.append('chmod -R a+rX "$config"')  # the VM's users run vipu; the VM is the tenant's own
     if public_key:
         user, key = shlex.quote(ssh_user), base64.b64encode(public_key.strip().encode() + b"\n").decode()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vipu.api.protos import admin_pb2
+from vipu.model.linkhealth import LinkName
+from vipu.model.topology import LinkKind
 
 MACHINE_WIDTH, MACHINE_HEIGHT = 168, 34
 GAP = 30  # between the machines of a column, where their cables run
@@ -36,7 +38,6 @@ class Box:
 
 
 LEDGER_ORDER = ("", "healthy", "suspect", "failed")  # a cable is as unhealthy as the worse of its two ends
-PORT_PREFIX = {"IPU-Link": "", "Sync-Link": "sync", "GW-Link": "gw"}  # a link's place, as the ledger names it
 
 
 @dataclass
@@ -59,8 +60,8 @@ class Wire:
 
     def ends(self) -> tuple[str, str]:
         """The ledger's names of the links at the cable's two ends (ag3:5, ag4:sync2, ...)."""
-        c, prefix = self.cable, PORT_PREFIX.get(self.cable.kind, "")
-        return f"{c.lower_agent_id}:{prefix}{c.lower_port}", f"{c.upper_agent_id}:{prefix}{c.upper_port}"
+        c, kind = self.cable, LinkKind(self.cable.kind)
+        return str(LinkName.of_port(c.lower_agent_id, kind, c.lower_port)), str(LinkName.of_port(c.upper_agent_id, kind, c.upper_port))
 
 
 @dataclass

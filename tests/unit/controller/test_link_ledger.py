@@ -11,12 +11,12 @@ from tests.unit.controller.test_services import Pod
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import load_rack, save_rack
 from vipu.controller.usecases.links import LinkLedger
-from vipu.model.clustertests import CableVerdict
+from vipu.model.clustertests import CableResult, CableVerdict
 from vipu.model.clustertests import TestType as Step
 from vipu.model.entities import PartitionRequest
 from vipu.model.errors import NotFound
 from vipu.model.linkhealth import HOUR, CableIdentity, LinkHealth, LinkName, LinkReading, Retention, TrendPolicy
-from vipu.model.topology import LinkKind
+from vipu.model.topology import Cable, LinkKind, Port
 
 T0 = 1_800_000_000.0
 POLICY = TrendPolicy(window_seconds=60.0, windows=5, growing=3)
@@ -90,10 +90,16 @@ def test_a_link_that_goes_down_fails_and_a_new_cable_starts_afresh_naming_the_on
                                                  "its errors or recoveries grew in 0 of its last 5 windows of 1 min"]
 
 
+def judged(verdict: CableVerdict, *lines: str) -> CableResult:
+    """A cluster test's verdict on the IPU-Link cable from ag3:5 to ag4:1."""
+    return CableResult(Cable(Port("ag3", LinkKind.IPULINK, 5), Port("ag4", LinkKind.IPULINK, 1)), verdict, lines)
+
+
 def test_a_cluster_test_fails_both_ends_of_a_cable_and_a_later_pass_clears_them(ledger, clock):
     ledger.record("ag3", [port(0)], T0)
-    failed = ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.FAILED, ("ag3:5 - ag4:1: 412 corrected errors",)),
-                                            "Sync-Link ag3:6 ag4:2": (CableVerdict.UNTESTED, ())})
+    failed = ledger.record_test("cluster", [judged(CableVerdict.FAILED, "ag3:5 - ag4:1: 412 corrected errors"),
+                                            CableResult(Cable(Port("ag3", LinkKind.SYNC, 6), Port("ag4", LinkKind.SYNC, 2)),
+                                                        CableVerdict.UNTESTED, ())])
     assert {(str(e.name), e.health) for e in failed} == {("ag3:5", LinkHealth.FAILED), ("ag4:1", LinkHealth.FAILED)}
     state = ledger.detail(LinkName("ag3", "5")).state
     assert state.reason == "failed the cluster test: ag3:5 - ag4:1: 412 corrected errors"
@@ -102,8 +108,8 @@ def test_a_cluster_test_fails_both_ends_of_a_cable_and_a_later_pass_clears_them(
     assert ledger.detail(LinkName("ag3", "5")).state.health is LinkHealth.FAILED  # a quiet reading does not clear a test's failure
     ledger.record("ag4", [LinkReading("1", 0, 0, True, CableIdentity("C-1"))], clock.now)
     assert ledger.detail(LinkName("ag4", "1")).state.health is LinkHealth.FAILED  # nor does the first reading of the other end
-    assert ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.FAILED, ("ag3:5 - ag4:1: 412 corrected errors",))}) == []
-    cleared = ledger.record_test("cluster", {"IPU-Link ag3:5 ag4:1": (CableVerdict.PASSED, ())})
+    assert ledger.record_test("cluster", [judged(CableVerdict.FAILED, "ag3:5 - ag4:1: 412 corrected errors")]) == []
+    cleared = ledger.record_test("cluster", [judged(CableVerdict.PASSED)])
     assert {e.health for e in cleared} == {LinkHealth.HEALTHY}
 
 

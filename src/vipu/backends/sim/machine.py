@@ -209,12 +209,13 @@ class SimMachine(MachineBackend):
                 plugged = rack.plugged(machine.name, kind, port)
                 if plugged is None:
                     continue
-                cable, far = plugged
+                cable = plugged[0]
+                trained = self._read_port(rack, machine, kind, port, with_errors=False)  # up, and where to, as a test sees it
                 corrected, recoveries, up = cable.degradation.counters(now) if cable.degradation else (0, 0, True)
-                up = up and not cable.broken and not rack.machine(far.machine).faults.silent
                 identity = CableIdentity(cable.serial, cable.vendor or SIM_CABLE_VENDOR, cable.model or SIM_CABLE_MODEL)
+                up = up and trained.up
                 readings.append(LinkReading(LinkName.of_port(machine.name, kind, port).place, corrected, recoveries, up, identity,
-                                            rack.machine(far.machine).serial if up else "", far.port if up else 0))
+                                            trained.peer_serial if up else "", trained.peer_port if up else 0))
         for link in INTERNAL_LINKS:
             degradation = machine.degrading_links.get(link.key)
             corrected, recoveries, up = degradation.counters(now) if degradation else (0, 0, True)

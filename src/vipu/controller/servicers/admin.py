@@ -170,8 +170,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def GetLink(self, request, context):
         detail = self.links.detail(LinkName.parse(request.name), request.since)
-        parts = (detail.history, detail.events, detail.cables) if request.history else None
-        return convert.link_to_proto(detail.state, parts)
+        return convert.link_history_to_proto(detail) if request.history else convert.link_to_proto(detail.state)
 
     def GetCabling(self, request, context):
         state, cables = self.clustertests.cabling(request.id)

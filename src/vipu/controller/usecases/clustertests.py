@@ -311,11 +311,9 @@ class ClusterTestService:
         with self.store.transaction() as tx:
             tx.save_test_run(run)
             tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
-        judged = {r.cable.key: (r.verdict, r.lines) for r in judge.cable_results(layout, run.outcomes)
-                  if r.verdict is not judge.CableVerdict.UNTESTED}
-        if self.links is not None and judged:  # this run's verdicts only: a cable replaced since an older run starts afresh
+        if self.links is not None and run.outcomes:  # this run's verdicts only: a cable replaced since an older run starts afresh
             try:
-                self.links.record_test("cluster", judged)
+                self.links.record_test("cluster", judge.cable_results(layout, run.outcomes))
             except VipuError as error:
                 log.warning("the link ledger did not take the cluster test's verdicts: %s", error.message)
 

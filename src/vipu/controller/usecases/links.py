@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from vipu.controller.core.agents import AgentGateway
-from vipu.model.clustertests import CableVerdict
+from vipu.model.clustertests import CableResult, CableVerdict
 from vipu.model.entities import AgentStatus
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.linkhealth import (
@@ -27,7 +27,7 @@ from vipu.model.linkhealth import (
     DEFAULT_RETENTION,
     HOUR,
     CableRecord,
-    History,
+    LinkDetail,
     LinkEvent,
     LinkHealth,
     LinkName,
@@ -36,24 +36,14 @@ from vipu.model.linkhealth import (
     Retention,
     Sample,
     TrendPolicy,
+    Verdict,
     compact,
     judge,
 )
-from vipu.model.topology import LinkKind
 from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = HOUR  # a quiet link's reading is kept this often, so its history shows it was read
-
-
-@dataclass(frozen=True)
-class LinkDetail:
-    """One link as `vipu-admin get link` shows it."""
-
-    state: LinkState
-    history: History
-    events: list[LinkEvent]
-    cables: list[CableRecord]
 
 
 class LinkLedger:
@@ -143,8 +133,7 @@ class LinkLedger:
         if new_cable or changed or due:
             tx.add_sample(name, sample)
             state = replace(state, last=sample)
-        since = max(at - self.policy.window_seconds * self.policy.windows, state.cable_since)
-        verdict = judge(tx.trend_samples(name, since), self.policy, at, state.test_failure)
+        verdict = self._judge(tx, state, at, state.test_failure)
         if verdict.health is not state.health or (verdict.health is LinkHealth.FAILED and verdict.reason != state.reason):
             events.append(LinkEvent(name, at, verdict.health, verdict.reason, partitions))
             state = replace(state, health=verdict.health, changed_at=at)
@@ -153,24 +142,26 @@ class LinkLedger:
         tx.save_link(replace(state, reason=verdict.reason))
         return events
 
-    def record_test(self, test: str, cables: Mapping[str, tuple[CableVerdict, tuple[str, ...]]]) -> list[LinkEvent]:
-        """A cluster test's verdicts on cables ("IPU-Link ag3:5 ag4:1" -> verdict and its lines):
-        both ends of a failed cable fail with the test's words, and a passed one clears the
-        failure a test had found there."""
+    def _judge(self, tx: Transaction, state: LinkState, at: float, test_failure: str) -> Verdict:
+        """The link's health at `at` from the readings of its cable within the trend's windows."""
+        return judge(tx.trend_samples(state.name, max(at - self.policy.span_seconds, state.cable_since)), self.policy, at, test_failure)
+
+    def record_test(self, test: str, results: Iterable[CableResult]) -> list[LinkEvent]:
+        """A cluster test's verdicts on the cables it judged: both ends of a failed cable fail with
+        the test's words, and a passed one clears the failure a test had found there."""
         at, events = self.clock(), []
         with self.store.transaction() as tx:
-            for key, (verdict, lines) in cables.items():
-                names = _cable_ends(key)
-                if names is None or verdict not in (CableVerdict.FAILED, CableVerdict.PASSED):
+            for result in results:
+                if result.verdict is CableVerdict.UNTESTED:
                     continue
-                for name in names:
+                failure = f"failed the {test} test: {result.lines[0] if result.lines else 'no reason given'}" \
+                    if result.verdict is CableVerdict.FAILED else ""
+                for end in (result.cable.lower, result.cable.upper):
+                    name = LinkName.of_port(end.agent_id, end.kind, end.number)
                     state = tx.link(name, for_update=True) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at)
-                    failure = f"failed the {test} test: {lines[0] if lines else 'no reason given'}" if verdict is CableVerdict.FAILED \
-                        else ""
                     if failure == state.test_failure:
                         continue
-                    samples = tx.trend_samples(name, max(at - self.policy.window_seconds * self.policy.windows, state.cable_since))
-                    judged = judge(samples, self.policy, at, failure)
+                    judged = self._judge(tx, state, at, failure)
                     event = LinkEvent(name, at, judged.health, judged.reason, tx.partitions_on(name.agent_id))
                     tx.add_link_event(event)
                     events.append(event)
@@ -210,18 +201,3 @@ class LinkLedger:
             if state is None:
                 raise NotFound(f"no link {name} is in the ledger: its agent has not been sampled, or it has no such link")
             return LinkDetail(state, tx.history(name, since), tx.link_events(name, since), tx.cables_of(name))
-
-
-def _cable_ends(key: str) -> tuple[LinkName, LinkName] | None:
-    """The two links a cable's key names ("IPU-Link ag3:5 ag4:1"); None for a key of another shape."""
-    parts = key.rsplit(" ", 2)
-    kind = next((k for k in LinkKind if k.value == parts[0]), None)
-    if len(parts) != 3 or kind is None:
-        return None
-    ends = []
-    for end in parts[1:]:
-        agent_id, _, port = end.rpartition(":")
-        if not agent_id or not port.isdigit():
-            return None
-        ends.append(LinkName.of_port(agent_id, kind, int(port)))
-    return ends[0], ends[1]
