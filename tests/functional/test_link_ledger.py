@@ -1,7 +1,8 @@
 """The link ledger on real agent processes and vipu-server (issue 32): a link made to degrade in the
-rack is sampled, its trend makes it suspect at both ends of its cable, with the partition on its
-machine named; its history is there as a table and as JSON; a swapped cable is a new cable naming
-the one it replaced; a name that is no link is refused in one line."""
+rack is sampled, its trend makes it suspect at both ends of its cable, with the partition running
+over it named and told; its history is there as a table and as JSON; a swapped cable is a new
+cable naming the one it replaced; a suspect link steers a new partition elsewhere and a failed one
+refuses only the shapes that need it; a name that is no link is refused in one line."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_every_link_is_sampled_and_healthy_with_its_cable(pod):
 
 
 def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afresh(pod):
-    assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # on ag1
+    assert pod.user("create", "partition", "p1", "--size", "8").code == 0  # on ag1 and ag2, over the cable from ag1:5 to ag2:1
     sim(pod, "--degrade", "m01:IPU-Link:5=steady:600")  # ten corrected errors a second
     suspect = wait_until(lambda: links(pod, "--suspect") if set(links(pod, "--suspect")) >= {"ag1:5", "ag2:1"} else None,
                          timeout=30, what="ag1:5 and its cable's other end to turn suspect")
@@ -65,6 +66,9 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
     assert int(detail["samples"][-1]["corrected_errors"]) > int(detail["samples"][0]["corrected_errors"])
     shown = pod.admin("get", "link", "ag1:5", "--history")
     assert shown.code == 0 and "Errors Grew" in shown.out and " p1" in shown.out
+    told = wait_until(lambda: (p := pairs(pod.user("get", "partition", "p1").out))["Links"] != "-" and p, timeout=10,
+                      what="partition p1 to be told of the suspect link it runs over")
+    assert told["Links"].startswith("link ag1:5 it runs over is suspect: its errors or recoveries grew in")
 
     old_serial = detail["cable"]["serial"]
     sim(pod, "--swap-cable", "m01:IPU-Link:5=SPARE-0042")
@@ -72,6 +76,8 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
                what="the new cable's link to be healthy")
     cables = json.loads(pod.admin("get", "link", "ag1:5", "--history", "--json").out)["cables"]
     assert [(c["serial"], c["replaced"]) for c in cables] == [(old_serial, ""), ("SPARE-0042", old_serial)]
+    wait_until(lambda: pairs(pod.user("get", "partition", "p1").out)["Links"] == "-", timeout=10,
+               what="partition p1 to be told its links are healthy again")
     assert pod.user("remove", "partition", "p1").code == 0
 
 
@@ -80,3 +86,38 @@ def test_a_name_that_is_no_link_or_a_link_never_read_is_refused_in_one_line(pod)
     failed_line(pod.admin("get", "link", "ag9:5"), "get link", "ag9:5", "no link ag9:5 is in the ledger")
     refused = pod.admin("list", "links", "--since", "yesterday-ish")
     assert refused.code == 2 and "neither a time ago" in refused.err
+
+
+def test_a_suspect_link_steers_a_new_partition_and_a_failed_one_refuses_only_the_shapes_that_need_it(pod):
+    sim(pod, "--degrade", "m01:IPU-Link:5=steady:600", "--break", "m03:IPU-Link:5")
+    unhealthy = wait_until(lambda: (found := links(pod, "--suspect")).keys() >= {"ag1:5", "ag3:5"} and found, timeout=30,
+                           what="ag1:5 to turn suspect and ag3:5 to fail")
+    assert unhealthy["ag3:5"][2] == "failed"
+
+    def whole_pod_refused():
+        """Refused once the owner has the ledger's word (which follows the ledger's commit)."""
+        created = pod.user("create", "partition", "whole", "--size", "16")
+        if created.code == 0:
+            assert pod.user("remove", "partition", "whole").code == 0
+        return created if "quarantined links" in created.err else None
+
+    refused = wait_until(whole_pod_refused, timeout=10, what="the partition of all four machines to be refused for the failed ag3:5")
+    failed_line(refused, "create partition", "whole", "every free place for 16 IPUs in allocation alloc-1 needs quarantined links: "
+                "ag3:5 (failed: it is down: it stopped training); ag4:1 (failed: it is down: it stopped training)")
+
+    # Best fit would take ag1 and ag2, over the suspect ag1:5; ag3 and ag4 need the failed ag3:5.
+    assert pod.user("create", "partition", "steered", "--size", "8").code == 0
+    steered = pairs(pod.user("get", "partition", "steered").out)
+    assert [row[2] for row in rows(pod.user("get", "partition", "steered").out)][::4] == ["ag2", "ag3"]
+    assert steered["Placement"].startswith("placed away from ag1:5 (suspect: its errors or recoveries grew in ")
+    assert "ag2:1 (suspect: " in steered["Placement"] and steered["Links"] == "-"
+    assert pod.user("remove", "partition", "steered").code == 0
+
+    # Every machine, the two ends of the failed link's cable too, still takes a shape that does not need it.
+    for name in ("m1", "m2", "m3", "m4"):
+        assert pod.user("create", "partition", name, "--size", "4").code == 0
+    on = {name: rows(pod.user("get", "partition", name).out)[0][2] for name in ("m1", "m2", "m3", "m4")}
+    assert sorted(on.values()) == ["ag1", "ag2", "ag3", "ag4"]
+    assert all(pairs(pod.user("get", "partition", name).out)["Placement"] == "-" for name in on)
+    for name in on:
+        assert pod.user("remove", "partition", name).code == 0

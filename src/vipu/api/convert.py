@@ -290,6 +290,8 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     if partition.last_auto_reset is not None:
         status.last_auto_reset_time.FromDatetime(partition.last_auto_reset)
     status.relocatable, status.relocation = partition.relocatable, partition.relocation
+    status.placement_note = partition.placement_note
+    status.link_warnings.extend(partition.link_warnings)
     return status
 
 

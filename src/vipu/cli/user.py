@@ -290,6 +290,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
          if status.HasField("last_auto_reset_time") else "-"),
         ("Relocatable", "yes" if status.relocatable else "no"),
         ("Relocated", status.relocation or "-"),
+        ("Placement", status.placement_note or "-"),
+        ("Links", list(status.link_warnings) or "-"),
         ("Errors", list(status.errors) or "-"),
     ]))
     rows = [[str(i.routing_id), str(i.routing_id // (len(spec.ipus) // spec.num_gcds)), i.agent_id, str(i.agent_ipu_index),

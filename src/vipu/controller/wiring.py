@@ -36,7 +36,7 @@ class ControllerServices:
         self.partitions = PartitionService(store, self.owners)
         self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
         self.allocations = AllocationService(store, self.owners)
-        self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8))
+        self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8), tell=self.owners.links_changed)
         self.clustertests = ClusterTestService(store, gateway, self.owners, changes, workers, self.links)
         self.clusters = ClusterService(store, self.allocations, self.clustertests.testing)
         self.agents = AgentService(store, gateway, self.clusters, self.owners, takeover_grant)

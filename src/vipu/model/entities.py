@@ -282,6 +282,10 @@ class Partition:
     # The machines it was moved off because they failed it: later moves keep off them while other
     # room is left, so that it does not go back and forth between two faulty machines.
     failed_on: tuple[str, ...] = ()
+    placement_note: str = ""  # the unhealthy links it was placed away from, or the suspect ones it took for want of room
+    # What the link ledger says now of the unhealthy links it runs over, a line each: read from its
+    # allocation's snapshot for the reader, never stored.
+    link_warnings: tuple[str, ...] = ()
 
     @property
     def agent_ids(self) -> list[str]:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
 from enum import Enum
 from itertools import groupby
 
+from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import InvalidArgument
-from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
+from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, ClusterLayout, LinkKind
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -343,3 +344,80 @@ class LinkDetail:
     history: History
     events: list[LinkEvent]
     cables: list[CableRecord]
+
+
+def links_used(layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> frozenset[LinkName]:
+    """The links a partition on these IPUs (as (agent, index) pairs) trains and runs over: on each
+    machine the internal links between two of its IPUs, and, between machines it takes whole,
+    both ends of every cable joining two of them (IPU-Links and Sync-Links between rack neighbours
+    and a torus's loop-back, GW-Links between domains)."""
+    by_agent: dict[str, set[int]] = {}
+    for agent, index in ipus:
+        by_agent.setdefault(agent, set()).add(index)
+    names = {LinkName(agent, link.key) for agent, indices in by_agent.items() for link in INTERNAL_LINKS
+             if link.lower_ipu in indices and link.upper_ipu in indices}
+    whole = [agent for agent, indices in by_agent.items() if len(indices) == IPUS_PER_MACHINE]
+    if len(whole) > 1:
+        for cable in layout.ipulink_cables(whole) + layout.sync_cables(whole) + layout.gwlink_cables(whole):
+            for end in (cable.lower, cable.upper):
+                names.add(LinkName.of_port(end.agent_id, end.kind, end.number))
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class LinkFaults:
+    """Some machines' unhealthy links as placement weighs them, each with the ledger's reason: a
+    failed link is quarantined (no partition is placed on a shape that needs it, while shapes that
+    do not still use its machine), a suspect one is stepped around while another shape fits.
+    `sequence` orders the ledger's word of them: a later word replaces an earlier, never the reverse."""
+
+    failed: Mapping[LinkName, str] = field(default_factory=dict)
+    suspect: Mapping[LinkName, str] = field(default_factory=dict)
+    sequence: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.failed or self.suspect)
+
+    @classmethod
+    def of(cls, states: Iterable[LinkState], agents: Set[str] | None = None, sequence: int = 0) -> LinkFaults:
+        """The faults among the links' states, of the `agents` given (all if None)."""
+        failed, suspect = {}, {}
+        for state in states:
+            if agents is not None and state.name.agent_id not in agents:
+                continue
+            if state.health is LinkHealth.FAILED:
+                failed[state.name] = state.reason
+            elif state.health is LinkHealth.SUSPECT:
+                suspect[state.name] = state.reason
+        return cls(failed, suspect, sequence)
+
+    @property
+    def agents(self) -> frozenset[str]:
+        """The machines with an unhealthy link."""
+        return frozenset(name.agent_id for name in (*self.failed, *self.suspect))
+
+    def within(self, agents: Set[str]) -> LinkFaults:
+        return LinkFaults({n: r for n, r in self.failed.items() if n.agent_id in agents},
+                          {n: r for n, r in self.suspect.items() if n.agent_id in agents}, self.sequence)
+
+    def met(self, layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> tuple[list[LinkName], list[LinkName]]:
+        """The failed links and the suspect ones, in name order, that a partition on these IPUs needs."""
+        ipus = list(ipus)
+        if not self or self.agents.isdisjoint(agent for agent, _ in ipus):
+            return [], []
+        used = links_used(layout, ipus)
+        return sorted(used & self.failed.keys()), sorted(used & self.suspect.keys())
+
+    def described(self, names: Iterable[LinkName]) -> str:
+        """Links with their health and why, in one line: "ag1:5 (suspect: its errors grew ...)"."""
+        return "; ".join(f"{name} ({'failed' if name in self.failed else 'suspect'}: "
+                         f"{self.failed.get(name) or self.suspect.get(name, '')})" for name in names)
+
+    def warnings(self, layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> list[str]:
+        """What a partition on these IPUs is told of the unhealthy links it runs over, a line each."""
+        failed, suspect = self.met(layout, ipus)
+        return [f"link {name} it runs over is {'failed' if name in self.failed else 'suspect'}: "
+                f"{self.failed.get(name) or self.suspect.get(name, '')}" for name in (*failed, *suspect)]
+
+
+NO_FAULTS = LinkFaults()

@@ -18,17 +18,23 @@ machines into the smallest run of free machines that holds it, at an end of that
 of `LARGE_PARTITION_IPUS` or more take the top end and fill the cluster downwards, smaller ones
 fill it upwards from the bottom, so small partitions do not break the runs large ones need
 (`bench/allocator.py` measures this against first-fit on a synthetic trace).
+
+The link ledger's word on the machines' links (`LinkFaults`) comes first: a shape that needs a
+failed link is never taken (the link is quarantined, its machine still takes shapes that do not
+need it), and one that needs a suspect link only when no other shape fits; the placement then
+says which links it stepped around, or which suspect ones it could not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from vipu.model import reasons
 from vipu.model.entities import IPUS_PER_MACHINE, GwRouting, IpuLinkRouting, PlacedIpu
-from vipu.model.errors import Conflict, InvalidArgument, VipuError
+from vipu.model.errors import Conflict, InvalidArgument, NoRoom, VipuError
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
 
 # Partitions this large fill free runs from the top of the cluster, smaller ones from the bottom.
@@ -46,6 +52,7 @@ class Placement:
     num_segments: int
     ipulink_routing: IpuLinkRouting
     gw_routing: GwRouting
+    link_note: str = ""  # the unhealthy links it was placed away from, or the suspect ones it takes for want of another shape
 
 
 Segments = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...)) per segment
@@ -82,6 +89,7 @@ class _Candidate:
     position: tuple  # where the shape starts in the cluster's order, for first-fit
     shape: Callable[[], Segments]
     machines_per_segment: int
+    link_note: str = ""
 
     @property
     def segments(self) -> Segments:
@@ -123,7 +131,9 @@ class _FreeRuns:
         run_start, run_length = run  # every position of a run is free, so the window is if it lies inside
         offset = (start - run_start) % size
         if offset + length > run_length:
-            return None
+            if run_length < size or not self.layout.is_torus:
+                return None
+            return run_length, 1  # a window across the top of a wholly free ring: free, though at no end of a run
         at_end = offset == 0 or offset + length == run_length
         return run_length, 0 if at_end else 1
 
@@ -278,6 +288,7 @@ def place_partition(
     where: str = "the allocation",
     first_fit: bool = False,
     occupancy: Occupancy | None = None,
+    faults: LinkFaults = NO_FAULTS,
 ) -> Placement:
     """Choose the IPUs of a partition of `size` among the `allowed` machines of `layout`.
 
@@ -288,15 +299,25 @@ def place_partition(
     request that could never fit these machines, however empty; Conflict, saying why in one line
     (`vipu.model.reasons`), when there is no room now. `first_fit` takes the first shape that
     fits in cluster order instead of the best fit: the baseline the allocator benchmark compares
-    against.
+    against. `faults` are the machines' unhealthy links (see the module's docstring).
     """
     check_rules(layout, size, num_gcds=num_gcds, num_segments=num_segments, ipulink_routing=ipulink_routing,
                 gw_routing=gw_routing, explicit=explicit)
     taken = used if occupancy is None or not occupancy.held else occupancy.with_held(used)
-    best = _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit)
+    best = _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit, faults)
     if best is None:
+        if faults.failed and _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit) is not None:
+            raise _quarantined(layout, allowed, taken, size, where, num_segments, ipulink_routing, explicit, faults)
         raise _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit)
     return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
+
+
+def _quarantined(layout, allowed, used, size, where, num_segments, ipulink_routing, explicit, faults: LinkFaults) -> NoRoom:
+    """The refusal of a request whose every free shape needs a failed link."""
+    candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit)
+    failed = sorted({name for c in candidates for name in faults.met(layout, _ipus_of(c))[0]})
+    which = "a quarantined link" if len(failed) == 1 else "quarantined links"
+    return NoRoom(f"every free place for {size} IPUs in {where} needs {which}: {faults.described(failed)}")
 
 
 def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit) -> VipuError:
@@ -313,10 +334,10 @@ def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulin
 
 def try_place(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *, num_gcds: int = 1,
               num_segments: int = 0, ipulink_routing: IpuLinkRouting | None = None, gw_routing: GwRouting | None = None,
-              explicit: tuple[tuple[int, int], ...] = (), first_fit: bool = False) -> Placement | None:
+              explicit: tuple[tuple[int, int], ...] = (), first_fit: bool = False, faults: LinkFaults = NO_FAULTS) -> Placement | None:
     """`place_partition` for a request already found valid, without saying why: None when there is
     no room. What the queue and the allocator benchmark call many times over."""
-    best = _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit)
+    best = _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit, faults)
     return None if best is None else _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
 
 
@@ -350,22 +371,50 @@ def check_rules(layout: ClusterLayout, size: int, *, num_gcds: int = 1, num_segm
             raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
 
 
-def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit) -> _Candidate | None:
-    """The shape placement chooses among those free now, or None."""
+def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit,
+          faults: LinkFaults = NO_FAULTS) -> _Candidate | None:
+    """The shape placement chooses among those free now, or None; with `faults`, never one that
+    needs a failed link, and one that needs a suspect link only when no other is free (its
+    `link_note` says which links were stepped around, or taken for want of another shape)."""
     if size > _free_ipu_count(layout, allowed, used):
         return None
+    candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every=bool(faults))
+    if not candidates:
+        return None
+    order = (lambda c: c.position) if first_fit else (lambda c: c.score)
+    if not faults or faults.agents.isdisjoint(allowed):
+        return min(candidates, key=order)
+    met = {id(c): faults.met(layout, _ipus_of(c)) for c in candidates}
+    usable = [c for c in candidates if not met[id(c)][0]]
+    if not usable:
+        return None
+    chosen = min(usable, key=lambda c: (bool(met[id(c)][1]), order(c)))
+    if met[id(chosen)][1]:
+        return replace(chosen, link_note=f"on suspect links for want of another free place: {faults.described(met[id(chosen)][1])}")
+    preferred = min(candidates, key=order)
+    avoided = sorted(set(met[id(preferred)][0]) | set(met[id(preferred)][1]))
+    if preferred is not chosen and avoided:
+        return replace(chosen, link_note=f"placed away from {faults.described(avoided)}")
+    return chosen
+
+
+def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every: bool = False) -> list[_Candidate]:
+    """Every shape free now that placement chooses among (with `every`, each machine's every free
+    group of a sub-machine size, not only its first)."""
     if size < IPUS_PER_MACHINE:
-        candidates = _sub_machine_candidates(layout, allowed, used, size, every=bool(explicit))
+        candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit))
     else:
         counts = _segment_counts(layout, size, num_segments)
         runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
         candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
     if explicit:
         wanted = set(explicit)
-        candidates = [c for c in candidates if _topology_ids(layout, (ipu for _, ipus in c.segments for ipu in ipus)) == wanted]
-    if not candidates:
-        return None
-    return min(candidates, key=(lambda c: c.position) if first_fit else (lambda c: c.score))
+        candidates = [c for c in candidates if _topology_ids(layout, _ipus_of(c)) == wanted]
+    return candidates
+
+
+def _ipus_of(candidate: _Candidate) -> Iterator[tuple[str, int]]:
+    return (ipu for _, ipus in candidate.segments for ipu in ipus)
 
 
 def _topology_ids(layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> set[tuple[int, int]]:
@@ -402,16 +451,19 @@ def _every_window(layout: ClusterLayout, machines: int) -> list[int]:
 def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *,
                        holders: Mapping[tuple[str, int], str] | None = None, num_segments: int = 0,
                        ipulink_routing: IpuLinkRouting | None = None,
-                       explicit: tuple[tuple[int, int], ...] = ()) -> Shape:
+                       explicit: tuple[tuple[int, int], ...] = (), faults: LinkFaults = NO_FAULTS) -> Shape:
     """The IPUs to hold for the first waiting request while partitions end: the shape that the
     fewest partitions block (`holders` names them; without it, the fewest IPUs in use), then the
-    fewest IPUs in use, then best-fit's order. Empty when no shape exists."""
+    fewest IPUs in use, then best-fit's order; never one that needs a quarantined link (`faults`).
+    Empty when no shape exists."""
     def blocked(shape: Shape) -> tuple[int, int]:
         busy = [ipu for ipu in shape if ipu[1] in used.get(ipu[0], ())]
         blocking = len({holders[ipu] for ipu in busy if ipu in holders}) if holders is not None else len(busy)
         return blocking, len(busy)
 
     options = shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing, explicit=explicit)
+    if faults.failed:
+        options = [shape for shape in options if not faults.met(layout, shape)[0]]
     return min(options, key=blocked, default=frozenset())
 
 
@@ -438,7 +490,7 @@ def _placement(layout, best: _Candidate, size, num_gcds, ipulink_routing, gw_rou
     gw = GwRouting.DEFAULT if segments == 1 else GwRouting.RING
     if gw_routing not in (None, GwRouting.DEFAULT, gw):
         raise InvalidArgument(f"GW routing {gw_routing.value} does not apply to a partition of {segments} segment(s)")
-    return Placement(tuple(placed), segments, routing, gw)
+    return Placement(tuple(placed), segments, routing, gw, best.link_note)
 
 
 def choose_allocation_machines(cluster_agents: tuple[str, ...], taken: Set[str], ipus: int) -> tuple[str, ...]:

@@ -3,6 +3,8 @@ events, and the cables met in its ports (`vipu.model.linkhealth`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import delete, func, select
 
 from vipu.model.linkhealth import (
@@ -16,7 +18,7 @@ from vipu.model.linkhealth import (
     Sample,
     Summary,
 )
-from vipu.store.schema import CableRow, LinkEventRow, LinkRow, LinkSampleRow, LinkSummaryRow, PartitionIpuRow
+from vipu.store.schema import CableRow, LinkEventRow, LinkRow, LinkSampleRow, LinkSummaryRow
 from vipu.store.transactions import TransactionBase
 
 SERIAL = 64  # the longest serial kept: an agent's longer one is cut, not refused (its machine's readings would all fail)
@@ -41,7 +43,10 @@ class LinkRepository(TransactionBase):
             query = query.where(LinkRow.agent_id == agent_id)
         if for_update:
             query = query.with_for_update()
-        rows = self.session.scalars(query).all()
+        return self._states(self.session.scalars(query).all())
+
+    def _states(self, rows: Sequence[LinkRow]) -> list[LinkState]:
+        """The links' states, each with the cable in its port."""
         serials = {row.cable_serial for row in rows if row.cable_serial}
         found = self.session.scalars(select(CableRow).where(CableRow.serial.in_(serials))) if serials else ()
         cables = {(c.serial, c.agent_id, c.place): c for c in found}
@@ -137,10 +142,10 @@ class LinkRepository(TransactionBase):
                                     .order_by(CableRow.first_seen))
         return [CableRecord(CableIdentity(r.serial, r.vendor, r.model), name, r.first_seen, r.replaced) for r in rows]
 
-    def partitions_on(self, agent_id: str) -> tuple[str, ...]:
-        """The partitions with IPUs on the agent's machine now: those a link of it serves."""
-        rows = self.session.scalars(select(PartitionIpuRow.partition_id).where(PartitionIpuRow.agent_id == agent_id).distinct())
-        return tuple(sorted(rows))
+    def unhealthy_links(self) -> list[LinkState]:
+        """The links suspect or failed now: what placement steps around."""
+        return self._states(self.session.scalars(select(LinkRow).where(LinkRow.health != LinkHealth.HEALTHY.value)
+                                                 .order_by(LinkRow.agent_id, LinkRow.place)).all())
 
     def link_event_counts(self) -> dict[str, int]:
         """How many of the kept events changed a link's health to each health."""

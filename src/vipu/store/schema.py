@@ -37,10 +37,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 11  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 12  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
-# link_summaries, link_events, cables)
+# link_summaries, link_events, cables); 12: partitions.placement_note
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -49,11 +49,13 @@ def _give_attach_keys(session: Session) -> None:
         session.execute(text("UPDATE partitions SET attach_key = :key WHERE id = :id"), {"key": new_attach_key(), "id": partition_id})
 
 
-def _add_request_detached(session: Session) -> None:
-    """Waiting requests say whether they were made to be picked up later (a store from before
-    version 7 has the table made whole by create_all already)."""
-    if "detached" not in {column["name"] for column in inspect(session.connection()).get_columns("partition_requests")}:
-        session.execute(text("ALTER TABLE partition_requests ADD COLUMN detached BOOLEAN NOT NULL DEFAULT false"))
+def _adding(table: str, column: str, definition: str) -> Callable[[Session], None]:
+    """A step that adds a column to a table unless it is there: a table newer than the store's
+    version (made whole by create_all) has it already."""
+    def add(session: Session) -> None:
+        if column not in {found["name"] for found in inspect(session.connection()).get_columns(table)}:
+            session.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {definition}"))
+    return add
 
 
 # What turns a store of one version into the next, beyond the tables create_all adds: SQL, or a
@@ -65,7 +67,8 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     7: ["ALTER TABLE partitions ADD COLUMN relocatable BOOLEAN NOT NULL DEFAULT false",
         "ALTER TABLE partitions ADD COLUMN relocation VARCHAR(512) NOT NULL DEFAULT ''"],
     9: ["ALTER TABLE partitions ADD COLUMN failed_on JSON"],
-    10: [_add_request_detached],
+    10: [_adding("partition_requests", "detached", "BOOLEAN NOT NULL DEFAULT false")],
+    12: [_adding("partitions", "placement_note", "VARCHAR(512) NOT NULL DEFAULT ''")],
 }
 
 ID = String(64)
@@ -151,6 +154,7 @@ class PartitionRow(Base):
     relocatable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     relocation: Mapped[str] = mapped_column(String(512), default="", server_default="")  # where it last moved, and why
     failed_on: Mapped[list | None] = mapped_column(JSON, nullable=True)  # the agents it was moved off, failing it
+    placement_note: Mapped[str] = mapped_column(String(512), default="", server_default="")  # the unhealthy links it was placed around
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"

@@ -397,6 +397,7 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocatable"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN relocation"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN failed_on"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN placement_note"))
         tx.session.execute(text("DROP TABLE partition_requests"))
         tx.session.execute(text("UPDATE vipu_meta SET value = '2' WHERE key = 'schema_version'"))
     populated.close()
@@ -407,6 +408,7 @@ def test_a_store_of_an_older_schema_is_migrated(populated, store_url):
             assert len(tx.get_partition("p1").attach_key) >= 20  # a key of its own, made by the migration
             assert (tx.get_partition("p1").relocatable, tx.get_partition("p1").relocation) == (False, "")
             assert tx.get_partition("p1").failed_on == ()
+            assert tx.get_partition("p1").placement_note == ""
             assert tx.list_requests() == []
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
+from vipu.model.linkhealth import LinkFaults
 
 # How long a started operation may take before its asker stops waiting: its agent calls are each
 # bounded by the agent timeout (10 s by default) and its store writes by the statement deadline.
@@ -208,6 +209,14 @@ class AgentReport(Command):
     agent_id: str
     held: dict | None = None  # partition id -> AgentSettings; None when it did not answer
     error: VipuError | None = None
+
+
+@dataclass
+class LinksChanged(Command):
+    """The link ledger's word on the allocation's unhealthy links, whole: placement steps around
+    them from then on, and the partitions running over them are told."""
+
+    faults: LinkFaults
 
 
 @dataclass

@@ -16,6 +16,7 @@ from vipu.controller.core.commands import (
     Command,
     CreatePartition,
     FinishInterrupted,
+    LinksChanged,
     RecoverFailed,
     ReleaseMachines,
     RelocatePartition,
@@ -91,7 +92,7 @@ class Decisions(QueueKeeping):
         first = state.queue.first()
         occupancy = Occupancy(state.holders, state.held if first is not None else frozenset(),
                               first.partition_id if first is not None else "")
-        placement = place_request(state.layout, state.allocation, state.used, request, occupancy)
+        placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links)
         return partition_of(request, access.user_id, state.allocation, placement)
 
     def _remove(self, command: RemovePartition) -> None:
@@ -205,6 +206,25 @@ class Decisions(QueueKeeping):
                 children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
         self._answer_when_done(command, children)
 
+    def _links_changed(self, command: LinksChanged) -> None:
+        """The ledger's word on the machines' links: placement (and the queue's next pass) steps
+        around them from now on, and each partition that newly runs over an unhealthy link is told
+        (its status, and the log). Word older than what the owner has is ignored."""
+        state, before = self.state, self.state.links
+        if command.faults.sequence < before.sequence:
+            command.reply.resolve()
+            return
+        state.links = command.faults.within(set(state.allocation.agent_ids))
+        if (state.links.failed, state.links.suspect) != (before.failed, before.suspect):
+            for partition in state.partitions.values():
+                ipus = [(ipu.agent_id, ipu.index) for ipu in partition.ipus]
+                told = set(before.warnings(state.layout, ipus))
+                for warning in state.links.warnings(state.layout, ipus):
+                    if warning not in told:
+                        log.warning("partition %s: %s", partition.id, warning)
+            self._changed = self._partitions_changed = self._queue_dirty = True
+        command.reply.resolve()
+
     def _answer_when_done(self, command: Command, children: list[Flow]) -> None:
         """Answer once the operations a command started have ended (the health pass waits for them)."""
         if not children:
@@ -290,6 +310,7 @@ class Decisions(QueueKeeping):
         ClaimMachines: _claim,
         ReleaseMachines: _release,
         AgentReport: _report,
+        LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,
         CloseAllocation: _close,

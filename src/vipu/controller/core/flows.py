@@ -174,7 +174,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     state = owner.state
     first = state.queue.first()
     placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
-                      first.partition_id if first is not None else "", avoid, state.down)
+                      first.partition_id if first is not None else "", avoid, state.down, state.links)
     fields: dict = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))

@@ -11,6 +11,7 @@ a few dictionary operations and never across a store write or an agent call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 
 from vipu.controller.core.agents import AgentCall, AgentCalls
 from vipu.controller.core.changes import ChangeFeed, Topic
+from vipu.controller.core.commands import LinksChanged, Reply
 from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import Turns
 from vipu.model.entities import Agent, AgentStatus
 from vipu.model.errors import Conflict, Unavailable, VipuError
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -68,6 +71,7 @@ class Owners:
         self._endings: dict[str, tuple[float, str, VipuError]] = {}  # partition id -> (when, allocation, how it ended)
         self._tests: dict[str, str] = {}  # cluster id -> the disruptive test holding its machines
         self._stopped = ""
+        self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
 
@@ -80,12 +84,16 @@ class Owners:
             configuration = tx.configuration()
             partitions = tx.list_partitions()
             requests = tx.list_requests()
+            unhealthy = tx.unhealthy_links()
+        with self._lock:
+            self._links = LinkFaults.of(unhealthy, sequence=self._links.sequence)
+            links = self._links
         owners = {}
         for allocation in configuration.allocations.values():
             cluster = configuration.clusters[allocation.cluster_id]
             down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
-                                       [r for r in requests if r.allocation_id == allocation.id], down)
+                                       [r for r in requests if r.allocation_id == allocation.id], down, links)
             state.test = self._tests.get(allocation.cluster_id, "")
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
@@ -112,13 +120,13 @@ class Owners:
             requests = tx.list_requests(allocation_id)
         cluster = configuration.clusters[allocation.cluster_id]
         down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
-        state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down)
         with self._lock:
             found = self._owners.get(allocation_id)
             if found is not None:
                 return found
             if self._stopped:
                 raise Unavailable(self._stopped)
+            state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, self._links)
             state.test = self._tests.get(allocation.cluster_id, "")
             owner = self._owners[allocation_id] = AllocationOwner(self, state)
             return owner
@@ -268,6 +276,21 @@ class Owners:
     def test_ends(self, cluster_id: str) -> None:
         with self._lock:
             self._tests.pop(cluster_id, None)
+
+    # The link ledger's word
+
+    def links_changed(self, faults: LinkFaults) -> None:
+        """Every unhealthy link, as the ledger says after a change: each owner is told its machines'
+        part (a command never refused for a full inbox; one whose part did not change publishes
+        nothing); an older word than the last is dropped."""
+        with self._lock:
+            if faults.sequence < self._links.sequence:
+                return
+            self._links = faults
+            owners = list(self._owners.values())
+        for owner in owners:
+            with contextlib.suppress(Unavailable):  # stopped: a new owner starts from the last word
+                owner.submit(LinksChanged(faults, reply=Reply(waited=False)), always=True)
 
     # Word of changes
 

@@ -24,6 +24,7 @@ from vipu.model.entities import (
     new_attach_key,
 )
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Occupancy, Placement, Shape, place_partition
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
@@ -77,13 +78,15 @@ def _slot(layout: ClusterLayout, allocation: Allocation, request: PartitionReque
 
 
 def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[str, Set[int]], request: PartitionRequest,
-                  occupancy: Occupancy, allowed: Set[str] | None = None) -> Placement:
+                  occupancy: Occupancy, faults: LinkFaults = NO_FAULTS) -> Placement:
     """The request placed in the allocation's free IPUs (around those `occupancy` holds for the
-    queue's first request); NoRoom saying why it does not fit, or InvalidArgument naming the rule it breaks."""
+    queue's first request, and around the unhealthy links `faults` names); NoRoom saying why it
+    does not fit, or InvalidArgument naming the rule it breaks."""
     return place_partition(
-        layout, set(allocation.agent_ids) if allowed is None else allowed, used, request.size, num_gcds=request.num_gcds,
+        layout, set(allocation.agent_ids), used, request.size, num_gcds=request.num_gcds,
         num_segments=request.num_segments, ipulink_routing=request.ipulink_routing, gw_routing=request.gw_routing,
         explicit=explicit_ipus(layout, allocation, request), where=f"allocation {allocation.id}", occupancy=occupancy,
+        faults=faults,
     )
 
 
@@ -98,7 +101,7 @@ def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, 
         num_replicas=request.num_replicas or request.num_gcds, reconfigurable=request.reconfigurable, sync_type=sync,
         ipulink_routing=placement.ipulink_routing, gw_routing=placement.gw_routing, num_segments=placement.num_segments,
         ipus=list(placement.ipus), disable_auto_reset=request.disable_auto_reset, owner=owner, created=datetime.now(UTC),
-        attach_key=new_attach_key(), relocatable=request.relocatable,
+        attach_key=new_attach_key(), relocatable=request.relocatable, placement_note=placement.link_note,
     )
 
 
@@ -109,12 +112,14 @@ def failed_machines(partition: Partition, down: Set[str]) -> set[str]:
 
 
 def moved(layout: ClusterLayout, allocation: Allocation, partition: Partition, used: Mapping[str, Set[int]],
-          holders: Mapping[Ipu, str], held: Shape, held_for: str, avoid: Set[str], down: Set[str]) -> Placement:
+          holders: Mapping[Ipu, str], held: Shape, held_for: str, avoid: Set[str], down: Set[str],
+          faults: LinkFaults = NO_FAULTS) -> Placement:
     """Where a partition moves: off the machines `avoid` and any machine down, to other IPUs of its
     allocation; NoRoom if there are none. In order of preference: off the machines that failed it
     before, then (when nothing else is free) on IPUs held for the queue's first request, and last
     on a machine that failed it before. Taking held IPUs restores work that was running, and may so
-    delay that request's start (the one exception to backfill never delaying it)."""
+    delay that request's start (the one exception to backfill never delaying it). It keeps off
+    quarantined links, and off suspect ones while it can (`faults`)."""
     own = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
     free_of_own = {agent: set(indices) - {i for a, i in own if a == agent} for agent, indices in used.items()}
     others = {ipu: holder for ipu, holder in holders.items() if ipu not in own}
@@ -125,7 +130,7 @@ def moved(layout: ClusterLayout, allocation: Allocation, partition: Partition, u
         where = f"allocation {allocation.id} without {', '.join(sorted(set(avoid) | set(down) | without))}"
         return place_partition(layout, allowed - without, free_of_own, partition.size, num_gcds=partition.num_gcds,
                                num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing, where=where,
-                               occupancy=occupancy)
+                               occupancy=occupancy, faults=faults)
 
     leaving_held, taking_held = Occupancy(others, held, held_for), Occupancy(others)
     attempts = [(failed_before, leaving_held), (failed_before, taking_held)] if failed_before else []
@@ -144,7 +149,9 @@ def move_note(layout: ClusterLayout, before: Partition, placement: Placement, wh
     """Where a partition went, when and why, as its status says."""
     own = {(ipu.agent_id, ipu.index) for ipu in before.ipus}
     to = {(ipu.agent_id, ipu.index) for ipu in placement.ipus}
-    return f"moved from {span(layout, own)} to {span(layout, to)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: {why}"[:NOTE_LENGTH]
+    placed = f"; {placement.link_note}" if placement.link_note else ""
+    return (f"moved from {span(layout, own)} to {span(layout, to)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: "
+            f"{why}{placed}")[:NOTE_LENGTH]
 
 
 def due_for_relocation(partition: Partition, down: Set[str]) -> bool:

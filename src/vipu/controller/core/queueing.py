@@ -196,14 +196,15 @@ class QueueKeeping(Steps):
             r = request.request
             return try_place(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                              ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
-                             explicit=explicit_ipus(layout, allocation, r))
+                             explicit=explicit_ipus(layout, allocation, r), faults=state.links)
 
         def choose_held(request: WaitingRequest, used, started) -> Shape:
             """The shape the fewest partitions block, counting those this pass starts."""
             r = request.request
             blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
             return choose_reservation(layout, allowed, used, r.size, holders=blocking, num_segments=r.num_segments,
-                                      ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r))
+                                      ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
+                                      faults=state.links)
 
         admission = admit(state.queue, state.used, place, choose_held, held=held)
         for request, placement in admission.started:
@@ -249,7 +250,7 @@ class QueueKeeping(Steps):
                 place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                                 ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                                 explicit=explicit_ipus(layout, allocation, r), where=f"allocation {allocation.id}",
-                                occupancy=occupancy)
+                                occupancy=occupancy, faults=state.links)
                 return "starting"
             except VipuError as refusal:
                 return refusal.message

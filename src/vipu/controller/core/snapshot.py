@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Partition
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest, shape_of
 from vipu.model.reasons import span
@@ -105,6 +106,11 @@ class AllocationSnapshot:
     down: frozenset[str] = frozenset()  # its machines found down by the last health pass
     test: str = ""  # the cluster test holding its machines (a disruptive one), if any
     closing: bool = False  # being removed
+    links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
+
+    def link_warnings(self, partition: Partition) -> tuple[str, ...]:
+        """What the partition is told of the unhealthy links it runs over, a line each."""
+        return tuple(self.links.warnings(self.layout, ((ipu.agent_id, ipu.index) for ipu in partition.ipus)))
 
     @property
     def id(self) -> str:

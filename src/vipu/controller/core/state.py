@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from vipu.model import queue as queue_model
 from vipu.model.entities import Allocation, Partition
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest
 from vipu.model.topology import ClusterLayout
@@ -42,14 +43,15 @@ class AllocationState:
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
     test: str = ""  # the disruptive cluster test holding the machines
+    links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
     touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot
 
     @classmethod
     def of(cls, allocation: Allocation, layout: ClusterLayout, partitions: Iterable[Partition],
-           requests: Iterable[WaitingRequest], down: set[str]) -> AllocationState:
-        state = cls(allocation, layout, down=down)
+           requests: Iterable[WaitingRequest], down: set[str], links: LinkFaults = NO_FAULTS) -> AllocationState:
+        state = cls(allocation, layout, down=down, links=links.within(set(allocation.agent_ids)))
         for partition in partitions:
             state.put(partition)
         for request in requests:

@@ -489,7 +489,7 @@ class Turns:
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
             used=used, held_back=state.held_back(),
             busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
-            down=frozenset(state.down), test=state.test, closing=state.closing)
+            down=frozenset(state.down), test=state.test, closing=state.closing, links=state.links)
         partitions_changed = self._partitions_changed
         self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)

@@ -1,11 +1,13 @@
 """The link ledger: every link's counters, sampled from its agent; its health judged by their trend
 (`vipu.model.linkhealth`); each change of health, and each cable replaced, an event with its
-reason and the partitions on the machine then; cluster tests' verdicts on cables folded in; the
-history compacted as it ages.
+reason and the partitions running over the link then; cluster tests' verdicts on cables folded
+in; the history compacted as it ages.
 
-It decides nothing about partitions and holds no lock: each agent's readings are recorded in one
-store transaction of their own, and an agent that does not answer is simply not sampled this time
-(the health pass says why it is Down).
+It decides nothing about partitions and holds no lock across a call: each agent's readings are
+recorded in one store transaction of their own, and an agent that does not answer is simply not
+sampled this time (the health pass says why it is Down). After a change of any link's health is
+committed, the unhealthy links are handed, whole and numbered, to `tell` (the allocations'
+owners, which place around them and tell the partitions on them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import replace
 
 from vipu.controller.core.agents import AgentGateway
 from vipu.model.clustertests import CableResult, CableVerdict
-from vipu.model.entities import AgentStatus
+from vipu.model.entities import AgentStatus, Partition
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.linkhealth import (
     DAY,
@@ -29,6 +31,7 @@ from vipu.model.linkhealth import (
     CableRecord,
     LinkDetail,
     LinkEvent,
+    LinkFaults,
     LinkHealth,
     LinkName,
     LinkReading,
@@ -39,7 +42,9 @@ from vipu.model.linkhealth import (
     Verdict,
     compact,
     judge,
+    links_used,
 )
+from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
@@ -48,8 +53,12 @@ HEARTBEAT_SECONDS = HOUR  # a quiet link's reading is kept this often, so its hi
 
 class LinkLedger:
     def __init__(self, store: Store, gateway: AgentGateway, policy: TrendPolicy = DEFAULT_POLICY,
-                 retention: Retention = DEFAULT_RETENTION, clock: Callable[[], float] = time.time, workers: int = 8):
+                 retention: Retention = DEFAULT_RETENTION, clock: Callable[[], float] = time.time, workers: int = 8,
+                 tell: Callable[[LinkFaults], None] | None = None):
         self.store = store
+        self.tell = tell
+        self._told = 0  # how many times the unhealthy links were told: their word's number
+        self._telling = threading.Lock()
         self.gateway = gateway
         self.policy = policy
         self.retention = retention
@@ -102,17 +111,39 @@ class LinkLedger:
         events: list[LinkEvent] = []
         with self.store.transaction() as tx:
             known = {state.name.place: state for state in tx.links(agent_id, for_update=True)}
-            partitions = tx.partitions_on(agent_id)
+            partitions = tx.partitions_on_agent(agent_id)
             for reading in readings:
                 name = LinkName(agent_id, reading.place)
                 events += self._record_one(tx, known.get(reading.place) or LinkState(name, LinkHealth.HEALTHY, "first read", read_at),
                                            reading, read_at, partitions)
         for event in events:
             log.info("link %s is %s: %s", event.name, event.health.value, event.reason)
+        self._tell_if(events)
         return events
 
+    def _tell_if(self, events: list[LinkEvent]) -> None:
+        """After a commit that changed links' health: every unhealthy link, to `tell`, numbered so
+        that a later word is never overtaken by an earlier one (a word read after a later number
+        was taken holds every change committed before it)."""
+        if not events or self.tell is None:
+            return
+        with self._telling:
+            self._told += 1
+            sequence = self._told
+        with self.store.reading() as tx:
+            unhealthy = tx.unhealthy_links()
+        self.tell(LinkFaults.of(unhealthy, sequence=sequence))
+
+    def _running_over(self, name: LinkName, partitions: list[Partition]) -> tuple[str, ...]:
+        """The partitions, among those on the link's machine, that run over the link."""
+        cluster = next((c for c in self.store.configuration().clusters.values() if name.agent_id in c.agent_ids), None)
+        if cluster is None:
+            return ()
+        layout = ClusterLayout.of(cluster)
+        return tuple(sorted(p.id for p in partitions if name in links_used(layout, ((i.agent_id, i.index) for i in p.ipus))))
+
     def _record_one(self, tx: Transaction, state: LinkState, reading: LinkReading, at: float,
-                    partitions: tuple[str, ...]) -> list[LinkEvent]:
+                    partitions: list[Partition]) -> list[LinkEvent]:
         name, events = state.name, []
         sample = Sample(at, reading.corrected, reading.recoveries, reading.up)
         new_cable = reading.cable is not None and (state.cable is None or state.cable.serial != reading.cable.serial)
@@ -128,14 +159,15 @@ class LinkLedger:
                 tx.add_cable(CableRecord(reading.cable, name, at, before))
             state = replace(state, cable=reading.cable, cable_since=at)
             if before:  # a new cable: its link starts afresh, the old cable's trend and test failure gone with it
-                events.append(LinkEvent(name, at, state.health, f"cable {reading.cable.serial} replaced cable {before}", partitions))
+                events.append(LinkEvent(name, at, state.health, f"cable {reading.cable.serial} replaced cable {before}",
+                                        self._running_over(name, partitions)))
                 state = replace(state, test_failure="")
         if new_cable or changed or due:
             tx.add_sample(name, sample)
             state = replace(state, last=sample)
         verdict = self._judge(tx, state, at, state.test_failure)
         if verdict.health is not state.health or (verdict.health is LinkHealth.FAILED and verdict.reason != state.reason):
-            events.append(LinkEvent(name, at, verdict.health, verdict.reason, partitions))
+            events.append(LinkEvent(name, at, verdict.health, verdict.reason, self._running_over(name, partitions)))
             state = replace(state, health=verdict.health, changed_at=at)
         for event in events:
             tx.add_link_event(event)
@@ -162,11 +194,13 @@ class LinkLedger:
                     if failure == state.test_failure:
                         continue
                     judged = self._judge(tx, state, at, failure)
-                    event = LinkEvent(name, at, judged.health, judged.reason, tx.partitions_on(name.agent_id))
+                    event = LinkEvent(name, at, judged.health, judged.reason,
+                                      self._running_over(name, tx.partitions_on_agent(name.agent_id)))
                     tx.add_link_event(event)
                     events.append(event)
                     tx.save_link(replace(state, health=judged.health, reason=judged.reason, test_failure=failure,
                                          changed_at=at if judged.health is not state.health else state.changed_at))
+        self._tell_if(events)
         return events
 
     # Ageing

@@ -76,12 +76,16 @@ class PartitionService:
             snapshots = [owner.snapshot] if owner is not None else []
         else:
             snapshots = [s for s in self.owners.snapshots() if access.may_use(s.id)]
-        return sorted((p for s in snapshots for p in s.partitions.values()), key=lambda p: p.id)
+        return sorted((_told_of_links(s, p) for s in snapshots for p in s.partitions.values()), key=lambda p: p.id)
 
     def get(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
-        """The partition, if the caller may see it (a copy: snapshots are shared). Another tenant's
-        looks like one that does not exist, so that its existence tells nothing."""
-        return lifecycle.copy(self._partition(partition_id, access)[1])
+        """The partition, if the caller may see it (a copy: snapshots are shared), with what the
+        link ledger says of the links it runs over. Another tenant's looks like one that does not
+        exist, so that its existence tells nothing."""
+        snapshot, partition = self._partition(partition_id, access)
+        partition = lifecycle.copy(partition)
+        partition.link_warnings = snapshot.link_warnings(partition)
+        return partition
 
     def _partition(self, partition_id: str, access: Access) -> tuple[AllocationSnapshot, Partition]:
         owner = self.owners.holding(partition_id)
@@ -335,3 +339,13 @@ def _refusal(request: PartitionRequest, refusals: builtins.list[tuple[str, VipuE
         return NoRoom(f"no allocation has room for a partition of {request.size} IPUs ({'; '.join(messages)})", room)
     family = type(refusals[0][1]) if all(type(r) is type(refusals[0][1]) for _, r in refusals) else Conflict
     return family(f"no allocation can hold a partition of {request.size} IPUs as asked ({'; '.join(messages)})")
+
+
+def _told_of_links(snapshot: AllocationSnapshot, partition: Partition) -> Partition:
+    """The partition as a listing shows it: a copy with its link warnings when the allocation has
+    unhealthy links, else the snapshot's own (shared, unchanged)."""
+    if not snapshot.links:
+        return partition
+    told = lifecycle.copy(partition)
+    told.link_warnings = snapshot.link_warnings(partition)
+    return told
