@@ -36,12 +36,15 @@ from vipu.web import connections
 ROOT = Path(__file__).resolve().parents[2]
 FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 AGENT_DOWN_SECONDS = 15.0  # a machine gone is seen at the controller's next health pass (every 0.3 s here), then shown live
+# The link ledger reads every link each second, and calls one suspect when it grew in 2 of the last 3 one-second windows.
+LINK_SAMPLING = ("--link-sample-interval", "1", "--link-trend", "2,3,1")
+TREND = re.compile(r"its errors or recoveries grew in [23] of its last 3 windows of 1 s")
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     """16 machines (64 IPUs) served by two agent processes, a controller and vipu-web."""
-    pod = Pod(tmp_path_factory.mktemp("web"), machines=16, agent_processes=2).start()
+    pod = Pod(tmp_path_factory.mktemp("web"), machines=16, agent_processes=2, server_options=LINK_SAMPLING).start()
     try:
         url = pod.start_web()
         yield pod, url
@@ -307,6 +310,74 @@ def test_gw_links_between_domains_are_drawn_with_the_verdict_of_a_cluster_test_w
     assert all(text in summaries[test] for test, _, text in (line.partition(": ") for line in tested)), lines
     assert [line.split(" ")[2] for line in ledger] == ["ag2:gw1", "ag10:gw2"], ledger  # the ledger took the test's verdict
     assert all(" failed: failed the cluster test: " in line for line in ledger), ledger
+
+
+def test_a_degrading_link_is_marked_on_its_cable_with_its_trend_and_its_page_charts_each_reading_and_the_event(dashboard, page):
+    pod, _ = dashboard
+    api = pod.admin_api
+    assert pod.user("create", "partition", "p4", "--size", "4").code == 0  # an event names the partitions on its machine then
+    pod.edit_rack(lambda rack: faults.degrade(rack, "m01", "5", "steady", 600, time.time()))  # 10 corrected errors a second
+    wait_until(lambda: {"ag1:5", "ag2:1"} <= {link.name for link in api.ListLinks(admin_pb2.ListLinksRequest(unhealthy=True)).links},
+               timeout=30, what="ag1:5 and the other end of its cable, ag2:1, to turn suspect")
+
+    page.goto("/cabling")
+    cable = page.locator('g.cable[data-cable="IPU-Link ag1:5 <--> ag2:1"]')
+    assert cable.get_attribute("data-health") == "suspect"
+    unhealthy = sorted(api.ListLinks(admin_pb2.ListLinksRequest(unhealthy=True)).links,
+                       key=lambda link: (link.health != "failed", link.name))
+    marks = page.eval_on_selector_all("g.cable", """cables => cables.map(cable => [cable.dataset.health,
+        [...cable.querySelectorAll('a.cable-end')].map(end => end.dataset.link)])""")
+    assert all(bool(health) == any(end in {link.name for link in unhealthy} for end in ends) for health, ends in marks)  # those alone
+    lines = [line for line in cable.locator("title").text_content().split("\n") if line.startswith("link ledger: ")]
+    assert [line.split(" ")[2] for line in lines] == ["ag1:5", "ag2:1"]  # on hover: both ends, each with its trend and last reading
+    for line in lines:
+        health, _, rest = line.removeprefix(f"link ledger: {line.split(' ')[2]} ").partition(": ")
+        assert health == "suspect" and TREND.match(rest), line
+        counted = re.search(r"; last reading (\d+) corrected errors, 0 recoveries, up, at \d{4}-\d\d-\d\d [\d:]{8} UTC$", line)
+        assert counted and int(counted[1]) > 0, line
+    assert page.eval_on_selector_all("#unhealthy-links tr[data-link]", """rows => rows.map(row => [row.dataset.link,
+        row.querySelector('a').getAttribute('href'), row.cells[2].innerText])""") == [
+        [link.name, f"/links/{link.name}", link.health] for link in unhealthy]  # the ledger's list, the worst first, each a link
+    cable.click(force=True)  # the chosen cable's panel links to both ends' pages
+    ends = page.eval_on_selector_all(".cable-detail a", "links => links.map(a => a.getAttribute('href'))")
+    assert ends == ["/links/ag1:5", "/links/ag2:1"]
+
+    page.click('g.cable a.cable-end[data-link="ag1:5"]')  # the dot where the cable leaves ag1
+    page.wait_for_url("**/links/ag1:5")
+    assert page.inner_text("h2 .state") == "suspect"
+
+    def drawn() -> tuple[list[str], admin_pb2.Link] | None:
+        """The points of the page's corrected-error line and the history it was drawn from, once no reading was kept meanwhile."""
+        before = api.GetLink(admin_pb2.GetLinkRequest(name="ag1:5", history=True))
+        page.reload()
+        after = api.GetLink(admin_pb2.GetLinkRequest(name="ag1:5", history=True))
+        points = page.get_attribute("#link-history figure:first-of-type polyline.series", "points").split()
+        return (points, after) if len(before.samples) == len(after.samples) else None
+
+    points, detail = wait_until(drawn, timeout=10, what="a page drawn between two readings")
+    assert len(points) == len(detail.summaries) + len(detail.samples) and len(detail.samples) >= 3
+    assert float(points[-1].split(",")[1]) < float(points[0].split(",")[1])  # the total grew: the line climbs
+    shown_events = page.eval_on_selector_all("#link-events tbody tr", "rows => rows.map(row => [...row.cells].map(c => c.innerText))")
+    assert shown_events == [[datetime.fromtimestamp(e.at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), e.health, e.reason,
+                             ", ".join(e.partitions) or "-"] for e in reversed(detail.events)]  # newest first
+    assert shown_events[0][1] == "suspect" and TREND.fullmatch(shown_events[0][2])  # what made it suspect
+
+
+def test_a_link_page_refuses_a_name_that_is_no_link_an_unknown_link_and_a_bad_since_in_one_line(dashboard, browser):
+    _, url = dashboard
+    context = browser.new_context(base_url=url)
+    try:
+        page = context.new_page()
+        for path, status, words in (("/links/ag1:port5", 400, "'ag1:port5' names no link: give AGENT:PORT (ag3:5)"),
+                                    ("/links/ag99:5", 404, "no link ag99:5 is in the ledger"),
+                                    ("/links/ag1:5?since=yesterday-ish", 400, "'yesterday-ish' is neither a time ago (30m, 12h, 7d)")):
+            response = page.goto(path)
+            assert response is not None and response.status == status, path
+            message = page.inner_text(".notice.bad")
+            assert message.startswith(words) and "\n" not in message, message
+            assert "Traceback" not in page.content()
+    finally:
+        context.close()
 
 
 def shown_results(page) -> list[list]:

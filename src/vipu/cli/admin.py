@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 import typing
-from datetime import UTC
 from pathlib import Path
 
 import click
@@ -32,8 +31,9 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
+from vipu.client.admin import since_time as client_since_time
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
-from vipu.model.errors import VipuError
+from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import growth
 
 if typing.TYPE_CHECKING:
@@ -200,20 +200,11 @@ def remove_agent(admin, agent_id, force, ipuof_dir):
 
 
 def since_time(value: str | None) -> float:
-    """--since as seconds since the epoch: a time ago (30m, 12h, 7d) or a date and time (2026-11-01,
-    2026-11-01T08:00, UTC unless it names its zone); 0 for none."""
-    if not value:
-        return 0.0
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(value[:-1]) * units[value[-1]]
-    from datetime import datetime
-
+    """--since as seconds since the epoch (`vipu.client.admin.since_time`), refused as a bad option value."""
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither a time ago (30m, 12h, 7d) nor a date and time (2026-11-01T08:00)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+        return client_since_time(value or "")
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message) from None
 
 
 def _last_reading(link) -> list[tuple[str, str]]:

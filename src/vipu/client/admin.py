@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.client.base import EndpointClient
+from vipu.model.errors import InvalidArgument
+
+_AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_time(value: str, now: float | None = None) -> float:
+    """The `since` of `list_links` and `get_link` as a person gives it: a time ago (30m, 12h, 7d)
+    or a date and time (2026-11-01, 2026-11-01T08:00, UTC unless it names its zone); 0 for none.
+    One parser for every client that takes it (vipu-admin's --since, the dashboard's ?since=)."""
+    if not value:
+        return 0.0
+    if value[-1:] in _AGO_UNITS and value[:-1].replace(".", "", 1).isdigit():
+        return (time.time() if now is None else now) - float(value[:-1]) * _AGO_UNITS[value[-1]]
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(f"{value!r} is neither a time ago (30m, 12h, 7d) nor a date and time (2026-11-01T08:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 class AdminClient(EndpointClient):

@@ -27,9 +27,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from vipu import __version__
 from vipu.api.protos import admin_pb2, vipuuser_pb2
 from vipu.client import PermissionDenied, Unauthenticated, VipuError
+from vipu.client.admin import since_time
 from vipu.client.retry import http_status
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
-from vipu.web import cabling, racks
+from vipu.web import cabling, ledger, racks
 from vipu.web.sessions import COOKIE, SESSION_SECONDS, Sessions
 from vipu.web.sources import PARTS, RETRY_SECONDS, Source
 
@@ -37,6 +38,7 @@ HEARTBEAT_SECONDS = 15.0  # a comment down an idle event stream, so that a close
 THROTTLE_SECONDS = 0.25  # at most this often a page is told to redraw: a burst of changes is one redraw
 MAX_FORM_BYTES = 4096
 TESTS = ("Sync-Link", "Cabling", "IPU-Link", "Traffic", "GW-Link", "Version", "PFC-settings")
+LINK_SPANS = (("1h", "1 h"), ("24h", "24 h"), ("7d", "7 d"), ("", "all kept"))  # the link page's choices of ?since=
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -75,7 +77,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     templates.filters["digest"] = lambda text: f"{zlib.crc32(str(text).encode()):08x}"  # a live region's, to redraw only what changed
     templates.globals.update(version=__version__, controller=controller, secure=sessions.secure, age=age, created_at=created_at,
                              tests=TESTS, ready_state=racks.ready_state, operation_state=racks.operation_state,
-                             routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS)
+                             routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS, utc=ledger.utc)
 
     @app.middleware("http")
     async def guarded(request: Request, call_next):
@@ -157,14 +159,25 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
         def draw(source: Source) -> dict:
             if not source.viewer.admin:
                 return {"drawings": None}
-            drawings = []
             unhealthy = source.unhealthy_links()
-            for cluster in sorted(source.clusters(), key=lambda c: c.id):
-                wiring = source.cabling(cluster.id)
-                drawings.append((cluster, wiring, cabling.draw(cluster, wiring, unhealthy)))
-            return {"drawings": drawings}
+            wirings = [(cluster, source.cabling(cluster.id)) for cluster in sorted(source.clusters(), key=lambda c: c.id)]
+            known = {**unhealthy, **source.links_named(cabling.partners((c for _, w in wirings for c in w.cables), unhealthy))}
+            worst_first = sorted(unhealthy.values(), key=lambda link: (-cabling.UNHEALTHY.index(link.health), link.name))
+            return {"drawings": [(cluster, wiring, cabling.draw(cluster, wiring, known)) for cluster, wiring in wirings],
+                    "unhealthy": worst_first}
 
         return shown(request, "cabling.html", draw)
+
+    @app.get("/links/{name}", response_class=HTMLResponse)
+    def link_page(request: Request, name: str, since: str = ""):
+        """A link of the link ledger: its health, cable and events, and its history as charts
+        (`since`: a time ago or a date and time, as vipu-admin's --since; empty: all that is kept)."""
+        def draw(source: Source) -> dict:
+            since_at = since_time(since)
+            link = source.link_history(name, since_at)
+            return {"link": link, "since_at": since_at, "charts": ledger.charts(ledger.grown(link)), "replaced": ledger.replaced(link)}
+
+        return shown(request, "link.html", draw, link_name=name, since=since, spans=LINK_SPANS)
 
     @app.get("/tests", response_class=HTMLResponse)
     def tests_page(request: Request):

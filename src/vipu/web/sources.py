@@ -22,14 +22,15 @@ scrypt and count towards its lockout of the user from the dashboard's address.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from vipu.api.protos import admin_pb2, vipuuser_pb2
-from vipu.client import AdminClient, Conflict, PermissionDenied, Stream, Unauthenticated, UserClient, VipuError
+from vipu.client import AdminClient, Conflict, NotFound, PermissionDenied, Stream, Unauthenticated, UserClient, VipuError
 from vipu.client.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,21 @@ class Source:
     def unhealthy_links(self) -> dict[str, admin_pb2.Link]:
         """The link ledger's suspect and failed links, by name."""
         return {link.name: link for link in self._admin().list_links(unhealthy=True)}
+
+    def links_named(self, names: Iterable[str]) -> dict[str, admin_pb2.Link]:
+        """These links as the ledger has them now, by name; one it has never read is left out. One
+        call each: for a few links (the healthy ends of unhealthy cables), not for a pod's every
+        link, which in one ListLinks outgrows a gRPC message on a large pod."""
+        found = {}
+        for name in names:
+            with contextlib.suppress(NotFound):
+                found[name] = self._admin().get_link(name)
+        return found
+
+    def link_history(self, name: str, since: float = 0.0) -> admin_pb2.Link:
+        """One link with what the ledger kept of it from `since` (0: all): readings, summaries,
+        events and cables."""
+        return self._admin().get_link(name, history=True, since=since)
 
     def _admin(self) -> AdminClient:
         if self.admin is None:

@@ -114,13 +114,46 @@ def test_a_cable_is_marked_by_the_worse_of_its_ends_in_the_link_ledger():
     cables = [admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=5, upper_agent_id="ag2", upper_port=1, verdict="passed"),
               admin_pb2.Cable(kind="Sync-Link", lower_agent_id="ag1", lower_port=6, upper_agent_id="ag2", upper_port=2, verdict="passed"),
               admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=6, upper_agent_id="ag2", upper_port=2, verdict="passed")]
-    unhealthy = {"ag1:5": admin_pb2.Link(name="ag1:5", health="suspect", reason="its errors grew in 3 of its last 6 windows of 1 h"),
-                 "ag2:1": admin_pb2.Link(name="ag2:1", health="failed", reason="it is down: it stopped training"),
-                 "ag2:sync2": admin_pb2.Link(name="ag2:sync2", health="suspect", reason="its recoveries grew")}
+    at = 1_795_000_000  # 2026-11-18 11:06:40 UTC
+    unhealthy = {"ag1:5": admin_pb2.Link(name="ag1:5", health="suspect", reason="its errors grew in 3 of its last 6 windows of 1 h",
+                                         changed_at=at,
+                                         last=admin_pb2.LinkSample(at=at + 5, corrected_errors=420, recovery_events=2, up=True)),
+                 "ag2:1": admin_pb2.Link(name="ag2:1", health="failed", reason="it is down: it stopped training", changed_at=at,
+                                         last=admin_pb2.LinkSample(at=at, corrected_errors=7, up=False)),
+                 "ag2:sync2": admin_pb2.Link(name="ag2:sync2", health="suspect", reason="its recoveries grew", changed_at=at)}
+    assert cabling.partners(cables, unhealthy) == {"ag1:sync6"}  # the other end of the one cable with a single unhealthy end
     drawing = cabling.draw(cluster, admin_pb2.Cabling(cluster_id="cl0", cables=cables), unhealthy)
     marked = {wire.name: (wire.health, wire.title.splitlines()[1:]) for wire in drawing.wires}
     assert marked["IPU-Link ag1:5 <--> ag2:1"] == ("failed", [
-        "link ledger: ag1:5 suspect: its errors grew in 3 of its last 6 windows of 1 h",
-        "link ledger: ag2:1 failed: it is down: it stopped training"])
-    assert marked["Sync-Link ag1:6 <--> ag2:2"] == ("suspect", ["link ledger: ag2:sync2 suspect: its recoveries grew"])
+        "link ledger: ag1:5 suspect: its errors grew in 3 of its last 6 windows of 1 h, since 2026-11-18 11:06:40 UTC; "
+        "last reading 420 corrected errors, 2 recoveries, up, at 2026-11-18 11:06:45 UTC",
+        "link ledger: ag2:1 failed: it is down: it stopped training, since 2026-11-18 11:06:40 UTC; "
+        "last reading 7 corrected errors, 0 recoveries, down, at 2026-11-18 11:06:40 UTC"])
+    assert marked["Sync-Link ag1:6 <--> ag2:2"] == ("suspect", [  # each end, the healthy one too once looked up
+        "link ledger: ag1:sync6 not read yet", "link ledger: ag2:sync2 suspect: its recoveries grew, since 2026-11-18 11:06:40 UTC"])
+    partner = admin_pb2.Link(name="ag1:sync6", health="healthy", reason="its errors or recoveries grew in 1 of its last 6 windows of 1 h")
+    drawn_again = cabling.draw(cluster, admin_pb2.Cabling(cluster_id="cl0", cables=cables), {**unhealthy, "ag1:sync6": partner})
+    assert drawn_again.wires[1].health == "suspect" and "link ledger: ag1:sync6 healthy: its errors or recoveries grew in 1 of" \
+        in drawn_again.wires[1].title
     assert marked["IPU-Link ag1:6 <--> ag2:2"] == ("", [])  # both ends healthy: the test's colour alone
+
+
+def test_each_end_of_a_cable_links_to_its_links_page_where_the_cable_meets_its_machine():
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=["ag1", "ag2", "ag3", "ag4"], num_ipulinkdomains=2,
+                                topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    cables = [admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag1", lower_port=5, upper_agent_id="ag2", upper_port=1, verdict="passed"),
+              admin_pb2.Cable(kind="IPU-Link", lower_agent_id="ag2", lower_port=8, upper_agent_id="ag1", upper_port=4, verdict="passed"),
+              admin_pb2.Cable(kind="Sync-Link", lower_agent_id="ag1", lower_port=6, upper_agent_id="ag2", upper_port=2, verdict="passed"),
+              admin_pb2.Cable(kind="GW-Link", lower_agent_id="ag3", lower_port=1, upper_agent_id="ag1", upper_port=2, verdict="passed")]
+    drawing = cabling.draw(cluster, admin_pb2.Cabling(cluster_id="cl0", cables=cables))
+    boxes = {b.agent_id: b for b in drawing.boxes}
+
+    def on_edge(agent: str, x: float, y: float) -> bool:
+        box = boxes[agent]
+        return (box.x <= x <= box.x + box.width and y in (box.y, box.y + box.height)) or \
+            (box.y <= y <= box.y + box.height and x in (box.x, box.x + box.width))
+
+    ends = [wire.linked_ends() for wire in drawing.wires]
+    assert [[name for name, _, _ in wire] for wire in ends] == [["ag1:5", "ag2:1"], ["ag2:8", "ag1:4"], ["ag1:sync6", "ag2:sync2"],
+                                                                ["ag3:gw1", "ag1:gw2"]]
+    assert all(on_edge(name.split(":")[0], x, y) for wire in ends for name, x, y in wire)

@@ -1,6 +1,7 @@
 // vipu's dashboard: keeps the page live. The server says which parts changed (server-sent
 // events at /events); when one the page shows did, the page's main block is fetched again and
-// each live region in it replaced, leaving forms alone. Clicking a cable shows its test lines.
+// each live region in it replaced, leaving forms alone. Clicking a cable shows its test lines
+// and links to the pages of the links at its ends.
 "use strict";
 (() => {
   const main = document.getElementById("main");
@@ -58,6 +59,12 @@
     const detail = cable.closest("section").querySelector(".cable-detail");
     if (detail) {
       detail.textContent = cable.querySelector("title").textContent;
+      for (const end of cable.querySelectorAll("a.cable-end")) {
+        const link = document.createElement("a");
+        link.href = end.getAttribute("href");
+        link.textContent = `link ${end.dataset.link}`;
+        detail.append("\n", link);
+      }
       detail.classList.toggle("muted", false);
     }
   }
