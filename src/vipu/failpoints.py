@@ -19,7 +19,8 @@ The points:
   (`create`, `configured`, `fail`, `abandon`, `lost`, `reset`, `relocate`, `remove`, `removed`);
 - `store.request.<transition>`: the same for a waiting request (`enqueue`, `grant`, `cancel`, `expire`);
 - `agent.apply`, `agent.clear`: an owner's call to one agent, before it is sent;
-- `owner.turn`: an allocation's owner starting a turn.
+- `owner.turn`: an allocation's owner starting a turn;
+- `clustertest.step`: a cluster test (an idle-time one too) about to start its next test.
 """
 
 from __future__ import annotations

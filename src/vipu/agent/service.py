@@ -50,6 +50,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         read_at = time.time()
         return convert.link_counters_to_proto(self.backend.link_counters(), read_at)
 
+    def ResetLink(self, request, context):
+        """A change to the machine: only from the controller the agent obeys."""
+        with self.hold.obeying(caller_of(context)):
+            self.backend.reset_link(request.place)
+        return agent_pb2.ResetLinkReply()
+
     def Claim(self, request, context):
         caller = caller_of(context)
         previous = self.hold.claim(caller, request.takeover_grant, self.backend.inventory().serial, self._clear_all)

@@ -387,7 +387,8 @@ def link_to_proto(state: LinkState) -> admin_pb2.Link:
     kind = state.name.kind
     message = admin_pb2.Link(name=str(state.name), kind=kind.value if kind else "internal", health=state.health.value,
                              reason=state.reason, changed_at=state.changed_at,
-                             last=_link_sample(state.last) if state.last else None)
+                             last=_link_sample(state.last) if state.last else None, quarantined=state.quarantined,
+                             breaker=state.breaker)
     if state.cable is not None:
         message.cable.CopyFrom(admin_pb2.LinkCable(serial=state.cable.serial, vendor=state.cable.vendor, model=state.cable.model,
                                                    first_seen=state.cable_since))

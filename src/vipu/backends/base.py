@@ -46,6 +46,10 @@ class MachineBackend(ABC):
         port's cable identity: read without disturbing the links (partitions may be using them)."""
 
     @abstractmethod
+    def reset_link(self, place: str) -> None:
+        """Retrain one link (`LinkReading.place`); InvalidArgument for a place the machine has no link at."""
+
+    @abstractmethod
     def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
         """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id` and
         the client presents that partition's attach key."""

@@ -26,9 +26,10 @@ from vipu.controller.core.owners import QueueLimits
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.controller.usecases.users import UserService
+from vipu.model.clustertests import TestType
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.linkhealth import TrendPolicy
+from vipu.model.linkhealth import RemediationPolicy, TrendPolicy
 from vipu.store.store import Store
 
 log = logging.getLogger("vipu.server")
@@ -205,6 +206,19 @@ def initialise(db_url: str, store_too: bool, secure: bool, certificates: bool, t
         store.close()
 
 
+# --idle-test-types' names, as vipu-admin test cluster's options name the tests.
+IDLE_TEST_NAMES = {"ipulink": TestType.IPULINK, "traffic": TestType.TRAFFIC}
+
+
+def idle_tests_named(text: str) -> frozenset[TestType]:
+    """--idle-test-types NAME,... as tests; a one-line refusal of a name that is no idle-time test."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in IDLE_TEST_NAMES for name in names):
+        raise InvalidArgument(f"--idle-test-types {text!r}: idle-time tests are {' and '.join(IDLE_TEST_NAMES)} (they drive only "
+                              "the links between the free machines they test), one or both, e.g. ipulink,traffic")
+    return frozenset(IDLE_TEST_NAMES[name] for name in names)
+
+
 def link_trend_policy(text: str) -> TrendPolicy:
     """--link-trend K,N,SECONDS as a policy; a one-line refusal of anything else."""
     try:
@@ -278,13 +292,28 @@ def link_trend_policy(text: str) -> TrendPolicy:
               help="A link is suspect when its counters grew in K of its last N windows of SECONDS each.")
 @click.option("--link-history-days", type=click.FloatRange(30, 36_500), default=400.0, show_default=True,
               help="Days of each link's history the ledger keeps (compacted as they age).")
+@click.option("--link-remediation-attempts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="Automatic resets and re-tests of a failed link, at most, per link and per machine in 7 days (0: none).")
+@click.option("--link-remediation-settle", type=click.FloatRange(0, 600), default=5.0, show_default=True,
+              help="Seconds a reset link is given to train before it is re-tested.")
+@click.option("--link-breaker-percent", type=click.FloatRange(1, 100), default=20.0, show_default=True,
+              help="No automatic quarantine that leaves more than this share of an allocation's machines with a quarantined link.")
+@click.option("--idle-tests", is_flag=True,
+              help="Test the links of free machines in idle time: every --idle-test-interval seconds each allocation lends its "
+                   "machines with no partition to the IPU-Link and Traffic tests, and a partition that needs one takes it "
+                   "back at once (the test stops, and the results of the tests it finished are kept).")
+@click.option("--idle-test-interval", type=click.FloatRange(0.1, 30 * 86_400), default=3600.0, show_default=True,
+              help="With --idle-tests: seconds from the end of one round of idle-time tests to the next.")
+@click.option("--idle-test-types", default="ipulink,traffic", show_default=True, metavar="NAME,...",
+              help="With --idle-tests: the tests to run, ipulink and traffic, one or both.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
-         link_sample_interval, link_trend, link_history_days, log_level):
+         link_sample_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
+         link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -297,6 +326,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         if init_only or tls_init:
             initialise(db_url, init_only, secure, tls_init, tls_dir, tls_hosts, default_user_id or getpass.getuser(), port, admin_port)
             return
+        idle_tested = idle_tests_named(idle_test_types)  # checked with or without --idle-tests
         config = ServerConfig(
             db_url=db_url,
             listen_address=listen_address,
@@ -321,6 +351,10 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             link_sample_interval=link_sample_interval,
             link_policy=link_trend_policy(link_trend),
             link_history_days=link_history_days,
+            link_remediation=RemediationPolicy(link_remediation_attempts, settle_seconds=link_remediation_settle,
+                                               breaker_share=link_breaker_percent / 100),
+            idle_tests=idle_tested if idle_tests else frozenset(),
+            idle_test_interval=idle_test_interval,
         )
         deposed: list[str] = []
 

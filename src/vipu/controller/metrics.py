@@ -11,6 +11,7 @@ balancer or a Kubernetes readiness probe sends clients to the leader only.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
@@ -22,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from vipu.api.status import service_and_method
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
 from vipu.model.errors import Unavailable
-from vipu.model.linkhealth import LinkHealth, LinkState
+from vipu.model.linkhealth import LinkEvent, LinkHealth, LinkState, reliability
 from vipu.store.store import Store
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -40,6 +41,8 @@ class EntityCollector:
             partitions = tx.list_partitions()
             links = tx.links()
             events = tx.link_event_counts()
+            failures = tx.failure_events()
+            attempts = tx.attempt_counts()
         by_status = Tally(a.status.value for a in agents)
         family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
         for status in AgentStatus:
@@ -58,6 +61,7 @@ class EntityCollector:
         family.add_metric(["free"], len(agents) * IPUS_PER_MACHINE - in_partitions)
         yield family
         yield from _link_families(links, events)
+        yield from _remediation_families(links, failures, attempts, time.time())
 
 
 def _link_families(links: list[LinkState], events: dict[str, int]):
@@ -78,6 +82,47 @@ def _link_families(links: list[LinkState], events: dict[str, int]):
     for health in LinkHealth:
         kept.add_metric([health.value], events.get(health.value, 0))
     yield kept
+
+
+def _remediation_families(links: list[LinkState], failures: list[LinkEvent], attempts: dict[str, int], now: float):
+    """Failed links quarantined or held out of it by the breaker, automatic remediations, and how
+    often each link (and each machine's links) failed and how soon it came back, over the events kept."""
+    failed = [link for link in links if link.health is LinkHealth.FAILED]
+    yield GaugeMetricFamily("vipu_link_quarantined", "Failed links kept out of every partition's shape",
+                            value=sum(link.quarantined for link in failed))
+    yield GaugeMetricFamily("vipu_link_breaker_held", "Failed links the breaker keeps out of quarantine",
+                            value=sum(not link.quarantined for link in failed))
+    family = GaugeMetricFamily("vipu_link_remediations", "Automatic remediations kept, attempted and refused by the caps",
+                               labels=["result"])
+    for result in ("attempted", "refused"):
+        family.add_metric([result], attempts.get(result, 0))
+    yield family
+    first_seen = {str(link.name): link.first_seen for link in links}
+    by_link: dict[str, list[LinkEvent]] = {}
+    by_machine: dict[str, list[LinkEvent]] = {}
+    machine_seen: dict[str, float] = {}
+    for event in failures:
+        by_link.setdefault(str(event.name), []).append(event)
+        by_machine.setdefault(event.name.agent_id, []).append(event)
+    for link in links:
+        if link.name.agent_id in by_machine:
+            machine_seen[link.name.agent_id] = min(machine_seen.get(link.name.agent_id, link.first_seen), link.first_seen)
+    yield from _reliability_families("link", "link", by_link, first_seen, now)
+    yield from _reliability_families("machine", "agent", by_machine, machine_seen, now)
+
+
+def _reliability_families(scope: str, label: str, groups: dict[str, list[LinkEvent]], first_seen: dict[str, float], now: float):
+    count = GaugeMetricFamily(f"vipu_{scope}_failures", f"Failures of each {scope}'s links within the events kept", labels=[label])
+    mtbf = GaugeMetricFamily(f"vipu_{scope}_mtbf_seconds", f"Mean time between failures of each {scope}'s links", labels=[label])
+    mttr = GaugeMetricFamily(f"vipu_{scope}_mttr_seconds", f"Mean time to repair of each {scope}'s links, of the failures repaired",
+                             labels=[label])
+    for key, events in sorted(groups.items()):
+        found = reliability(events, first_seen.get(key) or min(e.at for e in events), now)
+        count.add_metric([key], found.failures)
+        mtbf.add_metric([key], found.mtbf_seconds)
+        if found.mttr_seconds:
+            mttr.add_metric([key], found.mttr_seconds)
+    yield from (count, mtbf, mttr)
 
 
 class ControllerMetrics:

@@ -34,8 +34,9 @@ from vipu.controller.servicers.version import VersionServicer
 from vipu.controller.usecases.agents import no_takeover
 from vipu.controller.usecases.users import UserService
 from vipu.controller.wiring import ControllerServices
+from vipu.model.clustertests import TestType
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_RETENTION, Retention, TrendPolicy
+from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.throttle import LoginThrottle
 from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
 
@@ -60,6 +61,9 @@ class ServerConfig:
     link_sample_interval: float = 60.0  # seconds between readings of every link's counters; 0: none
     link_policy: TrendPolicy = DEFAULT_POLICY  # when a link's trend makes it suspect
     link_history_days: float = DEFAULT_RETENTION.days
+    idle_tests: frozenset[TestType] = frozenset()  # the tests run on free machines (of IDLE_TESTS); empty: none
+    idle_test_interval: float = 3600.0  # seconds between rounds of idle-time tests
+    link_remediation: RemediationPolicy = DEFAULT_REMEDIATION  # automatic reset and re-test of a failed link, and the breaker
     workers: int = 32
     discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
     discovery_port: int = DISCOVERY_PORT
@@ -114,7 +118,8 @@ class Controller:
         self.services = services = ControllerServices(self.store, self.gateway, self.changes, config.workers,
                                                       QueueLimits(config.max_waiting_per_user, config.max_waiting,
                                                                   config.request_lease_seconds), takeover_grant(config),
-                                                      config.link_policy, Retention.keeping(config.link_history_days))
+                                                      config.link_policy, Retention.keeping(config.link_history_days),
+                                                      config.link_remediation)
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health
@@ -164,13 +169,16 @@ class Controller:
             self.discovery.start()
 
     def _start_health(self) -> None:
-        """Health passes, in a thread of their own."""
+        """Health passes, link readings and idle-time tests, each in a thread of its own."""
         self._health = threading.Thread(target=self.health.run, args=(self.config.health_interval, self._stop), name="health",
                                         daemon=True)
         self._health.start()
         if self.config.link_sample_interval > 0:
             threading.Thread(target=self.services.links.run, args=(self.config.link_sample_interval, self._stop), name="links",
                              daemon=True).start()
+        if self.config.idle_tests:
+            threading.Thread(target=self.clustertests.run_idle, args=(self.config.idle_test_interval, self.config.idle_tests,
+                                                                      self._stop), name="idle-tests", daemon=True).start()
 
     def _take_over(self) -> None:
         """Elected: recover the store's state as after a restart, then serve."""

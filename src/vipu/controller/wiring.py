@@ -18,15 +18,17 @@ from vipu.controller.usecases.clusters import ClusterService
 from vipu.controller.usecases.clustertests import ClusterTestService
 from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
+from vipu.controller.usecases.remediation import LinkRemediation
 from vipu.controller.usecases.requests import RequestService
-from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_RETENTION, Retention, TrendPolicy
+from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.store.store import Store
 
 
 class ControllerServices:
     def __init__(self, store: Store, gateway: AgentGateway, changes: ChangeFeed | None = None, workers: int = 32,
                  limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover,
-                 link_policy: TrendPolicy = DEFAULT_POLICY, link_retention: Retention = DEFAULT_RETENTION):
+                 link_policy: TrendPolicy = DEFAULT_POLICY, link_retention: Retention = DEFAULT_RETENTION,
+                 link_remediation: RemediationPolicy = DEFAULT_REMEDIATION):
         """`workers`: threads for each kind of agent calls, and the user end-point's (which bounds the
         waiting calls that may block there)."""
         self.store = store
@@ -36,9 +38,13 @@ class ControllerServices:
         self.partitions = PartitionService(store, self.owners)
         self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
         self.allocations = AllocationService(store, self.owners)
-        self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8), tell=self.owners.links_changed)
+        self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8), tell=self.owners.links_changed,
+                                remediation=link_remediation)
+        self.remediation = LinkRemediation(store, gateway, self.links, link_remediation)
+        if link_remediation.attempts:
+            self.links.on_failed = self.remediation.start
         self.clustertests = ClusterTestService(store, gateway, self.owners, changes, workers, self.links)
-        self.clusters = ClusterService(store, self.allocations, self.clustertests.testing)
+        self.clusters = ClusterService(store, self.allocations, self.clustertests.busy)
         self.agents = AgentService(store, gateway, self.clusters, self.owners, takeover_grant)
         self.health = HealthPass(store, self.owners, gateway, workers)
 
@@ -48,4 +54,5 @@ class ControllerServices:
         self.owners.stop(reason)
         self.health.close()
         self.links.close()
+        self.remediation.close()
         self.calls.close()

@@ -67,6 +67,7 @@ class Status(str, Enum):
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
+    STOPPED = "stopped"  # cut short (an idle-time test giving its machines back): it judged nothing
 
 
 @dataclass
@@ -78,6 +79,11 @@ class Outcome:
     summary: list[str]
     duration: float = 0.0
     cable_failures: dict[str, list[str]] = field(default_factory=dict)  # Cable.key -> the summary's lines about it
+    machines: tuple[str, ...] = ()  # the machines it tested when not the whole cluster (an idle-time test's), in order
+
+    def covers(self, cable: Cable) -> bool:
+        """Whether it tested the machines at both ends of the cable."""
+        return not self.machines or (cable.lower.agent_id in self.machines and cable.upper.agent_id in self.machines)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class RunState(str, Enum):
     FINISHED = "finished"
     STOPPED = "stopped"
     INTERRUPTED = "interrupted"  # the controller stopped while it ran
+    STEPPED_ASIDE = "stepped-aside"  # an idle-time test gave its machines back (to a partition): the tests it finished stand
 
 
 @dataclass
@@ -143,6 +150,18 @@ def skipped(test: TestType, dependency: TestType) -> Outcome:
     return Outcome(test, Status.SKIPPED, 0, 0, [
         "Test skipped", f"Test did not run because of an earlier dependency test failure ({dependency.value})"
     ])
+
+
+def stepped_aside(test: TestType, why: str, machines: tuple[str, ...]) -> Outcome:
+    """The test an idle-time run was at when it gave its machines back; the tests before it stand."""
+    return Outcome(test, Status.STOPPED, 0, 0, ["Test stopped", f"Stepped aside: {why}"], machines=machines)
+
+
+def on_machines(outcome: Outcome, machines: tuple[str, ...]) -> Outcome:
+    """An outcome of an idle-time test, which tested these machines only (and the cables between them)."""
+    outcome.machines = machines
+    outcome.summary.append(f"Idle-time test of {', '.join(machines)}")
+    return outcome
 
 
 def _outcome(test: TestType, passed: int, total: int, success: str, headline: str | None, lines: list[str],
@@ -237,22 +256,26 @@ def _internal_line(agent: str, link, suffix: str = "") -> str:
     return f"{agent}:ipu{link.lower_ipu}:{link.name} <--> {link.name}:ipu{link.upper_ipu}:{agent}{suffix}"
 
 
-def judge_ipulink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
-    """Every IPU-Link trains: one per cable between machines, and the 16 inside each machine."""
-    cables = layout.ipulink_cables()
+def judge_ipulink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str],
+                  among: tuple[str, ...] | None = None) -> Outcome:
+    """Every IPU-Link trains: one per cable between machines, and the 16 inside each machine; of the
+    machines `among` only (and the cables between them), if given."""
+    cables = layout.ipulink_cables(among)
+    agents = layout.agent_ids if among is None else tuple(a for a in layout.agent_ids if a in among)
     failing = _failing(cables, observations, serials)
     lines = _lines(failing)
-    for agent in layout.agent_ids:
+    for agent in agents:
         observation = observations.get(agent)
         up = {r.link for r in observation.internal if r.up} if observation is not None else set()
         lines += [_internal_line(agent, link) for link in INTERNAL_LINKS if link.key not in up]
-    total = len(cables) + len(INTERNAL_LINKS) * len(layout.agent_ids)
+    total = len(cables) + len(INTERNAL_LINKS) * len(agents)
     return _outcome(TestType.IPULINK, total - len(lines), total, "All Links Passed", "Links that did not train:",
-                    _silent(observations, layout.agent_ids) + lines, failing)
+                    _silent(observations, agents) + lines, failing)
 
 
-def traffic_windows(layout: ClusterLayout) -> list[tuple[str, ...]]:
-    """Overlapping windows of at most 16 IPUs in each domain, covering every link in it."""
+def traffic_windows(layout: ClusterLayout, among: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+    """Overlapping windows of at most 16 IPUs in each domain, covering every link in it; only those
+    wholly `among` the machines given, if given."""
     size = layout.machines_per_ild
     width = min(TRAFFIC_WINDOW_MACHINES, size)
     if size <= width:
@@ -263,7 +286,8 @@ def traffic_windows(layout: ClusterLayout) -> list[tuple[str, ...]]:
         starts = list(range(0, size - width + 1, TRAFFIC_WINDOW_STEP))
         if starts[-1] != size - width:
             starts.append(size - width)
-    return [tuple(layout.agent_at(d, s + i) for i in range(width)) for d in range(layout.num_ilds) for s in starts]
+    windows = [tuple(layout.agent_at(d, s + i) for i in range(width)) for d in range(layout.num_ilds) for s in starts]
+    return windows if among is None else [w for w in windows if set(w) <= set(among)]
 
 
 def traffic_phases(windows: list[tuple[str, ...]]) -> list[list[int]]:
@@ -414,14 +438,14 @@ class CableResult:
 
 def cable_results(layout: ClusterLayout, outcomes: list[Outcome]) -> list[CableResult]:
     """Every cable the cluster expects, judged by the tests among `outcomes` (one run's): failed
-    if any of them failed it, passed if one that ran judges its kind and none failed it, untested
-    otherwise (no such test ran, or it was skipped)."""
-    ran = [o for o in outcomes if o.status is not Status.SKIPPED]
-    judged = {kind for o in ran for kind in JUDGED_CABLES.get(o.test, ())}
+    if any of them failed it, passed if one that ran judges its kind (at both its ends' machines)
+    and none failed it, untested otherwise (no such test ran, or it was skipped or stopped)."""
+    ran = [o for o in outcomes if o.status not in (Status.SKIPPED, Status.STOPPED)]
     results = []
     for cable in layout.cables():
         lines = tuple(f"{o.test.value}: {line}" for o in ran for line in o.cable_failures.get(cable.key, ()))
-        verdict = CableVerdict.FAILED if lines else CableVerdict.PASSED if cable.kind in judged else CableVerdict.UNTESTED
+        judged = any(cable.kind in JUDGED_CABLES.get(o.test, ()) and o.covers(cable) for o in ran)
+        verdict = CableVerdict.FAILED if lines else CableVerdict.PASSED if judged else CableVerdict.UNTESTED
         results.append(CableResult(cable, verdict, lines))
     return results
 

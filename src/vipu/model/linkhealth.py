@@ -312,6 +312,13 @@ class LinkState:
     cable_since: float = 0.0  # when that cable was first seen there
     last: Sample | None = None
     test_failure: str = ""
+    breaker: str = ""  # why a failed link is not quarantined: the breaker holds (see `breaker_holds`)
+    first_seen: float = 0.0  # when the ledger first met it
+
+    @property
+    def quarantined(self) -> bool:
+        """Failed, and kept out of every partition's shape (unless the breaker holds)."""
+        return self.health is LinkHealth.FAILED and not self.breaker
 
 
 @dataclass(frozen=True)
@@ -380,13 +387,16 @@ class LinkFaults:
 
     @classmethod
     def of(cls, states: Iterable[LinkState], agents: Set[str] | None = None, sequence: int = 0) -> LinkFaults:
-        """The faults among the links' states, of the `agents` given (all if None)."""
+        """The faults among the links' states, of the `agents` given (all if None): a failed link
+        the breaker keeps out of quarantine is only stepped around, as a suspect one."""
         failed, suspect = {}, {}
         for state in states:
             if agents is not None and state.name.agent_id not in agents:
                 continue
-            if state.health is LinkHealth.FAILED:
+            if state.quarantined:
                 failed[state.name] = state.reason
+            elif state.health is LinkHealth.FAILED:  # the breaker holds: stepped around while another shape fits
+                suspect[state.name] = f"failed ({state.reason}), not quarantined: {state.breaker}"
             elif state.health is LinkHealth.SUSPECT:
                 suspect[state.name] = state.reason
         return cls(failed, suspect, sequence)
@@ -421,3 +431,109 @@ class LinkFaults:
 
 
 NO_FAULTS = LinkFaults()
+
+
+@dataclass(frozen=True)
+class RemediationPolicy:
+    """Automatic remediation of a failed link: reset it, re-test it (read it again once it has
+    had `settle_seconds` to train), and leave it quarantined if that does not bring it back; at
+    most `attempts` in `window_seconds` for a link or for its machine (a link that keeps failing
+    is left to a person). The breaker: no automatic quarantine that would leave more than
+    `breaker_share` of an allocation's machines with a quarantined link."""
+
+    attempts: int = 3
+    window_seconds: float = 7 * DAY
+    settle_seconds: float = 5.0
+    breaker_share: float = 0.2
+
+    def __post_init__(self):
+        if self.attempts < 0 or self.window_seconds <= 0 or self.settle_seconds < 0 or not 0 < self.breaker_share <= 1:
+            raise InvalidArgument("remediation needs attempts >= 0, a window longer than 0 s, a settle time >= 0 s "
+                                  "and a breaker share above 0 and at most 1")
+
+
+DEFAULT_REMEDIATION = RemediationPolicy()
+REFUSED = "automatic remediation refused"  # how a refused attempt's outcome starts: the caps do not count it
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One automatic remediation of a link: when, and how it ended ("" while under way)."""
+
+    name: LinkName
+    at: float
+    outcome: str = ""
+
+
+def attempts_refusal(name: LinkName, attempts: Sequence[Attempt], policy: RemediationPolicy, now: float) -> str:
+    """Why a new automatic remediation of the link is refused ("" if it may go ahead): the link,
+    or its machine, had `policy.attempts` already within the window (refused ones not counted)."""
+    recent = [a for a in attempts if now - a.at < policy.window_seconds and not a.outcome.startswith(REFUSED)]
+    of_link = sum(a.name == name for a in recent)
+    of_machine = sum(a.name.agent_id == name.agent_id for a in recent)
+    span = _duration(policy.window_seconds)
+    if of_link >= policy.attempts:
+        return f"{REFUSED}: link {name} had {of_link} attempts in the last {span} (at most {policy.attempts})"
+    if of_machine >= policy.attempts:
+        return (f"{REFUSED}: machine {name.agent_id} had {of_machine} attempts in the last {span} "
+                f"(at most {policy.attempts})")
+    return ""
+
+
+def breaker_holds(name: LinkName, allocation_id: str, allocation_agents: Sequence[str], quarantined_agents: Set[str],
+                  policy: RemediationPolicy) -> str:
+    """Why the breaker keeps a failed link out of quarantine ("" if it may be quarantined): its
+    allocation would have more than `policy.breaker_share` of its machines with a quarantined link
+    (`quarantined_agents`, besides this one). One machine may always be quarantined, or a small
+    allocation could quarantine nothing."""
+    machines = set(allocation_agents)
+    after = (set(quarantined_agents) & machines) | {name.agent_id}
+    if len(after) <= 1 or len(after) <= policy.breaker_share * len(machines):
+        return ""
+    return (f"the breaker holds: quarantining {name} would leave {len(after)} of the {len(machines)} machines of allocation "
+            f"{allocation_id} ({len(after) / len(machines):.0%}) with a quarantined link, over {policy.breaker_share:.0%}")
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """How often a link (or a machine's links) failed, and how soon it came back: the mean time
+    between failures (from the first sight of it, time down excluded) and the mean time to repair
+    (from failing to any other health), over the events kept."""
+
+    failures: int
+    mtbf_seconds: float
+    mttr_seconds: float
+
+
+def reliability(events: Iterable[LinkEvent], first_seen: float, now: float) -> Reliability:
+    """From the events of one link, or of a machine's links (whose spans down are merged: a
+    machine is down while any of its links is), and when it was first seen. Time down so far
+    counts for a link failed now; a repair not yet made is not in MTTR."""
+    by_link: dict[LinkName, list[LinkEvent]] = {}
+    for event in events:
+        by_link.setdefault(event.name, []).append(event)
+    spans = sorted(span for link_events in by_link.values() for span in _down_spans(link_events, now))
+    merged: list[list] = []
+    for start, end, repaired in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1], merged[-1][2] = max(merged[-1][1], end), repaired if end >= merged[-1][1] else merged[-1][2]
+        else:
+            merged.append([start, end, repaired])
+    failures, down = len(merged), sum(end - start for start, end, _ in merged)
+    repairs = [end - start for start, end, repaired in merged if repaired]
+    up = max(0.0, now - first_seen - down)
+    return Reliability(failures, up / failures if failures else 0.0, sum(repairs) / len(repairs) if repairs else 0.0)
+
+
+def _down_spans(events: Sequence[LinkEvent], now: float) -> list[tuple[float, float, bool]]:
+    """(from, to, repaired) of each span one link spent failed; one not over yet ends `now`, unrepaired."""
+    spans, down_since = [], None
+    for event in sorted(events, key=lambda e: e.at):
+        if event.health is LinkHealth.FAILED and down_since is None:
+            down_since = event.at
+        elif event.health is not LinkHealth.FAILED and down_since is not None:
+            spans.append((down_since, event.at, True))
+            down_since = None
+    if down_since is not None:
+        spans.append((down_since, now, False))
+    return spans

@@ -19,7 +19,8 @@ class TestRunRepository(TransactionBase):
             return None
         outcomes = [
             Outcome(TestType(o["test"]), Status(o["status"]), o["passed"], o["total"], list(o["summary"]), o["duration"],
-                    {key: list(lines) for key, lines in o.get("cables", {}).items()})  # runs saved before cables were kept have none
+                    {key: list(lines) for key, lines in o.get("cables", {}).items()},  # runs saved before cables were kept have none
+                    tuple(o.get("machines", ())))  # an idle-time test's; none: the whole cluster
             for o in row.outcomes
         ]
         return TestRun(row.cluster_id, RunState(row.state), [TestType(t) for t in row.tests], outcomes)
@@ -35,7 +36,7 @@ class TestRunRepository(TransactionBase):
         row.tests = [t.value for t in run.tests]
         row.outcomes = [
             {"test": o.test.value, "status": o.status.value, "passed": o.passed, "total": o.total,
-             "summary": list(o.summary), "duration": o.duration, "cables": o.cable_failures}
+             "summary": list(o.summary), "duration": o.duration, "cables": o.cable_failures, "machines": list(o.machines)}
             for o in run.outcomes
         ]
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from sqlalchemy import delete, func, select
 
 from vipu.model.linkhealth import (
+    REFUSED,
+    Attempt,
     CableIdentity,
     CableRecord,
     History,
@@ -18,7 +20,7 @@ from vipu.model.linkhealth import (
     Sample,
     Summary,
 )
-from vipu.store.schema import CableRow, LinkEventRow, LinkRow, LinkSampleRow, LinkSummaryRow
+from vipu.store.schema import CableRow, LinkEventRow, LinkRemediationRow, LinkRow, LinkSampleRow, LinkSummaryRow
 from vipu.store.transactions import TransactionBase
 
 SERIAL = 64  # the longest serial kept: an agent's longer one is cut, not refused (its machine's readings would all fail)
@@ -29,7 +31,7 @@ def _state(row: LinkRow, cables: dict[tuple[str, str, str], CableRow]) -> LinkSt
     identity = CableIdentity(cable.serial, cable.vendor, cable.model) if cable else None
     last = Sample(row.last_at, row.last_corrected, row.last_recoveries, row.last_up) if row.last_at is not None else None
     return LinkState(LinkName(row.agent_id, row.place), LinkHealth(row.health), row.reason, row.changed_at, identity, row.cable_since,
-                     last, row.test_failure)
+                     last, row.test_failure, row.breaker or "", row.first_seen or row.changed_at)
 
 
 class LinkRepository(TransactionBase):
@@ -65,11 +67,17 @@ class LinkRepository(TransactionBase):
             row = LinkRow(agent_id=state.name.agent_id, place=state.name.place)
             self.session.add(row)
         row.health, row.reason, row.changed_at = state.health.value, state.reason[:1024], state.changed_at
+        row.breaker, row.first_seen = state.breaker[:512], state.first_seen
         row.cable_serial, row.cable_since, row.test_failure = (state.cable.serial[:SERIAL] if state.cable else "", state.cable_since,
                                                                state.test_failure[:1024])
         if state.last is not None:
             row.last_at, row.last_corrected, row.last_recoveries, row.last_up = (state.last.at, state.last.corrected,
                                                                                  state.last.recoveries, state.last.up)
+
+    def forget_links(self, agent_id: str) -> None:
+        """An agent removed: its links' present state goes (a machine added later under its id
+        starts afresh, no quarantine carried over); their history stays, under their names."""
+        self.session.execute(delete(LinkRow).where(LinkRow.agent_id == agent_id))
 
     def add_sample(self, name: LinkName, sample: Sample) -> None:
         self.session.add(LinkSampleRow(agent_id=name.agent_id, place=name.place, at=sample.at, corrected=sample.corrected,
@@ -118,11 +126,16 @@ class LinkRepository(TransactionBase):
         query = select(LinkEventRow).where(LinkEventRow.at >= since)
         if name is not None:
             query = query.where(LinkEventRow.agent_id == name.agent_id, LinkEventRow.place == name.place)
+        return self._events(query)
+
+    def _events(self, query) -> list[LinkEvent]:
         return [LinkEvent(LinkName(r.agent_id, r.place), r.at, LinkHealth(r.health), r.reason, tuple(r.partitions))
                 for r in self.session.scalars(query.order_by(LinkEventRow.at, LinkEventRow.id))]
 
     def drop_link_events(self, before: float) -> None:
+        """Events, and records of automatic remediations, older than the history kept."""
         self.session.execute(delete(LinkEventRow).where(LinkEventRow.at < before))
+        self.session.execute(delete(LinkRemediationRow).where(LinkRemediationRow.at < before))
 
     def cable_at(self, serial: str, name: LinkName) -> CableRecord | None:
         """The cable of that serial as first met in this link's port (each end of a cable has a row)."""
@@ -146,6 +159,40 @@ class LinkRepository(TransactionBase):
         """The links suspect or failed now: what placement steps around."""
         return self._states(self.session.scalars(select(LinkRow).where(LinkRow.health != LinkHealth.HEALTHY.value)
                                                  .order_by(LinkRow.agent_id, LinkRow.place)).all())
+
+    def add_attempt(self, attempt: Attempt) -> int:
+        """An automatic remediation begun; its id, to record its outcome by."""
+        row = LinkRemediationRow(agent_id=attempt.name.agent_id, place=attempt.name.place, at=attempt.at, outcome=attempt.outcome[:1024])
+        self.session.add(row)
+        self.session.flush()
+        return row.id
+
+    def end_attempt(self, attempt_id: int, outcome: str) -> None:
+        row = self.session.get(LinkRemediationRow, attempt_id)
+        if row is not None:
+            row.outcome = outcome[:1024]
+
+    def attempts_on(self, agent_id: str, since: float) -> list[Attempt]:
+        """The automatic remediations of a machine's links since a time, oldest first."""
+        rows = self.session.scalars(select(LinkRemediationRow).where(LinkRemediationRow.agent_id == agent_id,
+                                                                     LinkRemediationRow.at >= since).order_by(LinkRemediationRow.at))
+        return [Attempt(LinkName(r.agent_id, r.place), r.at, r.outcome) for r in rows]
+
+    def failure_events(self) -> list[LinkEvent]:
+        """The kept events of every link that failed within them: what its MTBF and MTTR are from."""
+        failed = set(self.session.execute(select(LinkEventRow.agent_id, LinkEventRow.place)
+                                          .where(LinkEventRow.health == LinkHealth.FAILED.value).distinct()).all())
+        if not failed:
+            return []
+        agents = {agent for agent, _ in failed}
+        return [e for e in self._events(select(LinkEventRow).where(LinkEventRow.agent_id.in_(agents)))
+                if (e.name.agent_id, e.name.place) in failed]
+
+    def attempt_counts(self) -> dict[str, int]:
+        """The kept automatic remediations: how many were attempted and how many refused by the caps."""
+        outcomes = self.session.scalars(select(LinkRemediationRow.outcome)).all()
+        refused = sum(outcome.startswith(REFUSED) for outcome in outcomes)
+        return {"attempted": len(outcomes) - refused, "refused": refused}
 
     def link_event_counts(self) -> dict[str, int]:
         """How many of the kept events changed a link's health to each health."""

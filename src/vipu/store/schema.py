@@ -37,10 +37,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 12  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 13  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
-# link_summaries, link_events, cables); 12: partitions.placement_note
+# link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -69,6 +69,8 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     9: ["ALTER TABLE partitions ADD COLUMN failed_on JSON"],
     10: [_adding("partition_requests", "detached", "BOOLEAN NOT NULL DEFAULT false")],
     12: [_adding("partitions", "placement_note", "VARCHAR(512) NOT NULL DEFAULT ''")],
+    13: [_adding("links", "breaker", "VARCHAR(512) NOT NULL DEFAULT ''"),
+         _adding("links", "first_seen", "DOUBLE PRECISION NOT NULL DEFAULT 0")],
 }
 
 ID = String(64)
@@ -267,6 +269,20 @@ class LinkRow(Base):
     last_corrected: Mapped[int] = mapped_column(BigInteger, default=0)
     last_recoveries: Mapped[int] = mapped_column(BigInteger, default=0)
     last_up: Mapped[bool] = mapped_column(Boolean, default=True)
+    breaker: Mapped[str] = mapped_column(String(512), default="", server_default="")  # why a failed link is not quarantined
+    first_seen: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class LinkRemediationRow(Base):
+    """An automatic remediation of a link (reset, re-test): what the caps count."""
+
+    __tablename__ = "link_remediations"
+    __table_args__ = (Index("link_remediations_by_machine", "agent_id", "at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(ID)
+    place: Mapped[str] = mapped_column(PLACE)
+    at: Mapped[float] = mapped_column(Float)
+    outcome: Mapped[str] = mapped_column(String(1024), default="")
 
 
 class LinkSampleRow(Base):

@@ -5,17 +5,20 @@ tests fail and clear links, and compaction keeps the history's growth while it s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.unit.controller.test_services import Pod
 from vipu.backends.sim import faults
 from vipu.backends.sim.rack import load_rack, save_rack
 from vipu.controller.usecases.links import LinkLedger
+from vipu.controller.usecases.remediation import LinkRemediation
 from vipu.model.clustertests import CableResult, CableVerdict
 from vipu.model.clustertests import TestType as Step
 from vipu.model.entities import PartitionRequest
 from vipu.model.errors import NotFound
-from vipu.model.linkhealth import HOUR, CableIdentity, LinkHealth, LinkName, LinkReading, Retention, TrendPolicy
+from vipu.model.linkhealth import HOUR, CableIdentity, LinkHealth, LinkName, LinkReading, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.topology import Cable, LinkKind, Port
 
 T0 = 1_800_000_000.0
@@ -88,6 +91,16 @@ def test_a_link_that_goes_down_fails_and_a_new_cable_starts_afresh_naming_the_on
     assert [(c.identity.serial, c.replaced) for c in detail.cables] == [("C-1", ""), ("C-2", "C-1")]
     assert [e.reason for e in detail.events] == ["it is down: it stopped training", "cable C-2 replaced cable C-1",
                                                  "its errors or recoveries grew in 0 of its last 5 windows of 1 min"]
+
+
+def test_a_cable_that_gives_no_serial_is_one_cable_whose_trend_is_judged_like_any_other(ledger, clock):
+    name = LinkName("ag1", "5")
+    for minute, corrected in enumerate([0, 2, 4, 6, 8]):  # growth in four of the last five minutes
+        clock.now = T0 + 60 * minute + 1
+        ledger.record("ag1", [port(corrected, serial="")], clock.now)
+    detail = ledger.detail(name)
+    assert detail.state.health is LinkHealth.SUSPECT and detail.cables == [] and len(detail.history.samples) == 5
+    assert [e.health for e in detail.events] == [LinkHealth.SUSPECT]  # no cable "replaced" at each reading
 
 
 def judged(verdict: CableVerdict, *lines: str) -> CableResult:
@@ -168,3 +181,61 @@ def test_the_ledger_keeps_and_compacts_its_history_on_postgresql(tmp_path, postg
     finally:
         ledger.close()
         pod.close()
+
+
+# Automatic remediation and the breaker
+
+@pytest.fixture
+def remediation(pod):
+    ledger = LinkLedger(pod.store, pod.gateway, POLICY, tell=pod.owners.links_changed)
+    made = LinkRemediation(pod.store, pod.gateway, ledger, RemediationPolicy(attempts=3, settle_seconds=0.0))
+    yield made
+    made.close()
+    ledger.close()
+
+
+def test_a_link_failed_in_the_simulator_is_reset_and_re_tested_and_the_fourth_attempt_in_a_week_is_refused(pod, remediation):
+    rack = load_rack(pod.rack_path)
+    faults.degrade(rack, "m01", "5", "steady", 60, since=time.time() - 60, fails_after=30)  # down since 30 s
+    save_rack(rack, pod.rack_path)
+    name = LinkName("ag1", "5")
+    remediation.ledger.sample_all()
+    assert remediation.ledger.detail(name).state.quarantined  # the first machine with a quarantined link: the breaker lets it be
+    outcomes = [remediation.remediate(name) for _ in range(3)]
+    assert outcomes == ["reset and re-tested: up again, healthy"] * 3  # retrained: up for 30 s more
+    assert remediation.ledger.detail(name).state.health is LinkHealth.HEALTHY
+    refused = remediation.remediate(name)
+    assert refused == "automatic remediation refused: link ag1:5 had 3 attempts in the last 7 d (at most 3)"
+    assert remediation.remediate(LinkName("ag1", "6")).startswith("automatic remediation refused: machine ag1 had 3 attempts")
+    events = [e.reason for e in remediation.ledger.detail(name).events]
+    assert events[-1] == f"{refused}; it stays failed for a person to see to"
+    assert events.count("automatic remediation: reset and re-tested: up again, healthy") == 3
+    with pod.store.reading() as tx:
+        assert tx.attempt_counts() == {"attempted": 3, "refused": 2}
+
+
+def test_a_broken_link_stays_down_after_its_reset_and_stays_quarantined(pod, remediation):
+    rack = load_rack(pod.rack_path)
+    faults.break_link(rack, "m02", "5")
+    save_rack(rack, pod.rack_path)
+    remediation.ledger.sample_all()
+    assert remediation.remediate(LinkName("ag2", "5")) == "reset and re-tested: still down, quarantined"
+
+
+def test_the_breaker_keeps_a_second_machines_failed_link_out_of_quarantine_and_lets_go_when_the_first_recovers(pod, remediation):
+    ledger = remediation.ledger
+    ledger.record("ag1", [port(0, up=False)], time.time())
+    assert ledger.detail(LinkName("ag1", "5")).state.quarantined
+    ledger.record("ag3", [port(0, up=False)], time.time())  # 2 of the 8 machines of a1: over 20 %
+    held = ledger.detail(LinkName("ag3", "5"))
+    assert not held.state.quarantined and held.state.breaker.startswith("the breaker holds: quarantining ag3:5 would leave 2 of the 8")
+    assert held.events[-1].reason == f"not quarantined: {held.state.breaker}"
+    # The owner steps around the held link as a suspect one, and still places on it when nothing else fits.
+    owner = pod.owners.owner("a1")
+    assert owner is not None and set(owner.snapshot.links.failed) == {LinkName("ag1", "5")}
+    assert LinkName("ag3", "5") in owner.snapshot.links.suspect
+
+    ledger.record("ag1", [port(0)], time.time())  # the first comes back: the second is quarantined at its next reading
+    ledger.record("ag3", [port(0, up=False)], time.time())
+    assert ledger.detail(LinkName("ag3", "5")).state.quarantined
+    assert set(owner.snapshot.links.failed) == {LinkName("ag3", "5")}

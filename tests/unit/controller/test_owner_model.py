@@ -1,7 +1,8 @@
 """The allocation's owner against a reference model, by hypothesis's stateful testing.
 
 Creates (some willing to wait), removes (forced or not), resets, relocations, cancels, a cluster
-test's claim and release of the machines, agents going down and coming back, health passes, and
+test's claim and release of the machines, free machines lent to an idle-time test and returned,
+agents going down and coming back, health passes, and
 commits and agent calls held back or refused, at random and overlapping: every operation runs on
 a thread of its own while failpoints hold the owner's agent calls and the store's commits. After
 every step:
@@ -11,6 +12,7 @@ every step:
   is quiet, what readers see of its partitions is exactly what the store holds;
 - no newcomer takes the IPUs held for the first waiting request;
 - while a disruptive test holds the machines, no partition there is configured or being made;
+- no machine is both lent to an idle-time test and used (a partition there takes it back at once);
 - a partition placed while nothing else was under way is where placement itself, given what was
   committed and held, puts it (the reference model of a decision);
 
@@ -34,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.unit.controller.test_services import MACHINES, Pod
 from vipu import failpoints
-from vipu.controller.core.commands import ClaimMachines, ReleaseMachines
+from vipu.controller.core.commands import ClaimMachines, LendMachines, ReleaseMachines, Reply, ReturnMachines
 from vipu.controller.core.placing import place_request
 from vipu.model import lifecycle
 from vipu.model.entities import PartitionRequest, ReadyState
@@ -61,6 +63,7 @@ class OwnerMachine(RuleBasedStateMachine):
         self.asked: list[str] = []  # every name a create was asked for: what the other operations choose from (a gone one is NotFound)
         self.paused: dict[str, failpoints.Failpoint] = {}
         self.claimed = False
+        self.lendings: list[LendMachines] = []  # idle-time tests' asks for the free machines, not yet returned
 
     @classmethod
     def make_store(cls) -> str | None:
@@ -209,6 +212,20 @@ class OwnerMachine(RuleBasedStateMachine):
         self.claimed = False
 
     @rule()
+    def lend_for_an_idle_test(self):
+        asked = LendMachines(test="idle-time test of cluster cl0", seconds=SETTLE_SECONDS, reply=Reply(waited=False))
+        self.lendings.append(self.owner().submit(asked))
+
+    @precondition(lambda self: bool(self.lendings))
+    @rule()
+    def return_what_was_lent(self):
+        for asked in [asked for asked in self.lendings if asked.reply.done]:
+            self.lendings.remove(asked)
+            lease = asked.reply.outcome()
+            if lease is not None:
+                self.owner().submit(ReturnMachines(lease=lease, reply=Reply(waited=False)))
+
+    @rule()
     def settle(self):
         """Let everything go, wait for every answer, and check what the clients were told."""
         failpoints.disarm()
@@ -271,6 +288,12 @@ class OwnerMachine(RuleBasedStateMachine):
             stored = {p.id: lifecycle.state_of(p) for p in tx.list_partitions()}
         shown = {p.id: lifecycle.state_of(p) for p in snapshot.partitions.values()}
         assert shown == stored, f"readers see {shown}, the store holds {stored}"
+
+    @invariant()
+    def no_lent_machine_is_used(self):
+        snapshot = self.owner().snapshot
+        both = set(snapshot.lent) & set(snapshot.used)
+        assert not both, f"{sorted(both)} lent to an idle-time test and used at once"
 
     @invariant()
     def no_partition_is_made_on_machines_under_test(self):

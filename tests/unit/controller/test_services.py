@@ -45,6 +45,40 @@ from vipu.store.store import Store
 MACHINES = 8
 
 
+class StepGate:
+    """Holds test steps while cleared; a step whose call is cancelled (an idle-time test's) ends at
+    once, as an agent that aborts its step, unless `cancellable` is False."""
+
+    def __init__(self) -> None:
+        self._open = True
+        self._changed = threading.Condition()
+        self.cancellable = True
+
+    def set(self) -> None:
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+    def clear(self) -> None:
+        with self._changed:
+            self._open = False
+
+    def wait(self, cancellation=None) -> bool:
+        """Until the gate opens (at most a minute), or the step is cancelled; whether it was cancelled."""
+        cancelled = threading.Event()
+
+        def cancel() -> None:
+            with self._changed:
+                cancelled.set()
+                self._changed.notify_all()
+
+        if cancellation is not None and self.cancellable:
+            cancellation.arm(cancel)
+        with self._changed:
+            self._changed.wait_for(lambda: self._open or cancelled.is_set(), timeout=60)
+        return cancelled.is_set()
+
+
 class InMemoryGateway:
     """Reaches simulated machines by address; an address in `unreachable` does not answer."""
 
@@ -53,8 +87,7 @@ class InMemoryGateway:
         self.machines = {(m.host, m.port): SimMachine(self.rack, m.name) for m in self.rack.current().machines}
         self.unreachable: set[tuple[str, int]] = set()
         self.diagnosing = threading.Event()  # set when a test step reaches a machine
-        self.step_may_go = threading.Event()  # the step goes on once this is set
-        self.step_may_go.set()
+        self.step_may_go = StepGate()  # the step goes on once this is set
 
     def machine(self, host, port) -> SimMachine:
         if (host, port) in self.unreachable or (host, port) not in self.machines:
@@ -76,6 +109,9 @@ class InMemoryGateway:
 
     def link_counters(self, host, port):
         return self.machine(host, port).link_counters(), time.time()
+
+    def reset_link(self, host, port, place):
+        self.machine(host, port).reset_link(place)
 
     def apply_all(self, targets):
         return [self._outcome(lambda h=host, p=port, s=settings: self.apply(h, p, s)) for host, port, settings in targets]
@@ -105,9 +141,10 @@ class InMemoryGateway:
     def forget(self, host, port):
         pass
 
-    def diagnose(self, host, port, probe, ipus, seed):
+    def diagnose(self, host, port, probe, ipus, seed, cancellation=None):
         self.diagnosing.set()
-        self.step_may_go.wait()
+        if self.step_may_go.wait(cancellation):
+            raise Unavailable(f"the test step at {host}:{port} was cancelled")
         return self.machine(host, port).diagnose(probe, ipus, seed)
 
 

@@ -11,15 +11,24 @@ from vipu.model.errors import InvalidArgument
 from vipu.model.linkhealth import (
     DAY,
     HOUR,
+    Attempt,
     History,
+    LinkEvent,
+    LinkFaults,
     LinkHealth,
     LinkName,
+    LinkState,
+    Reliability,
+    RemediationPolicy,
     Retention,
     Sample,
     TrendPolicy,
+    attempts_refusal,
+    breaker_holds,
     compact,
     growth_windows,
     judge,
+    reliability,
 )
 from vipu.model.topology import LinkKind
 
@@ -153,3 +162,60 @@ def test_400_days_of_samples_every_5_minutes_compact_to_a_week_of_them_and_some_
     assert len(compacted.samples) <= (7 * DAY + HOUR) / 300
     assert len(compacted.summaries) <= 90 * 24 + 24 + 310 + 2
     assert total_growth(compacted)[0] == samples[-1].corrected - samples[0].corrected
+
+
+# Remediation's caps, the breaker, and reliability
+
+def attempt(name: str, at: float, outcome: str = "reset and re-tested: up again, healthy") -> Attempt:
+    return Attempt(LinkName.parse(name), at, outcome)
+
+
+def test_a_fourth_attempt_within_the_window_is_refused_for_the_link_and_for_its_machine():
+    policy = RemediationPolicy(attempts=3)
+    three = [attempt("ag1:5", NOW + n) for n in range(3)]
+    assert attempts_refusal(LinkName.parse("ag1:5"), three, policy, NOW + 10) == \
+        "automatic remediation refused: link ag1:5 had 3 attempts in the last 7 d (at most 3)"
+    assert attempts_refusal(LinkName.parse("ag1:6"), three, policy, NOW + 10) == \
+        "automatic remediation refused: machine ag1 had 3 attempts in the last 7 d (at most 3)"
+    assert attempts_refusal(LinkName.parse("ag2:1"), three, policy, NOW + 10) == ""
+    assert attempts_refusal(LinkName.parse("ag1:5"), three, policy, NOW + 7 * DAY + 1) == ""  # the window moved past them
+    refused = [*three[:2], attempt("ag1:5", NOW + 3, "automatic remediation refused: ...")]
+    assert attempts_refusal(LinkName.parse("ag1:5"), refused, policy, NOW + 10) == ""  # a refusal is no attempt
+
+
+def test_the_breaker_holds_past_its_share_of_an_allocations_machines_but_always_lets_one_machine_be_quarantined():
+    machines = [f"ag{n}" for n in range(1, 11)]
+    policy = RemediationPolicy(breaker_share=0.2)
+    assert breaker_holds(LinkName.parse("ag1:5"), "a1", machines[:4], set(), policy) == ""  # one of four: always allowed
+    assert breaker_holds(LinkName.parse("ag2:5"), "a1", machines, {"ag1"}, policy) == ""  # 2 of 10: at the share
+    held = breaker_holds(LinkName.parse("ag3:5"), "a1", machines, {"ag1", "ag2"}, policy)
+    assert held == "the breaker holds: quarantining ag3:5 would leave 3 of the 10 machines of allocation a1 (30%) with a quarantined " \
+                   "link, over 20%"
+    assert breaker_holds(LinkName.parse("ag1:6"), "a1", machines, {"ag1", "ag2"}, policy) == ""  # its machine is counted already
+    assert breaker_holds(LinkName.parse("ag3:5"), "a1", machines, {"ag1", "ag2", "ag11"}, policy) == held  # another allocation's
+
+
+def test_a_failed_link_the_breaker_holds_is_stepped_around_not_quarantined():
+    held = LinkState(LinkName.parse("ag3:5"), LinkHealth.FAILED, "it is down: it stopped training", NOW, breaker="the breaker holds: x")
+    quarantined = LinkState(LinkName.parse("ag1:5"), LinkHealth.FAILED, "it is down: it stopped training", NOW)
+    faults = LinkFaults.of([held, quarantined])
+    assert list(faults.failed) == [quarantined.name] and quarantined.quarantined and not held.quarantined
+    assert faults.suspect[held.name] == "failed (it is down: it stopped training), not quarantined: the breaker holds: x"
+
+
+def event(name: str, at: float, health: LinkHealth) -> LinkEvent:
+    return LinkEvent(LinkName.parse(name), at, health, "")
+
+
+def test_mtbf_and_mttr_of_a_link_and_of_a_machine_whose_links_fail_together():
+    failed, healthy = LinkHealth.FAILED, LinkHealth.HEALTHY
+    link = [event("ag1:5", NOW + 100, failed), event("ag1:5", NOW + 110, healthy), event("ag1:5", NOW + 300, failed),
+            event("ag1:5", NOW + 330, healthy)]
+    found = reliability(link, NOW, NOW + 400)
+    assert (found.failures, found.mttr_seconds, found.mtbf_seconds) == (2, 20.0, (400 - 40) / 2)
+    overlapping = [*link, event("ag1:6", NOW + 105, failed), event("ag1:6", NOW + 120, healthy)]  # one span down: 100 to 120
+    machine = reliability(overlapping, NOW, NOW + 400)
+    assert (machine.failures, machine.mttr_seconds) == (2, (20.0 + 30.0) / 2)
+    still_down = reliability([event("ag1:5", NOW + 100, failed)], NOW, NOW + 400)
+    assert (still_down.failures, still_down.mttr_seconds, still_down.mtbf_seconds) == (1, 0.0, 100.0)
+    assert reliability([], NOW, NOW + 400) == Reliability(0, 0.0, 0.0)

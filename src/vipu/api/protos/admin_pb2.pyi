@@ -398,7 +398,7 @@ class LinkEvent(_message.Message):
     def __init__(self, at: _Optional[float] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., partitions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Link(_message.Message):
-    __slots__ = ("name", "kind", "health", "reason", "changed_at", "cable", "last", "samples", "summaries", "events", "cables")
+    __slots__ = ("name", "kind", "health", "reason", "changed_at", "cable", "last", "samples", "summaries", "events", "cables", "quarantined", "breaker")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +410,8 @@ class Link(_message.Message):
     SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     CABLES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     health: str
@@ -421,7 +423,9 @@ class Link(_message.Message):
     summaries: _containers.RepeatedCompositeFieldContainer[LinkSummary]
     events: _containers.RepeatedCompositeFieldContainer[LinkEvent]
     cables: _containers.RepeatedCompositeFieldContainer[LinkCable]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., changed_at: _Optional[float] = ..., cable: _Optional[_Union[LinkCable, _Mapping]] = ..., last: _Optional[_Union[LinkSample, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., summaries: _Optional[_Iterable[_Union[LinkSummary, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ..., cables: _Optional[_Iterable[_Union[LinkCable, _Mapping]]] = ...) -> None: ...
+    quarantined: bool
+    breaker: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., changed_at: _Optional[float] = ..., cable: _Optional[_Union[LinkCable, _Mapping]] = ..., last: _Optional[_Union[LinkSample, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., summaries: _Optional[_Iterable[_Union[LinkSummary, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ..., cables: _Optional[_Iterable[_Union[LinkCable, _Mapping]]] = ..., quarantined: _Optional[bool] = ..., breaker: _Optional[str] = ...) -> None: ...
 
 class ListLinksReply(_message.Message):
     __slots__ = ("links",)

@@ -261,6 +261,16 @@ class LinkCountersReply(_message.Message):
     read_at: float
     def __init__(self, links: _Optional[_Iterable[_Union[LinkCounter, _Mapping]]] = ..., read_at: _Optional[float] = ...) -> None: ...
 
+class ResetLinkRequest(_message.Message):
+    __slots__ = ("place",)
+    PLACE_FIELD_NUMBER: _ClassVar[int]
+    place: str
+    def __init__(self, place: _Optional[str] = ...) -> None: ...
+
+class ResetLinkReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ClaimRequest(_message.Message):
     __slots__ = ("takeover_grant",)
     TAKEOVER_GRANT_FIELD_NUMBER: _ClassVar[int]

@@ -95,6 +95,7 @@ class SimMachine(MachineBackend):
         self._lock = threading.Lock()
         self._partitions: dict[str, AgentSettings] = {}
         self._owner: dict[int, str] = {}  # IPU index -> partition id
+        self._retrained: dict[str, float] = {}  # link place -> when it was last reset
 
     def machine(self) -> RackMachine:
         return self.rack.current().machine(self.machine_name)
@@ -211,16 +212,25 @@ class SimMachine(MachineBackend):
                     continue
                 cable = plugged[0]
                 trained = self._read_port(rack, machine, kind, port, with_errors=False)  # up, and where to, as a test sees it
-                corrected, recoveries, up = cable.degradation.counters(now) if cable.degradation else (0, 0, True)
+                place = LinkName.of_port(machine.name, kind, port).place
+                corrected, recoveries, up = (cable.degradation.counters(now, self._retrained.get(place, 0.0)) if cable.degradation
+                                             else (0, 0, True))
                 identity = CableIdentity(cable.serial, cable.vendor or SIM_CABLE_VENDOR, cable.model or SIM_CABLE_MODEL)
                 up = up and trained.up
-                readings.append(LinkReading(LinkName.of_port(machine.name, kind, port).place, corrected, recoveries, up, identity,
+                readings.append(LinkReading(place, corrected, recoveries, up, identity,
                                             trained.peer_serial if up else "", trained.peer_port if up else 0))
         for link in INTERNAL_LINKS:
             degradation = machine.degrading_links.get(link.key)
-            corrected, recoveries, up = degradation.counters(now) if degradation else (0, 0, True)
+            corrected, recoveries, up = degradation.counters(now, self._retrained.get(link.key, 0.0)) if degradation else (0, 0, True)
             readings.append(LinkReading(link.key, corrected, recoveries, up and link.key not in machine.broken_links))
         return readings
+
+    def reset_link(self, place: str) -> None:
+        """Retrain a link: one going bad over time comes up again, to fail as long after as it did
+        first; a broken one (a fault of its cable) stays down."""
+        LinkName.parse(f"{self.machine_name}:{place}")
+        with self._lock:
+            self._retrained[place] = time.time()
 
     def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
         machine = self.machine()

@@ -78,7 +78,8 @@ class Degradation:
     """A link going bad over time, from `since` (seconds since the epoch): its corrected errors
     growing steadily or in bursts, or its recoveries (retraining) repeating, `per_minute` of them,
     until it fails `fails_after` seconds on (0: it never does), or stops getting worse at
-    `recovered_at` (0: it has not)."""
+    `recovered_at` (0: it has not). A reset of the link retrains it: up again, to fail
+    `fails_after` seconds after that (its counters go on)."""
 
     pattern: str
     since: float
@@ -86,12 +87,15 @@ class Degradation:
     fails_after: float = 0.0
     recovered_at: float = 0.0
 
-    def counters(self, now: float) -> tuple[int, int, bool]:
-        """Its corrected errors, recoveries and whether it is up, at `now`."""
+    def counters(self, now: float, retrained_at: float = 0.0) -> tuple[int, int, bool]:
+        """Its corrected errors, recoveries and whether it is up, at `now`, the link last reset at
+        `retrained_at` (0: never)."""
         until = min(now, self.recovered_at) if self.recovered_at else now
         elapsed = max(0.0, until - self.since)
         minutes, into = divmod(elapsed, 60.0)
-        up = not (self.fails_after and now - self.since >= self.fails_after and not self.recovered_at)
+        trained = max(self.since, retrained_at)
+        recovered = bool(self.recovered_at) and now >= self.recovered_at
+        up = recovered or not (self.fails_after and now - trained >= self.fails_after)
         if self.pattern == "bursts":
             return int(self.per_minute * (minutes + min(into, BURST_SECONDS) / BURST_SECONDS)), 0, up
         if self.pattern == "flapping":

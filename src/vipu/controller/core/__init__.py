@@ -10,6 +10,7 @@
   step, and `effects`, the steps they take (a store write, agent calls);
 - `state`: an allocation as its owner holds it; `snapshot`: what readers see of it;
 - `placing`: where a partition goes; `agents`: how agent calls are made outside the owner's turn;
+- `lending`: free machines lent to an idle-time test, which a partition that needs one takes back;
 - `changes`: the change feed that live views watch.
 
 Use cases (`vipu.controller.usecases`) and the health pass (`vipu.controller.loops`) ask owners

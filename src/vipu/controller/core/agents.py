@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vipu import failpoints
+from vipu.controller.core.lending import Cancellation
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
@@ -67,10 +68,18 @@ class AgentGateway(Protocol):
 
     def partitions(self, host: str, port: int) -> list[AgentSettings]: ...
 
-    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation: ...
+    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int,
+                 cancellation: Cancellation | None = None) -> Observation:
+        """One cluster-test step at an agent; `cancellation` (an idle-time test's) may cancel the
+        call, which then raises `Unavailable` at once."""
+        ...
 
     def link_counters(self, host: str, port: int) -> tuple[list[LinkReading], float]:
         """Every link's counters and state, and when the agent read them (seconds since the epoch)."""
+        ...
+
+    def reset_link(self, host: str, port: int, place: str) -> None:
+        """Retrain one link of the agent's machine."""
         ...
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
@@ -128,7 +137,14 @@ class AgentCalls:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent-calls")
         self._closed = False
 
-    def start(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None:
+    def start(self, calls: Sequence[AgentCall], done: Callable[[Outcomes], None], before: Callable[[], None] | None = None) -> None:
+        """`before`: run first, on one of the pool's threads (a bounded wait for a test step to stop)."""
+        if before is not None:
+            try:
+                self._pool.submit(self._after, before, calls, done)
+            except RuntimeError:  # the pool was shut down meanwhile
+                done([Unavailable("this vipu-server is stopping") for _ in calls])
+            return
         if not calls:
             done([])
             return
@@ -142,9 +158,12 @@ class AgentCalls:
             except RuntimeError:  # the pool was shut down meanwhile
                 gathered.add(position, Unavailable("this vipu-server is stopping"))
 
-    def run(self, calls: Sequence[AgentCall]) -> Outcomes:
-        """Make the calls on this thread: those of one partition to its agents all at once (the
-        gateway runs them together), each alone when a failpoint may stall or fail it."""
+    def run(self, calls: Sequence[AgentCall], before: Callable[[], None] | None = None) -> Outcomes:
+        """Make the calls on this thread, after `before` if given: those of one partition to its
+        agents all at once (the gateway runs them together), each alone when a failpoint may stall
+        or fail it."""
+        if before is not None:
+            before()
         if not calls:
             return []
         if self._closed:
@@ -166,6 +185,10 @@ class AgentCalls:
         once it is stopping."""
         with contextlib.suppress(RuntimeError):  # the pool was shut down meanwhile: owners are stopping too
             self._pool.submit(work)
+
+    def _after(self, before: Callable[[], None], calls: Sequence[AgentCall], done: Callable[[Outcomes], None]) -> None:
+        before()
+        self.start(calls, done)
 
     def _call(self, gathered: _Gathered, position: int, call: AgentCall) -> None:
         gathered.add(position, _one(self.gateway, call))

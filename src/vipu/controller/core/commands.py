@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vipu.controller.core.lending import IdleLease
 from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.linkhealth import LinkFaults
@@ -199,6 +200,23 @@ class ClaimMachines(Command):
 @dataclass
 class ReleaseMachines(Command):
     test: str
+
+
+@dataclass
+class LendMachines(Command):
+    """An idle-time test asks for the allocation's free machines for up to `seconds`: answered with
+    an `IdleLease` on them, or None when none is free (or a disruptive test holds them, or one is
+    lent already). A partition that needs one of them takes it back at once."""
+
+    test: str  # how its results and the log name it: "idle-time test of cluster cl0"
+    seconds: float
+
+
+@dataclass
+class ReturnMachines(Command):
+    """The idle-time test is over: its lease ends, if it is still the allocation's."""
+
+    lease: IdleLease
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """What an owner decides of each command: create, remove, reset, move, cancel, a cluster test's
-claim and release, what a health pass found, finishing, recovering, and closing the allocation."""
+claim and release, lending free machines to an idle-time test, what a health pass found,
+finishing, recovering, and closing the allocation."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from vipu.controller.core.commands import (
     Command,
     CreatePartition,
     FinishInterrupted,
+    LendMachines,
     LinksChanged,
     RecoverFailed,
     ReleaseMachines,
     RelocatePartition,
     RemovePartition,
     ResetPartition,
+    ReturnMachines,
 )
 from vipu.controller.core.effects import Body, Flow, Join, Write
+from vipu.controller.core.lending import IdleLease
 from vipu.controller.core.placing import LOST, due_for_relocation, due_for_reset, partition_of, place_request
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
@@ -152,6 +156,7 @@ class Decisions(QueueKeeping):
         in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
                             | set(self.flows))
         if not in_the_way:
+            self._take_back(f"{command.test} claims every machine for its test")
             self.state.test = command.test
             self._changed = self._queue_dirty = True
         command.reply.resolve(in_the_way)
@@ -160,6 +165,30 @@ class Decisions(QueueKeeping):
         if self.state.test == command.test:
             self.state.test = ""
             self._changed = self._queue_dirty = True
+        command.reply.resolve()
+
+    def _lend(self, command: LendMachines) -> None:
+        """Lend the free machines to an idle-time test: those with no IPU in use (by a partition, a
+        move's old IPUs, settings not seen cleared) or held for the first waiting request, and not
+        down. None while a disruptive test holds them, the allocation is being removed, or another
+        lease is out."""
+        state = self.state
+        if state.test or state.closing or state.lease is not None:
+            command.reply.resolve(None)
+            return
+        held = {agent for agent, _ in state.held}
+        free = tuple(a for a in state.allocation.agent_ids if a not in state.used and a not in held and a not in state.down)
+        if not free:
+            command.reply.resolve(None)
+            return
+        state.lease = IdleLease(command.test, self.id, free, command.seconds)
+        self._changed = True
+        command.reply.resolve(state.lease)
+
+    def _return(self, command: ReturnMachines) -> None:
+        if self.state.lease is command.lease:
+            self.state.lease = None
+            self._changed = True
         command.reply.resolve()
 
     def _report(self, command: AgentReport) -> None:
@@ -269,6 +298,7 @@ class Decisions(QueueKeeping):
         if partitions and not command.force:
             raise Conflict(f"allocation {self.id} holds {len(partitions)} partition(s) ({', '.join(partitions)}); "
                            "remove them first, or use --force to remove them with it")
+        self._take_back(f"allocation {self.id} is being removed")
         self.state.closing = True
         self._changed = True
         self.start(Flow("closing", self._closing(), command.reply))
@@ -309,6 +339,8 @@ class Decisions(QueueKeeping):
         CancelRequest: _cancel,
         ClaimMachines: _claim,
         ReleaseMachines: _release,
+        LendMachines: _lend,
+        ReturnMachines: _return,
         AgentReport: _report,
         LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,

@@ -21,7 +21,12 @@ it (a forced remove; any command behind the owner's own upkeep, which is brief).
 waiting requests is the owner's too: after each turn that changed the room or the queue, one
 pass starts what now fits (`vipu.model.queue.admit`, placement asked once per shape of request)
 and works out why the others wait. A thread of the owner's keeps time (requests' deadlines, a pass
-tried again) while anything is due, and lets go when nothing is.
+tried again, the end of a lease) while anything is due, and lets go when nothing is.
+
+The owner may lend its free machines to an idle-time test (`lending`); placement does not see the
+lease, and a turn that commits a partition on a lent machine takes the lease back, ending it
+before any agent call of that turn is made (whose calls to those machines first wait, bounded, for
+the test's cancelled step there to stop).
 """
 
 from __future__ import annotations

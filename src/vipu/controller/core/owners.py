@@ -115,9 +115,12 @@ class Owners:
         allocation = configuration.allocations.get(allocation_id)
         if allocation is None:
             return None
+        with self._lock:
+            told = self._links.sequence  # the ledger's word, as far as the store read below holds it at least
         with self.store.reading() as tx:  # an allocation just made holds nothing, but a restart's may
             partitions = tx.list_partitions(allocation_id=allocation_id)
             requests = tx.list_requests(allocation_id)
+            links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
         cluster = configuration.clusters[allocation.cluster_id]
         down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
         with self._lock:
@@ -126,10 +129,14 @@ class Owners:
                 return found
             if self._stopped:
                 raise Unavailable(self._stopped)
-            state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, self._links)
+            state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, links)
             state.test = self._tests.get(allocation.cluster_id, "")
             owner = self._owners[allocation_id] = AllocationOwner(self, state)
-            return owner
+            later = self._links if self._links.sequence != told else None
+        if later is not None:  # word the ledger gave while the store was read, which may have missed it
+            with contextlib.suppress(Unavailable):
+                owner.submit(LinksChanged(later, reply=Reply(waited=False)), always=True)
+        return owner
 
     def all(self) -> list[AllocationOwner]:
         with self._lock:

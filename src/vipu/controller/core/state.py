@@ -1,4 +1,4 @@
-"""An allocation as its owner holds it: the one copy of its partitions, IPUs, queue and claims.
+"""An allocation as its owner holds it: the one copy of its partitions, IPUs, queue, claims and lease.
 
 Only the owner's thread reads or changes an `AllocationState`; readers get the snapshots it
 publishes. The owner changes it as it stages each write of a turn (so that the next placement in
@@ -12,6 +12,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 
+from vipu.controller.core.lending import IdleLease
 from vipu.model import queue as queue_model
 from vipu.model.entities import Allocation, Partition
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
@@ -43,6 +44,7 @@ class AllocationState:
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
     test: str = ""  # the disruptive cluster test holding the machines
+    lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)

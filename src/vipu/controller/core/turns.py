@@ -13,7 +13,7 @@ import threading
 import time
 import typing
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from vipu import failpoints
 from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.commands import Command, Reply
 from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, Write
+from vipu.controller.core.lending import STEP_OFF_SECONDS, IdleLease
 from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
 from vipu.controller.core.state import AllocationState
 from vipu.model.errors import ConcurrentUpdate, Conflict, Unavailable, VipuError
@@ -66,6 +67,8 @@ class Turns:
         self._staged: list[tuple[Flow, Write]] = []
         self._launch: list[tuple[Flow, Calls]] = []
         self._after_pass: list[Flow] = []
+        self._leases_ending: list[tuple[IdleLease, str]] = []  # leases taken back this turn, ended once it is committed
+        self._stepping_off: list[IdleLease] = []  # leases taken back whose test steps may still run
         self._changed = True
         self._partitions_changed = True
         self._queue_changed = True
@@ -226,6 +229,8 @@ class Turns:
         undecided, that this owner stopped."""
         while self._commands:
             self._commands.popleft().reply.fail(Unavailable(self._stopped))
+        if self.state.lease is not None:  # the idle-time test stops: nothing decides who uses the machines now
+            self.state.lease.end(self._stopped)
         for flow in list(self.under_way):
             if flow.reply is not None:
                 flow.reply.fail(Unavailable(self._stopped))
@@ -259,12 +264,15 @@ class Turns:
         return self._busy
 
     def _next_timer(self) -> float | None:
-        """When the owner must act without a command (monotonic): a request's deadline, a retried pass."""
+        """When the owner must act without a command (monotonic): a request's deadline, a retried
+        pass, the end of a lease of its machines."""
         timers = []
         if self._expiries:
             timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
         if self._pass_due:
             timers.append(self._pass_due)
+        if self.state.lease is not None:
+            timers.append(self.state.lease.until)
         return min(timers, default=None)
 
     def _turn(self, commands: list[Command], answers: list[tuple[Flow, Any]]) -> None:
@@ -273,6 +281,9 @@ class Turns:
             self._ready.append((flow, outcomes, None))
         self._commands.extend(commands)
         self._expire_due()
+        lease = self.state.lease
+        if lease is not None and time.monotonic() >= lease.until:
+            self._take_back(f"its lease of {lease.seconds:g} s ran out")
         if self._pass_due and time.monotonic() >= self._pass_due:
             self._pass_due, self._queue_dirty = 0.0, True
         passed = False
@@ -287,6 +298,7 @@ class Turns:
                     self._step(flow, value, error)
             if self._staged:
                 self._commit_staged()
+                self._take_back_used()
                 self._publish(queue=False)  # what is committed is seen at once, not after the turn's other commits
                 continue
             if self._queue_dirty and not passed and self._queue_matters():
@@ -298,6 +310,10 @@ class Turns:
                 self._after_pass = []
                 continue
             break
+        self._take_back_used()
+        for lease, why in self._leases_ending:  # before the calls this turn launches
+            lease.end(why)
+        self._leases_ending = []
         if self._stopped:  # what it staged is neither committed nor shown, and no agent is called for it
             self._staged, self._launch = [], []
             return
@@ -306,16 +322,67 @@ class Turns:
         self._queue_dirty = self._queue_dirty and self._queue_matters()
         self._publish()
         launch, self._launch = self._launch, []
+        self._stepping_off = [lease for lease in self._stepping_off if lease.stepping_on(lease.machines)]
         for flow, calls in launch:
             with self._lock:
                 self._in_flight += 1
-            if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls)):
-                self.owners.calls.start(calls.calls, partial(self._answered, flow))
+            before = self._step_off(calls.calls)
+            if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls, before)):
+                self.owners.calls.start(calls.calls, partial(self._answered, flow), before)
 
-    def _carry(self, flow: Flow, calls: list[AgentCall]) -> None:
+    def _carry(self, flow: Flow, calls: list[AgentCall], before: Callable[[], None] | None) -> None:
         """An operation's agent calls, made by the thread waiting for its answer (no turn held):
         the request's own thread does its network work, as it would without an owner."""
-        self._answered(flow, self.owners.calls.run(calls))
+        self._answered(flow, self.owners.calls.run(calls, before))
+
+    # Machines lent to an idle-time test
+
+    def _take_back_used(self) -> None:
+        """Anything of a partition on a lent machine (one just committed there, by a create, a grant
+        or a move) takes the lease back in the same turn."""
+        lease = self.state.lease
+        if lease is None:
+            return
+        taken = [machine for machine in lease.machines if machine in self.state.used]
+        if taken:
+            partitions = sorted({p for (agent, _), p in self.state.holders().items() if agent in taken})
+            self._take_back(f"{' and '.join(self._taker(p) for p in partitions)} took {', '.join(taken)}")
+
+    def _taker(self, partition_id: str) -> str:
+        """What took a lent machine, as the idle-time test's results say: "the create of partition p1"."""
+        flow = self.flows.get(partition_id)
+        operation = {"creating": "create", "relocating": "move"}.get(flow.doing, "") if flow is not None else ""
+        return f"the {operation} of partition {partition_id}" if operation else f"partition {partition_id}"
+
+    def _take_back(self, why: str) -> None:
+        """The lent machines are the allocation's alone again. The lease ends once this turn's writes
+        are committed and before any agent call it launches, which cancels the test's steps; calls
+        to those machines wait for their steps there to stop (`_step_off`)."""
+        lease = self.state.lease
+        if lease is None:
+            return
+        self.state.lease = None
+        self._leases_ending.append((lease, why))
+        self._stepping_off.append(lease)
+        self._changed = True
+        log.info("allocation %s takes back %s from the %s: %s", self.id, ", ".join(lease.machines), lease.test, why)
+
+    def _step_off(self, calls: list[AgentCall]) -> Callable[[], None] | None:
+        """For calls to machines where a test step of a lease taken back may still run: a wait for
+        those steps to stop, at most STEP_OFF_SECONDS, made before the calls outside the turn."""
+        machines = {call.agent_id for call in calls}
+        leases = [lease for lease in self._stepping_off if lease.stepping_on(machines)]
+        if not leases:
+            return None
+
+        def step_off() -> None:
+            deadline = time.monotonic() + STEP_OFF_SECONDS
+            for lease in leases:
+                if not lease.stepped_off(machines, max(0.0, deadline - time.monotonic())):
+                    log.warning("allocation %s: the %s's step on %s did not stop within %g s; the calls there go ahead",
+                                self.id, lease.test, ", ".join(sorted(machines & set(lease.machines))), STEP_OFF_SECONDS)
+
+        return step_off
 
     def _handle(self, command: Command) -> None:
         try:
@@ -489,7 +556,8 @@ class Turns:
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
             used=used, held_back=state.held_back(),
             busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
-            down=frozenset(state.down), test=state.test, closing=state.closing, links=state.links)
+            down=frozenset(state.down), test=state.test, lent=state.lease.machines if state.lease is not None else (),
+            closing=state.closing, links=state.links)
         partitions_changed = self._partitions_changed
         self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)

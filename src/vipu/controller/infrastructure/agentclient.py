@@ -11,10 +11,11 @@ from vipu.api import convert
 from vipu.api.channels import RECONNECT_PROMPTLY
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
+from vipu.controller.core.lending import Cancellation
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
-from vipu.model.errors import VipuError
+from vipu.model.errors import Unavailable, VipuError
 from vipu.model.linkhealth import LinkReading
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
@@ -94,12 +95,27 @@ class GrpcAgentGateway:
         reply = self._call(host, port, "ListPartitions", agent_pb2.ListPartitionsRequest())
         return [convert.settings_from_proto(p) for p in reply.partitions]
 
-    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+    def diagnose(self, host: str, port: int, probe: Probe, ipus: dict[int, int], seed: int,
+                 cancellation: Cancellation | None = None) -> Observation:
+        """One test step; cancelled as a gRPC call (the agent sees its context end), it raises
+        Unavailable at once."""
         request = agent_pb2.DiagnoseRequest(probe=probe.value, ipus=ipus, seed=seed)
-        return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
+        if cancellation is None:
+            return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
+        call = self._stub(host, port).Diagnose.future(request, timeout=self.test_timeout)
+        cancellation.arm(call.cancel)
+        try:
+            return convert.observation_from_proto(call.result())
+        except grpc.FutureCancelledError:
+            raise Unavailable(f"the test step at {host}:{port} was cancelled") from None
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
 
     def link_counters(self, host: str, port: int) -> tuple[list[LinkReading], float]:
         return convert.link_counters_from_proto(self._call(host, port, "LinkCounters", agent_pb2.LinkCountersRequest()))
+
+    def reset_link(self, host: str, port: int, place: str) -> None:
+        self._call(host, port, "ResetLink", agent_pb2.ResetLinkRequest(place=place))
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         if self.credentials is None and not takeover_grant:  # a plaintext link knows no holders

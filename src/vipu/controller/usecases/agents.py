@@ -162,6 +162,7 @@ class AgentService:
             removed.append(f"cluster {view.cluster_id}")
         with self.store.transaction() as tx:
             tx.delete_agent(agent_id)
+            tx.forget_links(agent_id)
         try:
             if not gone:
                 self.gateway.release(view.agent.host, view.agent.port)

@@ -14,7 +14,8 @@ from vipu.store.store import Store
 
 class ClusterService:
     def __init__(self, store: Store, allocations: AllocationService, testing: Callable[[str], bool] = lambda cluster_id: False):
-        """`testing(cluster_id)`: whether a cluster test is running on the cluster (`ClusterTestService.testing`)."""
+        """`testing(cluster_id)`: whether a cluster test is running on the cluster (`ClusterTestService.busy`, before
+        which an idle-time test steps aside)."""
         self.store = store
         self.allocations = allocations
         self.testing = testing

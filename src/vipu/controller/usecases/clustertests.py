@@ -12,6 +12,14 @@ IPU-Link, Traffic, GW-Link) first claims the cluster's machines from the owners 
 (`vipu.controller.core`): refused in one line while partitions are there or being made, and
 holding them until it ends, so that no partition is made, reset or moved there meanwhile. The
 harmless tests (Cabling, Version, PFC) run beside partitions.
+
+Idle-time tests (`vipu-server --idle-tests`, `run_idle`) run the IPU-Link and Traffic tests, which
+drive only the links between the machines they test, on machines nobody uses: each allocation's
+owner lends its free machines for a bounded time (`vipu.controller.core.lending`), and the tests
+judge those machines and the cables between them. A partition that needs a lent machine takes the
+lease back at once: the step under way is cancelled, and the run ends as stepped aside, the tests
+it finished standing (saved, and told to the link ledger) and the one it was at saying why it
+stopped. An operator's test, or the removal of the cluster, makes an idle-time run step aside too.
 """
 
 from __future__ import annotations
@@ -23,14 +31,17 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, TypeVar
 
+from vipu import failpoints
 from vipu.controller.core.agents import AgentGateway
 from vipu.controller.core.changes import ChangeFeed, Topic
-from vipu.controller.core.commands import ClaimMachines, ReleaseMachines, Reply
+from vipu.controller.core.commands import ClaimMachines, LendMachines, ReleaseMachines, Reply, ReturnMachines
+from vipu.controller.core.lending import IdleLease
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.links import LinkLedger
 from vipu.model import clustertests as judge
 from vipu.model.clustertests import (
     DISRUPTIVE,
+    Observation,
     Outcome,
     Probe,
     RunState,
@@ -49,16 +60,22 @@ CLAIM_SECONDS = 30.0  # for an owner's turn, to claim its machines
 # The longest a run waited for (`vipu-admin test cluster` without --start) is waited for on the
 # end-point's thread; past it the run goes on and --status tells its end.
 WAIT_SECONDS = 3600.0
+# The tests that may run in idle time: they drive only the links between the machines they test.
+IDLE_TESTS = frozenset({TestType.IPULINK, TestType.TRAFFIC})
+IDLE_LEASE_SECONDS = 300.0  # the longest an idle-time run holds its machines (its steps take about a minute on real machines)
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class _Context:
-    """What the steps of one run need to know about the cluster."""
+    """What the steps of one run need to know about the cluster; an idle-time run's `lease` names
+    the machines it tests (`among`), the only ones it asks."""
 
-    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent]):
+    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent], lease: IdleLease | None = None):
         self.layout = layout
-        self.agents = agents
+        self.lease = lease
+        self.among = lease.machines if lease is not None else None
+        self.agents = agents if lease is None else {a: agents[a] for a in lease.machines}
         self.serials = {a: agent.inventory.serial for a, agent in agents.items()}
         self.chips = {a: {ipu.index: ipu.chip_id for ipu in agent.inventory.ipus} for a, agent in agents.items()}
 
@@ -77,6 +94,7 @@ class ClusterTestService:
         self._run: TestRun | None = None
         self._starting = ""  # the cluster whose run is being started: its machines claimed, its first save made
         self._running_test: TestType | None = None  # the step of _run under way
+        self._lease: IdleLease | None = None  # the machines _run tests, when it is an idle-time run
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._shutting_down = False
@@ -85,6 +103,15 @@ class ClusterTestService:
         """Whether a run is going on the cluster, or being started there."""
         with self._lock:
             return cluster_id == self._starting or (self._run is not None and self._run.cluster_id == cluster_id)
+
+    def busy(self, cluster_id: str) -> bool:
+        """Whether a run that the cluster must wait for is going there, or being started: an
+        idle-time run there steps aside instead, and has ended when this answers."""
+        with self._lock:
+            idle_here = self._lease is not None and self._run is not None and self._run.cluster_id == cluster_id
+        if idle_here:
+            self._step_aside(f"cluster {cluster_id} is being removed")
+        return self.testing(cluster_id)
 
     def each(self, items: Iterable[T], call: Callable[[T], R]) -> list[R | VipuError]:
         """Run `call` on every item in parallel; each result, or the VipuError it raised, in order."""
@@ -110,34 +137,20 @@ class ClusterTestService:
 
     def start(self, cluster_id: str, tests: set[TestType], wait: bool, wait_seconds: float = WAIT_SECONDS) -> TestRun:
         """Start a run of `tests` (all, if none) on the cluster; with `wait`, wait for it to end (up to
-        `wait_seconds`, after which the run goes on). The run's place is taken under the lock; the
-        claim of the machines and the first save are made outside it."""
-        configuration = self.store.configuration()
-        cluster = configuration.clusters.get(cluster_id)
-        if cluster is None:
-            raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+        `wait_seconds`, after which the run goes on). An idle-time run under way steps aside first.
+        The run's place is taken under the lock; the claim of the machines and the first save are
+        made outside it."""
+        context = self._context(cluster_id)
         planned = judge.plan(tests)
-        agents: dict[str, Agent] = {}
-        for agent_id in cluster.agent_ids:
-            agent = configuration.agents.get(agent_id)
-            if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
-                raise NotFound(f"agent {shown(agent_id)} does not exist")
-            agents[agent_id] = agent
-        context = _Context(ClusterLayout.of(cluster), agents)
         claimed = bool(DISRUPTIVE & set(planned))
-        with self._lock:
-            under_way = self._run.cluster_id if self._run is not None else self._starting
-            if under_way:
-                raise Conflict(f"a test in cluster {under_way} is in progress; only one cluster test runs at a time")
-            if self._shutting_down:
-                raise Unavailable("this vipu-server is stopping")
-            self._starting = cluster_id
+        self._step_aside(f"a test of cluster {cluster_id} was started")
+        self._reserve(cluster_id)
         run = TestRun(cluster_id, RunState.RUNNING, planned)
         try:
             if claimed:
                 self._claim(cluster_id)
             try:
-                self._save(run, context.layout)
+                self._save(run, context)
             except BaseException:
                 if claimed:
                     self._give_back(cluster_id)
@@ -146,16 +159,126 @@ class ClusterTestService:
             with self._lock:
                 self._starting = ""
             raise
-        with self._lock:
-            self._starting = ""
-            self._run = run
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._execute, args=(run, context, claimed), name="cluster-test", daemon=True)
-            self._thread.start()
+        thread = self._begin(run, context, claimed)
         log.info("cluster test of %s started: %s", cluster_id, ", ".join(t.value for t in planned))
         if wait:
-            self._thread.join(wait_seconds)
+            thread.join(wait_seconds)
         return run
+
+    def _context(self, cluster_id: str, lease: IdleLease | None = None) -> _Context:
+        configuration = self.store.configuration()
+        cluster = configuration.clusters.get(cluster_id)
+        if cluster is None:
+            raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+        agents: dict[str, Agent] = {}
+        for agent_id in cluster.agent_ids:
+            agent = configuration.agents.get(agent_id)
+            if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
+                raise NotFound(f"agent {shown(agent_id)} does not exist")
+            agents[agent_id] = agent
+        return _Context(ClusterLayout.of(cluster), agents, lease)
+
+    def _reserve(self, cluster_id: str) -> None:
+        """Take the one run's place for a run of the cluster, or Conflict while another has it."""
+        with self._lock:
+            under_way = self._run.cluster_id if self._run is not None else self._starting
+            if under_way:
+                raise Conflict(f"a test in cluster {under_way} is in progress; only one cluster test runs at a time")
+            if self._shutting_down:
+                raise Unavailable("this vipu-server is stopping")
+            self._starting = cluster_id
+
+    def _begin(self, run: TestRun, context: _Context, claimed: bool) -> threading.Thread:
+        """The run, its place reserved and its first save made, goes on in a thread of its own."""
+        with self._lock:
+            self._starting = ""
+            self._run, self._lease = run, context.lease
+            self._stop.clear()
+            thread = self._thread = threading.Thread(target=self._execute, args=(run, context, claimed), name="cluster-test",
+                                                     daemon=True)
+            thread.start()
+        return thread
+
+    # Idle-time tests
+
+    def run_idle(self, interval: float, tests: frozenset[TestType], stop: threading.Event) -> None:
+        """Every `interval` seconds (counted from the end of the last round), test the free machines
+        of each allocation in turn (`test_idle`), until `stop` is set."""
+        while not stop.wait(interval):
+            try:
+                allocations = sorted(self.store.configuration().allocations)
+            except VipuError as error:
+                log.warning("idle-time tests wait for the next round: %s", error.message)
+                continue
+            for allocation_id in allocations:
+                if stop.is_set():
+                    return
+                try:
+                    self.test_idle(allocation_id, tests)
+                except VipuError as error:
+                    log.info("no idle-time test of allocation %s this round: %s", allocation_id, error.message)
+                except Exception:
+                    log.exception("the idle-time test of allocation %s failed", allocation_id)
+
+    def test_idle(self, allocation_id: str, tests: frozenset[TestType] = IDLE_TESTS) -> TestRun | None:
+        """Borrow the allocation's free machines from its owner and run `tests` (of IDLE_TESTS) on
+        them and the cables between them, waiting for the run's end; the run, or None when none
+        was run (another test runs, no machine is free, or none of the tests has anything to test
+        on the free machines: Traffic needs a whole window of them)."""
+        with self._lock:
+            if self._run is not None or self._starting or self._shutting_down:
+                return None
+        owner = self.owners.owner(allocation_id)
+        if owner is None:
+            return None
+        cluster_id = owner.snapshot.allocation.cluster_id
+        command = owner.submit(LendMachines(test=f"idle-time test of cluster {cluster_id}", seconds=IDLE_LEASE_SECONDS))
+        lease: IdleLease | None = command.reply.wait(CLAIM_SECONDS, f"the lending of allocation {allocation_id}'s free machines")
+        if lease is None:
+            return None
+        try:
+            context = self._context(cluster_id, lease)
+            windows = judge.traffic_windows(context.layout, context.among)
+            planned = [t for t in judge.ORDER if t in tests & IDLE_TESTS and (t is not TestType.TRAFFIC or windows)]
+            if not planned:
+                self._return(lease)
+                return None
+            self._reserve(cluster_id)
+            run = TestRun(cluster_id, RunState.RUNNING, planned)
+            try:
+                self._save(run, context)
+            except BaseException:
+                with self._lock:
+                    self._starting = ""
+                raise
+        except BaseException:
+            self._return(lease)
+            raise
+        thread = self._begin(run, context, claimed=False)
+        log.info("idle-time test of %s started on %s (of allocation %s): %s", cluster_id, ", ".join(lease.machines),
+                 allocation_id, ", ".join(t.value for t in planned))
+        thread.join(lease.seconds + STOP_WAIT_SECONDS)
+        return run
+
+    def _return(self, lease: IdleLease) -> None:
+        """The lent machines go back to their owner: in its inbox even past its limit, not waited for."""
+        owner = self.owners.owner(lease.allocation_id)
+        if owner is None:
+            return
+        try:
+            owner.submit(ReturnMachines(lease=lease, reply=Reply(waited=False)), always=True)
+        except VipuError as error:  # the owner stopped: nothing of it is left to give back
+            log.warning("allocation %s: could not be given back its machines: %s", lease.allocation_id, error.message)
+
+    def _step_aside(self, why: str) -> None:
+        """An idle-time run under way gives way: its lease ends (its step is cancelled) and its end is
+        waited for, up to STOP_WAIT_SECONDS."""
+        with self._lock:
+            lease, thread = self._lease, self._thread
+        if lease is None or thread is None:
+            return
+        lease.end(why)
+        thread.join(STOP_WAIT_SECONDS)
 
     def _claim(self, cluster_id: str) -> None:
         """Take the cluster's machines from the owners of its allocations, or Conflict naming the
@@ -202,8 +325,13 @@ class ClusterTestService:
             run = tx.get_test_run()
         if run is None:
             raise Conflict("No results available. No cluster test has run.")
+        with self._lock:
+            lease = self._lease if self._run is not None and self._run.cluster_id == run.cluster_id else None
+        running = (f"An idle-time test of {', '.join(lease.machines)} (free machines of allocation {lease.allocation_id}, "
+                   f"which a partition takes back at once) in cluster {run.cluster_id} is in progress."
+                   if lease is not None else f"Test in cluster {run.cluster_id} is in progress.")
         reasons = {
-            RunState.RUNNING: f"Test in cluster {run.cluster_id} is in progress.",
+            RunState.RUNNING: running,
             RunState.STOPPED: f"Last test in cluster {run.cluster_id} was stopped.",
             RunState.INTERRUPTED: f"Last test in cluster {run.cluster_id} was interrupted by a restart of the controller.",
         }
@@ -239,10 +367,12 @@ class ClusterTestService:
         runs on past `wait` seconds (each agent's call may take up to its test deadline) is left to
         end: the caller hears so, and the run stops after it."""
         with self._lock:
-            run, thread = self._run, self._thread
+            run, thread, lease = self._run, self._thread, self._lease
             if run is None or thread is None:  # start sets both together
                 raise Conflict("No cluster test is in progress.")
             self._stop.set()
+        if lease is not None:  # an idle-time run's step is cancelled, not waited for
+            lease.end("stopped by an operator")
         thread.join(wait)
         if thread.is_alive():
             raise Unavailable(f"the cluster test of {run.cluster_id} stops after its current step, still running after "
@@ -258,7 +388,9 @@ class ClusterTestService:
         with self._lock:
             self._shutting_down = True
             self._stop.set()
-            thread = self._thread
+            thread, lease = self._thread, self._lease
+        if lease is not None:
+            lease.end("this vipu-server is stopping")
         if thread is not None:
             thread.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -268,11 +400,16 @@ class ClusterTestService:
 
     def _execute(self, run: TestRun, context: _Context, claimed: bool) -> None:
         forced = len(run.tests) == 1
+        lease = context.lease
         outcomes: dict[TestType, Outcome] = {}
         try:
             for test in run.tests:
+                failpoints.hit("clustertest.step")
                 if self._stop.is_set():
                     run.state = self._stopped_state()
+                    break
+                if lease is not None and lease.ended:
+                    self._stepped_aside(run, test, lease)
                     break
                 dependency = None if forced else judge.failed_dependency(test, outcomes)
                 if dependency is not None:
@@ -287,9 +424,14 @@ class ClusterTestService:
                 if self._stop.is_set():
                     run.state = self._stopped_state()
                     break
+                if lease is not None and lease.ended:  # its step was cut short: it judges nothing
+                    self._stepped_aside(run, test, lease)
+                    break
+                if lease is not None:
+                    judge.on_machines(outcome, lease.machines)
                 outcomes[test] = outcome
                 run.outcomes.append(outcome)
-                self._save(run, context.layout)
+                self._save(run, context)
             else:
                 run.state = RunState.FINISHED
         except Exception:
@@ -297,32 +439,47 @@ class ClusterTestService:
             run.state = RunState.INTERRUPTED
         finally:
             try:
-                self._save(run, context.layout)
+                self._save(run, context)
             except VipuError as error:
                 log.warning("cluster test of %s: its end could not be saved: %s", run.cluster_id, error.message)
             if claimed:
                 self._give_back(run.cluster_id)
+            if lease is not None:
+                self._return(lease)
             with self._lock:
-                self._run = self._thread = self._running_test = None
-            log.info("cluster test of %s %s", run.cluster_id, run.state.value)
+                self._run = self._thread = self._running_test = self._lease = None
+            log.info("%s of %s %s", "idle-time test" if lease is not None else "cluster test", run.cluster_id, run.state.value)
 
-    def _save(self, run: TestRun, layout: ClusterLayout) -> None:
+    @staticmethod
+    def _stepped_aside(run: TestRun, test: TestType, lease: IdleLease) -> None:
+        run.outcomes.append(judge.stepped_aside(test, lease.why, lease.machines))
+        run.state = RunState.STEPPED_ASIDE
+        log.info("idle-time test of %s steps aside at %s: %s", run.cluster_id, test.value, lease.why)
+
+    def _save(self, run: TestRun, context: _Context) -> None:
         """The run as it stands, and the verdicts of the cables it has judged so far."""
+        layout = context.layout
         with self.store.transaction() as tx:
             tx.save_test_run(run)
             tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
         if self.links is not None and run.outcomes:  # this run's verdicts only: a cable replaced since an older run starts afresh
             try:
-                self.links.record_test("cluster", judge.cable_results(layout, run.outcomes))
+                self.links.record_test("idle-time" if context.lease is not None else "cluster", judge.cable_results(layout, run.outcomes))
             except VipuError as error:
                 log.warning("the link ledger did not take the cluster test's verdicts: %s", error.message)
 
     # The steps
 
-    def _observe(self, agents: list[Agent], probe: Probe) -> judge.Observations:
-        gateway = self.gateway
-        replies = self.each(agents, lambda a: gateway.diagnose(a.host, a.port, probe, {}, 0))
-        return self._as_observations(agents, replies)
+    def _observe(self, c: _Context, probe: Probe) -> judge.Observations:
+        agents = list(c.agents.values())
+        return self._as_observations(agents, self.each(agents, lambda a: self._diagnose(c, a, probe, {}, 0)))
+
+    def _diagnose(self, c: _Context, agent: Agent, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        """One agent's step; an idle-time run's is counted on its machine, and cancelled when its lease ends."""
+        if c.lease is None:
+            return self.gateway.diagnose(agent.host, agent.port, probe, ipus, seed)
+        with c.lease.stepping(agent.id) as cancellation:
+            return self.gateway.diagnose(agent.host, agent.port, probe, ipus, seed, cancellation)
 
     @staticmethod
     def _as_observations(agents: list[Agent], replies: list) -> judge.Observations:
@@ -336,20 +493,20 @@ class ClusterTestService:
         return observations
 
     def _sync(self, c: _Context) -> Outcome:
-        return judge.judge_sync(c.layout, self._observe(list(c.agents.values()), Probe.SYNC), c.serials)
+        return judge.judge_sync(c.layout, self._observe(c, Probe.SYNC), c.serials)
 
     def _cabling(self, c: _Context) -> Outcome:
-        return judge.judge_cabling(c.layout, self._observe(list(c.agents.values()), Probe.CABLING))
+        return judge.judge_cabling(c.layout, self._observe(c, Probe.CABLING))
 
     def _ipulink(self, c: _Context) -> Outcome:
-        return judge.judge_ipulink(c.layout, self._observe(list(c.agents.values()), Probe.IPULINK), c.serials)
+        return judge.judge_ipulink(c.layout, self._observe(c, Probe.IPULINK), c.serials, c.among)
 
     def _traffic(self, c: _Context) -> Outcome:
         """Windows that share no machine run together, phase by phase."""
-        windows = judge.traffic_windows(c.layout)
+        windows = judge.traffic_windows(c.layout, c.among)
         results: dict[int, judge.WindowResult] = {}
         for phase in judge.traffic_phases(windows):
-            if self._stop.is_set():
+            if self._stop.is_set() or (c.lease is not None and c.lease.ended):
                 break
             results.update(self._traffic_phase(c, windows, phase))
         return judge.traffic_outcome([results[n] for n in sorted(results)])
@@ -360,9 +517,8 @@ class ClusterTestService:
         for number in phase:
             for position, agent in enumerate(windows[number - 1]):
                 requests[agent] = ({i: position * IPUS_PER_MACHINE + i for i in range(IPUS_PER_MACHINE)}, number)
-        gateway = self.gateway
         agents = [c.agents[a] for a in requests]
-        replies = self.each(agents, lambda a: gateway.diagnose(a.host, a.port, Probe.TRAFFIC, *requests[a.id]))
+        replies = self.each(agents, lambda a: self._diagnose(c, a, Probe.TRAFFIC, *requests[a.id]))
         observations = self._as_observations(agents, replies)
         return {
             number: judge.judge_traffic_window(number, windows[number - 1], c.layout, observations, c.serials, c.chips, number)
@@ -372,7 +528,7 @@ class ClusterTestService:
     def _gwlink(self, c: _Context) -> Outcome:
         if not c.layout.gwlink_cables():
             return judge.judge_gwlink(c.layout, {}, c.serials)
-        return judge.judge_gwlink(c.layout, self._observe(list(c.agents.values()), Probe.GWLINK), c.serials)
+        return judge.judge_gwlink(c.layout, self._observe(c, Probe.GWLINK), c.serials)
 
     def _versions(self, c: _Context) -> Outcome:
         agents = list(c.agents.values())
@@ -381,7 +537,7 @@ class ClusterTestService:
         return judge.judge_versions(c.layout.agent_ids, versions)
 
     def _pfc(self, c: _Context) -> Outcome:
-        return judge.judge_pfc(c.layout.agent_ids, self._observe(list(c.agents.values()), Probe.PFC))
+        return judge.judge_pfc(c.layout.agent_ids, self._observe(c, Probe.PFC))
 
     _steps: ClassVar[dict[TestType, Callable[[ClusterTestService, _Context], Outcome]]] = {
         TestType.SYNC: _sync,

@@ -26,6 +26,7 @@ from vipu.model.errors import NotFound, VipuError
 from vipu.model.linkhealth import (
     DAY,
     DEFAULT_POLICY,
+    DEFAULT_REMEDIATION,
     DEFAULT_RETENTION,
     HOUR,
     CableRecord,
@@ -36,10 +37,12 @@ from vipu.model.linkhealth import (
     LinkName,
     LinkReading,
     LinkState,
+    RemediationPolicy,
     Retention,
     Sample,
     TrendPolicy,
     Verdict,
+    breaker_holds,
     compact,
     judge,
     links_used,
@@ -54,9 +57,11 @@ HEARTBEAT_SECONDS = HOUR  # a quiet link's reading is kept this often, so its hi
 class LinkLedger:
     def __init__(self, store: Store, gateway: AgentGateway, policy: TrendPolicy = DEFAULT_POLICY,
                  retention: Retention = DEFAULT_RETENTION, clock: Callable[[], float] = time.time, workers: int = 8,
-                 tell: Callable[[LinkFaults], None] | None = None):
+                 tell: Callable[[LinkFaults], None] | None = None, remediation: RemediationPolicy = DEFAULT_REMEDIATION):
         self.store = store
         self.tell = tell
+        self.remediation = remediation  # its breaker's share; the rest is LinkRemediation's
+        self.on_failed: Callable[[LinkName], None] | None = None  # told of each link that fails, once committed
         self._told = 0  # how many times the unhealthy links were told: their word's number
         self._telling = threading.Lock()
         self.gateway = gateway
@@ -109,17 +114,26 @@ class LinkLedger:
         a quiet link costs a row an hour, not one a reading; a link that is not healthy is judged
         again at each reading all the same, as its windows move on."""
         events: list[LinkEvent] = []
+        failing: list[LinkName] = []
         with self.store.transaction() as tx:
             known = {state.name.place: state for state in tx.links(agent_id, for_update=True)}
             partitions = tx.partitions_on_agent(agent_id)
             for reading in readings:
                 name = LinkName(agent_id, reading.place)
-                events += self._record_one(tx, known.get(reading.place) or LinkState(name, LinkHealth.HEALTHY, "first read", read_at),
-                                           reading, read_at, partitions)
+                first = LinkState(name, LinkHealth.HEALTHY, "first read", read_at, first_seen=read_at)
+                events += self._record_one(tx, known.get(reading.place) or first, reading, read_at, partitions, failing)
         for event in events:
             log.info("link %s is %s: %s", event.name, event.health.value, event.reason)
-        self._tell_if(events)
+        self._committed(events, failing)
         return events
+
+    def _committed(self, events: list[LinkEvent], failing: list[LinkName]) -> None:
+        """What follows a commit of links' changes: the owners are told, and each link that failed
+        is handed to remediation."""
+        self._tell_if(events)
+        if self.on_failed is not None:
+            for name in failing:
+                self.on_failed(name)
 
     def _tell_if(self, events: list[LinkEvent]) -> None:
         """After a commit that changed links' health: every unhealthy link, to `tell`, numbered so
@@ -143,10 +157,12 @@ class LinkLedger:
         return tuple(sorted(p.id for p in partitions if name in links_used(layout, ((i.agent_id, i.index) for i in p.ipus))))
 
     def _record_one(self, tx: Transaction, state: LinkState, reading: LinkReading, at: float,
-                    partitions: list[Partition]) -> list[LinkEvent]:
+                    partitions: list[Partition], failing: list[LinkName]) -> list[LinkEvent]:
         name, events = state.name, []
         sample = Sample(at, reading.corrected, reading.recoveries, reading.up)
-        new_cable = reading.cable is not None and (state.cable is None or state.cable.serial != reading.cable.serial)
+        # A cable is known by its serial: one that gives none (a cable with no EEPROM) is no new cable at every reading.
+        new_cable = reading.cable is not None and bool(reading.cable.serial) and (state.cable is None or
+                                                                                  state.cable.serial != reading.cable.serial)
         last = state.last
         changed = last is None or (last.corrected, last.recoveries, last.up) != (sample.corrected, sample.recoveries, sample.up)
         due = last is None or at - last.at >= HEARTBEAT_SECONDS
@@ -166,13 +182,41 @@ class LinkLedger:
             tx.add_sample(name, sample)
             state = replace(state, last=sample)
         verdict = self._judge(tx, state, at, state.test_failure)
-        if verdict.health is not state.health or (verdict.health is LinkHealth.FAILED and verdict.reason != state.reason):
+        changed_health = _is_change(state, verdict)
+        state, breaker_events = self._settled(tx, state, verdict, at, partitions, failing)
+        if changed_health:
             events.append(LinkEvent(name, at, verdict.health, verdict.reason, self._running_over(name, partitions)))
-            state = replace(state, health=verdict.health, changed_at=at)
+        events += breaker_events
         for event in events:
             tx.add_link_event(event)
-        tx.save_link(replace(state, reason=verdict.reason))
+        tx.save_link(state)
         return events
+
+    def _settled(self, tx: Transaction, state: LinkState, verdict: Verdict, at: float, partitions: list[Partition],
+                 failing: list[LinkName]) -> tuple[LinkState, list[LinkEvent]]:
+        """The link's state with its new verdict, and the breaker's word on it if it is failed (an
+        event when that word changes). A link that fails is noted in `failing`."""
+        if verdict.health is LinkHealth.FAILED and state.health is not LinkHealth.FAILED:
+            failing.append(state.name)
+        breaker = self._breaker(tx, state.name) if verdict.health is LinkHealth.FAILED else ""
+        events = []
+        if breaker and breaker != state.breaker:
+            log.warning("link %s failed: %s", state.name, breaker)
+            events.append(LinkEvent(state.name, at, LinkHealth.FAILED, f"not quarantined: {breaker}",
+                                    self._running_over(state.name, partitions)))
+        elif state.breaker and not breaker and verdict.health is LinkHealth.FAILED:
+            events.append(LinkEvent(state.name, at, LinkHealth.FAILED, "quarantined: the breaker no longer holds",
+                                    self._running_over(state.name, partitions)))
+        changed_at = at if _is_change(state, verdict) else state.changed_at
+        return replace(state, health=verdict.health, reason=verdict.reason, changed_at=changed_at, breaker=breaker), events
+
+    def _breaker(self, tx: Transaction, name: LinkName) -> str:
+        """Why the breaker keeps this failed link out of quarantine, or "" (see `breaker_holds`)."""
+        allocation = next((a for a in self.store.configuration().allocations.values() if name.agent_id in a.agent_ids), None)
+        if allocation is None:
+            return ""
+        quarantined = {s.name.agent_id for s in tx.unhealthy_links() if s.quarantined and s.name != name}
+        return breaker_holds(name, allocation.id, allocation.agent_ids, quarantined, self.remediation)
 
     def _judge(self, tx: Transaction, state: LinkState, at: float, test_failure: str) -> Verdict:
         """The link's health at `at` from the readings of its cable within the trend's windows."""
@@ -181,7 +225,7 @@ class LinkLedger:
     def record_test(self, test: str, results: Iterable[CableResult]) -> list[LinkEvent]:
         """A cluster test's verdicts on the cables it judged: both ends of a failed cable fail with
         the test's words, and a passed one clears the failure a test had found there."""
-        at, events = self.clock(), []
+        at, events, failing = self.clock(), [], list[LinkName]()
         with self.store.transaction() as tx:
             for result in results:
                 if result.verdict is CableVerdict.UNTESTED:
@@ -190,18 +234,38 @@ class LinkLedger:
                     if result.verdict is CableVerdict.FAILED else ""
                 for end in (result.cable.lower, result.cable.upper):
                     name = LinkName.of_port(end.agent_id, end.kind, end.number)
-                    state = tx.link(name, for_update=True) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at)
+                    state = tx.link(name, for_update=True) or LinkState(name, LinkHealth.HEALTHY, "no reading yet", at, first_seen=at)
                     if failure == state.test_failure:
                         continue
+                    partitions = tx.partitions_on_agent(name.agent_id)
                     judged = self._judge(tx, state, at, failure)
-                    event = LinkEvent(name, at, judged.health, judged.reason,
-                                      self._running_over(name, tx.partitions_on_agent(name.agent_id)))
-                    tx.add_link_event(event)
-                    events.append(event)
-                    tx.save_link(replace(state, health=judged.health, reason=judged.reason, test_failure=failure,
-                                         changed_at=at if judged.health is not state.health else state.changed_at))
-        self._tell_if(events)
+                    state, breaker_events = self._settled(tx, replace(state, test_failure=failure), judged, at, partitions, failing)
+                    for event in (LinkEvent(name, at, judged.health, judged.reason, self._running_over(name, partitions)), *breaker_events):
+                        tx.add_link_event(event)
+                        events.append(event)
+                    tx.save_link(state)
+        self._committed(events, failing)
         return events
+
+    def retested(self, name: LinkName, why: str) -> LinkState:
+        """After a reset that brought a link up again: the failure a cluster test found in it is
+        set aside (the next test judges it again), and it is judged on its readings alone."""
+        at, events, failing = self.clock(), list[LinkEvent](), list[LinkName]()
+        with self.store.transaction() as tx:
+            state = tx.link(name, for_update=True)
+            if state is None:
+                raise NotFound(f"no link {name} is in the ledger")
+            if state.test_failure:
+                partitions = tx.partitions_on_agent(name.agent_id)
+                judged = self._judge(tx, state, at, "")
+                state, breaker_events = self._settled(tx, replace(state, test_failure=""), judged, at, partitions, failing)
+                events = [LinkEvent(name, at, judged.health, f"{why}: {judged.reason}", self._running_over(name, partitions)),
+                          *breaker_events]
+                for event in events:
+                    tx.add_link_event(event)
+                tx.save_link(state)
+        self._committed(events, failing)
+        return state
 
     # Ageing
 
@@ -235,3 +299,8 @@ class LinkLedger:
             if state is None:
                 raise NotFound(f"no link {name} is in the ledger: its agent has not been sampled, or it has no such link")
             return LinkDetail(state, tx.history(name, since), tx.link_events(name, since), tx.cables_of(name))
+
+
+def _is_change(state: LinkState, verdict: Verdict) -> bool:
+    """Whether a verdict changes the link as its events tell: its health, or why a failed link failed."""
+    return verdict.health is not state.health or (verdict.health is LinkHealth.FAILED and verdict.reason != state.reason)
