@@ -178,6 +178,29 @@ def web(data: dict) -> list[str]:
                            "controller CPU %"], rows)]
 
 
+
+def link_year(data: dict) -> list[str]:
+    found, healthy, store, mix, check = data["detection"], data["healthy"], data["store"], data["mix"], data["cross_check"]
+    policy, lead = data["policy"], found["lead_hours"]
+    rows = [["failing links flagged suspect at least 24 h before they failed (target 80 %)",
+             f"{found['flagged_24h_before']} of {found['failing_links']}: {found['percent']} %"],
+            ["lead time p10 / median", f"{lead['p10']} / {lead['median']} h"],
+            ["links that never degraded ever flagged (target 1 %)", f"{healthy['flagged']} of {healthy['links']}: {healthy['percent']} %"],
+            ["the store after VACUUM (as built)", f"{store['mb_vacuumed']} MB, {store['kb_per_link_vacuumed']} KB a link "
+                                                  f"({round(store['bytes_as_built'] / 2**20, 1)} MB)"],
+            *[[f"`get link --history`, {r['what']} ({r['samples']} samples, {r['summaries']} summaries): API p50 / p99, "
+               "whole `vipu-admin` p50", f"{r['api']['p50_ms']} / {r['api']['p99_ms']} ms, {r['cli']['p50_ms']} ms"]
+              for r in data["history"]["links"]]]
+    sweep = ", ".join(f"{r['background_per_day']}: {r['percent']} %" for r in healthy["sweep"])
+    return [f"**The link ledger over a simulated year** (`bench.link_year`: {data['links']['total']} links of {data['machines']} machines "
+            f"read every {data['interval_s']:.0f} s for {data['days']} days, suspect at growth in {policy['growing']} of "
+            f"{policy['windows']} windows of {policy['window_s']:.0f} s; {round(100 * mix['degrading_share'])} % of the physical links "
+            f"degrading, {mix['background_per_day']} isolated corrected errors a link a day on every link; the real ledger on a real "
+            f"store gave the replay's events, states and histories for {check['links']} links over {check['hours']} h):", "",
+            *markdown(["figure", "result"], rows), "",
+            f"Links that never degraded ever flagged, by isolated errors a link a day (on {healthy['sweep'][0]['links']} of them): "
+            f"{sweep}." if healthy["sweep"] else ""]
+
 @click.command()
 def main():
     """Render bench/results/*.json as the README's last recorded results."""
@@ -188,7 +211,8 @@ def main():
                  ("compare-16core-1024-earlier", compare), ("roundtrips-16core", roundtrips), ("floor", floor), ("enqueue", enqueue),
                  ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator), ("queueing", queueing),
                  ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
-                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("crashes", crashes), ("soak", soak))
+                 ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("link-year", link_year), ("crashes", crashes),
+                 ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:

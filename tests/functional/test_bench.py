@@ -134,3 +134,16 @@ def test_the_floor_benchmark_measures_a_do_nothing_end_point(tmp_path):
     result = bench(tmp_path, "floor", "--clients", "1,2", "--pairs", "20")
     assert [(r["clients"], r["pairs"]) for r in result["runs"]] == [(1, 20), (2, 40)]
     assert all(r["pairs_per_s"] > 0 and r["cpu_ms_per_pair"] > 0 for r in result["runs"])
+
+
+@pytest.mark.functional
+def test_the_link_year_benchmark_agrees_with_the_real_ledger_and_times_the_history_it_stored(tmp_path):
+    result = bench(tmp_path, "link_year", "--quick")
+    check = result["cross_check"]
+    assert check["identical"] and check["links"] > 0 and check["events"] > 0
+    links = result["links"]["total"]
+    assert result["store"]["rows"]["links"] == links == result["healthy"]["links"] + result["links"]["degrading_links"]
+    assert 0 <= result["detection"]["flagged_24h_before"] <= result["detection"]["failing_links"]
+    history = {row["what"]: row for row in result["history"]["links"]}
+    assert history["quiet"]["events"] == 0 and history["flapping through its last 8 days"]["samples"] > 7 * 24 * 60  # every reading
+    assert all(row["api"]["p50_ms"] > 0 and row["cli"]["count"] == 3 for row in history.values())
