@@ -225,7 +225,7 @@ def link_trend_policy(text: str) -> TrendPolicy:
         growing, windows, seconds = (part.strip() for part in text.split(","))
         return TrendPolicy(float(seconds), int(windows), int(growing))
     except ValueError:  # not three parts, or one not a number
-        raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 3,6,3600") from None
+        raise InvalidArgument(f"--link-trend {text!r}: expected K,N,SECONDS, e.g. 4,12,3600") from None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -288,7 +288,7 @@ def link_trend_policy(text: str) -> TrendPolicy:
                    "most); then it is withdrawn, its waiter being gone. Requests made to be picked up later have no lease.")
 @click.option("--link-sample-interval", type=click.FloatRange(0, 86_400), default=60.0, show_default=True,
               help="Seconds between readings of every link's error and recovery counters, for the link ledger (0: none).")
-@click.option("--link-trend", default="3,6,3600", show_default=True, metavar="K,N,SECONDS",
+@click.option("--link-trend", default="4,12,3600", show_default=True, metavar="K,N,SECONDS",
               help="A link is suspect when its counters grew in K of its last N windows of SECONDS each.")
 @click.option("--link-history-days", type=click.FloatRange(30, 36_500), default=400.0, show_default=True,
               help="Days of each link's history the ledger keeps (compacted as they age).")
