@@ -58,6 +58,10 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
                          timeout=30, what="ag1:5 and its cable's other end to turn suspect")
     assert suspect["ag1:5"][2] == "suspect" and "of its last 3 windows of 1 s" in suspect["ag1:5"][-1]
     assert set(links(pod, "--suspect", "--machine", "ag2")) == {"ag2:1"}
+    over = links(pod, "--partition", "p1")  # ag1 and ag2 whole: their internal links, and the cables between them
+    assert {"ag1:5", "ag2:1", "ag1:sync6", "ag2:sync2"} <= set(over) and not any(name.startswith(("ag3", "ag4")) for name in over)
+    assert "ag2:5" not in over and set(links(pod, "--partition", "p1", "--suspect")) == {"ag1:5", "ag2:1"}
+    failed_line(pod.admin("list", "links", "--partition", "p9"), "list links", None, "partition p9 does not exist")
     metrics = pod.metrics()
     assert metrics['vipu_link_unhealthy{health="suspect",link="ag1:5"}'] == 1 and metrics['vipu_links{health="suspect"}'] >= 2
     assert metrics['vipu_link_events{health="suspect"}'] >= 2

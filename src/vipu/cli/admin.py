@@ -227,13 +227,14 @@ since_option = click.option("--since", default=None, metavar="WHEN",
 @list_.command("links")
 @click.option("--suspect", is_flag=True, help="Only the links that are suspect or failed.")
 @click.option("--machine", "agent_id", default="", metavar="AGENT", help="Only this agent's machine's links.")
+@click.option("--partition", "partition_id", default="", metavar="ID", help="Only the links this partition runs over now.")
 @since_option
 @json_option
 @pass_client
-def list_links(admin, suspect, agent_id, since, as_json):
+def list_links(admin, suspect, agent_id, partition_id, since, as_json):
     """List the links of the link ledger, with their health and why."""
     with reporting("list links"):
-        links = admin.list_links(agent_id, suspect, since_time(since))
+        links = admin.list_links(agent_id, suspect, since_time(since), partition_id)
     if as_json:
         return echo_json({"links": links})
     rows = [[link.name, link.kind, link.health, _when(link.changed_at), link.cable.serial or "-",

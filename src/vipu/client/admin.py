@@ -133,10 +133,12 @@ class AdminClient(EndpointClient):
         with the tests' lines, untested)."""
         return self._call("GetCabling", pb.GetRequest(id=cluster_id))
 
-    def list_links(self, agent_id: str = "", unhealthy: bool = False, since: float = 0.0) -> list[pb.Link]:
+    def list_links(self, agent_id: str = "", unhealthy: bool = False, since: float = 0.0, partition_id: str = "") -> list[pb.Link]:
         """The links in the link ledger: one machine's or all; only the suspect and failed ones;
-        only those whose health changed since a time (seconds since the epoch)."""
-        return list(self._call("ListLinks", pb.ListLinksRequest(agent_id=agent_id, unhealthy=unhealthy, since=since)).links)
+        only those whose health changed since a time (seconds since the epoch); only those a
+        partition runs over now."""
+        request = pb.ListLinksRequest(agent_id=agent_id, unhealthy=unhealthy, since=since, partition_id=partition_id)
+        return list(self._call("ListLinks", request).links)
 
     def get_link(self, name: str, history: bool = False, since: float = 0.0) -> pb.Link:
         """One link (`ag3:5`), with its samples, summaries, events and cables when `history`."""

@@ -334,14 +334,16 @@ class Cabling(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., cables: _Optional[_Iterable[_Union[Cable, _Mapping]]] = ..., test_state: _Optional[str] = ...) -> None: ...
 
 class ListLinksRequest(_message.Message):
-    __slots__ = ("agent_id", "unhealthy", "since")
+    __slots__ = ("agent_id", "unhealthy", "since", "partition_id")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     unhealthy: bool
     since: float
-    def __init__(self, agent_id: _Optional[str] = ..., unhealthy: _Optional[bool] = ..., since: _Optional[float] = ...) -> None: ...
+    partition_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., unhealthy: _Optional[bool] = ..., since: _Optional[float] = ..., partition_id: _Optional[str] = ...) -> None: ...
 
 class LinkCable(_message.Message):
     __slots__ = ("serial", "vendor", "model", "first_seen", "replaced")

@@ -165,7 +165,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.RemoveReply()
 
     def ListLinks(self, request, context):
-        states = self.links.links(request.agent_id or None, request.unhealthy, request.since or None)
+        states = self.links.links(request.agent_id or None, request.unhealthy, request.since or None, request.partition_id)
         return pb.ListLinksReply(links=[convert.link_to_proto(state) for state in states])
 
     def GetLink(self, request, context):

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from vipu.controller.core.agents import AgentGateway
 from vipu.model.clustertests import CableResult, CableVerdict
-from vipu.model.entities import AgentStatus, Partition
+from vipu.model.entities import AgentStatus, Partition, shown
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.linkhealth import (
     DAY,
@@ -150,11 +150,7 @@ class LinkLedger:
 
     def _running_over(self, name: LinkName, partitions: list[Partition]) -> tuple[str, ...]:
         """The partitions, among those on the link's machine, that run over the link."""
-        cluster = next((c for c in self.store.configuration().clusters.values() if name.agent_id in c.agent_ids), None)
-        if cluster is None:
-            return ()
-        layout = ClusterLayout.of(cluster)
-        return tuple(sorted(p.id for p in partitions if name in links_used(layout, ((i.agent_id, i.index) for i in p.ipus))))
+        return tuple(sorted(p.id for p in partitions if name in self._links_of(p)))
 
     def _record_one(self, tx: Transaction, state: LinkState, reading: LinkReading, at: float,
                     partitions: list[Partition], failing: list[LinkName]) -> list[LinkEvent]:
@@ -286,12 +282,26 @@ class LinkLedger:
 
     # Reading
 
-    def links(self, agent_id: str | None = None, unhealthy: bool = False, since: float | None = None) -> list[LinkState]:
+    def links(self, agent_id: str | None = None, unhealthy: bool = False, since: float | None = None,
+              partition_id: str = "") -> list[LinkState]:
         """The links known, of one machine or all; only those suspect or failed; only those whose
-        health changed since a time."""
+        health changed since a time; only those a partition runs over now (NotFound if there is no
+        such partition)."""
         with self.store.reading() as tx:
             states = tx.links(agent_id)
-        return [s for s in states if (not unhealthy or s.health is not LinkHealth.HEALTHY) and (since is None or s.changed_at >= since)]
+            partition = tx.get_partition(partition_id) if partition_id else None
+        if partition_id and partition is None:
+            raise NotFound(f"partition {shown(partition_id)} does not exist")
+        over = self._links_of(partition) if partition is not None else None
+        return [s for s in states if (not unhealthy or s.health is not LinkHealth.HEALTHY) and (since is None or s.changed_at >= since)
+                and (over is None or s.name in over)]
+
+    def _links_of(self, partition: Partition) -> frozenset[LinkName]:
+        """The links a partition runs over, in its cluster's cabling."""
+        cluster = self.store.configuration().clusters.get(partition.cluster_id)
+        if cluster is None:
+            return frozenset()
+        return links_used(ClusterLayout.of(cluster), ((ipu.agent_id, ipu.index) for ipu in partition.ipus))
 
     def detail(self, name: LinkName, since: float = 0.0) -> LinkDetail:
         with self.store.reading() as tx:
