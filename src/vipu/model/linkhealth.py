@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from itertools import groupby
 
 from vipu.model.entities import IPUS_PER_MACHINE
@@ -406,9 +407,9 @@ class LinkFaults:
                 suspect[state.name] = state.reason
         return cls(failed, suspect, sequence)
 
-    @property
+    @cached_property
     def agents(self) -> frozenset[str]:
-        """The machines with an unhealthy link."""
+        """The machines with an unhealthy link (asked of every shape placement weighs: worked out once)."""
         return frozenset(name.agent_id for name in (*self.failed, *self.suspect))
 
     def within(self, agents: Set[str]) -> LinkFaults:

@@ -178,32 +178,31 @@ class LinkLedger:
             tx.add_sample(name, sample)
             state = replace(state, last=sample)
         verdict = self._judge(tx, state, at, state.test_failure)
-        changed_health = _is_change(state, verdict)
-        state, breaker_events = self._settled(tx, state, verdict, at, partitions, failing)
-        if changed_health:
-            events.append(LinkEvent(name, at, verdict.health, verdict.reason, self._running_over(name, partitions)))
-        events += breaker_events
+        state, settled = self._settled(tx, state, verdict, at, partitions, failing)
+        events += settled
         for event in events:
             tx.add_link_event(event)
         tx.save_link(state)
         return events
 
     def _settled(self, tx: Transaction, state: LinkState, verdict: Verdict, at: float, partitions: list[Partition],
-                 failing: list[LinkName]) -> tuple[LinkState, list[LinkEvent]]:
-        """The link's state with its new verdict, and the breaker's word on it if it is failed (an
-        event when that word changes). A link that fails is noted in `failing`."""
+                 failing: list[LinkName], told: str | None = None) -> tuple[LinkState, list[LinkEvent]]:
+        """The link's state with its new verdict, and its events: the change of its health (or
+        `told`, an event whatever changed), then the breaker's word on it if it is failed, when
+        that word changes. A link that fails is noted in `failing`."""
+        changed = _is_change(state, verdict)
         if verdict.health is LinkHealth.FAILED and state.health is not LinkHealth.FAILED:
             failing.append(state.name)
         breaker = self._breaker(tx, state.name) if verdict.health is LinkHealth.FAILED else ""
-        events = []
+        reasons = [told] if told is not None else [verdict.reason] if changed else []
         if breaker and breaker != state.breaker:
             log.warning("link %s failed: %s", state.name, breaker)
-            events.append(LinkEvent(state.name, at, LinkHealth.FAILED, f"not quarantined: {breaker}",
-                                    self._running_over(state.name, partitions)))
+            reasons.append(f"not quarantined: {breaker}")
         elif state.breaker and not breaker and verdict.health is LinkHealth.FAILED:
-            events.append(LinkEvent(state.name, at, LinkHealth.FAILED, "quarantined: the breaker no longer holds",
-                                    self._running_over(state.name, partitions)))
-        changed_at = at if _is_change(state, verdict) else state.changed_at
+            reasons.append("quarantined: the breaker no longer holds")
+        over = self._running_over(state.name, partitions) if reasons else ()
+        events = [LinkEvent(state.name, at, verdict.health, reason, over) for reason in reasons]
+        changed_at = at if changed else state.changed_at
         return replace(state, health=verdict.health, reason=verdict.reason, changed_at=changed_at, breaker=breaker), events
 
     def _breaker(self, tx: Transaction, name: LinkName) -> str:
@@ -235,10 +234,11 @@ class LinkLedger:
                         continue
                     partitions = tx.partitions_on_agent(name.agent_id)
                     judged = self._judge(tx, state, at, failure)
-                    state, breaker_events = self._settled(tx, replace(state, test_failure=failure), judged, at, partitions, failing)
-                    for event in (LinkEvent(name, at, judged.health, judged.reason, self._running_over(name, partitions)), *breaker_events):
+                    state, settled = self._settled(tx, replace(state, test_failure=failure), judged, at, partitions, failing,
+                                                   told=judged.reason)
+                    for event in settled:
                         tx.add_link_event(event)
-                        events.append(event)
+                    events += settled
                     tx.save_link(state)
         self._committed(events, failing)
         return events
@@ -254,9 +254,8 @@ class LinkLedger:
             if state.test_failure:
                 partitions = tx.partitions_on_agent(name.agent_id)
                 judged = self._judge(tx, state, at, "")
-                state, breaker_events = self._settled(tx, replace(state, test_failure=""), judged, at, partitions, failing)
-                events = [LinkEvent(name, at, judged.health, f"{why}: {judged.reason}", self._running_over(name, partitions)),
-                          *breaker_events]
+                state, events = self._settled(tx, replace(state, test_failure=""), judged, at, partitions, failing,
+                                              told=f"{why}: {judged.reason}")
                 for event in events:
                     tx.add_link_event(event)
                 tx.save_link(state)
