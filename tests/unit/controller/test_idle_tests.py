@@ -12,7 +12,7 @@ import pytest
 
 from vipu import failpoints
 from vipu.backends.sim.rack import save_rack
-from vipu.controller.core.commands import ClaimMachines, LendMachines, Reply, ReturnMachines
+from vipu.controller.core.commands import ClaimMachines, LendMachines, ReturnMachines
 from vipu.controller.core.lending import STEP_OFF_SECONDS
 from vipu.model import clustertests as ct
 from vipu.model.clustertests import CableVerdict, RunState, Status
@@ -65,9 +65,10 @@ def test_an_owner_lends_only_its_free_machines_and_a_partition_there_takes_them_
     created = pod.partitions.create(PartitionRequest("p2", 4))  # placement does not see the lease
     assert created.agent_ids == ["ag3"] and pod.held("ag3") == {"p2"}
     assert lease.why == "the create of partition p2 took ag3" and pod.owners.owner("a1").snapshot.lent == ()
-    pod.owners.owner("a1").submit(ReturnMachines(lease=lease, reply=Reply(waited=False)))  # late: nothing to give back
     again = lend(pod)
     assert again.machines == ("ag4", "ag5", "ag6", "ag7")
+    pod.owners.owner("a1").submit(ReturnMachines(lease=lease)).reply.wait(SECONDS, "the late return")  # of the lease taken back
+    assert pod.owners.owner("a1").snapshot.lent == again.machines  # gives nothing back: the lease out now is another
     pod.owners.owner("a1").submit(ReturnMachines(lease=again)).reply.wait(SECONDS, "the return")
 
     assert lend(pod).machines == ("ag4", "ag5", "ag6", "ag7")  # the last lease was returned
@@ -172,7 +173,8 @@ def test_an_idle_test_judges_only_the_free_machines_and_the_cables_between_them(
     assert pod.owners.owner("a1").snapshot.lent == ()  # given back
 
 
-def test_a_partitions_calls_to_a_lent_machine_wait_for_the_test_step_there_to_stop(pod, pool):
+def test_a_partitions_calls_to_a_lent_machine_wait_for_the_test_step_there_to_stop(pod, pool, monkeypatch):
+    monkeypatch.setattr("vipu.controller.core.turns.STEP_OFF_SECONDS", SECONDS)  # the order below is the step's, not the deadline's
     gateway, order = pod.gateway, []
     diagnose, apply = gateway.diagnose, gateway.apply
 
@@ -225,6 +227,9 @@ def test_an_operators_test_or_the_removal_of_the_cluster_makes_an_idle_test_step
     pod.gateway.diagnosing.clear()
     running = pool.submit(pod.clustertests.test_idle, "a1")
     assert pod.gateway.diagnosing.wait(SECONDS)
+    with pytest.raises(Conflict, match="has 1 allocation"):
+        pod.clusters.remove("cl0")
+    assert not running.done()  # a refused remove leaves the idle-time run alone
     assert pod.clusters.remove("cl0", force=True) == ["allocation a1"]
     assert running.result(timeout=SECONDS).outcomes[-1].summary == ["Test stopped", "Stepped aside: cluster cl0 is being removed"]
     pod.gateway.step_may_go.set()

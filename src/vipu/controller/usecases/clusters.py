@@ -51,13 +51,13 @@ class ClusterService:
     def remove(self, cluster_id: str, force: bool = False) -> builtins.list[str]:
         """Remove a cluster; with `force`, its allocations and their partitions first."""
         cluster, allocation_ids = self.get(cluster_id)
-        if self.testing(cluster_id):
-            raise Conflict(f"cluster {cluster_id} is under test; stop the test or wait for it to end")
-        if allocation_ids and not force:
+        if allocation_ids and not force:  # refused before `testing`, which makes an idle-time run there step aside
             raise Conflict(
                 f"cluster {cluster_id} has {len(allocation_ids)} allocation(s) ({', '.join(allocation_ids)}); "
                 "remove them first, or use --force to remove them and their partitions with it"
             )
+        if self.testing(cluster_id):
+            raise Conflict(f"cluster {cluster_id} is under test; stop the test or wait for it to end")
         removed: builtins.list[str] = []
         for allocation_id in allocation_ids:
             removed += self.allocations.remove(allocation_id, force=True)
