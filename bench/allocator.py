@@ -29,18 +29,23 @@ import heapq
 import math
 import random
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 import click
 
 from bench.common import save, table
+from vipu.model.compaction import Movable, plan_for
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
-from vipu.model.errors import Conflict
-from vipu.model.placement import place_partition
+from vipu.model.fragmentation import SizeMix
+from vipu.model.placement import try_place
 from vipu.model.topology import ClusterLayout
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 SIZE_WEIGHTS = (0.30, 0.20, 0.18, 0.14, 0.09, 0.06, 0.03)
+# A second mix, so that placement is not tuned to one: whole machines and more, large ones common
+# (a pod serving training more than notebooks).
+SIZE_MIXES = {"small-first": SIZE_WEIGHTS, "large-heavy": (0.05, 0.05, 0.15, 0.20, 0.20, 0.20, 0.15)}
 DURATION_SIGMA = 1.5  # of the log-normal; its median is 1
 
 
@@ -51,15 +56,15 @@ class Request:
     duration: float
 
 
-def make_trace(requests: int, capacity_ipus: int, load: float, seed: int) -> list[Request]:
+def make_trace(requests: int, capacity_ipus: int, load: float, seed: int, weights: tuple[float, ...] = SIZE_WEIGHTS) -> list[Request]:
     rng = random.Random(seed)
-    mean_size = sum(s * w for s, w in zip(SIZES, SIZE_WEIGHTS, strict=True))
+    mean_size = sum(s * w for s, w in zip(SIZES, weights, strict=True))
     mean_duration = math.exp(DURATION_SIGMA**2 / 2)
     rate = load * capacity_ipus / (mean_size * mean_duration)
     trace, now = [], 0.0
     for _ in range(requests):
         now += rng.expovariate(rate)
-        trace.append(Request(now, rng.choices(SIZES, SIZE_WEIGHTS)[0], rng.lognormvariate(0.0, DURATION_SIGMA)))
+        trace.append(Request(now, rng.choices(SIZES, weights)[0], rng.lognormvariate(0.0, DURATION_SIGMA)))
     return trace
 
 
@@ -71,6 +76,17 @@ class Outcome:
     fragmented_by_size: dict[int, int] = field(default_factory=dict)
     ipu_time: float = 0.0  # integral of IPUs in use over time
     decision_seconds: list[float] = field(default_factory=list)
+    moves: int = 0  # partitions moved by compaction
+    started_by_compaction: int = 0
+    plan_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Compaction's bound on disruption, in the trace's time unit (the median job, read as an hour)."""
+
+    moves_per_unit: int = 20
+    partition_interval: float = 24.0  # a partition moves at most once in this long
 
 
 class Pod:
@@ -80,46 +96,89 @@ class Pod:
         self.layout = ClusterLayout([f"m{n}" for n in range(machines)], IldTopology.TORUS)
         self.allowed = set(self.layout.agent_ids)
         self.used: dict[str, set[int]] = {}
+        self.holders: dict[tuple[str, int], str] = {}
         self.free = machines * IPUS_PER_MACHINE
         self.rule = rule
+        self.mix = SizeMix()
 
     def place(self, size: int) -> list[tuple[str, int]] | None:
         if self.rule == "capacity bound":
             return [] if size <= self.free else None
-        try:
-            placement = place_partition(self.layout, self.allowed, self.used, size, first_fit=self.rule == "first-fit")
-        except Conflict:
-            return None
-        return [(ipu.agent_id, ipu.index) for ipu in placement.ipus]
+        scored = self.rule.startswith("vipu")
+        if scored:
+            self.mix = self.mix.saw(size)
+        placement = try_place(self.layout, self.allowed, self.used, size, first_fit=self.rule == "first-fit",
+                              mix=self.mix if scored else None)
+        return None if placement is None else [(ipu.agent_id, ipu.index) for ipu in placement.ipus]
 
-    def take(self, size: int, ipus: list[tuple[str, int]]) -> None:
+    def take(self, size: int, ipus: list[tuple[str, int]], holder: str = "") -> None:
         self.free -= size
         for agent, index in ipus:
             self.used.setdefault(agent, set()).add(index)
+            self.holders[(agent, index)] = holder
 
     def release(self, size: int, ipus: list[tuple[str, int]]) -> None:
         self.free += size
         for agent, index in ipus:
+            self.holders.pop((agent, index), None)
             self.used[agent].discard(index)
             if not self.used[agent]:
                 del self.used[agent]
 
 
-def replay(trace: list[Request], machines: int, rule: str) -> Outcome:
+class Compactor:
+    """Compaction as the controller's queue and `vipu-admin compact` run it, replayed: on a refusal
+    with enough IPUs free, a plan for the request among the relocatable partitions the budget lets
+    move, carried out at once (a move takes no trace time)."""
+
+    def __init__(self, pod: Pod, relocatable: Set[int], budget: Budget):
+        self.pod, self.relocatable, self.budget = pod, relocatable, budget
+        self.recent: list[float] = []  # when the moves of the last time unit were made
+        self.last_moved: dict[int, float] = {}
+
+    def make_room(self, size: int, now: float, running: dict[int, list], outcome: Outcome) -> bool:
+        self.recent = [t for t in self.recent if t > now - 1.0]
+        movable = {str(n): Movable(str(n), frozenset(ipus)) for n, ipus in running.items()
+                   if n in self.relocatable and now - self.last_moved.get(n, -math.inf) >= self.budget.partition_interval}
+        started = time.perf_counter()
+        plan = plan_for(self.pod.layout, self.pod.allowed, self.pod.used, self.pod.holders, size, movable,
+                        max_moves=self.budget.moves_per_unit - len(self.recent), mix=self.pod.mix)
+        outcome.plan_seconds.append(time.perf_counter() - started)
+        if plan is None:
+            return False
+        for move in plan.moves:
+            number = int(move.partition_id)
+            self.pod.release(len(move.before), list(move.before))
+            running[number] = sorted(move.to)
+            self.pod.take(len(move.to), running[number], move.partition_id)
+            self.recent.append(now)
+            self.last_moved[number] = now
+            outcome.moves += 1
+        return True
+
+
+def replay(trace: list[Request], machines: int, rule: str, relocatable: Set[int] = frozenset(),
+           budget: Budget = Budget()) -> Outcome:
     pod, outcome = Pod(machines, rule), Outcome()
-    departures: list[tuple[float, int, int, list]] = []  # (time, request number, size, IPUs)
+    compactor = Compactor(pod, relocatable, budget) if rule.endswith("compaction") else None
+    departures: list[tuple[float, int, int]] = []  # (time, request number, size)
+    running: dict[int, list] = {}  # request number -> its IPUs, which a move changes
     last = 0.0
     for number, request in enumerate(trace):
         while departures and departures[0][0] <= request.arrival:
-            when, _, size, ipus = heapq.heappop(departures)
+            when, ended, size = heapq.heappop(departures)
             outcome.ipu_time += (when - last) * (pod_ipus(pod) - pod.free)
             last = when
-            pod.release(size, ipus)
+            pod.release(size, running.pop(ended))
         outcome.ipu_time += (request.arrival - last) * (pod_ipus(pod) - pod.free)
         last = request.arrival
         started = time.perf_counter()
         ipus = pod.place(request.size)
         outcome.decision_seconds.append(time.perf_counter() - started)
+        if (ipus is None and request.size <= pod.free and compactor is not None
+                and compactor.make_room(request.size, request.arrival, running, outcome)):
+            ipus = pod.place(request.size)
+            outcome.started_by_compaction += ipus is not None
         if ipus is None:
             outcome.refused += 1
             if request.size <= pod.free:
@@ -127,8 +186,9 @@ def replay(trace: list[Request], machines: int, rule: str) -> Outcome:
                 outcome.fragmented_by_size[request.size] = outcome.fragmented_by_size.get(request.size, 0) + 1
             continue
         outcome.accepted += 1
-        pod.take(request.size, ipus)
-        heapq.heappush(departures, (request.arrival + request.duration, number, request.size, ipus))
+        pod.take(request.size, ipus, str(number))
+        running[number] = ipus
+        heapq.heappush(departures, (request.arrival + request.duration, number, request.size))
     return outcome
 
 
@@ -136,20 +196,40 @@ def pod_ipus(pod: Pod) -> int:
     return len(pod.layout.agent_ids) * IPUS_PER_MACHINE
 
 
+def relocatable_requests(trace: list[Request], share: float, seed: int) -> set[int]:
+    """The numbers of the requests made relocatable: each with probability `share`, drawn apart
+    from the trace so that the trace is the same whatever the share."""
+    rng = random.Random(seed + 1)
+    return {number for number in range(len(trace)) if rng.random() < share}
+
+
+RULES = ("vipu", "vipu + compaction", "best-fit", "first-fit", "capacity bound")
+
+
 @click.command()
 @click.option("--requests", default=10_000, show_default=True)
 @click.option("--machines", default=64, show_default=True, help="IPU-Machines in the pod (one torus domain).")
 @click.option("--load", default=0.9, show_default=True, help="Offered load as a fraction of the pod's IPUs.")
 @click.option("--seed", default=2026, show_default=True)
+@click.option("--mix", "mix_name", type=click.Choice(sorted(SIZE_MIXES)), default="small-first", show_default=True,
+              help="The trace's sizes: small-first (most jobs small) or large-heavy.")
+@click.option("--relocatable", "share", default=1.0, show_default=True, help="Share of the requests made relocatable.")
+@click.option("--moves-per-hour", default=20, show_default=True, help="Compaction's moves per time unit (the median job).")
+@click.option("--partition-interval", default=24.0, show_default=True, help="Time units before a partition may move again.")
 @click.option("--name", default="allocator", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(requests, machines, load, seed, name):
-    """Acceptance, utilisation and fragmentation of best-fit, first-fit and the capacity bound."""
-    trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
+def main(requests, machines, load, seed, mix_name, share, moves_per_hour, partition_interval, name):
+    """Acceptance, utilisation and fragmentation of vipu's placement (with and without compaction),
+    the best-fit it replaced, first-fit and the capacity bound."""
+    weights = SIZE_MIXES[mix_name]
+    trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed, weights)
+    relocatable = relocatable_requests(trace, share, seed)
+    budget = Budget(moves_per_hour, partition_interval)
     horizon = trace[-1].arrival
     results = []
-    for rule in ("best-fit", "first-fit", "capacity bound"):
-        outcome = replay(trace, machines, rule)
+    for rule in RULES:
+        outcome = replay(trace, machines, rule, relocatable, budget)
         decisions = sorted(outcome.decision_seconds)
+        plans = sorted(outcome.plan_seconds) or [0.0]
         results.append({
             "allocator": rule,
             "accepted": outcome.accepted,
@@ -159,17 +239,22 @@ def main(requests, machines, load, seed, name):
             "fragmentation_refusals_by_size": {str(k): v for k, v in sorted(outcome.fragmented_by_size.items())},
             "mean_utilisation_percent": round(100 * outcome.ipu_time / (horizon * machines * IPUS_PER_MACHINE), 2),
             "decision_p99_ms": round(1000 * decisions[int(0.99 * (len(decisions) - 1))], 3),
+            "moves": outcome.moves,
+            "started_by_compaction": outcome.started_by_compaction,
+            "plan_p99_ms": round(1000 * plans[int(0.99 * (len(plans) - 1))], 3),
         })
     path = save(name, {"benchmark": "allocator", "requests": requests, "machines": machines, "load": load, "seed": seed,
-                       "sizes": dict(zip(map(str, SIZES), SIZE_WEIGHTS, strict=True)),
+                       "mix": mix_name, "sizes": dict(zip(map(str, SIZES), weights, strict=True)),
                        "duration": {"distribution": "log-normal", "median": 1, "sigma": DURATION_SIGMA},
+                       "relocatable_share": share, "relocatable_requests": len(relocatable),
+                       "budget": {"moves_per_time_unit": moves_per_hour, "partition_interval_units": partition_interval},
                        "results": results})
-    click.echo(table(["allocator", "accepted %", "refused", "refused with IPUs free", "mean utilisation %", "decision p99 ms"],
+    click.echo(table(["allocator", "accepted %", "refused", "refused with IPUs free", "mean utilisation %", "decision p99 ms",
+                      "moves", "plan p99 ms"],
                      [[r["allocator"], r["acceptance_percent"], r["refused"], r["fragmentation_refusals"],
-                       r["mean_utilisation_percent"], r["decision_p99_ms"]] for r in results]))
-    best, first = results[0]["fragmentation_refusals"], results[1]["fragmentation_refusals"]
-    click.echo(f"fragmentation refusals: best-fit {best}, first-fit {first} "
-               f"({'under' if best < first / 2 else 'NOT under'} half of first-fit's)")
+                       r["mean_utilisation_percent"], r["decision_p99_ms"], r["moves"], r["plan_p99_ms"]] for r in results]))
+    click.echo(f"relocatable: {len(relocatable)} of {requests} requests ({100 * len(relocatable) / requests:.0f} %); "
+               f"budget {moves_per_hour} moves per time unit, a partition at most once in {partition_interval:g}")
     click.echo(f"written: {path}")
 
 

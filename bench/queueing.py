@@ -1,20 +1,28 @@
 """Allocator quality with waiting: `bench.allocator`'s trace replayed with a queue instead of refusals.
 
-Every request waits until it starts (no deadline), then holds its IPUs for its duration. Three
+Every request waits until it starts (no deadline), then holds its IPUs for its duration. These
 policies see the same trace (`bench.allocator.make_trace`, the same seed and load):
 
 - FIFO + backfill: vipu's queue as the controller runs it, `vipu.model.queue.admit` over vipu's
   placement: first come, first served, a shape held for the first waiting request as partitions
-  end, and requests behind it started outside that shape;
+  end, and requests behind it started outside that shape (no durations known);
+- FIFO + backfill by duration: the same, with every request's expected duration given to
+  `admit`, so that a request behind the first also starts on the held shape's free IPUs when it
+  is expected to end before the shape is needed (EASY backfill). Twice: with the exact durations
+  ("exact"), and with over-estimates as users give them, a Slurm time limit being an upper bound
+  ("over-estimated": the true duration times a factor drawn log-uniformly from 1 to 3, median
+  1.73, seeded); a request still ends at its true duration;
 - plain FIFO: the same placement with nothing started ahead of the first waiting request;
 - capacity bound: a request starts, in arrival order, as soon as enough IPUs are free, whatever
   their shape and whatever waits ahead of it (nothing held): what the pod could do if cabling did
-  not matter. It is the reference the first two are measured against, not a policy vipu could
-  run (large requests may wait behind small ones indefinitely).
+  not matter. It is the reference the others are measured against, not a policy vipu could
+  run (large requests may wait behind small ones indefinitely); nor a strict bound: it starts
+  greedily, blind to durations, so on a short trace a policy told durations can keep more IPUs
+  busy while requests arrive (a negative distance to it).
 
 Recorded: the mean, median and p99 wait (time from arrival to start, in units of the median job
-duration), mean utilisation while requests arrive, the longest queue, and each policy's distance
-to the capacity bound.
+duration), mean utilisation while requests arrive, the longest queue, each policy's distance
+to the capacity bound, and what it is told of durations (`expected_durations`).
 
     python -m bench.queueing --requests 10000 --machines 64 --load 0.9
 """
@@ -22,6 +30,8 @@ to the capacity bound.
 from __future__ import annotations
 
 import heapq
+import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -34,13 +44,18 @@ from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.placement import choose_reservation, try_place
 from vipu.model.queue import admit
 
-POLICIES = ("FIFO + backfill", "plain FIFO", "capacity bound")
+BACKFILL_BY_DURATION = "FIFO + backfill by duration"
+ESTIMATES = {"exact": "the true duration", "over-estimated": "the true duration x a factor log-uniform in [1, 3]"}
+POLICIES = ("FIFO + backfill", f"{BACKFILL_BY_DURATION} (exact)", f"{BACKFILL_BY_DURATION} (over-estimated)", "plain FIFO",
+            "capacity bound")
+OVER_ESTIMATE_UP_TO = 3.0
 
 
 @dataclass(frozen=True)
 class Job:
     number: int
     request: Request
+    expected_duration: float | None = None  # what the queue is told; None: unknown
 
     @property
     def size(self) -> int:
@@ -55,11 +70,22 @@ class Waited:
     pass_seconds: list[float] = field(default_factory=list)
 
 
+def expected_durations(trace: list[Request], policy: str, seed: int) -> list[float | None]:
+    """What the queue is told of each request's duration under `policy` (seeded apart from the trace)."""
+    if not policy.startswith(BACKFILL_BY_DURATION):
+        return [None] * len(trace)
+    if policy.endswith("(exact)"):
+        return [request.duration for request in trace]
+    rng = random.Random(f"{seed}:over-estimates")
+    return [request.duration * math.exp(rng.uniform(0.0, math.log(OVER_ESTIMATE_UP_TO))) for request in trace]
+
+
 def _admission(pod: Pod, policy: str):
-    """The policy as a function (waiting jobs, IPUs in use by agent, free IPUs, held) -> (started
-    [(job, its IPUs)], held); the capacity bound's jobs take no IPUs in particular."""
+    """The policy as a function (waiting jobs, IPUs in use by agent, free IPUs, held, now, expected
+    ends by IPU) -> (started [(job, its IPUs)], held); the capacity bound's jobs take no IPUs in
+    particular."""
     if policy == "capacity bound":
-        def greedy(waiting: list[Job], used: dict, free: int, held):
+        def greedy(waiting: list[Job], used: dict, free: int, held, now: float, ends: dict):
             started = []
             for job in waiting:
                 if job.size <= free:
@@ -70,17 +96,23 @@ def _admission(pod: Pod, policy: str):
         return greedy
     layout, allowed = pod.layout, pod.allowed
 
-    def queued(waiting: list[Job], used: dict, free: int, held):
+    by_duration = policy.startswith(BACKFILL_BY_DURATION)
+
+    def queued(waiting: list[Job], used: dict, free: int, held, now: float, ends: dict):
         decided = admit(waiting, used, lambda job, taken: try_place(layout, allowed, taken, job.size),
                         lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size), held=held,
-                        backfill=policy == "FIFO + backfill")
+                        backfill=policy != "plain FIFO",
+                        expected_duration=(lambda job: job.expected_duration) if by_duration else None,
+                        expected_ends=ends, now=now)
         return [(job, [(i.agent_id, i.index) for i in placement.ipus]) for job, placement in decided.started], decided.held
 
     return queued
 
 
-def replay(trace: list[Request], machines: int, policy: str) -> Waited:
+def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> Waited:
     pod, outcome = Pod(machines, "best-fit"), Waited()
+    expected = expected_durations(trace, policy, seed)
+    ends: dict[tuple[str, int], float | None] = {}  # IPU -> when its job is expected to end
     capacity, count_used = machines * IPUS_PER_MACHINE, 0
     used: dict[str, set[int]] = {}  # by agent, as placement reads it
     decide = _admission(pod, policy)
@@ -98,15 +130,16 @@ def replay(trace: list[Request], machines: int, policy: str) -> Waited:
             _, number, ipus = heapq.heappop(departures)
             count_used -= trace[number].size
             for agent, index in ipus:
+                del ends[(agent, index)]
                 used[agent].discard(index)
                 if not used[agent]:
                     del used[agent]
         while arrived < len(trace) and trace[arrived].arrival <= now:
-            waiting.append(Job(arrived, trace[arrived]))
+            waiting.append(Job(arrived, trace[arrived], expected[arrived]))
             arrived += 1
         outcome.longest_queue = max(outcome.longest_queue, len(waiting))
         began = time.perf_counter()
-        started, held = decide(waiting, used, capacity - count_used, held)
+        started, held = decide(waiting, used, capacity - count_used, held, now, ends)
         outcome.pass_seconds.append(time.perf_counter() - began)
         starting = {job.number for job, _ in started}
         for job, ipus in started:
@@ -114,6 +147,7 @@ def replay(trace: list[Request], machines: int, policy: str) -> Waited:
             count_used += job.size
             for agent, index in ipus:
                 used.setdefault(agent, set()).add(index)
+                ends[(agent, index)] = None if job.expected_duration is None else now + job.expected_duration
             heapq.heappush(departures, (now + job.request.duration, job.number, ipus))
         waiting = [job for job in waiting if job.number not in starting]
     assert len(outcome.waits) == len(trace) and count_used == 0, "every request ran, and every IPU came back"
@@ -132,16 +166,19 @@ def percentile(values: list[float], share: float) -> float:
 @click.option("--seed", default=2026, show_default=True)
 @click.option("--name", default="queueing", show_default=True, help="Results file: bench/results/NAME.json.")
 def main(requests, machines, loads, seed, name):
-    """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill) and plain FIFO."""
+    """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill, without and
+    with expected durations) and plain FIFO."""
     runs = []
     for load in [float(text) for text in loads.split(",")]:
         trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
         horizon = trace[-1].arrival
         results = {}
         for policy in POLICIES:
-            waited = replay(trace, machines, policy)
+            waited = replay(trace, machines, policy, seed)
+            estimate = policy.removeprefix(f"{BACKFILL_BY_DURATION} (").removesuffix(")")
             results[policy] = {
                 "policy": policy,
+                "expected_durations": ESTIMATES.get(estimate, "unknown"),
                 "mean_wait": round(statistics.fmean(waited.waits), 3),
                 "median_wait": round(statistics.median(waited.waits), 3),
                 "p99_wait": round(percentile(waited.waits, 0.99), 3),
@@ -162,7 +199,8 @@ def main(requests, machines, loads, seed, name):
                            r["mean_utilisation_percent"], r["utilisation_below_bound_points"], r["longest_queue"], r["pass_p99_ms"]]
                           for r in results.values()]))
     path = save(name, {"benchmark": "queueing", "requests": requests, "machines": machines, "seed": seed,
-                       "wait_unit": "the median job duration", "runs": runs})
+                       "wait_unit": "the median job duration",
+                       "expected_durations": ESTIMATES, "runs": runs})
     click.echo(f"written: {path}")
 
 

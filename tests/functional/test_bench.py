@@ -35,12 +35,18 @@ def test_the_allocator_benchmark_compares_three_allocators_on_one_trace(tmp_path
 def test_the_queueing_benchmark_replays_the_trace_with_every_request_waiting_until_it_starts(tmp_path):
     result = bench(tmp_path, "queueing", "--requests", "300", "--machines", "16", "--load", "0.9")
     rows = {r["policy"]: r for r in result["runs"][0]["results"]}
-    assert list(rows) == ["FIFO + backfill", "plain FIFO", "capacity bound"]
+    assert list(rows) == ["FIFO + backfill", "FIFO + backfill by duration (exact)", "FIFO + backfill by duration (over-estimated)",
+                          "plain FIFO", "capacity bound"]
+    assert rows["FIFO + backfill"]["expected_durations"] == "unknown"
+    assert rows["FIFO + backfill by duration (exact)"]["expected_durations"] == "the true duration"
     bound = rows["capacity bound"]["mean_utilisation_percent"]
     for row in rows.values():
-        assert 0 <= row["median_wait"] <= row["p99_wait"] and 0 < row["mean_utilisation_percent"] <= bound <= 100
+        assert 0 <= row["median_wait"] <= row["p99_wait"] and 0 < row["mean_utilisation_percent"] <= 100 and bound <= 100
         assert row["utilisation_below_bound_points"] == pytest.approx(bound - row["mean_utilisation_percent"], abs=0.11)
+    for policy in ("FIFO + backfill", "plain FIFO"):  # the by-duration ones may beat the bound's greed on a trace this short
+        assert rows[policy]["mean_utilisation_percent"] <= bound
     assert rows["FIFO + backfill"]["mean_wait"] <= rows["plain FIFO"]["mean_wait"]  # backfill starts the small ones sooner
+    assert rows["FIFO + backfill by duration (exact)"]["mean_wait"] <= rows["FIFO + backfill"]["mean_wait"]  # and more, told durations
 
 
 @pytest.mark.functional

@@ -154,6 +154,22 @@ def test_tenants_see_and_touch_only_what_is_given_to_them(pod, tenants):
     assert pod.user("remove", "partition", "pa").code == 0
 
 
+def test_only_its_owner_or_an_administrator_changes_a_partitions_consent_to_be_moved(pod, tenants):
+    alice, bob, carol = tenants["alice"], tenants["bob"], tenants["carol"]
+    assert pod.user("create", "partition", "pa", "--size", "4", "--may-move", config=alice).code == 0
+    before = pod.snapshot()
+    failed_line(pod.user("update", "partition", "pa", "--no-may-move", config=bob), "update partition", "pa",
+                "partition pa belongs to user alice; only its owner or an administrator changes it")
+    failed_line(pod.user("update", "partition", "pa", "--no-may-move", config=carol), "update partition", "pa",
+                "partition pa does not exist")  # another tenant's, as if it did not exist
+    assert pod.snapshot() == before
+    assert pairs(pod.user("get", "partition", "pa", config=bob).out)["May move"] == "yes"
+    assert pod.user("update", "partition", "pa", "--no-may-move", config=alice).code == 0
+    assert pairs(pod.user("get", "partition", "pa", config=bob).out)["May move"] == "no"
+    assert pod.user("update", "partition", "pa", "--may-move").code == 0  # the administrator
+    assert pairs(pod.user("get", "partition", "pa", config=alice).out)["May move"] == "yes"
+
+
 def test_a_watch_of_changes_tells_each_user_only_what_they_may_see_and_ends_with_their_user(pod, tenants):
     alice, carol = (UserClient.connect(config=tenants[user]) for user in ("alice", "carol"))
     try:

@@ -230,6 +230,20 @@ def test_the_partition_goes_however_the_job_ends(world):
     world.nothing_left()
 
 
+def test_a_jobs_partition_is_expected_to_run_for_the_jobs_time_limit(world):
+    limited = world.submit("--ipus=1", "--time=1-01:30:00", "--wrap", "sleep 300")
+    unlimited = world.submit("--ipus=1", "--wrap", "sleep 300")  # the cluster's partition has no limit
+    api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
+    for job, seconds in ((limited, 86400 + 5400), (unlimited, 0)):
+        world.wait_for(job, "RUNNING")
+        status = api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id=f"slurm-{job}")).status
+        assert status.expected_seconds == seconds, world.job(job).get("TimeLimit")
+    world.slurm.run("scancel", limited, unlimited)
+    for job in (limited, unlimited):
+        world.wait_done(job)
+    world.nothing_left()
+
+
 def test_a_node_failure_ends_the_job_and_its_partition(world):
     job = end_by(world, "node", "--no-requeue")  # else Slurm would requeue it, and the prolog run again
     node = world.slurm.node

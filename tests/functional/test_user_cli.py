@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from datetime import timedelta
 
 import grpc
 import pytest
 
-from tests.functional.harness import failed_line, pairs, rows
+from tests.functional.harness import failed_line, pairs, rows, wait_until
+from tests.functional.test_queue import Waiter
 from vipu.api.protos import admin_pb2, admin_pb2_grpc, vipuuser_pb2, vipuuser_pb2_grpc
 
 
@@ -287,3 +289,48 @@ def test_a_forced_removal_by_the_administrator_deletes_the_ipuof_files_of_what_i
     removed = pod.admin("remove", "allocation", "alloc-1", "--force")
     assert removed.code == 0 and "partition one" in removed.out and "partition two" in removed.out
     assert list(pod.ipuof_dir.iterdir()) == []
+
+
+def test_a_partition_consents_to_be_moved_shows_when_it_is_expected_to_end_and_its_user_changes_the_consent(registered_pod):
+    pod = registered_pod
+    created = pod.user("create", "partition", "p1", "--size", "4", "--may-move", "--expected-duration", "1h")
+    assert (created.code, created.out, created.err) == (0, "create partition (p1): success.\n", "")
+    api = vipuuser_pb2_grpc.UserServiceStub(pod._channel(pod.user_port))
+    [listed] = api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions
+    assert (listed.status.may_move, listed.status.expected_seconds) == (True, 3600)
+    end = (listed.created.ToDatetime() + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    fields = pairs(pod.user("get", "partition", "p1").out)
+    assert (fields["May move"], fields["Expected end"]) == ("yes", f"{end} (1h after its start)")
+
+    assert pod.user("update", "partition", "p1", "--no-may-move").out == "update partition (p1): success.\n"
+    assert pairs(pod.user("get", "partition", "p1").out)["May move"] == "no"
+    assert api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="p1")).status.may_move is False
+    assert pod.user("update", "partition", "p1", "--may-move").out == "update partition (p1): success.\n"
+    assert pod.user("update", "partition", "p1", "--may-move").code == 0  # asking for what is so: nothing to do
+
+    before = pod.snapshot()
+    failed_line(pod.user("update", "partition", "nosuch", "--may-move"), "update partition", "nosuch", "partition nosuch does not exist")
+    for bad in (("update", "partition", "p1"), ("create", "partition", "p2", "--size", "4", "--expected-duration", "2"),
+                ("create", "partition", "p2", "--size", "4", "--expected-duration", "0s")):
+        refused = pod.user(*bad)
+        assert refused.code == 2 and refused.out == "" and len(refused.err.splitlines()) == 1, refused
+    with pytest.raises(grpc.RpcError) as nothing_asked:
+        api.UpdatePartition(vipuuser_pb2.UpdatePartitionRequest(partition_id="p1"))
+    assert nothing_asked.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nothing to change" in nothing_asked.value.details()
+    assert pod.snapshot() == before
+    assert pairs(pod.user("get", "partition", "p1").out)["May move"] == "yes"
+
+    assert pod.user("create", "partition", "plain", "--size", "4").code == 0
+    fields = pairs(pod.user("get", "partition", "plain").out)
+    assert (fields["May move"], fields["Expected end"]) == ("no", "-")
+
+
+def test_a_waiting_request_keeps_its_consent_and_expected_duration_for_its_partition(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "full", "--size", "32").code == 0
+    waiter = Waiter(pod, "later", "--size", "4", "--timeout", "60", "--may-move", "--expected-duration", "30m")
+    wait_until(lambda: [r[1] for r in rows(pod.user("list", "requests").out)] == ["later"], what="later to wait")
+    assert pod.user("remove", "partition", "full").code == 0
+    assert waiter.result().code == 0
+    fields = pairs(pod.user("get", "partition", "later").out)
+    assert fields["May move"] == "yes" and fields["Expected end"].endswith(" UTC (30m after its start)")

@@ -56,6 +56,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self.backend.reset_link(request.place)
         return agent_pb2.ResetLinkReply()
 
+    def Attachments(self, request, context):
+        """A report anyone may read, as the inventory; a fence, a change to the machine, only from
+        the controller the agent obeys."""
+        read_at = time.time()
+        if request.fence_seconds:
+            with self.hold.obeying(caller_of(context)):
+                reports = self.backend.attachments(list(request.partition_ids), request.fence_seconds)
+        else:
+            reports = self.backend.attachments(list(request.partition_ids))
+        return agent_pb2.AttachmentsReply(read_at=read_at, partitions=[
+            agent_pb2.PartitionAttachments(partition_id=r.partition_id, attached_clients=r.attached_clients,
+                                           oldest_attached_at=r.oldest_attached_at, fenced_until=r.fenced_until)
+            for r in reports])
+
     def Claim(self, request, context):
         caller = caller_of(context)
         previous = self.hold.claim(caller, request.takeover_grant, self.backend.inventory().serial, self._clear_all)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from vipu.api.protos import admin_pb2, agent_pb2
 from vipu.api.protos import vipuuser_pb2 as user_pb2
 from vipu.model.clustertests import CableResult, InternalReading, Observation, Outcome, PortReading
+from vipu.model.compaction import Report
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
 from vipu.model.entities import (
     MAX_AUTO_RESETS,
@@ -29,6 +30,7 @@ from vipu.model.entities import (
 from vipu.model.errors import InvalidArgument
 from vipu.model.linkhealth import CableIdentity, CableRecord, LinkDetail, LinkReading, LinkState, Sample
 from vipu.model.queue import WaitingRequest
+from vipu.model.reasons import span
 from vipu.model.topology import LinkKind
 
 IPULINK_ROUTING = {
@@ -210,6 +212,18 @@ def cluster_request_from_proto(message: admin_pb2.CreateClusterRequest) -> Clust
     )
 
 
+def compaction_to_proto(report: Report) -> admin_pb2.CompactReply:
+    plan = report.plan
+    reply = admin_pb2.CompactReply(allocation_id=report.allocation_id, no_plan=report.why_none, stopped=report.stopped,
+                                   dry_run=report.dry_run)
+    if plan is not None:
+        reply.frees_ipus, reply.frees_at = plan.size, span(report.layout, plan.shape)
+        reply.moves.extend(admin_pb2.CompactionMove(partition_id=move.partition_id, **{"from": span(report.layout, move.before)},
+                                                    to=span(report.layout, move.to), moved=move.partition_id in report.moved)
+                           for move in plan.moves)
+    return reply
+
+
 def admin_allocation_to_proto(allocation: Allocation, partition_ids=()) -> admin_pb2.Allocation:
     return admin_pb2.Allocation(
         id=allocation.id,
@@ -240,6 +254,8 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
         index=req.index if req.HasField("index") else None,
         disable_auto_reset=request.disable_auto_reset,
         relocatable=request.relocatable,
+        may_move=request.may_move,
+        expected_seconds=request.expected_seconds,
     )
 
 
@@ -292,6 +308,7 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     status.relocatable, status.relocation = partition.relocatable, partition.relocation
     status.placement_note = partition.placement_note
     status.link_warnings.extend(partition.link_warnings)
+    status.may_move, status.expected_seconds = partition.may_move, partition.expected_seconds
     return status
 
 

@@ -4,16 +4,36 @@ A backend introspects its machine and applies or clears partition settings. It r
 `vipu.model.errors` families: `Conflict` when the request clashes with what the machine already
 holds, `HardwareFailure` when the hardware cannot do it (a cable not where it should be, a link
 that does not train), `InvalidArgument` for settings that make no sense for this machine.
+
+IPUoF clients' attachments last (until detached, lapsed or their partition's settings cleared or
+replaced) so that the controller can tell a partition in use from an idle one, and fence an idle
+one against new attaches while it moves it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.linkhealth import LinkReading
+
+DEFAULT_HOLD_SECONDS = 60.0  # how long an IPUoF attachment lasts unless the client says, renews or detaches it
+MAX_HOLD_SECONDS = 86400.0
+MAX_FENCE_SECONDS = 3600.0  # a fence always lapses: a controller that dies mid-move cannot lock a partition out for long
+
+
+@dataclass(frozen=True)
+class PartitionAttachments:
+    """Who uses a partition's IPUs on one machine now: what the controller asks before it moves it."""
+
+    partition_id: str
+    attached_clients: int  # client sessions attached to some IPU of the partition
+    oldest_attached_at: float  # when the longest-standing attached, seconds since the epoch; 0 when none
+    fenced_until: float  # when the fence against new attaches lapses, seconds since the epoch; 0 when none stands
 
 
 class MachineBackend(ABC):
@@ -50,13 +70,29 @@ class MachineBackend(ABC):
         """Retrain one link (`LinkReading.place`); InvalidArgument for a place the machine has no link at."""
 
     @abstractmethod
-    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
-        """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id` and
-        the client presents that partition's attach key."""
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str, session: str = "",
+                     hold_seconds: float = 0.0) -> None:
+        """Let an IPUoF client attach to one IPU, if that IPU is configured for `partition_id`, the
+        client presents that partition's attach key and no fence stands (`attachments`). The
+        client's `session` stays attached for `hold_seconds` (0: DEFAULT_HOLD_SECONDS) unless it
+        detaches; attaching again renews it."""
 
     @abstractmethod
-    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str) -> int:
-        """Run the test program on an attached IPU; its result."""
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str,
+                  session: str = "") -> int:
+        """Run the test program on an IPU; its result. It renews the session's attachment, or
+        attaches it anew as `ipuof_attach` does."""
+
+    @abstractmethod
+    def ipuof_detach(self, partition_id: str, device_id: int, session: str) -> None:
+        """End a session's attachment of one IPU; one already ended is no error."""
+
+    @abstractmethod
+    def attachments(self, partition_ids: Sequence[str], fence_seconds: float = 0.0) -> list[PartitionAttachments]:
+        """The clients attached to each partition (none named: every partition the machine holds).
+        With `fence_seconds`, each named partition the machine holds with none attached is fenced
+        in the same step: new attaches are refused until the fence lapses or the partition's
+        settings are cleared or applied again."""
 
     def silent(self) -> bool:
         """Whether the machine is playing dead (a simulated fault); real machines never say so."""

@@ -422,6 +422,38 @@ def remove_allocation(admin, allocation_id, force, ipuof_dir):
     report_removal("allocation", allocation_id, removed, ipuof_dir)
 
 
+@cli.command("compact")
+@click.argument("allocation_id")
+@click.option("--dry-run", is_flag=True, help="Show the plan only: nothing moves.")
+@json_option
+@pass_client
+def compact(admin, allocation_id, dry_run, as_json):
+    """Move relocatable partitions of an allocation so that a larger shape comes free.
+
+    The plan frees the largest shape broken up now, with the fewest moves the budget allows
+    (vipu-server's --compaction-moves-per-hour and --compaction-partition-interval). Each move keeps
+    the partition's id and attach key, and is made only if no IPUoF client is attached to it or
+    its user consented (vipu update partition --may-move); it stops at the first move that may not
+    be made, saying why.
+    """
+    with reporting("compact", allocation_id):
+        reply = admin.compact_allocation(allocation_id, dry_run=dry_run)
+    if as_json:
+        return echo_json(reply)
+    if not reply.moves:
+        fail("compact", allocation_id, f"no plan: {reply.no_plan}")
+    state = (lambda move: "planned") if dry_run else (lambda move: "moved" if move.moved else "not moved")
+    click.echo(render_table(["Partition", "From", "To", "State"],
+                            [[move.partition_id, getattr(move, "from"), move.to, state(move)] for move in reply.moves]))
+    moves = f"{len(reply.moves)} move{'s' if len(reply.moves) != 1 else ''}"
+    if dry_run:
+        click.echo(f"compact ({allocation_id}): dry run: {moves} would free {reply.frees_ipus} IPUs at {reply.frees_at}.")
+    elif reply.stopped:
+        fail("compact", allocation_id, f"stopped after {sum(m.moved for m in reply.moves)} of {moves}: {reply.stopped}")
+    else:
+        click.echo(f"compact ({allocation_id}): success. {moves} freed {reply.frees_ipus} IPUs at {reply.frees_at}.")
+
+
 # Users
 
 

@@ -1,9 +1,12 @@
-"""`vipu-ipuof`: prove a partition works by running the test program on all of its IPUs.
+"""`vipu-ipuof`: prove a partition works by running the test program on all of its IPUs, or keep
+it attached, as a job using it would be (the controller does not move a partition while a client
+is attached to it).
 
     vipu-ipuof run --partition p1          # its files in ~/.ipuof.conf.d (or --ipuof-dir)
     vipu-ipuof run /path/p1_ipuof.conf     # or name the files
     IPUOF_CONFIG_PATH=/path/p1_ipuof.conf vipu-ipuof run
     IPUOF_VIPU_API_HOST=h IPUOF_VIPU_API_PARTITION_ID=p1 vipu-ipuof run   # asks vipu-server, as Poplar does
+    vipu-ipuof attach p1 --hold 600        # attached for 10 minutes, or until Ctrl-C
 
 Files out of date (the partition moved to other IPUs, `vipu reset partition --relocate` or a
 relocatable partition's machine failing) are read again from vipu-server when the run fails on
@@ -14,10 +17,13 @@ and IPUOF_VIPU_API_PORT, else as `vipu` finds it (VIPU_CLI_API_HOST, its configu
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 
 import click
 
+from vipu.backends.base import MAX_HOLD_SECONDS
 from vipu.cli.common import CONTEXT, CommandGroup, ipuof_dir_option, reporting, run
 from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
@@ -71,6 +77,41 @@ def run_program(configs, partition_id, ipuof_dir, seed, timeout):
             ipus = client.run(gcds, seed)
         client.close()
     click.echo(f"run ({gcds[0].partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) ran the test program{rewritten}.")
+
+
+@cli.command("attach")
+@click.argument("partition_id")
+@ipuof_dir_option
+@click.option("--hold", "hold_seconds", type=click.FloatRange(0, MAX_HOLD_SECONDS, min_open=True), required=True,
+              metavar="SECONDS", help="How long to stay attached.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
+              help="Seconds to wait for each IPU.")
+def attach(partition_id, ipuof_dir, hold_seconds, timeout):
+    """Attach to every IPU of a partition and stay attached for --hold seconds, then detach; Ctrl-C
+    (or SIGTERM) detaches sooner. Killed outright, the attachments lapse at the end of the hold."""
+    client = ipuof_client.Client(timeout)
+    with reporting("attach", partition_id):
+        if not partition_id:
+            raise InvalidArgument("name a partition")
+        gcds = [ipuof_client.read(path) for path in ipuof_client.files_of(partition_id, ipuof_dir or ipuof_files.default_dir())]
+        foreign = sorted({gcd.partition_id for gcd in gcds} - {partition_id})
+        if foreign:
+            raise InvalidArgument(f"its IPUoF files name partition {', '.join(foreign)}, not {partition_id}")
+        ipus = client.attach(gcds, hold_seconds)
+    ends = time.monotonic() + hold_seconds
+    click.echo(f"attach ({partition_id}): success. {ipus} IPUs in {len(gcds)} GCD(s) attached for {hold_seconds:g} s; "
+               "Ctrl-C detaches them sooner.")
+    sys.stdout.flush()  # for whoever waits on this line through a pipe
+    cut_short = ""
+    try:
+        while (left := ends - time.monotonic()) > 0:
+            time.sleep(left)
+    except KeyboardInterrupt:
+        cut_short = " before the hold ended"
+    with reporting("detach", partition_id):
+        client.detach(gcds)
+    client.close()
+    click.echo(f"detach ({partition_id}): success. {ipus} IPUs detached{cut_short}.")
 
 
 def _read_again(gcds: list[ipuof_client.GcdFile], env, timeout: float) -> tuple[list[ipuof_client.GcdFile], str] | None:

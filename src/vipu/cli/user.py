@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import re
 import sys
 import typing
 from pathlib import Path
@@ -70,6 +72,55 @@ def ready_state(value: int) -> str:
     return pb.PartitionReadyState.Name(value).removeprefix("PS_")
 
 
+DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(?:[0-9]+[dhms])+")
+MAX_DURATION_SECONDS = 2**32 - 1  # what the API's uint32 carries
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a duration written as a person writes it: 90s, 30m, 2h, 1d, or parts of them
+    together (1h30m); ValueError saying what is wrong otherwise."""
+    written = text.strip().lower()
+    if len(written) > 40 or not _DURATION.fullmatch(written):
+        raise ValueError(f"{text!r} is not a duration: write it as 90s, 30m, 2h or 1d (or 1h30m)")
+    seconds = sum(int(number) * DURATION_UNITS[unit] for number, unit in re.findall(r"([0-9]+)([dhms])", written))
+    if not 0 < seconds <= MAX_DURATION_SECONDS:
+        raise ValueError(f"{text!r} is {'no time' if not seconds else 'too long'}: a duration is 1 s to {MAX_DURATION_SECONDS} s")
+    return seconds
+
+
+def duration_text(seconds: int) -> str:
+    """A duration as `parse_duration` reads it: 1h30m."""
+    parts: list[str] = []
+    for unit, size in DURATION_UNITS.items():
+        if seconds >= size or (unit == "s" and not parts):
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts)
+
+
+class Duration(click.ParamType):
+    """A duration option: its value in seconds (`parse_duration`)."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+def expected_end(partition: pb.Partition, status: pb.PartitionStatus) -> str:
+    """When a partition is expected to end, from its start and expected duration; "-" if unknown."""
+    if not status.expected_seconds or not partition.HasField("created"):
+        return "-"
+    end = partition.created.ToDatetime() + datetime.timedelta(seconds=status.expected_seconds)
+    return f"{end.strftime('%Y-%m-%d %H:%M:%S UTC')} ({duration_text(status.expected_seconds)} after its start)"
+
+
 
 
 @click.group(cls=CommandGroup, context_settings=CONTEXT, invoke_without_command=True)
@@ -108,6 +159,11 @@ def reset():
     """Reset a partition."""
 
 
+@cli.group(cls=CommandGroup)
+def update():
+    """Change a partition."""
+
+
 def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id: str, directory: Path) -> list[Path]:
     """Write a new partition's IPUoF files; if they cannot be written, remove the partition again."""
     try:
@@ -140,14 +196,19 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
               help="If an agent fails, keep the partition in ERROR, holding its IPUs, for inspection. Default: leave nothing.")
 @click.option("--relocatable", is_flag=True,
               help="Move the partition to other IPUs of its allocation, keeping its id, when its machines fail.")
+@click.option("--may-move", is_flag=True,
+              help="Consent that compaction moves the partition even while IPUoF clients are attached (vipu update partition "
+                   "changes it later).")
+@click.option("--expected-duration", "expected_seconds", type=Duration(), default=None, metavar="DURATION",
+              help="How long the partition is expected to run from its start: 90s, 30m, 2h, 1d. Default: unknown.")
 @click.option("--wait", is_flag=True, help="If there is no room now, wait in the allocation's queue until the partition starts.")
 @click.option("--timeout", type=click.IntRange(1, MAX_WAIT_SECONDS), default=DEFAULT_WAIT_SECONDS, show_default=True,
               help="With --wait: give up after this many seconds, saying why it waited.")
 @ipuof_dir_option
 @pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
-                     sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, relocatable, wait,
-                     timeout, ipuof_dir):
+                     sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, relocatable, may_move,
+                     expected_seconds, wait, timeout, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
@@ -160,7 +221,8 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
             sync_type=getattr(pb, SYNC_TYPES[sync_type]) if sync_type else pb.ST_UNDEFINED,
             ipulink_routing=getattr(pb, IPULINK_ROUTINGS[ipulink_routing]) if ipulink_routing else pb.IRT_UNDEFINED,
             num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
-            index=index, relocatable=relocatable, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
+            index=index, relocatable=relocatable, may_move=may_move, expected_seconds=expected_seconds or 0,
+            wait=timeout if wait else 0, on_wait=_say_where_it_waits)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 
@@ -228,6 +290,20 @@ def reset_partition(user, partition_id, relocate, ipuof_dir):
     succeed("reset partition", partition_id)
 
 
+@update.command("partition")
+@click.argument("partition_id")
+@click.option("--may-move/--no-may-move", default=None,
+              help="Consent, or no longer, that compaction moves the partition even while IPUoF clients are attached.")
+@pass_client
+def update_partition(user, partition_id, may_move):
+    """Change a partition of yours: its consent to be moved while attached."""
+    if may_move is None:
+        raise click.UsageError("nothing to change: give --may-move or --no-may-move")
+    with reporting("update partition", partition_id):
+        user.update_partition(partition_id, may_move=may_move)
+    succeed("update partition", partition_id)
+
+
 @list_.command("partitions")
 @click.option("--allocation", "allocation_id", default="", help="Only the partitions of this allocation.")
 @json_option
@@ -289,6 +365,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("Last Auto-reset", status.last_auto_reset_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
          if status.HasField("last_auto_reset_time") else "-"),
         ("Relocatable", "yes" if status.relocatable else "no"),
+        ("May move", "yes" if status.may_move else "no"),
+        ("Expected end", expected_end(partition, status)),
         ("Relocated", status.relocation or "-"),
         ("Placement", status.placement_note or "-"),
         ("Links", list(status.link_warnings) or "-"),

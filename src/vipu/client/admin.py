@@ -106,6 +106,11 @@ class AdminClient(EndpointClient):
     def remove_allocation(self, allocation_id: str, force: bool = False) -> list[str]:
         return list(self._call("RemoveAllocation", pb.RemoveRequest(id=allocation_id, force=force)).removed)
 
+    def compact_allocation(self, allocation_id: str, dry_run: bool = True) -> pb.CompactReply:
+        """The plan of moves that frees the largest shape broken up in the allocation, carried out
+        unless `dry_run`."""
+        return self._call("CompactAllocation", pb.CompactRequest(allocation_id=allocation_id, dry_run=dry_run))
+
     # Users (secure mode)
 
     def create_user(self, user_id: str, allocation_ids: tuple[str, ...] = (), admin: bool = False) -> pb.UserKeyReply:

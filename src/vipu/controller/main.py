@@ -27,6 +27,7 @@ from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.controller.usecases.users import UserService
 from vipu.model.clustertests import TestType
+from vipu.model.compaction import Budget
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import RemediationPolicy, TrendPolicy
@@ -306,6 +307,10 @@ def link_trend_policy(text: str) -> TrendPolicy:
               help="With --idle-tests: seconds from the end of one round of idle-time tests to the next.")
 @click.option("--idle-test-types", default="ipulink,traffic", show_default=True, metavar="NAME,...",
               help="With --idle-tests: the tests to run, ipulink and traffic, one or both.")
+@click.option("--compaction-moves-per-hour", type=click.IntRange(0, 10_000), default=Budget.moves_per_hour, show_default=True,
+              help="Compaction moves at most this many partitions an hour in each allocation (0: none).")
+@click.option("--compaction-partition-interval", type=click.FloatRange(0, 365 * 86_400), default=Budget.partition_interval,
+              show_default=True, help="Seconds before compaction may move the same partition again.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
@@ -313,7 +318,8 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
          link_sample_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
-         link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, log_level):
+         link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, compaction_moves_per_hour,
+         compaction_partition_interval, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -355,6 +361,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
                                                breaker_share=link_breaker_percent / 100),
             idle_tests=idle_tested if idle_tests else frozenset(),
             idle_test_interval=idle_test_interval,
+            compaction=Budget(compaction_moves_per_hour, compaction_partition_interval),
         )
         deposed: list[str] = []
 

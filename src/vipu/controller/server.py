@@ -35,6 +35,7 @@ from vipu.controller.usecases.agents import no_takeover
 from vipu.controller.usecases.users import UserService
 from vipu.controller.wiring import ControllerServices
 from vipu.model.clustertests import TestType
+from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.throttle import LoginThrottle
@@ -63,6 +64,7 @@ class ServerConfig:
     link_history_days: float = DEFAULT_RETENTION.days
     idle_tests: frozenset[TestType] = frozenset()  # the tests run on free machines (of IDLE_TESTS); empty: none
     idle_test_interval: float = 3600.0  # seconds between rounds of idle-time tests
+    compaction: Budget = DEFAULT_BUDGET  # the bound on compaction's moves in each allocation
     link_remediation: RemediationPolicy = DEFAULT_REMEDIATION  # automatic reset and re-test of a failed link, and the breaker
     workers: int = 32
     discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
@@ -119,7 +121,7 @@ class Controller:
                                                       QueueLimits(config.max_waiting_per_user, config.max_waiting,
                                                                   config.request_lease_seconds), takeover_grant(config),
                                                       config.link_policy, Retention.keeping(config.link_history_days),
-                                                      config.link_remediation)
+                                                      config.link_remediation, config.compaction)
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health

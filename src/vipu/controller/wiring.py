@@ -20,6 +20,7 @@ from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
 from vipu.controller.usecases.remediation import LinkRemediation
 from vipu.controller.usecases.requests import RequestService
+from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.store.store import Store
 
@@ -28,13 +29,13 @@ class ControllerServices:
     def __init__(self, store: Store, gateway: AgentGateway, changes: ChangeFeed | None = None, workers: int = 32,
                  limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover,
                  link_policy: TrendPolicy = DEFAULT_POLICY, link_retention: Retention = DEFAULT_RETENTION,
-                 link_remediation: RemediationPolicy = DEFAULT_REMEDIATION):
+                 link_remediation: RemediationPolicy = DEFAULT_REMEDIATION, compaction: Budget = DEFAULT_BUDGET):
         """`workers`: threads for each kind of agent calls, and the user end-point's (which bounds the
         waiting calls that may block there)."""
         self.store = store
         self.gateway = gateway
         self.calls = AgentCalls(gateway, workers)
-        self.owners = Owners(store, self.calls, changes, limits)
+        self.owners = Owners(store, self.calls, changes, limits, compaction)
         self.partitions = PartitionService(store, self.owners)
         self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
         self.allocations = AllocationService(store, self.owners)

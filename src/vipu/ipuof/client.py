@@ -5,11 +5,16 @@ at the end-point its file names, and runs the same deterministic program the tra
 loads. Each IPU's result must be what that chip at that place in its GCD computes, so a file
 pointing at the wrong machine, a partition no longer configured, or an IPU owned by another
 partition all fail, each with the reason.
+
+A client is one session: what it attaches stays attached (the controller does not move a partition
+a client is attached to) until it detaches, or its hold lapses if it cannot. `run` detaches what it
+attached when it ends, however it ends.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +25,9 @@ from vipu.api.status import error_from_rpc
 from vipu.ipuof import files
 from vipu.model.clustertests import program_checksum
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
-from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound
+from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound, Unavailable, VipuError
+
+DETACH_TIMEOUT = 5.0  # seconds for each detach that cleans up: an IPU that does not answer lets its hold lapse instead
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,11 @@ def files_of(partition_id: str, directory: Path) -> list[Path]:
 
 
 class Client:
+    """One IPUoF client session: `session` names its attachments to the IPUs."""
+
     def __init__(self, timeout: float = 30.0):
         self.timeout = timeout
+        self.session = secrets.token_hex(16)
         self._channels: dict[str, grpc.Channel] = {}
 
     def _stub(self, device: Device) -> ipuof_pb2_grpc.IpuofServiceStub:
@@ -93,26 +103,73 @@ class Client:
             self._channels[address] = grpc.insecure_channel(address)
         return ipuof_pb2_grpc.IpuofServiceStub(self._channels[address])
 
-    def _call(self, device: Device, method: str, request):
+    def _call(self, device: Device, method: str, request, timeout: float | None = None):
         try:
-            return getattr(self._stub(device), method)(request, timeout=self.timeout)
+            return getattr(self._stub(device), method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as error:
             failure = error_from_rpc(error)
             raise type(failure)(f"{device.where}: {failure.message}") from None
 
+    def attach(self, gcds: list[GcdFile], hold_seconds: float = 0.0) -> int:
+        """Attach to every IPU for `hold_seconds` (0: the machine's default) unless detached first;
+        the number of IPUs attached. If one refuses, those already attached are detached again."""
+        attached: list[tuple[GcdFile, Device]] = []
+        try:
+            for gcd in gcds:
+                for device in gcd.devices:
+                    self._call(device, "Attach", ipuof_pb2.AttachRequest(
+                        partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id,
+                        attach_key=gcd.attach_key, session=self.session, hold_seconds=hold_seconds))
+                    attached.append((gcd, device))
+        except BaseException:
+            self._detach_quietly(attached)
+            raise
+        return len(attached)
+
+    def detach(self, gcds: list[GcdFile]) -> int:
+        """End this session's attachment of every IPU; the number of IPUs. What is no longer
+        attached (lapsed, or its partition cleared) is no error; an IPU that fails to answer is,
+        once every other has been detached."""
+        failures = self._detach_each([(gcd, device) for gcd in gcds for device in gcd.devices], self.timeout)
+        if failures:
+            raise failures[0]
+        return sum(len(gcd.devices) for gcd in gcds)
+
+    def _detach_quietly(self, attached: list[tuple[GcdFile, Device]]) -> None:
+        """Detach what a failed or finished step attached, as far as the machines answer: the
+        step's own outcome is what the caller hears, and an attachment left behind lapses."""
+        self._detach_each(attached, min(DETACH_TIMEOUT, self.timeout))
+
+    def _detach_each(self, attached: list[tuple[GcdFile, Device]], timeout: float) -> list[VipuError]:
+        """Detach every IPU, skipping the rest of an end-point that cannot be reached; the failures."""
+        failures: list[VipuError] = []
+        unreachable: set[tuple[str, int]] = set()
+        for gcd, device in attached:
+            if (device.ip, device.server_port) in unreachable:
+                continue
+            try:
+                self._call(device, "Detach", ipuof_pb2.DetachRequest(
+                    partition_id=gcd.partition_id, device_id=device.device_id, session=self.session), timeout)
+            except VipuError as failure:
+                failures.append(failure)
+                if isinstance(failure, Unavailable):
+                    unreachable.add((device.ip, device.server_port))
+        return failures
+
     def run(self, gcds: list[GcdFile], seed: int) -> int:
-        """Attach to every IPU, then run the program on each; the number of IPUs that ran it."""
-        for gcd in gcds:
-            for device in gcd.devices:
-                self._call(device, "Attach", ipuof_pb2.AttachRequest(
-                    partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id, attach_key=gcd.attach_key))
-        for gcd in gcds:
-            for device in gcd.devices:
-                reply = self._call(device, "Run", ipuof_pb2.RunRequest(
-                    partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id,
-                    routing_id=device.routing_id, seed=seed, attach_key=gcd.attach_key))
-                if reply.result != program_checksum(seed, device.chip_id, device.routing_id):
-                    raise HardwareFailure(f"{device.where} returned a wrong result from the test program")
+        """Attach to every IPU, then run the program on each; the number of IPUs that ran it. What
+        it attached is detached when it ends, also when it fails."""
+        self.attach(gcds)
+        try:
+            for gcd in gcds:
+                for device in gcd.devices:
+                    reply = self._call(device, "Run", ipuof_pb2.RunRequest(
+                        partition_id=gcd.partition_id, device_id=device.device_id, chip_id=device.chip_id,
+                        routing_id=device.routing_id, seed=seed, attach_key=gcd.attach_key, session=self.session))
+                    if reply.result != program_checksum(seed, device.chip_id, device.routing_id):
+                        raise HardwareFailure(f"{device.where} returned a wrong result from the test program")
+        finally:
+            self._detach_quietly([(gcd, device) for gcd in gcds for device in gcd.devices])
         return sum(len(gcd.devices) for gcd in gcds)
 
     def close(self) -> None:

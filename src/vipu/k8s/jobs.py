@@ -56,6 +56,7 @@ class JobSpec:
     restart_policy: str
     backoff_limit: int
     clean_pod_policy: str
+    expected_seconds: int = 0  # how long its partition is expected to run (`expected_seconds`); 0: unknown
 
     @property
     def ipus(self) -> int:
@@ -124,6 +125,20 @@ def backoff_limit(restart: dict) -> int:
     return backoff
 
 
+def expected_seconds(spec: dict) -> int:
+    """How long the job is expected to run, from what ends it: its interactive session's ttl, and its
+    workers' activeDeadlineSeconds (Kubernetes ends them then); the sooner of the two, 0 if neither
+    is a positive whole number (the API server judges the template's own fields)."""
+    interactive = spec.get("interactive")
+    workers = spec.get("workers")
+    template = workers.get("template") if isinstance(workers, dict) else None
+    pod_spec = template.get("spec") if isinstance(template, dict) else None
+    limits = [interactive.get("ttl") if isinstance(interactive, dict) else None,
+              pod_spec.get("activeDeadlineSeconds") if isinstance(pod_spec, dict) else None]
+    given = [limit for limit in limits if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0]
+    return min(given, default=0)
+
+
 def parse(job: dict) -> JobSpec:
     """The job's specification, or InvalidArgument naming the first thing wrong with it."""
     metadata, spec = _object(job, "metadata", ""), _object(job, "spec", "")
@@ -162,7 +177,7 @@ def parse(job: dict) -> JobSpec:
         namespace=str(metadata.get("namespace", "default")), name=str(metadata.get("name", "")), uid=str(metadata.get("uid", "")),
         model_replicas=replicas, ipus_per_replica=per_replica, workers=worker_count, worker_template=template,
         command=tuple(str(part) for part in command), interactive_ttl=ttl, restart_policy=restart_type,
-        backoff_limit=backoff, clean_pod_policy=clean,
+        backoff_limit=backoff, clean_pod_policy=clean, expected_seconds=expected_seconds(spec),
     )
 
 
@@ -260,6 +275,7 @@ def launcher_pod(job: JobSpec, wiring: Wiring, controller: Controller) -> dict:
             "IPUJOB_WORKERS": str(job.workers), "IPUJOB_PARTITION": job.partition_id,
             "IPUJOB_IPUS": str(job.ipus), "IPUJOB_MODEL_REPLICAS": str(job.model_replicas),
             "IPUJOB_CONTROLLER": controller.address, "VIPU_PROXY_URL": wiring.proxy_url,
+            "IPUJOB_EXPECTED_SECONDS": str(job.expected_seconds),
         }),
     }
     spec = {

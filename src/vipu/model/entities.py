@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 
 from vipu.model.errors import InvalidArgument
@@ -223,6 +223,9 @@ class PlacedIpu:
     gcd: int
 
 
+MAX_EXPECTED_SECONDS = 2**32 - 1  # the longest expected duration the user API carries (about 136 years)
+
+
 @dataclass
 class PartitionRequest:
     """What a caller asks for; None means "the controller chooses"."""
@@ -242,6 +245,8 @@ class PartitionRequest:
     index: int | None = None  # a reconfigurable partition's place: the index-th run of `size` IPUs of its allocation
     disable_auto_reset: bool = False
     relocatable: bool = False
+    may_move: bool = False  # its owner consents to planned moves while IPUoF clients are attached
+    expected_seconds: int = 0  # how long it is expected to run from its start; 0: unknown
 
 
 MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user
@@ -286,6 +291,17 @@ class Partition:
     # What the link ledger says now of the unhealthy links it runs over, a line each: read from its
     # allocation's snapshot for the reader, never stored.
     link_warnings: tuple[str, ...] = ()
+    # Its owner's consent that planned compaction moves it even while IPUoF clients are attached (a
+    # relocatable partition with none attached may be moved without it); changed by its user later.
+    may_move: bool = False
+    expected_seconds: int = 0  # how long it is expected to run from its start (`created`); 0: unknown
+
+    @property
+    def expected_end(self) -> datetime | None:
+        """When it is expected to end, UTC; None when its duration or its start is unknown."""
+        if not self.expected_seconds or self.created is None:
+            return None
+        return self.created + timedelta(seconds=self.expected_seconds)
 
     @property
     def agent_ids(self) -> list[str]:

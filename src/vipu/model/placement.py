@@ -34,6 +34,7 @@ from functools import partial
 from vipu.model import reasons
 from vipu.model.entities import IPUS_PER_MACHINE, GwRouting, IpuLinkRouting, PlacedIpu
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom, VipuError
+from vipu.model.fragmentation import Room, SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
 
@@ -122,6 +123,19 @@ class _FreeRuns:
                 self.run_of.update({(d, order[k]): (order[i], j - i) for k in range(i, j)})
                 i = j
 
+    def distinct(self) -> set[tuple[int, int, int]]:
+        """Each free run once, as (domain, start, length)."""
+        return {(d, start, length) for (d, _), (start, length) in self.run_of.items()}
+
+    def pieces(self, ild: int, start: int, length: int) -> tuple[int, tuple[int, ...]]:
+        """(the length of the free run holding a free window, the free runs it leaves once taken)."""
+        size = self.layout.machines_per_ild
+        run_start, run_length = self.run_of[(ild, start)]
+        if run_length == size and self.layout.is_torus:
+            return run_length, (size - length,)  # what is left of a free ring is one run, round the loop-back
+        offset = (start - run_start) % size
+        return run_length, (offset, run_length - offset - length)
+
     def fit(self, ild: int, start: int, length: int) -> tuple[int, int] | None:
         """(run length, 0 if the window touches an end of its run else 1), or None if not free."""
         size = self.layout.machines_per_ild
@@ -202,11 +216,13 @@ def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[in
     return counts
 
 
-def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_Candidate]:
+def _sub_machine_candidates(layout, allowed, used, size, every: bool, future: _Future | None = None) -> list[_Candidate]:
     """Candidates within one machine: each machine's first free group, or every group if asked.
 
     Unless asked for every one, wholly free machines after the first are skipped: the lowest
-    scores best among them, and any machine in use scores better still.
+    scores best among them, and any machine in use scores better still. Weighing the `future`,
+    every group of a machine in use is a candidate, and of the free machines those at an end of
+    their free run (breaking a run anywhere else never leaves more room).
     """
     candidates = []
     free_machine_seen = False
@@ -215,16 +231,18 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool) -> list[_C
             continue
         busy = used.get(agent, ())
         if not busy:
-            if free_machine_seen and not every:
+            if free_machine_seen and not every and (future is None or not future.at_run_end(agent)):
                 continue
             free_machine_seen = True
         d, _ = layout.locate(agent)
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
             if not any(index in busy for index in group):
-                score = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
+                score: tuple = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
+                if future is not None:
+                    score = (-future.after_group(agent, busy, group), *score)
                 candidates.append(_Candidate(score, (order, group_order), partial(_group_of_ipus, d, agent, group), 0))
-                if not every:
-                    break  # the machine's later groups score worse
+                if not every and (future is None or not busy):
+                    break  # the machine's later groups score no better
     return candidates
 
 
@@ -242,7 +260,7 @@ def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) ->
             yield count, per_segment, ilds
 
 
-def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Candidate]:
+def _machine_candidates(layout, size, segment_counts, routing, runs, future: _Future | None = None) -> list[_Candidate]:
     upwards = 1 if size < LARGE_PARTITION_IPUS else -1
     candidates = []
     for count, per_segment, ilds in _segment_plans(layout, size, segment_counts, routing):
@@ -250,10 +268,48 @@ def _machine_candidates(layout, size, segment_counts, routing, runs) -> list[_Ca
             fits = [runs.fit(d, start, per_segment) for d in ilds]
             if any(fit is None for fit in fits):
                 continue
-            score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+            score: tuple = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+            if future is not None:
+                score = (count, -future.after_window(ilds, start, per_segment), *score[1:])
             candidates.append(_Candidate(score, (count, ilds[0], start),
                                          partial(_run_of_machines, layout, ilds, start, per_segment), per_segment))
     return candidates
+
+
+class _Future:
+    """What each candidate leaves of the free room, weighed against the allocation's mix of sizes
+    (`vipu.model.fragmentation`): the larger the worth, the better the choice."""
+
+    def __init__(self, layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], runs: _FreeRuns, mix: SizeMix):
+        self.layout, self.runs = layout, runs
+        machines = sum(1 for agent in allowed if layout.has(agent))
+        shares = mix.shares(min(machines * IPUS_PER_MACHINE, layout.ipus_per_ild))
+        busy = [indices for agent, indices in used.items() if indices and agent in allowed and layout.has(agent)]
+        free_rungs = len(SUB_MACHINE_GROUPS[2]) * (machines - len(busy)) + sum(_free_rungs(indices) for indices in busy)
+        self.room = Room(shares, (length for _, _, length in runs.distinct()), free_rungs)
+        self._worth: dict[tuple, float] = {}
+
+    def after_window(self, ilds: tuple[int, ...], start: int, machines: int) -> float:
+        changes = tuple(self.runs.pieces(d, start, machines) for d in ilds)
+        if changes not in self._worth:
+            self._worth[changes] = self.room.after_runs(changes)
+        return self._worth[changes]
+
+    def after_group(self, agent: str, busy: Set[int], group: tuple[int, ...]) -> float:
+        rungs_lost = _free_rungs(busy) - _free_rungs(set(busy) | set(group))
+        if busy:
+            return self.room.after_runs((), rungs_lost)
+        d, position = self.layout.locate(agent)
+        return self.room.after_runs((self.runs.pieces(d, position, 1),), rungs_lost)
+
+    def at_run_end(self, agent: str) -> bool:
+        d, position = self.layout.locate(agent)
+        start, length = self.runs.run_of[(d, position)]
+        return position in (start, (start + length - 1) % self.layout.machines_per_ild)
+
+
+def _free_rungs(busy: Set[int]) -> int:
+    return sum(not any(index in busy for index in rung) for rung in SUB_MACHINE_GROUPS[2])
 
 
 def _group_of_ipus(ild: int, agent: str, group: tuple[int, ...]) -> Segments:
@@ -289,6 +345,7 @@ def place_partition(
     first_fit: bool = False,
     occupancy: Occupancy | None = None,
     faults: LinkFaults = NO_FAULTS,
+    mix: SizeMix | None = None,
 ) -> Placement:
     """Choose the IPUs of a partition of `size` among the `allowed` machines of `layout`.
 
@@ -299,12 +356,14 @@ def place_partition(
     request that could never fit these machines, however empty; Conflict, saying why in one line
     (`vipu.model.reasons`), when there is no room now. `first_fit` takes the first shape that
     fits in cluster order instead of the best fit: the baseline the allocator benchmark compares
-    against. `faults` are the machines' unhealthy links (see the module's docstring).
+    against. `faults` are the machines' unhealthy links (see the module's docstring). `mix`, the
+    sizes the allocation is asked for, turns best-fit into the choice that leaves them the most
+    room (`vipu.model.fragmentation`).
     """
     check_rules(layout, size, num_gcds=num_gcds, num_segments=num_segments, ipulink_routing=ipulink_routing,
                 gw_routing=gw_routing, explicit=explicit)
     taken = used if occupancy is None or not occupancy.held else occupancy.with_held(used)
-    best = _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit, faults)
+    best = _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit, faults, mix)
     if best is None:
         if faults.failed and _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit) is not None:
             raise _quarantined(layout, allowed, taken, size, where, num_segments, ipulink_routing, explicit, faults)
@@ -334,10 +393,11 @@ def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulin
 
 def try_place(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *, num_gcds: int = 1,
               num_segments: int = 0, ipulink_routing: IpuLinkRouting | None = None, gw_routing: GwRouting | None = None,
-              explicit: tuple[tuple[int, int], ...] = (), first_fit: bool = False, faults: LinkFaults = NO_FAULTS) -> Placement | None:
+              explicit: tuple[tuple[int, int], ...] = (), first_fit: bool = False, faults: LinkFaults = NO_FAULTS,
+              mix: SizeMix | None = None) -> Placement | None:
     """`place_partition` for a request already found valid, without saying why: None when there is
     no room. What the queue and the allocator benchmark call many times over."""
-    best = _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit, faults)
+    best = _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit, faults, mix)
     return None if best is None else _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
 
 
@@ -372,13 +432,14 @@ def check_rules(layout: ClusterLayout, size: int, *, num_gcds: int = 1, num_segm
 
 
 def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit,
-          faults: LinkFaults = NO_FAULTS) -> _Candidate | None:
+          faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None) -> _Candidate | None:
     """The shape placement chooses among those free now, or None; with `faults`, never one that
     needs a failed link, and one that needs a suspect link only when no other is free (its
     `link_note` says which links were stepped around, or taken for want of another shape)."""
     if size > _free_ipu_count(layout, allowed, used):
         return None
-    candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every=bool(faults))
+    candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every=bool(faults),
+                             mix=None if first_fit else mix)
     if not candidates:
         return None
     order = (lambda c: c.position) if first_fit else (lambda c: c.score)
@@ -398,15 +459,17 @@ def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, 
     return chosen
 
 
-def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every: bool = False) -> list[_Candidate]:
+def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every: bool = False,
+                mix: SizeMix | None = None) -> list[_Candidate]:
     """Every shape free now that placement chooses among (with `every`, each machine's every free
-    group of a sub-machine size, not only its first)."""
+    group of a sub-machine size, not only its first); with `mix`, scored by the room each leaves."""
+    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent)) if size >= IPUS_PER_MACHINE or mix else None
+    future = _Future(layout, allowed, used, runs, mix) if mix is not None and runs is not None and not explicit else None
     if size < IPUS_PER_MACHINE:
-        candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit))
+        candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit), future=future)
     else:
         counts = _segment_counts(layout, size, num_segments)
-        runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
-        candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs)
+        candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs, future)
     if explicit:
         wanted = set(explicit)
         candidates = [c for c in candidates if _topology_ids(layout, _ipus_of(c)) == wanted]

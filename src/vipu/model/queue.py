@@ -7,8 +7,13 @@ one allocation's queue, first come, first served, with backfill:
 - until then a shape of it is held for it (`choose_reservation`: the one the fewest partitions
   block): as those partitions end, their IPUs stay free for it, so it starts no later than the
   last of them ends, whatever else happens meanwhile;
-- a request behind it, or a new one, starts ahead of it only on IPUs outside that shape, so it
-  cannot delay the first one's start.
+- a request behind it, or a new one, starts ahead of it on IPUs outside that shape; or inside it
+  when it is expected to end before the shape is needed (EASY backfill, as Slurm's): the held
+  shape's expected start is the latest expected end of the partitions on it, and a request with
+  an expected duration that ends by then may use its free IPUs. A request of unknown duration,
+  or a held shape with a partition of unknown end on it, keeps the held IPUs for the first
+  request alone. So a request behind the first delays its start only by outrunning its expected
+  duration.
 
 A waiting request is not a partition: it holds no IPUs, the published API has no state for it,
 and it ends by becoming a partition or by going away. It has this small life cycle of its own,
@@ -188,16 +193,22 @@ class Lines(Generic[T]):
 @dataclass(frozen=True)
 class Admission(Generic[T]):
     """What one pass over a queue decides: the requests that start now, where, in the order they
-    start; then the first request still waiting and the IPUs held for it."""
+    start; then the first request still waiting, the IPUs held for it, and when they are expected
+    to be free (None: unknown, or no expected durations were given)."""
 
     started: tuple[tuple[T, Placement], ...]
     first: T | None
     held: Shape
+    expected_start: float | None = None
+
+
+Ipu = tuple[str, int]  # (agent, index)
 
 
 def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], Placement | None],
           choose_held: Callable[[T, Used, Sequence[tuple[T, Placement]]], Shape], held: Shape = frozenset(),
-          backfill: bool = True) -> Admission[T]:
+          backfill: bool = True, *, expected_duration: Callable[[T], float | None] | None = None,
+          expected_ends: Mapping[Ipu, float | None] | None = None, now: float = 0.0) -> Admission[T]:
     """Which of the waiting requests (in arrival order) start now, against the IPUs `used`.
 
     `place(request, used)` is placement (None: no room); `choose_held(request, used, started)`
@@ -207,16 +218,27 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
     stays true). Without `backfill`, nothing starts ahead of the first request: plain FIFO, the
     baseline the allocator benchmark compares against.
 
+    Durations, in any one unit of time: `expected_duration(request)` is how long a request is
+    expected to run (None: unknown), `expected_ends[ipu]` when the partition on an IPU in use is
+    expected to end (missing or None: unknown), `now` the time of the pass. With them, a request
+    behind the first may also start on free IPUs of the held shape if now plus its duration is
+    no later than the held shape's expected start (the module's backfill rule). Without them,
+    nothing starts inside the held shape.
+
     Placement is asked once per line of requests of one shape, and again only for a request that
     started: requests of one shape fit or not together, and what is free only shrinks as the pass
     starts requests, so a line that did not fit does not fit again in the same pass. Backfill goes
     through the lines' requests in arrival order all the same, a line at a time where it fits.
+    With a known expected start, a line that does not fit outside the held shape is asked once
+    more, with the held shape's free IPUs, for its first request short enough to end in time (so
+    twice per line at most): finding it compares durations along the line, not placement.
     """
     lines = queue if isinstance(queue, Lines) else Lines.of(queue)
     taken = {agent: set(indices) for agent, indices in used.items()}
     started: list[tuple[T, Placement]] = []
     first: T | None = None
     ahead: Counter[Hashable] = Counter()  # of each line, the requests started at its front or held, skipped by backfill
+    ends_started: dict[Ipu, float | None] = {}  # the expected ends of what this pass started ahead of the first
     for request in lines:
         placement = place(request, taken)
         if placement is None:
@@ -224,30 +246,71 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
             break
         started.append((request, placement))
         _take(taken, placement)
+        if expected_duration is not None:
+            duration = expected_duration(request)
+            ends_started.update(((ipu.agent_id, ipu.index), None if duration is None else now + duration) for ipu in placement.ipus)
         ahead[lines.shape_of(request)] += 1
         held = frozenset()
     if first is None:
         return Admission(tuple(started), None, frozenset())
     if not held:
         held = choose_held(first, taken, started)
+    expected_start = None
+    if expected_duration is not None and held:
+        expected_start = _expected_start(held, taken, ends_started, expected_ends or {}, now)
     if backfill:
+        inside = taken  # what is free to a request that ends before the held shape is needed
         outside = {agent: set(indices) for agent, indices in taken.items()}
         for agent, index in held:
             outside.setdefault(agent, set()).add(index)
+
+        def in_time(request: T) -> bool:
+            duration = expected_duration(request) if expected_duration is not None else None
+            return expected_start is not None and duration is not None and now + duration <= expected_start
+
+        def next_in_time(line: list[T], position: int) -> int:
+            while position < len(line) and not in_time(line[position]):
+                position += 1
+            return position
+
         ahead[lines.shape_of(first)] += 1
-        fronts = [(lines.sequence_of(line[ahead[shape]]), n, ahead[shape], line)
+        fronts = [(lines.sequence_of(line[ahead[shape]]), n, ahead[shape], line, True)
                   for n, (shape, line) in enumerate(lines.lines().items()) if len(line) > ahead[shape]]
         heapify(fronts)
         while fronts:
-            _, n, position, line = heappop(fronts)
-            placement = place(line[position], outside)
+            _, n, position, line, fits_outside = heappop(fronts)
+            placement = place(line[position], outside) if fits_outside else None
+            if placement is None and fits_outside:  # from here on, only what ends in time may start, inside
+                fits_outside = False
+                position = next_in_time(line, position) if expected_start is not None else len(line)
+                if position == len(line):
+                    continue  # the rest of its line waits too
             if placement is None:
-                continue  # the rest of its line waits too
+                placement = place(line[position], inside)
+                if placement is None:
+                    continue  # not even the held IPUs make room: the rest of its line waits too
             started.append((line[position], placement))
             _take(outside, placement)
-            if position + 1 < len(line):
-                heappush(fronts, (lines.sequence_of(line[position + 1]), n, position + 1, line))
-    return Admission(tuple(started), first, held)
+            _take(inside, placement)
+            position = position + 1 if fits_outside else next_in_time(line, position + 1)
+            if position < len(line):
+                heappush(fronts, (lines.sequence_of(line[position]), n, position, line, fits_outside))
+    return Admission(tuple(started), first, held, expected_start)
+
+
+def _expected_start(held: Shape, taken: Used, ends_started: Mapping[Ipu, float | None],
+                    expected_ends: Mapping[Ipu, float | None], now: float) -> float | None:
+    """When the held IPUs are expected to be free: the latest expected end of the partitions on
+    them (now, if none is on them); None if any of those ends is unknown."""
+    latest = now
+    for agent, index in held:
+        if index not in taken.get(agent, ()):
+            continue
+        end = ends_started[(agent, index)] if (agent, index) in ends_started else expected_ends.get((agent, index))
+        if end is None:
+            return None
+        latest = max(latest, end)
+    return latest
 
 
 def _take(used: dict[str, set[int]], placement: Placement) -> None:

@@ -2,8 +2,9 @@
 
 `vipu-slurm-prolog` runs as PrologSlurmctld when Slurm grants a job its nodes. For a job
 submitted with `--ipus` (the SPANK plugin passes it as SPANK_VIPU_IPUS) it creates partition
-`slurm-<job id>` of that size, one GCD per task (`-n`), and writes its IPUoF files into IpuofDir
-for the job's tasks to find. Slurm starts the job only once the licences `ipu` it holds say
+`slurm-<job id>` of that size, one GCD per task (`-n`), expected to run for the job's time limit
+(TimeLimit, as slurmctld shows it), and writes its IPUoF files into IpuofDir for the job's tasks
+to find. Slurm starts the job only once the licences `ipu` it holds say
 enough IPUs are free (`job_submit.lua`, `licences`), so the partition is normally made at once;
 should the free IPUs not form one partition of its size, the request waits in vipu's queue up to
 QueueTimeout, its reason in the job's comment. If the controller cannot be reached or that wait
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from vipu.client.retry import Verdict, verdict
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
+from vipu.model.entities import MAX_EXPECTED_SECONDS
 from vipu.model.errors import AlreadyExists, NotFound, VipuError
 from vipu.slurm.config import VipuSlurmConfig
 
@@ -128,14 +130,15 @@ class JobPartitions:
         if job is None:
             log.warning("job %s: slurmctld did not say its number of tasks; the partition gets one GCD", job_id)
         gcds = int((job or {}).get("NumTasks") or 1)
+        expected = time_limit_seconds((job or {}).get("TimeLimit", ""))
         try:
             self.forget_finished_jobs()
             try:
-                config = self._create_partition(name, ipus, gcds, replicas)
+                config = self._create_partition(name, ipus, gcds, replicas, expected)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
                 with contextlib.suppress(NotFound):  # removed meanwhile by the operation that held it
                     self._remove(name)
-                config = self._create_partition(name, ipus, gcds, replicas)
+                config = self._create_partition(name, ipus, gcds, replicas, expected)
         except VipuError as error:
             if verdict(error) is Verdict.NEVER:
                 raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}",
@@ -161,10 +164,11 @@ class JobPartitions:
         log.info("job %s: partition %s removed", env["SLURM_JOB_ID"], name)
         return True
 
-    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int):
+    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0):
+        """The job's partition, expected to run for the job's time limit (0: none known)."""
         job_id = name.removeprefix(PARTITION_PREFIX)
         return self.user.create_partition(
-            name, ipus, num_gcds=gcds, num_replicas=replicas, wait=self.config.queue_timeout,
+            name, ipus, num_gcds=gcds, num_replicas=replicas, expected_seconds=expected_seconds, wait=self.config.queue_timeout,
             on_wait=lambda queued: self.slurm.comment(job_id, f"vipu: waiting for its IPUs: {queued.reason}"))
 
     def _remove(self, name: str) -> None:
@@ -196,6 +200,26 @@ class JobPartitions:
                 ipuof_files.remove(self.config.ipuof_dir, name)
                 self._remove_quietly(name)  # cancels the request of one that only waits
                 log.info("removed partition %s of finished job %s", name, job_id)
+
+
+_TIME_LIMIT = re.compile(r"(?:(?P<days>[0-9]+)-)?(?P<first>[0-9]+)(?::(?P<second>[0-9]+))?(?::(?P<third>[0-9]+))?")
+
+
+def time_limit_seconds(text: str) -> int:
+    """A job's TimeLimit as slurmctld shows it (`scontrol show job`: D-HH:MM:SS or HH:MM:SS, or as
+    Slurm takes it: MM, MM:SS, D-HH, D-HH:MM), in seconds: how long its partition is expected to
+    run. 0 when it has none (UNLIMITED, Partition_Limit, NONE) or it cannot be read."""
+    found = _TIME_LIMIT.fullmatch(text.strip())
+    if found is None:
+        return 0
+    days, first, second, third = (int(found[name] or 0) for name in ("days", "first", "second", "third"))
+    if found["days"]:  # D-HH, D-HH:MM, D-HH:MM:SS
+        seconds = days * 86400 + first * 3600 + second * 60 + third
+    elif found["third"]:  # HH:MM:SS
+        seconds = first * 3600 + second * 60 + third
+    else:  # MM, MM:SS
+        seconds = first * 60 + second
+    return min(seconds, MAX_EXPECTED_SECONDS)
 
 
 def _count(text: str, option: str) -> int:

@@ -42,7 +42,8 @@ IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids"
 
 _COLUMNS = ("id", "cluster_id", "allocation_id", "size", "num_gcds", "num_replicas", "reconfigurable", "sync_type", "ipulink_routing",
             "gw_routing", "num_segments", "ready_state", "operation_state", "errors", "disable_auto_reset", "auto_reset_count",
-            "owner", "attach_key", "relocatable", "relocation", "failed_on", "placement_note", "created_at")
+            "owner", "attach_key", "relocatable", "relocation", "failed_on", "placement_note", "may_move", "expected_seconds",
+            "created_at")
 _JSON_COLUMNS = {"errors", "failed_on"}
 _IPU_COLUMNS = ("partition_id", "routing_id", "agent_id", "ipu_index", "ild", "topology_id", "segment", "gcd")
 
@@ -104,7 +105,8 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         errors=list(row.errors or []), disable_auto_reset=row.disable_auto_reset, auto_reset_count=row.auto_reset_count,
         last_auto_reset=_utc(row.last_auto_reset_at), owner=row.owner or "", created=_utc(row.created_at),
         attach_key=row.attach_key or "", relocatable=bool(row.relocatable), relocation=row.relocation or "",
-        failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "",
+        failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "", may_move=bool(row.may_move),
+        expected_seconds=int(row.expected_seconds or 0),
     )
 
 
@@ -188,11 +190,24 @@ class PartitionRepository(TransactionBase):
             "errors": json.dumps(list(partition.errors)), "disable_auto_reset": partition.disable_auto_reset,
             "auto_reset_count": partition.auto_reset_count, "owner": partition.owner, "attach_key": partition.attach_key,
             "relocatable": partition.relocatable, "relocation": partition.relocation, "failed_on": json.dumps(list(partition.failed_on)),
-            "placement_note": partition.placement_note, "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
+            "placement_note": partition.placement_note, "may_move": partition.may_move, "expected_seconds": partition.expected_seconds,
+            "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
         }
         taken = f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request"
         self._run(INSERT_PARTITION, values, conflict=taken)
         self._add_ipus(partition.id, partition.ipus, taken)
+
+    def update_partition(self, partition: Partition, may_move: bool) -> None:
+        """Record what its user changed of a partition (its consent to be moved while attached), as a
+        compare-and-set on the state it was read in: refused with a `Conflict` naming both states
+        when another operation changed it meanwhile. The partition object follows."""
+        source = lifecycle.state_of(partition)
+        expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
+        if self._run(_update(("may_move",)), {**expected, "new_may_move": may_move}).changed != 1:
+            row = self._run(STATE_OF, {"partition": partition.id}).first
+            found = None if row is None else (ReadyState(row[0]), OperationState(row[1]))
+            raise lifecycle.moved_meanwhile(partition.id, "update", source, found)
+        partition.may_move = may_move
 
     def _add_ipus(self, partition_id: str, ipus: list[PlacedIpu], conflict: str) -> None:
         self._run(INSERT_IPU, {}, conflict=conflict, many=[

@@ -37,10 +37,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 13  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 14  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
-# link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations
+# link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
+# 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON)
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -71,6 +72,8 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     12: [_adding("partitions", "placement_note", "VARCHAR(512) NOT NULL DEFAULT ''")],
     13: [_adding("links", "breaker", "VARCHAR(512) NOT NULL DEFAULT ''"),
          _adding("links", "first_seen", "DOUBLE PRECISION NOT NULL DEFAULT 0")],
+    14: [_adding("partitions", "may_move", "BOOLEAN NOT NULL DEFAULT false"),
+         _adding("partitions", "expected_seconds", "BIGINT NOT NULL DEFAULT 0")],
 }
 
 ID = String(64)
@@ -157,6 +160,8 @@ class PartitionRow(Base):
     relocation: Mapped[str] = mapped_column(String(512), default="", server_default="")  # where it last moved, and why
     failed_on: Mapped[list | None] = mapped_column(JSON, nullable=True)  # the agents it was moved off, failing it
     placement_note: Mapped[str] = mapped_column(String(512), default="", server_default="")  # the unhealthy links it was placed around
+    may_move: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))  # moved while attached, by consent
+    expected_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # from its start; 0: unknown
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"

@@ -76,6 +76,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
                             lstrip_blocks=True)
     templates.filters["digest"] = lambda text: f"{zlib.crc32(str(text).encode()):08x}"  # a live region's, to redraw only what changed
     templates.globals.update(version=__version__, controller=controller, secure=sessions.secure, age=age, created_at=created_at,
+                             expected_end=expected_end,
                              tests=TESTS, ready_state=racks.ready_state, operation_state=racks.operation_state,
                              routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS, utc=ledger.utc)
 
@@ -341,3 +342,11 @@ def shown_attributes(gcd: vipuuser_pb2.PartitionConfig.Gcd) -> list[tuple[str, s
 
 def created_at(partition: vipuuser_pb2.Partition) -> str:
     return datetime.fromtimestamp(partition.created.seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if partition.created.seconds else "-"
+
+
+def expected_end(partition: vipuuser_pb2.Partition) -> str:
+    """When a partition is expected to end (its start and expected duration); "-" when unknown."""
+    expected, started = partition.status.expected_seconds, partition.created.seconds
+    if not expected or not started:
+        return "-"
+    return datetime.fromtimestamp(started + expected, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

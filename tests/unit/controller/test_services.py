@@ -113,6 +113,9 @@ class InMemoryGateway:
     def reset_link(self, host, port, place):
         self.machine(host, port).reset_link(place)
 
+    def attachments(self, host, port, partition_ids, fence_seconds=0.0):
+        return {a.partition_id: a.attached_clients for a in self.machine(host, port).attachments(partition_ids, fence_seconds)}
+
     def apply_all(self, targets):
         return [self._outcome(lambda h=host, p=port, s=settings: self.apply(h, p, s)) for host, port, settings in targets]
 

@@ -132,6 +132,22 @@ def test_the_launcher_waits_for_its_partition_then_runs_the_command():
     assert all(c["securityContext"]["privileged"] for c in body["initContainers"] + body["containers"])
 
 
+def test_a_jobs_partition_is_expected_to_run_until_what_ends_the_job_ends_it():
+    def with_deadline(deadline) -> dict:
+        workers = job_document()["spec"]["workers"]
+        workers["template"]["spec"]["activeDeadlineSeconds"] = deadline
+        return workers
+
+    assert spec().expected_seconds == 0  # nothing ends it: unknown
+    assert spec(workers=with_deadline(7200)).expected_seconds == 7200  # Kubernetes ends its workers then
+    assert spec(launcher={}, interactive={"ttl": 600}).expected_seconds == 600
+    assert spec(launcher={}, interactive={"ttl": 600}, workers=with_deadline(7200)).expected_seconds == 600  # the sooner
+    assert spec(workers=with_deadline("soon")).expected_seconds == 0  # the API server judges its own field
+    assert spec(workers=with_deadline(True)).expected_seconds == 0
+    init = jobs.launcher_pod(spec(workers=with_deadline(7200)), WIRING, CONTROLLER)["spec"]["initContainers"][0]
+    assert {"name": "IPUJOB_EXPECTED_SECONDS", "value": "7200"} in init["env"]
+
+
 def test_an_interactive_launcher_only_sleeps_out_its_ttl():
     launcher = jobs.launcher_pod(spec(launcher={}, interactive={"ttl": 90}), WIRING, CONTROLLER)
     assert launcher["spec"]["containers"][0]["command"] == ["sleep", "90"]

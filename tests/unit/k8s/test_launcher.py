@@ -40,3 +40,18 @@ def test_a_202_that_came_back_at_once_is_followed_by_a_growing_pause_and_one_tha
     # Three answers without waiting: 1, 2, 4 s apart; one that waited: asked again at once, and the pauses start over.
     assert clock.paused == [1.0, 2.0, 4.0, 1.0]
     assert len(asked) == 6 and [b.get("resume", False) for b in asked] == [False, True, True, True, True, True]
+
+
+def test_the_launcher_tells_the_proxy_how_long_its_job_is_expected_to_run(monkeypatch):
+    asked = []
+
+    def call(method, url, body):
+        asked.append(dict(body))
+        return 201, {"id": body["id"], "created": True}
+
+    monkeypatch.setattr(launcher.rest, "call", call)
+    for given, told in (("7200", 7200), ("", 0), ("soon", 0)):  # an operator before it, or a value it cannot read: unknown
+        launcher.obtain_partition({**ENV, "IPUJOB_EXPECTED_SECONDS": given})
+        assert asked[-1]["expected_seconds"] == told
+    launcher.obtain_partition(ENV)
+    assert asked[-1]["expected_seconds"] == 0

@@ -21,7 +21,7 @@ from vipu.model.errors import (
     Unavailable,
 )
 from vipu.slurm.config import VipuSlurmConfig
-from vipu.slurm.jobs import JobFailed, JobPartitions
+from vipu.slurm.jobs import JobFailed, JobPartitions, time_limit_seconds
 
 
 class Controller:
@@ -110,6 +110,33 @@ def test_the_prolog_creates_one_gcd_per_task_and_writes_its_files(world):
     assert jobs.epilog({"SLURM_JOB_ID": "7"}) is True
     assert controller.partitions == {} and list(ipuof.iterdir()) == []
     assert jobs.epilog({"SLURM_JOB_ID": "7"}) is False  # a second epilog finds nothing to do
+
+
+@pytest.mark.parametrize("limit, seconds", [
+    ("01:00:00", 3600), ("1-02:03:04", 93784), ("30", 1800), ("30:15", 1815), ("2-12", 216000), ("2-12:30", 217800),
+    ("UNLIMITED", 0), ("Partition_Limit", 0), ("NONE", 0), ("", 0), ("99999999-00:00:00", 2**32 - 1),
+])
+def test_a_jobs_time_limit_is_read_as_slurm_writes_it(limit, seconds):
+    assert time_limit_seconds(limit) == seconds
+
+
+def test_the_partition_is_expected_to_run_for_the_jobs_time_limit(world):
+    jobs, controller, slurm, _ = world
+    asked = []
+    answer = controller.call
+
+    def call(stub, method, request):
+        if method == "CreatePartition":
+            asked.append(request.expected_seconds)
+        return answer(stub, method, request)
+
+    controller.call = call  # type: ignore[method-assign]
+    slurm.known["7"]["TimeLimit"] = "02:30:00"
+    assert jobs.prolog(JOB) == "slurm-7"
+    assert jobs.epilog({"SLURM_JOB_ID": "7"})
+    slurm.known["7"]["TimeLimit"] = "UNLIMITED"
+    assert jobs.prolog(JOB) == "slurm-7"
+    assert asked == [9000, 0]
 
 
 def test_a_job_without_ipus_is_left_alone(world):

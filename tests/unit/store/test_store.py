@@ -705,3 +705,71 @@ def test_a_relocation_replaces_the_ipus_with_its_transition(populated):
     assert (stored.ready_state, stored.operation_state, stored.relocatable, stored.relocation) == (
         ReadyState.PENDING, OperationState.RESETTING, True, "moved from ag1")
     assert stored.failed_on == p.failed_on == ("ag1",)
+
+
+def test_may_move_and_the_expected_duration_round_trip_and_may_move_changes_by_compare_and_set(populated):
+    p = partition("p1", "ag1")
+    p.may_move, p.expected_seconds = False, 2**32 - 1  # the longest the API carries
+    with populated.transaction() as tx:
+        tx.add_partition(p)
+    with populated.reading() as tx:
+        first, second = tx.get_partition("p1"), tx.get_partition("p1")
+    assert (first.may_move, first.expected_seconds) == (False, 2**32 - 1)
+    with populated.transaction() as tx:
+        tx.update_partition(first, may_move=True)
+    assert first.may_move and first.ready_state is ReadyState.PENDING  # its state is not touched
+    with populated.transaction() as tx:
+        tx.transition(first, "configured", errors=[])
+    with pytest.raises(Conflict, match="partition p1 is ACTIVE/IDLE, not PENDING/CREATING as 'update' expected"):
+        with populated.transaction() as tx:
+            tx.update_partition(second, may_move=False)  # read before the change of state
+    with populated.reading() as tx:
+        stored = tx.get_partition("p1")
+    assert (stored.may_move, stored.expected_seconds, stored.ready_state) == (True, 2**32 - 1, ReadyState.ACTIVE)
+    with populated.transaction() as tx:
+        tx.transition(stored, "remove")
+        tx.transition(stored, "removed")
+    with pytest.raises(Conflict, match="partition p1 is absent"):
+        with populated.transaction() as tx:
+            tx.update_partition(first, may_move=False)
+
+
+def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated, store_url):
+    from sqlalchemy import text
+
+    with populated.transaction() as tx:
+        tx.add_partition(partition("p1", "ag1"))
+        tx.add_request(waiting("q1"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN may_move"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN expected_seconds"))
+        old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
+        cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
+        tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
+        tx.session.execute(text("UPDATE vipu_meta SET value = '13' WHERE key = 'schema_version'"))
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            migrated = tx.get_partition("p1")
+            assert (migrated.may_move, migrated.expected_seconds, migrated.expected_end) == (False, 0, None)
+            [request] = tx.list_requests()
+            assert (request.partition_id, request.request.may_move, request.request.expected_seconds) == ("q1", False, 0)
+            assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
+        assert SCHEMA_VERSION == 14
+        p2 = partition("p2", "ag2")
+        p2.may_move, p2.expected_seconds = True, 7200
+        with reopened.transaction() as tx:
+            tx.add_partition(p2)
+        with reopened.reading() as tx:
+            assert (tx.get_partition("p2").may_move, tx.get_partition("p2").expected_seconds) == (True, 7200)
+    finally:
+        reopened.close()
+
+
+def test_a_waiting_request_keeps_may_move_and_the_expected_duration(populated):
+    request = waiting("q1")
+    request.request.may_move, request.request.expected_seconds = True, 5400
+    with populated.transaction() as tx:
+        tx.add_request(request)
+    with populated.reading() as tx:
+        assert tx.list_requests() == [request]

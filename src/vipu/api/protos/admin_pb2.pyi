@@ -125,6 +125,43 @@ class RemoveRequest(_message.Message):
     force: bool
     def __init__(self, id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
+class CompactRequest(_message.Message):
+    __slots__ = ("allocation_id", "dry_run")
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    dry_run: bool
+    def __init__(self, allocation_id: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CompactionMove(_message.Message):
+    __slots__ = ("partition_id", "to", "moved")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    to: str
+    moved: bool
+    def __init__(self, partition_id: _Optional[str] = ..., to: _Optional[str] = ..., moved: _Optional[bool] = ..., **kwargs) -> None: ...
+
+class CompactReply(_message.Message):
+    __slots__ = ("allocation_id", "moves", "frees_ipus", "frees_at", "no_plan", "stopped", "dry_run")
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    FREES_IPUS_FIELD_NUMBER: _ClassVar[int]
+    FREES_AT_FIELD_NUMBER: _ClassVar[int]
+    NO_PLAN_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    moves: _containers.RepeatedCompositeFieldContainer[CompactionMove]
+    frees_ipus: int
+    frees_at: str
+    no_plan: str
+    stopped: str
+    dry_run: bool
+    def __init__(self, allocation_id: _Optional[str] = ..., moves: _Optional[_Iterable[_Union[CompactionMove, _Mapping]]] = ..., frees_ipus: _Optional[int] = ..., frees_at: _Optional[str] = ..., no_plan: _Optional[str] = ..., stopped: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
 class RemoveReply(_message.Message):
     __slots__ = ("removed",)
     REMOVED_FIELD_NUMBER: _ClassVar[int]

@@ -271,6 +271,34 @@ class ResetLinkReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AttachmentsRequest(_message.Message):
+    __slots__ = ("partition_ids", "fence_seconds")
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    partition_ids: _containers.RepeatedScalarFieldContainer[str]
+    fence_seconds: float
+    def __init__(self, partition_ids: _Optional[_Iterable[str]] = ..., fence_seconds: _Optional[float] = ...) -> None: ...
+
+class PartitionAttachments(_message.Message):
+    __slots__ = ("partition_id", "attached_clients", "oldest_attached_at", "fenced_until")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_ATTACHED_AT_FIELD_NUMBER: _ClassVar[int]
+    FENCED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    attached_clients: int
+    oldest_attached_at: float
+    fenced_until: float
+    def __init__(self, partition_id: _Optional[str] = ..., attached_clients: _Optional[int] = ..., oldest_attached_at: _Optional[float] = ..., fenced_until: _Optional[float] = ...) -> None: ...
+
+class AttachmentsReply(_message.Message):
+    __slots__ = ("partitions", "read_at")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionAttachments]
+    read_at: float
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionAttachments, _Mapping]]] = ..., read_at: _Optional[float] = ...) -> None: ...
+
 class ClaimRequest(_message.Message):
     __slots__ = ("takeover_grant",)
     TAKEOVER_GRANT_FIELD_NUMBER: _ClassVar[int]

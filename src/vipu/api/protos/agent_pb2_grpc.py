@@ -69,6 +69,11 @@ class AgentServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkReply.FromString,
                 _registered_method=True)
+        self.Attachments = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Attachments',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsReply.FromString,
+                _registered_method=True)
         self.Claim = channel.unary_unary(
                 '/vipu.agent.v1.AgentService/Claim',
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ClaimRequest.SerializeToString,
@@ -126,6 +131,12 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attachments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Claim(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -175,6 +186,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ResetLink,
                     request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkReply.SerializeToString,
+            ),
+            'Attachments': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attachments,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsReply.SerializeToString,
             ),
             'Claim': grpc.unary_unary_rpc_method_handler(
                     servicer.Claim,
@@ -376,6 +392,33 @@ class AgentService:
             '/vipu.agent.v1.AgentService/ResetLink',
             vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_agent__pb2.ResetLinkReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attachments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Attachments',
+            vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.AttachmentsReply.FromString,
             options,
             channel_credentials,
             insecure,

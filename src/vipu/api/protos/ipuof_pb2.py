@@ -24,21 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bvipu/api/protos/ipuof.proto\x12\rvipu.ipuof.v1\"]\n\rAttachRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x0f\n\x07\x63hip_id\x18\x03 \x01(\t\x12\x12\n\nattach_key\x18\x04 \x01(\t\"\r\n\x0b\x41ttachReply\"|\n\nRunRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x0f\n\x07\x63hip_id\x18\x03 \x01(\t\x12\x12\n\nrouting_id\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nattach_key\x18\x06 \x01(\t\"\x1a\n\x08RunReply\x12\x0e\n\x06result\x18\x01 \x01(\x04\x32\x91\x01\n\x0cIpuofService\x12\x44\n\x06\x41ttach\x12\x1c.vipu.ipuof.v1.AttachRequest\x1a\x1a.vipu.ipuof.v1.AttachReply\"\x00\x12;\n\x03Run\x12\x19.vipu.ipuof.v1.RunRequest\x1a\x17.vipu.ipuof.v1.RunReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bvipu/api/protos/ipuof.proto\x12\rvipu.ipuof.v1\"\x84\x01\n\rAttachRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x0f\n\x07\x63hip_id\x18\x03 \x01(\t\x12\x12\n\nattach_key\x18\x04 \x01(\t\x12\x0f\n\x07session\x18\x05 \x01(\t\x12\x14\n\x0chold_seconds\x18\x06 \x01(\x01\"\r\n\x0b\x41ttachReply\"\x8d\x01\n\nRunRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x0f\n\x07\x63hip_id\x18\x03 \x01(\t\x12\x12\n\nrouting_id\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nattach_key\x18\x06 \x01(\t\x12\x0f\n\x07session\x18\x07 \x01(\t\"\x1a\n\x08RunReply\x12\x0e\n\x06result\x18\x01 \x01(\x04\"I\n\rDetachRequest\x12\x14\n\x0cpartition_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x0f\n\x07session\x18\x03 \x01(\t\"\r\n\x0b\x44\x65tachReply2\xd7\x01\n\x0cIpuofService\x12\x44\n\x06\x41ttach\x12\x1c.vipu.ipuof.v1.AttachRequest\x1a\x1a.vipu.ipuof.v1.AttachReply\"\x00\x12;\n\x03Run\x12\x19.vipu.ipuof.v1.RunRequest\x1a\x17.vipu.ipuof.v1.RunReply\"\x00\x12\x44\n\x06\x44\x65tach\x12\x1c.vipu.ipuof.v1.DetachRequest\x1a\x1a.vipu.ipuof.v1.DetachReply\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vipu.api.protos.ipuof_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ATTACHREQUEST']._serialized_start=46
-  _globals['_ATTACHREQUEST']._serialized_end=139
-  _globals['_ATTACHREPLY']._serialized_start=141
-  _globals['_ATTACHREPLY']._serialized_end=154
-  _globals['_RUNREQUEST']._serialized_start=156
-  _globals['_RUNREQUEST']._serialized_end=280
-  _globals['_RUNREPLY']._serialized_start=282
-  _globals['_RUNREPLY']._serialized_end=308
-  _globals['_IPUOFSERVICE']._serialized_start=311
-  _globals['_IPUOFSERVICE']._serialized_end=456
+  _globals['_ATTACHREQUEST']._serialized_start=47
+  _globals['_ATTACHREQUEST']._serialized_end=179
+  _globals['_ATTACHREPLY']._serialized_start=181
+  _globals['_ATTACHREPLY']._serialized_end=194
+  _globals['_RUNREQUEST']._serialized_start=197
+  _globals['_RUNREQUEST']._serialized_end=338
+  _globals['_RUNREPLY']._serialized_start=340
+  _globals['_RUNREPLY']._serialized_end=366
+  _globals['_DETACHREQUEST']._serialized_start=368
+  _globals['_DETACHREQUEST']._serialized_end=441
+  _globals['_DETACHREPLY']._serialized_start=443
+  _globals['_DETACHREPLY']._serialized_end=456
+  _globals['_IPUOFSERVICE']._serialized_start=459
+  _globals['_IPUOFSERVICE']._serialized_end=674
 # @@protoc_insertion_point(module_scope)

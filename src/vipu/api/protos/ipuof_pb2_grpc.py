@@ -44,6 +44,11 @@ class IpuofServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.RunRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.RunReply.FromString,
                 _registered_method=True)
+        self.Detach = channel.unary_unary(
+                '/vipu.ipuof.v1.IpuofService/Detach',
+                request_serializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachReply.FromString,
+                _registered_method=True)
 
 
 class IpuofServiceServicer:
@@ -61,6 +66,12 @@ class IpuofServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IpuofServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_IpuofServiceServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.RunRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.RunReply.SerializeToString,
+            ),
+            'Detach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detach,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +145,33 @@ class IpuofService:
             '/vipu.ipuof.v1.IpuofService/Run',
             vipu_dot_api_dot_protos_dot_ipuof__pb2.RunRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_ipuof__pb2.RunReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.ipuof.v1.IpuofService/Detach',
+            vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_ipuof__pb2.DetachReply.FromString,
             options,
             channel_credentials,
             insecure,

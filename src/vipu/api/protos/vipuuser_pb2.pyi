@@ -174,20 +174,24 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds")
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
     KEEP_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DETACHED_FIELD_NUMBER: _ClassVar[int]
+    MAY_MOVE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
     keep_on_error: bool
     wait_seconds: int
     detached: bool
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ...) -> None: ...
+    may_move: bool
+    expected_seconds: int
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
@@ -305,7 +309,7 @@ class GetPartitionIpuofConfigReply(_message.Message):
     def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings")
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +321,8 @@ class PartitionStatus(_message.Message):
     RELOCATION_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_NOTE_FIELD_NUMBER: _ClassVar[int]
     LINK_WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    MAY_MOVE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ready_state: PartitionReadyState
     operation_state: PartitionOperationState
@@ -328,7 +334,9 @@ class PartitionStatus(_message.Message):
     relocation: str
     placement_note: str
     link_warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    may_move: bool
+    expected_seconds: int
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
     __slots__ = ("partition_id",)
@@ -523,3 +531,17 @@ class CancelQueuedRequest(_message.Message):
 class CancelQueuedReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class UpdatePartitionRequest(_message.Message):
+    __slots__ = ("partition_id", "may_move")
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAY_MOVE_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    may_move: bool
+    def __init__(self, partition_id: _Optional[str] = ..., may_move: _Optional[bool] = ...) -> None: ...
+
+class UpdatePartitionReply(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: PartitionStatus
+    def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ...) -> None: ...

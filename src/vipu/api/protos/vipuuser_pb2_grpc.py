@@ -99,6 +99,11 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
                 _registered_method=True)
+        self.UpdatePartition = channel.unary_unary(
+                '/virmgrpc.UserService/UpdatePartition',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.FromString,
+                _registered_method=True)
 
 
 class UserServiceServicer:
@@ -183,6 +188,12 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UserServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -250,6 +261,11 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.CancelQueued,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.SerializeToString,
+            ),
+            'UpdatePartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePartition,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -603,6 +619,33 @@ class UserService:
             '/virmgrpc.UserService/CancelQueued',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/UpdatePartition',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,17 +5,30 @@ that already belongs to another partition, a link whose cable is missing or reac
 machine or port (read from the rack description), or any configuration while the rack says the
 machine has a configuration fault. The rack file is re-read when it changes, so editing it
 injects or heals a fault in a running pod.
+
+It remembers which IPUoF client sessions are attached to which IPU, each until the client
+detaches, its hold lapses (each run renews it) or its partition's settings are cleared or
+replaced, and the fences that keep an idle partition idle while the controller moves it.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vipu import __version__
-from vipu.backends.base import MachineBackend
+from vipu.backends.base import (
+    DEFAULT_HOLD_SECONDS,
+    MAX_FENCE_SECONDS,
+    MAX_HOLD_SECONDS,
+    MachineBackend,
+    PartitionAttachments,
+)
 from vipu.backends.sim.rack import (
     PORT_COUNTS,
     IndexedRack,
@@ -38,6 +51,7 @@ from vipu.model.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Unavailable,
 )
 from vipu.model.linkhealth import CableIdentity, LinkName, LinkReading
 from vipu.model.topology import INTERNAL_LINKS, IPULINK_PORT_IPU, LinkKind
@@ -58,6 +72,8 @@ PROBE_PORTS = {
 }
 SIM_CABLE_VENDOR, SIM_CABLE_MODEL = "vipu-sim", "OSFP-DAC-1m"  # what a simulated cable's EEPROM says unless the rack names it
 PROGRAM_SECONDS = 0.05  # one run of the test program over IPUoF
+MAX_SESSION_LENGTH = 128
+MAX_SESSIONS_PER_IPU = 256  # clients attached to one IPU at once: a bound on what a key holder can make the machine keep
 
 
 class RackFile:
@@ -84,18 +100,32 @@ class RackFile:
             return self._rack
 
 
+@dataclass
+class Attachment:
+    """One client session's attachment of one IPU."""
+
+    partition_id: str
+    attached_at: float  # seconds since the epoch, for reports
+    hold: float  # seconds each renewal extends it by
+    lapses: float  # on the machine's monotonic clock
+
+
 class SimMachine(MachineBackend):
     name = "sim"
     version = __version__
 
-    def __init__(self, rack: RackFile, machine_name: str):
+    def __init__(self, rack: RackFile, machine_name: str, clock: Callable[[], float] = time.monotonic):
+        """`clock`: the monotonic clock that attachments and fences lapse by (a test's own, to lapse them at will)."""
         self.rack = rack
         self.machine_name = machine_name
         self.machine()  # fail early if the rack has no such machine
+        self._clock = clock
         self._lock = threading.Lock()
         self._partitions: dict[str, AgentSettings] = {}
         self._owner: dict[int, str] = {}  # IPU index -> partition id
         self._retrained: dict[str, float] = {}  # link place -> when it was last reset
+        self._attachments: dict[tuple[int, str], Attachment] = {}  # (IPU index, client session) -> its attachment
+        self._fences: dict[str, float] = {}  # partition id -> when its fence lapses, on `clock`
 
     def machine(self) -> RackMachine:
         return self.rack.current().machine(self.machine_name)
@@ -142,7 +172,7 @@ class SimMachine(MachineBackend):
                 owner = self._owner.get(index)
                 if owner not in (None, settings.partition_id):
                     raise Conflict(f"{machine.name}: IPU {index} is already configured for partition {owner}")
-            self._drop(settings.partition_id)
+            self._drop(settings.partition_id, keep_attachments=self._partitions.get(settings.partition_id) == settings)
             self._partitions[settings.partition_id] = settings
             self._owner.update({index: settings.partition_id for index in indices})
 
@@ -232,16 +262,64 @@ class SimMachine(MachineBackend):
         with self._lock:
             self._retrained[place] = time.time()
 
-    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str) -> None:
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str, session: str = "",
+                     hold_seconds: float = 0.0) -> None:
+        hold = _checked_seconds("hold_seconds", hold_seconds, MAX_HOLD_SECONDS) or DEFAULT_HOLD_SECONDS
+        _check_session(session)
         machine = self.machine()
-        chip = next((ipu.chip_id for ipu in machine.ipus if ipu.index == device_id), None)
-        if chip is None:
-            raise NotFound(f"{machine.name} has no IPU {device_id}")
-        if chip_id and chip_id != chip:
-            raise InvalidArgument(f"IPU {device_id} of {machine.name} is chip {chip}, not {chip_id}")
+        _check_chip(machine, device_id, chip_id)
         with self._lock:
-            owner = self._owner.get(device_id)
-            settings = self._partitions.get(owner) if owner is not None else None
+            self._admit(machine, partition_id, device_id, attach_key)
+            self._attach(machine, partition_id, device_id, session, hold)
+
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str,
+                  session: str = "") -> int:
+        _check_session(session)
+        rack = self.rack.current()
+        machine = rack.machine(self.machine_name)
+        _check_chip(machine, device_id, chip_id)
+        with self._lock:
+            self._admit(machine, partition_id, device_id, attach_key)
+            self._attach(machine, partition_id, device_id, session, None)
+        time.sleep(PROGRAM_SECONDS * rack.time_scale)
+        chip = next(ipu.chip_id for ipu in machine.ipus if ipu.index == device_id)
+        return program_checksum(seed, chip, routing_id)
+
+    def ipuof_detach(self, partition_id: str, device_id: int, session: str) -> None:
+        if not session:
+            raise InvalidArgument("a detach names the client session that attached (AttachRequest.session)")
+        _check_session(session)
+        _check_chip(self.machine(), device_id, "")
+        with self._lock:
+            attachment = self._attachments.get((device_id, session))
+            if attachment is not None and attachment.partition_id == partition_id:
+                del self._attachments[(device_id, session)]
+
+    def attachments(self, partition_ids: Sequence[str], fence_seconds: float = 0.0) -> list[PartitionAttachments]:
+        fence = _checked_seconds("fence_seconds", fence_seconds, MAX_FENCE_SECONDS)
+        asked = list(dict.fromkeys(partition_ids))
+        if "" in asked:
+            raise InvalidArgument("a partition id is empty")
+        if fence and not asked:
+            raise InvalidArgument("a fence names the partitions it is for")
+        with self._lock:
+            now, wall = self._clock(), time.time()
+            self._lapse(now)
+            reports = []
+            for partition_id in asked or sorted(self._partitions):
+                attached = [(session, a.attached_at) for (_, session), a in self._attachments.items() if a.partition_id == partition_id]
+                if fence and not attached and partition_id in self._partitions:
+                    self._fences[partition_id] = now + fence
+                lapses = self._fences.get(partition_id)
+                reports.append(PartitionAttachments(
+                    partition_id, len({session for session, _ in attached}), min((at for _, at in attached), default=0.0),
+                    wall + (lapses - now) if lapses is not None else 0.0))
+            return reports
+
+    def _admit(self, machine: RackMachine, partition_id: str, device_id: int, attach_key: str) -> None:
+        """Refuse a client the IPU must not take (under the lock, with the attachment it then records)."""
+        owner = self._owner.get(device_id)
+        settings = self._partitions.get(owner) if owner is not None else None
         if owner is None or settings is None:
             raise PermissionDenied(f"IPU {device_id} of {machine.name} belongs to no partition")
         if owner != partition_id:
@@ -250,19 +328,41 @@ class SimMachine(MachineBackend):
         if not hmac.compare_digest(settings.attach_key.encode(), attach_key.encode()):
             raise PermissionDenied(f"the attach key is not partition {partition_id}'s: an IPUoF configuration of an earlier "
                                    "partition of that name, or none")
+        self._lapse(self._clock())
+        if partition_id in self._fences:
+            raise Unavailable(f"partition {partition_id} is being moved; attach again once it is ACTIVE")
 
-    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str) -> int:
-        self.ipuof_attach(partition_id, device_id, chip_id, attach_key)
-        rack = self.rack.current()
-        time.sleep(PROGRAM_SECONDS * rack.time_scale)
-        chip = next(ipu.chip_id for ipu in rack.machine(self.machine_name).ipus if ipu.index == device_id)
-        return program_checksum(seed, chip, routing_id)
+    def _attach(self, machine: RackMachine, partition_id: str, device_id: int, session: str, hold: float | None) -> None:
+        """Record or renew a session's attachment of an IPU; `hold` None renews it by its own hold."""
+        now = self._clock()
+        held = self._attachments.get((device_id, session))
+        if held is not None and held.partition_id == partition_id:
+            held.hold = hold or held.hold
+            held.lapses = now + held.hold
+            return
+        if sum(1 for index, _ in self._attachments if index == device_id) >= MAX_SESSIONS_PER_IPU:
+            raise Conflict(f"IPU {device_id} of {machine.name} has {MAX_SESSIONS_PER_IPU} clients attached, the most it takes")
+        hold = hold or DEFAULT_HOLD_SECONDS
+        self._attachments[(device_id, session)] = Attachment(partition_id, time.time(), hold, now + hold)
 
-    def _drop(self, partition_id: str) -> None:
+    def _lapse(self, now: float) -> None:
+        """Forget the attachments and fences whose time is up."""
+        for key in [key for key, attachment in self._attachments.items() if attachment.lapses <= now]:
+            del self._attachments[key]
+        for partition_id in [p for p, lapses in self._fences.items() if lapses <= now]:
+            del self._fences[partition_id]
+
+    def _drop(self, partition_id: str, keep_attachments: bool = False) -> None:
+        """Forget a partition's settings and its fence, and its clients' attachments unless kept
+        (its same settings applied again)."""
         old = self._partitions.pop(partition_id, None)
         if old is not None:
             for ipu in old.ipus:
                 self._owner.pop(ipu.index, None)
+        self._fences.pop(partition_id, None)
+        if not keep_attachments:
+            for key in [key for key, attachment in self._attachments.items() if attachment.partition_id == partition_id]:
+                del self._attachments[key]
 
     @staticmethod
     def _delay(machine: RackMachine) -> None:
@@ -284,3 +384,23 @@ class SimMachine(MachineBackend):
                 f"{machine.name}: {kind.value} port {link.port} reaches {far.machine}:{far.port}, "
                 f"but the cluster expects {expected}:{link.peer_port}"
             )
+
+
+def _check_chip(machine: RackMachine, device_id: int, chip_id: str) -> None:
+    """That the machine has the IPU, and that it is the chip named (when one is)."""
+    chip = next((ipu.chip_id for ipu in machine.ipus if ipu.index == device_id), None)
+    if chip is None:
+        raise NotFound(f"{machine.name} has no IPU {device_id}")
+    if chip_id and chip_id != chip:
+        raise InvalidArgument(f"IPU {device_id} of {machine.name} is chip {chip}, not {chip_id}")
+
+
+def _check_session(session: str) -> None:
+    if len(session) > MAX_SESSION_LENGTH or not session.isprintable():
+        raise InvalidArgument(f"an IPUoF client session is at most {MAX_SESSION_LENGTH} printable characters")
+
+
+def _checked_seconds(name: str, seconds: float, most: float) -> float:
+    if not (math.isfinite(seconds) and 0 <= seconds <= most):
+        raise InvalidArgument(f"{name} must be between 0 and {most:g}, not {seconds:g}")
+    return seconds

@@ -27,7 +27,7 @@ from vipu.controller.core.lending import Cancellation
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
-from vipu.model.errors import Unavailable, VipuError
+from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import LinkReading
 
 log = logging.getLogger("vipu.controller.core")
@@ -37,16 +37,21 @@ Outcomes = list[VipuError | None]  # each call's error, or None where it succeed
 
 @dataclass(frozen=True)
 class AgentCall:
-    """One call an owner makes: apply `settings`, or clear partition `partition_id`, at an agent."""
+    """One call an owner makes: apply `settings`, or clear partition `partition_id`, at an agent;
+    or, with `fence_seconds`, fence that partition there for a move if no IPUoF client is attached
+    (the call then fails, saying so, if one is)."""
 
     agent_id: str
     host: str
     port: int
-    settings: AgentSettings | None = None  # None: a clear
+    settings: AgentSettings | None = None  # None: a clear, or a fence
     partition_id: str = ""
+    fence_seconds: float = 0.0
 
     @property
     def action(self) -> str:
+        if self.fence_seconds:
+            return "fence"
         return "clear" if self.settings is None else "apply"
 
 
@@ -82,6 +87,15 @@ class AgentGateway(Protocol):
         """Retrain one link of the agent's machine."""
         ...
 
+    def attachments(self, host: str, port: int, partition_ids: Sequence[str], fence_seconds: float = 0.0) -> dict[str, int]:
+        """How many IPUoF clients are attached to each partition on the agent's machine (none named:
+        every partition it holds). With `fence_seconds`, each named partition it holds with none
+        attached is fenced in the same step: new attaches are refused until the fence lapses or the
+        partition is cleared or applied there again (what a move of an idle partition needs).
+        `InvalidArgument` for a fence over 3600 s or none named; `Unavailable` from an agent too old
+        to tell."""
+        ...
+
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         """Hold the agent's machine, so that it obeys this controller only (on a TLS link); with a
         grant from the site's agent-link authority, take it from another controller. `PermissionDenied`
@@ -99,7 +113,11 @@ class AgentGateway(Protocol):
 def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
     try:
         failpoints.hit(f"agent.{call.action}")
-        if call.settings is None:
+        if call.fence_seconds:
+            attached = gateway.attachments(call.host, call.port, [call.partition_id], call.fence_seconds).get(call.partition_id, 0)
+            if attached:
+                return Conflict(f"partition {call.partition_id} has {attached} IPUoF client(s) attached at agent {call.agent_id}")
+        elif call.settings is None:
             gateway.clear(call.host, call.port, call.partition_id)
         else:
             gateway.apply(call.host, call.port, call.settings)
@@ -171,7 +189,7 @@ class AgentCalls:
         if not failpoints.armed("agent."):
             first = calls[0]
             try:
-                if all(c.settings is None and c.partition_id == first.partition_id for c in calls):
+                if all(c.action == "clear" and c.partition_id == first.partition_id for c in calls):
                     return self.gateway.clear_all([(c.host, c.port) for c in calls], first.partition_id)
                 if all(c.settings is not None for c in calls):
                     return self.gateway.apply_all([(c.host, c.port, typing.cast(AgentSettings, c.settings)) for c in calls])

@@ -184,6 +184,15 @@ class RelocatePartition(Command):
 
 
 @dataclass
+class CompactAllocation(Command):
+    """Plan the moves of relocatable partitions that free the largest shape now broken up, and
+    unless `dry_run` carry them out one at a time (`vipu.model.compaction`)."""
+
+    dry_run: bool = True
+    why: str = ""  # who asked, as the moved partitions' notes say
+
+
+@dataclass
 class CancelRequest(Command):
     partition_id: str
     access: Access = OPEN_ACCESS
@@ -253,3 +262,14 @@ class CloseAllocation(Command):
     delete it, and stop."""
 
     force: bool = False
+
+
+@dataclass
+class UpdatePartition(Command):
+    """Change what its user may change of a partition: its consent to be moved while IPUoF clients
+    are attached (`may_move`). Only its owner or an administrator may; it waits for an operation
+    under way on the partition, so that no operation's copy of it undoes the change."""
+
+    partition_id: str
+    may_move: bool
+    access: Access = OPEN_ACCESS

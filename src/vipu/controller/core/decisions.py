@@ -5,6 +5,7 @@ finishing, recovering, and closing the allocation."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -15,6 +16,7 @@ from vipu.controller.core.commands import (
     ClaimMachines,
     CloseAllocation,
     Command,
+    CompactAllocation,
     CreatePartition,
     FinishInterrupted,
     LendMachines,
@@ -25,12 +27,14 @@ from vipu.controller.core.commands import (
     RemovePartition,
     ResetPartition,
     ReturnMachines,
+    UpdatePartition,
 )
 from vipu.controller.core.effects import Body, Flow, Join, Write
 from vipu.controller.core.lending import IdleLease
 from vipu.controller.core.placing import LOST, due_for_relocation, due_for_reset, partition_of, place_request
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
+from vipu.model.compaction import BudgetSpent, Movable, Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.placement import Occupancy
@@ -96,7 +100,8 @@ class Decisions(QueueKeeping):
         first = state.queue.first()
         occupancy = Occupancy(state.holders, state.held if first is not None else frozenset(),
                               first.partition_id if first is not None else "")
-        placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links)
+        state.mix = state.mix.saw(request.size)
+        placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links, state.mix)
         return partition_of(request, access.user_id, state.allocation, placement)
 
     def _remove(self, command: RemovePartition) -> None:
@@ -331,7 +336,66 @@ class Decisions(QueueKeeping):
         self.owners.closed(self)
         return removed
 
+    # A user's change of a partition
+
+    def _update(self, command: UpdatePartition) -> None:
+        """Its owner's (or an administrator's) change of a partition, committed as a compare-and-set on
+        its row once no operation holds it; nothing is written when it asks for what is already so."""
+        partition = self._visible(command.partition_id, command.access)
+        access = command.access
+        if not access.unrestricted and partition.owner and partition.owner != access.user_id:
+            raise PermissionDenied(f"partition {partition.id} belongs to user {partition.owner}; only its owner or an administrator "
+                                   "changes it")
+        if self._holding(partition.id, command, wait=True):
+            return
+        if partition.may_move == command.may_move:
+            command.reply.resolve(partition)
+            return
+        self.start(Flow("updating", self._updating(partition, command.may_move, access.user_id), command.reply, partition.id))
+
+    def _updating(self, partition: Partition, may_move: bool, user_id: str) -> Body:
+        """The change's one write; the operation's result is the partition as it left it."""
+        changed = lifecycle.copy(partition)
+        changed.may_move = may_move
+        updated = yield self._partition_write(lambda tx: tx.update_partition(lifecycle.copy(partition), may_move), partition, changed,
+                                              partition.id)
+        log.info("partition %s %s to be moved while attached%s", partition.id, "consents" if may_move else "no longer consents",
+                 f" (as {user_id} asked)" if user_id else "")
+        return updated
+
+    # Compaction
+
+    def _compact(self, command: CompactAllocation) -> None:
+        """Plan the moves that free the largest shape broken up now, within the budget, among the
+        relocatable ACTIVE partitions no operation holds; carry the plan out unless a dry run."""
+        self._refuse_if_tested()
+        state = self.state
+        if state.compaction is None:
+            state.compaction = BudgetSpent(self.owners.compaction_budget)
+        spent, now = state.compaction, time.time()
+        room = spent.room(now)
+        movable = {p.id: Movable(p.id, frozenset((i.agent_id, i.index) for i in p.ipus), p.num_gcds, p.num_segments,
+                                 p.ipulink_routing)
+                   for p in state.partitions.values()
+                   if p.relocatable and lifecycle.state_of(p) == lifecycle.ACTIVE_IDLE and p.id not in self.flows
+                   and not spent.refusal(p.id, now)}
+        allowed = set(state.allocation.agent_ids) - state.down
+        first = state.queue.first()
+        used = Occupancy(state.holders, state.held if first is not None else frozenset()).with_held(state.used)
+        plan = plan_compaction(state.layout, allowed, used, state.holders(), movable, max_moves=room, mix=state.mix)
+        if plan is None:
+            why = (spent.refusal("", now) if not room else
+                   "no relocatable partition's move frees a larger shape than fits now" if movable else
+                   "no partition may move: none is relocatable, ACTIVE and left by the budget")
+            command.reply.resolve(Report(self.id, state.layout, None, why, command.dry_run))
+            return
+        if command.dry_run:
+            command.reply.resolve(Report(self.id, state.layout, plan, dry_run=True))
+            return
+        self.start(Flow("compacting", flows.compact(self, plan, spent, command.why), command.reply))
+
     _HANDLERS: ClassVar[dict[type, Callable[[Decisions, Any], None]]] = {
+        CompactAllocation: _compact,
         CreatePartition: _create,
         RemovePartition: _remove,
         ResetPartition: _reset,
@@ -346,6 +410,7 @@ class Decisions(QueueKeeping):
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,
         CloseAllocation: _close,
+        UpdatePartition: _update,
     }
 
 

@@ -21,16 +21,21 @@ the store refused, or from the agents' outcomes, and reach the operation's asker
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from vipu.controller.core.effects import Body, Calls, Join
-from vipu.controller.core.placing import failed_machines, move_note, moved
+from vipu.controller.core.agents import AgentCall
+from vipu.controller.core.effects import Body, Calls, Flow, Join
+from vipu.controller.core.placing import failed_machines, move_note, moved, planned
 from vipu.model import lifecycle
+from vipu.model.compaction import BudgetSpent, Move, Plan, Report
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, AgentStatus, OperationState, Partition
-from vipu.model.errors import HardwareFailure, NoRoom, Unavailable, VipuError
+from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
+from vipu.model.placement import Placement
 from vipu.model.queue import WaitingRequest
+from vipu.model.reasons import span
 
 if TYPE_CHECKING:
     from vipu.controller.core.steps import Steps
@@ -163,18 +168,22 @@ def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
 
 
 def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
-             because_failed: bool = True) -> Body:
+             because_failed: bool = True, target: Placement | None = None) -> Body:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
     its allocation, and configure it there. `because_failed`: the machines of `avoid` failed it,
     and are kept off while other room is left. NoRoom if the allocation has no room for it
     elsewhere; the configuration's failure (the partition then in ERROR on its new IPUs) if that
     fails. Its old IPUs stay taken until its reachable old machines are cleared, so that nothing is
     placed on settings still there; an old machine that is down is cleared by the health pass
-    when it answers again."""
+    when it answers again. With a `target` (compaction's plan), it moves there, or NoRoom if
+    that is no longer free."""
     state = owner.state
     first = state.queue.first()
-    placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
-                      first.partition_id if first is not None else "", avoid, state.down, state.links)
+    if target is not None:
+        placement = planned(state, partition, target)
+    else:
+        placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
+                          first.partition_id if first is not None else "", avoid, state.down, state.links)
     fields: dict = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
@@ -199,6 +208,63 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
             owner.keep_uncleared_of(agent_id, before)
         owner.unlinger(partition.id)
     return (yield from configure(owner, partition, "fail"))
+
+
+FENCE_SECONDS = 60.0  # how long an idle partition's machines refuse IPUoF attaches while compaction moves it
+
+
+def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body:
+    """Carry out a compaction plan one move at a time, each an operation on its partition, checked
+    when it comes: the partition still where the plan found it and ACTIVE, the budget allowing it,
+    its place still free. It stops at the first move that may not or does not happen, and says why."""
+    moved: list[str] = []
+    why = f"compaction{f' asked by {asked_by}' if asked_by else ''}, freeing {plan.size} IPUs at {span(owner.state.layout, plan.shape)}"
+    for move in plan.moves:
+        partition = owner.partition(move.partition_id)
+        stop = _not_moving(owner, partition, move, spent)
+        if stop:
+            return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved), stopped=stop)
+        assert partition is not None
+        child = owner.start(Flow("compacting", compaction_move(owner, partition, move, why), partition_id=partition.id))
+        (error,) = yield Join([child])
+        if error is not None:
+            return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved),
+                          stopped=f"partition {partition.id} did not move: {getattr(error, 'message', error)}")
+        spent.spend(partition.id, time.time())
+        moved.append(partition.id)
+    log.info("allocation %s compacted: %s moved, freeing %d IPUs at %s", owner.id, ", ".join(moved), plan.size,
+             span(owner.state.layout, plan.shape))
+    return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved))
+
+
+def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: BudgetSpent) -> str:
+    """Why a planned move may not be made now, in one line; empty if it may."""
+    if partition is None:
+        return f"partition {move.partition_id} is gone"
+    if owner.flows.get(partition.id) is not None or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+        return f"partition {partition.id} is busy or not ACTIVE"
+    if frozenset((ipu.agent_id, ipu.index) for ipu in partition.ipus) != move.before:
+        return f"partition {partition.id} has moved since the plan was made"
+    return spent.refusal(partition.id, time.time())
+
+
+def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) -> Body:
+    """One move of a compaction plan: unless its owner consented to moves while attached, only if
+    no IPUoF client is attached at any of its machines, which then refuse attaches until it has
+    moved (`FENCE_SECONDS` at most); then the move to the planned place."""
+    if not partition.may_move:
+        agents = owner.agents_of(partition)
+        outcomes = yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, fence_seconds=FENCE_SECONDS)
+                                for a in agents])
+        refusals = [outcome for outcome in outcomes if outcome is not None]
+        if refusals:
+            attached = [r for r in refusals if isinstance(r, Conflict)]
+            raise (attached or refusals)[0]
+        current = owner.partition(partition.id)
+        if current is None:
+            raise NoRoom(f"partition {partition.id} is gone")
+        partition = current
+    return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after))
 
 
 def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:

@@ -25,6 +25,7 @@ from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import Turns
+from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.entities import Agent, AgentStatus
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
@@ -57,11 +58,13 @@ DEFAULT_LIMITS = QueueLimits()
 
 
 class Owners:
-    def __init__(self, store: Store, calls: AgentCalls, changes: ChangeFeed | None = None, limits: QueueLimits = DEFAULT_LIMITS):
+    def __init__(self, store: Store, calls: AgentCalls, changes: ChangeFeed | None = None, limits: QueueLimits = DEFAULT_LIMITS,
+                 compaction_budget: Budget = DEFAULT_BUDGET):
         self.store = store
         self.calls = calls
         self.changes = changes
         self.limits = limits
+        self.compaction_budget = compaction_budget
         self._lock = threading.Lock()
         self._ids_freed = threading.Condition(self._lock)
         self._owners: dict[str, AllocationOwner] = {}

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Set
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from vipu.model import lifecycle
 from vipu.model.entities import (
     IPUS_PER_MACHINE,
     MAX_AUTO_RESETS,
+    MAX_EXPECTED_SECONDS,
     Allocation,
     Partition,
     PartitionRequest,
@@ -24,10 +26,14 @@ from vipu.model.entities import (
     new_attach_key,
 )
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom
+from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Occupancy, Placement, Shape, place_partition
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
+
+if TYPE_CHECKING:
+    from vipu.controller.core.state import AllocationState
 
 Ipu = tuple[str, int]
 # An error of a partition naming the agent that failed it: "agent ag2: ..." or "agent ag2 is down: ...".
@@ -57,6 +63,8 @@ def check_request(request: PartitionRequest) -> None:
         raise InvalidArgument("a reconfigurable partition supports only the c2-compatible sync type")
     if request.explicit_ipus and not request.cluster_id:
         raise InvalidArgument("naming the IPUs of a partition needs its cluster id too")
+    if not 0 <= request.expected_seconds <= MAX_EXPECTED_SECONDS:
+        raise InvalidArgument(f"an expected duration is 0 (unknown) to {MAX_EXPECTED_SECONDS} s, not {request.expected_seconds} s")
 
 
 def explicit_ipus(layout: ClusterLayout, allocation: Allocation, request: PartitionRequest) -> tuple[tuple[int, int], ...]:
@@ -78,15 +86,16 @@ def _slot(layout: ClusterLayout, allocation: Allocation, request: PartitionReque
 
 
 def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[str, Set[int]], request: PartitionRequest,
-                  occupancy: Occupancy, faults: LinkFaults = NO_FAULTS) -> Placement:
+                  occupancy: Occupancy, faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None) -> Placement:
     """The request placed in the allocation's free IPUs (around those `occupancy` holds for the
-    queue's first request, and around the unhealthy links `faults` names); NoRoom saying why it
-    does not fit, or InvalidArgument naming the rule it breaks."""
+    queue's first request, and around the unhealthy links `faults` names), leaving the most room
+    for the allocation's `mix` of sizes; NoRoom saying why it does not fit, or InvalidArgument
+    naming the rule it breaks."""
     return place_partition(
         layout, set(allocation.agent_ids), used, request.size, num_gcds=request.num_gcds,
         num_segments=request.num_segments, ipulink_routing=request.ipulink_routing, gw_routing=request.gw_routing,
         explicit=explicit_ipus(layout, allocation, request), where=f"allocation {allocation.id}", occupancy=occupancy,
-        faults=faults,
+        faults=faults, mix=mix,
     )
 
 
@@ -102,6 +111,7 @@ def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, 
         ipulink_routing=placement.ipulink_routing, gw_routing=placement.gw_routing, num_segments=placement.num_segments,
         ipus=list(placement.ipus), disable_auto_reset=request.disable_auto_reset, owner=owner, created=datetime.now(UTC),
         attach_key=new_attach_key(), relocatable=request.relocatable, placement_note=placement.link_note,
+        may_move=request.may_move, expected_seconds=request.expected_seconds,
     )
 
 
@@ -143,6 +153,21 @@ def moved(layout: ClusterLayout, allocation: Allocation, partition: Partition, u
             refusal = no_room
     assert refusal is not None
     raise refusal
+
+
+def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
+    """A planned place for a partition, if it is still free now: off the IPUs in use (its own
+    included, which it keeps until it has moved) and held, and on machines that answer and
+    links not quarantined; NoRoom saying what changed otherwise."""
+    taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
+             if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
+    down = sorted({ipu.agent_id for ipu in target.ipus} & state.down)
+    quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
+    if taken or down or quarantined:
+        what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
+                f"agent {', '.join(down)} is down" if down else f"it needs quarantined link {', '.join(map(str, quarantined))}")
+        raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
+    return target
 
 
 def move_note(layout: ClusterLayout, before: Partition, placement: Placement, why: str) -> str:

@@ -196,7 +196,7 @@ class QueueKeeping(Steps):
             r = request.request
             return try_place(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                              ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
-                             explicit=explicit_ipus(layout, allocation, r), faults=state.links)
+                             explicit=explicit_ipus(layout, allocation, r), faults=state.links, mix=state.mix)
 
         def choose_held(request: WaitingRequest, used, started) -> Shape:
             """The shape the fewest partitions block, counting those this pass starts."""

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 
 from vipu.controller.core.lending import IdleLease
 from vipu.model import queue as queue_model
+from vipu.model.compaction import BudgetSpent
 from vipu.model.entities import Allocation, Partition
+from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest
@@ -46,6 +48,8 @@ class AllocationState:
     test: str = ""  # the disruptive cluster test holding the machines
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
+    mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
+    compaction: BudgetSpent | None = None  # its compaction moves of late, made with the first compaction
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
     touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot

@@ -117,6 +117,11 @@ class GrpcAgentGateway:
     def reset_link(self, host: str, port: int, place: str) -> None:
         self._call(host, port, "ResetLink", agent_pb2.ResetLinkRequest(place=place))
 
+    def attachments(self, host: str, port: int, partition_ids: Sequence[str], fence_seconds: float = 0.0) -> dict[str, int]:
+        reply = self._call(host, port, "Attachments",
+                           agent_pb2.AttachmentsRequest(partition_ids=list(partition_ids), fence_seconds=fence_seconds))
+        return {p.partition_id: p.attached_clients for p in reply.partitions}
+
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         if self.credentials is None and not takeover_grant:  # a plaintext link knows no holders
             return ""

@@ -111,6 +111,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def RemoveAllocation(self, request, context):
         return pb.RemoveReply(removed=self.allocations.remove(request.id, force=request.force))
 
+    def CompactAllocation(self, request, context):
+        return convert.compaction_to_proto(self.allocations.compact(request.allocation_id, dry_run=request.dry_run,
+                                                                    asked_by="an administrator"))
+
     def TestCluster(self, request, context):
         tests = {_test_type(name) for name in request.tests}
         remaining = context.time_remaining()  # the caller's deadline bounds the wait for the run's end

@@ -90,6 +90,11 @@ class UserServicer(pb_grpc.UserServiceServicer):
         self.requests.cancel(request.partition_id, caller())
         return pb.CancelQueuedReply()
 
+    def UpdatePartition(self, request, context):
+        may_move = request.may_move if request.HasField("may_move") else None
+        partition = self.partitions.update(request.partition_id, may_move=may_move, access=caller())
+        return pb.UpdatePartitionReply(status=convert.status_to_proto(partition))
+
 
 def queued_to_proto(waiting: Waiting) -> pb.QueuedRequest:
     return convert.queued_to_proto(waiting.request, waiting.position, waiting.reason)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import builtins
 
-from vipu.controller.core.commands import CloseAllocation
+from vipu.controller.core.commands import CloseAllocation, CompactAllocation
 from vipu.controller.core.owners import Owners
+from vipu.model.compaction import Report
 from vipu.model.entities import Allocation, check_id, shown
 from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
@@ -55,6 +56,16 @@ class AllocationService:
         if owner is None:
             raise NotFound(f"allocation {shown(allocation_id)} does not exist")
         return owner.snapshot.allocation, sorted(owner.snapshot.partitions)
+
+    def compact(self, allocation_id: str, dry_run: bool = True, asked_by: str = "") -> Report:
+        """Plan the moves of relocatable partitions that free the largest shape now broken up, and
+        carry them out unless `dry_run` (`vipu.model.compaction`); what was planned and done."""
+        owner = self.owners.owner(allocation_id)
+        if owner is None:
+            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
+        command = CompactAllocation(dry_run=dry_run, why=asked_by)
+        owner.submit(command)
+        return command.reply.wait(START_SECONDS, f"the compaction of allocation {allocation_id}")
 
     def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an allocation; with `force`, its partitions first. The requests waiting in it are

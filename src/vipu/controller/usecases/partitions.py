@@ -1,4 +1,4 @@
-"""Partitions: create, inspect, reset, move and remove, as users and the integrations ask.
+"""Partitions: create, inspect, change, reset, move and remove, as users and the integrations ask.
 
 Reads come from the snapshots the allocations' owners publish (`vipu.controller.core.snapshot`),
 without a lock and without the store: what they show is committed. Changes are commands to the
@@ -13,7 +13,14 @@ import builtins
 import dataclasses
 from dataclasses import dataclass
 
-from vipu.controller.core.commands import Command, CreatePartition, RelocatePartition, RemovePartition, ResetPartition
+from vipu.controller.core.commands import (
+    Command,
+    CreatePartition,
+    RelocatePartition,
+    RemovePartition,
+    ResetPartition,
+    UpdatePartition,
+)
 from vipu.controller.core.owners import CLAIMED, Owners
 from vipu.controller.core.placing import check_request
 from vipu.controller.core.snapshot import AllocationSnapshot, Waiting
@@ -255,6 +262,16 @@ class PartitionService:
         snapshot, _ = self._partition(partition_id, access)
         command = RelocatePartition(partition_id=partition_id, access=access, automatic=automatic, only_off_failed=only_off_failed)
         return lifecycle.copy(self._ask_owner(snapshot.id, command, f"the move of partition {partition_id}"))
+
+    def update(self, partition_id: str, may_move: bool | None = None, access: Access = OPEN_ACCESS) -> Partition:
+        """Change what its user may change of a partition: its consent to be moved while IPUoF clients
+        are attached. Only its owner or an administrator may; InvalidArgument when nothing is asked.
+        Returns the partition as committed."""
+        if may_move is None:
+            raise InvalidArgument(f"nothing to change of partition {shown(partition_id)} was asked: give may_move")
+        snapshot, _ = self._partition(partition_id, access)
+        command = UpdatePartition(partition_id=partition_id, may_move=may_move, access=access)
+        return lifecycle.copy(self._ask_owner(snapshot.id, command, f"the update of partition {partition_id}"))
 
     def remove(self, partition_id: str, force: bool = False, access: Access = OPEN_ACCESS) -> builtins.list[str]:
         """Clear a partition from its agents and forget it. A forced remove of a partition under

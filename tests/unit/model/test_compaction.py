@@ -1,0 +1,51 @@
+"""Compaction plans and the placement that weighs the allocation's mix of sizes."""
+
+from __future__ import annotations
+
+from vipu.model.compaction import Budget, BudgetSpent, Movable, plan_compaction, plan_for
+from vipu.model.entities import IldTopology
+from vipu.model.fragmentation import SizeMix
+from vipu.model.placement import try_place
+from vipu.model.topology import ClusterLayout
+
+LAYOUT = ClusterLayout([f"ag{n}" for n in range(1, 5)], IldTopology.MESH)
+ALLOWED = set(LAYOUT.agent_ids)
+WHOLE = {0, 1, 2, 3}
+
+
+def machines(*agents: str) -> frozenset[tuple[str, int]]:
+    return frozenset((agent, i) for agent in agents for i in WHOLE)
+
+
+def test_the_plan_moves_the_one_movable_partition_in_the_way_and_never_an_unmovable_one():
+    used = {"ag1": set(WHOLE), "ag3": set(WHOLE)}  # 8 IPUs free on ag2 and ag4, no two free neighbours
+    holders = {ipu: "pa" for ipu in machines("ag1")} | {ipu: "pc" for ipu in machines("ag3")}
+    plan = plan_for(LAYOUT, ALLOWED, used, holders, 8, {"pc": Movable("pc", machines("ag3"))}, max_moves=4)
+    assert plan is not None and [m.partition_id for m in plan.moves] == ["pc"]
+    (move,) = plan.moves
+    assert move.to == machines("ag2") or move.to == machines("ag4")
+    assert not move.to & plan.shape and "ag1" not in {agent for agent, _ in plan.shape}
+    assert plan_for(LAYOUT, ALLOWED, used, holders, 8, {}, max_moves=4) is None  # nothing may move
+    assert plan_for(LAYOUT, ALLOWED, used, holders, 8, {"pc": Movable("pc", machines("ag3"))}, max_moves=0) is None
+    assert plan_compaction(LAYOUT, ALLOWED, used, holders, {"pc": Movable("pc", machines("ag3"))}, max_moves=1).size == 8
+
+
+def test_the_budget_counts_moves_in_the_last_hour_and_each_partition_once_in_its_interval():
+    spent = BudgetSpent(Budget(moves_per_hour=2, partition_interval=600))
+    spent.spend("p1", 1000.0)
+    assert spent.room(1000.0) == 1 and "moves at most once in 600 s" in spent.refusal("p1", 1100.0)
+    assert spent.refusal("p2", 1100.0) == "" and spent.refusal("p1", 1700.0) == ""
+    spent.spend("p2", 1100.0)
+    assert "budget of 2 compaction moves per hour is spent" in spent.refusal("p3", 1200.0)
+    assert spent.room(4700.0) == 2
+
+
+def test_the_mix_keeps_a_free_pair_whole_for_the_sizes_asked_most():
+    used = {"ag2": set(WHOLE)}  # free: ag1 alone, and ag3-ag4
+    mix = SizeMix()
+    for _ in range(50):
+        mix = mix.saw(8)
+    placed = try_place(LAYOUT, ALLOWED, used, 4, mix=mix)
+    assert placed is not None and {ipu.agent_id for ipu in placed.ipus} == {"ag1"}  # ag3-ag4 stays whole for 8
+    shares = mix.shares(16)
+    assert max(shares, key=shares.get) == 8 and abs(sum(shares.values()) - 1) < 1e-9
