@@ -26,6 +26,15 @@ def postgres():
 
 
 @pytest.fixture
+def postgres_of_its_own():
+    """A PostgreSQL server for one test: what a vPOD orchestrator is given, since it keeps each
+    tenant's database there and refuses one another site left (the session's server is shared)."""
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def postgres_url(postgres):
     name = postgres.create_database()
     yield postgres.url(name)

@@ -22,14 +22,19 @@ def bench(tmp_path: Path, module: str, *args: str) -> dict:
     return json.loads((tmp_path / "out.json").read_text())
 
 
-def test_the_allocator_benchmark_compares_three_allocators_on_one_trace(tmp_path):
+def test_the_allocator_benchmark_compares_the_allocators_and_compaction_on_one_trace(tmp_path):
     result = bench(tmp_path, "allocator", "--requests", "400", "--machines", "16")
     rows = {r["allocator"]: r for r in result["results"]}
-    assert list(rows) == ["best-fit", "first-fit", "capacity bound"]
+    assert list(rows) == ["vipu", "vipu + compaction", "best-fit", "first-fit", "capacity bound"]
     assert rows["capacity bound"]["fragmentation_refusals"] == 0
     for row in rows.values():
         assert row["accepted"] + row["refused"] == 400
         assert 0 < row["mean_utilisation_percent"] <= 100
+    assert result["relocatable_requests"] == 400  # all of them, by default
+    compacted = rows["vipu + compaction"]
+    assert 0 < compacted["started_by_compaction"] <= compacted["moves"]  # the seeded trace has refusals compaction lifts
+    assert compacted["fragmentation_refusals"] < rows["vipu"]["fragmentation_refusals"]
+    assert all(row["moves"] == 0 for name, row in rows.items() if name != "vipu + compaction")
 
 
 def test_the_queueing_benchmark_replays_the_trace_with_every_request_waiting_until_it_starts(tmp_path):

@@ -163,7 +163,7 @@ def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
 
 
 def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_release_leaves_nothing(
-        openstack, cloud, postgres, tmp_path):
+        openstack, cloud, postgres_of_its_own, tmp_path):
     site = Site(tmp_path / "site", machines=4, env=cloud)
     for tenant in ("acme", "bravo"):  # each tenant's resources in its own project, where vipu-vpod's user is given a role
         openstack.keystone.project(tenant)
@@ -171,7 +171,7 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
     try:
         site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
                    "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-router", "site-router",
-                   "--openstack-poplar-zone", "nova", "--openstack-store", postgres.url("postgres"))
+                   "--openstack-poplar-zone", "nova", "--openstack-store", postgres_of_its_own.url("postgres"))
         acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
         name = f"vpod-{acme_id}"
         (server,) = openstack.call("nova", "GET", f"/servers/detail?all_tenants=1&name={name}")["servers"]
@@ -296,13 +296,14 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         site.stop()
 
 
-def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(openstack, cloud, postgres, tmp_path):
+def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(openstack, cloud, postgres_of_its_own, tmp_path):
     """vipu-vpod SIGKILLs itself at a point of a creation, is started again and finishes it (one
     server, one network of the vPOD's), then at a point of the release, and finishes that (nothing
     of the vPOD's left in Nova or Neutron)."""
     site = Site(tmp_path / "site", machines=4, env=cloud)
     options = ("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
-               "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-store", postgres.url("postgres"),
+               "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods",
+               "--openstack-store", postgres_of_its_own.url("postgres"),
                "--openstack-projects", "site")  # all in the clouds.yaml entry's project: tenants t0, t1, t2 have none
 
     def named(service: str, path: str, name: str) -> list[dict]:

@@ -53,14 +53,14 @@ def ssh_key(directory: Path) -> tuple[Path, str]:
     return path, key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
 
 
-def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(images, postgres, tmp_path):
+def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(images, postgres_of_its_own, tmp_path):
     # The controller's vPOD prepared as the OpenStack provider prepares it, its port's address
     # qemu's guest address; the VM reaches the tenant's database on this host's PostgreSQL.
     site = TlsFiles(tmp_path / "site-certs")
     generate(site, ["localhost"])
     never_called = cast(Any, object())  # only the preparation and the user data are used: no OpenStack call
     controllers = OpenStackControllers(tmp_path / "vpod", site, "vm-images", cloud="", image="", flavor="", subnet_pool="",
-                                       store_server=postgres.url("postgres"), connection=never_called)
+                                       store_server=postgres_of_its_own.url("postgres"), connection=never_called)
     vpod = Vpod(id="imaged", tenant="t1", state="Creating", step="", machines=[], topology="mesh", ilds=1, user_id="alice",
                 ports=[free_port(), free_port(), free_port()])
     directory = controllers.directory(vpod.id)

@@ -577,7 +577,7 @@ def test_with_a_release_test_the_machines_a_failing_cable_joins_are_held_back_un
         site.stop()
 
 
-def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_its_own_database(tmp_path, postgres):
+def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_its_own_database(tmp_path, postgres_of_its_own):
     """With a namespace, a vPOD's controller is a Deployment (real API server, Deployment and
     ReplicaSet controllers, scheduler; the test kubelet runs pods as processes here), its store a
     PostgreSQL database of its own: a pod deleted, or the Deployment itself, comes back with the
@@ -592,7 +592,7 @@ def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_
         kubelet = Kubelet(kube, tmp_path / "kubelet", path=[str(BIN)])
         site = Site(tmp_path / "site", machines=4, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
         site.serve("--kubernetes-namespace", "vpods", "--kubernetes-image", "registry.example/vipu:test", "--kubernetes-store",
-                   postgres.url("postgres"), "--kubernetes-controller-host", "127.0.0.1")
+                   postgres_of_its_own.url("postgres"), "--kubernetes-controller-host", "127.0.0.1")
         acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
         config = tmp_path / "acme" / "acme.vipu-cli.hcl"
 
@@ -641,7 +641,7 @@ def test_on_kubernetes_each_tenant_controller_is_a_deployment_that_resumes_from_
         assert objects("deployments") == [] and objects("services") == [] and objects("pods") == []
         assert name not in [o["metadata"]["name"] for o in objects("secrets")]
         assert all(site.held(f"m0{n}") == [] for n in range(1, 5))
-        with psycopg.connect(postgres.url(f"vpod-{acme_id}")) as archive:  # the tenant's store, kept
+        with psycopg.connect(postgres_of_its_own.url(f"vpod-{acme_id}")) as archive:  # the tenant's store, kept
             assert sorted(row[0] for row in archive.execute("SELECT id FROM users")) == ["acme", "vpod-admin"]
             assert sorted(row[0] for row in archive.execute("SELECT id FROM agents")) == ["m01", "m02", "m03", "m04"]
             assert archive.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (f"vpod-{acme_id}",)).fetchone() == (False,)

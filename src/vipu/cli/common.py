@@ -269,11 +269,15 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def terminating_signals_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise Terminated (as SIGINT raises KeyboardInterrupt)."""
+    """Within the block, SIGTERM and SIGHUP raise Terminated, and SIGINT KeyboardInterrupt, even in
+    a process that started with SIGINT ignored (Python then leaves it ignored: the child of a
+    script's background job, or of a pytest-xdist worker), so that an interrupt sent on purpose
+    is always undone as Ctrl-C's is."""
     def interrupt(number: int, _frame) -> None:
         raise Terminated(number)
 
     previous = {number: signal.signal(number, interrupt) for number in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:

@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from vipu.client.retry import Verdict, verdict
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
-from vipu.model.entities import MAX_EXPECTED_SECONDS
 from vipu.model.errors import AlreadyExists, NotFound, VipuError
 from vipu.slurm.config import VipuSlurmConfig
 
@@ -202,13 +201,16 @@ class JobPartitions:
                 log.info("removed partition %s of finished job %s", name, job_id)
 
 
+SLURM_YEAR_SECONDS = 365 * 86400  # what Slurm puts for no limit in a job its backfill starts
 _TIME_LIMIT = re.compile(r"(?:(?P<days>[0-9]+)-)?(?P<first>[0-9]+)(?::(?P<second>[0-9]+))?(?::(?P<third>[0-9]+))?")
 
 
 def time_limit_seconds(text: str) -> int:
     """A job's TimeLimit as slurmctld shows it (`scontrol show job`: D-HH:MM:SS or HH:MM:SS, or as
     Slurm takes it: MM, MM:SS, D-HH, D-HH:MM), in seconds: how long its partition is expected to
-    run. 0 when it has none (UNLIMITED, Partition_Limit, NONE) or it cannot be read."""
+    run. 0 when it has none (UNLIMITED, Partition_Limit, NONE) or it cannot be read, and when it
+    is a year or more: Slurm's backfill scheduler writes a year (its YEAR_MINUTES) into the limit
+    of a job it starts with none, in a partition whose MaxTime is INFINITE."""
     found = _TIME_LIMIT.fullmatch(text.strip())
     if found is None:
         return 0
@@ -219,7 +221,7 @@ def time_limit_seconds(text: str) -> int:
         seconds = first * 3600 + second * 60 + third
     else:  # MM, MM:SS
         seconds = first * 60 + second
-    return min(seconds, MAX_EXPECTED_SECONDS)
+    return 0 if seconds >= SLURM_YEAR_SECONDS else seconds
 
 
 def _count(text: str, option: str) -> int:

@@ -64,6 +64,7 @@ class OwnerMachine(RuleBasedStateMachine):
         self.paused: dict[str, failpoints.Failpoint] = {}
         self.claimed = False
         self.lendings: list[LendMachines] = []  # idle-time tests' asks for the free machines, not yet returned
+        self.returning: list[LendMachines] = []  # asks to be returned once answered
 
     @classmethod
     def make_store(cls) -> str | None:
@@ -219,8 +220,13 @@ class OwnerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.lendings))
     @rule()
     def return_what_was_lent(self):
-        for asked in [asked for asked in self.lendings if asked.reply.done]:
-            self.lendings.remove(asked)
+        """Give back each lease answered so far; an ask still unanswered (its owner held back) is
+        tried again at the next return. The precondition counts asks, never answers, which come
+        when they come: hypothesis must find the same rules enabled when it replays the same steps."""
+        self.returning.extend(self.lendings)
+        self.lendings.clear()
+        for asked in [asked for asked in self.returning if asked.reply.done]:
+            self.returning.remove(asked)
             lease = asked.reply.outcome()
             if lease is not None:
                 self.owner().submit(ReturnMachines(lease=lease, reply=Reply(waited=False)))

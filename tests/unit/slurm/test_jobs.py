@@ -114,7 +114,8 @@ def test_the_prolog_creates_one_gcd_per_task_and_writes_its_files(world):
 
 @pytest.mark.parametrize("limit, seconds", [
     ("01:00:00", 3600), ("1-02:03:04", 93784), ("30", 1800), ("30:15", 1815), ("2-12", 216000), ("2-12:30", 217800),
-    ("UNLIMITED", 0), ("Partition_Limit", 0), ("NONE", 0), ("", 0), ("99999999-00:00:00", 2**32 - 1),
+    ("UNLIMITED", 0), ("Partition_Limit", 0), ("NONE", 0), ("", 0), ("99999999-00:00:00", 0),
+    ("364-23:59:59", 364 * 86400 + 86399), ("365-00:00:00", 0),  # a year: the backfill scheduler's stand-in for none
 ])
 def test_a_jobs_time_limit_is_read_as_slurm_writes_it(limit, seconds):
     assert time_limit_seconds(limit) == seconds
