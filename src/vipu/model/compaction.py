@@ -163,11 +163,17 @@ class BudgetSpent:
         self.moves = [at for at in self.moves if at > now - 3600.0]
         return max(self.budget.moves_per_hour - len(self.moves), 0)
 
+    def spent(self, now: float) -> str:
+        """Why the budget allows no move now, in one line; empty if it allows one."""
+        if self.room(now):
+            return ""
+        return (f"the budget of {self.budget.moves_per_hour} compaction moves per hour is spent; the next move is "
+                f"allowed in {self.moves[0] + 3600.0 - now:.0f} s")
+
     def refusal(self, partition_id: str, now: float) -> str:
         """Why the budget refuses to move this partition now, in one line; empty if it allows it."""
-        if not self.room(now):
-            return (f"the budget of {self.budget.moves_per_hour} compaction moves per hour is spent; the next move is "
-                    f"allowed in {self.moves[0] + 3600.0 - now:.0f} s")
+        if spent := self.spent(now):
+            return spent
         last = self.last_moved.get(partition_id)
         if last is not None and now - last < self.budget.partition_interval:
             return (f"partition {partition_id} was moved by compaction {now - last:.0f} s ago; it moves at most once in "

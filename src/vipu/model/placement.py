@@ -17,7 +17,9 @@ machine with the fewest free IPUs left (the lowest in the cluster among equals);
 machines into the smallest run of free machines that holds it, at an end of that run. Partitions
 of `LARGE_PARTITION_IPUS` or more take the top end and fill the cluster downwards, smaller ones
 fill it upwards from the bottom, so small partitions do not break the runs large ones need
-(`bench/allocator.py` measures this against first-fit on a synthetic trace).
+(`bench/allocator.py` measures this against first-fit on a synthetic trace). Given the mix of
+sizes the allocation is asked for (`mix`, as the controller gives it), the choice is the shape
+that leaves those sizes the most room (`vipu.model.fragmentation`), best-fit's order breaking ties.
 
 The link ledger's word on the machines' links (`LinkFaults`) comes first: a shape that needs a
 failed link is never taken (the link is quarantined, its machine still takes shapes that do not

@@ -40,12 +40,15 @@ def test_the_budget_counts_moves_in_the_last_hour_and_each_partition_once_in_its
     assert spent.room(4700.0) == 2
 
 
-def test_the_mix_keeps_a_free_pair_whole_for_the_sizes_asked_most():
-    used = {"ag2": set(WHOLE)}  # free: ag1 alone, and ag3-ag4
+def test_the_mix_keeps_a_run_whole_for_the_size_asked_most_where_best_fit_would_break_it():
+    layout = ClusterLayout([f"m{n}" for n in range(11)], IldTopology.MESH)
+    used = {"m5": set(WHOLE), "m10": set(WHOLE)}  # free runs: m0-m4 (5 machines) and m6-m9 (4)
     mix = SizeMix()
     for _ in range(50):
-        mix = mix.saw(8)
-    placed = try_place(LAYOUT, ALLOWED, used, 4, mix=mix)
-    assert placed is not None and {ipu.agent_id for ipu in placed.ipus} == {"ag1"}  # ag3-ag4 stays whole for 8
+        mix = mix.saw(16)  # partitions of 4 machines
+    best_fit = try_place(layout, set(layout.agent_ids), used, 4)
+    weighed = try_place(layout, set(layout.agent_ids), used, 4, mix=mix)
+    assert best_fit is not None and {ipu.agent_id for ipu in best_fit.ipus} == {"m6"}  # the smaller run: none of 4 left
+    assert weighed is not None and {ipu.agent_id for ipu in weighed.ipus} in ({"m0"}, {"m4"})  # two runs of 4 left
     shares = mix.shares(16)
-    assert max(shares, key=shares.get) == 8 and abs(sum(shares.values()) - 1) < 1e-9
+    assert max(shares, key=shares.get) == 16 and abs(sum(shares.values()) - 1) < 1e-9

@@ -376,15 +376,13 @@ class Decisions(QueueKeeping):
         room = spent.room(now)
         movable = {p.id: Movable(p.id, frozenset((i.agent_id, i.index) for i in p.ipus), p.num_gcds, p.num_segments,
                                  p.ipulink_routing)
-                   for p in state.partitions.values()
-                   if p.relocatable and lifecycle.state_of(p) == lifecycle.ACTIVE_IDLE and p.id not in self.flows
-                   and not spent.refusal(p.id, now)}
+                   for p in state.partitions.values() if not flows.not_movable(self, p, spent, now)}
         allowed = set(state.allocation.agent_ids) - state.down
         first = state.queue.first()
         used = Occupancy(state.holders, state.held if first is not None else frozenset()).with_held(state.used)
         plan = plan_compaction(state.layout, allowed, used, state.holders(), movable, max_moves=room, mix=state.mix)
         if plan is None:
-            why = (spent.refusal("", now) if not room else
+            why = (spent.spent(now) if not room else
                    "no relocatable partition's move frees a larger shape than fits now" if movable else
                    "no partition may move: none is relocatable, ACTIVE and left by the budget")
             command.reply.resolve(Report(self.id, state.layout, None, why, command.dry_run))

@@ -237,15 +237,23 @@ def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
     return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved))
 
 
+def not_movable(owner: Steps, partition: Partition, spent: BudgetSpent, now: float) -> str:
+    """Why compaction may not move this partition now, in one line; empty if it may: only a
+    relocatable, ACTIVE partition no operation holds, as the budget allows."""
+    if not partition.relocatable:
+        return f"partition {partition.id} is not relocatable"
+    if partition.id in owner.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+        return f"partition {partition.id} is busy or not ACTIVE"
+    return spent.refusal(partition.id, now)
+
+
 def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: BudgetSpent) -> str:
     """Why a planned move may not be made now, in one line; empty if it may."""
     if partition is None:
         return f"partition {move.partition_id} is gone"
-    if owner.flows.get(partition.id) is not None or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
-        return f"partition {partition.id} is busy or not ACTIVE"
     if frozenset((ipu.agent_id, ipu.index) for ipu in partition.ipus) != move.before:
         return f"partition {partition.id} has moved since the plan was made"
-    return spent.refusal(partition.id, time.time())
+    return not_movable(owner, partition, spent, time.time())
 
 
 def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) -> Body:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 
 from vipu.controller.core.commands import CloseAllocation, CompactAllocation
+from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.owners import Owners
 from vipu.model.compaction import Report
 from vipu.model.entities import Allocation, check_id, shown
@@ -52,27 +53,25 @@ class AllocationService:
         return [(s.allocation, sorted(s.partitions)) for s in self.owners.snapshots()]
 
     def get(self, allocation_id: str) -> tuple[Allocation, builtins.list[str]]:
-        owner = self.owners.owner(allocation_id)
-        if owner is None:
-            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
+        owner = self._owner(allocation_id)
         return owner.snapshot.allocation, sorted(owner.snapshot.partitions)
 
     def compact(self, allocation_id: str, dry_run: bool = True, asked_by: str = "") -> Report:
         """Plan the moves of relocatable partitions that free the largest shape now broken up, and
         carry them out unless `dry_run` (`vipu.model.compaction`); what was planned and done."""
-        owner = self.owners.owner(allocation_id)
-        if owner is None:
-            raise NotFound(f"allocation {shown(allocation_id)} does not exist")
         command = CompactAllocation(dry_run=dry_run, why=asked_by)
-        owner.submit(command)
+        self._owner(allocation_id).submit(command)
         return command.reply.wait(START_SECONDS, f"the compaction of allocation {allocation_id}")
 
     def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an allocation; with `force`, its partitions first. The requests waiting in it are
         cancelled. What else was removed."""
+        command = CloseAllocation(force=force)
+        self._owner(allocation_id).submit(command)
+        return command.reply.wait(START_SECONDS, f"the removal of allocation {allocation_id}", REMOVAL_SECONDS)
+
+    def _owner(self, allocation_id: str) -> AllocationOwner:
         owner = self.owners.owner(allocation_id)
         if owner is None:
             raise NotFound(f"allocation {shown(allocation_id)} does not exist")
-        command = CloseAllocation(force=force)
-        owner.submit(command)
-        return command.reply.wait(START_SECONDS, f"the removal of allocation {allocation_id}", REMOVAL_SECONDS)
+        return owner
