@@ -7,6 +7,7 @@ for outcomes with the same bounded waiting call clients use, never with sleeps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -123,6 +124,22 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
     assert queued.wait("s1", 0.2).waiting.position == 1  # nothing is free for it yet
     pod.partitions.remove("on-ag6")
     assert wait(queued, "s1").agent_ids == ["ag6"]
+
+
+def test_a_request_expected_to_end_before_the_held_ipus_are_needed_starts_on_them_and_no_other(pod, queued):
+    pod.partitions.create(dataclasses.replace(on_machine(2), expected_seconds=2 * 3600))  # the only one in big's way
+    assert started_at_once(queued, "rest", 16) == ["ag5", "ag6", "ag7", "ag8"]
+    queue_up(queued, "big", 16)
+    assert queue_of(pod).held == {(f"ag{m}", i) for m in range(1, 5) for i in range(4)}
+    # Only IPUs held for big are free: what ends before on-ag2 is expected to may use them meanwhile.
+    queued.create(PartitionRequest("short", 4, expected_seconds=3600), wait_seconds=60)
+    assert wait(queued, "short").agent_ids[0] in ("ag1", "ag3", "ag4")
+    for late in (PartitionRequest("late", 4, expected_seconds=3 * 3600), PartitionRequest("unknown", 4)):
+        queued.create(late, wait_seconds=60)
+        assert queued.wait(late.id, 0.2).waiting is not None, f"{late.id} started in what is held for big"
+    pod.partitions.remove("on-ag2")
+    pod.partitions.remove("short")
+    assert wait(queued, "big").agent_ids == ["ag1", "ag2", "ag3", "ag4"]  # never delayed by the one that ended in time
 
 
 def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
+from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
 from vipu.model.queue import WaitingRequest, admit, shape_of
@@ -206,7 +208,9 @@ class QueueKeeping(Steps):
                                       ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
                                       faults=state.links)
 
-        admission = admit(state.queue, state.used, place, choose_held, held=held)
+        admission = admit(state.queue, state.used, place, choose_held, held=held,
+                          expected_duration=lambda request: request.request.expected_seconds or None,
+                          expected_ends=expected_ends(state.partitions.values()), now=time.time())
         for request, placement in admission.started:
             partition = partition_of(request.request, request.owner, allocation, placement)
             self.start(Flow("creating", flows.grant(self, request, partition), partition_id=partition.id))
@@ -264,3 +268,15 @@ class QueueKeeping(Steps):
             if behind is not None:
                 verdicts[shape] = verdict(behind, behind_first)
         self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders)), verdicts=verdicts, layout=layout)
+
+
+def expected_ends(partitions: Iterable[Partition]) -> dict[tuple[str, int], float | None]:
+    """When the partition on each IPU in use is expected to end (seconds since the epoch), for
+    backfill by expected duration; None where its duration is unknown. IPUs held back for no
+    partition (a move's old ones, say) are left out, which backfill reads as unknown too."""
+    ends: dict[tuple[str, int], float | None] = {}
+    for partition in partitions:
+        end = partition.expected_end
+        for ipu in partition.ipus:
+            ends[(ipu.agent_id, ipu.index)] = None if end is None else end.timestamp()
+    return ends
