@@ -424,6 +424,7 @@ class Pod:
         for agent in agents:
             agent.ClearField("status")
             agent.ClearField("last_error")
+            agent.ClearField("condition")  # power and health as last read: the machine's, not the controller's to keep
         user = vipuuser_pb2_grpc.UserServiceStub(self._server_channel(self.user_port))
         return {
             "agents": list(agents),

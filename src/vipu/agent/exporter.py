@@ -24,7 +24,10 @@ class MachineCollector:
         info = InfoMetricFamily("vipu_agent_machine", "The IPU-Machine this agent drives")
         info.add_metric([], {"serial": inventory.serial, "platform": inventory.platform, "backend": inventory.backend})
         yield info
-        partitions = self.backend.partitions()
+        try:
+            partitions = self.backend.partitions()
+        except Unavailable:  # powered off: it holds none
+            partitions = []
         configured = sum(len(p.ipus) for p in partitions)
         ipus = GaugeMetricFamily("vipu_agent_ipus", "IPUs of the machine by use", labels=["use"])
         ipus.add_metric(["partition"], configured)

@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import typing
 from pathlib import Path
 
 import click
@@ -25,12 +26,29 @@ from vipu.api.protos import agent_pb2_grpc, ipuof_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import agent_server_credentials, link_authority
+from vipu.backends.capabilities import Health, Inventory, Power
+from vipu.backends.composed import ComposedMachine
 from vipu.backends.sim.machine import RackFile, SimMachine
+from vipu.backends.sim.rack import RackMachine
 from vipu.model.errors import VipuError
 
 log = logging.getLogger("vipu.agent")
 
 WATCH_INTERVAL = 0.2  # seconds between looks at whether a simulated machine plays dead
+
+
+def composed(fabric: SimMachine, machine: RackMachine) -> ComposedMachine:
+    """The machine as its description says: the simulator's fabric, and each other capability from
+    the driver its `drivers` names (the simulator's by default)."""
+    given: dict[str, Power | Inventory | Health] = {"power": fabric, "inventory": fabric, "health": fabric}
+    if "redfish" in machine.drivers.values():
+        from vipu.backends.redfish import RedfishMachine, bmc_config  # sushy is imported only where a BMC is used
+
+        bmc = RedfishMachine(bmc_config(machine.bmc, f"machine {machine.name}: bmc"))
+        bmc.start()
+        given.update({capability: bmc for capability, driver in machine.drivers.items() if driver == "redfish"})
+    return ComposedMachine(fabric, machine.name, power=typing.cast(Power, given["power"]),
+                           inventory=typing.cast(Inventory, given["inventory"]), health=typing.cast(Health, given["health"]))
 
 
 class MachineHost:
@@ -40,7 +58,7 @@ class MachineHost:
     connection refused exactly as for a machine that is off; its ports reopen when it recovers.
     """
 
-    def __init__(self, backend: SimMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None, state_dir: Path):
+    def __init__(self, backend: ComposedMachine, host: str, port: int, ipuof_port: int, tls_dir: Path | None, state_dir: Path):
         self.backend = backend
         self.host, self.port, self.ipuof_port = host, port, ipuof_port
         self.tls_dir = tls_dir  # the agent link's files: only the site's controllers, by their certificates, are answered
@@ -121,8 +139,10 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
             raise VipuError("--port and --exporter-port apply to a single machine")
         state_dir = state_dir or rack_path.resolve().parent / "agent-state"
         for name in names:
-            backend = SimMachine(rack, name)
-            machine = backend.machine()
+            fabric = SimMachine(rack, name)
+            machine = fabric.machine()
+            backend = composed(fabric, machine)
+            backend.condition(0)  # a capability that fails at the start is logged now, a line each
             host = MachineHost(backend, listen_address or machine.host, port or machine.port, machine.ipuof_port, tls_dir, state_dir)
             if not machine.faults.silent:
                 host.open()

@@ -7,13 +7,16 @@ import time
 from vipu.agent.holds import MachineHold, caller_of
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
-from vipu.backends.base import MachineBackend
+from vipu.backends.composed import ComposedMachine
 from vipu.model.clustertests import Probe
 from vipu.model.errors import InvalidArgument
+from vipu.model.hardware import PowerAction
+
+MAX_POWER_SECONDS = 600.0
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, backend: MachineBackend, hold: MachineHold):
+    def __init__(self, backend: ComposedMachine, hold: MachineHold):
         self.backend = backend
         self.hold = hold
 
@@ -69,6 +72,22 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             agent_pb2.PartitionAttachments(partition_id=r.partition_id, attached_clients=r.attached_clients,
                                            oldest_attached_at=r.oldest_attached_at, fenced_until=r.fenced_until)
             for r in reports])
+
+    def GetCondition(self, request, context):
+        """Anyone may read it, as the inventory."""
+        return convert.condition_to_proto(self.backend.condition(request.after_event))
+
+    def Power(self, request, context):
+        """A change to the machine: only from the controller the agent obeys."""
+        try:
+            action = PowerAction(request.action)
+        except ValueError:
+            raise InvalidArgument(f"unknown power action {request.action!r}: on, off, reset or cycle") from None
+        if not 0 < request.timeout_seconds <= MAX_POWER_SECONDS:
+            raise InvalidArgument(f"a power action waits from 0 to {MAX_POWER_SECONDS:.0f} s, not {request.timeout_seconds:g}")
+        with self.hold.obeying(caller_of(context)):
+            state = self.backend.power(action, request.timeout_seconds)
+        return agent_pb2.PowerReply(power_state=state.value)
 
     def Claim(self, request, context):
         caller = caller_of(context)

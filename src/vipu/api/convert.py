@@ -28,6 +28,15 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import InvalidArgument
+from vipu.model.hardware import (
+    NO_CAPABILITIES_SAID,
+    Cable,
+    Component,
+    ComponentHealth,
+    HealthEvent,
+    HealthLevel,
+    MachineCondition,
+)
 from vipu.model.linkhealth import CableIdentity, CableRecord, LinkDetail, LinkReading, LinkState, Sample
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
@@ -91,6 +100,10 @@ def inventory_to_proto(inventory: MachineInventory) -> agent_pb2.Inventory:
         ipus=[agent_pb2.Ipu(index=i.index, chip_id=i.chip_id, attributes=i.attributes) for i in inventory.ipus],
         exporter_port=inventory.exporter_port,
         ipu_arch_id=inventory.ipu_arch_id,
+        capabilities=inventory.capabilities,
+        cables=[agent_pb2.PortCable(port=c.port, serial=c.serial, vendor=c.vendor, model=c.model) for c in inventory.cables],
+        components=[agent_pb2.HardwareComponent(id=c.id, kind=c.kind, name=c.name, serial=c.serial, model=c.model,
+                                                manufacturer=c.manufacturer, firmware=c.firmware) for c in inventory.components],
     )
 
 
@@ -109,7 +122,26 @@ def inventory_from_proto(message: agent_pb2.Inventory) -> MachineInventory:
         ipus=[IpuInfo(i.index, i.chip_id, dict(i.attributes)) for i in message.ipus],
         exporter_port=message.exporter_port,
         ipu_arch_id=message.ipu_arch_id,
+        capabilities=tuple(message.capabilities) or NO_CAPABILITIES_SAID,
+        cables=tuple(Cable(c.port, c.serial, c.vendor, c.model) for c in message.cables),
+        components=tuple(Component(c.id, c.kind, c.name, c.serial, c.model, c.manufacturer, c.firmware) for c in message.components),
     )
+
+
+def condition_to_proto(condition: MachineCondition) -> agent_pb2.Condition:
+    return agent_pb2.Condition(
+        power_state=condition.power_state, health=condition.health, problems=condition.problems,
+        components=[agent_pb2.ComponentStatus(component=c.component, health=c.health.value, state=c.state, message=c.message)
+                    for c in condition.components],
+        events=[agent_pb2.HealthEvent(sequence=e.sequence, at=e.at, severity=e.severity.value, component=e.component, message=e.message)
+                for e in condition.events])
+
+
+def condition_from_proto(message: agent_pb2.Condition) -> MachineCondition:
+    return MachineCondition(
+        power_state=message.power_state, health=message.health, problems=tuple(message.problems),
+        components=tuple(ComponentHealth(c.component, HealthLevel(c.health), c.state, c.message) for c in message.components),
+        events=tuple(HealthEvent(e.sequence, e.at, HealthLevel(e.severity), e.component, e.message) for e in message.events))
 
 
 def _links_to_proto(links: tuple[PortLink, ...]) -> list[agent_pb2.PortLink]:
@@ -185,6 +217,7 @@ def agent_to_proto(agent: Agent, cluster_id: str = "", allocation_id: str = "", 
         ],
         discovery_mode=agent.discovery_mode,
         last_error=agent.last_error,
+        condition=condition_to_proto(agent.inventory.condition),
     )
 
 
@@ -305,6 +338,8 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     )
     if partition.last_auto_reset is not None:
         status.last_auto_reset_time.FromDatetime(partition.last_auto_reset)
+    if partition.power_cycled is not None:
+        status.last_power_cycle_time.FromDatetime(partition.power_cycled)
     status.relocatable, status.relocation = partition.relocatable, partition.relocation
     status.placement_note = partition.placement_note
     status.link_warnings.extend(partition.link_warnings)

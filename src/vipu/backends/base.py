@@ -94,6 +94,10 @@ class MachineBackend(ABC):
         in the same step: new attaches are refused until the fence lapses or the partition's
         settings are cleared or applied again."""
 
+    def power_lost(self) -> None:  # noqa: B027 (a real fabric loses it by itself: nothing to do by default)
+        """The machine's power went off (another capability's driver turned it off or cycled it):
+        forget what does not survive that. Real fabrics lose it themselves."""
+
     def silent(self) -> bool:
         """Whether the machine is playing dead (a simulated fault); real machines never say so."""
         return False

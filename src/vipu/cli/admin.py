@@ -175,6 +175,17 @@ def get_agent(admin, agent_id, as_json):
     ]
     if agent.last_error:
         pairs.append(("Last Error", agent.last_error))
+    pairs.append(("Capabilities", ", ".join(inv.capabilities) or "fabric, diagnostics"))
+    condition = agent.condition
+    if condition.power_state:
+        pairs.append(("Power", condition.power_state))
+    if condition.health:
+        failing = [f"{c.component} {c.health}" for c in condition.components if c.health != "OK"]
+        pairs.append(("Health", condition.health + (f" ({', '.join(failing)})" if failing else "")))
+    pairs += [(f"{component.kind.capitalize()} {component.id}",
+               " ".join(part for part in (component.manufacturer, component.model, component.serial and f"serial {component.serial}",
+                                          component.firmware and f"firmware {component.firmware}") if part))
+              for component in inv.components]
     click.echo(render_pairs(pairs))
     chips = {ipu.index: ipu.chip_id for ipu in inv.ipus}
     rows = [
@@ -183,6 +194,32 @@ def get_agent(admin, agent_id, as_json):
         for u in agent.ipus
     ]
     click.echo(render_table(["IPU", "Chip ID", "Partition", "State", "Routing ID", "GCD"], rows))
+    if inv.cables:
+        click.echo(render_table(["Port", "Cable Serial", "Vendor", "Model"], [[c.port, c.serial, c.vendor, c.model] for c in inv.cables]))
+    if condition.events:
+        click.echo(render_table(["Event", "Component", "Severity", "What"],
+                                [[_when(e.at), e.component, e.severity, e.message] for e in condition.events]))
+
+
+@cli.command("power")
+@click.argument("action", type=click.Choice(["on", "off", "cycle", "reset", "status"]))
+@click.argument("kind", type=click.Choice(["agent"]))
+@click.argument("agent_id")
+@click.option("--force", is_flag=True, help="Even with ACTIVE partitions there: they fail, and are reset once the machine answers again.")
+@json_option
+@pass_client
+def power(admin, action, kind, agent_id, force, as_json):
+    """Power an agent's machine on, off, cycle or reset it, or show its power state.
+
+    Needs a machine with the power capability (its BMC); other than on and status, refused while a
+    partition is ACTIVE there unless --force."""
+    with reporting(f"power {action} agent", agent_id):
+        reply = admin.power_agent(agent_id, action, force)
+    if as_json:
+        return echo_json(reply)
+    for partition_id in reply.failed_partitions:
+        click.echo(f"partition {partition_id} failed; it is reset once agent {agent_id} answers again")
+    click.echo(f"agent {agent_id}: power {reply.power_state}")
 
 
 @remove.command("agent")

@@ -87,12 +87,16 @@ def _link(value: str) -> tuple[str, str, faults.LinkKind]:
 @click.option("--pfc", multiple=True, metavar="M:RNIC=C,C,...", help="The PFC classes of an RNIC (empty for none).")
 @click.option("--silent", multiple=True, metavar="M", help="A machine that does not answer.")
 @click.option("--configure-fault", multiple=True, metavar="M=REASON", help="A machine whose partition configuration fails.")
+@click.option("--wedge", multiple=True, metavar="M=REASON", help="A machine whose partition configuration fails until it is power cycled.")
+@click.option("--fail-component", multiple=True, metavar="M:COMPONENT", help="A part (fan1..fan5, psu1, psu2, ...) reported Critical.")
+@click.option("--silent-bmc", multiple=True, metavar="M", help="A machine whose BMC does not answer (its IPUs still serve).")
 @click.option("--degrade", multiple=True, metavar="LINK=PATTERN:N[:S]",
               help="A link going bad from now: PATTERN steady or bursts (N corrected errors a minute) or flapping (N recoveries a "
                    "minute), failing after S seconds if given. LINK: M:KIND:PORT or M:ipuN:PL.")
 @click.option("--recover", multiple=True, metavar="LINK", help="A degrading link that stops getting worse from now (and is up again).")
 @click.option("--swap-cable", multiple=True, metavar="M:KIND:PORT=SERIAL", help="The cable in a port replaced by a new one.")
-def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault, degrade, recover, swap_cable):
+def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault, wedge, fail_component, silent_bmc,
+          degrade, recover, swap_cable):
     """Put faults into a rack description, all at once or not at all."""
     try:
         rack = load_rack(rack_path)
@@ -135,6 +139,14 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
         for value in configure_fault:
             machine, reason = _split(value, "=", "M=REASON")
             faults.fail_configuration(rack, machine, reason)
+        for value in wedge:
+            machine, reason = _split(value, "=", "M=REASON")
+            faults.wedge(rack, machine, reason)
+        for value in fail_component:
+            machine, component = _split(value, ":", "M:COMPONENT")
+            faults.fail_component(rack, machine, component)
+        for machine in silent_bmc:
+            faults.silence_bmc(rack, machine)
         now = time.time()
         for value in degrade:
             link, how = _split(value, "=", "LINK=PATTERN:N[:SECONDS]")

@@ -364,6 +364,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("Auto-reset Retries", f"{status.auto_reset_retry_count}/{status.max_auto_reset_retries}"),
         ("Last Auto-reset", status.last_auto_reset_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
          if status.HasField("last_auto_reset_time") else "-"),
+        ("Power Cycled", status.last_power_cycle_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
+         if status.HasField("last_power_cycle_time") else "-"),
         ("Relocatable", "yes" if status.relocatable else "no"),
         ("May move", "yes" if status.may_move else "no"),
         ("Expected end", expected_end(partition, status)),

@@ -77,6 +77,13 @@ class AdminClient(EndpointClient):
     def remove_cluster(self, cluster_id: str, force: bool = False) -> list[str]:
         return list(self._call("RemoveCluster", pb.RemoveRequest(id=cluster_id, force=force)).removed)
 
+    def power_agent(self, agent_id: str, action: str, force: bool = False) -> pb.PowerAgentReply:
+        """Power an agent's machine on, off, reset or cycle it (waiting until it gets there), or read
+        its power state (`status`); forced, even with ACTIVE partitions there, which then fail and
+        are reset once it answers again. A machine may take minutes to get there: the call waits as
+        long as the controller does, which bounds it."""
+        return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), no_deadline=True)
+
     # Allocations
 
     def create_allocation(self, allocation_id: str, cluster_id: str, *, agent_ids: tuple[str, ...] = (),

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from vipu.model.errors import InvalidArgument
+from vipu.model.hardware import NO_CAPABILITIES_SAID, Cable, Capability, Component, MachineCondition
 
 IPUS_PER_MACHINE = 4
 
@@ -177,6 +178,13 @@ class MachineInventory:
     ipus: list[IpuInfo] = field(default_factory=list)
     exporter_port: int = 0
     ipu_arch_id: int = 0
+    capabilities: tuple[str, ...] = NO_CAPABILITIES_SAID  # the `Capability` values its agent offers
+    cables: tuple[Cable, ...] = ()  # each chassis port's cable, as the machine's BMC names it
+    components: tuple[Component, ...] = ()  # the BMC's inventory: system, chassis, managers, firmware
+    condition: MachineCondition = field(default_factory=MachineCondition)  # power and health at the last look
+
+    def has(self, capability: Capability) -> bool:
+        return capability.value in self.capabilities
 
 
 @dataclass
@@ -295,6 +303,9 @@ class Partition:
     # relocatable partition with none attached may be moved without it); changed by its user later.
     may_move: bool = False
     expected_seconds: int = 0  # how long it is expected to run from its start (`created`); 0: unknown
+    # When the controller power cycled its machines because an automatic reset did not bring it back,
+    # UTC: it does so once in a partition's life, then leaves it to its user.
+    power_cycled: datetime | None = None
 
     @property
     def expected_end(self) -> datetime | None:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, GwTopology, IldTopology, IpuInfo, MachineInventory
 from vipu.model.errors import AlreadyExists
+from vipu.model.hardware import Cable, Component, ComponentHealth, HealthEvent, HealthLevel, MachineCondition
 from vipu.store.schema import AgentRow, AllocationAgentRow, AllocationRow, ClusterAgentRow, ClusterRow, MetaRow
 from vipu.store.transactions import CONFIGURATION_CHANGED, TransactionBase
 
@@ -34,6 +35,17 @@ def _inventory_to_json(inventory: MachineInventory) -> dict:
 def _inventory_from_json(data: dict) -> MachineInventory:
     data = dict(data)
     data["ipus"] = [IpuInfo(**ipu) for ipu in data.get("ipus", [])]
+    if "capabilities" in data:  # an inventory stored before capabilities keeps the default
+        data["capabilities"] = tuple(data["capabilities"])
+    data["cables"] = tuple(Cable(**cable) for cable in data.get("cables", ()))
+    data["components"] = tuple(Component(**component) for component in data.get("components", ()))
+    condition = dict(data.get("condition") or {})
+    condition["components"] = tuple(ComponentHealth(c["component"], HealthLevel(c["health"]), c.get("state", ""), c.get("message", ""))
+                                    for c in condition.get("components", ()))
+    condition["problems"] = tuple(condition.get("problems", ()))
+    condition["events"] = tuple(HealthEvent(e["sequence"], e["at"], HealthLevel(e["severity"]), e["component"], e["message"])
+                                for e in condition.get("events", ()))
+    data["condition"] = MachineCondition(**condition)
     return MachineInventory(**data)
 
 

@@ -77,6 +77,15 @@ class Machine:
     status: str = ""  # Up | Down; "" where the viewer may not see it
     allocation_id: str = ""
     ipus: list[Ipu] = field(default_factory=list)
+    power: str = ""   # On | Off | ...; "" where the machine has no power capability or the viewer may not see it
+    health: str = ""  # OK | Warning | Critical | Unknown; likewise
+    reason: str = ""  # why it is Down
+
+    @property
+    def hardware(self) -> str:
+        """Its power and health in a few words, for the title of its box."""
+        said = [f"power {self.power}" if self.power else "", f"health {self.health}" if self.health else "", self.reason]
+        return " · ".join(part for part in said if part)
 
     @property
     def in_error(self) -> bool:
@@ -133,12 +142,14 @@ def _holders(partitions: Iterable[vipuuser_pb2.Partition]) -> dict[tuple[str, in
     return {(ipu.agent_id, ipu.agent_ipu_index): p for p in partitions for ipu in p.spec.ipus}
 
 
-def _machine(agent_id: str, holders, tones, status: str = "", allocation_id: str = "") -> Machine:
+def _machine(agent_id: str, holders, tones, status: str = "", allocation_id: str = "", agent: admin_pb2.Agent | None = None) -> Machine:
     ipus = []
     for index in range(IPUS_PER_MACHINE):
         holder = holders.get((agent_id, index))
         ipus.append(Ipu(index) if holder is None else Ipu(index, holder.id, ready_state(holder), tones[holder.id]))
-    return Machine(agent_id, status, allocation_id, ipus)
+    if agent is None:
+        return Machine(agent_id, status, allocation_id, ipus)
+    return Machine(agent_id, status, allocation_id, ipus, agent.condition.power_state, agent.condition.health, agent.last_error)
 
 
 def _columns(machines: list[Machine]) -> list[list[Run]]:
@@ -163,7 +174,7 @@ def pod_racks(agents: list[admin_pb2.Agent], clusters: list[admin_pb2.Cluster],
 
     def machine(agent_id: str) -> Machine:
         agent = by_id.get(agent_id)
-        return _machine(agent_id, holders, tones, agent.status if agent else "", agent.allocation_id if agent else "")
+        return _machine(agent_id, holders, tones, agent.status if agent else "", agent.allocation_id if agent else "", agent)
 
     groups = []
     for cluster in sorted(clusters, key=lambda c: c.id):

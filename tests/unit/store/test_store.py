@@ -742,6 +742,7 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.add_request(waiting("q1"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN may_move"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN expected_seconds"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN power_cycled_at"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -751,11 +752,11 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
     try:
         with reopened.reading() as tx:
             migrated = tx.get_partition("p1")
-            assert (migrated.may_move, migrated.expected_seconds, migrated.expected_end) == (False, 0, None)
+            assert (migrated.may_move, migrated.expected_seconds, migrated.expected_end, migrated.power_cycled) == (False, 0, None, None)
             [request] = tx.list_requests()
             assert (request.partition_id, request.request.may_move, request.request.expected_seconds) == ("q1", False, 0)
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
-        assert SCHEMA_VERSION == 14
+        assert SCHEMA_VERSION == 15
         p2 = partition("p2", "ag2")
         p2.may_move, p2.expected_seconds = True, 7200
         with reopened.transaction() as tx:

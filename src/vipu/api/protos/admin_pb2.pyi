@@ -40,7 +40,7 @@ class AgentIpuUse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., partition_id: _Optional[str] = ..., partition_state: _Optional[str] = ..., routing_id: _Optional[int] = ..., gcd_id: _Optional[int] = ...) -> None: ...
 
 class Agent(_message.Message):
-    __slots__ = ("id", "host", "port", "status", "cluster_id", "allocation_id", "inventory", "ipus", "discovery_mode", "last_error")
+    __slots__ = ("id", "host", "port", "status", "cluster_id", "allocation_id", "inventory", "ipus", "discovery_mode", "last_error", "condition")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Agent(_message.Message):
     IPUS_FIELD_NUMBER: _ClassVar[int]
     DISCOVERY_MODE_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     port: int
@@ -61,7 +62,8 @@ class Agent(_message.Message):
     ipus: _containers.RepeatedCompositeFieldContainer[AgentIpuUse]
     discovery_mode: str
     last_error: str
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., status: _Optional[str] = ..., cluster_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., inventory: _Optional[_Union[_agent_pb2.Inventory, _Mapping]] = ..., ipus: _Optional[_Iterable[_Union[AgentIpuUse, _Mapping]]] = ..., discovery_mode: _Optional[str] = ..., last_error: _Optional[str] = ...) -> None: ...
+    condition: _agent_pb2.Condition
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., status: _Optional[str] = ..., cluster_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., inventory: _Optional[_Union[_agent_pb2.Inventory, _Mapping]] = ..., ipus: _Optional[_Iterable[_Union[AgentIpuUse, _Mapping]]] = ..., discovery_mode: _Optional[str] = ..., last_error: _Optional[str] = ..., condition: _Optional[_Union[_agent_pb2.Condition, _Mapping]] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "agent_ids", "topology", "num_ipulinkdomains", "cluster_topology", "allocation_ids")
@@ -110,6 +112,24 @@ class CreateAgentReply(_message.Message):
     AGENT_FIELD_NUMBER: _ClassVar[int]
     agent: Agent
     def __init__(self, agent: _Optional[_Union[Agent, _Mapping]] = ...) -> None: ...
+
+class PowerAgentRequest(_message.Message):
+    __slots__ = ("agent_id", "action", "force")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    action: str
+    force: bool
+    def __init__(self, agent_id: _Optional[str] = ..., action: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class PowerAgentReply(_message.Message):
+    __slots__ = ("power_state", "failed_partitions")
+    POWER_STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    power_state: str
+    failed_partitions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, power_state: _Optional[str] = ..., failed_partitions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("id",)

@@ -55,6 +55,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
                 _registered_method=True)
+        self.PowerAgent = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/PowerAgent',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.FromString,
+                _registered_method=True)
         self.CreateCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/CreateCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateClusterRequest.SerializeToString,
@@ -204,6 +209,12 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RemoveAgent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PowerAgent(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -382,6 +393,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveAgent,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'PowerAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.PowerAgent,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.SerializeToString,
             ),
             'CreateCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateCluster,
@@ -617,6 +633,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/RemoveAgent',
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PowerAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/PowerAgent',
+            vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,7 +28,7 @@ class Ipu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., chip_id: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("machine_serial", "platform", "manufacturer", "board_part_number", "versions", "backend", "backend_version", "ipuof_host", "ipuof_port", "rdma_port", "ipus", "exporter_port", "ipu_arch_id", "holder")
+    __slots__ = ("machine_serial", "platform", "manufacturer", "board_part_number", "versions", "backend", "backend_version", "ipuof_host", "ipuof_port", "rdma_port", "ipus", "exporter_port", "ipu_arch_id", "holder", "capabilities", "cables", "components")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,9 @@ class Inventory(_message.Message):
     EXPORTER_PORT_FIELD_NUMBER: _ClassVar[int]
     IPU_ARCH_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    CABLES_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     machine_serial: str
     platform: str
     manufacturer: str
@@ -64,7 +67,100 @@ class Inventory(_message.Message):
     exporter_port: int
     ipu_arch_id: int
     holder: str
-    def __init__(self, machine_serial: _Optional[str] = ..., platform: _Optional[str] = ..., manufacturer: _Optional[str] = ..., board_part_number: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., ipuof_host: _Optional[str] = ..., ipuof_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., ipus: _Optional[_Iterable[_Union[Ipu, _Mapping]]] = ..., exporter_port: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    cables: _containers.RepeatedCompositeFieldContainer[PortCable]
+    components: _containers.RepeatedCompositeFieldContainer[HardwareComponent]
+    def __init__(self, machine_serial: _Optional[str] = ..., platform: _Optional[str] = ..., manufacturer: _Optional[str] = ..., board_part_number: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., ipuof_host: _Optional[str] = ..., ipuof_port: _Optional[int] = ..., rdma_port: _Optional[int] = ..., ipus: _Optional[_Iterable[_Union[Ipu, _Mapping]]] = ..., exporter_port: _Optional[int] = ..., ipu_arch_id: _Optional[int] = ..., holder: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., cables: _Optional[_Iterable[_Union[PortCable, _Mapping]]] = ..., components: _Optional[_Iterable[_Union[HardwareComponent, _Mapping]]] = ...) -> None: ...
+
+class PortCable(_message.Message):
+    __slots__ = ("port", "serial", "vendor", "model")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    serial: str
+    vendor: str
+    model: str
+    def __init__(self, port: _Optional[str] = ..., serial: _Optional[str] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class HardwareComponent(_message.Message):
+    __slots__ = ("id", "kind", "name", "serial", "model", "manufacturer", "firmware")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    name: str
+    serial: str
+    model: str
+    manufacturer: str
+    firmware: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., serial: _Optional[str] = ..., model: _Optional[str] = ..., manufacturer: _Optional[str] = ..., firmware: _Optional[str] = ...) -> None: ...
+
+class GetConditionRequest(_message.Message):
+    __slots__ = ("after_event",)
+    AFTER_EVENT_FIELD_NUMBER: _ClassVar[int]
+    after_event: int
+    def __init__(self, after_event: _Optional[int] = ...) -> None: ...
+
+class ComponentStatus(_message.Message):
+    __slots__ = ("component", "health", "state", "message")
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    health: str
+    state: str
+    message: str
+    def __init__(self, component: _Optional[str] = ..., health: _Optional[str] = ..., state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class HealthEvent(_message.Message):
+    __slots__ = ("sequence", "at", "severity", "component", "message")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    at: float
+    severity: str
+    component: str
+    message: str
+    def __init__(self, sequence: _Optional[int] = ..., at: _Optional[float] = ..., severity: _Optional[str] = ..., component: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Condition(_message.Message):
+    __slots__ = ("power_state", "health", "components", "problems", "events")
+    POWER_STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    power_state: str
+    health: str
+    components: _containers.RepeatedCompositeFieldContainer[ComponentStatus]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    events: _containers.RepeatedCompositeFieldContainer[HealthEvent]
+    def __init__(self, power_state: _Optional[str] = ..., health: _Optional[str] = ..., components: _Optional[_Iterable[_Union[ComponentStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ...) -> None: ...
+
+class PowerRequest(_message.Message):
+    __slots__ = ("action", "timeout_seconds")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    timeout_seconds: float
+    def __init__(self, action: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class PowerReply(_message.Message):
+    __slots__ = ("power_state",)
+    POWER_STATE_FIELD_NUMBER: _ClassVar[int]
+    power_state: str
+    def __init__(self, power_state: _Optional[str] = ...) -> None: ...
 
 class PortLink(_message.Message):
     __slots__ = ("port", "peer_serial", "peer_port")

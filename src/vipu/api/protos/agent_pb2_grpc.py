@@ -84,6 +84,16 @@ class AgentServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.GetCondition = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/GetCondition',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.GetConditionRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.Condition.FromString,
+                _registered_method=True)
+        self.Power = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Power',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -149,6 +159,18 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCondition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Power(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +223,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.SerializeToString,
+            ),
+            'GetCondition': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCondition,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.GetConditionRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.Condition.SerializeToString,
+            ),
+            'Power': grpc.unary_unary_rpc_method_handler(
+                    servicer.Power,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +505,60 @@ class AgentService:
             '/vipu.agent.v1.AgentService/Release',
             vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_agent__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCondition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/GetCondition',
+            vipu_dot_api_dot_protos_dot_agent__pb2.GetConditionRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.Condition.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Power(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Power',
+            vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.FromString,
             options,
             channel_credentials,
             insecure,

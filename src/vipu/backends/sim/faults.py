@@ -116,6 +116,23 @@ def fail_configuration(rack: Rack, machine: str, reason: str) -> None:
     rack.machine(machine).faults.configure = reason
 
 
+def wedge(rack: Rack, machine: str, reason: str) -> None:
+    """A machine whose every partition apply fails with `reason` until it is power cycled."""
+    rack.machine(machine).faults.wedged = reason
+
+
+def fail_component(rack: Rack, machine: str, component: str) -> None:
+    """A part of the machine (fan1, psu2, ...) its health capability reports Critical."""
+    failed = rack.machine(machine).faults.failed_components
+    if component not in failed:
+        failed.append(component)
+
+
+def silence_bmc(rack: Rack, machine: str) -> None:
+    """A machine whose BMC does not answer: its power, inventory and health fail; its IPUs still serve."""
+    rack.machine(machine).faults.bmc_silent = True
+
+
 def slow_down(rack: Rack, machine: str, delay_ms: int) -> None:
     """A machine whose every partition apply and clear takes `delay_ms`."""
     rack.machine(machine).faults.apply_delay_ms = delay_ms

@@ -9,6 +9,13 @@ injects or heals a fault in a running pod.
 It remembers which IPUoF client sessions are attached to which IPU, each until the client
 detaches, its hold lapses (each run renews it) or its partition's settings are cleared or
 replaced, and the fences that keep an idle partition idle while the controller moves it.
+
+It gives every capability (`vipu.backends.capabilities`): power as a BMC would (a machine
+powered off refuses partition settings, and a power cycle loses them all, as the real one's
+gateway does, and clears a `faults.wedged`), inventory (its components and each chassis port's
+cable) and health (the rack's `faults.failed_components` are Critical, with an event each time a
+component's health changes, seen when health is read). `faults.bmc_silent` makes those three
+fail as an unreachable BMC does, while its IPUs still serve.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from vipu.backends.base import (
     MachineBackend,
     PartitionAttachments,
 )
+from vipu.backends.capabilities import Health, Inventory, Power, checked_power_request
 from vipu.backends.sim.rack import (
     PORT_COUNTS,
     IndexedRack,
@@ -53,6 +61,17 @@ from vipu.model.errors import (
     PermissionDenied,
     Unavailable,
 )
+from vipu.model.hardware import (
+    Cable,
+    Component,
+    ComponentHealth,
+    HardwareInventory,
+    HealthEvent,
+    HealthLevel,
+    MachineHealth,
+    PowerAction,
+    PowerState,
+)
 from vipu.model.linkhealth import CableIdentity, LinkName, LinkReading
 from vipu.model.topology import INTERNAL_LINKS, IPULINK_PORT_IPU, LinkKind
 
@@ -74,6 +93,9 @@ SIM_CABLE_VENDOR, SIM_CABLE_MODEL = "vipu-sim", "OSFP-DAC-1m"  # what a simulate
 PROGRAM_SECONDS = 0.05  # one run of the test program over IPUoF
 MAX_SESSION_LENGTH = 128
 MAX_SESSIONS_PER_IPU = 256  # clients attached to one IPU at once: a bound on what a key holder can make the machine keep
+KEPT_EVENTS = 256
+# The parts a simulated machine reports health for, as an IPU-M2000's BMC would.
+SIM_COMPONENTS = ("system", "chassis", "bmc", "fan1", "fan2", "fan3", "fan4", "fan5", "psu1", "psu2")
 
 
 class RackFile:
@@ -110,7 +132,7 @@ class Attachment:
     lapses: float  # on the machine's monotonic clock
 
 
-class SimMachine(MachineBackend):
+class SimMachine(MachineBackend, Power, Inventory, Health):
     name = "sim"
     version = __version__
 
@@ -126,6 +148,12 @@ class SimMachine(MachineBackend):
         self._retrained: dict[str, float] = {}  # link place -> when it was last reset
         self._attachments: dict[tuple[int, str], Attachment] = {}  # (IPU index, client session) -> its attachment
         self._fences: dict[str, float] = {}  # partition id -> when its fence lapses, on `clock`
+        self._power = PowerState.ON
+        self._wedge_cleared = ""  # the `faults.wedged` reason a power cycle has cleared since it was set
+        self._health: dict[str, HealthLevel] = {}  # component -> its health when last read
+        self._events: list[HealthEvent] = []
+        self._last_event = 0
+        self._bmc_silent = False  # as last seen
 
     def machine(self) -> RackMachine:
         return self.rack.current().machine(self.machine_name)
@@ -151,9 +179,12 @@ class SimMachine(MachineBackend):
     def apply(self, settings: AgentSettings) -> None:
         rack = self.rack.current()
         machine = rack.machine(self.machine_name)
+        self._check_powered()
         self._delay(machine)
         if machine.faults.configure:
             raise HardwareFailure(f"{machine.name}: {machine.faults.configure}")
+        if machine.faults.wedged and machine.faults.wedged != self._wedge_cleared:
+            raise HardwareFailure(f"{machine.name}: {machine.faults.wedged}")
         indices = [ipu.index for ipu in settings.ipus]
         if not indices:
             raise InvalidArgument(f"partition {settings.partition_id} names no IPU of {machine.name}")
@@ -177,18 +208,110 @@ class SimMachine(MachineBackend):
             self._owner.update({index: settings.partition_id for index in indices})
 
     def clear(self, partition_id: str) -> None:
+        self._check_powered()
         self._delay(self.machine())
         with self._lock:
             self._drop(partition_id)
 
     def partitions(self) -> list[AgentSettings]:
+        self._check_powered()
         with self._lock:
             return list(self._partitions.values())
+
+    def power_state(self) -> PowerState:
+        self._check_bmc()
+        return self._power
+
+    def power(self, action: PowerAction, timeout: float) -> PowerState:
+        action = checked_power_request(action, timeout)
+        self._check_bmc()
+        if action is not PowerAction.ON:
+            self.power_lost()
+        with self._lock:
+            self._power = PowerState.OFF if action is PowerAction.OFF else PowerState.ON
+            return self._power
+
+    def power_lost(self) -> None:
+        """Lose what the machine's power kept: every partition's settings, attachments and fences;
+        a wedge clears."""
+        wedged = self.machine().faults.wedged
+        with self._lock:
+            self._partitions.clear()
+            self._owner.clear()
+            self._attachments.clear()
+            self._fences.clear()
+            self._wedge_cleared = wedged
+
+    def hardware(self) -> HardwareInventory:
+        self._check_bmc()
+        rack = self.rack.current()
+        machine = rack.machine(self.machine_name)
+        cables = []
+        for kind in (LinkKind.IPULINK, LinkKind.SYNC, LinkKind.GWLINK):
+            for port in range(1, PORT_COUNTS[kind] + 1):
+                plugged = rack.plugged(machine.name, kind, port)
+                if plugged is not None:
+                    cable = plugged[0]
+                    cables.append(Cable(LinkName.of_port(machine.name, kind, port).place, cable.serial,
+                                        cable.vendor or SIM_CABLE_VENDOR, cable.model or SIM_CABLE_MODEL))
+        bmc_version = machine.versions.get("bmc", "")
+        components = tuple(Component(c, "fan" if c.startswith("fan") else "psu" if c.startswith("psu") else
+                                     "manager" if c == "bmc" else c, c, f"{machine.serial}-{c}", "IPU-M2000", "Graphcore",
+                                     bmc_version if c == "bmc" else "")
+                           for c in SIM_COMPONENTS)
+        return HardwareInventory(machine.serial, "Graphcore", "IPU-M2000", "M2000-SIM", dict(machine.versions), components,
+                                 tuple(cables))
+
+    def health(self) -> MachineHealth:
+        self._observe()
+        self._check_bmc()
+        with self._lock:
+            components = tuple(ComponentHealth(component, self._health.get(component, HealthLevel.OK)) for component in SIM_COMPONENTS)
+        worst = HealthLevel.CRITICAL if any(c.health is HealthLevel.CRITICAL for c in components) else HealthLevel.OK
+        return MachineHealth(worst, components)
+
+    def events(self, after: int) -> list[HealthEvent]:
+        """The machine's own record, read even while its BMC is silent (as a Redfish driver's poller keeps one)."""
+        self._observe()
+        with self._lock:
+            return [event for event in self._events if event.sequence > after]
+
+    def _observe(self) -> None:
+        """Events for what changed since the last look: a component's health, the BMC's silence."""
+        machine = self.machine()
+        failed = set(machine.faults.failed_components)
+        seen = {component: HealthLevel.CRITICAL if component in failed else HealthLevel.OK for component in SIM_COMPONENTS}
+        with self._lock:
+            if machine.faults.bmc_silent != self._bmc_silent:
+                self._bmc_silent = machine.faults.bmc_silent
+                self._event(HealthLevel.WARNING if self._bmc_silent else HealthLevel.OK, "bmc",
+                            "does not answer" if self._bmc_silent else "answers again")
+            if self._bmc_silent:
+                return
+            for component, level in seen.items():
+                before = self._health.get(component, HealthLevel.OK)
+                if level is not before:
+                    self._event(level, component, f"health {level.value} (was {before.value})")
+                self._health[component] = level
+
+    def _event(self, severity: HealthLevel, component: str, message: str) -> None:
+        self._last_event += 1
+        self._events.append(HealthEvent(self._last_event, time.time(), severity, component, message))
+        del self._events[:-KEPT_EVENTS]
+
+    def _check_bmc(self) -> None:
+        if self.machine().faults.bmc_silent:
+            raise Unavailable(f"the BMC of {self.machine_name} does not answer")
+
+    def _check_powered(self) -> None:
+        if self._power is PowerState.OFF:
+            raise Unavailable(f"{self.machine_name} is powered off")
 
     def silent(self) -> bool:
         return self.machine().faults.silent
 
     def diagnose(self, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        self._check_powered()
         rack = self.rack.current()
         machine = rack.machine(self.machine_name)
         time.sleep(PROBE_SECONDS[probe] * rack.time_scale)

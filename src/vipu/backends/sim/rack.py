@@ -30,7 +30,13 @@ Faults: remove a cable (missing), swap the ends of two (crossed), move an end to
 (wrong port), change a version, change an RNIC's `pfc_classes`, give a link `errors` over the
 traffic test's threshold of 300, mark a cable or internal link `broken`, set a machine's
 `faults.silent` (it does not answer) or `faults.configure` (every partition apply fails).
+`faults.wedged` makes every apply fail until the machine is power cycled, `faults.failed_components`
+are reported Critical, and `faults.bmc_silent` leaves its power, inventory and health unanswered.
 `vipu.backends.sim.faults` does each of these to a rack, and `vipu-sim fault` from the shell.
+
+A machine may take its power, inventory and health from a real BMC instead, while the simulator
+keeps its fabric: `drivers: {power: redfish, inventory: redfish, health: redfish}` and a `bmc:`
+mapping for `vipu.backends.redfish` (url, credentials file, CA, ...).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ DEFAULT_VERSIONS = {
 
 DEFAULT_PFC_CLASSES = [0, 1, 2, 3, 4, 5, 6, 7]
 INTERNAL_LINK_KEYS = {link.key for link in INTERNAL_LINKS}
+DRIVEN_CAPABILITIES = ("power", "inventory", "health")  # what a machine may take from a driver other than the simulator
+MACHINE_DRIVERS = ("sim", "redfish")
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,9 @@ class MachineFaults:
     configure: str = ""  # every partition apply fails with this reason
     apply_delay_ms: int = 0  # each apply and clear takes this long
     silent: bool = False  # the machine does not answer at all
+    wedged: str = ""  # every partition apply fails with this reason until the machine is power cycled (or the fault healed)
+    failed_components: list[str] = field(default_factory=list)  # the health capability reports these Critical
+    bmc_silent: bool = False  # its BMC does not answer: power, inventory and health fail; its IPUs still serve
 
 
 @dataclass
@@ -144,6 +155,10 @@ class RackMachine:
     ipus: list[IpuInfo] = field(default_factory=list)
     rnics: list[Rnic] = field(default_factory=lambda: [Rnic("eth1")])
     faults: MachineFaults = field(default_factory=MachineFaults)
+    # Which implementation gives each capability other than the simulator (`vipu.backends.capabilities`),
+    # e.g. {power: redfish, inventory: redfish, health: redfish}, and the BMC the redfish one speaks to.
+    drivers: dict[str, str] = field(default_factory=dict)
+    bmc: dict = field(default_factory=dict)
     link_errors: dict[str, int] = field(default_factory=dict)  # internal link ("ipu1:4C") -> corrected errors
     broken_links: list[str] = field(default_factory=list)  # internal links that never come up
     degrading_links: dict[str, Degradation] = field(default_factory=dict)  # internal link -> how it goes bad
@@ -276,6 +291,10 @@ def rack_to_data(rack: Rack) -> dict:
         faults = {k: v for k, v in vars(m.faults).items() if v}
         if faults:
             entry["faults"] = faults
+        if m.drivers:
+            entry["drivers"] = dict(m.drivers)
+        if m.bmc:
+            entry["bmc"] = dict(m.bmc)
         if m.link_errors:
             entry["link_errors"] = dict(m.link_errors)
         if m.broken_links:
@@ -333,6 +352,21 @@ class _Reader:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             self.fail(where, f"'{key}' must be text")
         return str(value)
+
+    def listing(self, data: dict, key: str, where: str) -> list:
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            self.fail(where, f"'{key}' must be a list")
+        return value
+
+    def drivers(self, value, where: str) -> dict[str, str]:
+        drivers = self.mapping(value, where)
+        for capability, driver in drivers.items():
+            if capability not in DRIVEN_CAPABILITIES:
+                self.fail(where, f"{capability!r} is not a capability another driver can give; these are {', '.join(DRIVEN_CAPABILITIES)}")
+            if driver not in MACHINE_DRIVERS:
+                self.fail(where, f"{capability}: no driver {driver!r}; there are {', '.join(MACHINE_DRIVERS)}")
+        return {str(k): str(v) for k, v in drivers.items()}
 
     def flag(self, data: dict, key: str, where: str) -> bool:
         value = data.get(key, False)
@@ -402,7 +436,12 @@ class _Reader:
                 configure=self.text(faults, "configure", f"{where}.faults", ""),
                 apply_delay_ms=self.number(faults, "apply_delay_ms", f"{where}.faults", 0, high=600_000),
                 silent=self.flag(faults, "silent", f"{where}.faults"),
+                wedged=self.text(faults, "wedged", f"{where}.faults", ""),
+                failed_components=[str(c) for c in self.listing(faults, "failed_components", f"{where}.faults")],
+                bmc_silent=self.flag(faults, "bmc_silent", f"{where}.faults"),
             ),
+            drivers=self.drivers(data.get("drivers", {}), f"{where}.drivers"),
+            bmc=self.mapping(data.get("bmc", {}), f"{where}.bmc"),
             link_errors={
                 self.internal_link(k, f"{where}.link_errors"): self.number(link_errors, k, f"{where}.link_errors", high=10**9)
                 for k in link_errors

@@ -28,10 +28,12 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Conflict, Unavailable, VipuError
+from vipu.model.hardware import MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
 
 log = logging.getLogger("vipu.controller.core")
 
+POWER_SECONDS = 300.0  # how long a power action may take before it counts as failed (a real machine boots in minutes)
 Outcomes = list[VipuError | None]  # each call's error, or None where it succeeded, in order
 
 
@@ -44,12 +46,15 @@ class AgentCall:
     agent_id: str
     host: str
     port: int
-    settings: AgentSettings | None = None  # None: a clear, or a fence
+    settings: AgentSettings | None = None  # None: a clear, a fence or a power action
     partition_id: str = ""
     fence_seconds: float = 0.0
+    power: PowerAction | None = None  # a power action on the agent's machine, waited for POWER_SECONDS at most
 
     @property
     def action(self) -> str:
+        if self.power is not None:
+            return "power"
         if self.fence_seconds:
             return "fence"
         return "clear" if self.settings is None else "apply"
@@ -96,6 +101,15 @@ class AgentGateway(Protocol):
         to tell."""
         ...
 
+    def condition(self, host: str, port: int, after_event: int = 0) -> MachineCondition:
+        """The machine's power and health now, and its health events after `after_event`."""
+        ...
+
+    def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:
+        """Power the machine on, off, reset or cycle it, and wait at most `timeout` seconds until it
+        gets there; its power state then. `Unavailable` if it did not get there."""
+        ...
+
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         """Hold the agent's machine, so that it obeys this controller only (on a TLS link); with a
         grant from the site's agent-link authority, take it from another controller. `PermissionDenied`
@@ -113,7 +127,9 @@ class AgentGateway(Protocol):
 def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
     try:
         failpoints.hit(f"agent.{call.action}")
-        if call.fence_seconds:
+        if call.power is not None:
+            gateway.power(call.host, call.port, call.power, POWER_SECONDS)
+        elif call.fence_seconds:
             attached = gateway.attachments(call.host, call.port, [call.partition_id], call.fence_seconds).get(call.partition_id, 0)
             if attached:
                 return Conflict(f"partition {call.partition_id} has {attached} IPUoF client(s) attached at agent {call.agent_id}")

@@ -236,6 +236,9 @@ class AgentReport(Command):
     agent_id: str
     held: dict | None = None  # partition id -> AgentSettings; None when it did not answer
     error: VipuError | None = None
+    # True: an administrator's power action on its machine begins (with `error`, why it is down): it
+    # counts as down, whatever a health pass finds meanwhile, until a report with False says it ended.
+    powering: bool | None = None
 
 
 @dataclass

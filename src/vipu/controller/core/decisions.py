@@ -37,6 +37,7 @@ from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent, Movable, Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
+from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy
 
 log = logging.getLogger("vipu.controller.core")
@@ -203,6 +204,15 @@ class Decisions(QueueKeeping):
         state, agent_id = self.state, command.agent_id
         agent = self.agents().get(agent_id)
         children: list[Flow] = []
+        if command.powering is True:
+            state.powering.add(agent_id)
+        elif command.powering is False:
+            state.powering.discard(agent_id)
+            command.reply.resolve()  # the next health pass says how it is now
+            return
+        if agent_id in state.powering and command.error is None:  # answering before the power action goes through
+            command.reply.resolve()
+            return
         if command.error is not None or agent is None:
             if agent_id not in state.down:
                 state.down.add(agent_id)
@@ -292,9 +302,24 @@ class Decisions(QueueKeeping):
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
                              MAX_AUTO_RESETS)
-                    body = _quietly(flows.reset(self, partition, automatic=True), partition.id, "automatic reset")
+                    body = _quietly(flows.reset(self, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
+                                    partition.id, "automatic reset")
                     children.append(self.start(Flow("resetting", body, partition_id=partition.id)))
         self._answer_when_done(command, children)
+
+    def _may_power_cycle(self, partition: Partition) -> bool:
+        """Whether an automatic reset that fails may power cycle the partition's machines: once in
+        its life, where each has the power capability and holds no other partition."""
+        if partition.power_cycled is not None:
+            return False
+        agents = self.agents()
+        for agent_id in partition.agent_ids:
+            agent = agents.get(agent_id)
+            if agent is None or not agent.inventory.has(Capability.POWER):
+                return False
+            if any(other.id != partition.id for other in self.state.on_agent(agent_id)):
+                return False
+        return True
 
     def _close(self, command: CloseAllocation) -> None:
         if self.state.closing:

@@ -33,6 +33,7 @@ from vipu.model.compaction import BudgetSpent, Move, Plan, Report
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, AgentStatus, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
+from vipu.model.hardware import PowerAction
 from vipu.model.placement import Placement
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
@@ -124,13 +125,35 @@ def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Bo
         raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
 
-def reset(owner: Steps, partition: Partition, automatic: bool) -> Body:
-    """Clear and configure the partition again; `automatic` counts it as an automatic reset."""
+def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool = False) -> Body:
+    """Clear and configure the partition again; `automatic` counts it as an automatic reset. With
+    `power_cycle`, a configuration that fails is followed by a power cycle of its machines and one
+    more configuration (`power_cycled_reset`)."""
     partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
     if failures:
         raise (yield from fail(owner, partition, failures, f"cannot reset partition {partition.id}", "fail"))
+    try:
+        return (yield from configure(owner, partition, "fail"))
+    except VipuError as failure:
+        current = owner.partition(partition.id)
+        if not power_cycle or current is None or lifecycle.state_of(current) != lifecycle.ERROR_FAILED:
+            raise
+        log.warning("partition %s: the reset did not bring it back (%s); power cycling %s", partition.id, failure.message,
+                    ", ".join(current.agent_ids))
+    return (yield from power_cycled_reset(owner, current))
+
+
+def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
+    """Power cycle the partition's machines and configure it again: what an operator does when a
+    reset does not bring a partition back. Recorded on the partition (`power_cycled`), so it is
+    done once in its life."""
+    partition = yield owner.transit(partition, ("reset", {"power_cycled": datetime.now(UTC)}))
+    agents = owner.agents_of(partition)
+    failures = _failures(agents, (yield Calls([AgentCall(a.id, a.host, a.port, power=PowerAction.CYCLE) for a in agents])))
+    if failures:
+        raise (yield from fail(owner, partition, failures, f"cannot power cycle the machines of partition {partition.id}", "fail"))
     return (yield from configure(owner, partition, "fail"))
 
 

@@ -45,6 +45,7 @@ class AllocationState:
     held_for: str = ""
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
+    powering: set[str] = dataclasses.field(default_factory=set)  # agents whose machines an administrator's power action holds down
     test: str = ""  # the disruptive cluster test holding the machines
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said

@@ -16,6 +16,7 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Unavailable, VipuError
+from vipu.model.hardware import MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
@@ -121,6 +122,15 @@ class GrpcAgentGateway:
         reply = self._call(host, port, "Attachments",
                            agent_pb2.AttachmentsRequest(partition_ids=list(partition_ids), fence_seconds=fence_seconds))
         return {p.partition_id: p.attached_clients for p in reply.partitions}
+
+    def condition(self, host: str, port: int, after_event: int = 0) -> MachineCondition:
+        return convert.condition_from_proto(self._call(host, port, "GetCondition", agent_pb2.GetConditionRequest(after_event=after_event)))
+
+    def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:
+        """A power action, waited for by the agent at most `timeout` seconds (and by the call a little longer)."""
+        reply = self._call(host, port, "Power", agent_pb2.PowerRequest(action=action.value, timeout_seconds=timeout),
+                           timeout + self.timeout)
+        return PowerState(reply.power_state)
 
     def claim(self, host: str, port: int, takeover_grant: str = "") -> str:
         if self.credentials is None and not takeover_grant:  # a plaintext link knows no holders

@@ -7,15 +7,20 @@ decides. A pass:
 
 1. asks each owner to finish the operations nobody owns any more (a restart's, or one whose last
    store write failed);
-2. asks every agent, in parallel, for the settings it holds, and records it Up or Down in the
-   store; its allocation's owner then clears what it should not hold (partitions unknown, or
-   ERROR, there), applies again what an ACTIVE partition lost (a restarted agent), and puts the
-   ACTIVE partitions of an agent that stopped answering in ERROR, saying why. Partitions that an
-   operation under way owns are left to it. A machine in no allocation is cleared of anything;
+2. asks every agent, in parallel, for the settings it holds (and, where its machine has the power
+   or health capability, for its power, health and the health events since the last pass, each
+   logged here), and records it Up or Down in the store, Down also where a capability of its
+   machine fails (its BMC unreachable, say: its partitions keep running); its allocation's
+   owner then clears what it should not hold (partitions unknown, or ERROR, there), applies again
+   what an ACTIVE partition lost (a restarted agent), and puts the ACTIVE partitions of an agent
+   that stopped answering in ERROR, saying why. Partitions that an operation under way owns are
+   left to it. A machine in no allocation is cleared of anything;
 3. asks each owner to recover ERROR partitions as their policy allows: a relocatable one moves
    off the machines that failed it when there is room, one that an agent's absence failed is
-   reset once every agent answers again, up to MAX_AUTO_RESETS times; one that a fault of the
-   hardware failed is left to its user, as a reset would only fail again.
+   reset once every agent answers again, up to MAX_AUTO_RESETS times (a reset that fails is
+   followed, once in the partition's life, by a power cycle of its machines and one more
+   configuration); one that a fault of the hardware failed is left to its user, as a reset would
+   only fail again.
 
 Each step waits for the owners' answers with a deadline, and the pass goes on without an answer
 that did not come in time: the owner finishes what it started, and the next pass looks again.
@@ -23,6 +28,7 @@ that did not come in time: the owner finishes what it started, and the next pass
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,10 +41,12 @@ from vipu.controller.core.owners import Owners
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, AgentStatus
 from vipu.model.errors import PermissionDenied, Unavailable, VipuError
+from vipu.model.hardware import Capability, HealthLevel, MachineCondition
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
 
+KEPT_EVENTS = 20  # the latest health events an agent's record keeps, for `vipu-admin get agent` and the dashboard
 STEP_SECONDS = 60.0  # how long a pass waits for the owners at each step: an agent call is bounded by the agent timeout
 
 
@@ -50,6 +58,15 @@ class _Found:
     held: dict[str, AgentSettings] | None
     error: VipuError | None = None
     returned: bool = False  # it was Down and answers again (its inventory was read afresh)
+    condition: MachineCondition | None = None  # its machine's power and health, where its agent has either
+
+    @property
+    def down_reason(self) -> str:
+        """Why the agent is Down: its fabric does not answer, or a capability of its machine fails
+        (its partitions keep running then, as long as the fabric answers)."""
+        if self.error is not None:
+            return self.error.message
+        return "; ".join(self.condition.problems) if self.condition is not None else ""
 
 
 class HealthPass:
@@ -109,20 +126,39 @@ class HealthPass:
 
     def _ask(self, agent: Agent) -> _Found:
         returning = agent.status is AgentStatus.DOWN
+        condition = None
         try:
+            if agent.inventory.has(Capability.POWER) or agent.inventory.has(Capability.HEALTH):
+                condition = self._condition(agent)
             held = {s.partition_id: s for s in self.gateway.partitions(agent.host, agent.port)}
             if returning:
                 agent.inventory = self.gateway.inventory(agent.host, agent.port)
         except (Unavailable, PermissionDenied) as error:  # not there, or obeying another controller
-            return _Found(agent, None, error)
-        return _Found(agent, held, returned=returning)
+            return _Found(agent, None, error, condition=condition)
+        return _Found(agent, held, returned=returning, condition=condition)
+
+    def _condition(self, agent: Agent) -> MachineCondition | None:
+        """The machine's power and health, with the events since those last recorded (each logged:
+        the agent's report of them as they come); None if the agent does not answer."""
+        known = agent.inventory.condition.events
+        try:
+            condition = self.gateway.condition(agent.host, agent.port, known[-1].sequence if known else 0)
+        except Unavailable:
+            return None
+        for event in condition.events:
+            log.log(logging.INFO if event.severity is HealthLevel.OK else logging.WARNING, "agent %s: %s: %s (%s)", agent.id,
+                    event.component, event.message, event.severity.value)
+        return dataclasses.replace(condition, events=(*known, *condition.events)[-KEPT_EVENTS:])
 
     def _record_status(self, found: _Found) -> None:
         """An agent's status in the store; written only when something changed."""
         agent = found.agent
-        status, reason = (AgentStatus.DOWN, found.error.message) if found.error is not None else (AgentStatus.UP, "")
-        if agent.status is status and agent.last_error == reason and not found.returned:
+        reason = found.down_reason
+        status = AgentStatus.DOWN if reason else AgentStatus.UP
+        condition = found.condition if found.condition is not None else agent.inventory.condition
+        if agent.status is status and agent.last_error == reason and not found.returned and condition == agent.inventory.condition:
             return
+        agent.inventory.condition = condition
         if agent.status is not status:
             log.info("agent %s is %s%s", agent.id, status.value, f": {reason}" if reason else "")
         try:

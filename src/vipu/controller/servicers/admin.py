@@ -20,6 +20,7 @@ from vipu.controller.usecases.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
 from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.hardware import PowerAction
 from vipu.model.linkhealth import LinkName
 
 
@@ -36,6 +37,14 @@ def _test_type(name: str) -> TestType:
         return TestType(name)
     except ValueError:
         raise InvalidArgument(f"unknown cluster test {name!r}; the tests are {', '.join(t.value for t in TestType)}") from None
+
+
+def _power_action(name: str) -> PowerAction:
+    try:
+        return PowerAction(name)
+    except ValueError:
+        actions = ", ".join(a.value for a in PowerAction)
+        raise InvalidArgument(f"unknown power action {name!r}; the actions are {actions} and status") from None
 
 
 def _user(user: User) -> pb.User:
@@ -75,6 +84,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def RemoveAgent(self, request, context):
         return pb.RemoveReply(removed=self.agents.remove(request.id, force=request.force))
+
+    def PowerAgent(self, request, context):
+        action = None if request.action == "status" else _power_action(request.action)
+        state, failed = self.agents.power(request.agent_id, action, force=request.force)
+        return pb.PowerAgentReply(power_state=state.value, failed_partitions=failed)
 
     def CreateCluster(self, request, context):
         return convert.cluster_to_proto(self.clusters.create(convert.cluster_request_from_proto(request)))

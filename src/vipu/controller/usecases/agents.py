@@ -12,10 +12,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vipu.controller.core.agents import AgentGateway
+from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
+from vipu.controller.core.commands import AgentReport
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
-from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown
+from vipu.model.entities import Agent, AgentStatus, ReadyState, check_id, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -25,9 +26,12 @@ from vipu.model.errors import (
     Unavailable,
     VipuError,
 )
+from vipu.model.hardware import Capability, PowerAction, PowerState
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
+
+POWER_FAIL_SECONDS = 30.0  # how long a forced power action waits for the owner to fail the partitions there
 
 
 def no_takeover(machine_serial: str) -> str:
@@ -146,6 +150,46 @@ class AgentService:
             for ipu in partition.ipus_on(agent_id):
                 holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
         return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus])
+
+    def power(self, agent_id: str, action: PowerAction | None, force: bool = False) -> tuple[PowerState, builtins.list[str]]:
+        """Power the agent's machine (`action`), or read its power state (None); its power state then,
+        and the ACTIVE partitions a forced action failed. Only on a machine with the power
+        capability; other than on, refused while a partition is ACTIVE there, unless forced: those
+        partitions then fail as after the agent's loss, and are reset once it answers again."""
+        view = self.get(agent_id)
+        agent = view.agent
+        if not agent.inventory.has(Capability.POWER):
+            raise InvalidArgument(f"agent {agent_id} has no power capability: its machine offers {', '.join(agent.inventory.capabilities)}")
+        if action is None:
+            condition = self.gateway.condition(agent.host, agent.port)
+            problem = next((p for p in condition.problems if Capability.POWER.value in p.split(": ", 1)[0].split(", ")), "")
+            if problem:
+                raise Unavailable(f"agent {agent_id}: {problem}")
+            return PowerState(condition.power_state), []
+        active = sorted({use.partition_id for use in view.ipus if use.partition_state == ReadyState.ACTIVE.value})
+        if active and action is not PowerAction.ON:
+            if not force:
+                raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {action.value} would fail them; "
+                               "use --force to fail them, and they are reset once the machine answers again")
+            self._tell_owner(view, AgentReport(agent_id, error=Unavailable(f"power {action.value} of its machine by the administrator"),
+                                               powering=True))
+        try:
+            return self.gateway.power(agent.host, agent.port, action, POWER_SECONDS), active
+        except VipuError as error:
+            raise type(error)(f"agent {agent_id}: power {action.value}: {error.message}") from error
+        finally:
+            if active and action is not PowerAction.ON:
+                self._tell_owner(view, AgentReport(agent_id, powering=False))
+
+    def _tell_owner(self, view: AgentView, report: AgentReport) -> None:
+        """Report to the owner of the agent's allocation, waiting for it with a deadline: that a
+        forced power action begins (its ACTIVE partitions there fail as after the agent's loss, and
+        stay failed until it ends), or that it ended."""
+        owner = self.owners.owner(view.allocation_id)
+        if owner is None:
+            return
+        owner.submit(report)
+        report.reply.wait(POWER_FAIL_SECONDS, f"telling the owner of agent {view.agent.id}'s power action", POWER_FAIL_SECONDS)
 
     def remove(self, agent_id: str, force: bool = False, gone: bool = False) -> builtins.list[str]:
         """Remove an agent; with `force`, its cluster (and what is in it) first. `gone`: its machine

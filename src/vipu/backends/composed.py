@@ -1,0 +1,182 @@
+"""One machine as the agent serves it: a fabric, and power, inventory and health from whichever
+driver gives each (`vipu.backends.capabilities`).
+
+The fabric (the gateway: partition settings, IPUoF, links, the cluster-test steps) is the
+simulator's here; power, inventory and health may be the simulator's too or a BMC's. While the
+machine is powered off, or being powered off, cycled or reset, the fabric refuses every call as a
+machine without power would; once power has gone, the fabric is told to forget what it held
+(`MachineBackend.power_lost`), since a real gateway loses its settings with its power.
+
+A capability whose driver fails (its BMC unreachable, its credentials refused) does not stop the
+others: the agent still serves the fabric, and reports the failure, one line per capability, in
+the machine's condition, which the controller shows as the agent's Down reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from vipu.backends.base import MachineBackend, PartitionAttachments
+from vipu.backends.capabilities import Health, Inventory, Power
+from vipu.model.clustertests import Observation, Probe
+from vipu.model.configuration import AgentSettings
+from vipu.model.entities import MachineInventory
+from vipu.model.errors import Unavailable, VipuError
+from vipu.model.hardware import Capability, HealthLevel, MachineCondition, PowerAction, PowerState
+from vipu.model.linkhealth import LinkReading
+
+log = logging.getLogger(__name__)
+
+
+class ComposedMachine(MachineBackend):
+    def __init__(self, fabric: MachineBackend, machine_name: str, power: Power | None = None, inventory: Inventory | None = None,
+                 health: Health | None = None):
+        self.fabric = fabric
+        self.machine_name = machine_name
+        self.name, self.version = fabric.name, fabric.version
+        self.power_driver, self.inventory_driver, self.health_driver = power, inventory, health
+        self._lock = threading.Lock()
+        self._without_power = ""  # why the fabric refuses now ("... is powered off"); "" while it has power
+        self._problems: dict[Capability, str] = {}  # the last failure of each capability that fails now
+        self._told: tuple[str, ...] = ()  # the reasons of the problems last looked at, each logged when it first showed
+
+    def capabilities(self) -> tuple[str, ...]:
+        drivers = {Capability.FABRIC: self.fabric, Capability.DIAGNOSTICS: self.fabric, Capability.POWER: self.power_driver,
+                   Capability.INVENTORY: self.inventory_driver, Capability.HEALTH: self.health_driver}
+        return tuple(capability.value for capability in Capability if drivers[capability] is not None)
+
+    def inventory(self) -> MachineInventory:
+        inventory = self.fabric.inventory()
+        inventory.capabilities = self.capabilities()
+        if self.inventory_driver is not None:
+            hardware = self._read(Capability.INVENTORY, self.inventory_driver.hardware)
+            if hardware is not None:
+                inventory.cables, inventory.components = hardware.cables, hardware.components
+        return inventory
+
+    def condition(self, after_event: int) -> MachineCondition:
+        """Power and health now, and the health events after `after_event`; a capability that
+        cannot be read is a problem line, not an error."""
+        power_state = ""
+        if self.power_driver is not None:
+            state = self._read(Capability.POWER, self.power_driver.power_state)
+            power_state = (state or PowerState.UNKNOWN).value
+            if state is not None:
+                self._follow_power(state)
+        health, components, events = "", (), ()
+        if self.health_driver is not None:
+            machine_health = self._read(Capability.HEALTH, self.health_driver.health)
+            health = machine_health.health.value if machine_health is not None else HealthLevel.UNKNOWN.value
+            if machine_health is not None:
+                driver = self.health_driver
+                components = machine_health.components
+                events = tuple(self._read(Capability.HEALTH, lambda: driver.events(after_event)) or ())
+        if self.inventory_driver is not None and Capability.INVENTORY in self._problems:
+            self._read(Capability.INVENTORY, self.inventory_driver.hardware)  # looked at again, to clear its problem
+        return MachineCondition(power_state, health, components, self._problem_lines(), events)
+
+    def _problem_lines(self) -> tuple[str, ...]:
+        """A line per reason, naming the capabilities failing for it; each logged once, when it first shows."""
+        with self._lock:
+            failing: dict[str, list[str]] = {}  # reason -> the capabilities failing for it, in the order of Capability
+            for capability in Capability:
+                if capability in self._problems:
+                    failing.setdefault(self._problems[capability], []).append(capability.value)
+            told, self._told = self._told, tuple(failing)
+        for reason, capabilities in failing.items():
+            if reason not in told:
+                log.warning("%s: %s: %s", self.machine_name, ", ".join(capabilities), reason)
+        if told and not failing:
+            log.info("%s: every capability answers again", self.machine_name)
+        return tuple(f"{', '.join(capabilities)}: {reason}" for reason, capabilities in failing.items())
+
+    def power(self, action: PowerAction, timeout: float) -> PowerState:
+        """Do a power action; the fabric refuses calls from before it begins until the machine is on
+        again (or for good, after off), and forgets what it held once power has gone."""
+        if self.power_driver is None:
+            raise Unavailable(f"{self.machine_name} has no power capability")
+        action = PowerAction(action)
+        losing = action is not PowerAction.ON
+        if losing:
+            with self._lock:
+                self._without_power = f"{self.machine_name}: power {action.value} under way"
+            self.fabric.power_lost()
+        try:
+            state = self.power_driver.power(action, timeout)
+        except VipuError:
+            if losing:  # the next look at its power state tells again
+                with self._lock:
+                    self._without_power = f"{self.machine_name}: power {action.value} did not finish; its power state is unknown"
+            raise
+        self._follow_power(state)
+        return state
+
+    def _follow_power(self, state: PowerState) -> None:
+        with self._lock:
+            was_off = bool(self._without_power)
+            self._without_power = "" if state is PowerState.ON else f"{self.machine_name} is powered {state.value.lower()}"
+        if not was_off and state is not PowerState.ON:
+            self.fabric.power_lost()  # turned off by other means than ours (its BMC's own interface, a fault)
+
+    def _read(self, capability: Capability, read):
+        """What `read` returns, or None if it fails, the failure then kept as the capability's problem."""
+        try:
+            value = read()
+        except VipuError as error:
+            with self._lock:
+                self._problems[capability] = error.message
+            return None
+        with self._lock:
+            self._problems.pop(capability, None)
+        return value
+
+    def _check_power(self) -> None:
+        if self._without_power:
+            raise Unavailable(self._without_power)
+
+    def apply(self, settings: AgentSettings) -> None:
+        self._check_power()
+        self.fabric.apply(settings)
+
+    def clear(self, partition_id: str) -> None:
+        self._check_power()
+        self.fabric.clear(partition_id)
+
+    def partitions(self) -> list[AgentSettings]:
+        self._check_power()
+        return self.fabric.partitions()
+
+    def diagnose(self, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
+        self._check_power()
+        return self.fabric.diagnose(probe, ipus, seed)
+
+    def link_counters(self) -> list[LinkReading]:
+        return self.fabric.link_counters()
+
+    def reset_link(self, place: str) -> None:
+        self._check_power()
+        self.fabric.reset_link(place)
+
+    def ipuof_attach(self, partition_id: str, device_id: int, chip_id: str, attach_key: str, session: str = "",
+                     hold_seconds: float = 0.0) -> None:
+        self._check_power()
+        self.fabric.ipuof_attach(partition_id, device_id, chip_id, attach_key, session, hold_seconds)
+
+    def ipuof_run(self, partition_id: str, device_id: int, chip_id: str, routing_id: int, seed: int, attach_key: str,
+                  session: str = "") -> int:
+        self._check_power()
+        return self.fabric.ipuof_run(partition_id, device_id, chip_id, routing_id, seed, attach_key, session)
+
+    def ipuof_detach(self, partition_id: str, device_id: int, session: str) -> None:
+        self.fabric.ipuof_detach(partition_id, device_id, session)
+
+    def attachments(self, partition_ids: Sequence[str], fence_seconds: float = 0.0) -> list[PartitionAttachments]:
+        return self.fabric.attachments(partition_ids, fence_seconds)
+
+    def power_lost(self) -> None:
+        self.fabric.power_lost()
+
+    def silent(self) -> bool:
+        return self.fabric.silent()

@@ -1,0 +1,143 @@
+"""A machine composed of capabilities: the fabric follows power whoever gives it, a wedge clears
+with a power cycle, and a failing capability is a problem line (logged once), not an error."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.unit.backends.test_sim_machine import settings
+from vipu.backends.capabilities import Power
+from vipu.backends.composed import ComposedMachine
+from vipu.backends.sim import faults
+from vipu.backends.sim.machine import RackFile, SimMachine
+from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
+from vipu.model.errors import HardwareFailure, Unavailable
+from vipu.model.hardware import PowerAction, PowerState
+
+
+class Bmc(Power):
+    """A BMC standing in for a Redfish one: it powers the machine, or fails as told."""
+
+    def __init__(self):
+        self.state, self.failure = PowerState.ON, ""
+        self.during = None  # called while an action is under way
+
+    def power_state(self) -> PowerState:
+        if self.failure:
+            raise Unavailable(self.failure)
+        return self.state
+
+    def power(self, action: PowerAction, timeout: float) -> PowerState:
+        if self.failure:
+            raise Unavailable(self.failure)
+        if self.during is not None:
+            self.during()
+        self.state = PowerState.OFF if action is PowerAction.OFF else PowerState.ON
+        return self.state
+
+
+@pytest.fixture
+def rack_path(tmp_path):
+    path = tmp_path / "rack.yaml"
+    save_rack(generate_rack(2), path)
+    return path
+
+
+@pytest.fixture
+def fabric(rack_path):
+    return SimMachine(RackFile(rack_path), "m01")
+
+
+def edit(path, change) -> None:
+    rack = load_rack(path)
+    change(rack)
+    save_rack(rack, path)
+
+
+def test_the_simulator_gives_every_capability_and_a_bmc_may_give_power(fabric):
+    assert ComposedMachine(fabric, "m01", fabric, fabric, fabric).capabilities() == (
+        "fabric", "power", "inventory", "health", "diagnostics")
+    assert ComposedMachine(fabric, "m01", Bmc()).capabilities() == ("fabric", "power", "diagnostics")
+    without = ComposedMachine(fabric, "m01")
+    assert without.inventory().capabilities == ("fabric", "diagnostics")
+    with pytest.raises(Unavailable, match="no power capability"):
+        without.power(PowerAction.CYCLE, 10)
+
+
+def test_the_fabric_refuses_while_a_bmc_powers_the_machine_and_forgets_its_settings_once_power_went(fabric):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc)
+    machine.apply(settings("p1"))
+    refused = []
+
+    def meanwhile():
+        with pytest.raises(Unavailable, match="m01: power cycle under way"):
+            machine.partitions()
+        refused.append(True)
+
+    bmc.during = meanwhile
+    assert machine.power(PowerAction.CYCLE, 10) is PowerState.ON
+    bmc.during = None
+    assert refused and machine.partitions() == []  # its settings went with its power
+    assert machine.power(PowerAction.OFF, 10) is PowerState.OFF
+    with pytest.raises(Unavailable, match="m01 is powered off"):
+        machine.apply(settings("p1"))
+    machine.power(PowerAction.ON, 10)
+    machine.apply(settings("p1"))
+
+
+def test_a_machine_turned_off_behind_the_agents_back_loses_its_settings_when_seen_off(fabric):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc)
+    machine.apply(settings("p1"))
+    bmc.state = PowerState.OFF  # its BMC's own interface, or a fault
+    assert machine.condition(0).power_state == "Off"
+    with pytest.raises(Unavailable, match="powered off"):
+        machine.partitions()
+    bmc.state = PowerState.ON
+    assert machine.condition(0).power_state == "On"
+    assert machine.partitions() == []
+
+
+def test_a_wedged_machine_refuses_until_power_cycled(fabric, rack_path):
+    machine = ComposedMachine(fabric, "m01", fabric, fabric, fabric)
+    edit(rack_path, lambda rack: faults.wedge(rack, "m01", "IPU-Link training hangs"))
+    with pytest.raises(HardwareFailure, match="IPU-Link training hangs"):
+        machine.apply(settings("p1"))
+    machine.power(PowerAction.CYCLE, 10)
+    machine.apply(settings("p1"))
+    edit(rack_path, lambda rack: faults.wedge(rack, "m01", "hangs again"))  # a new wedge needs a new power cycle
+    with pytest.raises(HardwareFailure, match="hangs again"):
+        machine.apply(settings("p2", (2,)))
+
+
+def test_a_failing_bmc_is_one_problem_line_logged_once_and_cleared_when_it_answers(fabric, caplog):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc, fabric, fabric)
+    bmc.failure = "BMC https://bmc: credentials refused (HTTP 401)"
+    with caplog.at_level(logging.INFO, logger="vipu.backends.composed"):
+        for _ in range(3):
+            condition = machine.condition(0)
+            assert condition.problems == ("power: BMC https://bmc: credentials refused (HTTP 401)",)
+            assert condition.power_state == "Unknown" and condition.health == "OK"
+        machine.apply(settings("p1"))  # its IPUs still serve
+        bmc.failure = ""
+        assert machine.condition(0).problems == ()
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == ["m01: power: BMC https://bmc: credentials refused (HTTP 401)", "m01: every capability answers again"]
+
+
+def test_the_simulators_bmc_can_fail_and_its_components_too(fabric, rack_path):
+    machine = ComposedMachine(fabric, "m01", fabric, fabric, fabric)
+    edit(rack_path, lambda rack: faults.fail_component(rack, "m01", "fan2"))
+    condition = machine.condition(0)
+    assert condition.health == "Critical" and [c.component for c in condition.components if c.health.value != "OK"] == ["fan2"]
+    assert [(e.component, e.severity.value) for e in condition.events] == [("fan2", "Critical")]
+    edit(rack_path, lambda rack: faults.silence_bmc(rack, "m01"))
+    condition = machine.condition(condition.events[-1].sequence)
+    assert condition.problems == ("power, health: the BMC of m01 does not answer",)
+    assert machine.inventory().cables == ()  # served without the BMC's part, which is a problem from now on
+    assert machine.condition(0).problems == ("power, inventory, health: the BMC of m01 does not answer",)
+    machine.apply(settings("p1"))
