@@ -1,6 +1,8 @@
 """Planned compaction on a real controller and real agents: a dry run changes nothing, a plan moves
 exactly the partitions it names and keeps their ids and attach keys, never moves one with an IPUoF
-client attached without its user's consent, and the budget refuses the move beyond it.
+client attached without its user's consent, and the budget refuses the move beyond it; and a
+request waiting for room it cannot have although enough IPUs are free is started by the compaction
+the queue makes for it.
 
 Its own pod of four machines (16 IPUs), one partition of one machine on each, then the second and
 fourth removed: 8 IPUs are free but no two free machines are neighbours, so a partition of 8 IPUs
@@ -31,7 +33,10 @@ def module_pod(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def broken_up(module_pod):
-    pod = module_pod.register()
+    return break_up(module_pod.register())
+
+
+def break_up(pod: Pod) -> Pod:
     for name, relocatable in (("pa", ()), ("pb", ()), ("pc", ("--relocatable",)), ("pd", ())):
         created = pod.user("create", "partition", name, "--size", "4", *relocatable)
         assert created.code == 0, created.err
@@ -98,3 +103,16 @@ def test_an_attached_partition_is_not_moved_then_an_idle_one_is_keeping_its_id_a
     again = pod.admin("compact", "alloc-1", "--dry-run")
     assert again.code == 1
     assert "no plan: the budget of 1 compaction moves per hour is spent; the next move is allowed in" in again.err
+
+
+def test_a_waiting_request_is_started_by_the_compaction_made_for_it(module_pod):
+    pod = module_pod
+    pod.wipe()
+    break_up(pod.register())  # an allocation made anew, with a budget of its own
+    waited = pod.user("create", "partition", "big", "--size", "8", "--wait")
+    assert waited.code == 0, waited.err
+    moved = status(pod, "pc")
+    assert moved["relocation"].startswith("moved from ag3 to ") and "compaction asked by the queue for big" in moved["relocation"]
+    assert status(pod, "big")["ready_state"] == "PS_ACTIVE"
+    assert status(pod, "pa")["relocation"] == ""  # not relocatable: never moved
+    pod.logged("allocation alloc-1: 1 move(s) to free 8 IPUs for waiting request big")

@@ -1,8 +1,9 @@
 """The link ledger on real agent processes and vipu-server (issue 32): a link made to degrade in the
 rack is sampled, its trend makes it suspect at both ends of its cable, with the partition running
 over it named and told; its history is there as a table and as JSON; a swapped cable is a new
-cable naming the one it replaced; a suspect link steers a new partition elsewhere and a failed one
-refuses only the shapes that need it; a name that is no link is refused in one line."""
+cable naming the one it replaced; an idle relocatable partition moves off a link going bad; a
+suspect link steers a new partition elsewhere and a failed one refuses only the shapes that need
+it; a name that is no link is refused in one line."""
 
 from __future__ import annotations
 
@@ -86,6 +87,21 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
                what="partition p1 to be told its links are healthy again")
     assert pod.user("remove", "partition", "p1").code == 0
 
+
+
+def test_an_idle_relocatable_partition_moves_off_a_link_going_bad(pod):
+    assert pod.user("create", "partition", "mover", "--size", "8", "--relocatable").code == 0
+    assert {row[2] for row in rows(pod.user("get", "partition", "mover").out)} == {"ag1", "ag2"}
+    sim(pod, "--degrade", "m01:IPU-Link:6=steady:600")  # the cable from ag1:6 to ag2:2, which it runs over
+    moved = wait_until(lambda: (p := pairs(pod.user("get", "partition", "mover").out))["Relocated"] != "-" and p, timeout=30,
+                       what="mover to move off ag1:6 once it is suspect")
+    assert moved["Relocated"].startswith("moved from ag1-ag2 to ag3-ag4") and "away from an unhealthy link (link ag1:6 it runs over" \
+        in moved["Relocated"], moved["Relocated"]
+    assert moved["State"] == "ACTIVE" and moved["Links"] == "-"
+    assert {row[2] for row in rows(pod.user("get", "partition", "mover").out)} == {"ag3", "ag4"}
+    assert pod.user("remove", "partition", "mover").code == 0
+    sim(pod, "--recover", "m01:IPU-Link:6")
+    wait_until(lambda: "ag1:6" not in links(pod, "--suspect"), timeout=30, what="ag1:6 to be healthy again")
 
 def test_a_name_that_is_no_link_or_a_link_never_read_is_refused_in_one_line(pod):
     failed_line(pod.admin("get", "link", "ag1:port5"), "get link", "ag1:port5", "names no link")

@@ -128,6 +128,26 @@ def test_the_rack_shows_64_ipus_each_in_its_partitions_colour_and_each_agent_up_
     assert "1 down" in page.inner_text("#summary")
 
 
+def test_a_machine_powered_off_or_with_a_failed_part_is_marked_on_its_box(dashboard, page):
+    pod, _ = dashboard
+    pod.edit_rack(lambda rack: faults.fail_component(rack, "m12", "fan2"))
+    assert pod.admin("power", "off", "agent", "ag11").code == 0
+    try:
+        def marked() -> bool:
+            page.goto("/")
+            return page.locator(".machine[data-agent=ag11] .badge.power").count() == 1 and page.locator(
+                ".machine[data-agent=ag12] .badge.health").count() == 1
+
+        wait_until(marked, timeout=AGENT_DOWN_SECONDS, what="the dashboard to mark ag11 off and ag12 unhealthy")
+        assert page.inner_text(".machine[data-agent=ag11] .badge.power") == "OFF"
+        assert "power Off" in page.get_attribute(".machine[data-agent=ag11] .head", "title")
+        assert page.inner_text(".machine[data-agent=ag12] .badge.health") == "CRITICAL"
+        assert page.get_attribute(".machine[data-agent=ag12] .head", "title") == "power On · health Critical"
+        assert page.locator(".machine[data-agent=ag13] .badge").count() == 0  # on and healthy: nothing to say
+    finally:
+        assert pod.admin("power", "on", "agent", "ag11").code == 0  # the simulator keeps its power in the agent process
+
+
 def agent_states(page) -> dict[str, str]:
     """Each machine's agent as its dot on the racks page says: up or down."""
     return dict(page.eval_on_selector_all(".machine", """machines => machines.map(

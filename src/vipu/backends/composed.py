@@ -24,7 +24,7 @@ from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Unavailable, VipuError
-from vipu.model.hardware import Capability, HealthLevel, MachineCondition, PowerAction, PowerState
+from vipu.model.hardware import Capability, HealthEvent, HealthLevel, MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,21 @@ class ComposedMachine(MachineBackend):
             if machine_health is not None:
                 driver = self.health_driver
                 components = machine_health.components
-                events = tuple(self._read(Capability.HEALTH, lambda: driver.events(after_event)) or ())
+                events = tuple(self._read(Capability.HEALTH, lambda: self._events_after(driver, after_event)) or ())
         if self.inventory_driver is not None and Capability.INVENTORY in self._problems:
             self._read(Capability.INVENTORY, self.inventory_driver.hardware)  # looked at again, to clear its problem
         return MachineCondition(power_state, health, components, self._problem_lines(), events)
+
+    @staticmethod
+    def _events_after(driver: Health, after_event: int) -> list[HealthEvent]:
+        """The events after `after_event`; every one kept if the caller knows of more than there
+        have been (this agent restarted, and counts from 1 again)."""
+        events = driver.events(after_event)
+        if not events and after_event:
+            kept = driver.events(0)
+            if kept and kept[-1].sequence < after_event:
+                return kept
+        return events
 
     def _problem_lines(self) -> tuple[str, ...]:
         """A line per reason, naming the capabilities failing for it; each logged once, when it first shows."""

@@ -141,3 +141,11 @@ def test_the_simulators_bmc_can_fail_and_its_components_too(fabric, rack_path):
     assert machine.inventory().cables == ()  # served without the BMC's part, which is a problem from now on
     assert machine.condition(0).problems == ("power, inventory, health: the BMC of m01 does not answer",)
     machine.apply(settings("p1"))
+
+
+def test_a_caller_that_knows_of_more_events_than_a_restarted_agent_had_gets_them_all(fabric, rack_path):
+    machine = ComposedMachine(fabric, "m01", fabric, fabric, fabric)
+    edit(rack_path, lambda rack: faults.fail_component(rack, "m01", "psu1"))
+    [failed] = machine.condition(0).events
+    assert machine.condition(failed.sequence).events == ()
+    assert machine.condition(failed.sequence + 40).events == (failed,)  # it was told of 41 by the agent before this one

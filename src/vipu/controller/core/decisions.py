@@ -31,10 +31,17 @@ from vipu.controller.core.commands import (
 )
 from vipu.controller.core.effects import Body, Flow, Join, Write
 from vipu.controller.core.lending import IdleLease
-from vipu.controller.core.placing import LOST, due_for_relocation, due_for_reset, partition_of, place_request
+from vipu.controller.core.placing import (
+    LOST,
+    due_for_relocation,
+    due_for_reset,
+    due_to_leave_unhealthy_links,
+    partition_of,
+    place_request,
+)
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
-from vipu.model.compaction import BudgetSpent, Movable, Report, plan_compaction
+from vipu.model.compaction import Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.hardware import Capability
@@ -287,8 +294,9 @@ class Decisions(QueueKeeping):
         self._answer_when_done(command, children)
 
     def _recover_failed(self, command: RecoverFailed) -> None:
-        """Move relocatable ERROR partitions off the machines that failed them, and reset ERROR
-        partitions whose agents all answer, as their automatic reset policy allows."""
+        """Move relocatable ERROR partitions off the machines that failed them, relocatable ACTIVE
+        ones off the unhealthy links they run over while idle, and reset ERROR partitions whose
+        agents all answer, as their automatic reset policy allows."""
         children = []
         if not self.state.test:
             down = self.state.down
@@ -299,6 +307,9 @@ class Decisions(QueueKeeping):
                     body = _quietly(flows.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
                                     "automatic relocation")
                     children.append(self.start(Flow("relocating", body, partition_id=partition.id)))
+                elif due_to_leave_unhealthy_links(partition, self.state.links, self.state.layout):
+                    children.append(self.start(Flow("relocating", _leaving(flows.off_unhealthy_links(self, partition), partition.id),
+                                                    partition_id=partition.id)))
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
                              MAX_AUTO_RESETS)
@@ -395,13 +406,9 @@ class Decisions(QueueKeeping):
         relocatable ACTIVE partitions no operation holds; carry the plan out unless a dry run."""
         self._refuse_if_tested()
         state = self.state
-        if state.compaction is None:
-            state.compaction = BudgetSpent(self.owners.compaction_budget)
-        spent, now = state.compaction, time.time()
+        spent, now = self.compaction_spent(), time.time()
         room = spent.room(now)
-        movable = {p.id: Movable(p.id, frozenset((i.agent_id, i.index) for i in p.ipus), p.num_gcds, p.num_segments,
-                                 p.ipulink_routing)
-                   for p in state.partitions.values() if not flows.not_movable(self, p, spent, now)}
+        movable = flows.movable(self, spent, now)
         allowed = set(state.allocation.agent_ids) - state.down
         first = state.queue.first()
         used = Occupancy(state.holders, state.held if first is not None else frozenset()).with_held(state.used)
@@ -435,6 +442,18 @@ class Decisions(QueueKeeping):
         CloseAllocation: _close,
         UpdatePartition: _update,
     }
+
+
+def _leaving(body: Body, partition_id: str) -> Body:
+    """A move off unhealthy links, tried at every health pass until it happens: that it cannot
+    yet (no room, a client attached) is no news."""
+    try:
+        return (yield from body)
+    except (NoRoom, Conflict) as refusal:
+        log.debug("partition %s stays on its unhealthy links for now: %s", partition_id, refusal.message)
+    except VipuError as error:
+        log.warning("partition %s: the move off its unhealthy links failed: %s", partition_id, error.message)
+    return None
 
 
 def _quietly(body: Body, partition_id: str, what: str) -> Body:

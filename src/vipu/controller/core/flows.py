@@ -29,7 +29,7 @@ from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.effects import Body, Calls, Flow, Join
 from vipu.controller.core.placing import failed_machines, move_note, moved, planned
 from vipu.model import lifecycle
-from vipu.model.compaction import BudgetSpent, Move, Plan, Report
+from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, AgentStatus, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
@@ -260,6 +260,12 @@ def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
     return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved))
 
 
+def movable(owner: Steps, spent: BudgetSpent, now: float) -> dict[str, Movable]:
+    """The partitions compaction may move now (`not_movable`), as the planner sees them."""
+    return {p.id: Movable(p.id, frozenset((i.agent_id, i.index) for i in p.ipus), p.num_gcds, p.num_segments, p.ipulink_routing)
+            for p in owner.state.partitions.values() if not not_movable(owner, p, spent, now)}
+
+
 def not_movable(owner: Steps, partition: Partition, spent: BudgetSpent, now: float) -> str:
     """Why compaction may not move this partition now, in one line; empty if it may: only a
     relocatable, ACTIVE partition no operation holds, as the budget allows."""
@@ -280,22 +286,47 @@ def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: Bu
 
 
 def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) -> Body:
-    """One move of a compaction plan: unless its owner consented to moves while attached, only if
-    no IPUoF client is attached at any of its machines, which then refuse attaches until it has
-    moved (`FENCE_SECONDS` at most); then the move to the planned place."""
-    if not partition.may_move:
-        agents = owner.agents_of(partition)
-        outcomes = yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, fence_seconds=FENCE_SECONDS)
-                                for a in agents])
-        refusals = [outcome for outcome in outcomes if outcome is not None]
-        if refusals:
-            attached = [r for r in refusals if isinstance(r, Conflict)]
-            raise (attached or refusals)[0]
-        current = owner.partition(partition.id)
-        if current is None:
-            raise NoRoom(f"partition {partition.id} is gone")
-        partition = current
+    """One move of a compaction plan: only while idle (`fenced`), then to the planned place."""
+    partition = yield from fenced(owner, partition)
     return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after))
+
+
+def fenced(owner: Steps, partition: Partition) -> Body:
+    """A partition about to move of its own accord (not because it failed): unless its owner
+    consented to moves while attached, only if no IPUoF client is attached at any of its machines,
+    which then refuse attaches until it has moved (`FENCE_SECONDS` at most). A Conflict names an
+    attached client. The partition as it is then."""
+    if partition.may_move:
+        return partition
+    agents = owner.agents_of(partition)
+    outcomes = yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, fence_seconds=FENCE_SECONDS)
+                            for a in agents])
+    refusals = [outcome for outcome in outcomes if outcome is not None]
+    if refusals:
+        attached = [r for r in refusals if isinstance(r, Conflict)]
+        raise (attached or refusals)[0]
+    current = owner.partition(partition.id)
+    if current is None:
+        raise NoRoom(f"partition {partition.id} is gone")
+    return current
+
+
+def off_unhealthy_links(owner: Steps, partition: Partition) -> Body:
+    """A relocatable partition running over a link gone bad (failed or suspect), moved while idle
+    to IPUs of its allocation whose links are all healthy, keeping off those held for the queue.
+    NoRoom if there are none; a Conflict while a client is attached (it is tried at the next health
+    pass)."""
+    state = owner.state
+    warnings = state.links.warnings(state.layout, [(ipu.agent_id, ipu.index) for ipu in partition.ipus])
+    first = state.queue.first()
+    placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
+                      first.partition_id if first is not None else "", set(), state.down, state.links)
+    chosen = [(ipu.agent_id, ipu.index) for ipu in placement.ipus]
+    if state.links.warnings(state.layout, chosen) or set(chosen) & state.held:
+        raise NoRoom(f"partition {partition.id}: no room away from its unhealthy links")
+    partition = yield from fenced(owner, partition)
+    return (yield from relocate(owner, partition, set(), f"away from an unhealthy link ({warnings[0]})", because_failed=False,
+                                target=placement))
 
 
 def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:

@@ -190,6 +190,13 @@ def due_for_relocation(partition: Partition, down: Set[str]) -> bool:
     return bool(set(partition.agent_ids) & set(down)) or not all(LOST in error for error in partition.errors)
 
 
+def due_to_leave_unhealthy_links(partition: Partition, links: LinkFaults, layout: ClusterLayout) -> bool:
+    """Whether a health pass tries to move this partition off the unhealthy links it runs over: a
+    relocatable, ACTIVE one that runs over a failed or suspect link."""
+    return (partition.relocatable and lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE
+            and bool(links.warnings(layout, [(ipu.agent_id, ipu.index) for ipu in partition.ipus])))
+
+
 def due_for_reset(partition: Partition, down: Set[str]) -> bool:
     """Whether a health pass resets this ERROR partition now: it went to ERROR only because an agent
     stopped answering (a fault of the hardware would only fail again), every agent answers again,

@@ -19,7 +19,8 @@ from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
-from vipu.model.entities import Partition
+from vipu.model.compaction import BudgetSpent, plan_for
+from vipu.model.entities import IPUS_PER_MACHINE, Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
 from vipu.model.queue import WaitingRequest, admit, shape_of
@@ -220,7 +221,52 @@ class QueueKeeping(Steps):
                 self.start(Flow("holding", self._recording_hold(admission.first, admission.held), system=True))
         else:
             state.held, state.held_for = frozenset(), ""
+        if admission.first is not None and not admission.started:
+            self._compact_for(admission.first, allowed)
         self._explain(state.held, allowed)
+
+    def compaction_spent(self) -> BudgetSpent:
+        """The allocation's compaction moves of late, kept from its first compaction on."""
+        if self.state.compaction is None:
+            self.state.compaction = BudgetSpent(self.owners.compaction_budget)
+        return self.state.compaction
+
+    def _compact_for(self, first: WaitingRequest, allowed: set[str]) -> None:
+        """When the first request waits although enough IPUs are free, plan the moves of relocatable
+        partitions that free a shape for it, within the budget, and make them: it starts at the
+        pass that follows. A plan is looked for once per first request and room (not at every pass),
+        and never while a compaction is under way."""
+        state, r = self.state, first.request
+        free = sum(IPUS_PER_MACHINE - len(state.used.get(agent_id, ())) for agent_id in allowed)
+        if r.size > free or state.compacting:
+            return
+        holders = state.holders()
+        looked = (first.partition_id, frozenset(holders.items()))
+        if state.compaction_looked == looked:
+            return
+        state.compaction_looked = looked
+        spent, now = self.compaction_spent(), time.time()
+        plan = plan_for(state.layout, allowed, state.used, holders, r.size, flows.movable(self, spent, now), max_moves=spent.room(now),
+                        mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing)
+        if plan is None:
+            return
+        log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
+                 first.partition_id)
+        state.compacting = True
+        self.start(Flow("compacting", self._compacting(flows.compact(self, plan, spent, f"the queue for {first.partition_id}")),
+                        system=True))
+
+    def _compacting(self, body: Body) -> Body:
+        """A compaction the queue asked for: its report logged, and the queue looked at again."""
+        try:
+            report = yield from body
+            if report.stopped:
+                log.warning("allocation %s: the compaction for the queue stopped: %s", self.id, report.stopped)
+        except VipuError as error:
+            log.warning("allocation %s: the compaction for the queue failed: %s", self.id, error.message)
+        finally:
+            self.state.compacting = False
+            self._queue_dirty = True
 
     def _recording_hold(self, first: WaitingRequest, held: Shape) -> Body:
         """Write the IPUs held for a first request to its row, so that they outlive a restart; one

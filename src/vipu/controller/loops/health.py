@@ -137,14 +137,14 @@ class HealthPass:
             return _Found(agent, None, error, condition=condition)
         return _Found(agent, held, returned=returning, condition=condition)
 
-    def _condition(self, agent: Agent) -> MachineCondition | None:
+    def _condition(self, agent: Agent) -> MachineCondition:
         """The machine's power and health, with the events since those last recorded (each logged:
-        the agent's report of them as they come); None if the agent does not answer."""
+        the agent's report of them as they come); as last recorded if the agent does not answer."""
         known = agent.inventory.condition.events
         try:
             condition = self.gateway.condition(agent.host, agent.port, known[-1].sequence if known else 0)
         except Unavailable:
-            return None
+            return agent.inventory.condition
         for event in condition.events:
             log.log(logging.INFO if event.severity is HealthLevel.OK else logging.WARNING, "agent %s: %s: %s (%s)", agent.id,
                     event.component, event.message, event.severity.value)
