@@ -127,7 +127,8 @@ class ComposedMachine(MachineBackend):
     def _follow_power(self, state: PowerState) -> None:
         with self._lock:
             was_off = bool(self._without_power)
-            self._without_power = "" if state is PowerState.ON else f"{self.machine_name} is powered {state.value.lower()}"
+            self._without_power = ("" if state is PowerState.ON else f"{self.machine_name} is powered off" if state is PowerState.OFF
+                                   else f"{self.machine_name} is not powered on (its power state is {state.value})")
         if not was_off and state is not PowerState.ON:
             self.fabric.power_lost()  # turned off by other means than ours (its BMC's own interface, a fault)
 

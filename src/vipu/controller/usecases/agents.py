@@ -179,7 +179,10 @@ class AgentService:
             raise type(error)(f"agent {agent_id}: power {action.value}: {error.message}") from error
         finally:
             if active and action is not PowerAction.ON:
-                self._tell_owner(view, AgentReport(agent_id, powering=False))
+                try:
+                    self._tell_owner(view, AgentReport(agent_id, powering=False))
+                except VipuError as error:  # the action is done; its owner learns the machine's state at the next pass anyway
+                    log.warning("agent %s: the end of its power %s was not told: %s", agent_id, action.value, error.message)
 
     def _tell_owner(self, view: AgentView, report: AgentReport) -> None:
         """Report to the owner of the agent's allocation, waiting for it with a deadline: that a
