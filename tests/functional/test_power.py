@@ -110,29 +110,34 @@ def test_a_power_cycle_with_a_partition_active_is_refused_and_forced_fails_and_r
 
 
 def test_a_reset_that_does_not_bring_a_partition_back_escalates_once_to_a_power_cycle(pod):
-    if partition(pod, "p1").get("State") is None:
+    if partition(pod, "p1").get("State") is None:  # run on its own
         assert pod.user("create", "partition", "p1", "--size", "4").code == 0
-    pod.edit_rack(lambda rack: faults.wedge(rack, "m02", "IPU-Link training hangs"))
-    pod.edit_rack(lambda rack: faults.silence(rack, "m02"))  # the agent gone: p1 fails, to be reset when it answers
-    wait_until(lambda: partition(pod, "p1")["State"] == "ERROR", timeout=30, what="p1 to fail with its agent gone")
 
     def answering(rack):
         rack.machine("m02").faults.silent = False
 
-    pod.edit_rack(answering)  # its automatic reset fails (wedged), so its machine is power cycled, and it comes back
-    wait_until(lambda: partition(pod, "p1")["State"] == "ACTIVE", timeout=60, what="p1 back after one power cycle")
-    assert partition(pod, "p1")["Power Cycled"] != "-"
-    pod.logged("the reset did not bring it back (partition p1 is in ERROR: agent ag2: m02: IPU-Link training hangs); power cycling ag2")
+    try:
+        pod.edit_rack(lambda rack: faults.wedge(rack, "m02", "IPU-Link training hangs"))
+        pod.edit_rack(lambda rack: faults.silence(rack, "m02"))  # the agent gone: p1 fails, to be reset when it answers
+        wait_until(lambda: partition(pod, "p1")["State"] == "ERROR", timeout=30, what="p1 to fail with its agent gone")
+        pod.edit_rack(answering)  # its automatic reset fails (wedged), so its machine is power cycled, and it comes back
+        wait_until(lambda: partition(pod, "p1")["State"] == "ACTIVE", timeout=60, what="p1 back after one power cycle")
+        cycled = partition(pod, "p1")["Power Cycled"]
+        assert cycled != "-"
+        pod.logged("the reset did not bring it back (partition p1 is in ERROR: agent ag2: m02: IPU-Link training hangs); "
+                   "power cycling ag2")
 
-    pod.edit_rack(lambda rack: faults.wedge(rack, "m02", "IPU-Link training hangs again"))  # a new wedge, the same partition
-    pod.edit_rack(lambda rack: faults.silence(rack, "m02"))
-    wait_until(lambda: partition(pod, "p1")["State"] == "ERROR", timeout=30, what="p1 to fail again")
-    pod.edit_rack(answering)
-    wait_until(lambda: "IPU-Link training hangs again" in partition(pod, "p1")["Errors"], timeout=30,
-               what="p1's automatic reset to fail on the new wedge")
-    assert partition(pod, "p1")["State"] == "ERROR"  # no second power cycle: it is left to its user
-    pod.edit_rack(lambda rack: setattr(rack.machine("m02").faults, "wedged", ""))
-    assert pod.user("remove", "partition", "p1").code == 0
+        pod.edit_rack(lambda rack: faults.wedge(rack, "m02", "IPU-Link training hangs again"))  # a new wedge, the same partition
+        pod.edit_rack(lambda rack: faults.silence(rack, "m02"))
+        wait_until(lambda: partition(pod, "p1")["State"] == "ERROR", timeout=30, what="p1 to fail again")
+        pod.edit_rack(answering)
+        log = pod.logged("partition p1: the reset did not bring it back, and its machines were power cycled once already", timeout=30)
+        assert log.count("power cycling ag2") == 1  # no second power cycle: it is left to its user
+        status = partition(pod, "p1")
+        assert (status["State"], status["Power Cycled"]) == ("ERROR", cycled) and "IPU-Link training hangs again" in status["Errors"]
+    finally:
+        pod.edit_rack(lambda rack: (answering(rack), setattr(rack.machine("m02").faults, "wedged", "")))
+        pod.user("remove", "partition", "p1", "--force")
 
 
 @pytest.mark.parametrize(("agent_id", "machine", "reason"), [

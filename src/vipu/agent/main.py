@@ -41,14 +41,19 @@ def composed(fabric: SimMachine, machine: RackMachine) -> ComposedMachine:
     """The machine as its description says: the simulator's fabric, and each other capability from
     the driver its `drivers` names (the simulator's by default)."""
     given: dict[str, Power | Inventory | Health] = {"power": fabric, "inventory": fabric, "health": fabric}
+    closing = []
     if "redfish" in machine.drivers.values():
-        from vipu.backends.redfish import RedfishMachine, bmc_config  # sushy is imported only where a BMC is used
-
+        try:
+            from vipu.backends.redfish import RedfishMachine, bmc_config  # sushy is imported only where a BMC is used
+        except ImportError as missing:
+            raise VipuError(f"machine {machine.name}: its redfish driver needs {missing.name or 'sushy'}: install vipu[redfish]") from None
         bmc = RedfishMachine(bmc_config(machine.bmc, f"machine {machine.name}: bmc"))
         bmc.start()
+        closing.append(bmc.close)
         given.update({capability: bmc for capability, driver in machine.drivers.items() if driver == "redfish"})
     return ComposedMachine(fabric, machine.name, power=typing.cast(Power, given["power"]),
-                           inventory=typing.cast(Inventory, given["inventory"]), health=typing.cast(Health, given["health"]))
+                           inventory=typing.cast(Inventory, given["inventory"]), health=typing.cast(Health, given["health"]),
+                           closing=closing)
 
 
 class MachineHost:
@@ -86,6 +91,11 @@ class MachineHost:
         for server in self.servers:
             server.stop(grace=0).wait()
         self.servers = []
+
+    def shut_down(self) -> None:
+        """Close its end-points and its drivers' connections (a BMC's session and poller)."""
+        self.close()
+        self.backend.close()
 
     def follow_faults(self) -> None:
         try:
@@ -159,7 +169,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
     except VipuError as error:
         click.echo(f"vipu-agent: {error.message}", err=True)
         for host in hosts:
-            host.close()
+            host.shut_down()
         sys.exit(2)
 
     stop = threading.Event()
@@ -171,4 +181,4 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
     if announcer is not None:
         announcer.stop()
     for host in hosts:
-        host.close()
+        host.shut_down()

@@ -16,29 +16,37 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from vipu.backends.base import MachineBackend, PartitionAttachments
-from vipu.backends.capabilities import Health, Inventory, Power
+from vipu.backends.capabilities import Health, Inventory, Power, checked_power_request
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
-from vipu.model.errors import Unavailable, VipuError
-from vipu.model.hardware import Capability, HealthEvent, HealthLevel, MachineCondition, PowerAction, PowerState
+from vipu.model.errors import Conflict, Unavailable, VipuError
+from vipu.model.hardware import Capability, HardwareInventory, HealthEvent, HealthLevel, MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
 
 log = logging.getLogger(__name__)
 
+HARDWARE_SECONDS = 30.0  # how long a reading of the machine's hardware inventory serves
+
 
 class ComposedMachine(MachineBackend):
     def __init__(self, fabric: MachineBackend, machine_name: str, power: Power | None = None, inventory: Inventory | None = None,
-                 health: Health | None = None):
+                 health: Health | None = None, closing: Sequence[Callable[[], None]] = ()):
+        """`closing`: what `close` calls, its drivers' own ends (a BMC's session and poller)."""
         self.fabric = fabric
         self.machine_name = machine_name
         self.name, self.version = fabric.name, fabric.version
         self.power_driver, self.inventory_driver, self.health_driver = power, inventory, health
+        self._closing = tuple(closing)
+        self._hardware: tuple[float, HardwareInventory | None] = (0.0, None)  # (when, on the monotonic clock) its last reading
         self._lock = threading.Lock()
         self._without_power = ""  # why the fabric refuses now ("... is powered off"); "" while it has power
+        self._acting: PowerAction | None = None  # the power action under way
+        self._lost = False  # the fabric was told its power went, since the machine was last seen on
         self._problems: dict[Capability, str] = {}  # the last failure of each capability that fails now
         self._told: tuple[str, ...] = ()  # the reasons of the problems last looked at, each logged when it first showed
 
@@ -48,10 +56,19 @@ class ComposedMachine(MachineBackend):
         return tuple(capability.value for capability in Capability if drivers[capability] is not None)
 
     def inventory(self) -> MachineInventory:
+        """The fabric's inventory, with the inventory capability's hardware as read within the last
+        HARDWARE_SECONDS: the agent is asked for its inventory often (announcements, claims,
+        scrapes), and a BMC answers slowly."""
         inventory = self.fabric.inventory()
         inventory.capabilities = self.capabilities()
         if self.inventory_driver is not None:
-            hardware = self._read(Capability.INVENTORY, self.inventory_driver.hardware)
+            with self._lock:
+                read_at, hardware = self._hardware
+            if hardware is None or time.monotonic() - read_at > HARDWARE_SECONDS:
+                hardware = self._read(Capability.INVENTORY, self.inventory_driver.hardware)
+                if hardware is not None:
+                    with self._lock:
+                        self._hardware = (time.monotonic(), hardware)
             if hardware is not None:
                 inventory.cables, inventory.components = hardware.cables, hardware.components
         return inventory
@@ -104,32 +121,46 @@ class ComposedMachine(MachineBackend):
         return tuple(f"{', '.join(capabilities)}: {reason}" for reason, capabilities in failing.items())
 
     def power(self, action: PowerAction, timeout: float) -> PowerState:
-        """Do a power action; the fabric refuses calls from before it begins until the machine is on
-        again (or for good, after off), and forgets what it held once power has gone."""
+        """Do a power action, one at a time. The fabric refuses calls while an action other than on
+        is under way, and forgets what it held once the action is done (power went, or went
+        through off); one that fails leaves the fabric as it was, for the next look at the power
+        state to tell."""
         if self.power_driver is None:
             raise Unavailable(f"{self.machine_name} has no power capability")
-        action = PowerAction(action)
-        losing = action is not PowerAction.ON
-        if losing:
-            with self._lock:
+        action = checked_power_request(action, timeout)
+        with self._lock:
+            if self._acting is not None:
+                raise Conflict(f"{self.machine_name}: power {self._acting.value} is under way")
+            self._acting, before = action, self._without_power
+            if action is not PowerAction.ON:
                 self._without_power = f"{self.machine_name}: power {action.value} under way"
-            self.fabric.power_lost()
         try:
             state = self.power_driver.power(action, timeout)
         except VipuError:
-            if losing:  # the next look at its power state tells again
-                with self._lock:
-                    self._without_power = f"{self.machine_name}: power {action.value} did not finish; its power state is unknown"
+            with self._lock:
+                self._acting, self._without_power = None, before
             raise
+        if action is not PowerAction.ON:
+            self.fabric.power_lost()
+        with self._lock:
+            self._acting, self._lost = None, action is not PowerAction.ON
         self._follow_power(state)
         return state
 
     def _follow_power(self, state: PowerState) -> None:
+        """What a reading of the power state says of the fabric, unless an action under way decides:
+        on, it serves; off or on its way (off, or on from off), it refuses, and forgets what it held
+        the first time; unknown says nothing."""
         with self._lock:
-            was_off = bool(self._without_power)
-            self._without_power = ("" if state is PowerState.ON else f"{self.machine_name} is powered off" if state is PowerState.OFF
+            if self._acting is not None or state is PowerState.UNKNOWN:
+                return
+            if state is PowerState.ON:
+                self._without_power, self._lost = "", False
+                return
+            self._without_power = (f"{self.machine_name} is powered off" if state is PowerState.OFF
                                    else f"{self.machine_name} is not powered on (its power state is {state.value})")
-        if not was_off and state is not PowerState.ON:
+            newly, self._lost = not self._lost, True
+        if newly:
             self.fabric.power_lost()  # turned off by other means than ours (its BMC's own interface, a fault)
 
     def _read(self, capability: Capability, read):
@@ -192,3 +223,7 @@ class ComposedMachine(MachineBackend):
 
     def silent(self) -> bool:
         return self.fabric.silent()
+
+    def close(self) -> None:
+        for close in self._closing:
+            close()

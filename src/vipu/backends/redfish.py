@@ -89,6 +89,7 @@ log = logging.getLogger("vipu.backends.redfish")
 logging.getLogger("sushy").setLevel(logging.CRITICAL)
 
 CONNECT_SECONDS = 3.0       # the most a connection may take, however long `timeout_seconds` lets an answer take
+RESTART_SEEN_SECONDS = 10.0  # how long a restart or cycle is watched for the machine to leave On before it is taken as done
 POWER_POLL_SECONDS = 0.2    # how often power() reads the state it waits for
 EVENTS_KEPT = 256
 KEYS = ("url", "credentials", "ca", "verify", "system", "chassis", "poll_seconds", "timeout_seconds")
@@ -435,8 +436,8 @@ class RedfishMachine(Power, Inventory, Health):
             return self._wait(PowerState.ON, action, deadline, timeout)
         restarts = ("ForceRestart", "GracefulRestart", "PowerCycle") if action is PowerAction.RESET else ("PowerCycle",)
         if any(restart in allowed for restart in restarts):
-            # A BMC may go on answering On for a moment after a restart or a cycle: then this returns at once.
             self._reset(action, allowed, *restarts)
+            self._leaving_on(action, min(deadline, time.monotonic() + RESTART_SEEN_SECONDS))
             return self._wait(PowerState.ON, action, deadline, timeout)
         self._reset(action, allowed, "ForceOff", "GracefulShutdown")  # no cycle of its own: off, then on
         self._wait(PowerState.OFF, action, deadline, timeout)
@@ -452,6 +453,17 @@ class RedfishMachine(Power, Inventory, Health):
         with self._bmc(f"power {action.value} ({reset})") as root:
             root.get_system(self._discover(root).system).reset_system(sushy_constants.ResetType(reset))
         log.info("BMC %s: power %s: asked for %s", self.url, action.value, reset)
+
+    def _leaving_on(self, action: PowerAction, until: float) -> None:
+        """After a restart or cycle is asked for, the BMC may go on answering On for a moment: wait
+        until it says otherwise, so that On afterwards means the machine came back, not that it has
+        not gone yet; a restart too quick to be seen is let be at `until`."""
+        while self.power_state() is PowerState.ON:
+            if time.monotonic() + POWER_POLL_SECONDS > until:
+                log.info("BMC %s: power %s: it was not seen to leave On (a restart quicker than %g s)", self.url, action.value,
+                         POWER_POLL_SECONDS)
+                return
+            time.sleep(POWER_POLL_SECONDS)
 
     def _wait(self, target: PowerState, action: PowerAction, deadline: float, timeout: float) -> PowerState:
         while True:

@@ -11,6 +11,7 @@ from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.client.base import EndpointClient
 from vipu.model.errors import InvalidArgument
 
+POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
 _AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -35,8 +36,8 @@ class AdminClient(EndpointClient):
 
     PORT_KEY, PORT_ENV, DEFAULT_PORT = "api-admin-port", "VIPU_ADMIN_API_PORT", 8091
 
-    def _call(self, method: str, request, no_deadline: bool = False):
-        return self.connection.call(pb_grpc.AdminServiceStub, method, request, no_deadline=no_deadline)
+    def _call(self, method: str, request, no_deadline: bool = False, at_least: float = 0.0):
+        return self.connection.call(pb_grpc.AdminServiceStub, method, request, no_deadline=no_deadline, at_least=at_least)
 
     # Agents
 
@@ -80,9 +81,9 @@ class AdminClient(EndpointClient):
     def power_agent(self, agent_id: str, action: str, force: bool = False) -> pb.PowerAgentReply:
         """Power an agent's machine on, off, reset or cycle it (waiting until it gets there), or read
         its power state (`status`); forced, even with ACTIVE partitions there, which then fail and
-        are reset once it answers again. A machine may take minutes to get there: the call waits as
-        long as the controller does, which bounds it."""
-        return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), no_deadline=True)
+        are reset once it answers again. A machine may take minutes to get there: the call waits
+        POWER_CALL_SECONDS, longer than the controller's own bound."""
+        return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), at_least=POWER_CALL_SECONDS)
 
     # Allocations
 

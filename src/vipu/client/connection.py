@@ -86,23 +86,24 @@ class Connection:
         self._channels[address] = channel
         return channel
 
-    def call(self, stub_class, method: str, request, no_deadline: bool = False):
-        """Call a method within the connection's deadline (each try), or as long as it takes."""
+    def call(self, stub_class, method: str, request, no_deadline: bool = False, at_least: float = 0.0):
+        """Call a method within the connection's deadline (each try), or `at_least` seconds if
+        longer (a call the server bounds itself), or as long as it takes."""
         for delay in self.retry.delays():
             try:
-                return self._call_a_replica(stub_class, method, request, no_deadline)
+                return self._call_a_replica(stub_class, method, request, no_deadline, at_least)
             except ConcurrentUpdate:
                 time.sleep(delay)
-        return self._call_a_replica(stub_class, method, request, no_deadline)
+        return self._call_a_replica(stub_class, method, request, no_deadline, at_least)
 
-    def _call_a_replica(self, stub_class, method: str, request, no_deadline: bool):
+    def _call_a_replica(self, stub_class, method: str, request, no_deadline: bool, at_least: float = 0.0):
         passed_over = []
         for step in range(len(self.addresses)):
             index = (self._current + step) % len(self.addresses)
             address = self.addresses[index]
             try:
                 reply = getattr(stub_class(self._open(address)), method)(
-                    request, timeout=None if no_deadline else self.timeout,
+                    request, timeout=None if no_deadline else max(self.timeout, at_least),
                     metadata=self._metadata,
                 )
             except grpc.RpcError as error:

@@ -201,6 +201,14 @@ class Agent:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def answering(self) -> bool:
+        """Whether its machine's fabric answered at the last look: Up, or Down only for a capability
+        of its machine that fails (its BMC), which leaves its partitions, links and placement as
+        they were."""
+        problems = self.inventory.condition.problems
+        return self.status is AgentStatus.UP or (bool(problems) and self.last_error == "; ".join(problems))
+
 
 @dataclass
 class Cluster:

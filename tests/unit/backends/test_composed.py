@@ -13,7 +13,7 @@ from vipu.backends.composed import ComposedMachine
 from vipu.backends.sim import faults
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
-from vipu.model.errors import HardwareFailure, Unavailable
+from vipu.model.errors import Conflict, HardwareFailure, Unavailable
 from vipu.model.hardware import PowerAction, PowerState
 
 
@@ -149,3 +149,47 @@ def test_a_caller_that_knows_of_more_events_than_a_restarted_agent_had_gets_them
     [failed] = machine.condition(0).events
     assert machine.condition(failed.sequence).events == ()
     assert machine.condition(failed.sequence + 40).events == (failed,)  # it was told of 41 by the agent before this one
+
+
+def test_a_look_at_the_power_state_during_an_action_does_not_open_the_fabric_again(fabric):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc)
+    machine.apply(settings("p1"))
+    seen = []
+
+    def meanwhile():  # the BMC still says On, as one does just after a restart is asked for
+        seen.append(machine.condition(0).power_state)
+        with pytest.raises(Unavailable, match="power cycle under way"):
+            machine.apply(settings("p2", (2,)))
+        with pytest.raises(Conflict, match="power cycle is under way"):
+            machine.power(PowerAction.OFF, 10)
+
+    bmc.during = meanwhile
+    machine.power(PowerAction.CYCLE, 10)
+    assert seen == ["On"] and machine.partitions() == []
+
+
+def test_a_power_action_that_fails_leaves_the_fabric_as_it_was(fabric):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc)
+    machine.apply(settings("p1"))
+    bmc.failure = "BMC https://bmc: power cycle needs ResetType PowerCycle"
+    with pytest.raises(Unavailable, match="needs ResetType"):
+        machine.power(PowerAction.CYCLE, 10)
+    assert [s.partition_id for s in machine.partitions()] == ["p1"]  # nothing happened: nothing lost
+
+
+def test_an_unknown_power_state_says_nothing_and_on_the_way_up_is_not_on(fabric):
+    bmc = Bmc()
+    machine = ComposedMachine(fabric, "m01", bmc)
+    machine.apply(settings("p1"))
+    bmc.state = PowerState.UNKNOWN
+    assert machine.condition(0).power_state == "Unknown"
+    assert [s.partition_id for s in machine.partitions()] == ["p1"]
+    bmc.state = PowerState.POWERING_ON  # it went through off meanwhile
+    machine.condition(0)
+    with pytest.raises(Unavailable, match="not powered on"):
+        machine.partitions()
+    bmc.state = PowerState.ON
+    machine.condition(0)
+    assert machine.partitions() == []

@@ -236,9 +236,22 @@ class AgentReport(Command):
     agent_id: str
     held: dict | None = None  # partition id -> AgentSettings; None when it did not answer
     error: VipuError | None = None
-    # True: an administrator's power action on its machine begins (with `error`, why it is down): it
-    # counts as down, whatever a health pass finds meanwhile, until a report with False says it ended.
-    powering: bool | None = None
+
+
+@dataclass
+class Powering(Command):
+    """An administrator's power action on one of the allocation's machines. At its start (`begin`)
+    the owner refuses it while a partition there is busy, or ACTIVE unless `force` (those are then
+    failed as the agent's loss fails them: the reply names them), and keeps the machine down, out of
+    placement and deaf to health passes, until told of the action's end (`begin` False, the same
+    `token`) or until `until` (monotonic) passes, whichever comes first."""
+
+    agent_id: str
+    action: str
+    token: object
+    begin: bool = True
+    force: bool = False
+    until: float = 0.0
 
 
 @dataclass

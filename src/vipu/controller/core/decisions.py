@@ -21,6 +21,7 @@ from vipu.controller.core.commands import (
     FinishInterrupted,
     LendMachines,
     LinksChanged,
+    Powering,
     RecoverFailed,
     ReleaseMachines,
     RelocatePartition,
@@ -211,13 +212,7 @@ class Decisions(QueueKeeping):
         state, agent_id = self.state, command.agent_id
         agent = self.agents().get(agent_id)
         children: list[Flow] = []
-        if command.powering is True:
-            state.powering.add(agent_id)
-        elif command.powering is False:
-            state.powering.discard(agent_id)
-            command.reply.resolve()  # the next health pass says how it is now
-            return
-        if agent_id in state.powering and command.error is None:  # answering before the power action goes through
+        if state.powering(agent_id) and command.error is None:  # answering before the power action has gone through
             command.reply.resolve()
             return
         if command.error is not None or agent is None:
@@ -256,6 +251,33 @@ class Decisions(QueueKeeping):
                     self._clears[(agent_id, partition_id)] = reconciling
                 children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
         self._answer_when_done(command, children)
+
+    def _powering(self, command: Powering) -> None:
+        """An administrator's power action begins or ends (`Powering`)."""
+        state, agent_id = self.state, command.agent_id
+        if not command.begin:
+            state.release_power([agent_id], command.token)  # down until a health pass finds it answering
+            command.reply.resolve([])
+            return
+        here = state.on_agent(agent_id)
+        busy = sorted(p.id for p in here if p.id in self.flows or lifecycle.state_of(p) in lifecycle.BUSY)
+        if busy:
+            raise Conflict(f"partition(s) {', '.join(busy)} on agent {agent_id} are busy: power {command.action} once they settle")
+        active = sorted(p.id for p in here if lifecycle.state_of(p) == lifecycle.ACTIVE_IDLE)
+        if active and not command.force:
+            raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {command.action} would fail them; "
+                           "use --force to fail them, and they are reset once the machine answers again")
+        if state.hold_for_power([agent_id], command.until, command.token):
+            self._changed = True
+        why = f"agent {agent_id}{LOST}power {command.action} of its machine by the administrator"
+        children = [self.start(Flow("failing", flows.mark_lost(self, partition, why), partition_id=partition.id, system=True))
+                    for partition in here if partition.id in active]
+
+        def failed() -> Body:
+            yield Join(children)
+            return active
+
+        self.start(Flow("waiting", failed(), command.reply, system=True))
 
     def _links_changed(self, command: LinksChanged) -> None:
         """The ledger's word on the machines' links: placement (and the queue's next pass) steps
@@ -436,6 +458,7 @@ class Decisions(QueueKeeping):
         LendMachines: _lend,
         ReturnMachines: _return,
         AgentReport: _report,
+        Powering: _powering,
         LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,

@@ -25,13 +25,13 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from vipu.controller.core.agents import AgentCall
+from vipu.controller.core.agents import POWER_SECONDS, AgentCall
 from vipu.controller.core.effects import Body, Calls, Flow, Join
 from vipu.controller.core.placing import failed_machines, move_note, moved, planned
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report
 from vipu.model.configuration import AgentSettings
-from vipu.model.entities import Agent, AgentStatus, OperationState, Partition
+from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
 from vipu.model.placement import Placement
@@ -41,6 +41,7 @@ from vipu.model.reasons import span
 if TYPE_CHECKING:
     from vipu.controller.core.steps import Steps
 
+POWER_MARGIN_SECONDS = 60.0  # beyond a power action's own limit, before the machines it holds down are let go regardless
 log = logging.getLogger("vipu.controller.core")
 
 Failures = dict[str, VipuError]
@@ -138,6 +139,9 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
         return (yield from configure(owner, partition, "fail"))
     except VipuError as failure:
         current = owner.partition(partition.id)
+        if automatic and current is not None and current.power_cycled is not None:
+            log.warning("partition %s: the reset did not bring it back, and its machines were power cycled once already (%s): "
+                        "it is left to its user", partition.id, current.power_cycled.strftime("%Y-%m-%d %H:%M:%S UTC"))
         if not power_cycle or current is None or lifecycle.state_of(current) != lifecycle.ERROR_FAILED:
             raise
         log.warning("partition %s: the reset did not bring it back (%s); power cycling %s", partition.id, failure.message,
@@ -148,13 +152,27 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
 def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
     """Power cycle the partition's machines and configure it again: what an operator does when a
     reset does not bring a partition back. Recorded on the partition (`power_cycled`), so it is
-    done once in its life."""
-    partition = yield owner.transit(partition, ("reset", {"power_cycled": datetime.now(UTC)}))
-    agents = owner.agents_of(partition)
-    failures = _failures(agents, (yield Calls([AgentCall(a.id, a.host, a.port, power=PowerAction.CYCLE) for a in agents])))
-    if failures:
-        raise (yield from fail(owner, partition, failures, f"cannot power cycle the machines of partition {partition.id}", "fail"))
-    return (yield from configure(owner, partition, "fail"))
+    done once in its life; not done if another partition is on its machines now. The machines are
+    kept out of placement, and deaf to health passes, until it is done."""
+    state, machines = owner.state, sorted(set(partition.agent_ids))
+    others = sorted({other.id for agent_id in machines for other in state.on_agent(agent_id) if other.id != partition.id})
+    if others:
+        raise HardwareFailure(f"partition {partition.id} is in ERROR; its machines were not power cycled, as they now hold "
+                              f"{', '.join(others)} too")
+    token = object()
+    state.hold_for_power(machines, time.monotonic() + POWER_SECONDS + POWER_MARGIN_SECONDS, token)
+    configured = False
+    try:
+        partition = yield owner.transit(partition, ("reset", {"power_cycled": datetime.now(UTC)}))
+        agents = owner.agents_of(partition)
+        failures = _failures(agents, (yield Calls([AgentCall(a.id, a.host, a.port, power=PowerAction.CYCLE) for a in agents])))
+        if failures:
+            raise (yield from fail(owner, partition, failures, f"cannot power cycle the machines of partition {partition.id}", "fail"))
+        partition = yield from configure(owner, partition, "fail")
+        configured = True
+        return partition
+    finally:
+        state.release_power(machines, token, answering=machines if configured else ())
 
 
 def remove(owner: Steps, partition: Partition, force: bool) -> Body:
@@ -219,7 +237,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     log.warning("partition %s %s", partition.id, partition.relocation)
     uncleared = set(before.agent_ids)
     try:
-        reachable = [agent for agent in owner.agents_of(before) if agent.status is AgentStatus.UP and agent.id not in state.down]
+        reachable = [agent for agent in owner.agents_of(before) if agent.answering and agent.id not in state.down]
         failures = _failures(reachable, (yield owner.clearing(partition.id, reachable)))
         uncleared = {agent.id for agent in owner.agents_of(before)} - {agent.id for agent in reachable if agent.id not in failures}
         for agent_id in sorted(uncleared):

@@ -26,7 +26,7 @@ from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import Turns
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
-from vipu.model.entities import Agent, AgentStatus
+from vipu.model.entities import Agent
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
@@ -94,7 +94,7 @@ class Owners:
         owners = {}
         for allocation in configuration.allocations.values():
             cluster = configuration.clusters[allocation.cluster_id]
-            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
+            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
                                        [r for r in requests if r.allocation_id == allocation.id], down, links)
             state.test = self._tests.get(allocation.cluster_id, "")
@@ -125,7 +125,7 @@ class Owners:
             requests = tx.list_requests(allocation_id)
             links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
         cluster = configuration.clusters[allocation.cluster_id]
-        down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and agent.status is AgentStatus.DOWN}
+        down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
         with self._lock:
             found = self._owners.get(allocation_id)
             if found is not None:

@@ -19,7 +19,7 @@ from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
-from vipu.model.compaction import BudgetSpent, plan_for
+from vipu.model.compaction import BudgetSpent, Plan, plan_for
 from vipu.model.entities import IPUS_PER_MACHINE, Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
@@ -241,20 +241,39 @@ class QueueKeeping(Steps):
         if r.size > free or state.compacting:
             return
         holders = state.holders()
-        looked = (first.partition_id, frozenset(holders.items()))
+        spent, now = self.compaction_spent(), time.time()
+        room = spent.room(now)
+        looked = (first.partition_id, frozenset(holders.items()), frozenset(allowed), state.links.sequence, room)
         if state.compaction_looked == looked:
             return
         state.compaction_looked = looked
-        spent, now = self.compaction_spent(), time.time()
-        plan = plan_for(state.layout, allowed, state.used, holders, r.size, flows.movable(self, spent, now), max_moves=spent.room(now),
+        plan = plan_for(state.layout, allowed, state.used, holders, r.size, flows.movable(self, spent, now), max_moves=room,
                         mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing)
-        if plan is None:
+        if plan is None or not self._takes(first, allowed, plan):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
                  first.partition_id)
         state.compacting = True
-        self.start(Flow("compacting", self._compacting(flows.compact(self, plan, spent, f"the queue for {first.partition_id}")),
-                        system=True))
+        try:
+            self.start(Flow("compacting", self._compacting(flows.compact(self, plan, spent, f"the queue for {first.partition_id}")),
+                            system=True))
+        except VipuError:
+            state.compacting = False
+            raise
+
+    def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan) -> bool:
+        """Whether the request, with all it asks (GCDs, routing, IPUs named, links to keep off), fits
+        once the plan's moves are made: nothing moves for a shape it could not take."""
+        state, r = self.state, first.request
+        after = {agent_id: set(indices) for agent_id, indices in state.used.items()}
+        for move in plan.moves:
+            for agent_id, index in move.before:
+                after.get(agent_id, set()).discard(index)
+            for agent_id, index in move.to:
+                after.setdefault(agent_id, set()).add(index)
+        return try_place(state.layout, allowed, after, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
+                         ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
+                         explicit=explicit_ipus(state.layout, state.allocation, r), faults=state.links) is not None
 
     def _compacting(self, body: Body) -> Body:
         """A compaction the queue asked for: its report logged, and the queue looked at again."""

@@ -9,6 +9,7 @@ so nothing here is seen before it is committed.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -45,7 +46,8 @@ class AllocationState:
     held_for: str = ""
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
-    powering: set[str] = dataclasses.field(default_factory=set)  # agents whose machines an administrator's power action holds down
+    # Agents whose machines a power action holds down: until when (monotonic), and the action's token.
+    powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding the machines
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
@@ -151,3 +153,30 @@ class AllocationState:
 
     def on_agent(self, agent_id: str) -> list[Partition]:
         return [p for p in self.partitions.values() if any(i.agent_id == agent_id for i in p.ipus)]
+
+    def powering(self, agent_id: str) -> bool:
+        """Whether a power action holds the agent's machine down now; one past its deadline no longer does."""
+        held = self.powering_until.get(agent_id)
+        if held is not None and time.monotonic() > held[0]:
+            del self.powering_until[agent_id]
+            held = None
+        return held is not None
+
+    def hold_for_power(self, agent_ids: Iterable[str], until: float, token: object) -> set[str]:
+        """Keep these machines down (out of placement, deaf to health passes) for a power action,
+        until `until` at most; those it put down that were not."""
+        added = set()
+        for agent_id in agent_ids:
+            self.powering_until[agent_id] = (until, token)
+            if agent_id not in self.down:
+                self.down.add(agent_id)
+                added.add(agent_id)
+        return added
+
+    def release_power(self, agent_ids: Iterable[str], token: object, answering: Iterable[str] = ()) -> None:
+        """The power action `token` ended: its machines are no longer held down by it, and those
+        `answering` (just configured) are up again; the others stay down until a health pass finds them."""
+        for agent_id in agent_ids:
+            if self.powering_until.get(agent_id, (0.0, None))[1] is token:
+                del self.powering_until[agent_id]
+        self.down.difference_update(answering)

@@ -125,7 +125,7 @@ class HealthPass:
                 log.warning("health pass: %s: %s", what, error.message)
 
     def _ask(self, agent: Agent) -> _Found:
-        returning = agent.status is AgentStatus.DOWN
+        returning = not agent.answering
         condition = None
         try:
             if agent.inventory.has(Capability.POWER) or agent.inventory.has(Capability.HEALTH):
@@ -139,12 +139,13 @@ class HealthPass:
 
     def _condition(self, agent: Agent) -> MachineCondition:
         """The machine's power and health, with the events since those last recorded (each logged:
-        the agent's report of them as they come); as last recorded if the agent does not answer."""
+        the agent's report of them as they come); as last recorded if the agent does not answer,
+        with a problem saying so (a BMC slower than the agent timeout, say)."""
         known = agent.inventory.condition.events
         try:
             condition = self.gateway.condition(agent.host, agent.port, known[-1].sequence if known else 0)
-        except Unavailable:
-            return agent.inventory.condition
+        except Unavailable as error:
+            return dataclasses.replace(agent.inventory.condition, problems=(f"power and health not read: {error.message}",))
         for event in condition.events:
             log.log(logging.INFO if event.severity is HealthLevel.OK else logging.WARNING, "agent %s: %s: %s (%s)", agent.id,
                     event.component, event.message, event.severity.value)
@@ -158,14 +159,14 @@ class HealthPass:
         condition = found.condition if found.condition is not None else agent.inventory.condition
         if agent.status is status and agent.last_error == reason and not found.returned and condition == agent.inventory.condition:
             return
-        agent.inventory.condition = condition
+        inventory = dataclasses.replace(agent.inventory, condition=condition)  # the configuration read is shared: not changed in place
         if agent.status is not status:
             log.info("agent %s is %s%s", agent.id, status.value, f": {reason}" if reason else "")
         try:
             with self.store.transaction() as tx:
                 current = tx.get_agent(agent.id)
                 if current is not None:
-                    current.status, current.last_error, current.inventory = status, reason, agent.inventory
+                    current.status, current.last_error, current.inventory = status, reason, inventory
                     tx.update_agent(current)
         except VipuError as error:
             log.warning("agent %s: its status could not be recorded: %s", agent.id, error.message)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
-from vipu.controller.core.commands import AgentReport
+from vipu.controller.core.commands import Powering
+from vipu.controller.core.flows import POWER_MARGIN_SECONDS
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
-from vipu.model.entities import Agent, AgentStatus, ReadyState, check_id, natural_key, shown
+from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -31,7 +33,7 @@ from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
 
-POWER_FAIL_SECONDS = 30.0  # how long a forced power action waits for the owner to fail the partitions there
+OWNER_SECONDS = 30.0  # how long a power action waits for its machine's owner, at its start and its end
 
 
 def no_takeover(machine_serial: str) -> str:
@@ -166,33 +168,31 @@ class AgentService:
             if problem:
                 raise Unavailable(f"agent {agent_id}: {problem}")
             return PowerState(condition.power_state), []
-        active = sorted({use.partition_id for use in view.ipus if use.partition_state == ReadyState.ACTIVE.value})
-        if active and action is not PowerAction.ON:
-            if not force:
-                raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {action.value} would fail them; "
-                               "use --force to fail them, and they are reset once the machine answers again")
-            self._tell_owner(view, AgentReport(agent_id, error=Unavailable(f"power {action.value} of its machine by the administrator"),
-                                               powering=True))
+        owner = self.owners.owner(view.allocation_id) if view.allocation_id and action is not PowerAction.ON else None
+        token, failed = object(), []
         try:
-            return self.gateway.power(agent.host, agent.port, action, POWER_SECONDS), active
-        except VipuError as error:
-            raise type(error)(f"agent {agent_id}: power {action.value}: {error.message}") from error
+            if owner is not None:  # its owner decides what runs there, and keeps it down until the action ends
+                begin = Powering(agent_id, action.value, token, force=force, until=time.monotonic() + POWER_SECONDS + POWER_MARGIN_SECONDS)
+                owner.submit(begin)
+                failed = begin.reply.wait(OWNER_SECONDS, f"the start of agent {agent_id}'s power {action.value}", OWNER_SECONDS)
+            try:
+                return self.gateway.power(agent.host, agent.port, action, POWER_SECONDS), failed
+            except VipuError as error:
+                raise type(error)(f"agent {agent_id}: power {action.value}: {error.message}") from error
         finally:
-            if active and action is not PowerAction.ON:
-                try:
-                    self._tell_owner(view, AgentReport(agent_id, powering=False))
-                except VipuError as error:  # the action is done; its owner learns the machine's state at the next pass anyway
-                    log.warning("agent %s: the end of its power %s was not told: %s", agent_id, action.value, error.message)
+            if owner is not None:
+                self._tell_end(owner, Powering(agent_id, action.value, token, begin=False))
 
-    def _tell_owner(self, view: AgentView, report: AgentReport) -> None:
-        """Report to the owner of the agent's allocation, waiting for it with a deadline: that a
-        forced power action begins (its ACTIVE partitions there fail as after the agent's loss, and
-        stay failed until it ends), or that it ended."""
-        owner = self.owners.owner(view.allocation_id)
-        if owner is None:
-            return
-        owner.submit(report)
-        report.reply.wait(POWER_FAIL_SECONDS, f"telling the owner of agent {view.agent.id}'s power action", POWER_FAIL_SECONDS)
+    @staticmethod
+    def _tell_end(owner, end: Powering) -> None:
+        """Tell the owner a power action ended, so that it holds the machine down no longer (it
+        would let go at the action's deadline anyway)."""
+        try:
+            owner.submit(end)
+            end.reply.wait(OWNER_SECONDS, f"the end of agent {end.agent_id}'s power {end.action}", OWNER_SECONDS)
+        except VipuError as error:
+            log.warning("agent %s: the end of its power %s was not told to its owner, which lets go of it at the action's deadline: %s",
+                        end.agent_id, end.action, error.message)
 
     def remove(self, agent_id: str, force: bool = False, gone: bool = False) -> builtins.list[str]:
         """Remove an agent; with `force`, its cluster (and what is in it) first. `gone`: its machine

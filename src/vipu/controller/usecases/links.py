@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from vipu.controller.core.agents import AgentGateway
 from vipu.model.clustertests import CableResult, CableVerdict
-from vipu.model.entities import AgentStatus, Partition, shown
+from vipu.model.entities import Partition, shown
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.linkhealth import (
     DAY,
@@ -90,7 +90,7 @@ class LinkLedger:
     def sample_all(self) -> int:
         """Read every Up agent's links, in parallel, and record what each answered; how many answered."""
         with self.store.reading() as tx:
-            agents = [a for a in tx.list_agents() if a.status is AgentStatus.UP]
+            agents = [a for a in tx.list_agents() if a.answering]
         try:
             futures = {agent.id: self._pool.submit(self.gateway.link_counters, agent.host, agent.port) for agent in agents}
         except RuntimeError:  # closed: the controller stops
