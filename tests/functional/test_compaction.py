@@ -2,7 +2,7 @@
 exactly the partitions it names and keeps their ids and attach keys, never moves one with an IPUoF
 client attached without its user's consent, and the budget refuses the move beyond it; and a
 request waiting for room it cannot have although enough IPUs are free is started by the compaction
-the queue makes for it.
+the queue makes for it; a relocatable partition being reset goes where it leaves a larger shape free.
 
 Its own pod of four machines (16 IPUs), one partition of one machine on each, then the second and
 fourth removed: 8 IPUs are free but no two free machines are neighbours, so a partition of 8 IPUs
@@ -116,3 +116,17 @@ def test_a_waiting_request_is_started_by_the_compaction_made_for_it(module_pod):
     assert status(pod, "big")["ready_state"] == "PS_ACTIVE"
     assert status(pod, "pa")["relocation"] == ""  # not relocatable: never moved
     pod.logged("allocation alloc-1: 1 move(s) to free 8 IPUs for waiting request big")
+
+
+def test_a_relocatable_partition_reset_is_placed_where_it_leaves_a_larger_shape_free(module_pod):
+    pod = module_pod
+    pod.wipe()
+    break_up(pod.register())  # pc alone between two free machines: 8 IPUs free, 4 the largest that fits
+    reset = pod.user("reset", "partition", "pc")
+    assert reset.code == 0, reset.err
+    moved = status(pod, "pc")
+    assert moved["relocation"].startswith("moved from ag3 to ") and "reset where it leaves a larger shape free" in moved["relocation"]
+    assert status(pod, "pc")["ready_state"] == "PS_ACTIVE"
+    assert pod.user("create", "partition", "big", "--size", "8").code == 0
+    assert pod.user("reset", "partition", "pa").code == 0  # not relocatable: reset in place
+    assert status(pod, "pa")["relocation"] == ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
-from vipu.model.placement import Placement
+from vipu.model.placement import Placement, largest_fitting, try_place
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
 
@@ -127,9 +128,15 @@ def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Bo
 
 
 def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool = False) -> Body:
-    """Clear and configure the partition again; `automatic` counts it as an automatic reset. With
-    `power_cycle`, a configuration that fails is followed by a power cycle of its machines and one
-    more configuration (`power_cycled_reset`)."""
+    """Clear and configure the partition again; `automatic` counts it as an automatic reset. A
+    relocatable one is configured elsewhere instead if that leaves a larger shape free
+    (`compacter_place`). With `power_cycle`, a configuration that fails is followed by a power
+    cycle of its machines and one more configuration (`power_cycled_reset`)."""
+    elsewhere = compacter_place(owner, partition)
+    if elsewhere is not None:
+        log.info("partition %s: reset where it leaves a larger shape free", partition.id)
+        return (yield from relocate(owner, partition, set(), "reset where it leaves a larger shape free", automatic=automatic,
+                                    because_failed=False, target=elsewhere))
     partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
@@ -147,6 +154,34 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
         log.warning("partition %s: the reset did not bring it back (%s); power cycling %s", partition.id, failure.message,
                     ", ".join(current.agent_ids))
     return (yield from power_cycled_reset(owner, current))
+
+
+def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
+    """Where a relocatable partition being reset goes instead of its IPUs: the place placement
+    chooses among the IPUs free now (none held for the queue, no machine down, no quarantined
+    link), when it leaves a larger partition room to fit than its own IPUs do; None if it stays."""
+    state = owner.state
+    if not partition.relocatable or set(partition.agent_ids) & state.down:
+        return None
+    allowed = set(state.allocation.agent_ids) - state.down
+    taken = {agent_id: set(indices) for agent_id, indices in state.used.items()}
+    for agent_id, index in state.held:
+        taken.setdefault(agent_id, set()).add(index)
+    placement = try_place(state.layout, allowed, taken, partition.size, num_gcds=partition.num_gcds,
+                          num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
+                          gw_routing=partition.gw_routing, faults=state.links, mix=state.mix)
+    if placement is None:
+        return None
+    own = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
+    others = {agent_id: set(indices) - {index for a, index in own if a == agent_id} for agent_id, indices in state.used.items()}
+
+    def largest_with(ipus: Iterable[tuple[str, int]]) -> int:
+        used = {agent_id: set(indices) for agent_id, indices in others.items()}
+        for agent_id, index in ipus:
+            used.setdefault(agent_id, set()).add(index)
+        return largest_fitting(state.layout, allowed, used)
+
+    return placement if largest_with((ipu.agent_id, ipu.index) for ipu in placement.ipus) > largest_with(own) else None
 
 
 def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
