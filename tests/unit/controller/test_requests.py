@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -116,7 +117,8 @@ def test_backfill_starts_smaller_requests_outside_the_ipus_held_for_the_first_an
     assert started_at_once(queued, "s4", 4) == ["ag5"]
     one = queue_up(queued, "s1", 1)  # only IPUs held for big are free
     assert one.reason == ("number 2 in the queue, behind big (16 IPUs); no free IPU in allocation a1: 12 of 32 IPUs are free, "
-                          "12 free IPUs (ag1, ag3-ag4) are held for big, first in the queue; it fits when on-ag6, s4 or s8 is removed")
+                          "12 free IPUs (ag1, ag3-ag4) are held for big, first in the queue; it fits when on-ag6, s4 or s8 is removed; "
+                          "with no expected duration it may not start on the IPUs held for big")
     with pytest.raises(NoRoom):  # a create that does not wait is held off those IPUs too
         pod.partitions.create(PartitionRequest("now", 1))
     pod.partitions.remove("on-ag2")  # big starts at once, on what was held for it
@@ -137,6 +139,12 @@ def test_a_request_expected_to_end_before_the_held_ipus_are_needed_starts_on_the
     for late in (PartitionRequest("late", 4, expected_seconds=3 * 3600), PartitionRequest("unknown", 4)):
         queued.create(late, wait_seconds=60)
         assert queued.wait(late.id, 0.2).waiting is not None, f"{late.id} started in what is held for big"
+    # Each is told, by its own duration, why the IPUs held for big are not for it.
+    until(queued, lambda: {"late", "unknown"} <= {w.request.partition_id for w in queued.list() if "held for big, first" in w.reason})
+    reasons = {w.request.partition_id: w.reason for w in queued.list()}
+    assert reasons["unknown"].endswith("; with no expected duration it may not start on the IPUs held for big")
+    assert re.search(r"; it is expected to run 3 h, past \d{4}-\d\d-\d\d \d\d:\d\d UTC, when the IPUs held for big are expected "
+                     r"to be needed$", reasons["late"]), reasons["late"]
     pod.partitions.remove("on-ag2")
     pod.partitions.remove("short")
     assert wait(queued, "big").agent_ids == ["ag1", "ag2", "ag3", "ag4"]  # never delayed by the one that ended in time

@@ -10,6 +10,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+from tests.ports import free_port
 from vipu.backends.sim.rack import generate_rack, save_rack
 from vipu.cli.common import exit_status
 from vipu.model.entities import IldTopology
@@ -20,7 +21,8 @@ from vipu.vpod.store import SiteMachine, Vpod, VpodStore
 def serve(tmp_path, *options: str) -> tuple[int, str]:
     save_rack(generate_rack(2, topology=IldTopology.MESH), tmp_path / "site.yaml")
     out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["vipu-vpod", "serve", "--data-dir", str(tmp_path / "data"), "--rack", str(tmp_path / "site.yaml"), *options]
+    sys.argv = ["vipu-vpod", "serve", "--data-dir", str(tmp_path / "data"), "--rack", str(tmp_path / "site.yaml"),
+                "--port", str(free_port()), *options]  # not the default port, which the README's walk-through may be serving on
     try:
         with redirect_stdout(out), redirect_stderr(err):
             code = exit_status(main.cli, "vipu-vpod")

@@ -223,7 +223,7 @@ class QueueKeeping(Steps):
             state.held, state.held_for = frozenset(), ""
         if admission.first is not None and not admission.started:
             self._compact_for(admission.first, allowed)
-        self._explain(state.held, allowed)
+        self._explain(state.held, allowed, admission.expected_start)
 
     def compaction_spent(self) -> BudgetSpent:
         """The allocation's compaction moves of late, kept from its first compaction on."""
@@ -300,7 +300,7 @@ class QueueKeeping(Steps):
             log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
                         first.partition_id, error.message)
 
-    def _explain(self, held: Shape, allowed: set[str]) -> None:
+    def _explain(self, held: Shape, allowed: set[str], held_needed_at: float | None = None) -> None:
         """Why each request still waits, from placement, against the state as the pass left it.
         Every request behind the first sees the same room (less what is held for the first), so
         placement is asked once per shape of request."""
@@ -332,7 +332,8 @@ class QueueKeeping(Steps):
             behind = next((r for r in line if r is not first), None)
             if behind is not None:
                 verdicts[shape] = verdict(behind, behind_first)
-        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders)), verdicts=verdicts, layout=layout)
+        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders)), verdicts=verdicts, layout=layout,
+                                    held_needed_at=held_needed_at)
 
 
 def expected_ends(partitions: Iterable[Partition]) -> dict[tuple[str, int], float | None]:

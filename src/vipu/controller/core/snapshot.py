@@ -12,9 +12,11 @@ by every reader and must be copied before any change (`PartitionService.get` han
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 
 from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Partition
@@ -53,6 +55,7 @@ class QueueView:
     verdicts: Mapping[Hashable, str] = field(default_factory=dict)  # shape -> what placement says of requests of it behind the first
     layout: ClusterLayout | None = None
     every: str = ""  # why every request waits, when nothing starts in the allocation (under test, being removed)
+    held_needed_at: float | None = None  # when the IPUs held for the first are expected to be needed (epoch seconds); None: unknown
 
     @cached_property
     def requests(self) -> tuple[WaitingRequest, ...]:
@@ -85,7 +88,26 @@ class QueueView:
             return f"{where}; {self.first_verdict}"
         where = f"number {position} in the queue, behind {first.partition_id} ({first.size} IPUs)"
         verdict = self.verdicts.get(shape)
-        return f"{where}; {verdict}" if verdict else where
+        if not verdict:
+            return where
+        if re.search(rf"free IPUs? \(.*\) (are|is) held for {re.escape(first.partition_id)}, first in the queue", verdict):
+            verdict += f"; {self._held_clause(request, first.partition_id)}"  # free IPUs it could start on, by its duration
+        return f"{where}; {verdict}"
+
+    def _held_clause(self, request: WaitingRequest, first_id: str) -> str:
+        """Why this request, by its expected duration, may not start on the IPUs held for the first."""
+        seconds = request.request.expected_seconds
+        if not seconds:
+            return f"with no expected duration it may not start on the IPUs held for {first_id}"
+        if self.held_needed_at is None:
+            return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
+        needed = datetime.fromtimestamp(self.held_needed_at, UTC)
+        return (f"it is expected to run {_duration(seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
+                f"{first_id} are expected to be needed")
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds} s"
 
 
 EMPTY_QUEUE = QueueView()
