@@ -127,6 +127,8 @@ def test_a_relocatable_partition_reset_is_placed_where_it_leaves_a_larger_shape_
     moved = status(pod, "pc")
     assert moved["relocation"].startswith("moved from ag3 to ") and "reset where it leaves a larger shape free" in moved["relocation"]
     assert status(pod, "pc")["ready_state"] == "PS_ACTIVE"
+    assert pod.user("reset", "partition", "pc").code == 0  # a second reset: anywhere else would break the free run up again
+    assert status(pod, "pc")["relocation"] == moved["relocation"]
     assert pod.user("create", "partition", "big", "--size", "8").code == 0
     assert pod.user("reset", "partition", "pa").code == 0  # not relocatable: reset in place
     assert status(pod, "pa")["relocation"] == ""

@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from vipu.model.entities import IPUS_PER_MACHINE, IpuLinkRouting
+from vipu.model.entities import IpuLinkRouting
 from vipu.model.fragmentation import SizeMix
-from vipu.model.placement import Placement, Shape, largest_fitting, shapes, try_place
+from vipu.model.placement import Placement, Shape, largest_fitting, largest_size_free, shapes, shifted, try_place
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
@@ -106,9 +106,7 @@ def plan_for(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[in
 
 def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable], mix: SizeMix | None) -> tuple[Move, ...] | None:
     """Each blocker placed outside `shape`, one after another, largest first; None if one finds no place."""
-    taken = {agent: set(indices) for agent, indices in used.items()}
-    for agent, index in shape:
-        taken.setdefault(agent, set()).add(index)
+    taken = shifted(used, on=shape)
     moves = []
     for blocker in sorted(blockers, key=lambda b: (-b.size, b.partition_id)):
         placed = try_place(layout, allowed, taken, blocker.size, num_gcds=blocker.num_gcds,
@@ -127,12 +125,8 @@ def plan_compaction(layout: ClusterLayout, allowed: Set[str], used: Mapping[str,
                     movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None) -> Plan | None:
     """The plan that frees the largest shape that does not fit now although enough IPUs are free,
     trying smaller sizes when no plan within `max_moves` frees a larger one; None if none does."""
-    free = IPUS_PER_MACHINE * sum(1 for agent in allowed if layout.has(agent)) - sum(
-        len(indices) for agent, indices in used.items() if agent in allowed)
     fitting = largest_fitting(layout, allowed, used)
-    size = 1
-    while size * 2 <= min(free, layout.ipus_per_ild * layout.num_ilds):
-        size *= 2
+    size = largest_size_free(layout, allowed, used)
     while size > fitting:
         plan = plan_for(layout, allowed, used, holders, size, movable, max_moves=max_moves, mix=mix)
         if plan is not None:

@@ -62,6 +62,17 @@ Segments = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent,
 Shape = frozenset[tuple[str, int]]  # the IPUs of a partition, as (agent, index) pairs
 
 
+def shifted(used: Mapping[str, Set[int]], off: Iterable[tuple[str, int]] = (), on: Iterable[tuple[str, int]] = ()) -> dict[str, set[int]]:
+    """The IPUs in use, by agent, as a copy with `off` freed and `on` taken: the room once a
+    partition has moved, or with IPUs held back."""
+    taken = {agent: set(indices) for agent, indices in used.items()}
+    for agent, index in off:
+        taken.get(agent, set()).discard(index)
+    for agent, index in on:
+        taken.setdefault(agent, set()).add(index)
+    return taken
+
+
 @dataclass(frozen=True)
 class Occupancy:
     """Who holds the IPUs in use, by (agent, index), and the free IPUs `held` for the first request
@@ -78,10 +89,7 @@ class Occupancy:
 
     def with_held(self, used: Mapping[str, Set[int]]) -> dict[str, set[int]]:
         """The IPUs in use, and those held, by agent."""
-        taken = {agent: set(indices) for agent, indices in used.items()}
-        for agent, index in self.held:
-            taken.setdefault(agent, set()).add(index)
-        return taken
+        return shifted(used, on=self.held)
 
 
 @dataclass(frozen=True)
@@ -325,7 +333,7 @@ def _run_of_machines(layout: ClusterLayout, ilds: tuple[int, ...], start: int, m
     )
 
 
-def _free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
+def free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
     """The free IPUs of the allowed machines: counted from those in use, as few machines are busy
     next to the whole of a large pod."""
     machines = sum(1 for agent in allowed if layout.has(agent))
@@ -438,7 +446,7 @@ def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, 
     """The shape placement chooses among those free now, or None; with `faults`, never one that
     needs a failed link, and one that needs a suspect link only when no other is free (its
     `link_note` says which links were stepped around, or taken for want of another shape)."""
-    if size > _free_ipu_count(layout, allowed, used):
+    if size > free_ipu_count(layout, allowed, used):
         return None
     candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every=bool(faults),
                              mix=None if first_fit else mix)
@@ -652,11 +660,17 @@ def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str,
     return 0 if largest is None else len(largest.ipus)
 
 
+def largest_size_free(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
+    """The largest partition size (a power of two) that as many IPUs are free for, whatever their shape."""
+    size = 1
+    while size * 2 <= min(free_ipu_count(layout, allowed, used), layout.ipus_per_ild * layout.num_ilds):
+        size *= 2
+    return size
+
+
 def largest_placement(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> Placement | None:
     """Where the largest partition with the default options would go now; None if nothing fits."""
-    size = 1
-    while size * 2 <= min(_free_ipu_count(layout, allowed, used), layout.ipus_per_ild * layout.num_ilds):
-        size *= 2
+    size = largest_size_free(layout, allowed, used)
     while size >= 1:
         placed = try_place(layout, allowed, used, size)
         if placed is not None:

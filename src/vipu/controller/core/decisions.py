@@ -444,7 +444,7 @@ class Decisions(QueueKeeping):
         if command.dry_run:
             command.reply.resolve(Report(self.id, state.layout, plan, dry_run=True))
             return
-        self.start(Flow("compacting", flows.compact(self, plan, spent, command.why), command.reply))
+        self.start(Flow("compacting", self.compacting(flows.compact(self, plan, spent, command.why)), command.reply))
 
     _HANDLERS: ClassVar[dict[type, Callable[[Decisions, Any], None]]] = {
         CompactAllocation: _compact,

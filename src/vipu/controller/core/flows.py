@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -35,7 +34,7 @@ from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
-from vipu.model.placement import Placement, largest_fitting, try_place
+from vipu.model.placement import Placement, largest_fitting, shifted, try_place
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
 
@@ -129,14 +128,17 @@ def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Bo
 
 def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool = False) -> Body:
     """Clear and configure the partition again; `automatic` counts it as an automatic reset. A
-    relocatable one is configured elsewhere instead if that leaves a larger shape free
-    (`compacter_place`). With `power_cycle`, a configuration that fails is followed by a power
-    cycle of its machines and one more configuration (`power_cycled_reset`)."""
-    elsewhere = compacter_place(owner, partition)
+    relocatable one its user resets is configured elsewhere instead if that leaves a larger shape
+    free, within the compaction budget (`compacter_place`). With `power_cycle`, a configuration
+    that fails is followed by a power cycle of its machines and one more configuration
+    (`power_cycled_reset`)."""
+    elsewhere = None if automatic else compacter_place(owner, partition)
     if elsewhere is not None:
         log.info("partition %s: reset where it leaves a larger shape free", partition.id)
-        return (yield from relocate(owner, partition, set(), "reset where it leaves a larger shape free", automatic=automatic,
-                                    because_failed=False, target=elsewhere))
+        moved_partition = yield from relocate(owner, partition, set(), "reset where it leaves a larger shape free", because_failed=False,
+                                              target=elsewhere)
+        owner.compaction_spent().spend(partition.id, time.time())
+        return moved_partition
     partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
@@ -156,32 +158,30 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
     return (yield from power_cycled_reset(owner, current))
 
 
-def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
-    """Where a relocatable partition being reset goes instead of its IPUs: the place placement
-    chooses among the IPUs free now (none held for the queue, no machine down, no quarantined
-    link), when it leaves a larger partition room to fit than its own IPUs do; None if it stays."""
+def placed_elsewhere(owner: Steps, partition: Partition) -> Placement | None:
+    """Where placement would put the partition now among the IPUs free (none of its own, which
+    it keeps until it has moved, none held for the queue, no machine down, no quarantined link,
+    suspect ones while it can); None if nothing is free for it."""
     state = owner.state
-    if not partition.relocatable or set(partition.agent_ids) & state.down:
+    return try_place(state.layout, set(state.allocation.agent_ids) - state.down, shifted(state.used, on=state.held), partition.size,
+                     num_gcds=partition.num_gcds, num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
+                     gw_routing=partition.gw_routing, faults=state.links, mix=state.mix)
+
+
+def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
+    """Where a relocatable partition its user resets goes instead of its IPUs, when placement
+    there (`placed_elsewhere`) leaves a larger partition room to fit than its own IPUs do and the
+    compaction budget allows the move; None if it stays."""
+    state = owner.state
+    if not partition.relocatable or set(partition.agent_ids) & state.down or owner.compaction_spent().refusal(partition.id, time.time()):
         return None
-    allowed = set(state.allocation.agent_ids) - state.down
-    taken = {agent_id: set(indices) for agent_id, indices in state.used.items()}
-    for agent_id, index in state.held:
-        taken.setdefault(agent_id, set()).add(index)
-    placement = try_place(state.layout, allowed, taken, partition.size, num_gcds=partition.num_gcds,
-                          num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
-                          gw_routing=partition.gw_routing, faults=state.links, mix=state.mix)
+    placement = placed_elsewhere(owner, partition)
     if placement is None:
         return None
-    own = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
-    others = {agent_id: set(indices) - {index for a, index in own if a == agent_id} for agent_id, indices in state.used.items()}
-
-    def largest_with(ipus: Iterable[tuple[str, int]]) -> int:
-        used = {agent_id: set(indices) for agent_id, indices in others.items()}
-        for agent_id, index in ipus:
-            used.setdefault(agent_id, set()).add(index)
-        return largest_fitting(state.layout, allowed, used)
-
-    return placement if largest_with((ipu.agent_id, ipu.index) for ipu in placement.ipus) > largest_with(own) else None
+    allowed = set(state.allocation.agent_ids) - state.down
+    after = shifted(state.used, off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
+                    on=((ipu.agent_id, ipu.index) for ipu in placement.ipus))
+    return placement if largest_fitting(state.layout, allowed, after) > largest_fitting(state.layout, allowed, state.used) else None
 
 
 def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
@@ -339,7 +339,9 @@ def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: Bu
 
 
 def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) -> Body:
-    """One move of a compaction plan: only while idle (`fenced`), then to the planned place."""
+    """One move of a compaction plan: only while idle (`fenced`), then to the planned place, which
+    is checked free before any fence is made."""
+    planned(owner.state, partition, move.after)
     partition = yield from fenced(owner, partition)
     return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after))
 
@@ -348,7 +350,7 @@ def fenced(owner: Steps, partition: Partition) -> Body:
     """A partition about to move of its own accord (not because it failed): unless its owner
     consented to moves while attached, only if no IPUoF client is attached at any of its machines,
     which then refuse attaches until it has moved (`FENCE_SECONDS` at most). A Conflict names an
-    attached client. The partition as it is then."""
+    attached client; the fences made before it was found are lifted. The partition as it is then."""
     if partition.may_move:
         return partition
     agents = owner.agents_of(partition)
@@ -356,6 +358,9 @@ def fenced(owner: Steps, partition: Partition) -> Body:
                             for a in agents])
     refusals = [outcome for outcome in outcomes if outcome is not None]
     if refusals:
+        fenced_at = [agent for agent, outcome in zip(agents, outcomes, strict=True) if outcome is None]
+        if fenced_at:  # it does not move: its settings applied again lift the fences that were made (they would lapse anyway)
+            yield owner.applying(partition, fenced_at)
         attached = [r for r in refusals if isinstance(r, Conflict)]
         raise (attached or refusals)[0]
     current = owner.partition(partition.id)
@@ -371,11 +376,8 @@ def off_unhealthy_links(owner: Steps, partition: Partition) -> Body:
     pass)."""
     state = owner.state
     warnings = state.links.warnings(state.layout, [(ipu.agent_id, ipu.index) for ipu in partition.ipus])
-    first = state.queue.first()
-    placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
-                      first.partition_id if first is not None else "", set(), state.down, state.links)
-    chosen = [(ipu.agent_id, ipu.index) for ipu in placement.ipus]
-    if state.links.warnings(state.layout, chosen) or set(chosen) & state.held:
+    placement = placed_elsewhere(owner, partition)
+    if placement is None or state.links.warnings(state.layout, [(ipu.agent_id, ipu.index) for ipu in placement.ipus]):
         raise NoRoom(f"partition {partition.id}: no room away from its unhealthy links")
     partition = yield from fenced(owner, partition)
     return (yield from relocate(owner, partition, set(), f"away from an unhealthy link ({warnings[0]})", because_failed=False,
@@ -403,7 +405,8 @@ def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, att
 def relocate_asked(owner: Steps, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
     """A move someone asked for: off the machines that failed the partition, or off all of its own
     when none did; with `only_off_failed` (the published API's reset with `relocatable`), a
-    partition that no machine failed is reset in place instead."""
+    partition that no machine failed is reset instead (`reset`: in place, or where it leaves a
+    larger shape free)."""
     failed = failed_machines(partition, owner.state.down)
     if not failed and only_off_failed:
         return (yield from reset(owner, partition, automatic))

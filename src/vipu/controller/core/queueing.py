@@ -19,10 +19,10 @@ from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
-from vipu.model.compaction import BudgetSpent, Plan, plan_for
-from vipu.model.entities import IPUS_PER_MACHINE, Partition
+from vipu.model.compaction import Plan, plan_for
+from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
-from vipu.model.placement import Occupancy, Shape, choose_reservation, place_partition, try_place
+from vipu.model.placement import Occupancy, Shape, choose_reservation, free_ipu_count, place_partition, shifted, try_place
 from vipu.model.queue import WaitingRequest, admit, shape_of
 
 log = logging.getLogger("vipu.controller.core")
@@ -225,20 +225,13 @@ class QueueKeeping(Steps):
             self._compact_for(admission.first, allowed)
         self._explain(state.held, allowed, admission.expected_start)
 
-    def compaction_spent(self) -> BudgetSpent:
-        """The allocation's compaction moves of late, kept from its first compaction on."""
-        if self.state.compaction is None:
-            self.state.compaction = BudgetSpent(self.owners.compaction_budget)
-        return self.state.compaction
-
     def _compact_for(self, first: WaitingRequest, allowed: set[str]) -> None:
         """When the first request waits although enough IPUs are free, plan the moves of relocatable
         partitions that free a shape for it, within the budget, and make them: it starts at the
         pass that follows. A plan is looked for once per first request and room (not at every pass),
         and never while a compaction is under way."""
         state, r = self.state, first.request
-        free = sum(IPUS_PER_MACHINE - len(state.used.get(agent_id, ())) for agent_id in allowed)
-        if r.size > free or state.compacting:
+        if r.size > free_ipu_count(state.layout, allowed, state.used) or state.compactions:
             return
         holders = state.holders()
         spent, now = self.compaction_spent(), time.time()
@@ -253,39 +246,37 @@ class QueueKeeping(Steps):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
                  first.partition_id)
-        state.compacting = True
-        try:
-            self.start(Flow("compacting", self._compacting(flows.compact(self, plan, spent, f"the queue for {first.partition_id}")),
-                            system=True))
-        except VipuError:
-            state.compacting = False
-            raise
+        body = flows.compact(self, plan, spent, f"the queue for {first.partition_id}")
+        self.start(Flow("compacting", self.compacting(self._reporting(body)), system=True))
 
     def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan) -> bool:
         """Whether the request, with all it asks (GCDs, routing, IPUs named, links to keep off), fits
         once the plan's moves are made: nothing moves for a shape it could not take."""
         state, r = self.state, first.request
-        after = {agent_id: set(indices) for agent_id, indices in state.used.items()}
-        for move in plan.moves:
-            for agent_id, index in move.before:
-                after.get(agent_id, set()).discard(index)
-            for agent_id, index in move.to:
-                after.setdefault(agent_id, set()).add(index)
+        after = shifted(state.used, off=(ipu for move in plan.moves for ipu in move.before),
+                        on=(ipu for move in plan.moves for ipu in move.to))
         return try_place(state.layout, allowed, after, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                          ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                          explicit=explicit_ipus(state.layout, state.allocation, r), faults=state.links) is not None
 
-    def _compacting(self, body: Body) -> Body:
-        """A compaction the queue asked for: its report logged, and the queue looked at again."""
+    def compacting(self, body: Body) -> Body:
+        """A compaction under way (an administrator's or the queue's): the queue starts none of its
+        own meanwhile, and looks again once it has ended."""
+        self.state.compactions += 1
+        try:
+            return (yield from body)
+        finally:
+            self.state.compactions -= 1
+            self._queue_dirty = True
+
+    def _reporting(self, body: Body) -> Body:
+        """A compaction the queue asked for: why it stopped or failed, logged (nobody waits for it)."""
         try:
             report = yield from body
             if report.stopped:
                 log.warning("allocation %s: the compaction for the queue stopped: %s", self.id, report.stopped)
         except VipuError as error:
             log.warning("allocation %s: the compaction for the queue failed: %s", self.id, error.message)
-        finally:
-            self.state.compacting = False
-            self._queue_dirty = True
 
     def _recording_hold(self, first: WaitingRequest, held: Shape) -> Body:
         """Write the IPUs held for a first request to its row, so that they outlive a restart; one

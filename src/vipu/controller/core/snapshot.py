@@ -13,6 +13,7 @@ by every reader and must be copied before any change (`PartitionService.get` han
 from __future__ import annotations
 
 import re
+import time
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -91,16 +92,20 @@ class QueueView:
         if not verdict:
             return where
         if re.search(rf"free IPUs? \(.*\) (are|is) held for {re.escape(first.partition_id)}, first in the queue", verdict):
-            verdict += f"; {self._held_clause(request, first.partition_id)}"  # free IPUs it could start on, by its duration
+            clause = self._held_clause(request, first.partition_id)  # free IPUs it could start on, by its duration
+            verdict += f"; {clause}" if clause else ""
         return f"{where}; {verdict}"
 
     def _held_clause(self, request: WaitingRequest, first_id: str) -> str:
-        """Why this request, by its expected duration, may not start on the IPUs held for the first."""
+        """Why this request, by its expected duration, may not start on the IPUs held for the first;
+        empty when it would end in time (their shape is then what keeps it off them)."""
         seconds = request.request.expected_seconds
         if not seconds:
             return f"with no expected duration it may not start on the IPUs held for {first_id}"
         if self.held_needed_at is None:
             return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
+        if time.time() + seconds <= self.held_needed_at:
+            return ""
         needed = datetime.fromtimestamp(self.held_needed_at, UTC)
         return (f"it is expected to run {_duration(seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
                 f"{first_id} are expected to be needed")

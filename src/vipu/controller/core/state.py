@@ -52,8 +52,9 @@ class AllocationState:
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
-    compacting: bool = False  # a compaction the queue asked for is under way
-    compaction_looked: tuple | None = None  # (first request, IPUs in use) the queue last looked for a plan at
+    compactions: int = 0  # compactions under way (an administrator's, the queue's)
+    # (first request, IPUs in use, machines up, links, budget room) the queue last looked for a plan at
+    compaction_looked: tuple | None = None
     compaction: BudgetSpent | None = None  # its compaction moves of late, made with the first compaction
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)

@@ -12,6 +12,7 @@ from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.effects import Calls, Flow, Write
 from vipu.controller.core.turns import Turns
 from vipu.model import lifecycle
+from vipu.model.compaction import BudgetSpent
 from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import Agent, Partition, shown
 from vipu.model.errors import NotFound, VipuError
@@ -21,6 +22,13 @@ log = logging.getLogger("vipu.controller.core")
 
 
 class Steps(Turns):
+    def compaction_spent(self) -> BudgetSpent:
+        """The allocation's compaction moves of late (by compaction, and by resets that re-place),
+        kept from the first on."""
+        if self.state.compaction is None:
+            self.state.compaction = BudgetSpent(self.owners.compaction_budget)
+        return self.state.compaction
+
     def partition(self, partition_id: str) -> Partition | None:
         return self.state.partitions.get(partition_id)
 
