@@ -1,6 +1,7 @@
 """Planned compaction on a real controller and real agents: a dry run changes nothing, a plan moves
 exactly the partitions it names and keeps their ids and attach keys, never moves one with an IPUoF
-client attached without its user's consent, and the budget refuses the move beyond it; and a
+client attached without its user's consent, and the budget refuses the move beyond it (after a
+restart too); and a
 request waiting for room it cannot have although enough IPUs are free is started by the compaction
 the queue makes for it; a relocatable partition being reset goes where it leaves a larger shape free.
 
@@ -103,6 +104,12 @@ def test_an_attached_partition_is_not_moved_then_an_idle_one_is_keeping_its_id_a
     again = pod.admin("compact", "alloc-1", "--dry-run")
     assert again.code == 1
     assert "no plan: the budget of 1 compaction moves per hour is spent; the next move is allowed in" in again.err
+
+    pod.stop_server()  # the budget spent is recorded on the partition moved, and counted again by the next controller
+    pod.start_server()
+    after_restart = pod.admin("compact", "alloc-1", "--dry-run")
+    assert after_restart.code == 1
+    assert "no plan: the budget of 1 compaction moves per hour is spent; the next move is allowed in" in after_restart.err
 
 
 def test_a_waiting_request_is_started_by_the_compaction_made_for_it(module_pod):

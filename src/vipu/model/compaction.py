@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from vipu.model.entities import IpuLinkRouting
 from vipu.model.fragmentation import SizeMix
+from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Placement, Shape, largest_fitting, largest_size_free, shapes, shifted, try_place
 from vipu.model.topology import ClusterLayout
 
@@ -71,18 +72,21 @@ class Plan:
 
 def plan_for(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], holders: Mapping[Ipu, str],
              size: int, movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None,
-             num_segments: int = 0, ipulink_routing: IpuLinkRouting | None = None) -> Plan | None:
+             num_segments: int = 0, ipulink_routing: IpuLinkRouting | None = None, faults: LinkFaults = NO_FAULTS) -> Plan | None:
     """The plan of at most `max_moves` moves of `movable` partitions that frees a shape for a
     partition of `size`, or None. `used` are the IPUs in use (and any held for another request,
-    which moves keep off), `holders` which partition holds each IPU in use."""
+    which moves keep off), `holders` which partition holds each IPU in use. With `faults`, no
+    shape freed and no place moved to needs a failed link, as placement would refuse them."""
     if max_moves < 1:
         return None
     weighed: list[tuple[int, int, int, Shape, set[str]]] = []
     for order, shape in enumerate(shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing)):
         in_use = [ipu for ipu in shape if ipu[1] in used.get(ipu[0], ())]
-        blockers = {holders.get(ipu, "") for ipu in in_use}  # "": held back, by nobody that may move
+        blockers = {_mover(holders, movable, ipu) for ipu in in_use}
         if not in_use or len(blockers) > max_moves or not blockers <= movable.keys():
             continue  # already free (placement takes it), too many moves, or something in the way may not move
+        if faults.failed and faults.met(layout, shape)[0]:
+            continue  # placement would never take it
         moved_ipus = sum(movable[b].size for b in blockers)
         weighed.append((len(blockers), moved_ipus, order, shape, blockers))
     weighed.sort(key=lambda entry: entry[:3])
@@ -91,26 +95,36 @@ def plan_for(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[in
     for _, _, _, shape, blockers in weighed:
         largest = max((movable[b] for b in blockers), key=lambda b: (b.size, b.partition_id))
         if largest not in fits_now:
-            fits_now[largest] = try_place(layout, allowed, used, largest.size, num_gcds=largest.num_gcds,
-                                          num_segments=largest.num_segments, ipulink_routing=largest.ipulink_routing) is not None
+            fits_now[largest] = try_place(layout, allowed, used, largest.size, num_gcds=largest.num_gcds, num_segments=largest.num_segments,
+                                          ipulink_routing=largest.ipulink_routing, faults=faults) is not None
         if not fits_now[largest]:
             continue
         tried += 1
         if tried > SHAPES_TRIED:
             break
-        moves = _moves_clearing(layout, allowed, used, shape, [movable[b] for b in blockers], mix)
+        moves = _moves_clearing(layout, allowed, used, shape, [movable[b] for b in blockers], mix, faults)
         if moves is not None:
             return Plan(size, shape, moves)
     return None
 
 
-def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable], mix: SizeMix | None) -> tuple[Move, ...] | None:
+def _mover(holders: Mapping[Ipu, str], movable: Mapping[str, Movable], ipu: Ipu) -> str:
+    """The movable partition whose move frees this IPU in use; "" when none does: its holder may
+    not move, or the IPU is held back for a partition that has moved already (its old IPUs stay
+    taken until its machines are seen cleared, wherever it goes next)."""
+    holder = holders.get(ipu, "")
+    found = movable.get(holder)
+    return holder if found is not None and ipu in found.ipus else ""
+
+
+def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable], mix: SizeMix | None,
+                    faults: LinkFaults) -> tuple[Move, ...] | None:
     """Each blocker placed outside `shape`, one after another, largest first; None if one finds no place."""
     taken = shifted(used, on=shape)
     moves = []
     for blocker in sorted(blockers, key=lambda b: (-b.size, b.partition_id)):
         placed = try_place(layout, allowed, taken, blocker.size, num_gcds=blocker.num_gcds,
-                           num_segments=blocker.num_segments, ipulink_routing=blocker.ipulink_routing, mix=mix)
+                           num_segments=blocker.num_segments, ipulink_routing=blocker.ipulink_routing, mix=mix, faults=faults)
         if placed is None:
             return None
         moves.append(Move(blocker.partition_id, blocker.ipus, placed))
@@ -122,13 +136,14 @@ def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable]
 
 
 def plan_compaction(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], holders: Mapping[Ipu, str],
-                    movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None) -> Plan | None:
+                    movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None,
+                    faults: LinkFaults = NO_FAULTS) -> Plan | None:
     """The plan that frees the largest shape that does not fit now although enough IPUs are free,
     trying smaller sizes when no plan within `max_moves` frees a larger one; None if none does."""
     fitting = largest_fitting(layout, allowed, used)
     size = largest_size_free(layout, allowed, used)
     while size > fitting:
-        plan = plan_for(layout, allowed, used, holders, size, movable, max_moves=max_moves, mix=mix)
+        plan = plan_for(layout, allowed, used, holders, size, movable, max_moves=max_moves, mix=mix, faults=faults)
         if plan is not None:
             return plan
         size //= 2
@@ -151,6 +166,13 @@ class BudgetSpent:
     budget: Budget
     moves: list[float] = field(default_factory=list)  # when each of the last hour's moves was made
     last_moved: dict[str, float] = field(default_factory=dict)  # partition id -> when it last moved
+
+    @classmethod
+    def recorded(cls, budget: Budget, last_moved: Mapping[str, float], now: float) -> BudgetSpent:
+        """The budget spent as the allocation's partitions record it (when each last moved by
+        compaction): what an owner starts from after a restart or a change of leader. Moves of
+        partitions removed since are not counted, nor a partition's earlier moves within the hour."""
+        return cls(budget, sorted(at for at in last_moved.values() if at > now - 3600.0), dict(last_moved))
 
     def room(self, now: float) -> int:
         """How many moves the budget allows now."""

@@ -314,6 +314,9 @@ class Partition:
     # When the controller power cycled its machines because an automatic reset did not bring it back,
     # UTC: it does so once in a partition's life, then leaves it to its user.
     power_cycled: datetime | None = None
+    # When compaction last moved it (or a reset re-placed it to free a larger shape), UTC: what its
+    # allocation's compaction budget counts, kept so that a restart or a new leader counts it too.
+    compacted: datetime | None = None
 
     @property
     def expected_end(self) -> datetime | None:

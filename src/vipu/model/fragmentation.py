@@ -18,7 +18,10 @@ too: every choice takes the same number of free IPUs.
 
 The mix of sizes is what the allocation has been asked for (`SizeMix`), counted with a decay so
 that a change in its workload shows within about `HALF_LIFE` requests, on top of an even prior
-over every size the allocation can hold, so a new allocation does not favour one size.
+over every size the allocation can hold, so a new allocation does not favour one size. A request
+is counted once it is found valid, and a refused one asked again by the same id is not counted
+twice. The counts live in the owner's memory; an owner that starts (a restart, a new leader)
+begins from the sizes of the partitions and waiting requests the allocation holds.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ class SizeMix:
     """The share of requests of each size (in IPUs) an allocation has seen, decayed, with a prior."""
 
     seen: tuple[tuple[int, float], ...] = ()  # (size, decayed count), sizes in increasing order
+
+    @classmethod
+    def held(cls, sizes: Iterable[int]) -> SizeMix:
+        """A mix counting each of these sizes once, undecayed: what an allocation's partitions and
+        waiting requests say of its workload when its owner starts (the decayed counts are not stored)."""
+        counts: dict[int, float] = {}
+        for size in sizes:
+            counts[size] = counts.get(size, 0.0) + 1.0
+        return cls(tuple(sorted(counts.items())))
 
     def saw(self, size: int) -> SizeMix:
         """The mix after one more request of `size` IPUs."""

@@ -86,7 +86,7 @@ def moved_meanwhile(partition_id: str, transition: str, expected: State | None, 
 
 def apply(partition: Partition, name: str, errors: list[str] | None = None, auto_reset_count: int | None = None,
           ipus: list[PlacedIpu] | None = None, relocation: str | None = None, failed_on: tuple[str, ...] | None = None,
-          now: datetime | None = None, power_cycled: datetime | None = None) -> State | None:
+          now: datetime | None = None, power_cycled: datetime | None = None, compacted: datetime | None = None) -> State | None:
     """Change `partition` as the transition `name` (with its fields) does; the state it goes to
     (ABSENT: it is gone, and the object is left as it was). A Conflict if the table has no such move."""
     moved_to = target(partition.id, name, state_of(partition))
@@ -106,6 +106,8 @@ def apply(partition: Partition, name: str, errors: list[str] | None = None, auto
         partition.failed_on = tuple(failed_on)
     if power_cycled is not None:
         partition.power_cycled = power_cycled
+    if compacted is not None:
+        partition.compacted = compacted
     return moved_to
 
 

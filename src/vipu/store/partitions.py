@@ -104,7 +104,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         ipus=ipus, ready_state=ReadyState(row.ready_state), operation_state=OperationState(row.operation_state),
         errors=list(row.errors or []), disable_auto_reset=row.disable_auto_reset, auto_reset_count=row.auto_reset_count,
         last_auto_reset=_utc(row.last_auto_reset_at), owner=row.owner or "", created=_utc(row.created_at),
-        power_cycled=_utc(row.power_cycled_at),
+        power_cycled=_utc(row.power_cycled_at), compacted=_utc(row.compacted_at),
         attach_key=row.attach_key or "", relocatable=bool(row.relocatable), relocation=row.relocation or "",
         failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "", may_move=bool(row.may_move),
         expected_seconds=int(row.expected_seconds or 0),
@@ -220,13 +220,13 @@ class PartitionRepository(TransactionBase):
     def transition(self, partition: Partition, name: str, errors: list[str] | None = None,
                    auto_reset_count: int | None = None, ipus: list[PlacedIpu] | None = None,
                    relocation: str | None = None, failed_on: tuple[str, ...] | None = None,
-                   power_cycled: datetime | None = None) -> lifecycle.State | None:
+                   power_cycled: datetime | None = None, compacted: datetime | None = None) -> lifecycle.State | None:
         """Apply the life cycle's transition `name` to a partition, as a compare-and-set on the state
         it was read in; the partition object follows. Refused with a `Conflict` naming both states
         when the table has no such move or another operation changed the partition meanwhile.
         `ipus` replaces its IPUs in the same statement group ('relocate'; taken ones are a lost race,
-        ConcurrentUpdate), `relocation` records where it went and why, and `failed_on` the machines
-        it keeps off from then on. Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
+        ConcurrentUpdate), `relocation` records where it went and why, `failed_on` the machines it
+        keeps off from then on, `compacted` when compaction moved it. Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         failpoints.hit(f"store.partition.{name}")
@@ -247,6 +247,8 @@ class PartitionRepository(TransactionBase):
                 values["failed_on"] = json.dumps(list(failed_on))
             if power_cycled is not None:
                 values["power_cycled_at"] = power_cycled
+            if compacted is not None:
+                values["compacted_at"] = compacted
             parameters = {(f"json_new_{c}" if c in _JSON_COLUMNS else f"new_{c}"): (_moment(v, self.is_sqlite) if isinstance(v, datetime)
                                                                                      else v)
                           for c, v in values.items()}
@@ -260,5 +262,5 @@ class PartitionRepository(TransactionBase):
             self._add_ipus(partition.id, ipus, f"the IPUs chosen for partition {partition.id} were taken by a concurrent request")
         if target is not lifecycle.ABSENT:
             lifecycle.apply(partition, name, errors, auto_reset_count, ipus, relocation, failed_on, values.get("last_auto_reset_at"),
-                            power_cycled)
+                            power_cycled, compacted)
         return target

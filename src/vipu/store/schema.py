@@ -37,12 +37,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 15  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 16  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
-# 15: partitions.power_cycled_at
+# 15: partitions.power_cycled_at; 16: partitions.compacted_at
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -76,6 +76,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     14: [_adding("partitions", "may_move", "BOOLEAN NOT NULL DEFAULT false"),
          _adding("partitions", "expected_seconds", "BIGINT NOT NULL DEFAULT 0")],
     15: [_adding("partitions", "power_cycled_at", "TIMESTAMP WITH TIME ZONE")],
+    16: [_adding("partitions", "compacted_at", "TIMESTAMP WITH TIME ZONE")],
 }
 
 ID = String(64)
@@ -157,6 +158,7 @@ class PartitionRow(Base):
     auto_reset_count: Mapped[int] = mapped_column(Integer, default=0)
     last_auto_reset_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     power_cycled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    compacted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)  # its last move by compaction
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     attach_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
     relocatable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))

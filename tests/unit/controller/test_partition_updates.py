@@ -13,7 +13,7 @@ from tests.unit.controller.test_requests import wait
 from vipu import failpoints
 from vipu.controller.usecases.requests import Waiting
 from vipu.model.entities import Access, PartitionRequest, ReadyState
-from vipu.model.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied
 
 ALICE = Access("alice", frozenset({"a1"}))
 BOB = Access("bob", frozenset({"a1"}))
@@ -108,3 +108,19 @@ def test_an_expected_duration_the_api_cannot_carry_is_refused(pod):
     with pytest.raises(InvalidArgument, match=r"an expected duration is 0 \(unknown\) to 4294967295 s, not -1 s"):
         pod.partitions.create(PartitionRequest("p1", 4, expected_seconds=-1))
     assert pod.partitions.list() == []
+
+
+def test_the_size_mix_counts_a_valid_request_once_and_a_restarted_owner_starts_from_what_the_allocation_holds(pod):
+    def counted(services) -> dict[int, int]:
+        return {size: round(count) for size, count in services.owners.owner("a1").state.mix.seen}
+
+    with pytest.raises(InvalidArgument):
+        pod.partitions.create(PartitionRequest("odd", 3))
+    assert counted(pod.services) == {}  # a request found invalid says nothing of the workload
+    pod.partitions.create(PartitionRequest("p1", 16))
+    pod.partitions.create(PartitionRequest("p2", 4))
+    for _ in range(3):  # 12 IPUs are free: refused for room, and asked again by a client retrying
+        with pytest.raises(NoRoom, match=r"^no free 16-IPU run in allocation a1: 12 of 32 IPUs are free"):
+            pod.partitions.create(PartitionRequest("big", 16))
+    assert counted(pod.services) == {4: 1, 16: 2}
+    assert counted(pod.restarted()) == {4: 1, 16: 1}  # the partitions held; the refused request is gone

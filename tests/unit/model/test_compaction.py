@@ -5,6 +5,7 @@ from __future__ import annotations
 from vipu.model.compaction import Budget, BudgetSpent, Movable, plan_compaction, plan_for
 from vipu.model.entities import IldTopology
 from vipu.model.fragmentation import SizeMix
+from vipu.model.linkhealth import LinkFaults, LinkName
 from vipu.model.placement import try_place
 from vipu.model.topology import ClusterLayout
 
@@ -52,3 +53,38 @@ def test_the_mix_keeps_a_run_whole_for_the_size_asked_most_where_best_fit_would_
     assert weighed is not None and {ipu.agent_id for ipu in weighed.ipus} in ({"m0"}, {"m4"})  # two runs of 4 left
     shares = mix.shares(16)
     assert max(shares, key=shares.get) == 16 and abs(sum(shares.values()) - 1) < 1e-9
+
+
+def test_a_plan_frees_no_shape_and_moves_to_no_place_that_needs_a_failed_link():
+    used = {"ag1": set(WHOLE), "ag3": set(WHOLE)}
+    holders = {ipu: "pa" for ipu in machines("ag1")} | {ipu: "pc" for ipu in machines("ag3")}
+    movable = {"pc": Movable("pc", machines("ag3"))}
+    cable = LinkFaults(failed={LinkName("ag3", "5"): "failed the cabling test: no link"})  # the cable from ag3 up to ag4
+    plan = plan_for(LAYOUT, ALLOWED, used, holders, 8, movable, max_moves=1, faults=cable)
+    assert plan is not None and plan.shape == machines("ag2", "ag3") and plan.moves[0].to == machines("ag4")
+    # ag4 takes no partition of whole machines: pc has nowhere to go but ag2, which frees only
+    # ag3 and ag4 together, a shape that needs ag4 too.
+    inside = LinkFaults(failed={LinkName("ag4", "ipu0:1C"): "failed the cabling test: no link"})
+    assert plan_for(LAYOUT, ALLOWED, used, holders, 8, movable, max_moves=1, faults=inside) is None
+    assert plan_compaction(LAYOUT, ALLOWED, used, holders, movable, max_moves=1, faults=cable).shape == machines("ag2", "ag3")
+
+
+def test_ipus_held_back_for_a_partition_that_moved_are_not_freed_by_moving_it_again():
+    layout = ClusterLayout([f"ag{n}" for n in range(1, 7)], IldTopology.MESH)
+    # pc moved from ag3 to ag5; its old IPUs on ag3 stay taken until ag3 is seen cleared.
+    used = {"ag1": set(WHOLE), "ag3": set(WHOLE), "ag5": set(WHOLE)}
+    holders = {ipu: "pa" for ipu in machines("ag1")} | {ipu: "pc" for ipu in machines("ag3", "ag5")}
+    plan = plan_for(layout, set(layout.agent_ids), used, holders, 8, {"pc": Movable("pc", machines("ag5"))}, max_moves=2)
+    assert plan is not None and [m.partition_id for m in plan.moves] == ["pc"]
+    assert not plan.shape & machines("ag3"), "the shape counts on ag3, which moving pc does not free"
+
+
+def test_the_budget_spent_is_counted_again_from_when_each_partition_last_moved():
+    spent = BudgetSpent.recorded(Budget(moves_per_hour=2, partition_interval=600), {"p1": 1000.0, "p2": -5000.0}, 1100.0)
+    assert spent.room(1100.0) == 1  # p2's move is more than an hour old
+    assert "moves at most once in 600 s" in spent.refusal("p1", 1100.0) and spent.refusal("p2", 1100.0) == ""
+
+
+def test_a_starting_owner_weighs_the_sizes_its_partitions_and_waiting_requests_hold():
+    shares = SizeMix.held([16, 16, 16, 1]).shares(16)
+    assert max(shares, key=shares.get) == 16 and shares[1] > shares[2]

@@ -697,14 +697,16 @@ def test_a_relocation_replaces_the_ipus_with_its_transition(populated):
         p = tx.get_partition("p1")
         assert p.agent_ids == ["ag1"] and (p.ready_state, p.relocation) == (ReadyState.ACTIVE, "")
     moved = [PlacedIpu("ag2", i, 0, 4 + i, 0, r, 0) for r, i in enumerate((1, 2, 3))] + [PlacedIpu("ag1", 0, 0, 0, 0, 3, 0)]
+    compacted = datetime(2026, 11, 28, 21, 0, 5, tzinfo=UTC)
     with populated.transaction() as tx:
-        tx.transition(p, "relocate", ipus=moved, relocation="moved from ag1", failed_on=("ag1",))
+        tx.transition(p, "relocate", ipus=moved, relocation="moved from ag1", failed_on=("ag1",), compacted=compacted)
     with populated.reading() as tx:
         stored = tx.get_partition("p1")
     assert stored.ipus == p.ipus == moved
     assert (stored.ready_state, stored.operation_state, stored.relocatable, stored.relocation) == (
         ReadyState.PENDING, OperationState.RESETTING, True, "moved from ag1")
     assert stored.failed_on == p.failed_on == ("ag1",)
+    assert stored.compacted == p.compacted == compacted  # what the compaction budget counts after a restart
 
 
 def test_may_move_and_the_expected_duration_round_trip_and_may_move_changes_by_compare_and_set(populated):
@@ -743,6 +745,7 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN may_move"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN expected_seconds"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN power_cycled_at"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN compacted_at"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -752,11 +755,12 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
     try:
         with reopened.reading() as tx:
             migrated = tx.get_partition("p1")
-            assert (migrated.may_move, migrated.expected_seconds, migrated.expected_end, migrated.power_cycled) == (False, 0, None, None)
+            assert (migrated.may_move, migrated.expected_seconds, migrated.expected_end, migrated.power_cycled, migrated.compacted) == (
+                False, 0, None, None, None)
             [request] = tx.list_requests()
             assert (request.partition_id, request.request.may_move, request.request.expected_seconds) == ("q1", False, 0)
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
-        assert SCHEMA_VERSION == 15
+        assert SCHEMA_VERSION == 16
         p2 = partition("p2", "ag2")
         p2.may_move, p2.expected_seconds = True, 7200
         with reopened.transaction() as tx:

@@ -50,6 +50,8 @@ from vipu.model.placement import Occupancy
 
 log = logging.getLogger("vipu.controller.core")
 
+REFUSALS_REMEMBERED = 256  # refused requests whose asking again the size mix does not count twice
+
 
 class Decisions(QueueKeeping):
     def _decide(self, command: Command) -> None:
@@ -109,8 +111,18 @@ class Decisions(QueueKeeping):
         first = state.queue.first()
         occupancy = Occupancy(state.holders, state.held if first is not None else frozenset(),
                               first.partition_id if first is not None else "")
-        state.mix = state.mix.saw(request.size)
-        placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links, state.mix)
+        asked = (request.id, request.size)
+        mix = state.mix if asked in state.refused else state.mix.saw(request.size)
+        try:
+            placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links, mix)
+        except NoRoom:
+            state.mix = mix
+            state.refused[asked] = None
+            if len(state.refused) > REFUSALS_REMEMBERED:
+                del state.refused[next(iter(state.refused))]
+            raise
+        state.mix = mix
+        state.refused.pop(asked, None)
         return partition_of(request, access.user_id, state.allocation, placement)
 
     def _remove(self, command: RemovePartition) -> None:
@@ -434,7 +446,7 @@ class Decisions(QueueKeeping):
         allowed = set(state.allocation.agent_ids) - state.down
         first = state.queue.first()
         used = Occupancy(state.holders, state.held if first is not None else frozenset()).with_held(state.used)
-        plan = plan_compaction(state.layout, allowed, used, state.holders(), movable, max_moves=room, mix=state.mix)
+        plan = plan_compaction(state.layout, allowed, used, state.holders(), movable, max_moves=room, mix=state.mix, faults=state.links)
         if plan is None:
             why = (spent.spent(now) if not room else
                    "no relocatable partition's move frees a larger shape than fits now" if movable else

@@ -135,10 +135,8 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
     elsewhere = None if automatic else compacter_place(owner, partition)
     if elsewhere is not None:
         log.info("partition %s: reset where it leaves a larger shape free", partition.id)
-        moved_partition = yield from relocate(owner, partition, set(), "reset where it leaves a larger shape free", because_failed=False,
-                                              target=elsewhere)
-        owner.compaction_spent().spend(partition.id, time.time())
-        return moved_partition
+        return (yield from relocate(owner, partition, set(), "reset where it leaves a larger shape free", because_failed=False,
+                                    target=elsewhere, compacting=True))
     partition = yield owner.transit(partition, ("reset", {"auto_reset_count": partition.auto_reset_count + 1 if automatic else None}))
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
@@ -244,7 +242,7 @@ def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
 
 
 def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
-             because_failed: bool = True, target: Placement | None = None) -> Body:
+             because_failed: bool = True, target: Placement | None = None, compacting: bool = False) -> Body:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
     its allocation, and configure it there. `because_failed`: the machines of `avoid` failed it,
     and are kept off while other room is left. NoRoom if the allocation has no room for it
@@ -252,7 +250,8 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     fails. Its old IPUs stay taken until its reachable old machines are cleared, so that nothing is
     placed on settings still there; an old machine that is down is cleared by the health pass
     when it answers again. With a `target` (compaction's plan), it moves there, or NoRoom if
-    that is no longer free."""
+    that is no longer free. `compacting`: the move is compaction's, spent from its budget and
+    recorded on the partition (`compacted`) in the same write."""
     state = owner.state
     first = state.queue.first()
     if target is not None:
@@ -265,10 +264,14 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
     if automatic:
         fields["auto_reset_count"] = partition.auto_reset_count + 1
+    if compacting:
+        fields["compacted"] = datetime.now(UTC)
     if {(ipu.agent_id, ipu.index) for ipu in placement.ipus} & state.held:  # that request is held another shape, at the next pass
         state.held = frozenset()
     before = partition
     partition = yield owner.moving(partition, fields)
+    if compacting:
+        owner.compaction_spent().spend(partition.id, fields["compacted"].timestamp())
     log.warning("partition %s %s", partition.id, partition.relocation)
     uncleared = set(before.agent_ids)
     try:
@@ -306,7 +309,6 @@ def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
         if error is not None:
             return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved),
                           stopped=f"partition {partition.id} did not move: {getattr(error, 'message', error)}")
-        spent.spend(partition.id, time.time())
         moved.append(partition.id)
     log.info("allocation %s compacted: %s moved, freeing %d IPUs at %s", owner.id, ", ".join(moved), plan.size,
              span(owner.state.layout, plan.shape))
@@ -343,7 +345,7 @@ def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) ->
     is checked free before any fence is made."""
     planned(owner.state, partition, move.after)
     partition = yield from fenced(owner, partition)
-    return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after))
+    return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after, compacting=True))
 
 
 def fenced(owner: Steps, partition: Partition) -> Body:

@@ -241,7 +241,7 @@ class QueueKeeping(Steps):
             return
         state.compaction_looked = looked
         plan = plan_for(state.layout, allowed, state.used, holders, r.size, flows.movable(self, spent, now), max_moves=room,
-                        mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing)
+                        mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, faults=state.links)
         if plan is None or not self._takes(first, allowed, plan):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,

@@ -52,10 +52,13 @@ class AllocationState:
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
+    # The (partition id, size) of requests refused for want of room lately, oldest first: asked
+    # again, they are not counted in the mix again (`decisions.REFUSALS_REMEMBERED` at most).
+    refused: dict[tuple[str, int], None] = dataclasses.field(default_factory=dict)
     compactions: int = 0  # compactions under way (an administrator's, the queue's)
     # (first request, IPUs in use, machines up, links, budget room) the queue last looked for a plan at
     compaction_looked: tuple | None = None
-    compaction: BudgetSpent | None = None  # its compaction moves of late, made with the first compaction
+    compaction: BudgetSpent | None = None  # its compaction moves of late, counted at the first compaction
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
     touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot
@@ -68,6 +71,7 @@ class AllocationState:
             state.put(partition)
         for request in requests:
             state.queue.add(request)
+        state.mix = SizeMix.held([p.size for p in state.partitions.values()] + [r.request.size for r in state.queue])
         first = state.queue.first()
         if first is not None:
             state.held, state.held_for = first.held, first.partition_id

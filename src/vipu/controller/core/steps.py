@@ -5,6 +5,7 @@ partition (see `flows` for the operations, `effects` for the steps)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +25,10 @@ log = logging.getLogger("vipu.controller.core")
 class Steps(Turns):
     def compaction_spent(self) -> BudgetSpent:
         """The allocation's compaction moves of late (by compaction, and by resets that re-place),
-        kept from the first on."""
+        counted from what its partitions record the first time, then kept."""
         if self.state.compaction is None:
-            self.state.compaction = BudgetSpent(self.owners.compaction_budget)
+            moved = {p.id: p.compacted.timestamp() for p in self.state.partitions.values() if p.compacted is not None}
+            self.state.compaction = BudgetSpent.recorded(self.owners.compaction_budget, moved, time.time())
         return self.state.compaction
 
     def partition(self, partition_id: str) -> Partition | None:
