@@ -257,7 +257,7 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
         held = choose_held(first, taken, started)
     expected_start = None
     if expected_duration is not None and held:
-        expected_start = _expected_start(held, taken, ends_started, expected_ends or {}, now)
+        expected_start = held_free_at(held, taken, ends_started, expected_ends or {}, now)
     if backfill:
         inside = taken  # what is free to a request that ends before the held shape is needed
         outside = {agent: set(indices) for agent, indices in taken.items()}
@@ -298,8 +298,8 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
     return Admission(tuple(started), first, held, expected_start)
 
 
-def _expected_start(held: Shape, taken: Used, ends_started: Mapping[Ipu, float | None],
-                    expected_ends: Mapping[Ipu, float | None], now: float) -> float | None:
+def held_free_at(held: Shape, taken: Used, ends_started: Mapping[Ipu, float | None],
+                 expected_ends: Mapping[Ipu, float | None], now: float) -> float | None:
     """When the held IPUs are expected to be free: the latest expected end of the partitions on
     them (now, if none is on them); None if any of those ends is unknown."""
     latest = now

@@ -145,9 +145,18 @@ def test_a_request_expected_to_end_before_the_held_ipus_are_needed_starts_on_the
     assert reasons["unknown"].endswith("; with no expected duration it may not start on the IPUs held for big")
     assert re.search(r"; it is expected to run 3 h, past \d{4}-\d\d-\d\d \d\d:\d\d UTC, when the IPUs held for big are expected "
                      r"to be needed$", reasons["late"]), reasons["late"]
+    # A create that does not wait follows the same rule: one that ends in time starts on them at once.
+    assert pod.partitions.create(PartitionRequest("now", 4, expected_seconds=1800)).agent_ids[0] in ("ag1", "ag3", "ag4")
+    with pytest.raises(NoRoom, match=r"held for big, first in the queue; .*; it is expected to run 3 h, past .* UTC, when the IPUs "
+                                     r"held for big are expected to be needed$"):
+        pod.partitions.create(PartitionRequest("late-now", 4, expected_seconds=3 * 3600))
+    with pytest.raises(NoRoom, match=r"held for big, first in the queue; .*; with no expected duration it may not start on the IPUs "
+                                     r"held for big$"):
+        pod.partitions.create(PartitionRequest("unknown-now", 4))
     pod.partitions.remove("on-ag2")
     pod.partitions.remove("short")
-    assert wait(queued, "big").agent_ids == ["ag1", "ag2", "ag3", "ag4"]  # never delayed by the one that ended in time
+    pod.partitions.remove("now")
+    assert wait(queued, "big").agent_ids == ["ag1", "ag2", "ag3", "ag4"]  # never delayed by those that ended in time
 
 
 def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):

@@ -41,12 +41,13 @@ from vipu.controller.core.placing import (
     place_request,
 )
 from vipu.controller.core.queueing import QueueKeeping
+from vipu.controller.core.snapshot import held_clause
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.hardware import Capability
-from vipu.model.placement import Occupancy
+from vipu.model.placement import Occupancy, Placement
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -108,13 +109,10 @@ class Decisions(QueueKeeping):
         state = self.state
         if state.test:
             raise NoRoom(f"{state.test} is under test; no partition can be created in it until the test ends")
-        first = state.queue.first()
-        occupancy = Occupancy(state.holders, state.held if first is not None else frozenset(),
-                              first.partition_id if first is not None else "")
         asked = (request.id, request.size)
         mix = state.mix if asked in state.refused else state.mix.saw(request.size)
         try:
-            placement = place_request(state.layout, state.allocation, state.used, request, occupancy, state.links, mix)
+            placement = self._placed(request, mix)
         except NoRoom:
             state.mix = mix
             state.refused[asked] = None
@@ -124,6 +122,28 @@ class Decisions(QueueKeeping):
         state.mix = mix
         state.refused.pop(asked, None)
         return partition_of(request, access.user_id, state.allocation, placement)
+
+    def _placed(self, request, mix) -> Placement:
+        """The request placed around the IPUs held for the first waiting request, or on some of them
+        if it is expected to end before they are needed (`held_needed_at`), as the queue backfills.
+        A refusal says why it does not fit around them, and, where they alone keep it off, why its
+        expected duration does not let it start on them."""
+        state = self.state
+        first = state.queue.first()
+        if first is None or not state.held:
+            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix)
+        try:
+            return place_request(state.layout, state.allocation, state.used, request,
+                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix)
+        except NoRoom as refusal:
+            try:
+                placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix)
+            except NoRoom:
+                raise refusal from None
+            why_not = held_clause(request.expected_seconds, first.partition_id, self.held_needed_at(), time.time())
+            if not why_not:
+                return placement
+            raise NoRoom(f"{refusal.message}; {why_not}") from None
 
     def _remove(self, command: RemovePartition) -> None:
         partition = self._visible(command.partition_id, command.access)

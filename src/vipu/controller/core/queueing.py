@@ -23,7 +23,7 @@ from vipu.model.compaction import Plan, plan_for
 from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Shape, choose_reservation, free_ipu_count, place_partition, shifted, try_place
-from vipu.model.queue import WaitingRequest, admit, shape_of
+from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -35,6 +35,13 @@ EXPLAINED_SHAPES = 64
 
 
 class QueueKeeping(Steps):
+    def held_needed_at(self) -> float | None:
+        """When the IPUs held for the first waiting request are expected to be free, and so needed
+        (seconds since the epoch), from what is on them now; None if unknown: what a create that
+        does not wait is weighed against, as the queue's backfill weighs a waiting one."""
+        state = self.state
+        return held_free_at(state.held, state.used, {}, expected_ends(state.partitions.values()), time.time())
+
     def _enqueue(self, command: CreatePartition, refusal: NoRoom) -> Body:
         now = datetime.now(UTC)
         waiting = WaitingRequest(command.request, self.id, command.access.user_id, now,

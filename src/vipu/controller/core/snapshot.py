@@ -97,18 +97,22 @@ class QueueView:
         return f"{where}; {verdict}"
 
     def _held_clause(self, request: WaitingRequest, first_id: str) -> str:
-        """Why this request, by its expected duration, may not start on the IPUs held for the first;
-        empty when it would end in time (their shape is then what keeps it off them)."""
-        seconds = request.request.expected_seconds
-        if not seconds:
-            return f"with no expected duration it may not start on the IPUs held for {first_id}"
-        if self.held_needed_at is None:
-            return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
-        if time.time() + seconds <= self.held_needed_at:
-            return ""
-        needed = datetime.fromtimestamp(self.held_needed_at, UTC)
-        return (f"it is expected to run {_duration(seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
-                f"{first_id} are expected to be needed")
+        return held_clause(request.request.expected_seconds, first_id, self.held_needed_at, time.time())
+
+
+def held_clause(expected_seconds: int, first_id: str, held_needed_at: float | None, now: float) -> str:
+    """Why a request expected to run this long (0: unknown), started at `now`, may not start on the
+    IPUs held for the first waiting request, needed at `held_needed_at` (None: unknown); empty when
+    it would end in time (their shape is then what keeps it off them)."""
+    if not expected_seconds:
+        return f"with no expected duration it may not start on the IPUs held for {first_id}"
+    if held_needed_at is None:
+        return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
+    if now + expected_seconds <= held_needed_at:
+        return ""
+    needed = datetime.fromtimestamp(held_needed_at, UTC)
+    return (f"it is expected to run {_duration(expected_seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
+            f"{first_id} are expected to be needed")
 
 
 def _duration(seconds: int) -> str:
