@@ -36,11 +36,13 @@ class Conflict(VipuError):
 
 class NoRoom(Conflict):
     """Valid, but there is no room for it now: a request that may wait for room. `allocations`
-    names those it could fit in, were partitions to end."""
+    names those it could fit in, were partitions to end; `held_free`, how many free IPUs held for
+    the first waiting request were kept from it."""
 
-    def __init__(self, message: str, allocations: tuple[str, ...] = ()):
+    def __init__(self, message: str, allocations: tuple[str, ...] = (), held_free: int = 0):
         super().__init__(message)
         self.allocations = allocations
+        self.held_free = held_free
 
 
 class ConcurrentUpdate(Conflict):

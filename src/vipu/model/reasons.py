@@ -51,6 +51,7 @@ def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int
     total = len(machines) * IPUS_PER_MACHINE
     free = total - sum(len(used.get(agent, ())) for agent in machines)
     facts = []
+    held_free: set[Ipu] = set()
     if free == 0:
         facts.append(f"all {total} of its IPUs are in use")
     else:
@@ -66,7 +67,7 @@ def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int
             facts.append(f"{count} free IPU{'s' if count > 1 else ''} ({span(layout, held_free)}) {'are' if count > 1 else 'is'} "
                          f"held for {held_for}, first in the queue")
     fix = what_makes_room(possible, holders, held, held_for) if holders is not None else ""
-    return NoRoom(f"{what} in {where}: {', '.join(facts)}{'; ' + fix if fix else ''}")
+    return NoRoom(f"{what} in {where}: {', '.join(facts)}{'; ' + fix if fix else ''}", held_free=len(held_free))
 
 
 def what_makes_room(possible: list[frozenset[Ipu]], holders: Mapping[Ipu, str], held: frozenset[Ipu] = frozenset(),

@@ -311,27 +311,31 @@ class QueueKeeping(Steps):
         holders = state.holders()
         used, layout, allocation = state.used, state.layout, state.allocation
 
-        def verdict(request: WaitingRequest, occupancy: Occupancy) -> str:
+        def verdict(request: WaitingRequest, occupancy: Occupancy) -> tuple[str, bool]:
+            """What placement says of the request, and whether free IPUs held for the first were kept from it."""
             r = request.request
             try:
                 place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                                 ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                                 explicit=explicit_ipus(layout, allocation, r), where=f"allocation {allocation.id}",
                                 occupancy=occupancy, faults=state.links)
-                return "starting"
+                return "starting", False
             except VipuError as refusal:
-                return refusal.message
+                return refusal.message, isinstance(refusal, NoRoom) and refusal.held_free > 0
 
         behind_first = Occupancy(holders, held, first.partition_id)
         verdicts: dict[Any, str] = {}
+        kept_off_held = set()
         for shape, line in state.queue.lines().items():
             if len(verdicts) >= EXPLAINED_SHAPES:
                 break
             behind = next((r for r in line if r is not first), None)
             if behind is not None:
-                verdicts[shape] = verdict(behind, behind_first)
-        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders)), verdicts=verdicts, layout=layout,
-                                    held_needed_at=held_needed_at)
+                verdicts[shape], kept_off = verdict(behind, behind_first)
+                if kept_off:
+                    kept_off_held.add(shape)
+        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders))[0], verdicts=verdicts, layout=layout,
+                                    held_needed_at=held_needed_at, kept_off_held=frozenset(kept_off_held))
 
 
 def expected_ends(partitions: Iterable[Partition]) -> dict[tuple[str, int], float | None]:

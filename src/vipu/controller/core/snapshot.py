@@ -12,7 +12,6 @@ by every reader and must be copied before any change (`PartitionService.get` han
 
 from __future__ import annotations
 
-import re
 import time
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
@@ -57,6 +56,7 @@ class QueueView:
     layout: ClusterLayout | None = None
     every: str = ""  # why every request waits, when nothing starts in the allocation (under test, being removed)
     held_needed_at: float | None = None  # when the IPUs held for the first are expected to be needed (epoch seconds); None: unknown
+    kept_off_held: frozenset[Hashable] = frozenset()  # the shapes behind the first that free IPUs held for it were kept from
 
     @cached_property
     def requests(self) -> tuple[WaitingRequest, ...]:
@@ -91,7 +91,7 @@ class QueueView:
         verdict = self.verdicts.get(shape)
         if not verdict:
             return where
-        if re.search(rf"free IPUs? \(.*\) (are|is) held for {re.escape(first.partition_id)}, first in the queue", verdict):
+        if shape in self.kept_off_held:
             clause = self._held_clause(request, first.partition_id)  # free IPUs it could start on, by its duration
             verdict += f"; {clause}" if clause else ""
         return f"{where}; {verdict}"

@@ -542,7 +542,8 @@ class Turns:
             queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
                                    first=first, waiting_ipus=state.queue.weight, held=explained.held,
                                    first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
-                                   every=explained.every, held_needed_at=explained.held_needed_at)
+                                   every=explained.every, held_needed_at=explained.held_needed_at,
+                                   kept_off_held=explained.kept_off_held)
             self._queue_changed = not queue
         used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
         for agent in state.touched:
