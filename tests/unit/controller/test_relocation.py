@@ -178,3 +178,25 @@ def test_a_move_onto_ipus_held_for_the_first_waiting_request_has_the_shape_held_
     assert {agent for agent, _ in again} == {"ag1", "ag2"}
     with pod.store.reading() as tx:
         assert tx.list_requests()[0].held == again
+
+
+def machines(first: int, count: int, **fields) -> dict:
+    """The fields of a request that names the IPUs of `count` machines from agent number `first`."""
+    return {"explicit_ipus": tuple((0, 4 * (first - 1) + i) for i in range(4 * count)), "cluster_id": "cl0", **fields}
+
+
+def test_a_compaction_move_refused_by_a_client_at_one_machine_lifts_the_fence_it_made_at_the_other(pod):
+    pod.partitions.create(PartitionRequest("pa", 4, **machines(1, 1)))
+    pc = pod.partitions.create(PartitionRequest("pc", 8, **machines(3, 2, relocatable=True)))
+    pod.partitions.create(PartitionRequest("pd", 4, **machines(8, 1)))
+    # 16 IPUs are free (ag2, ag5-ag7) but no four free machines are neighbours, until pc moves to ag6-ag7.
+    ag3, ag4 = (pod.gateway.machine(*pod.address(agent)) for agent in ("ag3", "ag4"))
+    ag4.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag4")
+
+    report = pod.allocations.compact("a1", dry_run=False)
+    assert [move.partition_id for move in report.plan.moves] == ["pc"] and report.moved == ()
+    assert report.stopped == "partition pc did not move: partition pc has 1 IPUoF client(s) attached at agent ag4"
+    assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"]
+    # ag3 was fenced before ag4's client was found: its fence is lifted at once, not left to lapse.
+    assert [a.fenced_until for a in ag3.attachments(["pc"])] == [0.0]
+    ag3.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag3")

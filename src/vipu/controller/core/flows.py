@@ -362,7 +362,7 @@ def fenced(owner: Steps, partition: Partition) -> Body:
     if refusals:
         fenced_at = [agent for agent, outcome in zip(agents, outcomes, strict=True) if outcome is None]
         if fenced_at:  # it does not move: its settings applied again lift the fences that were made (they would lapse anyway)
-            yield owner.applying(partition, fenced_at)
+            yield owner.applying(partition, fenced_at, of_all=agents)
         attached = [r for r in refusals if isinstance(r, Conflict)]
         raise (attached or refusals)[0]
     current = owner.partition(partition.id)

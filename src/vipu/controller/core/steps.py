@@ -59,8 +59,10 @@ class Steps(Turns):
         """What each of the partition's agents (`agents_of`) should hold for it."""
         return agent_settings(partition, self.state.layout, {a.id: a.inventory.serial for a in agents})
 
-    def applying(self, partition: Partition, agents: list[Agent]) -> Calls:
-        settings = self.settings_of(partition, agents)
+    def applying(self, partition: Partition, agents: list[Agent], of_all: list[Agent] | None = None) -> Calls:
+        """The partition's settings applied at `agents`: all of its agents (`agents_of`), or some of
+        them given `of_all`, all of them (each machine's settings name its neighbours' serials)."""
+        settings = self.settings_of(partition, agents if of_all is None else of_all)
         return Calls([self.call(agent, settings=settings[agent.id]) for agent in agents])
 
     def clearing(self, partition_id: str, agents: list[Agent]) -> Calls:
