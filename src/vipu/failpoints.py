@@ -18,7 +18,8 @@ The points:
 - `store.partition.<transition>`: the store applying one life-cycle transition of a partition
   (`create`, `configured`, `fail`, `abandon`, `lost`, `reset`, `relocate`, `remove`, `removed`);
 - `store.request.<transition>`: the same for a waiting request (`enqueue`, `grant`, `cancel`, `expire`);
-- `agent.apply`, `agent.clear`: an owner's call to one agent, before it is sent;
+- `agent.apply`, `agent.clear`, `agent.attachments`, `agent.fence`, `agent.power`: an owner's call
+  to one agent, before it is sent;
 - `owner.turn`: an allocation's owner starting a turn;
 - `clustertest.step`: a cluster test (an idle-time one too) about to start its next test.
 """

@@ -185,16 +185,37 @@ def machines(first: int, count: int, **fields) -> dict:
     return {"explicit_ipus": tuple((0, 4 * (first - 1) + i) for i in range(4 * count)), "cluster_id": "cl0", **fields}
 
 
-def test_a_compaction_move_refused_by_a_client_at_one_machine_lifts_the_fence_it_made_at_the_other(pod):
+def broken_up_around_pc(pod):
+    """pa on ag1, pc (relocatable) on ag3-ag4, pd on ag8: 16 IPUs are free (ag2, ag5-ag7) but no four
+    free machines are neighbours until pc moves to ag6-ag7. pc's machines ag3 and ag4, and pc."""
     pod.partitions.create(PartitionRequest("pa", 4, **machines(1, 1)))
     pc = pod.partitions.create(PartitionRequest("pc", 8, **machines(3, 2, relocatable=True)))
     pod.partitions.create(PartitionRequest("pd", 4, **machines(8, 1)))
-    # 16 IPUs are free (ag2, ag5-ag7) but no four free machines are neighbours, until pc moves to ag6-ag7.
-    ag3, ag4 = (pod.gateway.machine(*pod.address(agent)) for agent in ("ag3", "ag4"))
-    ag4.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag4")
+    return pod.gateway.machine(*pod.address("ag3")), pod.gateway.machine(*pod.address("ag4")), pc
 
+
+def test_a_compaction_move_of_a_partition_with_a_client_at_one_machine_fences_none(pod):
+    ag3, ag4, pc = broken_up_around_pc(pod)
+    ag4.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag4")
     report = pod.allocations.compact("a1", dry_run=False)
     assert [move.partition_id for move in report.plan.moves] == ["pc"] and report.moved == ()
+    assert report.stopped == "partition pc did not move: partition pc has 1 IPUoF client(s) attached at agent ag4"
+    assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"]
+    assert [a.fenced_until for a in ag3.attachments(["pc"])] == [0.0]  # looked at first: nothing was fenced
+
+
+def test_a_client_attaching_while_a_move_fences_lifts_the_fences_made_at_the_partitions_other_machines(pod):
+    ag3, ag4, pc = broken_up_around_pc(pod)
+    fencing = failpoints.arm("agent.fence", "pause")  # every fence call stalls, after the look found no client
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            compacting = pool.submit(pod.allocations.compact, "a1", False)
+            assert fencing.reached.wait(10)
+            ag4.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag4")
+            fencing.released.set()
+            report = compacting.result(timeout=30)
+    finally:
+        failpoints.disarm("agent.fence")
     assert report.stopped == "partition pc did not move: partition pc has 1 IPUoF client(s) attached at agent ag4"
     assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"]
     # ag3 was fenced before ag4's client was found: its fence is lifted at once, not left to lapse.

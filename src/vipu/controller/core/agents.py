@@ -41,7 +41,7 @@ Outcomes = list[VipuError | None]  # each call's error, or None where it succeed
 class AgentCall:
     """One call an owner makes: apply `settings`, or clear partition `partition_id`, at an agent;
     or, with `fence_seconds`, fence that partition there for a move if no IPUoF client is attached
-    (the call then fails, saying so, if one is)."""
+    (the call then fails, saying so, if one is); or, `checking`, only fail so if one is."""
 
     agent_id: str
     host: str
@@ -49,6 +49,7 @@ class AgentCall:
     settings: AgentSettings | None = None  # None: a clear, a fence or a power action
     partition_id: str = ""
     fence_seconds: float = 0.0
+    checking: bool = False  # whether IPUoF clients of `partition_id` are attached, fencing nothing
     power: PowerAction | None = None  # a power action on the agent's machine, waited for POWER_SECONDS at most
 
     @property
@@ -57,6 +58,8 @@ class AgentCall:
             return "power"
         if self.fence_seconds:
             return "fence"
+        if self.checking:
+            return "attachments"
         return "clear" if self.settings is None else "apply"
 
 
@@ -129,7 +132,7 @@ def _one(gateway: AgentGateway, call: AgentCall) -> VipuError | None:
         failpoints.hit(f"agent.{call.action}")
         if call.power is not None:
             gateway.power(call.host, call.port, call.power, POWER_SECONDS)
-        elif call.fence_seconds:
+        elif call.fence_seconds or call.checking:
             attached = gateway.attachments(call.host, call.port, [call.partition_id], call.fence_seconds).get(call.partition_id, 0)
             if attached:
                 return Conflict(f"partition {call.partition_id} has {attached} IPUoF client(s) attached at agent {call.agent_id}")

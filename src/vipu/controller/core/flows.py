@@ -352,10 +352,16 @@ def fenced(owner: Steps, partition: Partition) -> Body:
     """A partition about to move of its own accord (not because it failed): unless its owner
     consented to moves while attached, only if no IPUoF client is attached at any of its machines,
     which then refuse attaches until it has moved (`FENCE_SECONDS` at most). A Conflict names an
-    attached client; the fences made before it was found are lifted. The partition as it is then."""
+    attached client: found by a look at every machine first, or by the fence itself (a client
+    attaching meanwhile), whose fences made at the other machines are then lifted. The partition
+    as it is then."""
     if partition.may_move:
         return partition
     agents = owner.agents_of(partition)
+    attached = [outcome for outcome in (yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, checking=True)
+                                                      for a in agents])) if outcome is not None]
+    if attached:  # refused before any fence is made (a move tried at every health pass is refused so, quietly)
+        raise attached[0]
     outcomes = yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, fence_seconds=FENCE_SECONDS)
                             for a in agents])
     refusals = [outcome for outcome in outcomes if outcome is not None]
