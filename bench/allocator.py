@@ -216,8 +216,10 @@ RULES = ("vipu", "vipu + compaction", "best-fit", "first-fit", "capacity bound")
 @click.option("--relocatable", "share", default=1.0, show_default=True, help="Share of the requests made relocatable.")
 @click.option("--moves-per-hour", default=20, show_default=True, help="Compaction's moves per time unit (the median job).")
 @click.option("--partition-interval", default=24.0, show_default=True, help="Time units before a partition may move again.")
+@click.option("--seeds", default="", help="More seeds, comma-separated: each allocator's refusals with enough IPUs free on the "
+              "trace of each, and their mean (the spread one trace hides: a single choice changes all that follows).")
 @click.option("--name", default="allocator", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(requests, machines, load, seed, mix_name, share, moves_per_hour, partition_interval, name):
+def main(requests, machines, load, seed, mix_name, share, moves_per_hour, partition_interval, seeds, name):
     """Acceptance, utilisation and fragmentation of vipu's placement (with and without compaction),
     the best-fit it replaced, first-fit and the capacity bound."""
     weights = SIZE_MIXES[mix_name]
@@ -243,16 +245,29 @@ def main(requests, machines, load, seed, mix_name, share, moves_per_hour, partit
             "started_by_compaction": outcome.started_by_compaction,
             "plan_p99_ms": round(1000 * plans[int(0.99 * (len(plans) - 1))], 3),
         })
+    more = [int(s) for s in seeds.split(",") if s.strip()]
+    across = {r["allocator"]: {str(seed): r["fragmentation_refusals"]} for r in results}
+    for other in more:
+        trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, other, weights)
+        for rule in RULES:
+            across[rule][str(other)] = replay(trace, machines, rule, relocatable_requests(trace, share, other), budget).fragmented
     path = save(name, {"benchmark": "allocator", "requests": requests, "machines": machines, "load": load, "seed": seed,
                        "mix": mix_name, "sizes": dict(zip(map(str, SIZES), weights, strict=True)),
                        "duration": {"distribution": "log-normal", "median": 1, "sigma": DURATION_SIGMA},
                        "relocatable_share": share, "relocatable_requests": len(relocatable),
                        "budget": {"moves_per_time_unit": moves_per_hour, "partition_interval_units": partition_interval},
-                       "results": results})
+                       "results": results,
+                       **({"fragmentation_refusals_by_seed": {rule: {**counts, "mean": round(sum(counts.values()) / len(counts), 1)}
+                                                              for rule, counts in across.items()}} if more else {})})
     click.echo(table(["allocator", "accepted %", "refused", "refused with IPUs free", "mean utilisation %", "decision p99 ms",
                       "moves", "plan p99 ms"],
                      [[r["allocator"], r["acceptance_percent"], r["refused"], r["fragmentation_refusals"],
                        r["mean_utilisation_percent"], r["decision_p99_ms"], r["moves"], r["plan_p99_ms"]] for r in results]))
+    if more:
+        order = [str(seed), *map(str, more)]
+        click.echo(table(["refused with IPUs free, by seed", *order, "mean"],
+                         [[rule, *(counts[s] for s in order), round(sum(counts.values()) / len(counts), 1)]
+                          for rule, counts in across.items()]))
     click.echo(f"relocatable: {len(relocatable)} of {requests} requests ({100 * len(relocatable) / requests:.0f} %); "
                f"budget {moves_per_hour} moves per time unit, a partition at most once in {partition_interval:g}")
     click.echo(f"written: {path}")
