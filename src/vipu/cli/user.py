@@ -34,7 +34,7 @@ from vipu.cli.common import (
 )
 from vipu.client.settings import client_settings
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.waiting import MAX_WAIT_SECONDS
+from vipu.model.waiting import MAX_EXPECTED_SECONDS, MAX_WAIT_SECONDS
 
 if typing.TYPE_CHECKING:
     from vipu.api.protos import vipuuser_pb2 as pb
@@ -74,7 +74,6 @@ def ready_state(value: int) -> str:
 
 DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"(?:[0-9]+[dhms])+")
-MAX_DURATION_SECONDS = 2**32 - 1  # what the API's uint32 carries
 
 
 def parse_duration(text: str) -> int:
@@ -84,8 +83,8 @@ def parse_duration(text: str) -> int:
     if len(written) > 40 or not _DURATION.fullmatch(written):
         raise ValueError(f"{text!r} is not a duration: write it as 90s, 30m, 2h or 1d (or 1h30m)")
     seconds = sum(int(number) * DURATION_UNITS[unit] for number, unit in re.findall(r"([0-9]+)([dhms])", written))
-    if not 0 < seconds <= MAX_DURATION_SECONDS:
-        raise ValueError(f"{text!r} is {'no time' if not seconds else 'too long'}: a duration is 1 s to {MAX_DURATION_SECONDS} s")
+    if not 0 < seconds <= MAX_EXPECTED_SECONDS:
+        raise ValueError(f"{text!r} is {'no time' if not seconds else 'too long'}: a duration is 1 s to {MAX_EXPECTED_SECONDS} s")
     return seconds
 
 

@@ -54,7 +54,6 @@ from vipu.client.user import UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
-from vipu.model.entities import MAX_EXPECTED_SECONDS
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -65,7 +64,7 @@ from vipu.model.errors import (
     Unauthenticated,
     VipuError,
 )
-from vipu.model.waiting import WAIT_CALL_SECONDS
+from vipu.model.waiting import MAX_EXPECTED_SECONDS, WAIT_CALL_SECONDS
 
 log = logging.getLogger("vipu.k8s.proxy")
 

@@ -239,7 +239,6 @@ class PlacedIpu:
     gcd: int
 
 
-MAX_EXPECTED_SECONDS = 2**32 - 1  # the longest expected duration the user API carries (about 136 years)
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""How long waiting lasts, which the controller enforces and clients check alike (a module of its
-own, so that a command line's checks import nothing else)."""
+"""How long waiting, and a partition's expected run, may last, which the controller enforces and
+clients check alike (a module of its own, so that a command line's checks import nothing else)."""
 
 # The longest a request may wait: no request waits without a deadline.
 MAX_WAIT_SECONDS = 7 * 24 * 3600
 # The longest one waiting call (the API's WaitPartition) lasts; clients call again until their own deadline.
 WAIT_CALL_SECONDS = 20
+# The longest expected duration of a partition the user API carries (a uint32 of seconds, about 136 years).
+MAX_EXPECTED_SECONDS = 2**32 - 1

@@ -28,7 +28,7 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import ConcurrentUpdate, Unavailable
+from vipu.model.errors import ConcurrentUpdate, Conflict, Unavailable
 from vipu.store.engines import first_line, is_integrity_error
 from vipu.store.schema import PartitionIpuRow, PartitionRow
 from vipu.store.transactions import TransactionBase
@@ -205,10 +205,14 @@ class PartitionRepository(TransactionBase):
         source = lifecycle.state_of(partition)
         expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
         if self._run(_update(("may_move",)), {**expected, "new_may_move": may_move}).changed != 1:
-            row = self._run(STATE_OF, {"partition": partition.id}).first
-            found = None if row is None else (ReadyState(row[0]), OperationState(row[1]))
-            raise lifecycle.moved_meanwhile(partition.id, "update", source, found)
+            raise self._moved_meanwhile(partition.id, "update", source)
         partition.may_move = may_move
+
+    def _moved_meanwhile(self, partition_id: str, change: str, expected: lifecycle.State) -> Conflict:
+        """The refusal of a compare-and-set that found the partition in another state than `expected`, or gone."""
+        row = self._run(STATE_OF, {"partition": partition_id}).first
+        found = None if row is None else (ReadyState(row[0]), OperationState(row[1]))
+        return lifecycle.moved_meanwhile(partition_id, change, expected, found)
 
     def _add_ipus(self, partition_id: str, ipus: list[PlacedIpu], conflict: str) -> None:
         self._run(INSERT_IPU, {}, conflict=conflict, many=[
@@ -226,7 +230,8 @@ class PartitionRepository(TransactionBase):
         when the table has no such move or another operation changed the partition meanwhile.
         `ipus` replaces its IPUs in the same statement group ('relocate'; taken ones are a lost race,
         ConcurrentUpdate), `relocation` records where it went and why, `failed_on` the machines it
-        keeps off from then on, `compacted` when compaction moved it. Returns the state it went to (`lifecycle.ABSENT` when it is gone)."""
+        keeps off from then on, `compacted` when compaction moved it. Returns the state it went to
+        (`lifecycle.ABSENT` when it is gone)."""
         source = lifecycle.state_of(partition)
         target = lifecycle.target(partition.id, name, source)
         failpoints.hit(f"store.partition.{name}")
@@ -254,9 +259,7 @@ class PartitionRepository(TransactionBase):
                           for c, v in values.items()}
             changed = self._run(_update(tuple(values)), {**expected, **parameters}).changed
         if changed != 1:
-            row = self._run(STATE_OF, {"partition": partition.id}).first
-            found = None if row is None else (ReadyState(row[0]), OperationState(row[1]))
-            raise lifecycle.moved_meanwhile(partition.id, name, source, found)
+            raise self._moved_meanwhile(partition.id, name, source)
         if ipus is not None:
             self._run(DELETE_IPUS, {"partition": partition.id})
             self._add_ipus(partition.id, ipus, f"the IPUs chosen for partition {partition.id} were taken by a concurrent request")

@@ -17,7 +17,6 @@ from vipu.model import lifecycle
 from vipu.model.entities import (
     IPUS_PER_MACHINE,
     MAX_AUTO_RESETS,
-    MAX_EXPECTED_SECONDS,
     Allocation,
     Partition,
     PartitionRequest,
@@ -31,6 +30,7 @@ from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Occupancy, Placement, Shape, place_partition
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
+from vipu.model.waiting import MAX_EXPECTED_SECONDS
 
 if TYPE_CHECKING:
     from vipu.controller.core.state import AllocationState
