@@ -12,6 +12,10 @@ policies see the same trace (`bench.allocator.make_trace`, the same seed and loa
   ("exact"), and with over-estimates as users give them, a Slurm time limit being an upper bound
   ("over-estimated": the true duration times a factor drawn log-uniformly from 1 to 3, median
   1.73, seeded); a request still ends at its true duration;
+- FIFO + backfill + compaction: FIFO + backfill, and when the first waiting request does not fit
+  although enough IPUs are free, the compaction the controller's queue asks for: a plan of moves
+  of relocatable partitions (every partition of the trace) that frees a shape for it, within
+  `bench.allocator`'s budget, carried out at once (no durations known);
 - plain FIFO: the same placement with nothing started ahead of the first waiting request;
 - capacity bound: a request starts, in arrival order, as soon as enough IPUs are free, whatever
   their shape and whatever waits ahead of it (nothing held): what the pod could do if cabling did
@@ -20,9 +24,10 @@ policies see the same trace (`bench.allocator.make_trace`, the same seed and loa
   greedily, blind to durations, so on a short trace a policy told durations can keep more IPUs
   busy while requests arrive (a negative distance to it).
 
-Recorded: the mean, median and p99 wait (time from arrival to start, in units of the median job
-duration), mean utilisation while requests arrive, the longest queue, each policy's distance
-to the capacity bound, and what it is told of durations (`expected_durations`).
+Placement weighs the mix of sizes asked so far, as the controller's does. Recorded: the mean,
+median and p99 wait (time from arrival to start, in units of the median job duration), mean
+utilisation while requests arrive, the longest queue, each policy's distance to the capacity
+bound, and what it is told of durations (`expected_durations`).
 
     python -m bench.queueing --requests 10000 --machines 64 --load 0.9
 """
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from bench.allocator import Pod, Request, make_trace
+from bench.allocator import Budget, Compactor, Pod, Request, make_trace, pod_ipus
 from bench.common import save, table
 from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.placement import choose_reservation, try_place
@@ -46,8 +51,9 @@ from vipu.model.queue import admit
 
 BACKFILL_BY_DURATION = "FIFO + backfill by duration"
 ESTIMATES = {"exact": "the true duration", "over-estimated": "the true duration x a factor log-uniform in [1, 3]"}
-POLICIES = ("FIFO + backfill", f"{BACKFILL_BY_DURATION} (exact)", f"{BACKFILL_BY_DURATION} (over-estimated)", "plain FIFO",
-            "capacity bound")
+COMPACTING = "FIFO + backfill + compaction"
+POLICIES = ("FIFO + backfill", COMPACTING, f"{BACKFILL_BY_DURATION} (exact)", f"{BACKFILL_BY_DURATION} (over-estimated)",
+            "plain FIFO", "capacity bound")
 OVER_ESTIMATE_UP_TO = 3.0
 
 
@@ -68,6 +74,8 @@ class Waited:
     ipu_time: float = 0.0  # IPUs in use, integrated over the arrival period
     longest_queue: int = 0
     pass_seconds: list[float] = field(default_factory=list)
+    moves: int = 0  # partitions moved by compaction
+    plan_seconds: list[float] = field(default_factory=list)
 
 
 def expected_durations(trace: list[Request], policy: str, seed: int) -> list[float | None]:
@@ -81,76 +89,84 @@ def expected_durations(trace: list[Request], policy: str, seed: int) -> list[flo
 
 
 def _admission(pod: Pod, policy: str):
-    """The policy as a function (waiting jobs, IPUs in use by agent, free IPUs, held, now, expected
-    ends by IPU) -> (started [(job, its IPUs)], held); the capacity bound's jobs take no IPUs in
-    particular."""
+    """The policy as a function (waiting jobs, held, now, expected ends by IPU) -> (started [(job, its
+    IPUs)], held, the first job still waiting), against the IPUs `pod` has in use; the capacity
+    bound's jobs take no IPUs in particular."""
     if policy == "capacity bound":
-        def greedy(waiting: list[Job], used: dict, free: int, held, now: float, ends: dict):
-            started = []
+        def greedy(waiting: list[Job], held, now: float, ends: dict):
+            started, free = [], pod.free
             for job in waiting:
                 if job.size <= free:
                     started.append((job, []))
                     free -= job.size
-            return started, frozenset()
+            return started, frozenset(), None
 
         return greedy
     layout, allowed = pod.layout, pod.allowed
 
     by_duration = policy.startswith(BACKFILL_BY_DURATION)
 
-    def queued(waiting: list[Job], used: dict, free: int, held, now: float, ends: dict):
-        decided = admit(waiting, used, lambda job, taken: try_place(layout, allowed, taken, job.size),
+    def queued(waiting: list[Job], held, now: float, ends: dict):
+        decided = admit(waiting, pod.used, lambda job, taken: try_place(layout, allowed, taken, job.size, mix=pod.mix),
                         lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size), held=held,
                         backfill=policy != "plain FIFO",
                         expected_duration=(lambda job: job.expected_duration) if by_duration else None,
                         expected_ends=ends, now=now)
-        return [(job, [(i.agent_id, i.index) for i in placement.ipus]) for job, placement in decided.started], decided.held
+        started = [(job, [(i.agent_id, i.index) for i in placement.ipus]) for job, placement in decided.started]
+        return started, decided.held, decided.first
 
     return queued
 
 
 def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> Waited:
-    pod, outcome = Pod(machines, "best-fit"), Waited()
+    pod, outcome = Pod(machines, "vipu"), Waited()
+    compactor = Compactor(pod, set(range(len(trace))), Budget()) if policy == COMPACTING else None
     expected = expected_durations(trace, policy, seed)
     ends: dict[tuple[str, int], float | None] = {}  # IPU -> when its job is expected to end
-    capacity, count_used = machines * IPUS_PER_MACHINE, 0
-    used: dict[str, set[int]] = {}  # by agent, as placement reads it
+    running: dict[int, list[tuple[str, int]]] = {}  # job number -> its IPUs, which a compaction move changes
     decide = _admission(pod, policy)
     horizon = trace[-1].arrival
-    departures: list[tuple[float, int, list[tuple[str, int]]]] = []
+    departures: list[tuple[float, int]] = []  # (when, job number)
     waiting: list[Job] = []
     held: frozenset = frozenset()
     arrived, last = 0, 0.0
+
+    def start(started: list[tuple[Job, list[tuple[str, int]]]], now: float) -> set[int]:
+        for job, ipus in started:
+            outcome.waits.append(now - job.request.arrival)
+            pod.take(job.size, ipus, str(job.number))
+            running[job.number] = ipus
+            ends.update((ipu, None if job.expected_duration is None else now + job.expected_duration) for ipu in ipus)
+            heapq.heappush(departures, (now + job.request.duration, job.number))
+        return {job.number for job, _ in started}
+
     while arrived < len(trace) or waiting or departures:
         now = min(trace[arrived].arrival if arrived < len(trace) else float("inf"),
                   departures[0][0] if departures else float("inf"))
-        outcome.ipu_time += (min(now, horizon) - min(last, horizon)) * count_used
+        outcome.ipu_time += (min(now, horizon) - min(last, horizon)) * (pod_ipus(pod) - pod.free)
         last = now
         while departures and departures[0][0] <= now:
-            _, number, ipus = heapq.heappop(departures)
-            count_used -= trace[number].size
-            for agent, index in ipus:
-                del ends[(agent, index)]
-                used[agent].discard(index)
-                if not used[agent]:
-                    del used[agent]
+            _, number = heapq.heappop(departures)
+            ipus = running.pop(number)
+            pod.release(trace[number].size, ipus)
+            for ipu in ipus:
+                del ends[ipu]
         while arrived < len(trace) and trace[arrived].arrival <= now:
             waiting.append(Job(arrived, trace[arrived], expected[arrived]))
+            pod.mix = pod.mix.saw(trace[arrived].size)
             arrived += 1
         outcome.longest_queue = max(outcome.longest_queue, len(waiting))
         began = time.perf_counter()
-        started, held = decide(waiting, used, capacity - count_used, held, now, ends)
+        started, held, first = decide(waiting, held, now, ends)
         outcome.pass_seconds.append(time.perf_counter() - began)
-        starting = {job.number for job, _ in started}
-        for job, ipus in started:
-            outcome.waits.append(now - job.request.arrival)
-            count_used += job.size
-            for agent, index in ipus:
-                used.setdefault(agent, set()).add(index)
-                ends[(agent, index)] = None if job.expected_duration is None else now + job.expected_duration
-            heapq.heappush(departures, (now + job.request.duration, job.number, ipus))
+        starting = start(started, now)
+        if (compactor is not None and first is not None and first.size <= pod.free
+                and compactor.make_room(first.size, now, running, outcome)):
+            ends = {ipu: None for ipus in running.values() for ipu in ipus}  # moved; no durations are known here
+            started, held, first = decide([job for job in waiting if job.number not in starting], held, now, ends)
+            starting |= start(started, now)
         waiting = [job for job in waiting if job.number not in starting]
-    assert len(outcome.waits) == len(trace) and count_used == 0, "every request ran, and every IPU came back"
+    assert len(outcome.waits) == len(trace) and pod.free == pod_ipus(pod), "every request ran, and every IPU came back"
     return outcome
 
 
@@ -166,8 +182,8 @@ def percentile(values: list[float], share: float) -> float:
 @click.option("--seed", default=2026, show_default=True)
 @click.option("--name", default="queueing", show_default=True, help="Results file: bench/results/NAME.json.")
 def main(requests, machines, loads, seed, name):
-    """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill, without and
-    with expected durations) and plain FIFO."""
+    """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill, with
+    compaction, and with expected durations) and plain FIFO."""
     runs = []
     for load in [float(text) for text in loads.split(",")]:
         trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
@@ -186,6 +202,8 @@ def main(requests, machines, loads, seed, name):
                 "mean_utilisation_percent": round(100 * waited.ipu_time / (horizon * machines * IPUS_PER_MACHINE), 2),
                 "longest_queue": waited.longest_queue,
                 "pass_p99_ms": round(1000 * percentile(waited.pass_seconds, 0.99), 3),
+                "moves": waited.moves,
+                "plan_p99_ms": round(1000 * percentile(waited.plan_seconds, 0.99), 3) if waited.plan_seconds else 0.0,
             }
         bound = results["capacity bound"]
         for result in results.values():
@@ -194,9 +212,10 @@ def main(requests, machines, loads, seed, name):
         runs.append({"load": load, "results": list(results.values())})
         click.echo(f"offered load {load}:")
         click.echo(table(["policy", "mean wait", "median wait", "p99 wait", "started at once %", "mean utilisation %",
-                          "below bound (points)", "longest queue", "pass p99 ms"],
+                          "below bound (points)", "longest queue", "pass p99 ms", "moves"],
                          [[r["policy"], r["mean_wait"], r["median_wait"], r["p99_wait"], r["started_at_once_percent"],
-                           r["mean_utilisation_percent"], r["utilisation_below_bound_points"], r["longest_queue"], r["pass_p99_ms"]]
+                           r["mean_utilisation_percent"], r["utilisation_below_bound_points"], r["longest_queue"], r["pass_p99_ms"],
+                           r["moves"]]
                           for r in results.values()]))
     path = save(name, {"benchmark": "queueing", "requests": requests, "machines": machines, "seed": seed,
                        "wait_unit": "the median job duration",

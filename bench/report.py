@@ -54,7 +54,17 @@ def allocator(data: dict) -> list[str]:
             f"offered load {data['load']}, seed {data['seed']}):", "",
             *markdown(["allocator", "accepted %", "refused", "refused with enough IPUs free", "mean utilisation %",
                        "decision p99 ms"], rows),
-            "", f"Refused with enough IPUs free, by size: {sizes}."]
+            "", f"Refused with enough IPUs free, by size: {sizes}.", *_by_seed(data)]
+
+
+def _by_seed(data: dict) -> list[str]:
+    """The refusals with enough IPUs free on the traces of more seeds (`--seeds`), if recorded."""
+    by_seed = data.get("fragmentation_refusals_by_seed")
+    if not by_seed:
+        return []
+    seeds = [seed for seed in next(iter(by_seed.values())) if seed != "mean"]
+    rows = [[rule, *(counts[seed] for seed in seeds), counts["mean"]] for rule, counts in by_seed.items()]
+    return ["", "Refused with enough IPUs free, on the trace of each seed:", "", *markdown(["allocator", *seeds, "mean"], rows)]
 
 
 def queueing(data: dict) -> list[str]:
