@@ -23,8 +23,11 @@ def bench(tmp_path: Path, module: str, *args: str) -> dict:
 
 
 def test_the_allocator_benchmark_compares_the_allocators_and_compaction_on_one_trace(tmp_path):
-    result = bench(tmp_path, "allocator", "--requests", "400", "--machines", "16")
+    result = bench(tmp_path, "allocator", "--requests", "400", "--machines", "16", "--seeds", "7")
     rows = {r["allocator"]: r for r in result["results"]}
+    by_seed = result["fragmentation_refusals_by_seed"]
+    assert list(by_seed) == list(rows) and all(set(counts) == {"2026", "7", "mean"} for counts in by_seed.values())
+    assert all(by_seed[name]["2026"] == row["fragmentation_refusals"] for name, row in rows.items())
     assert list(rows) == ["vipu", "vipu + compaction", "best-fit", "first-fit", "capacity bound"]
     assert rows["capacity bound"]["fragmentation_refusals"] == 0
     for row in rows.values():
@@ -40,17 +43,20 @@ def test_the_allocator_benchmark_compares_the_allocators_and_compaction_on_one_t
 def test_the_queueing_benchmark_replays_the_trace_with_every_request_waiting_until_it_starts(tmp_path):
     result = bench(tmp_path, "queueing", "--requests", "300", "--machines", "16", "--load", "0.9")
     rows = {r["policy"]: r for r in result["runs"][0]["results"]}
-    assert list(rows) == ["FIFO + backfill", "FIFO + backfill by duration (exact)", "FIFO + backfill by duration (over-estimated)",
-                          "plain FIFO", "capacity bound"]
-    assert rows["FIFO + backfill"]["expected_durations"] == "unknown"
+    assert list(rows) == ["FIFO + backfill", "FIFO + backfill + compaction", "FIFO + backfill by duration (exact)",
+                          "FIFO + backfill by duration (over-estimated)", "plain FIFO", "capacity bound"]
+    assert rows["FIFO + backfill"]["expected_durations"] == rows["FIFO + backfill + compaction"]["expected_durations"] == "unknown"
+    assert rows["FIFO + backfill + compaction"]["moves"] > 0  # the seeded trace has a first request that compaction starts
+    assert all(row["moves"] == 0 for name, row in rows.items() if name != "FIFO + backfill + compaction")
     assert rows["FIFO + backfill by duration (exact)"]["expected_durations"] == "the true duration"
     bound = rows["capacity bound"]["mean_utilisation_percent"]
     for row in rows.values():
         assert 0 <= row["median_wait"] <= row["p99_wait"] and 0 < row["mean_utilisation_percent"] <= 100 and bound <= 100
         assert row["utilisation_below_bound_points"] == pytest.approx(bound - row["mean_utilisation_percent"], abs=0.11)
-    for policy in ("FIFO + backfill", "plain FIFO"):  # the by-duration ones may beat the bound's greed on a trace this short
+    for policy in ("FIFO + backfill", "plain FIFO"):  # the others may beat the bound's greed on a trace this short
         assert rows[policy]["mean_utilisation_percent"] <= bound
     assert rows["FIFO + backfill"]["mean_wait"] <= rows["plain FIFO"]["mean_wait"]  # backfill starts the small ones sooner
+    assert rows["FIFO + backfill + compaction"]["mean_wait"] <= rows["FIFO + backfill"]["mean_wait"]  # and more, moving partitions
     assert rows["FIFO + backfill by duration (exact)"]["mean_wait"] <= rows["FIFO + backfill"]["mean_wait"]  # and more, told durations
 
 
