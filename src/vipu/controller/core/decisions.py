@@ -44,8 +44,9 @@ from vipu.controller.core.queueing import QueueKeeping
 from vipu.controller.core.snapshot import held_clause
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
-from vipu.model.entities import MAX_AUTO_RESETS, Partition, ReadyState, shown
+from vipu.model.entities import MAX_AUTO_RESETS, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
+from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy, Placement
 
@@ -123,7 +124,7 @@ class Decisions(QueueKeeping):
         state.refused.pop(asked, None)
         return partition_of(request, access.user_id, state.allocation, placement)
 
-    def _placed(self, request, mix) -> Placement:
+    def _placed(self, request: PartitionRequest, mix: SizeMix) -> Placement:
         """The request placed around the IPUs held for the first waiting request, or on some of them
         if it is expected to end before they are needed (`held_needed_at`), as the queue backfills.
         A refusal says why it does not fit around them, and, where they alone keep it off, why its
@@ -143,7 +144,7 @@ class Decisions(QueueKeeping):
             why_not = held_clause(request.expected_seconds, first.partition_id, self.held_needed_at(), time.time())
             if not why_not:
                 return placement
-            raise NoRoom(f"{refusal.message}; {why_not}") from None
+            raise NoRoom(f"{refusal.message}; {why_not}", held_free=refusal.held_free) from None
 
     def _remove(self, command: RemovePartition) -> None:
         partition = self._visible(command.partition_id, command.access)

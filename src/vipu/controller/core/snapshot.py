@@ -91,13 +91,10 @@ class QueueView:
         verdict = self.verdicts.get(shape)
         if not verdict:
             return where
-        if shape in self.kept_off_held:
-            clause = self._held_clause(request, first.partition_id)  # free IPUs it could start on, by its duration
+        if shape in self.kept_off_held:  # free IPUs it could start on, by its duration
+            clause = held_clause(request.request.expected_seconds, first.partition_id, self.held_needed_at, time.time())
             verdict += f"; {clause}" if clause else ""
         return f"{where}; {verdict}"
-
-    def _held_clause(self, request: WaitingRequest, first_id: str) -> str:
-        return held_clause(request.request.expected_seconds, first_id, self.held_needed_at, time.time())
 
 
 def held_clause(expected_seconds: int, first_id: str, held_needed_at: float | None, now: float) -> str:
