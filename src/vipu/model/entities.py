@@ -239,8 +239,6 @@ class PlacedIpu:
     gcd: int
 
 
-
-
 @dataclass
 class PartitionRequest:
     """What a caller asks for; None means "the controller chooses"."""
