@@ -138,9 +138,10 @@ def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable]
 def plan_compaction(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], holders: Mapping[Ipu, str],
                     movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None,
                     faults: LinkFaults = NO_FAULTS) -> Plan | None:
-    """The plan that frees the largest shape that does not fit now although enough IPUs are free,
-    trying smaller sizes when no plan within `max_moves` frees a larger one; None if none does."""
-    fitting = largest_fitting(layout, allowed, used)
+    """The plan that frees the largest shape that does not fit now although enough IPUs are free
+    (with `faults`, that fits on no failed link), trying smaller sizes when no plan within
+    `max_moves` frees a larger one; None if none does."""
+    fitting = largest_fitting(layout, allowed, used, faults)
     size = largest_size_free(layout, allowed, used)
     while size > fitting:
         plan = plan_for(layout, allowed, used, holders, size, movable, max_moves=max_moves, mix=mix, faults=faults)

@@ -654,9 +654,10 @@ def _filled_positions(layout: ClusterLayout, start: int, length: int, machines: 
     return taken
 
 
-def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
-    """The largest partition, with the default options, that fits in the free IPUs now; 0 if none."""
-    largest = largest_placement(layout, allowed, used)
+def largest_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], faults: LinkFaults = NO_FAULTS) -> int:
+    """The largest partition, with the default options, that fits in the free IPUs now (with
+    `faults`, on no failed link); 0 if none."""
+    largest = largest_placement(layout, allowed, used, faults)
     return 0 if largest is None else len(largest.ipus)
 
 
@@ -668,11 +669,13 @@ def largest_size_free(layout: ClusterLayout, allowed: Set[str], used: Mapping[st
     return size
 
 
-def largest_placement(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> Placement | None:
-    """Where the largest partition with the default options would go now; None if nothing fits."""
+def largest_placement(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]],
+                      faults: LinkFaults = NO_FAULTS) -> Placement | None:
+    """Where the largest partition with the default options would go now (with `faults`, on no
+    failed link); None if nothing fits."""
     size = largest_size_free(layout, allowed, used)
     while size >= 1:
-        placed = try_place(layout, allowed, used, size)
+        placed = try_place(layout, allowed, used, size, faults=faults)
         if placed is not None:
             return placed
         size //= 2

@@ -88,3 +88,15 @@ def test_the_budget_spent_is_counted_again_from_when_each_partition_last_moved()
 def test_a_starting_owner_weighs_the_sizes_its_partitions_and_waiting_requests_hold():
     shares = SizeMix.held([16, 16, 16, 1]).shares(16)
     assert max(shares, key=shares.get) == 16 and shares[1] > shares[2]
+
+
+def test_a_free_run_that_needs_a_failed_link_does_not_count_as_fitting_and_compaction_frees_another():
+    layout = ClusterLayout([f"ag{n}" for n in range(1, 7)], IldTopology.MESH)
+    used = {"ag1": set(WHOLE), "ag4": set(WHOLE), "ag6": set(WHOLE)}  # ag2-ag3 free, but the cable between them failed
+    holders = {ipu: "pa" for ipu in machines("ag1")} | {ipu: "pc" for ipu in machines("ag4")} | {ipu: "pd" for ipu in machines("ag6")}
+    cable = LinkFaults(failed={LinkName("ag2", "5"): "failed the cabling test: no link"})
+    plan = plan_compaction(layout, set(layout.agent_ids), used, holders, {"pc": Movable("pc", machines("ag4"))}, max_moves=1,
+                           faults=cable)
+    assert plan is not None and plan.size == 8 and [m.partition_id for m in plan.moves] == ["pc"]
+    assert cable.met(layout, plan.shape) == ([], []) and machines("ag4") <= plan.shape and not plan.moves[0].to & plan.shape
+    assert plan_compaction(layout, set(layout.agent_ids), used, holders, {"pc": Movable("pc", machines("ag4"))}, max_moves=1) is None

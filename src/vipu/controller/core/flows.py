@@ -179,7 +179,8 @@ def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
     allowed = set(state.allocation.agent_ids) - state.down
     after = shifted(state.used, off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
                     on=((ipu.agent_id, ipu.index) for ipu in placement.ipus))
-    return placement if largest_fitting(state.layout, allowed, after) > largest_fitting(state.layout, allowed, state.used) else None
+    larger = largest_fitting(state.layout, allowed, after, state.links) > largest_fitting(state.layout, allowed, state.used, state.links)
+    return placement if larger else None
 
 
 def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
