@@ -36,8 +36,9 @@ class Conflict(VipuError):
 
 class NoRoom(Conflict):
     """Valid, but there is no room for it now: a request that may wait for room. `allocations`
-    names those it could fit in, were partitions to end; `held_free`, how many free IPUs held for
-    the first waiting request were kept from it."""
+    names those it could fit in, were partitions to end; `held_free`, how many IPUs were free but
+    held for the first waiting request, which placement kept it off (whether or not they alone
+    would have made room)."""
 
     def __init__(self, message: str, allocations: tuple[str, ...] = (), held_free: int = 0):
         super().__init__(message)

@@ -19,8 +19,8 @@ too: every choice takes the same number of free IPUs.
 The mix of sizes is what the allocation has been asked for (`SizeMix`), counted with a decay so
 that a change in its workload shows within about `HALF_LIFE` requests, on top of an even prior
 over every size the allocation can hold, so a new allocation does not favour one size. A request
-is counted once it is found valid, and a refused one asked again by the same id is not counted
-twice. The counts live in the owner's memory; an owner that starts (a restart, a new leader)
+is counted in each allocation it is tried in once it is found valid there, and a refused one
+asked again by the same id is not counted twice. The counts live in the owner's memory; an owner that starts (a restart, a new leader)
 begins from the sizes of the partitions and waiting requests the allocation holds.
 """
 

@@ -123,4 +123,9 @@ def test_the_size_mix_counts_a_valid_request_once_and_a_restarted_owner_starts_f
         with pytest.raises(NoRoom, match=r"^no free 16-IPU run in allocation a1: 12 of 32 IPUs are free"):
             pod.partitions.create(PartitionRequest("big", 16))
     assert counted(pod.services) == {4: 1, 16: 2}
+    assert isinstance(pod.requests.create(PartitionRequest("big", 16), wait_seconds=60), Waiting)  # counted already
+    pod.requests.cancel("big")
+    with pytest.raises(NoRoom):  # refused before, then waiting: asked anew now, and counted anew
+        pod.partitions.create(PartitionRequest("big", 16))
+    assert counted(pod.services) == {4: 1, 16: 3}
     assert counted(pod.restarted()) == {4: 1, 16: 1}  # the partitions held; the refused request is gone

@@ -100,6 +100,7 @@ class Decisions(QueueKeeping):
         except NoRoom as refusal:
             if not command.may_queue:
                 raise
+            self.state.refused.pop((request.id, request.size), None)  # it waits, counted once: asking again is refused as existing
             self.start(Flow("queueing", self._enqueue(command, refusal), command.reply))
             command.placed = True
             return
@@ -116,6 +117,7 @@ class Decisions(QueueKeeping):
             placement = self._placed(request, mix)
         except NoRoom:
             state.mix = mix
+            state.refused.pop(asked, None)  # the latest refusals are remembered longest
             state.refused[asked] = None
             if len(state.refused) > REFUSALS_REMEMBERED:
                 del state.refused[next(iter(state.refused))]

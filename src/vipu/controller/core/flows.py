@@ -269,10 +269,11 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
         fields["compacted"] = datetime.now(UTC)
     if {(ipu.agent_id, ipu.index) for ipu in placement.ipus} & state.held:  # that request is held another shape, at the next pass
         state.held = frozenset()
+    spent = owner.compaction_spent() if compacting else None  # counted from the partitions as they were before this move
     before = partition
     partition = yield owner.moving(partition, fields)
-    if compacting:
-        owner.compaction_spent().spend(partition.id, fields["compacted"].timestamp())
+    if spent is not None:
+        spent.spend(partition.id, fields["compacted"].timestamp())
     log.warning("partition %s %s", partition.id, partition.relocation)
     uncleared = set(before.agent_ids)
     try:
@@ -359,10 +360,10 @@ def fenced(owner: Steps, partition: Partition) -> Body:
     if partition.may_move:
         return partition
     agents = owner.agents_of(partition)
-    attached = [outcome for outcome in (yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, checking=True)
-                                                      for a in agents])) if outcome is not None]
-    if attached:  # refused before any fence is made (a move tried at every health pass is refused so, quietly)
-        raise attached[0]
+    looked = [outcome for outcome in (yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, checking=True)
+                                                    for a in agents])) if outcome is not None]
+    if looked:  # refused before any fence is made (a move tried at every health pass is refused so, quietly)
+        raise ([r for r in looked if isinstance(r, Conflict)] or looked)[0]  # an attached client first, then a machine's failure
     outcomes = yield Calls([AgentCall(a.id, a.host, a.port, partition_id=partition.id, fence_seconds=FENCE_SECONDS)
                             for a in agents])
     refusals = [outcome for outcome in outcomes if outcome is not None]

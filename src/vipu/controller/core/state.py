@@ -52,8 +52,9 @@ class AllocationState:
     lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
-    # The (partition id, size) of requests refused for want of room lately, oldest first: asked
-    # again, they are not counted in the mix again (`decisions.REFUSALS_REMEMBERED` at most).
+    # The (partition id, size) of requests refused for want of room lately, the least recently
+    # refused first: asked again, they are not counted in the mix again (the last
+    # `decisions.REFUSALS_REMEMBERED`; one that starts or waits is forgotten).
     refused: dict[tuple[str, int], None] = dataclasses.field(default_factory=dict)
     compactions: int = 0  # compactions under way (an administrator's, the queue's)
     # (first request, IPUs in use, machines up, links, budget room) the queue last looked for a plan at

@@ -60,8 +60,8 @@ class Steps(Turns):
         return agent_settings(partition, self.state.layout, {a.id: a.inventory.serial for a in agents})
 
     def applying(self, partition: Partition, agents: list[Agent], of_all: list[Agent] | None = None) -> Calls:
-        """The partition's settings applied at `agents`: all of its agents (`agents_of`), or some of
-        them given `of_all`, all of them (each machine's settings name its neighbours' serials)."""
+        """Apply the partition's settings at `agents`; `of_all` (by default `agents`) are all of its
+        machines (`agents_of`), whose serials each machine's settings name."""
         settings = self.settings_of(partition, agents if of_all is None else of_all)
         return Calls([self.call(agent, settings=settings[agent.id]) for agent in agents])
 
