@@ -270,13 +270,21 @@ def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) ->
             yield count, per_segment, ilds
 
 
-def _machine_candidates(layout, size, segment_counts, routing, runs, future: _Future | None = None) -> list[_Candidate]:
+def _machine_candidates(layout, size, segment_counts, routing, runs, future: _Future | None = None,
+                        every: bool = False) -> list[_Candidate]:
+    """Candidates of whole machines: every free window, or, weighing the `future` and unless asked
+    for every one, only the windows of one segment at an end of their free run: a window inside
+    a run leaves no more room for any size than one at its end (the two pieces it leaves hold no
+    more partitions of any size than the one piece an end leaves), and loses the tie to it, so
+    scoring it is wasted on a large pod."""
     upwards = 1 if size < LARGE_PARTITION_IPUS else -1
     candidates = []
     for count, per_segment, ilds in _segment_plans(layout, size, segment_counts, routing):
         for start in _machine_windows(layout, per_segment):
             fits = [runs.fit(d, start, per_segment) for d in ilds]
             if any(fit is None for fit in fits):
+                continue
+            if future is not None and not every and count == 1 and fits[0][1]:
                 continue
             score: tuple = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
             if future is not None:
@@ -319,6 +327,8 @@ class _Future:
 
 
 def _free_rungs(busy: Set[int]) -> int:
+    if len(busy) >= IPUS_PER_MACHINE:
+        return 0  # a machine taken whole, as most busy ones of a large pod are
     return sum(not any(index in busy for index in rung) for rung in SUB_MACHINE_GROUPS[2])
 
 
@@ -479,7 +489,7 @@ def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, expl
         candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit), future=future)
     else:
         counts = _segment_counts(layout, size, num_segments)
-        candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs, future)
+        candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs, future, every)
     if explicit:
         wanted = set(explicit)
         candidates = [c for c in candidates if _topology_ids(layout, _ipus_of(c)) == wanted]

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from vipu.model.entities import GwRouting, IldTopology, IpuLinkRouting
 from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.fragmentation import SizeMix
 from vipu.model.placement import (
+    _candidates,
     check_allocation_machines,
     choose_allocation_machines,
     count_fitting,
@@ -318,3 +320,24 @@ def test_the_capacity_reported_is_what_placing_one_partition_after_another_achie
         place_partition(layout, allowed, used, largest)
     with pytest.raises((Conflict, InvalidArgument)):
         place_partition(layout, allowed, used, largest * 2 or 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pods_and_requests(), st.lists(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), min_size=1, max_size=30))
+def test_weighing_the_mix_only_the_windows_at_the_ends_of_free_runs_yields_the_choice_among_every_window(case, asked):
+    """Placement weighing the mix skips windows inside a free run (`_machine_candidates`): the
+    shape it takes is the one the best of every window would be."""
+    layout, steps = case
+    allowed, used = set(layout.agent_ids), {}
+    mix = SizeMix()
+    for size in asked:
+        mix = mix.saw(size)
+    for size, _ in steps:
+        try:
+            placement = place_partition(layout, allowed, used, size, mix=mix)
+        except (Conflict, InvalidArgument):
+            continue
+        if size >= 4:
+            best = min(_candidates(layout, allowed, used, size, 0, None, (), every=True, mix=mix), key=lambda c: c.score)
+            assert {(i.agent_id, i.index) for i in placement.ipus} == {ipu for _, ipus in best.segments for ipu in ipus}
+        take(used, placement)
