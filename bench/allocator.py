@@ -135,17 +135,19 @@ class Compactor:
         self.pod, self.relocatable, self.budget = pod, relocatable, budget
         self.recent: list[float] = []  # when the moves of the last time unit were made
         self.last_moved: dict[int, float] = {}
+        self.plan_seconds: list[float] = []  # how long each plan took to make
 
-    def make_room(self, size: int, now: float, running: dict[int, list], outcome: Outcome) -> bool:
+    def make_room(self, size: int, now: float, running: dict[int, list]) -> int:
+        """The moves made (0: no plan) so that a request of `size` fits; `running` follows them."""
         self.recent = [t for t in self.recent if t > now - 1.0]
         movable = {str(n): Movable(str(n), frozenset(ipus)) for n, ipus in running.items()
                    if n in self.relocatable and now - self.last_moved.get(n, -math.inf) >= self.budget.partition_interval}
         started = time.perf_counter()
         plan = plan_for(self.pod.layout, self.pod.allowed, self.pod.used, self.pod.holders, size, movable,
                         max_moves=self.budget.moves_per_unit - len(self.recent), mix=self.pod.mix)
-        outcome.plan_seconds.append(time.perf_counter() - started)
+        self.plan_seconds.append(time.perf_counter() - started)
         if plan is None:
-            return False
+            return 0
         for move in plan.moves:
             number = int(move.partition_id)
             self.pod.release(len(move.before), list(move.before))
@@ -153,8 +155,7 @@ class Compactor:
             self.pod.take(len(move.to), running[number], move.partition_id)
             self.recent.append(now)
             self.last_moved[number] = now
-            outcome.moves += 1
-        return True
+        return len(plan.moves)
 
 
 def replay(trace: list[Request], machines: int, rule: str, relocatable: Set[int] = frozenset(),
@@ -175,10 +176,12 @@ def replay(trace: list[Request], machines: int, rule: str, relocatable: Set[int]
         started = time.perf_counter()
         ipus = pod.place(request.size)
         outcome.decision_seconds.append(time.perf_counter() - started)
-        if (ipus is None and request.size <= pod.free and compactor is not None
-                and compactor.make_room(request.size, request.arrival, running, outcome)):
-            ipus = pod.place(request.size)
-            outcome.started_by_compaction += ipus is not None
+        if ipus is None and request.size <= pod.free and compactor is not None:
+            moves = compactor.make_room(request.size, request.arrival, running)
+            outcome.moves += moves
+            if moves:
+                ipus = pod.place(request.size)
+                outcome.started_by_compaction += ipus is not None
         if ipus is None:
             outcome.refused += 1
             if request.size <= pod.free:
@@ -189,6 +192,8 @@ def replay(trace: list[Request], machines: int, rule: str, relocatable: Set[int]
         pod.take(request.size, ipus, str(number))
         running[number] = ipus
         heapq.heappush(departures, (request.arrival + request.duration, number, request.size))
+    if compactor is not None:
+        outcome.plan_seconds = compactor.plan_seconds
     return outcome
 
 
@@ -245,29 +250,29 @@ def main(requests, machines, load, seed, mix_name, share, moves_per_hour, partit
             "started_by_compaction": outcome.started_by_compaction,
             "plan_p99_ms": round(1000 * plans[int(0.99 * (len(plans) - 1))], 3),
         })
-    more = [int(s) for s in seeds.split(",") if s.strip()]
+    more = [other for other in dict.fromkeys(int(text) for text in seeds.split(",") if text.strip()) if other != seed]
     across = {r["allocator"]: {str(seed): r["fragmentation_refusals"]} for r in results}
     for other in more:
         trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, other, weights)
         for rule in RULES:
             across[rule][str(other)] = replay(trace, machines, rule, relocatable_requests(trace, share, other), budget).fragmented
+    for counts in across.values():
+        counts["mean"] = round(sum(counts.values()) / len(counts), 1)
     path = save(name, {"benchmark": "allocator", "requests": requests, "machines": machines, "load": load, "seed": seed,
                        "mix": mix_name, "sizes": dict(zip(map(str, SIZES), weights, strict=True)),
                        "duration": {"distribution": "log-normal", "median": 1, "sigma": DURATION_SIGMA},
                        "relocatable_share": share, "relocatable_requests": len(relocatable),
                        "budget": {"moves_per_time_unit": moves_per_hour, "partition_interval_units": partition_interval},
                        "results": results,
-                       **({"fragmentation_refusals_by_seed": {rule: {**counts, "mean": round(sum(counts.values()) / len(counts), 1)}
-                                                              for rule, counts in across.items()}} if more else {})})
+                       **({"fragmentation_refusals_by_seed": across} if more else {})})
     click.echo(table(["allocator", "accepted %", "refused", "refused with IPUs free", "mean utilisation %", "decision p99 ms",
                       "moves", "plan p99 ms"],
                      [[r["allocator"], r["acceptance_percent"], r["refused"], r["fragmentation_refusals"],
                        r["mean_utilisation_percent"], r["decision_p99_ms"], r["moves"], r["plan_p99_ms"]] for r in results]))
     if more:
-        order = [str(seed), *map(str, more)]
-        click.echo(table(["refused with IPUs free, by seed", *order, "mean"],
-                         [[rule, *(counts[s] for s in order), round(sum(counts.values()) / len(counts), 1)]
-                          for rule, counts in across.items()]))
+        order = [str(seed), *map(str, more), "mean"]
+        click.echo(table(["refused with IPUs free, by seed", *order],
+                         [[rule, *(counts[s] for s in order)] for rule, counts in across.items()]))
     click.echo(f"relocatable: {len(relocatable)} of {requests} requests ({100 * len(relocatable) / requests:.0f} %); "
                f"budget {moves_per_hour} moves per time unit, a partition at most once in {partition_interval:g}")
     click.echo(f"written: {path}")

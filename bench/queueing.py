@@ -15,7 +15,9 @@ policies see the same trace (`bench.allocator.make_trace`, the same seed and loa
 - FIFO + backfill + compaction: FIFO + backfill, and when the first waiting request does not fit
   although enough IPUs are free, the compaction the controller's queue asks for: a plan of moves
   of relocatable partitions (every partition of the trace) that frees a shape for it, within
-  `bench.allocator`'s budget, carried out at once (no durations known);
+  `bench.allocator`'s budget, carried out at once (no durations known). Unlike the controller,
+  which plans only at a pass that started nothing (the requests it starts take a while), the
+  replay plans after the requests a pass starts, which take no time here;
 - plain FIFO: the same placement with nothing started ahead of the first waiting request;
 - capacity bound: a request starts, in arrival order, as soon as enough IPUs are free, whatever
   their shape and whatever waits ahead of it (nothing held): what the pod could do if cabling did
@@ -75,7 +77,7 @@ class Waited:
     longest_queue: int = 0
     pass_seconds: list[float] = field(default_factory=list)
     moves: int = 0  # partitions moved by compaction
-    plan_seconds: list[float] = field(default_factory=list)
+    plan_seconds: list[float] = field(default_factory=list)  # the compaction plans' times
 
 
 def expected_durations(trace: list[Request], policy: str, seed: int) -> list[float | None]:
@@ -122,7 +124,8 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
     pod, outcome = Pod(machines, "vipu"), Waited()
     compactor = Compactor(pod, set(range(len(trace))), Budget()) if policy == COMPACTING else None
     expected = expected_durations(trace, policy, seed)
-    ends: dict[tuple[str, int], float | None] = {}  # IPU -> when its job is expected to end
+    by_duration = policy.startswith(BACKFILL_BY_DURATION)
+    expected_end: dict[int, float | None] = {}  # job number -> when it is expected to end, as the queue is told
     running: dict[int, list[tuple[str, int]]] = {}  # job number -> its IPUs, which a compaction move changes
     decide = _admission(pod, policy)
     horizon = trace[-1].arrival
@@ -136,9 +139,13 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
             outcome.waits.append(now - job.request.arrival)
             pod.take(job.size, ipus, str(job.number))
             running[job.number] = ipus
-            ends.update((ipu, None if job.expected_duration is None else now + job.expected_duration) for ipu in ipus)
+            expected_end[job.number] = None if job.expected_duration is None else now + job.expected_duration
             heapq.heappush(departures, (now + job.request.duration, job.number))
         return {job.number for job, _ in started}
+
+    def ends() -> dict[tuple[str, int], float | None]:
+        """IPU -> when its job is expected to end: what backfill by duration reads (the others read nothing)."""
+        return {ipu: expected_end[number] for number, ipus in running.items() for ipu in ipus} if by_duration else {}
 
     while arrived < len(trace) or waiting or departures:
         now = min(trace[arrived].arrival if arrived < len(trace) else float("inf"),
@@ -147,26 +154,28 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
         last = now
         while departures and departures[0][0] <= now:
             _, number = heapq.heappop(departures)
-            ipus = running.pop(number)
-            pod.release(trace[number].size, ipus)
-            for ipu in ipus:
-                del ends[ipu]
+            pod.release(trace[number].size, running.pop(number))
+            del expected_end[number]
         while arrived < len(trace) and trace[arrived].arrival <= now:
             waiting.append(Job(arrived, trace[arrived], expected[arrived]))
             pod.mix = pod.mix.saw(trace[arrived].size)
             arrived += 1
         outcome.longest_queue = max(outcome.longest_queue, len(waiting))
+        known_ends = ends()
         began = time.perf_counter()
-        started, held, first = decide(waiting, held, now, ends)
+        started, held, first = decide(waiting, held, now, known_ends)
         outcome.pass_seconds.append(time.perf_counter() - began)
         starting = start(started, now)
-        if (compactor is not None and first is not None and first.size <= pod.free
-                and compactor.make_room(first.size, now, running, outcome)):
-            ends = {ipu: None for ipus in running.values() for ipu in ipus}  # moved; no durations are known here
-            started, held, first = decide([job for job in waiting if job.number not in starting], held, now, ends)
-            starting |= start(started, now)
+        if compactor is not None and first is not None and first.size <= pod.free:
+            moves = compactor.make_room(first.size, now, running)
+            outcome.moves += moves
+            if moves:  # the controller's queue starts it at the pass after the moves; here at once
+                started, held, first = decide([job for job in waiting if job.number not in starting], held, now, ends())
+                starting |= start(started, now)
         waiting = [job for job in waiting if job.number not in starting]
     assert len(outcome.waits) == len(trace) and pod.free == pod_ipus(pod), "every request ran, and every IPU came back"
+    if compactor is not None:
+        outcome.plan_seconds = compactor.plan_seconds
     return outcome
 
 

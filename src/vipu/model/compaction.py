@@ -32,6 +32,7 @@ from vipu.model.placement import Placement, Shape, largest_fitting, largest_size
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
+HOUR = 3600.0  # the window of the budget's moves per hour, in seconds
 SHAPES_TRIED = 48  # of a size, the most promising shapes whose blockers a plan tries to place: a bound on its cost
 
 
@@ -173,11 +174,11 @@ class BudgetSpent:
         """The budget spent as the allocation's partitions record it (when each last moved by
         compaction): what an owner starts from after a restart or a change of leader. Moves of
         partitions removed since are not counted, nor a partition's earlier moves within the hour."""
-        return cls(budget, sorted(at for at in last_moved.values() if at > now - 3600.0), dict(last_moved))
+        return cls(budget, sorted(at for at in last_moved.values() if at > now - HOUR), dict(last_moved))
 
     def room(self, now: float) -> int:
         """How many moves the budget allows now."""
-        self.moves = [at for at in self.moves if at > now - 3600.0]
+        self.moves = [at for at in self.moves if at > now - HOUR]
         return max(self.budget.moves_per_hour - len(self.moves), 0)
 
     def spent(self, now: float) -> str:
@@ -185,7 +186,7 @@ class BudgetSpent:
         if self.room(now):
             return ""
         return (f"the budget of {self.budget.moves_per_hour} compaction moves per hour is spent; the next move is "
-                f"allowed in {self.moves[0] + 3600.0 - now:.0f} s")
+                f"allowed in {self.moves[0] + HOUR - now:.0f} s")
 
     def refusal(self, partition_id: str, now: float) -> str:
         """Why the budget refuses to move this partition now, in one line; empty if it allows it."""

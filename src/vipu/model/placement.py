@@ -387,7 +387,7 @@ def place_partition(
     if best is None:
         if faults.failed and _best(layout, allowed, taken, size, num_segments, ipulink_routing, explicit, first_fit) is not None:
             raise _quarantined(layout, allowed, taken, size, where, num_segments, ipulink_routing, explicit, faults)
-        raise _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit)
+        raise _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit, faults)
     return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
 
 
@@ -399,15 +399,18 @@ def _quarantined(layout, allowed, used, size, where, num_segments, ipulink_routi
     return NoRoom(f"every free place for {size} IPUs in {where} needs {which}: {faults.described(failed)}")
 
 
-def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit) -> VipuError:
+def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit,
+             faults: LinkFaults = NO_FAULTS) -> VipuError:
     """Why the request does not fit: the rule, if no shape of it lies within the machines however
-    empty (InvalidArgument); else what is free and what would make room (Conflict)."""
+    empty (InvalidArgument); else what is free, the largest partition that fits (on no failed
+    link), and what would make room (Conflict)."""
     possible = shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing, explicit=explicit)
     if not possible:
         return reasons.never_fits(layout, allowed, size, where, named=bool(explicit))
     if occupancy is None:
-        return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, used))
-    return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, occupancy.with_held(used)),
+        return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, used, faults))
+    return reasons.no_room(layout, allowed, used, size, where, possible,
+                           largest_placement(layout, allowed, occupancy.with_held(used), faults),
                            occupancy.who_holds(), occupancy.held, occupancy.held_for)
 
 

@@ -39,7 +39,8 @@ import immutables
 
 from vipu.model.entities import PartitionRequest
 from vipu.model.errors import Conflict
-from vipu.model.placement import Placement, Shape
+from vipu.model.placement import Placement, Shape, shifted
+from vipu.model.waiting import ends_in_time
 
 WAITING = "WAITING"
 ABSENT = None
@@ -234,7 +235,7 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
     twice per line at most): finding it compares durations along the line, not placement.
     """
     lines = queue if isinstance(queue, Lines) else Lines.of(queue)
-    taken = {agent: set(indices) for agent, indices in used.items()}
+    taken = shifted(used)
     started: list[tuple[T, Placement]] = []
     first: T | None = None
     ahead: Counter[Hashable] = Counter()  # of each line, the requests started at its front or held, skipped by backfill
@@ -260,13 +261,10 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
         expected_start = held_free_at(held, taken, ends_started, expected_ends or {}, now)
     if backfill:
         inside = taken  # what is free to a request that ends before the held shape is needed
-        outside = {agent: set(indices) for agent, indices in taken.items()}
-        for agent, index in held:
-            outside.setdefault(agent, set()).add(index)
+        outside = shifted(taken, on=held)
 
         def in_time(request: T) -> bool:
-            duration = expected_duration(request) if expected_duration is not None else None
-            return expected_start is not None and duration is not None and now + duration <= expected_start
+            return ends_in_time(expected_duration(request) if expected_duration is not None else None, expected_start, now)
 
         def next_in_time(line: list[T], position: int) -> int:
             while position < len(line) and not in_time(line[position]):

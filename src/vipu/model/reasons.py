@@ -15,10 +15,12 @@ shapes placement chooses among:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
+from datetime import UTC, datetime
 
 from vipu.model.entities import IPUS_PER_MACHINE, natural_key
 from vipu.model.errors import InvalidArgument, NoRoom
 from vipu.model.topology import ClusterLayout
+from vipu.model.waiting import ends_in_time
 
 Ipu = tuple[str, int]  # (agent, index)
 # Names listed before the rest are counted: a reason stays one short line.
@@ -141,3 +143,22 @@ def span(layout: ClusterLayout, ipus: Iterable[Ipu]) -> str:
     if len(parts) > 4:
         return f"{', '.join(parts[:3])} and {len(parts) - 3} more"
     return ", ".join(parts)
+
+
+def held_clause(expected_seconds: int, first_id: str, held_needed_at: float | None, now: float) -> str:
+    """Why a request expected to run this long (0: unknown), started at `now`, may not start on the
+    IPUs held for the first waiting request, needed at `held_needed_at` (None: unknown); empty when
+    it would end in time (`ends_in_time`; their shape is then what keeps it off them)."""
+    if not expected_seconds:
+        return f"with no expected duration it may not start on the IPUs held for {first_id}"
+    if held_needed_at is None:
+        return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
+    if ends_in_time(expected_seconds, held_needed_at, now):
+        return ""
+    needed = datetime.fromtimestamp(held_needed_at, UTC)
+    return (f"it is expected to run {_duration(expected_seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
+            f"{first_id} are expected to be needed")
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds} s"

@@ -7,3 +7,9 @@ MAX_WAIT_SECONDS = 7 * 24 * 3600
 WAIT_CALL_SECONDS = 20
 # The longest expected duration of a partition the user API carries (a uint32 of seconds, about 136 years).
 MAX_EXPECTED_SECONDS = 2**32 - 1
+
+
+def ends_in_time(duration: float | None, needed_at: float | None, now: float) -> bool:
+    """Whether work expected to run `duration` (None: unknown), started `now`, ends by `needed_at`
+    (None: unknown): the queue's rule for starting on IPUs held for its first request."""
+    return duration is not None and needed_at is not None and now + duration <= needed_at

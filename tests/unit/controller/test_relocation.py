@@ -197,7 +197,12 @@ def broken_up_around_pc(pod):
 def test_a_compaction_move_of_a_partition_with_a_client_at_one_machine_fences_none(pod):
     ag3, ag4, pc = broken_up_around_pc(pod)
     ag4.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag4")
-    report = pod.allocations.compact("a1", dry_run=False)
+    fencing = failpoints.arm("agent.fence", "fail(no fence call was to be made)")
+    try:
+        report = pod.allocations.compact("a1", dry_run=False)
+    finally:
+        failpoints.disarm("agent.fence")
+    assert fencing.hits == 0  # the look at every machine found the client before any fence was asked for
     assert [move.partition_id for move in report.plan.moves] == ["pc"] and report.moved == ()
     assert report.stopped == "partition pc did not move: partition pc has 1 IPUoF client(s) attached at agent ag4"
     assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"]
@@ -220,4 +225,16 @@ def test_a_client_attaching_while_a_move_fences_lifts_the_fences_made_at_the_par
     assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"]
     # ag3 was fenced before ag4's client was found: its fence is lifted at once, not left to lapse.
     assert [a.fenced_until for a in ag3.attachments(["pc"])] == [0.0]
-    ag3.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag3")
+    ag3.ipuof_attach("pc", 0, "", pc.attach_key, session="client-at-ag3")  # raises while a fence stands
+
+
+def test_a_reset_that_re_places_a_partition_keeps_off_the_machines_that_failed_it(pod):
+    pod.fault("m01", "IPU 2 failed")
+    assert pod.partitions.create(PartitionRequest("p1", 4, relocatable=True)).agent_ids == ["ag2"]
+    pod.heal()  # ag1 answers well again: free, and first in order, but it failed p1
+    pod.partitions.create(PartitionRequest("q", 4, **machines(4, 1)))
+    pod.partitions.create(PartitionRequest("r", 16, **machines(5, 4)))
+    # ag1 and ag3 are free around p1: moving it to either frees 8 IPUs together; ag3 is not one that failed it.
+    reset = pod.partitions.reset("p1")
+    assert (reset.ready_state, reset.agent_ids) == (ReadyState.ACTIVE, ["ag3"])
+    assert "reset where it leaves a larger shape free" in reset.relocation

@@ -41,7 +41,6 @@ from vipu.controller.core.placing import (
     place_request,
 )
 from vipu.controller.core.queueing import QueueKeeping
-from vipu.controller.core.snapshot import held_clause
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Partition, PartitionRequest, ReadyState, shown
@@ -49,6 +48,7 @@ from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, Permiss
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy, Placement
+from vipu.model.reasons import held_clause
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -114,7 +114,7 @@ class Decisions(QueueKeeping):
         asked = (request.id, request.size)
         mix = state.mix if asked in state.refused else state.mix.saw(request.size)
         try:
-            placement = self._placed(request, mix)
+            placement = self._placed(request, mix)  # InvalidArgument: not counted in the mix
         except NoRoom:
             state.mix = mix
             state.refused.pop(asked, None)  # the latest refusals are remembered longest
@@ -139,6 +139,8 @@ class Decisions(QueueKeeping):
             return place_request(state.layout, state.allocation, state.used, request,
                                  Occupancy(state.holders, state.held, first.partition_id), state.links, mix)
         except NoRoom as refusal:
+            if not refusal.held_free:
+                raise  # no free IPU was held from it: without the held shape it fits no better
             try:
                 placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix)
             except NoRoom:

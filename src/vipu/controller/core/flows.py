@@ -159,19 +159,28 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
 def placed_elsewhere(owner: Steps, partition: Partition) -> Placement | None:
     """Where placement would put the partition now among the IPUs free (none of its own, which
     it keeps until it has moved, none held for the queue, no machine down, no quarantined link,
-    suspect ones while it can); None if nothing is free for it."""
+    suspect ones while it can), off the machines that failed it while other room is left (as
+    `placing.moved` keeps off them); None if nothing is free for it."""
     state = owner.state
-    return try_place(state.layout, set(state.allocation.agent_ids) - state.down, shifted(state.used, on=state.held), partition.size,
-                     num_gcds=partition.num_gcds, num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
-                     gw_routing=partition.gw_routing, faults=state.links, mix=state.mix)
+    allowed = set(state.allocation.agent_ids) - state.down
+    taken = shifted(state.used, on=state.held)
+    for machines in (allowed - set(partition.failed_on), allowed) if partition.failed_on else (allowed,):
+        placement = try_place(state.layout, machines, taken, partition.size, num_gcds=partition.num_gcds,
+                              num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
+                              gw_routing=partition.gw_routing, faults=state.links, mix=state.mix)
+        if placement is not None:
+            return placement
+    return None
 
 
 def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
     """Where a relocatable partition its user resets goes instead of its IPUs, when placement
     there (`placed_elsewhere`) leaves a larger partition room to fit than its own IPUs do and the
-    compaction budget allows the move; None if it stays."""
+    compaction budget allows the move, and no compaction is under way (whose planned places it
+    could take); None if it stays."""
     state = owner.state
-    if not partition.relocatable or set(partition.agent_ids) & state.down or owner.compaction_spent().refusal(partition.id, time.time()):
+    if (not partition.relocatable or state.compactions or set(partition.agent_ids) & state.down
+            or owner.compaction_spent().refusal(partition.id, time.time())):
         return None
     placement = placed_elsewhere(owner, partition)
     if placement is None:

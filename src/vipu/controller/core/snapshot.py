@@ -16,14 +16,13 @@ import time
 from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 
 from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Partition
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest, shape_of
-from vipu.model.reasons import span
+from vipu.model.reasons import held_clause, span
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
@@ -95,25 +94,6 @@ class QueueView:
             clause = held_clause(request.request.expected_seconds, first.partition_id, self.held_needed_at, time.time())
             verdict += f"; {clause}" if clause else ""
         return f"{where}; {verdict}"
-
-
-def held_clause(expected_seconds: int, first_id: str, held_needed_at: float | None, now: float) -> str:
-    """Why a request expected to run this long (0: unknown), started at `now`, may not start on the
-    IPUs held for the first waiting request, needed at `held_needed_at` (None: unknown); empty when
-    it would end in time (their shape is then what keeps it off them)."""
-    if not expected_seconds:
-        return f"with no expected duration it may not start on the IPUs held for {first_id}"
-    if held_needed_at is None:
-        return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
-    if now + expected_seconds <= held_needed_at:
-        return ""
-    needed = datetime.fromtimestamp(held_needed_at, UTC)
-    return (f"it is expected to run {_duration(expected_seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
-            f"{first_id} are expected to be needed")
-
-
-def _duration(seconds: int) -> str:
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds} s"
 
 
 EMPTY_QUEUE = QueueView()
