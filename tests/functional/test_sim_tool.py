@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from tests.functional.harness import BIN, Result, failed_line
@@ -64,3 +65,28 @@ def test_links_are_made_to_go_bad_recover_and_have_their_cables_swapped(tmp_path
     failed_line(sim("fault", str(path), "--degrade", "m01:IPU-Link:6=drifting:5"), "fault", str(path), "not 'drifting'")
     failed_line(sim("fault", str(path), "--recover", "m01:IPU-Link:6"), "fault", str(path), "is not degrading")
     assert path.read_text() == before
+
+
+def test_files_that_are_not_regular_or_too_long_are_refused_in_one_line_without_reading_them(tmp_path):
+    """/dev/zero would be read until memory runs out, and a FIFO waited on for ever (each program
+    is given 60 s); a sparse file past its kind's bound is refused unread."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.conf"
+    with huge.open("wb") as file:
+        file.truncate(300 << 20)  # past both bounds: an IPUoF configuration's and a rack's
+    ipuof = str(BIN / "vipu-ipuof")
+    for command, env, line in [
+        ([str(BIN / "vipu-sim"), "fault", "/dev/zero", "--silent", "m01"], {},
+         "fault (/dev/zero): failed: cannot read rack description /dev/zero: not a regular file."),
+        ([str(BIN / "vipu-sim"), "fault", str(fifo), "--silent", "m01"], {},
+         f"fault ({fifo}): failed: cannot read rack description {fifo}: not a regular file."),
+        ([str(BIN / "vipu-sim"), "fault", str(huge), "--silent", "m01"], {},
+         f"fault ({huge}): failed: cannot read rack description {huge}: longer than 262144 KiB, not a rack description."),
+        ([ipuof, "run", "/dev/zero"], {}, "run (zero): failed: cannot read /dev/zero: not a regular file."),
+        ([ipuof, "run"], {"IPUOF_CONFIG_PATH": "/dev/zero"}, "run (/dev/zero): failed: cannot read /dev/zero: not a regular file."),
+        ([ipuof, "run"], {"IPUOF_CONFIG_PATH": str(fifo)}, f"run ({fifo}): failed: cannot read {fifo}: not a regular file."),
+        ([ipuof, "run", str(huge)], {}, f"run (huge.conf): failed: cannot read {huge}: longer than 1024 KiB, not an IPUoF configuration."),
+    ]:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", line + "\n"), command

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vipu import textfiles
 from vipu.model.errors import InvalidArgument
 
 SYSTEM_CONFIG = Path("/etc/vipu/vipu-cli.hcl")
@@ -111,21 +112,8 @@ CONFIG_LIMIT_BYTES = 1 << 20  # a client configuration is a few lines; anything 
 
 
 def read_config_text(path: Path) -> str:
-    """A configuration file's text: a regular file of UTF-8 text, at most CONFIG_LIMIT_BYTES long
-    (a device such as /dev/zero, or a huge file, would be read for ever)."""
-    try:
-        if not path.is_file():
-            raise InvalidArgument(f"cannot read {path}: not a regular file" if path.exists() else f"cannot read {path}: no such file")
-        with path.open("rb") as stream:
-            data = stream.read(CONFIG_LIMIT_BYTES + 1)
-    except OSError as error:
-        raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
-    if len(data) > CONFIG_LIMIT_BYTES:
-        raise InvalidArgument(f"cannot read {path}: longer than {CONFIG_LIMIT_BYTES // 1024} KiB, not a client configuration")
-    try:
-        return data.decode()
-    except UnicodeDecodeError as error:
-        raise InvalidArgument(f"cannot read {path}: not UTF-8 text (byte {error.start})") from error
+    """A configuration file's text, bounded (`vipu.textfiles`)."""
+    return textfiles.read_text(path, CONFIG_LIMIT_BYTES, "a client configuration")
 
 
 def client_settings(given: Given, port_key: str = "api-port", port_env: str = "VIPU_CLI_API_PORT",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from vipu import textfiles
 from vipu.api.protos import ipuof_pb2, ipuof_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.ipuof import files
@@ -27,6 +28,7 @@ from vipu.model.clustertests import program_checksum
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound, Unavailable, VipuError
 
+CONFIG_LIMIT_BYTES = 1 << 20  # a 64-IPU partition's configuration is a few KiB; anything this long is not one
 DETACH_TIMEOUT = 5.0  # seconds for each detach that cleans up: an IPU that does not answer lets its hold lapse instead
 
 
@@ -67,10 +69,7 @@ def parse(document: dict, origin: str, path: Path | None = None) -> GcdFile:
 
 
 def read(path: Path) -> GcdFile:
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise InvalidArgument(f"cannot read {path}: {error.strerror}") from error
+    text = textfiles.read_text(Path(path), CONFIG_LIMIT_BYTES, "an IPUoF configuration")
     try:
         document = json.loads(text)
     except ValueError as error:

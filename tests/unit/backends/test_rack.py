@@ -64,7 +64,7 @@ def test_a_bad_rack_is_refused_with_the_place_of_the_mistake(text, message):
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path):
-    with pytest.raises(InvalidArgument, match=r"cannot read rack description .*No such file"):
+    with pytest.raises(InvalidArgument, match=r"cannot read rack description .*: no such file"):
         load_rack(tmp_path / "absent.yaml")
 
 

@@ -48,7 +48,7 @@ from typing import NoReturn
 
 import yaml
 
-from vipu import __version__
+from vipu import __version__, textfiles
 from vipu.model.entities import GwTopology, IldTopology, IpuInfo
 from vipu.model.errors import InvalidArgument
 from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, ClusterLayout, LinkKind
@@ -62,6 +62,7 @@ DEFAULT_VERSIONS = {
     "bmc": "2.5.0",
 }
 
+RACK_LIMIT_BYTES = 256 << 20  # a rack of thousands of machines is tens of MiB; anything this long is not one
 DEFAULT_PFC_CLASSES = [0, 1, 2, 3, 4, 5, 6, 7]
 INTERNAL_LINK_KEYS = {link.key for link in INTERNAL_LINKS}
 DRIVEN_CAPABILITIES = ("power", "inventory", "health")  # what a machine may take from a driver other than the simulator
@@ -551,8 +552,4 @@ def parse_rack(text: str, source: str = "rack") -> Rack:
 
 
 def load_rack(path: Path) -> Rack:
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise InvalidArgument(f"cannot read rack description {path}: {error.strerror}") from error
-    return parse_rack(text, str(path))
+    return parse_rack(textfiles.read_text(Path(path), RACK_LIMIT_BYTES, "a rack description", "rack description "), str(path))
