@@ -18,6 +18,7 @@ import logging
 import secrets
 from typing import Literal
 
+import uvicorn
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 ADMIN_KEY_SETTING = "admin_key"
-ADMINISTRATOR = "administrator"  # whom the administrator key's failures are counted against, by address
+ADMINISTRATOR = "administrator"  # whom the administrator key's failures are counted against, by address and key tried
 
 
 def hash_key(key: str) -> str:
@@ -213,10 +214,27 @@ class KeyRefusals:
         self.log.warning("a call from %s refused: %s", address or "an unknown address", reason)
 
 
+def key_tried(given: str) -> str:
+    """What a lockout counts a key under: a short digest of the key tried, never the key itself, so
+    that guesses are locked out and the right key, which nobody guessing sends, never is."""
+    if not given:
+        return f"{ADMINISTRATOR} (no key)"
+    return f"{ADMINISTRATOR} (key {hashlib.sha256(given.encode()).hexdigest()[:12]})"
+
+
+def server_config(app: FastAPI, host: str, port: int, trusted_proxies: tuple[str, ...] = (), **options) -> uvicorn.Config:
+    """How the API is served: a caller's address is the socket's, or what a proxy the site named
+    says (X-Forwarded-For); never a header anyone else may send, loopback included."""
+    return uvicorn.Config(app, host=host, port=port, proxy_headers=bool(trusted_proxies),
+                          forwarded_allow_ips=list(trusted_proxies) or None, **options)
+
+
 def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, throttle: LoginThrottle | None = None) -> FastAPI:
     """The API. Its OpenAPI document declares the KeystoneToken scheme only when Keystone is the
-    identity. `throttle` counts wrong administrator keys by address and locks an address out (by
-    default 10 within 60 s lock it out for 60 s); /metrics, outside the document, counts them."""
+    identity. `throttle` counts wrong administrator keys by address and key tried, and locks that
+    key out from that address (by default 10 within 60 s, for 60 s): the right key from the same
+    address still gets in (the address is the caller's: see `server_config`). /metrics, outside
+    the document, counts the refusals."""
     app = FastAPI(title="vipu-vpod", description="Tenant vPODs of an IPU site: a controller per tenant, machines handed over safely.")
     stored_key = orchestrator.store.setting(ADMIN_KEY_SETTING)
     decoy = hash_key(secrets.token_urlsafe(16))  # what a call without a key is checked against, so that it costs what a wrong key does
@@ -232,18 +250,19 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, t
         if token and tokens is not None:
             return tokens.caller(token)
         address = request.client.host if request.client else ""
+        given = bearer.credentials.strip() if bearer is not None and bearer.credentials else ""
+        tried = key_tried(given)
         try:
-            throttle.check(address, ADMINISTRATOR)
+            throttle.check(address, tried)
         except Unauthenticated:
             refusals.refused(address, "locked out")
             raise
-        given = bearer.credentials.strip() if bearer is not None and bearer.credentials else ""
         matches = key_matches(given, stored_key or decoy)
         if matches and given and stored_key is not None:
-            throttle.succeeded(address, ADMINISTRATOR)
+            throttle.succeeded(address, tried)
             return SITE_ADMINISTRATOR
         refusals.refused(address, "wrong key" if given else "no key")
-        for lockout in throttle.failed(address, ADMINISTRATOR):
+        for lockout in throttle.failed(address, tried):
             log.warning("%s", lockout)
         raise Unauthenticated(f"give {asked}the orchestrator's administrator key (Authorization: Bearer KEY)")
 

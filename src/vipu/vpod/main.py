@@ -166,23 +166,27 @@ def init(data_dir, db_url, tls_hosts):
 @click.option("--test-on-release", is_flag=True,
               help="Run the cluster test on a vPOD's machines when it is released; those it fails on are held back from the pool.")
 @click.option("--login-failures", type=click.IntRange(0), default=10, show_default=True,
-              help="Wrong administrator keys from one address within --login-lockout that lock the address out; 0: never.")
+              help="Failures of one administrator key (or of none) from one address within --login-lockout that refuse that "
+                   "key from that address for as long, unchecked; the right key still gets in; 0: never.")
+@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
+              help="A reverse proxy in front of the API (repeatable): only from these is X-Forwarded-For believed, so "
+                   "that failures are counted by each caller's own address rather than the proxy's.")
 @click.option("--login-lockout", type=click.FloatRange(1), default=60.0, show_default=True,
-              help="Seconds an address stays locked out, and the window its failures are counted in.")
+              help="Seconds a key stays refused from an address, and the window its failures are counted in.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, port_base, keystone_url, keystone_user,
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
           openstack_subnet_pool, openstack_admit_cidr, openstack_router, openstack_poplar_zone, openstack_ssh_user,
           openstack_ssh_cidr, openstack_projects, openstack_store, test_on_release,
-          login_failures, login_lockout, log_level):
+          login_failures, trusted_proxies, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
         try:
             import uvicorn
 
             from vipu.vpod.agents import SiteAgents
-            from vipu.vpod.api import make_app
+            from vipu.vpod.api import make_app, server_config
             from vipu.vpod.identity import KeystoneTokens
             from vipu.vpod.orchestrator import Orchestrator
             from vipu.vpod.site import read_site, site_machines
@@ -259,7 +263,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
             tokens = KeystoneTokens(keystone_url, keystone_user, password, keystone_project, keystone_admin_role, keystone_admin_project)
         threading.Thread(target=tenants.supervise, args=(orchestrator.running, stop), name="supervisor", daemon=True).start()
         app = make_app(orchestrator, tokens, LoginThrottle(login_failures, login_lockout))
-    server = uvicorn.Server(uvicorn.Config(app, host=listen_address, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, listen_address, port, trusted_proxies, log_level="warning"))
 
     def announce() -> None:  # once it listens, for whoever waits for it
         while not server.started and not stop.wait(0.05):

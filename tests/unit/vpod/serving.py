@@ -10,13 +10,14 @@ import uvicorn
 
 from tests.functional.harness import wait_until
 from tests.ports import free_port
+from vipu.vpod.api import server_config
 
 
 @contextmanager
-def serving(app) -> Iterator[int]:
-    """The app served on a free port of the loopback until the block ends; the port."""
+def serving(app, trusted_proxies: tuple[str, ...] = ()) -> Iterator[int]:
+    """The app served as vipu-vpod serves it, on a free port of the loopback until the block ends; the port."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, trusted_proxies, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started or not thread.is_alive(), timeout=10, what="the API to start")

@@ -62,20 +62,51 @@ def refusals(port: int) -> dict[str, float]:
             if line.startswith("vipu_vpod_failed_logins_total{")}
 
 
-def test_wrong_and_missing_keys_cost_a_check_each_are_counted_logged_and_lock_the_address_out(served, caplog):
+def test_wrong_and_missing_keys_cost_a_check_each_are_counted_logged_and_locked_out_but_never_the_right_key(served, caplog):
     port, checks = served
     with caplog.at_level(logging.WARNING, logger="vipu.vpod.api"):
-        assert call(port, None)[0] == 401
-        assert call(port, "a-guess")[0] == 401
-        assert len(checks) == 2  # the missing key was checked too, against a decoy: as costly as a wrong one
-        status, error = call(port, "another-guess")  # the LIMIT-th failure from this address locks it out
-        assert status == 401
-        status, error = call(port, KEY)  # then even the right key, from there, costs no check
-        assert (status, len(checks)) == (401, 3)
-        assert error.startswith("too many failed logins for user administrator from this address; try again in ")
-        assert call(port, KEY, source="127.0.0.2")[0] == 200  # another address goes on
-    assert refusals(port) == {"no key": 1, "wrong key": 2, "locked out": 1}
+        for _ in range(LIMIT):
+            assert call(port, None)[0] == 401
+            assert call(port, "a-guess")[0] == 401
+        assert len(checks) == 2 * LIMIT  # a missing key is checked too, against a decoy: as costly as a wrong one
+        status, error = call(port, "a-guess")  # locked out from this address: refused unchecked
+        assert (status, len(checks)) == (401, 2 * LIMIT)
+        assert error.startswith("too many failed logins for user 'administrator (key ")
+        assert error.endswith(" from this address; try again in 60 s")
+        assert call(port, None)[0] == 401 and len(checks) == 2 * LIMIT
+        assert call(port, KEY)[0] == 200  # the right key from the same address, which nobody guessing sends, gets in
+        assert call(port, "another-guess")[0] == 401 and len(checks) == 2 * LIMIT + 2  # a new guess is checked, and counted
+    assert refusals(port) == {"no key": LIMIT, "wrong key": LIMIT + 1, "locked out": 2}
     lines = [record.getMessage() for record in caplog.records]
     assert "a call from 127.0.0.1 refused: no key" in lines  # the first; the rest within 10 s are counted, not logged
-    assert not any("refused: wrong key" in line for line in lines)
-    assert f"logins of user 'administrator' from 127.0.0.1 refused for 60 s after {LIMIT} failures" in lines
+    assert f"logins of user 'administrator (no key)' from 127.0.0.1 refused for 60 s after {LIMIT} failures" in lines
+
+
+def test_a_forwarded_address_is_believed_only_from_a_named_proxy(tmp_path):
+    store = VpodStore(f"sqlite:///{tmp_path / 'vpod.db'}")
+    store.set_setting(ADMIN_KEY_SETTING, hash_key(KEY))
+    app = make_app(Orchestrator(store, generate_rack(2), tenants=None, agents=None),  # type: ignore[arg-type]
+                   throttle=LoginThrottle(limit=1, lockout=60))
+    with serving(app, trusted_proxies=("127.0.0.3",)) as port:
+        # Through the proxy, each caller is counted as itself: one caller's guess locks out no other.
+        assert forwarded(port, "a-guess", "127.0.0.3", "192.0.2.7")[0] == 401
+        assert forwarded(port, "a-guess", "127.0.0.3", "192.0.2.7")[1].startswith("too many failed logins")
+        assert forwarded(port, "a-guess", "127.0.0.3", "192.0.2.8")[1] == "give the orchestrator's administrator key " \
+                                                                        "(Authorization: Bearer KEY)"
+        # From anywhere else the header is the caller's own words: counted by the peer's address.
+        assert forwarded(port, "a-guess", "127.0.0.1", "192.0.2.9")[0] == 401
+        assert forwarded(port, "a-guess", "127.0.0.1", "192.0.2.10")[1].startswith("too many failed logins")
+    store.close()
+
+
+def forwarded(port: int, key: str, source: str, client: str) -> tuple[int, str]:
+    """GET /v1/machines from `source`, saying it forwards for `client`; status and error line."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+    try:
+        connection.request("GET", "/v1/machines", headers={"Authorization": f"Bearer {key}", "X-Forwarded-For": client})
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read() or b"{}").get("error", "")
+    finally:
+        connection.close()
