@@ -15,6 +15,8 @@ Each point takes one action, optionally limited to its first N hits (`N*action`)
 The points:
 
 - `store.commit`: a write transaction about to commit (a turn's writes, a configuration change);
+- `store.commit.answer`: a grouped write just committed, whose answer a `fail` loses on the way
+  back, as a connection gone during COMMIT does (its writers are told the outcome is unknown);
 - `store.partition.<transition>`: the store applying one life-cycle transition of a partition
   (`create`, `configured`, `fail`, `abandon`, `lost`, `reset`, `relocate`, `remove`, `removed`);
 - `store.request.<transition>`: the same for a waiting request (`enqueue`, `grant`, `cancel`, `expire`);
@@ -22,6 +24,9 @@ The points:
   to one agent, before it is sent;
 - `owner.turn`: an allocation's owner starting a turn;
 - `clustertest.step`: a cluster test (an idle-time one too) about to start its next test.
+
+`POINTS` lists them all: arming another name is refused, so a misspelt point cannot pass for one
+that never fires, and a test checks that each is reached and armed by some test.
 """
 
 from __future__ import annotations
@@ -33,12 +38,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from vipu.model import lifecycle, queue
 from vipu.model.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
 VARIABLE = "VIPU_FAILPOINTS"
 PAUSE_SECONDS = 60.0  # a paused point goes on by itself after this: no wait without a deadline
+AGENT_CALLS = ("apply", "clear", "attachments", "fence", "power")  # what `agents.AgentCall.action` may be
+POINTS: frozenset[str] = frozenset({
+    "store.commit", "store.commit.answer", "owner.turn", "clustertest.step",
+    *(f"store.partition.{transition}" for transition in lifecycle.TRANSITIONS),
+    *(f"store.request.{transition}" for transition in queue.TRANSITIONS),
+    *(f"agent.{action}" for action in AGENT_CALLS),
+})
 _ACTION = re.compile(r"^(?:(\d+)\*)?(delay\(([0-9.]+)\)|fail\((.*)\)|pause)$")
 
 
@@ -79,6 +92,8 @@ def parse(spec: str) -> dict[str, Failpoint]:
         if not name.strip() or found is None:
             raise InvalidArgument(f"{VARIABLE}: cannot read {part!r}: write NAME=delay(SECONDS), NAME=fail(TEXT) or NAME=pause, "
                                   "optionally N* before the action")
+        if name.strip() not in POINTS:
+            raise InvalidArgument(f"{VARIABLE}: there is no failpoint {name.strip()!r}; the points are {', '.join(sorted(POINTS))}")
         count, _, seconds, text = found.groups()
         kind = "delay" if seconds is not None else "fail" if text is not None else "pause"
         points[name.strip()] = Failpoint(name.strip(), kind, float(seconds or 0), text or "", int(count) if count else None)

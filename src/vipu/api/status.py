@@ -69,7 +69,7 @@ def code_for(error: errors.VipuError) -> grpc.StatusCode:
 SERVICE_ERROR_KEY = "vipu-error"
 _FAMILIES = {family.__name__: family for family in (
     errors.InvalidArgument, errors.NotFound, errors.AlreadyExists, errors.Conflict, errors.ConcurrentUpdate,
-    errors.Unavailable, errors.HardwareFailure, errors.PermissionDenied, errors.Unauthenticated)}
+    errors.Unavailable, errors.OutcomeUnknown, errors.HardwareFailure, errors.PermissionDenied, errors.Unauthenticated)}
 # Trailing metadata of a standby replica's refusal: where the leader is, if it knows.
 STANDBY_KEY = "vipu-standby-leader"
 # grpc's metadata are (key, value) pairs, which types-grpcio declares as a class that is not one; ours have str values.

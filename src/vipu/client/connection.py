@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,20 @@ from vipu.api.protos import version_pb2, version_pb2_grpc
 from vipu.api.status import error_from_rpc, never_reached
 from vipu.client.retry import RetryPolicy
 from vipu.client.settings import ClientSettings
-from vipu.model.errors import ConcurrentUpdate, InvalidArgument, Standby, Unavailable, VipuError
+from vipu.model.errors import ConcurrentUpdate, InvalidArgument, OutcomeUnknown, Standby, Unavailable, VipuError
+
+PROBE_SECONDS = 2.0  # how long a look at whether a server that closed a connection still listens may take
+
+
+def answers(address: str) -> bool:
+    """Whether something listens at `host:port` now: a server that closed a connection and still
+    listens refused how it was spoken to (plaintext to a secure server); one that does not, went."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class Stream:
@@ -142,6 +156,9 @@ class Connection:
             if self.settings.tls:
                 return Unavailable(f"{where} closed the TLS connection: it does not accept the client certificate "
                                    f"{self.settings.client_cert} (not signed by its certificate authority?)")
+            if not answers(address):
+                return OutcomeUnknown(f"{where} closed the connection and no longer answers (stopped, or killed): whether the "
+                                      "call was carried out is unknown; look (a get or list) before asking again")
             return Unavailable(f"{where} closed the connection: it runs in secure mode and needs mutual TLS "
                                "(give --tls-server-cert, --tls-client-cert and --tls-client-key, or a --config file with them)")
         return failure

@@ -31,7 +31,7 @@ from vipu.model.compaction import Budget
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import RemediationPolicy, TrendPolicy
-from vipu.store.store import Store
+from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store
 
 log = logging.getLogger("vipu.server")
 
@@ -311,6 +311,9 @@ def link_trend_policy(text: str) -> TrendPolicy:
               help="Compaction moves at most this many partitions an hour in each allocation (0: none).")
 @click.option("--compaction-partition-interval", type=click.FloatRange(0, 365 * 86_400), default=Budget.partition_interval,
               show_default=True, help="Seconds before compaction may move the same partition again.")
+@click.option("--statement-deadline", type=click.FloatRange(0.1, 3600), default=STATEMENT_DEADLINE_SECONDS, show_default=True,
+              help="Seconds a store statement, or a write waiting for its turn, may take before it is refused as the store "
+                   "being busy (a stalled database or disk); a write given up on is withdrawn, never committed later.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_port, metrics_port, agent_timeout,
@@ -319,7 +322,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
          link_sample_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
          link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, compaction_moves_per_hour,
-         compaction_partition_interval, log_level):
+         compaction_partition_interval, statement_deadline, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -362,6 +365,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             idle_tests=idle_tested if idle_tests else frozenset(),
             idle_test_interval=idle_test_interval,
             compaction=Budget(compaction_moves_per_hour, compaction_partition_interval),
+            statement_deadline=statement_deadline,
         )
         deposed: list[str] = []
 

@@ -39,7 +39,7 @@ from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.throttle import LoginThrottle
-from vipu.store.store import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED, Store
+from vipu.store.store import CONFIGURATION_CHANGED, STATEMENT_DEADLINE_SECONDS, TESTS_CHANGED, USERS_CHANGED, Store
 
 log = logging.getLogger(__name__)
 # How long a clean stop waits for a health pass under way to end; each of its agent calls is
@@ -79,6 +79,7 @@ class ServerConfig:
     max_waiting_per_user: int = QueueLimits.per_user  # requests one user of secure mode may have waiting for room
     max_waiting: int = QueueLimits.total  # requests that may wait for room on this controller, in all
     request_lease_seconds: float = QueueLimits.lease_seconds  # a waiting request nobody asks after for this long is withdrawn
+    statement_deadline: float = STATEMENT_DEADLINE_SECONDS  # the longest a store statement, or a wait for the write turn, takes
 
 
 def agent_link(config: ServerConfig) -> grpc.ChannelCredentials | None:
@@ -113,7 +114,7 @@ class Controller:
             raise InvalidArgument("the user and admin end-points need different addresses or ports")
         self.config = config
         link = agent_link(config)
-        self.store = Store(config.db_url)
+        self.store = Store(config.db_url, config.statement_deadline)
         self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=link)
         self.changes = ChangeFeed()
         self.store.on_commit = self._committed

@@ -58,6 +58,12 @@ class Unavailable(VipuError):
     temporary = True
 
 
+class OutcomeUnknown(Unavailable):
+    """A change may or may not have been made: its commit's answer was lost (the connection went
+    during COMMIT), or the thread committing it gave no word in time. Never taken for "not done":
+    what the store holds says which, and the message says how to look."""
+
+
 class Standby(Unavailable):
     """This controller is a standby replica: another holds the lead and serves (at `leader`, when known)."""
 

@@ -25,6 +25,14 @@ from vipu.model.waiting import ends_in_time
 Ipu = tuple[str, int]  # (agent, index)
 # Names listed before the rest are counted: a reason stays one short line.
 NAMES_LISTED = 3
+# The holder of IPUs kept out for a partition that is gone, until their machine confirms the clear it
+# did not answer (`unconfirmed`): no removal frees them, the machine's answer does.
+UNCONFIRMED = "\0unconfirmed:"
+
+
+def unconfirmed(agent_id: str, partition_id: str) -> str:
+    """The holder `what_makes_room` names as waiting for `agent_id` to confirm it cleared `partition_id`."""
+    return f"{UNCONFIRMED}{agent_id}:{partition_id}"
 
 
 def never_fits(layout: ClusterLayout, allowed: Set[str], size: int, where: str, named: bool) -> InvalidArgument:
@@ -90,6 +98,9 @@ def what_makes_room(possible: list[frozenset[Ipu]], holders: Mapping[Ipu, str], 
     if fewest is None:
         return f"the IPUs it could take are held for {held_for}, first in the queue" if held else ""
     ordered = sorted((sorted(c, key=natural_key) for c in choices), key=lambda names: [natural_key(n) for n in names])
+    waits = [name for name in ordered[0] if name.startswith(UNCONFIRMED)]
+    if waits:
+        return _when_confirmed(ordered[0], waits)
     if fewest == 1:
         return f"it fits when {_either(name for (name,) in ordered)} is removed"
     first = ordered[0]
@@ -97,6 +108,18 @@ def what_makes_room(possible: list[frozenset[Ipu]], holders: Mapping[Ipu, str], 
         return f"it fits when {fewest} partitions are removed ({', '.join(first[:NAMES_LISTED])}, ...)"
     alternative = f" (or {_both(ordered[1])})" if len(ordered) > 1 else ""
     return f"it fits when {_both(first)} are removed{alternative}"
+
+
+def _when_confirmed(blockers: list[str], waits: list[str]) -> str:
+    """What frees a shape some of whose IPUs wait for their machine to confirm a clear."""
+    removed = [name for name in blockers if name not in waits]
+    cleared = [name[len(UNCONFIRMED):].split(":", 1) for name in waits]
+    confirmations = _both([f"{agent} confirms it cleared {partition}" for agent, partition in cleared[:NAMES_LISTED]]) \
+        if len(cleared) > 1 else f"{cleared[0][0]} confirms it cleared {cleared[0][1]}"
+    more = f" and {len(cleared) - NAMES_LISTED} more machines answer" if len(cleared) > NAMES_LISTED else ""
+    removals = f"{_both(removed) if len(removed) > 1 else removed[0]} {'are' if len(removed) > 1 else 'is'} removed and " if removed else ""
+    return (f"it fits when {removals}{confirmations}{more} (removed while it did not answer; asked again until it does, "
+            "its IPUs are kept out meanwhile)")
 
 
 def _either(names: Iterable[str]) -> str:

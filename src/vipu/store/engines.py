@@ -75,15 +75,15 @@ def checked_url(url: str) -> tuple[str, bool]:
     return url, is_sqlite
 
 
-def make_engine(url: str, is_sqlite: bool, immediate: bool) -> Engine:
+def make_engine(url: str, is_sqlite: bool, immediate: bool, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS) -> Engine:
     """An engine whose statements keep the deadline; on SQLite, in WAL mode with foreign keys
     enforced, its transactions begun IMMEDIATE (writers) or deferred (readers)."""
     if not is_sqlite:
         # No statement, lock wait included, outlasts the deadline: a wedged database makes a
         # write fail as Unavailable instead of holding the write turn, and every writer behind it.
         return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                             connect_args={"options": f"-c statement_timeout={STATEMENT_DEADLINE_SECONDS * 1000}"})
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": STATEMENT_DEADLINE_SECONDS})
+                             connect_args={"options": f"-c statement_timeout={round(deadline_seconds * 1000)}"})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": deadline_seconds})
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection, _record):
@@ -92,7 +92,7 @@ def make_engine(url: str, is_sqlite: bool, immediate: bool) -> Engine:
         set_wal_mode(cursor)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={STATEMENT_DEADLINE_SECONDS * 1000}")
+        cursor.execute(f"PRAGMA busy_timeout={round(deadline_seconds * 1000)}")
         cursor.close()
 
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"

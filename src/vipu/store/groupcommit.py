@@ -7,6 +7,12 @@ fails (a refused transition, a lost race) is rolled back alone and raises in its
 the commit fails, every write of the group fails with it. A writer waits for its turn at most
 STATEMENT_DEADLINE_SECONDS (every statement, and so every commit ahead, is bounded too), then is
 told the store is busy: no write waits without a deadline.
+
+An answer is never false. A writer that gives up waiting withdraws its work under the lock that
+groups take it by, so no later group commits what its caller was told was not done; one whose
+work another thread's group has already taken waits (bounded) for that group's outcome. A commit
+whose own answer is lost (the connection gone during COMMIT, `CommitLost`), or a group that gives
+no word in time, is OutcomeUnknown: its caller reads the store before it says or undoes anything.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import typing
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from vipu.model.errors import Unavailable
+from vipu.model.errors import OutcomeUnknown, Unavailable
 from vipu.store.engines import STATEMENT_DEADLINE_SECONDS
 
 if typing.TYPE_CHECKING:
@@ -34,12 +40,25 @@ class WriteTurn:
         self._what = what
         self._seconds = seconds
 
+    @property
+    def seconds(self) -> float:
+        return self._seconds
+
     def __enter__(self) -> None:
         if not self._lock.acquire(timeout=self._seconds):
             raise Unavailable(f"{self._what} did not come free within {self._seconds:g} s (the writes ahead are slow); try again")
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
+
+
+class CommitLost(Exception):
+    """The database's answer to COMMIT never came (the connection went): the transaction may or
+    may not have been committed. Raised by a `writing()` transaction; its callers learn OutcomeUnknown."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _GroupedWrite:
@@ -49,7 +68,7 @@ class _GroupedWrite:
         self.work = work
         self.result: typing.Any = None
         self.error: BaseException | None = None
-        self.finished = False
+        self.finished = threading.Event()
 
     def run(self, tx: Transaction) -> None:
         try:
@@ -76,11 +95,21 @@ class GroupCommit:
         mine = _GroupedWrite(work)
         with self._pending_lock:
             self._pending.append(mine)
-        with self._turn:
-            if not mine.finished:  # else an earlier turn committed it with its own group
-                with self._pending_lock:
-                    group, self._pending = self._pending, []
-                self._commit(group)
+        try:
+            with self._turn:
+                if not mine.finished.is_set():  # else an earlier turn committed it with its own group
+                    with self._pending_lock:
+                        group, self._pending = self._pending, []
+                    self._commit(group)
+        except Unavailable:  # the turn did not come free in time
+            with self._pending_lock:
+                if mine in self._pending:  # no group took it: withdrawn, it is not done and never will be
+                    self._pending.remove(mine)
+                    raise
+            # Another thread's group holds it and is committing it now: its outcome is that group's.
+            if not mine.finished.wait(self._turn.seconds):
+                raise OutcomeUnknown(f"the store's commit of this change gave no word within {2 * self._turn.seconds:g} s "
+                                     "(the writes ahead are slow)") from None
         if mine.error is not None:
             raise self._refusal(mine.error)
         return typing.cast(T, mine.result)
@@ -105,6 +134,11 @@ class GroupCommit:
                     finally:
                         cursor.close()
             committed = True
+        except CommitLost as lost:  # every write of the group may be committed, or none
+            for write in group:
+                if write.error is None:
+                    write.error = OutcomeUnknown(f"the store's answer to the commit was lost ({lost}); what it holds says "
+                                                 "whether the change was made")
         except Exception as error:  # noqa: BLE001 - it is raised in every caller whose write it undid
             for write in group:
                 if write.error is None:
@@ -113,4 +147,4 @@ class GroupCommit:
             for write in group:
                 if not committed and write.error is None:  # the committing thread was interrupted
                     write.error = Unavailable("the store write was interrupted; try again")
-                write.finished = True
+                write.finished.set()

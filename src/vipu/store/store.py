@@ -34,7 +34,7 @@ from vipu.store.engines import (
     normalise_url,
     refusal,
 )
-from vipu.store.groupcommit import GroupCommit, WriteTurn
+from vipu.store.groupcommit import CommitLost, GroupCommit, WriteTurn
 from vipu.store.leases import HOLDS_LEASE_FUNCTION, INITIALISATION_LOCK, Fence, Lease, Leases, check_fence, check_fence_on_driver
 from vipu.store.links import LinkRepository
 from vipu.store.requests import RequestRepository
@@ -76,9 +76,19 @@ class _DriverTransaction:
         if error is None:
             try:
                 failpoints.hit("store.commit")
-                self._tx.commit()
             except BaseException as failure:  # noqa: BLE001 - rolled back and raised again
                 self._failed(failure)
+            try:
+                self._tx.commit()
+            except BaseException as failure:
+                if not self._store.is_sqlite and is_database_error(failure) and getattr(self._driver, "closed", False):
+                    self._store.let_go_of_group_connection()  # PostgreSQL may have committed before the connection went
+                    raise CommitLost(failure) from failure
+                self._failed(failure)  # SQLite commits in this process: its failure is a rollback
+            try:
+                failpoints.hit("store.commit.answer")  # committed, and the answer lost on the way back
+            except Unavailable as lost:
+                raise CommitLost(lost) from lost
             self._tx.tell_committed()
             return
         self._failed(error)
@@ -100,15 +110,17 @@ class _DriverTransaction:
 class Store:
     """Opens the database named by a URL and hands out transactions on it."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS):
+        """`deadline_seconds`: the longest a statement, or a wait for the write turn, may take."""
         self.url, self.is_sqlite = checked_url(url)
-        self._write_engine = make_engine(self.url, self.is_sqlite, immediate=True)
-        self._read_engine = make_engine(self.url, self.is_sqlite, immediate=False) if self.is_sqlite else self._write_engine
+        self._write_engine = make_engine(self.url, self.is_sqlite, immediate=True, deadline_seconds=deadline_seconds)
+        self._read_engine = make_engine(self.url, self.is_sqlite, immediate=False, deadline_seconds=deadline_seconds) \
+            if self.is_sqlite else self._write_engine
         # SQLite takes one writer at a time; waiting in-process is fair and fast, where its own
         # busy handler sleeps in steps of up to 100 ms. PostgreSQL takes writers together.
-        self._write_turn = WriteTurn(f"the write turn of the store at {self.describe()}") if self.is_sqlite else None
+        self._write_turn = WriteTurn(f"the write turn of the store at {self.describe()}", deadline_seconds) if self.is_sqlite else None
         # Grouped writes take turns; on SQLite, with the other writers.
-        group_turn = self._write_turn or WriteTurn(f"the group commit of the store at {self.describe()}")
+        group_turn = self._write_turn or WriteTurn(f"the group commit of the store at {self.describe()}", deadline_seconds)
         self._group = GroupCommit(group_turn, self._writing_on_the_driver, self._caller_error)
         self._group_connection: typing.Any = None  # the group commit's own connection, taken from the pool once
         self._cache = ConfigurationCache()

@@ -40,12 +40,24 @@ from vipu.controller.core.commands import ClaimMachines, LendMachines, ReleaseMa
 from vipu.controller.core.placing import place_request
 from vipu.model import lifecycle
 from vipu.model.entities import PartitionRequest, ReadyState
-from vipu.model.errors import VipuError
+from vipu.model.errors import OutcomeUnknown, VipuError
 from vipu.model.placement import Occupancy
 
 HELD_BACK = ("agent.apply", "agent.clear", "store.commit")
+# Where a step fails once: a write the store refuses, an agent that does not answer, a commit whose
+# answer is lost (its operations' outcome unknown) and a turn that raises (the owner is made again
+# from the store).
+REFUSED_ONCE = ("store.partition.create", "store.partition.configured", "store.partition.fail", "store.partition.abandon",
+                "store.partition.lost", "store.partition.reset", "store.partition.relocate", "store.partition.remove",
+                "store.partition.removed", "store.request.enqueue", "store.request.grant", "store.request.cancel",
+                "store.request.expire", "store.commit", "store.commit.answer", "owner.turn", "agent.apply", "agent.clear")
 SETTLE_SECONDS = 60.0
 TEST = "cluster cl0"
+
+
+def unknown(answer: VipuError) -> bool:
+    """Whether an answer says the operation's outcome is unknown (it may be done, or not)."""
+    return isinstance(answer, OutcomeUnknown) or "it goes on" in answer.message
 
 
 class OwnerMachine(RuleBasedStateMachine):
@@ -60,6 +72,7 @@ class OwnerMachine(RuleBasedStateMachine):
         self.under_way: list[tuple[str, str, Future]] = []  # (what, partition id, its outcome)
         self.answered: list[tuple[str, str, object]] = []
         self.asked_remove: set[str] = set()
+        self.kept: set[str] = set()  # creates asked to keep a partition that failed at a machine, in ERROR
         self.asked: list[str] = []  # every name a create was asked for: what the other operations choose from (a gone one is NotFound)
         self.paused: dict[str, failpoints.Failpoint] = {}
         self.claimed = False
@@ -94,6 +107,8 @@ class OwnerMachine(RuleBasedStateMachine):
     def create(self, size, keep, relocatable, wait):
         name = next(self.names)
         self.asked.append(name)
+        if keep:
+            self.kept.add(name)
         request = PartitionRequest(name, size, relocatable=relocatable)
         if self._quiet_now() and not wait:
             self._placed_as_the_model_says(request, keep)
@@ -114,8 +129,10 @@ class OwnerMachine(RuleBasedStateMachine):
         first = snapshot.queue.first.partition_id if snapshot.queue.first is not None else ""
         occupancy = Occupancy(snapshot.holders(), snapshot.queue.held if first else frozenset(), first)
         try:
+            state = self.owner().state  # quiet: what it weighs besides the snapshot, the mix of sizes asked for and the links
+            mix = state.mix if (request.id, request.size) in state.refused else state.mix.saw(request.size)
             expected = {(i.agent_id, i.index) for i in place_request(snapshot.layout, snapshot.allocation, snapshot.used_ipus(),
-                                                                      request, occupancy).ipus}
+                                                                      request, occupancy, state.links, mix).ipus}
         except VipuError:
             expected = None
         try:
@@ -174,8 +191,7 @@ class OwnerMachine(RuleBasedStateMachine):
         failpoints.disarm(point)
         del self.paused[point]
 
-    @rule(point=st.sampled_from(["store.partition.create", "store.partition.configured", "store.partition.removed",
-                                 "store.request.grant", "store.commit", "agent.apply", "agent.clear"]))
+    @rule(point=st.sampled_from(REFUSED_ONCE))
     def refuse_once(self, point):
         if point not in self.paused:
             failpoints.arm(point, "1*fail(refused by the test)")
@@ -227,7 +243,10 @@ class OwnerMachine(RuleBasedStateMachine):
         self.lendings.clear()
         for asked in [asked for asked in self.returning if asked.reply.done]:
             self.returning.remove(asked)
-            lease = asked.reply.outcome()
+            try:
+                lease = asked.reply.outcome()
+            except VipuError:  # refused: its owner failed a turn and was made again
+                continue
             if lease is not None:
                 self.owner().submit(ReturnMachines(lease=lease, reply=Reply(waited=False)))
 
@@ -253,6 +272,8 @@ class OwnerMachine(RuleBasedStateMachine):
         for what, name, outcome in self.answered:
             if what == "create" and not isinstance(outcome, VipuError) and name not in self.asked_remove and not hasattr(outcome, "reason"):
                 assert name in snapshot.partitions, f"{name} was created, never removed, and is gone"
+            if what == "create" and isinstance(outcome, VipuError) and name not in self.kept and not unknown(outcome):
+                assert name not in snapshot.partitions, f"{name}: its create was refused ({outcome.message}), and it is there"
             if what in ("remove", "cancel") and not isinstance(outcome, VipuError):
                 assert name not in snapshot.partitions, f"{name} was removed, and is there"
         self.answered.clear()

@@ -238,3 +238,17 @@ def test_a_reset_that_re_places_a_partition_keeps_off_the_machines_that_failed_i
     reset = pod.partitions.reset("p1")
     assert (reset.ready_state, reset.agent_ids) == (ReadyState.ACTIVE, ["ag3"])
     assert "reset where it leaves a larger shape free" in reset.relocation
+
+
+def test_a_move_whose_look_for_attached_clients_gets_no_answer_fences_nothing_and_leaves_the_partition(pod):
+    ag3, _, _ = broken_up_around_pc(pod)
+    looking = failpoints.arm("agent.attachments", "fail(agent ag4 did not answer)")
+    fencing = failpoints.arm("agent.fence", "fail(no fence call was to be made)")
+    try:
+        report = pod.allocations.compact("a1", dry_run=False)
+    finally:
+        failpoints.disarm()
+    assert looking.hits >= 1 and fencing.hits == 0  # not knowing who is attached, it fences nothing
+    assert report.moved == () and "did not answer" in report.stopped
+    assert pod.partitions.get("pc").agent_ids == ["ag3", "ag4"] and pod.held_anywhere("pc") == ["ag3", "ag4"]
+    assert [a.fenced_until for a in ag3.attachments(["pc"])] == [0.0]

@@ -28,7 +28,7 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, Unavailable, VipuError
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, OutcomeUnknown, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store, normalise_url
@@ -160,6 +160,49 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
     with populated.reading() as tx:
         assert [p.id for p in tx.list_partitions()] == ["p0", "p1", "p2", "p3", "taken"]
         assert tx.used_ipus("a1") == {"ag1": {0, 1, 2, 3}, "ag2": {0, 1, 2, 3}}
+
+
+def test_a_write_that_gives_up_waiting_for_its_turn_is_withdrawn_and_never_committed_later(populated, monkeypatch):
+    monkeypatch.setattr(populated._group._turn, "_seconds", 0.3)  # the statement deadline, shortened
+    holding, let_go = threading.Event(), threading.Event()
+
+    def slow(tx):  # a commit held past the deadline: a slow disk, a checkpoint
+        holding.set()
+        assert let_go.wait(10)
+        tx.add_partition(partition("slow", "ag1", (0,)))
+
+    outcomes: dict[str, object] = {}
+
+    def write(name, work):
+        try:
+            outcomes[name] = populated.write(work)
+        except VipuError as error:
+            outcomes[name] = error
+
+    first = threading.Thread(target=write, args=("slow", slow))
+    first.start()
+    assert holding.wait(10)
+    write("late", lambda tx: tx.add_partition(partition("late", "ag2", (0,))))  # told the store is busy
+    assert isinstance(outcomes["late"], Unavailable) and not isinstance(outcomes["late"], OutcomeUnknown)
+    assert not populated._group._pending  # withdrawn: no later group can commit it
+    let_go.set()
+    first.join(10)
+    write("next", lambda tx: tx.add_partition(partition("next", "ag3", (0,))))
+    assert outcomes["slow"] is None and outcomes["next"] is None
+    with populated.reading() as tx:
+        assert sorted(p.id for p in tx.list_partitions()) == ["next", "slow"]
+
+
+def test_a_commit_whose_answer_is_lost_is_outcome_unknown_and_the_next_commit_goes_on(populated):
+    failpoints.arm("store.commit.answer", "1*fail(the connection went during COMMIT)")
+    try:
+        with pytest.raises(OutcomeUnknown, match=r"the store's answer to the commit was lost \(the connection went during COMMIT\)"):
+            populated.write(lambda tx: tx.add_partition(partition("p1", "ag1")))
+    finally:
+        failpoints.disarm()
+    populated.write(lambda tx: tx.add_partition(partition("p2", "ag2")))
+    with populated.reading() as tx:
+        assert sorted(p.id for p in tx.list_partitions()) == ["p1", "p2"]  # committed, though its answer was lost
 
 
 def test_the_commit_hook_is_told_after_the_commit_and_its_failure_leaves_the_write_standing(populated, caplog):

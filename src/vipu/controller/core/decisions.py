@@ -289,6 +289,20 @@ class Decisions(QueueKeeping):
                 children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
         self._answer_when_done(command, children)
 
+    def _reclear(self) -> None:
+        """Ask each machine that did not confirm a clear to clear it again (`_keep_reclearing`)."""
+        agents, state = self.agents(), self.state
+        by_agent: dict[str, list[str]] = {}
+        for agent_id, partition_id in state.uncleared:
+            made_again = partition_id in state.partitions and agent_id in state.partitions[partition_id].agent_ids  # a clear would wipe it
+            if (agent_id, partition_id) not in self._clears and agent_id in agents and not state.powering(agent_id) and not made_again:
+                by_agent.setdefault(agent_id, []).append(partition_id)
+        for agent_id, partition_ids in sorted(by_agent.items()):
+            clearing = Flow("reconciling", flows.clear_again(self, agents[agent_id], sorted(partition_ids)), system=True)
+            for partition_id in partition_ids:
+                self._clears[(agent_id, partition_id)] = clearing
+            self.start(clearing)
+
     def _powering(self, command: Powering) -> None:
         """An administrator's power action begins or ends (`Powering`)."""
         state, agent_id = self.state, command.agent_id

@@ -78,3 +78,4 @@ class Flow:
     joined: list[Flow] = field(default_factory=list)  # the operations it waits for
     ended: bool = False
     error: BaseException | None = None
+    committed: bool = False  # a write of it is committed: stopped short after that, it is left half done

@@ -458,6 +458,15 @@ def mark_lost(owner: Steps, partition: Partition, reason: str) -> Body:
             log.warning("partition %s: could not clear it from agent %s: %s", partition.id, agent_id, error.message)
 
 
+def clear_again(owner: Steps, agent: Agent, partition_ids: list[str]) -> Body:
+    """Ask a machine once more to clear what it did not confirm clearing (it did not answer then):
+    the IPUs kept out for it come back as soon as it answers. Not answering yet is no news."""
+    outcomes = yield Calls([owner.call(agent, partition_id=p) for p in partition_ids])
+    for partition_id, error in zip(partition_ids, outcomes, strict=True):
+        if error is None:
+            owner.cleared(agent.id, partition_id)
+
+
 def reconcile(owner: Steps, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
     """Make one agent hold what the owner's state says: clear what it should not hold, apply again
     what it lost (an ACTIVE partition whose settings it cannot take back goes to ERROR)."""

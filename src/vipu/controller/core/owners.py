@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 from vipu.controller.core.agents import AgentCall, AgentCalls
 from vipu.controller.core.changes import ChangeFeed, Topic
-from vipu.controller.core.commands import LinksChanged, Reply
+from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
 from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import Turns
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
-from vipu.model.entities import Agent
+from vipu.model.entities import Agent, ReadyState
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
@@ -42,6 +42,9 @@ IN_FLIGHT_WAIT_SECONDS = 5.0  # how long a look for an id's owner waits for a cr
 # How long a request ended without a partition (expired, cancelled, failed) is told to a client that asks after it.
 ENDINGS_KEPT_SECONDS = 600.0
 CLEARING_WAIT_SECONDS = 30.0  # a create of an id being cleared waits this long for it: one agent call
+REBUILD_JOIN_SECONDS = 60.0  # how long a rebuild waits for the failed owner's turn to end: its commit is bounded by the statement deadline
+REBUILD_TRY_SECONDS = 300.0  # how long a rebuild tries to read the store (a stalled database), once a second
+REBUILD_RETRY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Owners:
         self._tests: dict[str, str] = {}  # cluster id -> the disruptive test holding its machines
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
+        self._failed: dict[str, Turns] = {}  # allocation id -> its owner that failed, until a new one is made from the store
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
 
@@ -97,7 +101,7 @@ class Owners:
             down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
                                        [r for r in requests if r.allocation_id == allocation.id], down, links)
-            state.test = self._tests.get(allocation.cluster_id, "")
+            state.test = self._test_holding(state)
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
             self._owners = owners
@@ -133,13 +137,61 @@ class Owners:
             if self._stopped:
                 raise Unavailable(self._stopped)
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, links)
-            state.test = self._tests.get(allocation.cluster_id, "")
+            state.test = self._test_holding(state)
+            failed = self._failed.get(allocation_id)
+            if failed is not None:
+                state.keep_out_as(failed.state)
             owner = self._owners[allocation_id] = AllocationOwner(self, state)
             later = self._links if self._links.sequence != told else None
         if later is not None:  # word the ledger gave while the store was read, which may have missed it
             with contextlib.suppress(Unavailable):
                 owner.submit(LinksChanged(later, reply=Reply(waited=False)), always=True)
         return owner
+
+    def rebuild(self, failed: Turns, why: str) -> None:
+        """An owner met what it did not expect (a turn raised; a commit's outcome is unknown), so
+        what it holds in memory may not be what the store holds: it stops at once, and a new owner of
+        its allocation is made from the store as at a takeover, which finishes the operations the
+        old one left (FinishInterrupted). Until then the next request for the allocation makes it."""
+        with self._lock:
+            if self._owners.get(failed.id) is failed:
+                del self._owners[failed.id]
+                self._failed[failed.id] = failed
+        failed.stop(why)
+        threading.Thread(target=self._remake, args=(failed,), name=f"rebuild-{failed.id}", daemon=True).start()
+
+    def _remake(self, failed: Turns) -> None:
+        if not failed.join(REBUILD_JOIN_SECONDS):
+            log.warning("allocation %s: the failed owner's turn did not end within %g s; its new owner is made all the same",
+                        failed.id, REBUILD_JOIN_SECONDS)
+        deadline = time.monotonic() + REBUILD_TRY_SECONDS
+        while True:
+            try:
+                owner = self.owner(failed.id)
+                break
+            except VipuError as error:
+                if self._stopped or time.monotonic() > deadline:
+                    log.warning("allocation %s: its owner could not be made again from the store (%s); the next request makes it",
+                                failed.id, error.message)
+                    return
+                log.warning("allocation %s: its owner cannot be made again from the store yet (%s); trying again", failed.id,
+                            error.message)
+                time.sleep(REBUILD_RETRY_SECONDS)
+        with self._lock:
+            if self._failed.get(failed.id) is failed:
+                del self._failed[failed.id]
+            self._ids_freed.notify_all()
+            self._ids = {p: holder for p, holder in self._ids.items() if holder != failed.id}
+            if owner is None:  # the allocation was removed meanwhile
+                return
+            self._ids.update({p: owner.id for p in owner.state.partitions} | {r.partition_id: owner.id for r in owner.state.queue})
+            self._waiting_by_user.subtract(r.owner for r in failed.state.queue if r.owner)
+            self._waiting_by_user.update(r.owner for r in owner.state.queue if r.owner)
+            self._waiting_by_user = +self._waiting_by_user
+            self._waiting += len(owner.state.queue) - len(failed.state.queue)
+        log.info("allocation %s: its owner is made again from the store", owner.id)
+        with contextlib.suppress(Unavailable):
+            owner.submit(FinishInterrupted(reply=Reply(waited=False)), always=True)
 
     def all(self) -> list[AllocationOwner]:
         with self._lock:
@@ -163,7 +215,8 @@ class Owners:
                 if holder is None or holder == CLEARING:
                     return None
                 if not holder.startswith(CLAIMED):
-                    return self._owners.get(holder)
+                    found = self._owners.get(holder)
+                    break
                 if not in_flight:
                     return None
                 offered = holder[len(CLAIMED):]
@@ -171,6 +224,7 @@ class Owners:
                     return self._owners.get(offered)
                 if not self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
                     return None
+        return found if found is not None else self.owner(holder)  # one being rebuilt is made now, from the store
 
     def closed(self, owner: Turns) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
@@ -200,11 +254,13 @@ class Owners:
     def claim_id(self, partition_id: str) -> str | None:
         """Claim an id for a create or an enqueue: None if it is now the caller's, else who holds it
         (an allocation's id, or CLAIMED by another create under way). An id whose old settings are
-        being cleared from a machine is waited for, briefly."""
+        being cleared from a machine, or held by an allocation whose owner is being made again from
+        the store, is waited for, briefly."""
         deadline = time.monotonic() + CLEARING_WAIT_SECONDS
         with self._lock:
-            while self._ids.get(partition_id) == CLEARING and self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
-                pass
+            while (self._ids.get(partition_id) == CLEARING or self._ids.get(partition_id) in self._failed) \
+                    and self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
+                pass  # an id being cleared, or held by an owner being made again: its outcome is known shortly
             holder = self._ids.get(partition_id)
             if holder is not None:
                 return holder
@@ -220,10 +276,16 @@ class Owners:
                 self._ids_freed.notify_all()
 
     def release_claim(self, partition_id: str) -> None:
-        """A claimed id that nothing was committed under (every owner refused the create)."""
+        """A claimed id that nothing was committed under (every owner refused the create); or, if the
+        owner it was offered to failed, one its new owner finds in the store or not."""
         with self._lock:
-            if self._ids.get(partition_id, "").startswith(CLAIMED):
-                del self._ids[partition_id]
+            holder = self._ids.get(partition_id, "")
+            if holder.startswith(CLAIMED):
+                offered = holder[len(CLAIMED):]
+                if offered and offered in self._failed:
+                    self._ids[partition_id] = offered  # until the owner made again from the store says
+                else:
+                    del self._ids[partition_id]
                 self._ids_freed.notify_all()
 
     def settle_id(self, partition_id: str, allocation_id: str) -> None:
@@ -282,6 +344,14 @@ class Owners:
         """A disruptive test is about to claim the cluster's machines: an owner made meanwhile starts held by it."""
         with self._lock:
             self._tests[cluster_id] = test
+
+    def _test_holding(self, state: AllocationState) -> str:
+        """The disruptive test an owner made now starts held by: the one claiming its cluster's
+        machines, unless partitions stand in its way there (an owner made again from the store
+        while the claim was under way), which that claim is then refused for."""
+        test = self._tests.get(state.allocation.cluster_id, "")
+        in_the_way = any(p.ready_state is not ReadyState.ERROR for p in state.partitions.values())
+        return "" if in_the_way else test
 
     def test_ends(self, cluster_id: str) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest
+from vipu.model.reasons import unconfirmed
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
@@ -144,12 +145,23 @@ class AllocationState:
         self._free(ipus)
         return True
 
+    def keep_out_as(self, failed: AllocationState) -> None:
+        """A state made again from the store after its owner failed keeps out what the failed one
+        knew only in memory and the store cannot tell: IPUs whose clear no agent confirmed, and
+        machines a power action holds down."""
+        for (agent_id, partition_id), ipus in failed.uncleared.items():
+            self.keep_uncleared(agent_id, partition_id, [index for _, index in ipus])
+        for agent_id, (until, token) in failed.powering_until.items():
+            self.hold_for_power([agent_id], until, token)
+
     def held_back(self) -> dict[str, frozenset[Ipu]]:
         """IPUs taken by no partition that placement must not use yet, by the partition they were
-        last of: a moving partition's old IPUs, and those whose clear is unconfirmed."""
+        last of: a moving partition's old IPUs, and those whose clear is unconfirmed (by
+        `reasons.unconfirmed`, naming the machine, once that partition is gone)."""
         held = dict(self.lingering)
-        for (_, partition_id), ipus in self.uncleared.items():
-            held[partition_id] = held.get(partition_id, frozenset()) | ipus
+        for (agent_id, partition_id), ipus in self.uncleared.items():
+            holder = partition_id if partition_id in self.partitions else unconfirmed(agent_id, partition_id)
+            held[holder] = held.get(holder, frozenset()) | ipus
         return held
 
     def holders(self) -> dict[Ipu, str]:

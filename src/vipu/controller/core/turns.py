@@ -25,7 +25,7 @@ from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, W
 from vipu.controller.core.lending import STEP_OFF_SECONDS, IdleLease
 from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
 from vipu.controller.core.state import AllocationState
-from vipu.model.errors import ConcurrentUpdate, Conflict, Unavailable, VipuError
+from vipu.model.errors import ConcurrentUpdate, Conflict, OutcomeUnknown, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
 
 if TYPE_CHECKING:
@@ -36,6 +36,13 @@ log = logging.getLogger("vipu.controller.core")
 INBOX_LIMIT = 1024  # commands waiting for an owner's turn; past that, Unavailable
 OPERATIONS_LIMIT = 512  # operations under way at once in one allocation; past that, Unavailable
 BATCH = 256  # commands taken in one turn
+# IPUs kept out after a clear no machine confirmed are asked to be cleared again after these many
+# seconds, doubling up to the longest while the machine does not answer: they come back as soon as
+# it does, not at the next health pass.
+RECLEAR_FIRST_SECONDS, RECLEAR_LONGEST_SECONDS = 1.0, 30.0
+# An operation's name, as an answer about it says ("the create of partition p1"), by what it is doing.
+OPERATION_NAMES = {"creating": "create", "removing": "remove", "resetting": "reset", "relocating": "move", "compacting": "move",
+                   "updating": "change", "queueing": "request", "cancelling": "cancel"}
 
 
 class _WriteRefused(Exception):
@@ -59,6 +66,7 @@ class Turns:
         self._answers: deque[tuple[Flow, Any]] = deque()  # agent calls' outcomes
         self._timer_thread: threading.Thread | None = None
         self._stopped = ""  # why, once stopped
+        self._failed = False  # stopped because a turn raised: what its operations under way did is unknown
         self._in_flight = 0  # batches of agent calls not yet answered
         self.under_way: set[Flow] = set()  # every operation started and not ended
         # What one turn does, and what it leaves for the next:
@@ -74,6 +82,8 @@ class Turns:
         self._queue_changed = True
         self._queue_dirty = True
         self._pass_due = 0.0  # monotonic; 0: no pass waits to be retried
+        self._reclear_due = 0.0  # monotonic; 0: no unconfirmed clear waits to be asked again
+        self._reclear_wait = RECLEAR_FIRST_SECONDS
         self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
         # A waiting request's lease, which its waiter renews by asking after it (`renew`); one loaded
         # from the store (a restart, a new leader) gets a whole lease, for its waiter to come back.
@@ -104,6 +114,10 @@ class Turns:
 
     def _queue_pass(self) -> None:
         """Start what fits in the queue, and tell why the rest waits (`queueing`)."""
+        raise NotImplementedError
+
+    def _reclear(self) -> None:
+        """Ask the machines again to clear what they did not confirm clearing (`decisions`)."""
         raise NotImplementedError
 
     # The inbox, and whose turn it is
@@ -148,10 +162,8 @@ class Turns:
                 answers, self._answers = list(self._answers), deque()
             try:
                 self._turn(commands, answers)
-            except Exception as error:
-                log.exception("the owner of allocation %s failed a turn", self.id)
-                for command in commands:
-                    command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
+            except Exception as error:  # noqa: BLE001 - fail-stop: the owner is rebuilt from the store
+                self._fail_stop(error)
             finally:
                 with self._lock:
                     self._busy = False
@@ -167,6 +179,21 @@ class Turns:
                 if left:
                     self.owners.calls.hand_off(self._drive)
                 return
+
+    def _fail_stop(self, error: Exception) -> None:
+        """A turn raised: what this owner holds in memory may no longer be what the store holds (a
+        write staged and not committed, a commit whose outcome is unknown, a step cut short). It
+        decides nothing more; its operations under way are told their outcome is unknown, and a new
+        owner is made from the store, as at a takeover, which finishes them (`Owners.rebuild`)."""
+        if isinstance(error, OutcomeUnknown):
+            why = error.message
+            log.warning("allocation %s: %s; its owner is rebuilt from the store", self.id, why)
+        else:
+            why = f"the owner of allocation {self.id} failed ({type(error).__name__}: {error})"
+            log.exception("allocation %s: a turn failed; its owner is rebuilt from the store", self.id)
+        with self._lock:
+            self._failed = True
+        self.owners.rebuild(self, why)
 
     def _has_work(self) -> bool:
         """Commands or answers wait, or a timer is due; the caller holds the lock."""
@@ -226,14 +253,27 @@ class Turns:
 
     def _abandon(self) -> None:
         """Tell the askers of the operations under way, and of the commands its last turn left
-        undecided, that this owner stopped."""
+        undecided or kept waiting behind an operation, that this owner stopped; after a failed turn,
+        that the outcome of an operation under way is unknown, and where to look."""
+        self._staged, self._launch = [], []
         while self._commands:
             self._commands.popleft().reply.fail(Unavailable(self._stopped))
         if self.state.lease is not None:  # the idle-time test stops: nothing decides who uses the machines now
             self.state.lease.end(self._stopped)
         for flow in list(self.under_way):
+            for follower in flow.followers:
+                follower.reply.fail(Unavailable(self._stopped))
             if flow.reply is not None:
-                flow.reply.fail(Unavailable(self._stopped))
+                flow.reply.fail(self._stopped_error(flow))
+
+    def _stopped_error(self, flow: Flow) -> VipuError:
+        if not self._failed:
+            return Unavailable(self._stopped)
+        if not flow.partition_id:
+            return OutcomeUnknown(f"outcome unknown: {self._stopped}")
+        operation = OPERATION_NAMES.get(flow.doing, flow.doing)
+        return OutcomeUnknown(f"outcome unknown: {self._stopped}; `vipu get partition {flow.partition_id}` says whether "
+                              f"the {operation} was done")
 
     def join(self, seconds: float) -> bool:
         """Wait up to `seconds` for a stopped owner's turn under way and timer to end; whether they have."""
@@ -271,21 +311,26 @@ class Turns:
             timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
         if self._pass_due:
             timers.append(self._pass_due)
+        if self._reclear_due:
+            timers.append(self._reclear_due)
         if self.state.lease is not None:
             timers.append(self.state.lease.until)
         return min(timers, default=None)
 
     def _turn(self, commands: list[Command], answers: list[tuple[Flow, Any]]) -> None:
-        failpoints.hit("owner.turn")
-        for flow, outcomes in answers:
+        for flow, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
             self._ready.append((flow, outcomes, None))
         self._commands.extend(commands)
+        failpoints.hit("owner.turn")
         self._expire_due()
         lease = self.state.lease
         if lease is not None and time.monotonic() >= lease.until:
             self._take_back(f"its lease of {lease.seconds:g} s ran out")
         if self._pass_due and time.monotonic() >= self._pass_due:
             self._pass_due, self._queue_dirty = 0.0, True
+        if self._reclear_due and time.monotonic() >= self._reclear_due:
+            self._reclear_due = 0.0
+            self._reclear()
         passed = False
         while not self._stopped:  # a deposed owner decides nothing more, not even within this turn
             while self._commands or self._ready:
@@ -319,6 +364,7 @@ class Turns:
             return
         if self._queue_dirty and not self._pass_due and self._queue_matters():  # a change came after this turn's pass
             self._pass_due = time.monotonic()
+        self._keep_reclearing()
         self._queue_dirty = self._queue_dirty and self._queue_matters()
         self._publish()
         launch, self._launch = self._launch, []
@@ -329,6 +375,16 @@ class Turns:
             before = self._step_off(calls.calls)
             if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls, before)):
                 self.owners.calls.start(calls.calls, partial(self._answered, flow), before)
+
+    def _keep_reclearing(self) -> None:
+        """While IPUs stay kept out for a clear no machine confirmed, and none is being asked now,
+        ask again later, each time later while it does not answer; at once from scratch once none are."""
+        waiting = [pair for pair in self.state.uncleared if pair not in self._clears]
+        if not waiting:
+            self._reclear_due, self._reclear_wait = 0.0, RECLEAR_FIRST_SECONDS
+        elif not self._reclear_due:
+            self._reclear_due = time.monotonic() + self._reclear_wait
+            self._reclear_wait = min(2 * self._reclear_wait, RECLEAR_LONGEST_SECONDS)
 
     def _carry(self, flow: Flow, calls: list[AgentCall], before: Callable[[], None] | None) -> None:
         """An operation's agent calls, made by the thread waiting for its answer (no turn held):
@@ -351,7 +407,7 @@ class Turns:
     def _taker(self, partition_id: str) -> str:
         """What took a lent machine, as the idle-time test's results say: "the create of partition p1"."""
         flow = self.flows.get(partition_id)
-        operation = {"creating": "create", "relocating": "move"}.get(flow.doing, "") if flow is not None else ""
+        operation = OPERATION_NAMES.get(flow.doing, "") if flow is not None and flow.doing in ("creating", "relocating") else ""
         return f"the {operation} of partition {partition_id}" if operation else f"partition {partition_id}"
 
     def _take_back(self, why: str) -> None:
@@ -389,9 +445,9 @@ class Turns:
             self._decide(command)
         except VipuError as refusal:
             command.reply.fail(refusal)
-        except Exception as error:
-            log.exception("allocation %s: %s failed", self.id, type(command).__name__)
-            command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}"))
+        except Exception as error:  # the turn fails: nothing it staged is committed, and the owner is rebuilt
+            command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}; nothing of it was done"))
+            raise
 
     def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow:
         """Begin an operation, running it to its first step; it holds its partition (and `holds`) until it ends."""
@@ -412,10 +468,9 @@ class Turns:
             self._end(flow, result=stop.value)
         except VipuError as failure:
             self._end(flow, error=failure)
-        except Exception as failure:
-            log.exception("allocation %s: the %s of %s failed", self.id, flow.doing, flow.partition_id or "the allocation")
-            self._end(flow, error=VipuError(f"the {flow.doing} of {flow.partition_id or 'the allocation'} failed: "
-                                            f"{type(failure).__name__}"))
+        except Exception:  # the turn fails (`_fail_stop`): what the operation did so far is read back from the store
+            log.error("allocation %s: the %s of %s failed unexpectedly", self.id, flow.doing, flow.partition_id or "the allocation")
+            raise
         else:
             self._take(flow, effect)
 
@@ -471,10 +526,13 @@ class Turns:
         for (flow, write), error in zip(staged, errors, strict=True):
             if error is None:
                 write.committed()
+                flow.committed = True
                 self._ready.append((flow, write.result, None))
             else:
                 if write.partition_id and isinstance(error, Conflict) and not isinstance(error, ConcurrentUpdate):
                     self._reread(write.partition_id)
+                if isinstance(error, Unavailable) and flow.committed and flow.partition_id:
+                    error = self._left_unfinished(flow, error)
                 self._ready.append((flow, None, error))
         self._changed = True
 
@@ -499,16 +557,21 @@ class Turns:
             except _WriteRefused as refused:
                 errors[refused.index] = refused.error
                 remaining.remove(refused.index)
-            except VipuError as error:  # the commit itself failed: all of it
+            except OutcomeUnknown:
+                raise  # neither undone nor answered: the owner is rebuilt from what the store holds (`_fail_stop`)
+            except VipuError as error:  # the commit itself failed, and nothing of it is committed
                 for index in remaining:
                     errors[index] = error
                 return errors
-            except Exception as error:
-                log.exception("allocation %s: a commit failed", self.id)
-                for index in remaining:
-                    errors[index] = Unavailable(f"the store could not record the change: {type(error).__name__}")
-                return errors
         return errors
+
+    @staticmethod
+    def _left_unfinished(flow: Flow, error: Unavailable) -> OutcomeUnknown:
+        """A store write refused after the operation's first was committed: the partition is left
+        in the middle of it, which the next health pass finishes (done, or undone). Not "failed"."""
+        operation = OPERATION_NAMES.get(flow.doing, flow.doing)
+        return OutcomeUnknown(f"{error.message}; the {operation} of partition {flow.partition_id} is left unfinished, and the "
+                              f"next health pass finishes it: `vipu get partition {flow.partition_id}` says how it stands")
 
     def _reread(self, partition_id: str) -> None:
         """Another writer (another replica, an operator's SQL) changed a partition this owner thought

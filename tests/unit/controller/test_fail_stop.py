@@ -1,0 +1,86 @@
+"""An owner never answers falsely when a step is slow or fails in a way it did not expect: a turn
+that raises stops the owner, tells each operation under way that its outcome is unknown, and a new
+owner made from the store finishes what the old one left; a commit whose answer is lost is read
+back the same way, never taken for "not done". On the in-memory pod of test_services (real
+simulated machines, a real store), with failpoints (`vipu.failpoints`) standing in for the fault.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from vipu import failpoints
+from vipu.model.entities import OperationState, PartitionRequest, ReadyState
+from vipu.model.errors import NotFound, OutcomeUnknown, Unavailable
+
+
+@pytest.fixture(autouse=True)
+def _disarmed():
+    yield
+    failpoints.disarm()
+
+
+def settled(pod, partition_id: str, seconds: float = 20.0):
+    """The partition once no operation holds it (polled with a deadline; None once it is gone)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            partition = pod.partitions.get(partition_id)
+        except (NotFound, Unavailable):
+            partition = None
+        if partition is None or partition.operation_state is OperationState.IDLE:
+            return partition
+        assert time.monotonic() < deadline, f"{partition_id} is still {partition.operation_state.value}"
+        time.sleep(0.02)
+
+
+def test_a_turn_that_raises_when_an_agents_answer_comes_back_tells_the_truth_and_the_new_owner_finishes(pod):
+    applying = failpoints.arm("agent.apply", "pause")  # the create's calls are out when the next turn fails
+    with ThreadPoolExecutor(1) as pool:
+        creating = pool.submit(pod.partitions.create, PartitionRequest("p1", 8))
+        assert applying.reached.wait(10)
+        failpoints.arm("owner.turn", "1*fail(a fault the owner did not expect)")
+        failpoints.disarm("agent.apply")
+        with pytest.raises(OutcomeUnknown, match=r"outcome unknown: the owner of allocation a1 failed .*a fault the owner did "
+                                                 r"not expect.*`vipu get partition p1` says whether the create was done"):
+            creating.result(20)
+    partition = settled(pod, "p1")  # no health pass: the owner made again from the store finishes the create
+    assert (partition.ready_state, partition.operation_state) == (ReadyState.ACTIVE, OperationState.IDLE)
+    assert pod.held_anywhere("p1") == partition.agent_ids == ["ag1", "ag2"]
+    assert pod.partitions.create(PartitionRequest("p2", 8)).agent_ids == ["ag3", "ag4"]  # the new owner decides
+
+
+def test_a_command_a_failed_turn_never_started_is_told_it_was_not_done(pod):
+    failpoints.arm("owner.turn", "1*fail(a fault the owner did not expect)")
+    with pytest.raises(Unavailable, match="the owner of allocation a1 failed") as refused:
+        pod.partitions.create(PartitionRequest("p1", 8))
+    assert not isinstance(refused.value, OutcomeUnknown)
+    with pytest.raises(NotFound):
+        pod.partitions.get("p1")
+    assert pod.held_anywhere("p1") == []
+    assert pod.partitions.create(PartitionRequest("p1", 8)).ready_state is ReadyState.ACTIVE
+
+
+def test_a_create_whose_commit_answer_is_lost_is_unknown_and_found_done(pod):
+    failpoints.arm("store.commit.answer", "1*fail(the connection went during COMMIT)")
+    with pytest.raises(OutcomeUnknown, match=r"outcome unknown: the store's answer to the commit was lost \(the connection "
+                                             r"went during COMMIT\).*`vipu get partition p1` says whether the create was done"):
+        pod.partitions.create(PartitionRequest("p1", 8))
+    partition = settled(pod, "p1")  # committed after all: found, and its create finished
+    assert partition is not None and partition.ready_state is ReadyState.ACTIVE
+    assert pod.held_anywhere("p1") == partition.agent_ids
+    second = pod.partitions.create(PartitionRequest("p2", 8))  # placed beside it: the owner knows p1's IPUs are taken
+    assert not set(second.agent_ids) & set(partition.agent_ids)
+
+
+def test_a_remove_whose_commit_answer_is_lost_is_unknown_and_found_done(pod):
+    pod.partitions.create(PartitionRequest("p1", 8))
+    failpoints.arm("store.commit.answer", "1*fail(the connection went during COMMIT)")
+    with pytest.raises(OutcomeUnknown, match="`vipu get partition p1` says whether the remove was done"):
+        pod.partitions.remove("p1")
+    assert settled(pod, "p1") is None  # its clear was sent before the lost answer, and the new owner finished it
+    assert pod.held_anywhere("p1") == []
+    assert pod.partitions.create(PartitionRequest("p1", 8)).agent_ids == ["ag1", "ag2"]
