@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -115,3 +116,25 @@ def test_the_machines_of_a_partition_are_configured_and_cleared_together(pod):
     assert created - began < 4 * delay, f"the create took {created - began:.2f} s"
     assert removed - created < 4 * delay, f"the remove took {removed - created:.2f} s"
     assert pod.held_anywhere("wide") == []
+
+
+def test_a_machine_powered_off_is_left_out_of_placement_and_capacity_and_a_refusal_says_so(pod):
+    pod.stop_server()
+    pod.start_server()  # health passes as often as the pod's controller has them (a test before may have slowed them)
+    pod.register(topology=admin_pb2.ILD_TOPOLOGY_TORUS)
+    assert pod.admin("power", "off", "agent", "ag1").code == 0
+    pod.wait_for_status("ag1", "Down")
+    assert pairs(pod.admin("get", "agent", "ag1").out)["Last Error"] == "m01 is powered off"
+    for n in range(7):  # the seven machines that are on take one each, none placed on ag1 to fail there
+        created = pod.user("create", "partition", f"p{n}", "--size", "4")
+        assert created.code == 0, created.err
+    assert sorted(p for m in pod.rack.machines[1:] for p in pod.held(m.name)) == [f"p{n}" for n in range(7)]
+    room = json.loads(pod.user("list", "capacity", "--size", "4", "--json").out)["allocations"][0]
+    assert (room["free_ipus"], room["down_ipus"], room["fitting"], room["largest"]) == (4, 4, 0, 0), room  # free, and down
+    failed_line(pod.user("create", "partition", "p7", "--size", "4"), "create partition", "p7",
+                "no free 4-IPU run in allocation alloc-1 without the machines that are down (ag1: m01 is powered off)")
+    assert pod.admin("power", "on", "agent", "ag1").code == 0
+    pod.wait_for_status("ag1", "Up")
+    created = pod.user("create", "partition", "p7", "--size", "4")
+    assert created.code == 0, created.err
+    assert pod.held_anywhere("p7") == ["m01"]

@@ -129,10 +129,11 @@ class OwnerMachine(RuleBasedStateMachine):
         first = snapshot.queue.first.partition_id if snapshot.queue.first is not None else ""
         occupancy = Occupancy(snapshot.holders(), snapshot.queue.held if first else frozenset(), first)
         try:
-            state = self.owner().state  # quiet: what it weighs besides the snapshot, the mix of sizes asked for and the links
+            state = self.owner().state  # quiet: what it weighs besides the snapshot: the mix of sizes asked for, the links, machines down
             mix = state.mix if (request.id, request.size) in state.refused else state.mix.saw(request.size)
             expected = {(i.agent_id, i.index) for i in place_request(snapshot.layout, snapshot.allocation, snapshot.used_ipus(),
-                                                                      request, occupancy, state.links, mix).ipus}
+                                                                      request, occupancy, state.links, mix,
+                                                                      dict.fromkeys(state.down, "down")).ipus}
         except VipuError:
             expected = None
         try:

@@ -133,22 +133,34 @@ class Decisions(QueueKeeping):
         expected duration does not let it start on them."""
         state = self.state
         first = state.queue.first()
+        down = self._down()
         if first is None or not state.held:
-            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix)
+            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix, down)
         try:
             return place_request(state.layout, state.allocation, state.used, request,
-                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix)
+                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix, down)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
-                placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix)
+                placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links,
+                                          mix, down)
             except NoRoom:
                 raise refusal from None
             why_not = held_clause(request.expected_seconds, first.partition_id, self.held_needed_at(), time.time())
             if not why_not:
                 return placement
             raise NoRoom(f"{refusal.message}; {why_not}", held_free=refusal.held_free) from None
+
+    def _down(self) -> dict[str, str]:
+        """The allocation's machines that are down, and why, as a refusal says it: no partition is
+        placed there (it would fail at the machine while others are free)."""
+        if not self.state.down:
+            return {}
+        agents = self.agents()
+        return {agent_id: "a power action holds it" if self.state.powering(agent_id) else
+                (agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error else "it does not answer")
+                for agent_id in self.state.down}
 
     def _remove(self, command: RemovePartition) -> None:
         partition = self._visible(command.partition_id, command.access)

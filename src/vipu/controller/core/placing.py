@@ -86,16 +86,24 @@ def _slot(layout: ClusterLayout, allocation: Allocation, request: PartitionReque
 
 
 def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[str, Set[int]], request: PartitionRequest,
-                  occupancy: Occupancy, faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None) -> Placement:
+                  occupancy: Occupancy, faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None,
+                  down: Mapping[str, str] | None = None) -> Placement:
     """The request placed in the allocation's free IPUs (around those `occupancy` holds for the
     queue's first request, and around the unhealthy links `faults` names), leaving the most room
-    for the allocation's `mix` of sizes; NoRoom saying why it does not fit, or InvalidArgument
-    naming the rule it breaks."""
+    for the allocation's `mix` of sizes, on none of the machines `down` names (with why each is:
+    off, being powered, not answering; IPUs named outright are placed as named); NoRoom saying why
+    it does not fit, or InvalidArgument naming the rule it breaks."""
+    explicit = explicit_ipus(layout, allocation, request)
+    kept_out = {} if explicit or not down else {a: why for a, why in down.items() if a in allocation.agent_ids}
+    where = f"allocation {allocation.id}"
+    if kept_out:
+        listed = [f"{agent}: {why}" for agent, why in sorted(kept_out.items())[:3]]
+        more = f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else ""
+        where += f" without the machines that are down ({'; '.join(listed)}{more})"
     return place_partition(
-        layout, set(allocation.agent_ids), used, request.size, num_gcds=request.num_gcds,
+        layout, set(allocation.agent_ids) - set(kept_out), used, request.size, num_gcds=request.num_gcds,
         num_segments=request.num_segments, ipulink_routing=request.ipulink_routing, gw_routing=request.gw_routing,
-        explicit=explicit_ipus(layout, allocation, request), where=f"allocation {allocation.id}", occupancy=occupancy,
-        faults=faults, mix=mix,
+        explicit=explicit, where=where, occupancy=occupancy, faults=faults, mix=mix,
     )
 
 

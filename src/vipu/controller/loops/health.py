@@ -41,7 +41,7 @@ from vipu.controller.core.owners import Owners
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, AgentStatus
 from vipu.model.errors import PermissionDenied, Unavailable, VipuError
-from vipu.model.hardware import Capability, HealthLevel, MachineCondition
+from vipu.model.hardware import Capability, HealthLevel, MachineCondition, PowerState
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,24 @@ class _Found:
 
     @property
     def down_reason(self) -> str:
-        """Why the agent is Down: its fabric does not answer, or a capability of its machine fails
-        (its partitions keep running then, as long as the fabric answers)."""
+        """Why the agent is Down: its fabric does not answer, its machine is off or being powered,
+        or a capability of its machine fails (its partitions keep running then, as long as the
+        fabric answers)."""
         if self.error is not None:
             return self.error.message
+        unpowered = self.unpowered
+        if unpowered is not None:
+            return unpowered.message
         return "; ".join(self.condition.problems) if self.condition is not None else ""
+
+    @property
+    def unpowered(self) -> Unavailable | None:
+        """Why its machine cannot take a partition although its agent answers: it is off, or
+        between on and off (its BMC says so); None when it is on, or nothing says."""
+        state = PowerState(self.condition.power_state) if self.condition is not None and self.condition.power_state else None
+        if state in (PowerState.OFF, PowerState.POWERING_ON, PowerState.POWERING_OFF):
+            return Unavailable(f"its machine is {'powered off' if state is PowerState.OFF else state.value}")
+        return None
 
 
 class HealthPass:
@@ -92,7 +105,7 @@ class HealthPass:
             allocation_id = allocation_of.get(found.agent.id)
             owner = self.owners.owner(allocation_id) if allocation_id else None
             if owner is not None:
-                command = AgentReport(agent_id=found.agent.id, held=found.held, error=found.error)
+                command = AgentReport(agent_id=found.agent.id, held=found.held, error=found.error or found.unpowered)
                 try:
                     owner.submit(command)
                     replies.append((f"agent {found.agent.id}", command.reply))

@@ -146,8 +146,8 @@ class PartitionService:
         rooms = []
         for owner in filter(None, (self.owners.owner(a) for a in chosen)):
             s = owner.snapshot
-            allowed = set(s.allocation.agent_ids)
-            used = {agent: set(indices) for agent, indices in s.used.items() if agent in allowed}
+            allowed = set(s.allocation.agent_ids) - s.down  # nothing is placed on a machine that is down
+            used = {agent: set(indices) for agent, indices in s.used.items() if agent in s.allocation.agent_ids}
             blocked = f"{s.test} is under test" if s.test else ""
             held = s.queue.held
             rooms.append(AllocationRoom(
