@@ -15,6 +15,12 @@ is used once (and expires within a minute).
 The holder, and the grants used that have not expired, are kept in a file so that a restarted
 agent still knows them. On a plaintext link nobody is known, so nothing is held or refused: that
 is what secure mode is for.
+
+Fencing, on any link: replicas of a highly available controller send their lease's term with
+every call (the epoch). A call of an older epoch than the newest this machine has obeyed comes
+from a deposed leader (sent before it knew, or raced its stop) and is refused, in one line in the
+log: it must not land after the new leader's clear. The newest epoch is kept in the same file. A
+call with no epoch (a controller without replicas) is not fenced.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import grpc
 
 from vipu.api import grants
 from vipu.api.atomic import write_file
+from vipu.api.channels import LEADER_EPOCH_KEY
 from vipu.model.errors import InvalidArgument, PermissionDenied, Unavailable
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,14 @@ def caller_of(context: grpc.ServicerContext) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
 
+def epoch_of(context: grpc.ServicerContext) -> int:
+    """The calling leader's lease term, from the call's metadata; 0 when none is sent (or it is no number)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == LEADER_EPOCH_KEY:
+            return int(value) if str(value).isdigit() else 0
+    return 0
+
+
 class MachineHold:
     """The holder of one machine, kept in `path`. `authority` is the agent link's authority
     certificate (PEM), which takeover grants must be signed by; None on a plaintext link."""
@@ -55,7 +70,7 @@ class MachineHold:
         self.path = path
         self.authority = authority
         self._changed = threading.Condition()
-        self._holder, self._used_grants = self._load()  # used grants: their SHA-256 -> when they expire
+        self._holder, self._used_grants, self._epoch = self._load()  # used grants: their SHA-256 -> when they expire
         self._active = 0  # operations under way, which a takeover waits for
         self._taking = False  # a takeover is under way: nothing new starts
 
@@ -68,15 +83,15 @@ class MachineHold:
         with self._changed:
             return self._holder
 
-    def _load(self) -> tuple[str, dict[str, float]]:
+    def _load(self) -> tuple[str, dict[str, float], int]:
         if self.path is None or not self.path.exists():
-            return "", {}
+            return "", {}, 0
         try:
             kept = json.loads(self.path.read_text())
-            holder, used = kept["holder"], kept.get("used_grants", {})
+            holder, used, epoch = kept["holder"], kept.get("used_grants", {}), int(kept.get("epoch", 0))
             if not isinstance(holder, str):
                 raise TypeError(f"the holder is {holder!r}, not a name")
-            return holder, {str(grant): float(expires) for grant, expires in used.items()}
+            return holder, {str(grant): float(expires) for grant, expires in used.items()}, epoch
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise InvalidArgument(f"cannot read the holder of machine {self.machine_name} from {self.path} ({error}); "
                                   "remove the file only if no controller should keep the machine") from None
@@ -86,7 +101,8 @@ class MachineHold:
         restart is no holder, and a used grant it would forget could be used again."""
         if self.path is not None:
             try:
-                write_file(self.path, (json.dumps({"holder": holder, "used_grants": self._used_grants}) + "\n").encode())
+                write_file(self.path, (json.dumps({"holder": holder, "used_grants": self._used_grants, "epoch": self._epoch})
+                                       + "\n").encode())
             except OSError as error:
                 raise Unavailable(f"cannot record the holder of machine {self.machine_name} in {self.path}: "
                                   f"{error.strerror or error}") from None
@@ -111,14 +127,31 @@ class MachineHold:
             self._keep(caller)
             log.info("machine %s is now held by controller %s", self.machine_name, caller)
 
+    def _fence(self, epoch: int, caller: str) -> None:
+        """Under the lock: refuse a call of a leader older than the newest obeyed; remember a newer one."""
+        if not epoch or epoch == self._epoch:
+            return
+        if epoch < self._epoch:
+            log.warning("machine %s: refused a call of controller %s from leader epoch %d: epoch %d leads now (a deposed leader's "
+                        "late call)", self.machine_name, caller or "(plaintext)", epoch, self._epoch)
+            raise PermissionDenied(f"machine {self.machine_name} obeys the leader of epoch {self._epoch} now, not one of epoch {epoch} "
+                                   "(this controller was deposed)")
+        self._epoch = epoch
+        self._keep(self._holder)
+        log.info("machine %s: obeys the leader of epoch %d from now on", self.machine_name, epoch)
+
     @contextmanager
-    def obeying(self, caller: str, claim: bool = False) -> Iterator[None]:
-        """Around one operation of `caller`: refused unless it holds the machine, or the machine is
-        free (which `claim` then makes it hold). A takeover waits for the operation to end."""
+    def obeying(self, caller: str, claim: bool = False, epoch: int = 0) -> Iterator[None]:
+        """Around one operation of `caller` (leader of `epoch`, 0 if it has no replicas): refused
+        if a newer leader was obeyed, or, on a mutual-TLS link, unless it holds the machine or the
+        machine is free (which `claim` then makes it hold). A takeover waits for the operation to end."""
         if not self.enforced:
+            with self._changed:
+                self._fence(epoch, caller)
             yield
             return
         with self._changed:
+            self._fence(epoch, caller)
             self._admit(caller, claim)
             self._active += 1
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from vipu.agent.holds import MachineHold, caller_of
+from vipu.agent.holds import MachineHold, caller_of, epoch_of
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.backends.composed import ComposedMachine
@@ -26,17 +26,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return reply
 
     def ApplyPartition(self, request, context):
-        with self.hold.obeying(caller_of(context), claim=True):
+        with self.hold.obeying(caller_of(context), claim=True, epoch=epoch_of(context)):
             self.backend.apply(convert.settings_from_proto(request.settings))
         return agent_pb2.ApplyPartitionReply()
 
     def ClearPartition(self, request, context):
-        with self.hold.obeying(caller_of(context)):
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             self.backend.clear(request.partition_id)
         return agent_pb2.ClearPartitionReply()
 
     def ListPartitions(self, request, context):
-        with self.hold.obeying(caller_of(context)):
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             partitions = self.backend.partitions()
         return agent_pb2.ListPartitionsReply(partitions=[convert.settings_to_proto(s) for s in partitions])
 
@@ -45,7 +45,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             probe = Probe(request.probe)
         except ValueError:
             raise InvalidArgument(f"unknown probe {request.probe!r}") from None
-        with self.hold.obeying(caller_of(context)):
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             return convert.observation_to_proto(self.backend.diagnose(probe, dict(request.ipus), request.seed))
 
     def LinkCounters(self, request, context):
@@ -55,7 +55,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def ResetLink(self, request, context):
         """A change to the machine: only from the controller the agent obeys."""
-        with self.hold.obeying(caller_of(context)):
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             self.backend.reset_link(request.place)
         return agent_pb2.ResetLinkReply()
 
@@ -64,7 +64,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         the controller the agent obeys."""
         read_at = time.time()
         if request.fence_seconds:
-            with self.hold.obeying(caller_of(context)):
+            with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
                 reports = self.backend.attachments(list(request.partition_ids), request.fence_seconds)
         else:
             reports = self.backend.attachments(list(request.partition_ids))
@@ -85,7 +85,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument(f"unknown power action {request.action!r}: on, off, reset or cycle") from None
         if not 0 < request.timeout_seconds <= MAX_POWER_SECONDS:
             raise InvalidArgument(f"a power action waits from 0 to {MAX_POWER_SECONDS:.0f} s, not {request.timeout_seconds:g}")
-        with self.hold.obeying(caller_of(context)):
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             state = self.backend.power(action, request.timeout_seconds)
         return agent_pb2.PowerReply(power_state=state.value)
 

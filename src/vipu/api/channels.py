@@ -7,3 +7,7 @@ within about 2 s, for a connection attempt every 2 s to one that stays away.
 """
 
 RECONNECT_PROMPTLY = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
+
+# The call metadata that carries a highly available controller's lease term (its epoch) to its
+# agents, which refuse a call of an older one than they have obeyed (`vipu.agent.holds`).
+LEADER_EPOCH_KEY = "vipu-leader-epoch"

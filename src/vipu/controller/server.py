@@ -136,6 +136,8 @@ class Controller:
             where = f"{config.advertise_address or config.listen_address}, user port {config.port}, admin port {config.admin_port}"
             self.leadership = Leadership(self.store, where, config.ha_lease_seconds,
                                          on_elected=self._take_over, on_deposed=self._deposed)
+            # Every agent call carries the lease's term, as every store write is fenced by it.
+            self.gateway.epoch = lambda: self.store.fenced.term if self.store.fenced is not None else 0
             self.metrics.follow(self.leadership)
         self._on_deposed = on_deposed
         self._servers: list[grpc.Server] = []

@@ -107,14 +107,19 @@ class Leases:
         self._read = read
         self._clock = clock(is_sqlite)
 
-    def claim(self, name: str, holder: str, address: str, seconds: float) -> Lease | None:
+    def claim(self, name: str, holder: str, address: str, seconds: float, deadline_seconds: float = 0.0) -> Lease | None:
         """Take the lease if it is free or has expired, or renew it if `holder` has it; the lease as it now stands.
 
         The row is locked while it is decided, so two claimants never both win; the loser gets
-        the winner's lease back.
+        the winner's lease back. On PostgreSQL, `deadline_seconds` bounds the claim's statements and
+        lock waits (a stalled database makes it fail in time to be tried again within the lease).
         """
         try:
             with self._write() as session:
+                if deadline_seconds and not self._is_sqlite:
+                    milliseconds = max(1, round(deadline_seconds * 1000))
+                    session.execute(text(f"SET LOCAL statement_timeout = {milliseconds}"))
+                    session.execute(text(f"SET LOCAL lock_timeout = {milliseconds}"))
                 now = session.execute(self._clock).scalar_one()
                 row = session.execute(select(LeaseRow).where(LeaseRow.name == name).with_for_update()).scalar_one_or_none()
                 if row is None:

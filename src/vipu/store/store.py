@@ -237,8 +237,8 @@ class Store:
 
     # Leases: one leader among the controllers sharing this store
 
-    def claim_lease(self, name: str, holder: str, address: str, seconds: float) -> Lease | None:
-        return self._leases.claim(name, holder, address, seconds)
+    def claim_lease(self, name: str, holder: str, address: str, seconds: float, deadline_seconds: float = 0.0) -> Lease | None:
+        return self._leases.claim(name, holder, address, seconds, deadline_seconds)
 
     def read_lease(self, name: str) -> Lease | None:
         return self._leases.read(name)

@@ -22,6 +22,7 @@ def caller(name: str):
     """A call's context as the agent sees it on the mutual-TLS link of controller `name`."""
     context = mock.Mock()
     context.auth_context.return_value = {"x509_common_name": [name.encode()]}
+    context.invocation_metadata.return_value = ()  # a controller without replicas: no leader's epoch
     return context
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
 from vipu.api import convert
-from vipu.api.channels import RECONNECT_PROMPTLY
+from vipu.api.channels import LEADER_EPOCH_KEY, RECONNECT_PROMPTLY
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.controller.core.lending import Cancellation
@@ -35,6 +35,7 @@ class GrpcAgentGateway:
         self.timeout = timeout
         self.test_timeout = test_timeout
         self.credentials = credentials
+        self.epoch: Callable[[], int] = lambda: 0  # the leader's lease term (`Leadership`); 0: no replicas, no term
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentServiceStub]] = {}
 
@@ -49,9 +50,13 @@ class GrpcAgentGateway:
                 self._stubs[address] = entry
             return entry[1]
 
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        epoch = self.epoch()
+        return ((LEADER_EPOCH_KEY, str(epoch)),) if epoch else ()
+
     def _call(self, host: str, port: int, method: str, request, timeout: float | None = None):
         try:
-            return getattr(self._stub(host, port), method)(request, timeout=timeout or self.timeout)
+            return getattr(self._stub(host, port), method)(request, timeout=timeout or self.timeout, metadata=self._metadata())
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
@@ -82,7 +87,9 @@ class GrpcAgentGateway:
             except VipuError as error:
                 return [error]
             return [None]
-        started = [getattr(self._stub(host, port), method).future(request, timeout=self.timeout) for host, port, method, request in calls]
+        metadata = self._metadata()
+        started = [getattr(self._stub(host, port), method).future(request, timeout=self.timeout, metadata=metadata)
+                   for host, port, method, request in calls]
         outcomes: list[VipuError | None] = []
         for call in started:
             try:
@@ -103,7 +110,7 @@ class GrpcAgentGateway:
         request = agent_pb2.DiagnoseRequest(probe=probe.value, ipus=ipus, seed=seed)
         if cancellation is None:
             return convert.observation_from_proto(self._call(host, port, "Diagnose", request, self.test_timeout))
-        call = self._stub(host, port).Diagnose.future(request, timeout=self.test_timeout)
+        call = self._stub(host, port).Diagnose.future(request, timeout=self.test_timeout, metadata=self._metadata())
         cancellation.arm(call.cancel)
         try:
             return convert.observation_from_proto(call.result())

@@ -1,14 +1,23 @@
 """One leader among the vipu-server replicas that share a store (`vipu-server --ha`).
 
 Each replica claims the store's lease again and again; the one holding it leads, the others stand
-by and refuse requests, saying where the leader is. The leader renews the lease three times per
-lease period. If it cannot renew in time (the store is unreachable, or another replica took
-over) it is deposed: it stops admitting requests at once, and the store refuses its writes from
-the moment another replica holds the lease (`Store.fence`). A standby takes over once the lease
-has run out by the database's clock, or at once when the leader stops cleanly and releases it.
+by and refuse requests, saying where the leader is. The leader renews the lease five times per
+lease period, each claim bounded by a fifth of it (a stalled database fails it in time for the
+next). A standby takes over once the lease has run out by the database's clock, or at once when
+the leader stops cleanly and releases it.
 
-The leader's own deadline is counted from before the claim that won it, on its own monotonic
-clock, so it always stops leading before any standby can start.
+The leader's own deadlines are counted from before the last claim that renewed it, on its own
+monotonic clock, so that it stops before any standby can start:
+
+- past ACTING_SHARE of the lease unrenewed it stops admitting requests (a database stall);
+  renewed in the same term before the lease runs out, it goes on, so a stall shorter than the
+  lease changes no leader;
+- once the lease may have run out, or another replica holds it, it is deposed: its owners stop,
+  the store refuses its writes from the moment another replica holds the lease (`Store.fence`),
+  and its agents refuse its calls once the next leader has called them (the term goes with every
+  agent call: `GrpcAgentGateway.epoch`);
+- a watchdog deposes it if its loop itself is held past half a lease (no claim returned, a
+  process starved), as the loop could not.
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from vipu.store.store import Store
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "vipu-server-leader"
+ACTING_SHARE = 0.6  # of the lease, unrenewed, after which the leader admits no more requests until it renews
+RENEWALS = 5  # claims per lease period, each bounded by one period's share
+SLOW_RENEWAL_SHARE = 0.1  # a renewal taking longer than this share of the lease is warned of: the lease is short for the store
 
 
 class Leadership:
@@ -39,7 +51,10 @@ class Leadership:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._on_elected = on_elected
         self._on_deposed = on_deposed
-        self._valid_until = 0.0  # monotonic; 0: not leading
+        self._valid_until = 0.0  # monotonic: when the lease may run out, unrenewed; 0: not leading
+        self._renewed = 0.0  # monotonic: when the claim that last renewed it began
+        self._beat = time.monotonic()  # when the loop last went round, which the watchdog looks at
+        self._deposed = False
         self._term = 0
         self._serving = threading.Event()  # leading, and ready to serve
         self._leader_address = ""
@@ -48,7 +63,8 @@ class Leadership:
 
     @property
     def leading(self) -> bool:
-        return time.monotonic() < self._valid_until
+        """Whether it leads and acts now: renewed within ACTING_SHARE of the lease."""
+        return bool(self._valid_until) and time.monotonic() < self._renewed + ACTING_SHARE * self.lease_seconds
 
     @property
     def ready(self) -> bool:
@@ -57,6 +73,15 @@ class Leadership:
 
     def start(self) -> None:
         self._thread.start()
+        threading.Thread(target=self._watch, name="leadership-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Depose a leader whose loop is held past half a lease: it can neither renew nor see it lapse."""
+        while not self._stop.wait(self.lease_seconds / 10):
+            held = time.monotonic() - self._beat
+            if self._valid_until and not self._deposed and held > self.lease_seconds / 2:
+                self._depose(f"its lease loop was held for {held:.1f} s, past half its lease of {self.lease_seconds:g} s")
+                return
 
     def serving(self) -> None:
         """The elected leader has taken over (recovered its state) and may admit requests."""
@@ -68,6 +93,10 @@ class Leadership:
             return
         if self.leading:
             raise Standby("this vipu-server has just been elected leader and is taking over; try again in a moment", self.address)
+        if self._valid_until:
+            unrenewed = time.monotonic() - self._renewed
+            raise Standby(f"this vipu-server leads but has not renewed its lease for {unrenewed:.1f} s (the store is slow); "
+                          "try again in a moment", self.address)
         where = f"the leader is at {self._leader_address}" if self._leader_address else "no leader is known yet"
         raise Standby(f"this vipu-server is a standby replica; {where}", self._leader_address)
 
@@ -84,36 +113,48 @@ class Leadership:
                 log.warning("could not release the lead: %s", error.message)
 
     def _keep(self) -> None:
-        renew_every = self.lease_seconds / 3
-        while not self._stop.is_set():
-            started = time.monotonic()
+        renew_every = self.lease_seconds / RENEWALS
+        while not self._stop.is_set() and not self._deposed:
+            started = self._beat = time.monotonic()
             try:
-                lease = self.store.claim_lease(LEASE_NAME, self.holder, self.address, self.lease_seconds)
+                lease = self.store.claim_lease(LEASE_NAME, self.holder, self.address, self.lease_seconds, renew_every)
             except VipuError as error:
                 lease = None
                 log.warning("cannot claim or renew the lead: %s", error.message)
+            took = time.monotonic() - started
+            self._beat = time.monotonic()
+            if self._deposed:
+                return  # the watchdog deposed it while the claim was held
             if lease is not None and lease.holder == self.holder:
                 first = self._valid_until == 0.0
                 if not first and lease.term != self._term:  # it lapsed, another led, and it came back to us
                     self._depose(f"the lead changed hands while this replica could not renew it (term {self._term} to {lease.term})")
                     return
-                self._valid_until, self._term = started + self.lease_seconds, lease.term
+                if took > SLOW_RENEWAL_SHARE * self.lease_seconds:
+                    log.warning("renewing the lead took %.2f s, over a tenth of the lease of %g s: a lease of at least %g s "
+                                "suits this store (--ha-lease-seconds)", took, self.lease_seconds, 10 * took)
+                self._renewed, self._valid_until, self._term = started, started + self.lease_seconds, lease.term
                 self._leader_address = self.address
                 if first:
                     self.store.fence(lease)
                     log.info("elected leader (term %d)", lease.term)
                     threading.Thread(target=self._on_elected, name="take-over", daemon=True).start()
             elif self._valid_until:
-                reason = (f"the lead passed to {lease.address or lease.holder}" if lease is not None
-                          else "the lease could not be renewed")
-                if lease is not None or not self.leading:
-                    self._depose(reason)
+                if lease is not None:
+                    self._depose(f"the lead passed to {lease.address or lease.holder}")
+                    return
+                if time.monotonic() >= self._valid_until:  # it may have run out: a standby may take over from now on
+                    self._depose(f"the lease could not be renewed within {self.lease_seconds:g} s")
                     return
             elif lease is not None:
                 self._leader_address = lease.address if lease.remaining > 0 else ""
-            self._stop.wait(renew_every if self._valid_until else min(1.0, renew_every))
+            # Claims start every fifth of the lease whatever each took: a stalled claim is tried again at once.
+            self._stop.wait(max(0.0, renew_every - took) if self._valid_until else min(1.0, renew_every))
 
     def _depose(self, reason: str) -> None:
+        if self._deposed:
+            return
+        self._deposed = True
         self._valid_until = 0.0
         self._serving.clear()
         log.error("no longer the leader: %s", reason)
