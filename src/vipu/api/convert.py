@@ -457,6 +457,7 @@ def link_history_to_proto(detail: LinkDetail) -> admin_pb2.Link:
     message.events.extend(admin_pb2.LinkEvent(at=e.at, health=e.health.value, reason=e.reason, partitions=e.partitions)
                           for e in detail.events)
     message.cables.extend(_link_cable(c) for c in detail.cables)
+    message.samples_left_out, message.events_left_out = detail.samples_left_out, detail.events_left_out
     return message
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import typing
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -284,13 +285,17 @@ def list_links(admin, suspect, agent_id, partition_id, since, as_json):
 @click.argument("name", metavar="AGENT:PLACE")
 @click.option("--history", is_flag=True, help="Its samples, older summaries, events and cables too.")
 @since_option
+@click.option("--before", default=None, metavar="WHEN", help="With --history: only what came before then, as --since reads it "
+              "(the page before one that said older readings were left out).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=None,
+              help="With --history: the newest readings and events at most, each. Default: the server's page, 10,000.")
 @json_option
 @pass_client
-def get_link(admin, name, history, since, as_json):
+def get_link(admin, name, history, since, before, limit, as_json):
     """Show a link (ag3:5, ag3:sync2, ag3:gw1, ag3:ipu1:4C): its health and why, its cable, and with
-    --history what the ledger kept of it."""
+    --history what the ledger kept of it, a page at a time."""
     with reporting("get link", name):
-        link = admin.get_link(name, history, since_time(since))
+        link = admin.get_link(name, history, since_time(since), since_time(before), limit or 0)
     if as_json:
         return echo_json(link)
     cable = f"{link.cable.serial} ({link.cable.vendor} {link.cable.model}, since {_when(link.cable.first_seen)})" if link.cable.serial \
@@ -315,6 +320,11 @@ def get_link(admin, name, history, since, as_json):
         rows.append([_when(sample.at), "1", "0" if sample.up else "1", *map(str, growth(previous, counters))])
         previous = counters
     click.echo(render_table(["Time (UTC)", "Samples", "Down", "Errors Grew", "Recoveries Grew"], rows))
+    left_out = [f"{n} older {what}" for n, what in ((link.samples_left_out, "readings"), (link.events_left_out, "events")) if n]
+    if left_out:
+        first = min(t for t in (link.samples[0].at if link.samples else 0, link.events[0].at if link.events else 0) if t)
+        exact = datetime.fromtimestamp(first, UTC).replace(tzinfo=None).isoformat(timespec="microseconds")
+        click.echo(f"{' and '.join(left_out)} not shown: --before {exact} shows them")
 
 
 # Clusters

@@ -153,9 +153,11 @@ class AdminClient(EndpointClient):
         request = pb.ListLinksRequest(agent_id=agent_id, unhealthy=unhealthy, since=since, partition_id=partition_id)
         return list(self._call("ListLinks", request).links)
 
-    def get_link(self, name: str, history: bool = False, since: float = 0.0) -> pb.Link:
-        """One link (`ag3:5`), with its samples, summaries, events and cables when `history`."""
-        return self._call("GetLink", pb.GetLinkRequest(name=name, history=history, since=since))
+    def get_link(self, name: str, history: bool = False, since: float = 0.0, before: float = 0.0, limit: int = 0) -> pb.Link:
+        """One link (`ag3:5`), with its samples, summaries, events and cables when `history`: the
+        newest `limit` readings and events (0: the server's page) within `since` and `before`; how
+        many older ones were left out, which `before` set to the first one sent reads next."""
+        return self._call("GetLink", pb.GetLinkRequest(name=name, history=history, since=since, before=before, limit=limit))
 
     def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True) -> pb.ClusterTestReport:
         """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite). With

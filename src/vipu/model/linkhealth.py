@@ -357,6 +357,8 @@ class LinkDetail:
     history: History
     events: list[LinkEvent]
     cables: list[CableRecord]
+    samples_left_out: int = 0  # older readings within the times asked, past the page's limit
+    events_left_out: int = 0
 
 
 def links_used(layout: ClusterLayout, ipus: Iterable[tuple[str, int]]) -> frozenset[LinkName]:

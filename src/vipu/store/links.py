@@ -109,6 +109,27 @@ class LinkRepository(TransactionBase):
     def history(self, name: LinkName, since: float = 0.0) -> History:
         return History(tuple(self.summaries(name, since)), tuple(self.samples(name, since)))
 
+    def sample_page(self, name: LinkName, since: float, before: float, limit: int) -> tuple[list[Sample], int]:
+        """The newest `limit` readings from `since` on and before `before` (0: now), oldest first,
+        and how many older ones within those times were left out: a page a reply can carry."""
+        where = (LinkSampleRow.agent_id == name.agent_id, LinkSampleRow.place == name.place, LinkSampleRow.at >= since,
+                 *((LinkSampleRow.at < before,) if before else ()))
+        rows = self.session.execute(select(LinkSampleRow.at, LinkSampleRow.corrected, LinkSampleRow.recoveries, LinkSampleRow.up)
+                                    .where(*where).order_by(LinkSampleRow.at.desc()).limit(limit)).all()
+        total = self.session.execute(select(func.count()).select_from(LinkSampleRow).where(*where)).scalar_one()
+        return [Sample(at, corrected, recoveries, up) for at, corrected, recoveries, up in reversed(rows)], total - len(rows)
+
+    def event_page(self, name: LinkName, since: float, before: float, limit: int) -> tuple[list[LinkEvent], int]:
+        """The newest `limit` events of the link within those times, oldest first, and how many older ones were left out."""
+        where = (LinkEventRow.agent_id == name.agent_id, LinkEventRow.place == name.place, LinkEventRow.at >= since,
+                 *((LinkEventRow.at < before,) if before else ()))
+        rows = list(self.session.scalars(select(LinkEventRow).where(*where).order_by(LinkEventRow.at.desc(), LinkEventRow.id.desc())
+                                         .limit(limit)))
+        total = self.session.execute(select(func.count()).select_from(LinkEventRow).where(*where)).scalar_one()
+        events = [LinkEvent(LinkName(r.agent_id, r.place), r.at, LinkHealth(r.health), r.reason, tuple(r.partitions))
+                  for r in reversed(rows)]
+        return events, total - len(rows)
+
     def replace_history(self, name: LinkName, history: History, before: float) -> None:
         """The link's samples from before `before`, and all its summaries, replaced by `history`'s
         (compaction: `history` is what compacting them gave, with the samples it kept)."""

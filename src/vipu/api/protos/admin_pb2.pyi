@@ -457,7 +457,7 @@ class LinkEvent(_message.Message):
     def __init__(self, at: _Optional[float] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., partitions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Link(_message.Message):
-    __slots__ = ("name", "kind", "health", "reason", "changed_at", "cable", "last", "samples", "summaries", "events", "cables", "quarantined", "breaker")
+    __slots__ = ("name", "kind", "health", "reason", "changed_at", "cable", "last", "samples", "summaries", "events", "cables", "quarantined", "breaker", "samples_left_out", "events_left_out")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +471,8 @@ class Link(_message.Message):
     CABLES_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     BREAKER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     health: str
@@ -484,7 +486,9 @@ class Link(_message.Message):
     cables: _containers.RepeatedCompositeFieldContainer[LinkCable]
     quarantined: bool
     breaker: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., changed_at: _Optional[float] = ..., cable: _Optional[_Union[LinkCable, _Mapping]] = ..., last: _Optional[_Union[LinkSample, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., summaries: _Optional[_Iterable[_Union[LinkSummary, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ..., cables: _Optional[_Iterable[_Union[LinkCable, _Mapping]]] = ..., quarantined: _Optional[bool] = ..., breaker: _Optional[str] = ...) -> None: ...
+    samples_left_out: int
+    events_left_out: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., changed_at: _Optional[float] = ..., cable: _Optional[_Union[LinkCable, _Mapping]] = ..., last: _Optional[_Union[LinkSample, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., summaries: _Optional[_Iterable[_Union[LinkSummary, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ..., cables: _Optional[_Iterable[_Union[LinkCable, _Mapping]]] = ..., quarantined: _Optional[bool] = ..., breaker: _Optional[str] = ..., samples_left_out: _Optional[int] = ..., events_left_out: _Optional[int] = ...) -> None: ...
 
 class ListLinksReply(_message.Message):
     __slots__ = ("links",)
@@ -493,11 +497,15 @@ class ListLinksReply(_message.Message):
     def __init__(self, links: _Optional[_Iterable[_Union[Link, _Mapping]]] = ...) -> None: ...
 
 class GetLinkRequest(_message.Message):
-    __slots__ = ("name", "history", "since")
+    __slots__ = ("name", "history", "since", "before", "limit")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     history: bool
     since: float
-    def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ..., since: _Optional[float] = ...) -> None: ...
+    before: float
+    limit: int
+    def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ..., since: _Optional[float] = ..., before: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...

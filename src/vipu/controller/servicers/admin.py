@@ -187,7 +187,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.ListLinksReply(links=[convert.link_to_proto(state) for state in states])
 
     def GetLink(self, request, context):
-        detail = self.links.detail(LinkName.parse(request.name), request.since)
+        detail = self.links.detail(LinkName.parse(request.name), request.since, request.before, request.limit)
         return convert.link_history_to_proto(detail) if request.history else convert.link_to_proto(detail.state)
 
     def GetCabling(self, request, context):

@@ -30,6 +30,7 @@ from vipu.model.linkhealth import (
     DEFAULT_RETENTION,
     HOUR,
     CableRecord,
+    History,
     LinkDetail,
     LinkEvent,
     LinkFaults,
@@ -51,6 +52,7 @@ from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store, Transaction
 
 log = logging.getLogger(__name__)
+HISTORY_PAGE = 10_000  # readings (and events) of a link at most in one reply: about 300 KB, well within a client's 4 MB
 HEARTBEAT_SECONDS = HOUR  # a quiet link's reading is kept this often, so its history shows it was read
 
 
@@ -302,12 +304,20 @@ class LinkLedger:
             return frozenset()
         return links_used(ClusterLayout.of(cluster), ((ipu.agent_id, ipu.index) for ipu in partition.ipus))
 
-    def detail(self, name: LinkName, since: float = 0.0) -> LinkDetail:
+    def detail(self, name: LinkName, since: float = 0.0, before: float = 0.0, limit: int = 0) -> LinkDetail:
+        """The link, with a page of its history: within `since` and `before` (0: now), the newest
+        `limit` readings and events at most (0, or more than HISTORY_PAGE: HISTORY_PAGE), and its
+        summaries and cables (bounded by the history kept). A week of readings every second no
+        longer makes a reply larger than a client takes."""
+        limit = min(limit or HISTORY_PAGE, HISTORY_PAGE)
         with self.store.reading() as tx:
             state = tx.link(name)
             if state is None:
                 raise NotFound(f"no link {name} is in the ledger: its agent has not been sampled, or it has no such link")
-            return LinkDetail(state, tx.history(name, since), tx.link_events(name, since), tx.cables_of(name))
+            samples, samples_left_out = tx.sample_page(name, since, before, limit)
+            events, events_left_out = tx.event_page(name, since, before, limit)
+            summaries = tuple(s for s in tx.summaries(name, since) if not before or s.start < before)
+            return LinkDetail(state, History(summaries, tuple(samples)), events, tx.cables_of(name), samples_left_out, events_left_out)
 
 
 def _is_change(state: LinkState, verdict: Verdict) -> bool:
