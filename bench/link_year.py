@@ -617,6 +617,7 @@ def time_history(database: Path, directory: Path, chosen: dict[str, LinkName], a
                 if done.code != 0 or len(json.loads(done.out).get("samples", [])) != len(reply.samples):
                     raise click.ClickException(f"vipu-admin get link {name} --history --json: {done.err or done.out[:200]}")
             rows.append({"link": str(name), "what": what, "health": reply.health, "samples": len(reply.samples),
+                         "samples_left_out": reply.samples_left_out,  # past the reply's page of 10,000
                          "summaries": len(reply.summaries), "events": len(reply.events), "cables": len(reply.cables),
                          "reply_kb": round(reply.ByteSize() / 1024, 1), "api": summarise_ms(seconds), "cli": summarise_ms(whole)})
     finally:

@@ -106,7 +106,9 @@ def test_a_machine_that_does_not_answer(registered_pod):
     pod.wait_for_status("ag3", "Down")
     table = results(pod.admin("test", "cluster", "cl0", "--versions").out)
     assert table["Version"] == ("0/6", ["Components with mismatched versions found:", "ag3: does not answer"])
-    failed_line(pod.user("create", "partition", "p1", "--size", "32"), "create partition", "p1", "agent ag3: unreachable")
+    failed_line(pod.user("create", "partition", "p1", "--size", "32"), "create partition", "p1",
+                "no room for a partition of 32 IPUs in allocation alloc-1 while its machines that are down are left out (agent ag3 is "
+                "down: unreachable")
 
 
 def test_asynchronous_runs_and_what_a_running_test_forbids(registered_pod):

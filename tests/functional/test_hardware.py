@@ -132,7 +132,7 @@ def test_a_machine_powered_off_is_left_out_of_placement_and_capacity_and_a_refus
     room = json.loads(pod.user("list", "capacity", "--size", "4", "--json").out)["allocations"][0]
     assert (room["free_ipus"], room["down_ipus"], room["fitting"], room["largest"]) == (4, 4, 0, 0), room  # free, and down
     failed_line(pod.user("create", "partition", "p7", "--size", "4"), "create partition", "p7",
-                "no free 4-IPU run in allocation alloc-1 without the machines that are down (ag1: m01 is powered off)")
+                "no free 4-IPU run in allocation alloc-1 without its machines that are down (agent ag1 is down: m01 is powered off)")
     assert pod.admin("power", "on", "agent", "ag1").code == 0
     pod.wait_for_status("ag1", "Up")
     created = pod.user("create", "partition", "p7", "--size", "4")

@@ -120,6 +120,17 @@ def test_a_transition_is_a_compare_and_set_on_the_state_it_was_read_in(populated
         assert (stored.ready_state, stored.operation_state, stored.errors) == (ReadyState.ACTIVE, OperationState.IDLE, [])
 
 
+def recorded(store: Store, outcomes: dict[str, object]):
+    """A grouped write, from any thread, whose result or refusal is kept in `outcomes` under its name."""
+    def write(name, work):
+        try:
+            outcomes[name] = store.write(work)
+        except VipuError as error:
+            outcomes[name] = error
+
+    return write
+
+
 def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alone(populated):
     with populated.transaction() as tx:
         tx.add_partition(partition("taken", "ag2"))
@@ -132,12 +143,7 @@ def test_writes_that_arrive_while_another_commits_share_one_commit_and_fail_alon
         tx.add_partition(partition("p0", "ag1", (0,)))
 
     outcomes: dict[str, object] = {}
-
-    def write(name, work):
-        try:
-            outcomes[name] = populated.write(work)
-        except VipuError as error:
-            outcomes[name] = error
+    write = recorded(populated, outcomes)
 
     def adding(name, agent_id, index):
         return lambda tx: tx.add_partition(partition(name, agent_id, (index,)))
@@ -172,12 +178,7 @@ def test_a_write_that_gives_up_waiting_for_its_turn_is_withdrawn_and_never_commi
         tx.add_partition(partition("slow", "ag1", (0,)))
 
     outcomes: dict[str, object] = {}
-
-    def write(name, work):
-        try:
-            outcomes[name] = populated.write(work)
-        except VipuError as error:
-            outcomes[name] = error
+    write = recorded(populated, outcomes)
 
     first = threading.Thread(target=write, args=("slow", slow))
     first.start()

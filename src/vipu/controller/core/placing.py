@@ -8,6 +8,7 @@ the machines that failed the partition (`moved`).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping, Set
 from datetime import UTC, datetime
@@ -95,16 +96,25 @@ def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[s
     it does not fit, or InvalidArgument naming the rule it breaks."""
     explicit = explicit_ipus(layout, allocation, request)
     kept_out = {} if explicit or not down else {a: why for a, why in down.items() if a in allocation.agent_ids}
-    where = f"allocation {allocation.id}"
-    if kept_out:
-        listed = [f"{agent}: {why}" for agent, why in sorted(kept_out.items())[:3]]
-        more = f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else ""
-        where += f" without the machines that are down ({'; '.join(listed)}{more})"
-    return place_partition(
-        layout, set(allocation.agent_ids) - set(kept_out), used, request.size, num_gcds=request.num_gcds,
-        num_segments=request.num_segments, ipulink_routing=request.ipulink_routing, gw_routing=request.gw_routing,
-        explicit=explicit, where=where, occupancy=occupancy, faults=faults, mix=mix,
-    )
+
+    def placed(machines: set[str], where: str) -> Placement:
+        return place_partition(
+            layout, machines, used, request.size, num_gcds=request.num_gcds, num_segments=request.num_segments,
+            ipulink_routing=request.ipulink_routing, gw_routing=request.gw_routing, explicit=explicit, where=where,
+            occupancy=occupancy, faults=faults, mix=mix)
+
+    if not kept_out:
+        return placed(set(allocation.agent_ids), f"allocation {allocation.id}")
+    listed = "; ".join(f"agent {agent} is down: {why}" for agent, why in sorted(kept_out.items())[:3])
+    more = f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else ""
+    try:
+        return placed(set(allocation.agent_ids) - set(kept_out), f"allocation {allocation.id} without its machines that are down "
+                                                                 f"({listed}{more})")
+    except InvalidArgument:  # it fits in no shape of the machines that are up; with them all, it may
+        with contextlib.suppress(NoRoom):
+            placed(set(allocation.agent_ids), f"allocation {allocation.id}")  # InvalidArgument: a rule it breaks with every machine
+        raise NoRoom(f"no room for a partition of {request.size} IPUs in allocation {allocation.id} while its machines that are "
+                     f"down are left out ({listed}{more})", (allocation.id,)) from None
 
 
 def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, placement: Placement) -> Partition:
