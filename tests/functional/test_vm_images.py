@@ -53,6 +53,7 @@ def ssh_key(directory: Path) -> tuple[Path, str]:
     return path, key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
 
 
+@pytest.mark.timeout(BOOT_SECONDS + 300)  # its images built (setup), then two emulated boots of up to BOOT_SECONDS
 def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(images, postgres_of_its_own, tmp_path):
     # The controller's vPOD prepared as the OpenStack provider prepares it, its port's address
     # qemu's guest address; the VM reaches the tenant's database on this host's PostgreSQL.
