@@ -105,6 +105,7 @@ class Owners:
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
             self._owners = owners
+            self._failed.clear()  # every owner is made from the store now
             self._ids = {p.id: p.allocation_id for p in partitions} | {r.partition_id: r.allocation_id for r in requests}
             self._waiting_by_user = Counter(r.owner for r in requests if r.owner)
             self._waiting = len(requests)
@@ -216,6 +217,7 @@ class Owners:
                     return None
                 if not holder.startswith(CLAIMED):
                     found = self._owners.get(holder)
+                    rebuilding = found is None and holder in self._failed
                     break
                 if not in_flight:
                     return None
@@ -224,7 +226,7 @@ class Owners:
                     return self._owners.get(offered)
                 if not self._ids_freed.wait(max(0.0, deadline - time.monotonic())):
                     return None
-        return found if found is not None else self.owner(holder)  # one being rebuilt is made now, from the store
+        return self.owner(holder) if rebuilding else found  # one being made again from the store is made now
 
     def closed(self, owner: Turns) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
