@@ -26,6 +26,7 @@ leader after each fault of the leader, and counts elections during stalls shorte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -83,10 +84,10 @@ def client_loop(number: int, addresses: str, history: History, stop: threading.E
     chooser = random.Random(seed)
     client = UserClient(ClientSettings(addresses, 0), timeout=15)
     mine: list[str] = []
-    serial = 0
+    serial, full = 0, False
     try:
         while not stop.is_set():
-            if mine and chooser.random() < 0.5:
+            if mine and (full or chooser.random() < 0.5):  # a pod with no room for it: make some
                 partition_id, operation = mine.pop(chooser.randrange(len(mine))), "remove"
                 work = lambda p=partition_id: client.remove_partition(p)  # noqa: E731
             else:
@@ -100,7 +101,10 @@ def client_loop(number: int, addresses: str, history: History, stop: threading.E
             except DEFINITE as refusal:
                 answer, detail = "refused", refusal.message
             except VipuError as error:
-                answer, detail = "unknown", f"{type(error).__name__}: {error.message}"
+                # Passed over by every replica (standing by, or never reached): nothing was sent to be done.
+                answer = "refused" if error.message.startswith("no vipu-server of") else "unknown"
+                detail = f"{type(error).__name__}: {error.message}"
+            full = operation == "create" and answer == "refused" and ("no free" in detail or "no room" in detail)
             history.add(Call(number, operation, partition_id, began, time.time(), answer, detail))
             if operation == "create" and answer != "refused":
                 mine.append(partition_id)  # unknown creates are removed later too: their outcome is settled then
@@ -341,7 +345,15 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                     "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
                     "elections_during_short_stalls": run.stall_elections, "seconds": round(time.monotonic() - began, 1)}
     finally:
-        postgres.stop()
+        stop_postgres(postgres)
+
+
+def stop_postgres(postgres: PostgresServer) -> None:
+    """Stop the server, asking its postmaster for a fast shutdown first: after a pause, runuser
+    (which started it) may no longer pass a signal on."""
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int((postgres.directory / "data" / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+    postgres.stop()
 
 
 @click.command()

@@ -162,6 +162,20 @@ def crashes(data: dict) -> list[str]:
             *markdown(["store", "rounds", "calls answered", "interrupted operations finished", "violations", "minutes"], rows)]
 
 
+def faults(data: dict) -> list[str]:
+    answers = data["answers"]
+    rows = [[kind, count] for kind, count in sorted(data["injected"].items())]
+    served = "; ".join(f"after {kind}: p50 {t['p50_s']} s, p99 {t['p99_s']} s, max {t['max_s']} s ({t['count']})"
+                       for kind, t in sorted(data["takeover_after"].items()))
+    return [f"**Fault campaign** (`bench.faults`, recorded {data['machine']['when']} at revision {data['revision']}: "
+            f"{data['faults']} faults, three replicas with a {data['lease_seconds']:g} s lease on PostgreSQL, {data['clients']} "
+            f"clients, {data['machines']} machines, {data['seconds'] / 60:.0f} minutes): {data['calls']} calls, {answers.get('ok', 0)} "
+            f"ok, {answers.get('refused', 0)} refused, {answers.get('unknown', 0)} unknown ({100 * data['unknown_share']:.2f} %); "
+            f"**{data['anomalies']} anomalies**; {data['elections_during_short_stalls']} elections in {data['short_stalls']} "
+            f"stalls shorter than the lease; served again {served} (timed from the fault's start, a stop's own length included).",
+            "", *markdown(["fault", "injected"], rows)]
+
+
 def soak(data: dict) -> list[str]:
     rows = [[w["end_s"], w["operations"], w["errors_so_far"], w["p50_ms"], w["p99_ms"], w["controller_rss_mb"]] for w in data["windows"]]
     memory = data["memory"]
@@ -222,7 +236,7 @@ def main():
                  ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator), ("queueing", queueing),
                  ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
                  ("cli-speed", cli_speed), ("login-timing", login_timing), ("web", web), ("link-year", link_year), ("crashes", crashes),
-                 ("soak", soak))
+                 ("faults-1000", faults), ("faults", faults), ("soak", soak))
     for name, render in renderers:
         data = load(name)
         if data is not None:
