@@ -54,11 +54,8 @@ class WriteTurn:
 
 class CommitLost(Exception):
     """The database's answer to COMMIT never came (the connection went): the transaction may or
-    may not have been committed. Raised by a `writing()` transaction; its callers learn OutcomeUnknown."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
+    may not have been committed. Raised by a `writing()` transaction, from the driver's error; its
+    callers learn OutcomeUnknown."""
 
 
 class _GroupedWrite:

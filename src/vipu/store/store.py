@@ -83,12 +83,12 @@ class _DriverTransaction:
             except BaseException as failure:
                 if not self._store.is_sqlite and is_database_error(failure) and getattr(self._driver, "closed", False):
                     self._store.let_go_of_group_connection()  # PostgreSQL may have committed before the connection went
-                    raise CommitLost(failure) from failure
+                    raise CommitLost(str(failure)) from failure
                 self._failed(failure)  # SQLite commits in this process: its failure is a rollback
             try:
                 failpoints.hit("store.commit.answer")  # committed, and the answer lost on the way back
             except Unavailable as lost:
-                raise CommitLost(lost) from lost
+                raise CommitLost(lost.message) from lost
             self._tx.tell_committed()
             return
         self._failed(error)
