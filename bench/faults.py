@@ -26,7 +26,6 @@ leader after each fault of the leader, and counts elections during stalls shorte
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
@@ -218,10 +217,8 @@ class Campaign:
 
     def _postgres_processes(self) -> list[int]:
         """The server's postmaster and every process it started (its backends and helpers)."""
-        postmaster = int((self.postgres.directory / "data" / "postmaster.pid").read_text().split()[0])
-        children = [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _parent(int(entry)) == postmaster]
-        # runuser, which started the postmaster, first: stopped after its child, it would stop itself and forward no signal again
-        return [self.postgres.process.pid, postmaster, *children]
+        postmaster = self.postgres.process.pid
+        return [postmaster, *(int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _parent(int(entry)) == postmaster)]
 
     # The verdict
 
@@ -345,15 +342,7 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                     "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
                     "elections_during_short_stalls": run.stall_elections, "seconds": round(time.monotonic() - began, 1)}
     finally:
-        stop_postgres(postgres)
-
-
-def stop_postgres(postgres: PostgresServer) -> None:
-    """Stop the server, asking its postmaster for a fast shutdown first: after a pause, runuser
-    (which started it) may no longer pass a signal on."""
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int((postgres.directory / "data" / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
-    postgres.stop()
+        postgres.stop()
 
 
 @click.command()

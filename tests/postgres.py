@@ -12,6 +12,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -39,20 +40,21 @@ class PostgresServer:
             raise RuntimeError("PostgreSQL is not installed; scripts/test installs it (Debian package postgresql)")
         self.directory = Path(tempfile.mkdtemp(prefix="vipu-pg-"))
         self.port = free_port()
-        runner: list[str] = []
-        if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")
+        # As root, setpriv execs the server as postgres, so the process the tests hold is the postmaster itself:
+        # runuser would stay between them, a parent that stops itself when its child is paused and then passes no signal on
+        user = "postgres" if os.geteuid() == 0 else None
+        if user:
+            account = pwd.getpwnam(user)
             os.chown(self.directory, account.pw_uid, account.pw_gid)
-            runner = ["runuser", "-u", "postgres", "--"]
         data = self.directory / "data"
         subprocess.run(
-            [*runner, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
+            dying_with_parent([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"], user=user),
             check=True, capture_output=True,
         )
         self.process = subprocess.Popen(
-            dying_with_parent([*runner, str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
+            dying_with_parent([str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
              "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300",
-             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))]),
+             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))], user=user),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
@@ -79,6 +81,12 @@ class PostgresServer:
             connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
+        """A fast shutdown (SIGINT: a SIGTERM would wait for every client to leave); an immediate one
+        if that takes over 30 s. The server is thrown away, so nothing is lost either way."""
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGQUIT)
+            self.process.wait(timeout=30)
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -151,13 +151,16 @@ def test_a_suspect_link_steers_a_new_partition_and_a_failed_one_refuses_only_the
 def test_a_week_of_readings_every_second_is_read_a_bounded_page_at_a_time(pod):
     """604,800 readings made one reply of 12 MB, past what a client takes: it failed for ever. Now
     a page holds the newest 10,000 and says how many older ones were left out, and --before pages back."""
-    week, now = 7 * 86_400, time.time()
+    week, now = 7 * 86_400, int(time.time())  # whole seconds: --since and --before name them exactly
+    wait_until(lambda: "ag4:5" in links(pod), timeout=30, what="ag4:5 in the ledger")
     began, ended = now - 3 * week, now - 2 * week  # a week long past: the readings the ledger takes now are not among them
     with sqlite3.connect(pod.db_url.removeprefix("sqlite:///")) as db:  # a week of readings of ag4:5, as the ledger keeps them
         db.executemany("INSERT INTO link_samples (agent_id, place, at, corrected, recoveries, up) VALUES ('ag4', '5', ?, ?, 0, 1)",
                        ((began + n, n) for n in range(week)))
     window = ("--since", datetime.fromtimestamp(began, UTC).isoformat(), "--before", datetime.fromtimestamp(ended, UTC).isoformat())
-    page = json.loads(pod.admin("get", "link", "ag4:5", "--history", *window, "--json").out)
+    answer = pod.admin("get", "link", "ag4:5", "--history", *window, "--json")
+    assert answer.code == 0, answer.err
+    page = json.loads(answer.out)
     assert (len(page["samples"]), page["samples_left_out"]) == (10_000, week - 10_000)
     assert page["samples"][-1]["at"] == began + week - 1  # the newest
     shown = pod.admin("get", "link", "ag4:5", "--history", *window, "--limit", "100")

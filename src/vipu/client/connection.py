@@ -18,17 +18,24 @@ from vipu.client.settings import ClientSettings
 from vipu.model.errors import ConcurrentUpdate, InvalidArgument, OutcomeUnknown, Standby, Unavailable, VipuError
 
 PROBE_SECONDS = 2.0  # how long a look at whether a server that closed a connection still listens may take
+PROBE_GAP_SECONDS = 0.3  # between two looks: a killed server is gone by the second
 
 
 def answers(address: str) -> bool:
-    """Whether something listens at `host:port` now: a server that closed a connection and still
-    listens refused how it was spoken to (plaintext to a secure server); one that does not, went."""
+    """Whether something listens at `host:port`, now and a moment later: a server that closed a
+    connection and still listens refused how it was spoken to (plaintext to a secure server); one
+    that does not, went. A killed process closes its connections before its listening socket may
+    be gone, so one probe right after the close can still find it."""
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
-            return True
-    except (OSError, ValueError):
-        return False
+    for probe in range(2):
+        if probe:
+            time.sleep(PROBE_GAP_SECONDS)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
+                pass
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 class Stream:
