@@ -11,7 +11,15 @@ injects one fault at a time, at random, each bounded in time:
 - `kill-standby`: SIGKILL of a standby; `kill-agent`, `stop-agent`: of an agent (stopped 0.5 to 5 s);
 - `pg-lock`: every table the controller writes locked by another connection (ACCESS EXCLUSIVE)
   for 0.1 to 0.5 of a lease, or (`pg-lock-long`) for 1.2 to 2 leases;
-- `pg-pause`: the PostgreSQL server's processes stopped (SIGSTOP) for 0.1 to 0.5 of a lease.
+- `pg-pause`: the PostgreSQL server's processes stopped (SIGSTOP) for 0.1 to 0.5 of a lease, or
+  (`pg-pause-long`) from 1.2 leases to `--longest-stall` seconds (60 by default; log-uniform);
+- `kill-postgres`: every PostgreSQL process SIGKILLed, and the server started again (crash recovery);
+- `net-split`: the leader cut off from PostgreSQL by a network partition (`bench.netsplit`) from
+  1.2 leases to `--longest-stall` seconds, where this machine allows network namespaces.
+
+Slow agents and slow commits are there throughout: replica `c` runs with failpoints that hold each
+of its commits and each partition it applies at an agent (`SLOW_REPLICA`), so whenever it leads
+(a third of the time or so) every turn is slow; and a stopped agent or a locked table is slow too.
 
 A killed or deposed replica, and a killed agent, is started again once the fault ends. Then the
 checker, once a leader serves and two health passes have run: every acknowledged create present
@@ -19,13 +27,15 @@ checker, once a leader serves and two health passes have run: every acknowledged
 refused create and acknowledged remove absent, every unknown either, no IPU in two partitions,
 nothing mid-operation, no agent holding what the store does not know, and never two replicas
 elected in one term (from their logs). It also measures how long the pod was without a serving
-leader after each fault of the leader, and counts elections during stalls shorter than a lease.
+leader after each fault of the leader or of PostgreSQL, counts elections during stalls shorter than
+a lease (none is allowed) and after longer ones (one is expected).
 
     python -m bench.faults --faults 1000 --lease 3
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -33,6 +43,7 @@ import signal
 import statistics
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +51,9 @@ from tempfile import TemporaryDirectory
 
 import click
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
+from bench import netsplit
 from bench.common import save, table
 from tests.functional.harness import Pod, wait_until
 from tests.functional.test_high_availability import Replica, readiness
@@ -50,8 +63,13 @@ from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
 from vipu.model.errors import AlreadyExists, Conflict, HardwareFailure, InvalidArgument, NotFound, VipuError
 
-KINDS = ("kill-leader", "stop-leader", "kill-standby", "kill-agent", "stop-agent", "pg-lock", "pg-lock-long", "pg-pause")
+KINDS = ("kill-leader", "stop-leader", "kill-standby", "kill-agent", "stop-agent", "pg-lock", "pg-lock-long", "pg-pause",
+         "pg-pause-long", "kill-postgres", "net-split")
+PROBE_SECONDS = 0.25  # a readiness probe's timeout
 SHORT_STALLS = ("pg-lock", "pg-pause")  # shorter than a lease: no change of leader is allowed
+LONG_STALLS = ("pg-lock-long", "pg-pause-long", "net-split")  # longer than a lease: one change of leader is expected
+LEADER_FAULTS = ("kill-leader", "stop-leader", "kill-postgres", *LONG_STALLS)  # timed until a replica serves again
+SLOW_REPLICA = "store.commit=delay(0.05);agent.apply=delay(0.3)"  # replica c's failpoints: slow commits, slow agents
 WRITTEN_TABLES = "leases, partitions, partition_ipus, partition_requests, agents"
 SIZES = (1, 2, 4, 8)
 DEFINITE = (Conflict, AlreadyExists, InvalidArgument, NotFound, HardwareFailure)  # refusals that say nothing was done
@@ -116,17 +134,23 @@ def client_loop(number: int, addresses: str, history: History, stop: threading.E
 
 
 class Campaign:
-    def __init__(self, directory: Path, postgres: PostgresServer, lease: float, machines: int, seed: int):
+    def __init__(self, directory: Path, postgres: PostgresServer, links: netsplit.Links | None, lease: float, machines: int,
+                 seed: int, longest_stall: float):
+        """With `links`, PostgreSQL runs in their namespace: the campaign reaches it over link 0, replica N over link N."""
         self.chooser = random.Random(seed)
         self.postgres = postgres
+        self.links = links
         self.lease = lease
+        self.longest_stall = max(longest_stall, 1.5 * lease)
         self.database = postgres.create_database()
         self.pod = Pod(directory, machines=machines, db_url=postgres.url(self.database))
         for group in self.pod.agent_groups:
             self.pod.start_agent(*group)
         for machine in self.pod.rack.machines:
             self.pod.wait_for_agent(machine.name)
-        self.replicas = [Replica(name, lease_seconds=lease).start(self.pod) for name in ("a", "b", "c")]
+        self.replicas = [Replica(name, lease_seconds=lease, environment={"VIPU_FAILPOINTS": SLOW_REPLICA} if name == "c" else {},
+                                 db_url=postgres.url(self.database, links.address(number) if links else None)).start(self.pod)
+                         for number, name in enumerate(("a", "b", "c"), start=1)]
         leader = wait_until(self.leader, timeout=30, what="a leader")
         self.pod.admin_port = leader.admin_port
         self.pod.register()
@@ -134,13 +158,17 @@ class Campaign:
         self.takeovers: dict[str, list[float]] = defaultdict(list)
         self.stall_elections = 0
         self.stalls = 0
+        self.elections_after_long_stalls: Counter[int] = Counter()  # elections a stall longer than the lease caused: how often
         self.injected: Counter[str] = Counter()
+        self.claims: dict[int, dict[float, float]] = {}  # replica process: its lease claims so far, cumulative per bucket
 
     # The replicas
 
     def leader(self) -> Replica | None:
+        """The replica a load balancer would send to now. Its probe is short (as a balancer's is), or
+        a stopped leader, asked first, would hold the look past the time a standby took over."""
         for replica in self.replicas:
-            if replica.process is not None and replica.process.poll() is None and readiness(replica) == 200:
+            if replica.process is not None and replica.process.poll() is None and readiness(replica, PROBE_SECONDS) == 200:
                 return replica
         return None
 
@@ -162,10 +190,37 @@ class Campaign:
         wait_until(self.leader, timeout=10 * self.lease + 30, what="a replica to serve")
         return time.monotonic() - began
 
+    def sample_claims(self) -> None:
+        """Read each replica's histogram of how long its lease claims took (kept per process: a
+        replica started again counts from nothing)."""
+        for replica in self.replicas:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=PROBE_SECONDS).read()
+            except OSError:
+                continue
+            for family in text_string_to_metric_families(text.decode()):
+                if family.name == "vipu_lease_claim_seconds":
+                    self.claims[replica.process.pid] = {float(sample.labels["le"]): sample.value for sample in family.samples
+                                                        if sample.name.endswith("_bucket")}
+
+    def claim_quantiles(self) -> dict:
+        """Quantiles of the claims' time over every replica process, each as the bucket's upper bound."""
+        buckets: Counter[float] = Counter()
+        for counts in self.claims.values():
+            buckets.update(counts)
+        total = buckets.get(math.inf, 0)
+
+        def quantile(share: float) -> float | None:
+            return next((bound for bound in sorted(buckets) if buckets[bound] >= share * total), None) if total else None
+
+        return {"count": int(total), **{f"{name}_s_at_most": quantile(share) for name, share in
+                                        (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))}}
+
     # The faults
 
     def inject(self, kind: str) -> None:
         self.injected[kind] += 1
+        self.sample_claims()
         leader = wait_until(self.leader, timeout=10 * self.lease + 30, what="a leader before the fault")
         began = time.monotonic()
         if kind == "kill-leader":
@@ -194,9 +249,17 @@ class Campaign:
         self.revive()
 
     def stall(self, kind: str, leader: Replica) -> None:
-        seconds = self.chooser.uniform(1.2, 2.0) * self.lease if kind == "pg-lock-long" else self.chooser.uniform(0.1, 0.5) * self.lease
+        if kind in SHORT_STALLS:
+            seconds = self.chooser.uniform(0.1, 0.5) * self.lease
+        elif kind == "pg-lock-long":
+            seconds = self.chooser.uniform(1.2, 2.0) * self.lease
+        else:  # log-uniform: as many stalls of 2 to 4 s as of 20 to 40 s
+            seconds = math.exp(self.chooser.uniform(math.log(1.2 * self.lease), math.log(self.longest_stall)))
         before = set(self.elections())
-        if kind == "pg-pause":
+        began = time.monotonic()
+        if kind == "kill-postgres":
+            self._kill_postgres()
+        elif kind in ("pg-pause", "pg-pause-long"):
             processes = self._postgres_processes()
             for pid in processes:
                 os.kill(pid, signal.SIGSTOP)
@@ -205,20 +268,60 @@ class Campaign:
             finally:
                 for pid in reversed(processes):
                     os.kill(pid, signal.SIGCONT)
+        elif kind == "net-split":
+            self.takeovers[kind].append(self._split(leader, seconds))
         else:
             with psycopg.connect(self.postgres.url(self.database)) as locking:
                 locking.execute(f"LOCK TABLE {WRITTEN_TABLES} IN ACCESS EXCLUSIVE MODE")
                 time.sleep(seconds)
                 locking.rollback()
+        if kind.startswith("pg-"):
+            began = time.monotonic()  # no replica can serve while the store cannot: served again counts from its return
+        if kind in LEADER_FAULTS and kind != "net-split":
+            self.takeovers[kind].append(self.served_again(began))
         if kind in SHORT_STALLS:
             self.stalls += 1
             time.sleep(self.lease)  # a change the stall caused would show by now
             self.stall_elections += len(set(self.elections()) - before)
+        elif kind in LONG_STALLS:
+            time.sleep(self.lease)
+            self.elections_after_long_stalls[len(set(self.elections()) - before)] += 1
+
+    def _split(self, leader: Replica, seconds: float) -> float:
+        """Cut the leader off from PostgreSQL for `seconds`; how long until a replica served again
+        (another, during the partition; or any, after it, if it was too short for a takeover)."""
+        assert self.links is not None
+        link = self.replicas.index(leader) + 1
+        began = time.monotonic()
+        self.links.cut(link)
+        try:
+            while time.monotonic() < began + seconds:
+                serving = self.leader()
+                if serving is not None and serving is not leader:
+                    took = time.monotonic() - began
+                    time.sleep(max(0.0, began + seconds - time.monotonic()))
+                    return took
+                time.sleep(0.05)
+        finally:
+            self.links.heal(link)
+        return self.served_again(began)
 
     def _postgres_processes(self) -> list[int]:
         """The server's postmaster and every process it started (its backends and helpers)."""
         postmaster = self.postgres.process.pid
         return [postmaster, *(int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _parent(int(entry)) == postmaster)]
+
+    def _kill_postgres(self) -> None:
+        """SIGKILL every process of the server, as a crash of its machine would, and start it again.
+        The postmaster is stopped first, so that it starts no process while they are listed."""
+        os.kill(self.postgres.process.pid, signal.SIGSTOP)
+        processes = self._postgres_processes()
+        for pid in processes:
+            os.kill(pid, signal.SIGKILL)
+        self.postgres.process.wait()
+        # a new server would not start beside a backend of the old one still attached to its memory
+        wait_until(lambda: not any(_alive(pid) for pid in processes), timeout=30, what="the killed server's processes to end")
+        self.postgres.start()
 
     # The verdict
 
@@ -298,6 +401,14 @@ class Campaign:
         self.postgres.drop_database(self.database)
 
 
+def _alive(pid: int) -> bool:
+    """Whether the process runs still (a zombie has let go of everything)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -306,13 +417,18 @@ def _parent(pid: int) -> int:
 
 
 def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, kinds: tuple[str, ...] = KINDS,
-             in_turn: bool = False) -> dict:
+             in_turn: bool = False, longest_stall: float = 60.0) -> dict:
     """Run `faults` faults drawn at random among `kinds` (or each kind in turn) under `clients`
-    clients; what the checker found."""
-    postgres = PostgresServer()
+    clients; what the checker found. Network partitions are left out where namespaces cannot be made."""
+    left_out = {}
+    if "net-split" in kinds and not netsplit.possible():
+        kinds = tuple(kind for kind in kinds if kind != "net-split")
+        left_out["net-split"] = "this machine makes no network namespaces (ip netns add was refused)"
+    links = netsplit.Links(4) if "net-split" in kinds else None
+    postgres = PostgresServer(netns=links.namespace, host=links.address(0)) if links else PostgresServer()
     try:
         with TemporaryDirectory(prefix="vipu-faults-") as directory:
-            run = Campaign(Path(directory), postgres, lease, machines, seed)
+            run = Campaign(Path(directory), postgres, links, lease, machines, seed, longest_stall)
             history, stop = History(), threading.Event()
             began = time.monotonic()
             threads = [threading.Thread(target=client_loop, args=(n, run.addresses, history, stop, seed + n), daemon=True)
@@ -331,6 +447,7 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                 anomalies = run.check(history)
             finally:
                 stop.set()
+                run.sample_claims()
                 run.close()
             answers = Counter(call.answer for call in history.calls)
             takeovers = {kind: {"count": len(times), "p50_s": round(statistics.median(times), 2),
@@ -340,9 +457,14 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                     "seed": seed, "calls": len(history.calls), "answers": dict(answers),
                     "unknown_share": round(answers["unknown"] / max(1, len(history.calls)), 4), "anomalies": len(anomalies),
                     "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
-                    "elections_during_short_stalls": run.stall_elections, "seconds": round(time.monotonic() - began, 1)}
+                    "elections_during_short_stalls": run.stall_elections, "longest_stall_s": run.longest_stall,
+                    "elections_after_long_stalls": {str(n): count for n, count in sorted(run.elections_after_long_stalls.items())},
+                    "lease_claims": run.claim_quantiles(), "slow_replica": SLOW_REPLICA, "left_out": left_out,
+                    "seconds": round(time.monotonic() - began, 1)}
     finally:
         postgres.stop()
+        if links:
+            links.close()
 
 
 @click.command()
@@ -352,14 +474,15 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
 @click.option("--clients", default=4, show_default=True, help="Client threads making and removing partitions.")
 @click.option("--machines", default=4, show_default=True, help="Machines in the pod, an agent process each.")
 @click.option("--seed", default=20261206, show_default=True, help="Seed of the faults, their lengths and the clients' requests.")
+@click.option("--longest-stall", default=60.0, show_default=True, help="Seconds the longest PostgreSQL pause or network partition lasts.")
 @click.option("--name", default="faults", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(faults, kinds, lease, clients, machines, seed, name):
+def main(faults, kinds, lease, clients, machines, seed, longest_stall, name):
     """Inject faults under load and judge every answer (the target: no anomaly)."""
     chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
     unknown = [k for k in chosen if k not in KINDS]
     if unknown:
         raise click.BadParameter(f"no fault kind {unknown[0]!r}; the kinds are {', '.join(KINDS)}", param_hint="--kinds")
-    result = campaign(faults, lease, clients, machines, seed, chosen)
+    result = campaign(faults, lease, clients, machines, seed, chosen, longest_stall=longest_stall)
     path = save(name, {"benchmark": "faults", **result})
     click.echo(table(["faults", "calls", "ok", "refused", "unknown", "unknown share", "anomalies", "elections in short stalls"],
                      [[result["faults"], result["calls"], result["answers"].get("ok", 0), result["answers"].get("refused", 0),
@@ -368,6 +491,12 @@ def main(faults, kinds, lease, clients, machines, seed, name):
     for kind, figures in result["takeover_after"].items():
         click.echo(f"served again after {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s, max {figures['max_s']} s "
                    f"({figures['count']})")
+    click.echo(f"elections after a stall longer than the lease (count: stalls): {result['elections_after_long_stalls']}")
+    claims = result["lease_claims"]
+    click.echo(f"lease claims: {claims['count']}, p50 <= {claims['p50_s_at_most']} s, p99 <= {claims['p99_s_at_most']} s, "
+               f"p99.9 <= {claims['p999_s_at_most']} s")
+    for kind, why in result["left_out"].items():
+        click.echo(f"left out: {kind}: {why}")
     for anomaly in result["first_anomalies"]:
         click.echo(f"anomaly: {anomaly}")
     click.echo(f"written: {path}")

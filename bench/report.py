@@ -167,12 +167,22 @@ def faults(data: dict) -> list[str]:
     rows = [[kind, count] for kind, count in sorted(data["injected"].items())]
     served = "; ".join(f"after {kind}: p50 {t['p50_s']} s, p99 {t['p99_s']} s, max {t['max_s']} s ({t['count']})"
                        for kind, t in sorted(data["takeover_after"].items()))
+    timed = ("timed from the fault's start, a stop's own length included" if "lease_claims" not in data else
+             "timed from the fault's start; after a stall of the store, from its end")
+    long_stalls = ", ".join(f"{elections} election{'s' * (elections != '1')} after {count}"
+                            for elections, count in data.get("elections_after_long_stalls", {}).items())
+    claims = data.get("lease_claims")
+    later = [f"Stalls longer than the lease (up to {data['longest_stall_s']:g} s): {long_stalls}." if long_stalls else "",
+             f"Lease claims: {claims['count']}, p50 at most {claims['p50_s_at_most']} s, p99 at most {claims['p99_s_at_most']} s, "
+             f"p99.9 at most {claims['p999_s_at_most']} s." if claims and claims["count"] else "",
+             f"Replica c ran with the failpoints `{data['slow_replica']}`." if data.get("slow_replica") else "",
+             *(f"Left out: {kind}: {why}." for kind, why in data.get("left_out", {}).items())]
     return [f"**Fault campaign** (`bench.faults`, recorded {data['machine']['when']} at revision {data['revision']}: "
             f"{data['faults']} faults, three replicas with a {data['lease_seconds']:g} s lease on PostgreSQL, {data['clients']} "
             f"clients, {data['machines']} machines, {data['seconds'] / 60:.0f} minutes): {data['calls']} calls, {answers.get('ok', 0)} "
             f"ok, {answers.get('refused', 0)} refused, {answers.get('unknown', 0)} unknown ({100 * data['unknown_share']:.2f} %); "
             f"**{data['anomalies']} anomalies**; {data['elections_during_short_stalls']} elections in {data['short_stalls']} "
-            f"stalls shorter than the lease; served again {served} (timed from the fault's start, a stop's own length included).",
+            f"stalls shorter than the lease; served again {served} ({timed}). {' '.join(filter(None, later))}",
             "", *markdown(["fault", "injected"], rows)]
 
 

@@ -34,12 +34,15 @@ def find_binaries() -> Path | None:
 
 
 class PostgresServer:
-    def __init__(self, durable: bool = False):
+    def __init__(self, durable: bool = False, netns: str | None = None, host: str = "127.0.0.1"):
+        """A server on a free port of `host`; with `netns`, in that network namespace, listening on
+        every address it has there (`host` being one: where the tests reach it)."""
         bindir = find_binaries()
         if bindir is None:
             raise RuntimeError("PostgreSQL is not installed; scripts/test installs it (Debian package postgresql)")
         self.directory = Path(tempfile.mkdtemp(prefix="vipu-pg-"))
         self.port = free_port()
+        self.host = host
         # As root, setpriv execs the server as postgres, so the process the tests hold is the postmaster itself:
         # runuser would stay between them, a parent that stops itself when its child is paused and then passes no signal on
         user = "postgres" if os.geteuid() == 0 else None
@@ -51,12 +54,19 @@ class PostgresServer:
             dying_with_parent([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"], user=user),
             check=True, capture_output=True,
         )
-        self.process = subprocess.Popen(
-            dying_with_parent([str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
-             "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300",
-             *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))], user=user),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        if netns:  # initdb trusts loopback only; the namespace is the test's own, reached over its links
+            with open(data / "pg_hba.conf", "a") as rules:
+                rules.write("host all all 0.0.0.0/0 trust\n")
+        self._command = [  # `ip netns exec` execs in turn: the process is still the postmaster
+            *(("ip", "netns", "exec", netns) if netns else ()),
+            *dying_with_parent([str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.directory),
+                                "-c", f"listen_addresses={'*' if netns else host}", "-c", "max_connections=300",
+                                *(("-c", "synchronous_commit=off") if durable else ("-c", "fsync=off"))], user=user)]
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, after a kill: it recovers its data as after a crash)."""
+        self.process = subprocess.Popen(self._command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -67,8 +77,9 @@ class PostgresServer:
                     raise RuntimeError("PostgreSQL did not start") from None
                 time.sleep(0.1)
 
-    def url(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str, host: str | None = None) -> str:
+        """The database's URL, at `host` if named (another of the server's addresses)."""
+        return f"postgresql://postgres@{host or self.host}:{self.port}/{database}"
 
     def create_database(self) -> str:
         name = f"vipu_{uuid.uuid4().hex[:12]}"

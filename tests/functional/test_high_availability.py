@@ -37,6 +37,7 @@ class Replica:
     lease_seconds: float = LEASE_SECONDS
     options: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)  # besides the test's own: failpoints, say
+    db_url: str = ""  # the store, if not the pod's (the same database, reached another way)
     process: subprocess.Popen | None = None
 
     @property
@@ -46,7 +47,7 @@ class Replica:
     def start(self, pod: Pod) -> Replica:
         with open(pod.directory / f"server-{self.name}.log", "ab") as log:
             self.process = subprocess.Popen(
-                dying_with_parent([str(BIN / "vipu-server"), "--db", pod.db_url, "--data-dir", str(pod.directory),
+                dying_with_parent([str(BIN / "vipu-server"), "--db", self.db_url or pod.db_url, "--data-dir", str(pod.directory),
                                    "--listen-address", "127.0.0.1", "--port", str(self.user_port), "--admin-port", str(self.admin_port),
                                    "--metrics-port", str(self.metrics_port), "--health-interval", "0.3", "--agent-timeout", "3",
                                    "--ha", "--ha-lease-seconds", str(self.lease_seconds), *self.options]),
@@ -101,10 +102,10 @@ def replicated(request, tmp_path, postgres_url):
         pod.stop()
 
 
-def readiness(replica: Replica) -> int:
-    """What a Kubernetes readiness probe or a load balancer sees: 200, 503, or 0 when nothing answers."""
+def readiness(replica: Replica, timeout: float = 2.0) -> int:
+    """What a Kubernetes readiness probe or a load balancer sees: 200, 503, or 0 when nothing answers in `timeout`."""
     try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/readyz", timeout=2).status
+        return urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/readyz", timeout=timeout).status
     except urllib.error.HTTPError as refused:
         return refused.code
     except OSError:

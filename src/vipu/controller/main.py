@@ -276,7 +276,7 @@ def link_trend_policy(text: str) -> TrendPolicy:
               help="Run as one of several replicas on one store (PostgreSQL): the replica holding the store's lease serves, "
                    "the others stand by and refuse requests, and one takes over when the leader stops or its lease runs out.")
 @click.option("--ha-lease-seconds", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
-              help="With --ha: how long the leader's lease lasts unrenewed (it renews three times as often).")
+              help="With --ha: how long the leader's lease lasts unrenewed (it renews five times as often).")
 @click.option("--advertise-address", default=None,
               help="With --ha: the host name clients reach this replica by, which standbys name as the leader's. "
                    "Default: --listen-address, or this host's name when listening on all addresses.")

@@ -145,9 +145,13 @@ class ControllerMetrics:
         self.registry.register(EntityCollector(store))
 
     def follow(self, leadership) -> None:
-        """Export whether this replica leads (`vipu-server --ha`)."""
+        """Export whether this replica leads (`vipu-server --ha`), and how long its claims of the lease take."""
         gauge = Gauge("vipu_leader", "1 while this vipu-server replica leads, 0 while it stands by", registry=self.registry)
         gauge.set_function(lambda: 1.0 if leadership.leading else 0.0)
+        claims = Histogram("vipu_lease_claim_seconds", "How long a claim or renewal of the leader's lease took, from its "
+                           "start to the store's answer: a lease should be ten times the slowest", registry=self.registry,
+                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+        leadership.on_claim = claims.observe
 
     def observe(self, method_path: str, code: str, seconds: float) -> None:
         """Record one call; `method_path` is gRPC's '/package.Service/Method'."""

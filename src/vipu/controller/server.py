@@ -114,7 +114,9 @@ class Controller:
             raise InvalidArgument("the user and admin end-points need different addresses or ports")
         self.config = config
         link = agent_link(config)
-        self.store = Store(config.db_url, config.statement_deadline)
+        # A replica cut off from PostgreSQL mid-transaction holds locks a standby's claim waits for:
+        # the server ends such a transaction once it has waited a lease on the replica.
+        self.store = Store(config.db_url, config.statement_deadline, idle_seconds=config.ha_lease_seconds or None)
         self.gateway = GrpcAgentGateway(config.agent_timeout, credentials=link)
         self.changes = ChangeFeed()
         self.store.on_commit = self._committed

@@ -75,14 +75,18 @@ def checked_url(url: str) -> tuple[str, bool]:
     return url, is_sqlite
 
 
-def make_engine(url: str, is_sqlite: bool, immediate: bool, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS) -> Engine:
+def make_engine(url: str, is_sqlite: bool, immediate: bool, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS,
+                idle_seconds: float | None = None) -> Engine:
     """An engine whose statements keep the deadline; on SQLite, in WAL mode with foreign keys
     enforced, its transactions begun IMMEDIATE (writers) or deferred (readers)."""
     if not is_sqlite:
         # No statement, lock wait included, outlasts the deadline: a wedged database makes a
         # write fail as Unavailable instead of holding the write turn, and every writer behind it.
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                             connect_args={"options": f"-c statement_timeout={round(deadline_seconds * 1000)}"})
+        # And no transaction waits on this process longer than `idle_seconds` (the deadline by
+        # default): the server ends one whose process was cut off from it, letting go of its locks.
+        idle = round((idle_seconds or deadline_seconds) * 1000)
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={
+            "options": f"-c statement_timeout={round(deadline_seconds * 1000)} -c idle_in_transaction_session_timeout={idle}"})
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": deadline_seconds})
 
     @event.listens_for(engine, "connect")

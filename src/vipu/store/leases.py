@@ -120,6 +120,8 @@ class Leases:
                     milliseconds = max(1, round(deadline_seconds * 1000))
                     session.execute(text(f"SET LOCAL statement_timeout = {milliseconds}"))
                     session.execute(text(f"SET LOCAL lock_timeout = {milliseconds}"))
+                    # cut off mid-claim, its row lock is let go as soon as the claim's time is up
+                    session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {milliseconds}"))
                 now = session.execute(self._clock).scalar_one()
                 row = session.execute(select(LeaseRow).where(LeaseRow.name == name).with_for_update()).scalar_one_or_none()
                 if row is None:

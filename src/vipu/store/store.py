@@ -110,10 +110,13 @@ class _DriverTransaction:
 class Store:
     """Opens the database named by a URL and hands out transactions on it."""
 
-    def __init__(self, url: str, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS):
-        """`deadline_seconds`: the longest a statement, or a wait for the write turn, may take."""
+    def __init__(self, url: str, deadline_seconds: float = STATEMENT_DEADLINE_SECONDS, idle_seconds: float | None = None):
+        """`deadline_seconds`: the longest a statement, or a wait for the write turn, may take;
+        `idle_seconds`: on PostgreSQL, the longest a transaction may wait on this process between
+        statements before the server ends it (the deadline by default; a replica's lease)."""
         self.url, self.is_sqlite = checked_url(url)
-        self._write_engine = make_engine(self.url, self.is_sqlite, immediate=True, deadline_seconds=deadline_seconds)
+        self._write_engine = make_engine(self.url, self.is_sqlite, immediate=True, deadline_seconds=deadline_seconds,
+                                         idle_seconds=idle_seconds)
         self._read_engine = make_engine(self.url, self.is_sqlite, immediate=False, deadline_seconds=deadline_seconds) \
             if self.is_sqlite else self._write_engine
         # SQLite takes one writer at a time; waiting in-process is fair and fast, where its own

@@ -161,7 +161,8 @@ def test_a_stall_of_the_store_shorter_than_the_lease_pauses_the_leader_and_chang
 
 
 class HangingStore:
-    """A store whose lease claims, once `hang` is set, keep no deadline (a driver hung on its socket) until `released`."""
+    """A store whose lease claims, once `hang` is set, keep no deadline (a driver hung on its socket, a
+    paused server, a cut network) until `released`."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -176,21 +177,61 @@ class HangingStore:
         return getattr(self.store, name)
 
 
-def test_a_leader_whose_lease_loop_is_held_is_deposed_by_its_watchdog(store_url):
-    """Past half a lease with its loop held, the leader is deposed, before the lease can run out."""
+def test_a_claim_held_past_its_deadline_changes_no_leader_within_the_lease_and_deposes_it_once_it_may_lapse(store_url):
+    """The claim waits on the store on a thread of its own: held for most of the lease, then answered,
+    it renews the lease in the same term; held past the lease, the leader is deposed when the lease
+    may have run out, not before (a held claim once held the loop, and the watchdog deposed it at half)."""
     store = Store(store_url)
     hanging = HangingStore(store)
     deposed: list[str] = []
-    leadership = Leadership(hanging, "leader", 1.0, on_elected=lambda: leadership.serving(), on_deposed=deposed.append)
+    lease = 2.0
+    leadership = Leadership(hanging, "leader", lease, on_elected=lambda: leadership.serving(), on_deposed=deposed.append)
     try:
         leadership.start()
         wait_until(lambda: leadership.ready, 5)
         hanging.hang.set()
+        time.sleep(0.7 * lease)  # what is tested is that nothing happens for this long
+        assert deposed == []
+        hanging.hang.clear()
+        hanging.released.set()
+        wait_until(lambda: leadership.ready, lease)
+        assert deposed == []
+        with store.reading() as tx:
+            assert tx.session.get(LeaseRow, LEASE_NAME).term == 1
+        hanging.released.clear()
+        hanging.hang.set()
+        held = time.monotonic()
+        wait_until(lambda: bool(deposed), 2 * lease)
+        assert deposed == [f"the lease could not be renewed within {lease:g} s"]
+        assert time.monotonic() - held > lease - lease / 5 - 0.05  # the last renewal began at most a fifth of a lease before
+    finally:
+        hanging.released.set()
+        leadership.stop()
+        store.close()
+
+
+def test_a_leader_whose_lease_loop_is_held_is_deposed_by_its_watchdog(store_url):
+    """Past half a lease with its loop itself held (here where it reports a claim's time: a log that
+    cannot be written, a starved process), the leader is deposed, before the lease can run out."""
+    store = Store(store_url)
+    deposed: list[str] = []
+    held, released = threading.Event(), threading.Event()
+    leadership = Leadership(store, "leader", 1.0, on_elected=lambda: leadership.serving(), on_deposed=deposed.append)
+
+    def reported(_seconds: float) -> None:
+        if held.is_set():
+            released.wait(30)
+
+    leadership.on_claim = reported
+    try:
+        leadership.start()
+        wait_until(lambda: leadership.ready, 5)
+        held.set()
         wait_until(lambda: bool(deposed), 2.0)
         assert deposed[0].startswith("its lease loop was held for ") and deposed[0].endswith(", past half its lease of 1 s")
         assert not leadership.ready
     finally:
-        hanging.released.set()
+        released.set()
         leadership.stop()
         store.close()
 

@@ -16,8 +16,11 @@ monotonic clock, so that it stops before any standby can start:
   the store refuses its writes from the moment another replica holds the lease (`Store.fence`),
   and its agents refuse its calls once the next leader has called them (the term goes with every
   agent call: `GrpcAgentGateway.epoch`);
-- a watchdog deposes it if its loop itself is held past half a lease (no claim returned, a
-  process starved), as the loop could not.
+- each claim runs on a thread of its own: one the store holds past its deadline (a paused server
+  or a cut network, which no server-side timeout answers) does not hold the loop, which goes on
+  waiting for it and deposes the leader only once the lease may have run out;
+- a watchdog deposes it if its loop itself is held past half a lease (a starved process, a log
+  that cannot be written), as the loop could not.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from collections.abc import Callable
 
 from vipu.model.errors import Standby, VipuError
+from vipu.store.leases import Lease
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,7 @@ class Leadership:
         self._leader_address = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep, name="leadership", daemon=True)
+        self.on_claim: Callable[[float], None] = lambda seconds: None  # told how long each claim that returned took
 
     @property
     def leading(self) -> bool:
@@ -112,19 +117,33 @@ class Leadership:
             except VipuError as error:
                 log.warning("could not release the lead: %s", error.message)
 
+    def _claim(self, deadline_seconds: float) -> Lease | None:
+        try:
+            return self.store.claim_lease(LEASE_NAME, self.holder, self.address, self.lease_seconds, deadline_seconds)
+        except VipuError as error:
+            log.warning("cannot claim or renew the lead: %s", error.message)
+            return None
+
     def _keep(self) -> None:
         renew_every = self.lease_seconds / RENEWALS
+        claim: _Claim | None = None
         while not self._stop.is_set() and not self._deposed:
-            started = self._beat = time.monotonic()
-            try:
-                lease = self.store.claim_lease(LEASE_NAME, self.holder, self.address, self.lease_seconds, renew_every)
-            except VipuError as error:
-                lease = None
-                log.warning("cannot claim or renew the lead: %s", error.message)
+            self._beat = time.monotonic()
+            claim = claim or _Claim(lambda: self._claim(renew_every))
+            if not claim.wait(renew_every):  # held by the store, past its deadline (a paused server, a cut network)
+                self._beat = time.monotonic()
+                if self._valid_until and time.monotonic() >= self._valid_until:
+                    self._depose(f"the lease could not be renewed within {self.lease_seconds:g} s")
+                    return
+                continue  # it goes on waiting for that claim: the lease holds until it may have run out
+            started, lease = claim.started, claim.outcome()
+            claim = None
             took = time.monotonic() - started
             self._beat = time.monotonic()
+            if lease is not None:
+                self.on_claim(took)
             if self._deposed:
-                return  # the watchdog deposed it while the claim was held
+                return  # the watchdog deposed it meanwhile
             if lease is not None and lease.holder == self.holder:
                 first = self._valid_until == 0.0
                 if not first and lease.term != self._term:  # it lapsed, another led, and it came back to us
@@ -159,3 +178,33 @@ class Leadership:
         self._serving.clear()
         log.error("no longer the leader: %s", reason)
         self._on_deposed(reason)
+
+
+class _Claim:
+    """One claim of the lease, made on a thread of its own: a store that holds it past its deadline
+    (a paused server, a network cut, where a server-side timeout cannot answer) holds that thread,
+    while the lease loop goes on and sees the lease run out in time."""
+
+    def __init__(self, claim: Callable[[], Lease | None]):
+        self.started = time.monotonic()
+        self._claim = claim
+        self._lease: Lease | None = None
+        self._error: Exception | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="lease-claim", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._lease = self._claim()
+        except Exception as error:  # noqa: BLE001 - raised again in the loop, which fails as it did when it claimed itself
+            self._error = error
+        finally:
+            self._done.set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._done.wait(seconds)
+
+    def outcome(self) -> Lease | None:
+        if self._error is not None:
+            raise self._error
+        return self._lease
