@@ -45,9 +45,11 @@ import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
 import click
 import psycopg
@@ -69,7 +71,7 @@ PROBE_SECONDS = 0.25  # a readiness probe's timeout
 SHORT_STALLS = ("pg-lock", "pg-pause")  # shorter than a lease: no change of leader is allowed
 LONG_STALLS = ("pg-lock-long", "pg-pause-long", "net-split")  # longer than a lease: one change of leader is expected
 LEADER_FAULTS = ("kill-leader", "stop-leader", "kill-postgres", *LONG_STALLS)  # timed until a replica serves again
-SLOW_REPLICA = "store.commit=delay(0.05);agent.apply=delay(0.3)"  # replica c's failpoints: slow commits, slow agents
+SLOW_REPLICA = "store.commit=delay(0.05);agent.apply=delay(0.1)"  # replica c's failpoints: slow commits, slow agents
 WRITTEN_TABLES = "leases, partitions, partition_ipus, partition_requests, agents"
 SIZES = (1, 2, 4, 8)
 DEFINITE = (Conflict, AlreadyExists, InvalidArgument, NotFound, HardwareFailure)  # refusals that say nothing was done
@@ -78,7 +80,7 @@ DEFINITE = (Conflict, AlreadyExists, InvalidArgument, NotFound, HardwareFailure)
 @dataclass
 class Call:
     client: int
-    operation: str  # create | remove
+    operation: str  # create | remove | reset | queue (a create that may wait) | wait | cancel
     partition_id: str
     start: float
     end: float
@@ -96,41 +98,97 @@ class History:
             self.calls.append(call)
 
 
+class Client:
+    """One client: makes, resets, queues, waits for, cancels and removes its own partitions, one
+    call at a time, logging each call and its answer."""
+
+    def __init__(self, number: int, addresses: str, history: History, seed: int):
+        self.number = number
+        self.chooser = random.Random(seed)
+        self.client = UserClient(ClientSettings(addresses, 0), timeout=15)
+        self.history = history
+        self.mine: list[str] = []  # its partitions, and those whose outcome is not known yet
+        self.serial = 0
+        self.full = False  # its last create found no room: it removes one next
+
+    def ask(self, operation: str, partition_id: str, work: Callable[[], Any]) -> tuple[Call, Any]:
+        """Make one call: the call logged (its answer: ok, refused or unknown) and what it returned."""
+        began, result, detail = time.time(), None, ""
+        try:
+            result, answer = work(), "ok"
+        except DEFINITE as refusal:
+            answer, detail = "refused", refusal.message
+        except VipuError as error:
+            # Passed over by every replica (standing by, or never reached): nothing was sent to be done.
+            answer = "refused" if error.message.startswith("no vipu-server of") else "unknown"
+            detail = f"{type(error).__name__}: {error.message}"
+        call = Call(self.number, operation, partition_id, began, time.time(), answer, detail)
+        self.history.add(call)
+        return call, result
+
+    def step(self) -> str:
+        """One thing a user does; the answer of its last call."""
+        client, chooser = self.client, self.chooser
+        if self.mine and (self.full or chooser.random() < 0.5):  # a pod with no room for it: make some
+            partition_id = self.mine.pop(chooser.randrange(len(self.mine)))
+            if chooser.random() < 0.2:
+                call, _ = self.ask("reset", partition_id, lambda: client.reset_partition(partition_id))
+                self.mine.append(partition_id)
+                return call.answer
+            call, _ = self.ask("remove", partition_id, lambda: client.remove_partition(partition_id))
+            if call.answer != "ok" and "does not exist" not in call.detail:
+                self.mine.append(partition_id)
+            return call.answer
+        self.serial += 1
+        partition_id, size = f"c{self.number}-{self.serial}", chooser.choice(SIZES)
+        if chooser.random() < 0.7:
+            call, _ = self.ask("create", partition_id, lambda: client.create_partition(partition_id, size))
+            self.full = call.answer == "refused" and ("no free" in call.detail or "no room" in call.detail)
+            if call.answer != "refused":
+                self.mine.append(partition_id)  # unknown creates are removed later too: their outcome is settled then
+            return call.answer
+        call, reply = self.ask("queue", partition_id, lambda: client.create_or_queue(partition_id, size, wait_seconds=30))
+        if call.answer == "refused":
+            return call.answer
+        self.mine.append(partition_id)  # made, waiting, or unknown: settled by the calls below, or by a remove later
+        if call.answer == "unknown" or not reply.HasField("queued"):
+            return call.answer
+        call.detail = "queued"
+        for _ in range(chooser.randrange(4)):  # wait a little for room, as create --wait does
+            call, waited = self.ask("wait", partition_id, lambda: client.wait_once(partition_id, 1))
+            if call.answer != "ok" or not waited.HasField("queued"):
+                return call.answer
+            call.detail = "queued"
+        call, _ = self.ask("cancel", partition_id, lambda: client.cancel_queued(partition_id))
+        if call.answer == "ok":
+            self.mine.remove(partition_id)
+        return call.answer
+
+
+def should_exist(call: Call) -> bool | None:
+    """Whether a partition should exist after `call`, the last made for it; None where its answer does not say."""
+    if call.answer == "unknown":
+        return None
+    if call.operation == "create":
+        return call.answer == "ok"
+    if call.answer == "refused" and call.operation in ("remove", "reset"):  # it is left, unless refused for want of it
+        return "does not exist" not in call.detail
+    if call.operation in ("remove", "reset"):
+        return call.operation == "reset"
+    if call.operation in ("queue", "wait"):  # made at once, or made while it was waited for; or still waiting
+        return None if call.answer != "ok" or call.detail == "queued" else True
+    return False if call.answer == "ok" else None  # cancel: a refusal may be for a request granted meanwhile
+
+
 def client_loop(number: int, addresses: str, history: History, stop: threading.Event, seed: int) -> None:
-    """One client: create and remove its own partitions, one call at a time, until `stop`."""
-    chooser = random.Random(seed)
-    client = UserClient(ClientSettings(addresses, 0), timeout=15)
-    mine: list[str] = []
-    serial, full = 0, False
+    """One client's calls until `stop`."""
+    user = Client(number, addresses, history, seed)
     try:
         while not stop.is_set():
-            if mine and (full or chooser.random() < 0.5):  # a pod with no room for it: make some
-                partition_id, operation = mine.pop(chooser.randrange(len(mine))), "remove"
-                work = lambda p=partition_id: client.remove_partition(p)  # noqa: E731
-            else:
-                serial += 1
-                partition_id, operation = f"c{number}-{serial}", "create"
-                work = lambda p=partition_id: client.create_partition(p, chooser.choice(SIZES))  # noqa: E731
-            began = time.time()
-            try:
-                work()
-                answer, detail = "ok", ""
-            except DEFINITE as refusal:
-                answer, detail = "refused", refusal.message
-            except VipuError as error:
-                # Passed over by every replica (standing by, or never reached): nothing was sent to be done.
-                answer = "refused" if error.message.startswith("no vipu-server of") else "unknown"
-                detail = f"{type(error).__name__}: {error.message}"
-            full = operation == "create" and answer == "refused" and ("no free" in detail or "no room" in detail)
-            history.add(Call(number, operation, partition_id, began, time.time(), answer, detail))
-            if operation == "create" and answer != "refused":
-                mine.append(partition_id)  # unknown creates are removed later too: their outcome is settled then
-            elif operation == "remove" and answer == "refused" and "does not exist" not in detail:
-                mine.append(partition_id)
-            if answer == "unknown":
+            if user.step() == "unknown":
                 stop.wait(0.2)
     finally:
-        client.connection.close()
+        user.client.connection.close()
 
 
 class Campaign:
@@ -347,27 +405,21 @@ class Campaign:
                 anomalies.append(f"left mid-operation a minute after the last fault: {', '.join(busy)}")
                 partitions = client.list_partitions()
                 active = {p.id for p in partitions if client.partition_status(p.id).ready_state == pb.PS_ACTIVE}
+            waiting = {request.partition_id for request in client.list_queued()}
         finally:
             client.connection.close()
         existing = {p.id: p for p in partitions}
         last: dict[str, Call] = {}
-        refused: set[str] = set()
         for call in sorted(history.calls, key=lambda c: c.start):
-            if call.operation == "create" and call.answer == "refused":
-                refused.add(call.partition_id)
             last[call.partition_id] = call
         for partition_id, call in last.items():
-            if call.answer == "unknown":
-                continue
-            kept_by_refusal = call.operation == "remove" and call.answer == "refused" and "does not exist" not in call.detail
-            should_exist = (call.operation == "create" and call.answer == "ok") or kept_by_refusal
-            if should_exist and partition_id not in existing:
-                anomalies.append(f"{partition_id}: its {call.operation} was answered {call.answer}, and it is gone")
-            if not should_exist and partition_id in existing and call.operation == "remove":
-                anomalies.append(f"{partition_id}: its remove was answered {call.answer} ({call.detail or 'done'}), and it is there")
-        for partition_id in refused & set(existing):
-            if last[partition_id].operation == "create":
-                anomalies.append(f"{partition_id}: its create was refused ({last[partition_id].detail}), and it is there")
+            said = f"its {call.operation} was answered {call.answer}{f' ({call.detail})' if call.detail else ''}"
+            if should_exist(call) is True and partition_id not in existing:
+                anomalies.append(f"{partition_id}: {said}, and it is gone")
+            if should_exist(call) is False and partition_id in existing:
+                anomalies.append(f"{partition_id}: {said}, and it is there")
+            if should_exist(call) is False and partition_id in waiting:
+                anomalies.append(f"{partition_id}: {said}, and its request still waits")
         ipus = [(ipu.agent_id, ipu.agent_ipu_index) for p in partitions for ipu in p.spec.ipus]
         if len(ipus) != len(set(ipus)):
             anomalies.append("an IPU is in two partitions")
@@ -455,6 +507,8 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                          for kind, times in run.takeovers.items() if times}
             return {"faults": faults, "injected": dict(run.injected), "lease_seconds": lease, "clients": clients, "machines": machines,
                     "seed": seed, "calls": len(history.calls), "answers": dict(answers),
+                    "answers_by_operation": {f"{operation} {answer}": count for (operation, answer), count in sorted(
+                        Counter((call.operation, call.answer) for call in history.calls).items())},
                     "unknown_share": round(answers["unknown"] / max(1, len(history.calls)), 4), "anomalies": len(anomalies),
                     "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
                     "elections_during_short_stalls": run.stall_elections, "longest_stall_s": run.longest_stall,

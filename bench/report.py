@@ -176,6 +176,8 @@ def faults(data: dict) -> list[str]:
              f"Lease claims: {claims['count']}, p50 at most {claims['p50_s_at_most']} s, p99 at most {claims['p99_s_at_most']} s, "
              f"p99.9 at most {claims['p999_s_at_most']} s." if claims and claims["count"] else "",
              f"Replica c ran with the failpoints `{data['slow_replica']}`." if data.get("slow_replica") else "",
+             "Answers by call: " + ", ".join(f"{k} {v}" for k, v in data["answers_by_operation"].items()) + "."
+             if data.get("answers_by_operation") else "",
              *(f"Left out: {kind}: {why}." for kind, why in data.get("left_out", {}).items())]
     return [f"**Fault campaign** (`bench.faults`, recorded {data['machine']['when']} at revision {data['revision']}: "
             f"{data['faults']} faults, three replicas with a {data['lease_seconds']:g} s lease on PostgreSQL, {data['clients']} "
