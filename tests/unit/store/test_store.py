@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
 
 from vipu import failpoints
 from vipu.model.entities import (
@@ -230,6 +231,23 @@ def test_no_statement_waits_past_the_stores_deadline(store):
             assert waited == STATEMENT_DEADLINE_SECONDS * 1000
         else:
             assert tx.connection.exec_driver_sql("SHOW statement_timeout").scalar_one() == f"{STATEMENT_DEADLINE_SECONDS}s"
+
+
+def test_a_transaction_left_waiting_on_its_process_is_ended_by_postgresql(store_url):
+    """A replica cut off mid-transaction would hold its locks for as long as its connection
+    lingers; the server ends the transaction once it has waited `idle_seconds` for the next statement."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("SQLite's transactions live in the process that holds them")
+    store = Store(store_url, idle_seconds=0.2)
+    try:
+        with pytest.raises(DBAPIError, match="idle-in-transaction timeout"), store.transaction() as tx:
+            tx.connection.exec_driver_sql("SELECT 1")
+            time.sleep(1.0)  # the process waits: the server's timer runs out meanwhile
+            tx.connection.exec_driver_sql("SELECT 1")
+        with store.transaction() as tx:  # the store goes on, on another connection
+            assert tx.connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar_one() == "200ms"
+    finally:
+        store.close()
 
 
 def test_removal_is_the_transition_to_absent_and_frees_the_ipus(populated):
