@@ -16,12 +16,12 @@ An agent that did not answer has `None` for its observations; every element that
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 from vipu.model.entities import IPUS_PER_MACHINE
-from vipu.model.topology import INTERNAL_LINKS, Cable, ClusterLayout, LinkKind
+from vipu.model.topology import INTERNAL_LINKS, Cable, ClusterLayout, InternalLink, LinkKind
 
 TRAFFIC_ERROR_THRESHOLD = 300  # corrected errors on one link above which it fails
 TRAFFIC_WINDOW_MACHINES = 4  # 16 IPUs
@@ -196,7 +196,7 @@ def _reading(observation: Observation | None, kind: LinkKind, port: int) -> Port
     return next((r for r in observation.ports if r.kind is kind and r.port == port), PortReading(kind, port))
 
 
-def _silent(observations: Observations, agents) -> list[str]:
+def _silent(observations: Observations, agents: Iterable[str]) -> list[str]:
     return [f"{agent}: does not answer" for agent in agents if observations.get(agent) is None]
 
 
@@ -252,7 +252,7 @@ def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
                     _silent(observations, layout.agent_ids) + wrong + missing, failing)
 
 
-def _internal_line(agent: str, link, suffix: str = "") -> str:
+def _internal_line(agent: str, link: InternalLink, suffix: str = "") -> str:
     return f"{agent}:ipu{link.lower_ipu}:{link.name} <--> {link.name}:ipu{link.upper_ipu}:{agent}{suffix}"
 
 

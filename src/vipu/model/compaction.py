@@ -118,8 +118,8 @@ def _mover(holders: Mapping[Ipu, str], movable: Mapping[str, Movable], ipu: Ipu)
     return holder if found is not None and ipu in found.ipus else ""
 
 
-def _moves_clearing(layout, allowed, used, shape: Shape, blockers: list[Movable], mix: SizeMix | None,
-                    faults: LinkFaults) -> tuple[Move, ...] | None:
+def _moves_clearing(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], shape: Shape, blockers: list[Movable],
+                    mix: SizeMix | None, faults: LinkFaults) -> tuple[Move, ...] | None:
     """Each blocker placed outside `shape`, one after another, largest first; None if one finds no place."""
     taken = shifted(used, on=shape)
     moves = []

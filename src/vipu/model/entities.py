@@ -62,7 +62,7 @@ def check_partition_id(value: str) -> str:
     return value
 
 
-def natural_key(value: str) -> tuple:
+def natural_key(value: str) -> tuple[int | str, ...]:
     """Sorts ag2 before ag10, as people count."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value))
 

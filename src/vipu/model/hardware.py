@@ -26,7 +26,7 @@ class PowerState(str, Enum):
     UNKNOWN = "Unknown"
 
     @classmethod
-    def _missing_(cls, value):
+    def _missing_(cls, value: object) -> PowerState:
         return cls.UNKNOWN  # a state this version does not know, or none said
 
 
@@ -46,7 +46,7 @@ class HealthLevel(str, Enum):
     UNKNOWN = "Unknown"
 
     @classmethod
-    def _missing_(cls, value):
+    def _missing_(cls, value: object) -> HealthLevel:
         return cls.UNKNOWN
 
 

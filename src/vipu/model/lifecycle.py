@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from vipu.model.entities import OperationState, Partition, PlacedIpu, ReadyState
 from vipu.model.errors import Conflict
@@ -121,7 +122,7 @@ def copy(partition: Partition) -> Partition:
     return duplicate
 
 
-def after(partition: Partition, transitions: Iterable[tuple[str, dict]]) -> Partition | None:
+def after(partition: Partition, transitions: Iterable[tuple[str, dict[str, Any]]]) -> Partition | None:
     """The partition as these transitions, one after the other, leave it (None once it is gone),
     leaving `partition` itself unchanged; a Conflict if the table has no such move."""
     changed = copy(partition)

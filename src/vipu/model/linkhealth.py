@@ -182,7 +182,7 @@ class Retention:
     hourly_seconds: float = 90 * DAY
     days: float = 400.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.full_seconds <= self.hourly_seconds <= self.days * DAY:
             raise InvalidArgument("keep full samples no longer than hourly summaries, and those no longer than the history")
 
@@ -246,7 +246,7 @@ class TrendPolicy:
     windows: int = 12
     growing: int = 4
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.window_seconds < math.inf or not 1 <= self.growing <= self.windows:
             raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
         if self.span_seconds > DEFAULT_RETENTION.full_seconds:
@@ -454,7 +454,7 @@ class RemediationPolicy:
     settle_seconds: float = 5.0
     breaker_share: float = 0.2
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.attempts < 0 or self.window_seconds <= 0 or self.settle_seconds < 0 or not 0 < self.breaker_share <= 1:
             raise InvalidArgument("remediation needs attempts >= 0, a window longer than 0 s, a settle time >= 0 s "
                                   "and a breaker share above 0 and at most 1")
@@ -521,7 +521,7 @@ def reliability(events: Iterable[LinkEvent], first_seen: float, now: float) -> R
     for event in events:
         by_link.setdefault(event.name, []).append(event)
     spans = sorted(span for link_events in by_link.values() for span in _down_spans(link_events, now))
-    merged: list[list] = []
+    merged: list[list[float]] = []  # [from, to, repaired], widened as spans overlap
     for start, end, repaired in spans:
         if merged and start <= merged[-1][1]:
             merged[-1][1], merged[-1][2] = max(merged[-1][1], end), repaired if end >= merged[-1][1] else merged[-1][2]
@@ -537,9 +537,10 @@ def _down_spans(events: Sequence[LinkEvent], now: float) -> list[tuple[float, fl
     """(from, to, repaired) of each span one link spent failed; one not over yet ends `now`, unrepaired."""
     spans, down_since = [], None
     for event in sorted(events, key=lambda e: e.at):
-        if event.health is LinkHealth.FAILED and down_since is None:
+        failed = event.health is LinkHealth.FAILED
+        if failed and down_since is None:
             down_since = event.at
-        elif event.health is not LinkHealth.FAILED and down_since is not None:
+        elif not failed and down_since is not None:
             spans.append((down_since, event.at, True))
             down_since = None
     if down_since is not None:

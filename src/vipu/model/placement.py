@@ -60,6 +60,9 @@ class Placement:
 
 Segments = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]  # (ild, ((agent, index), ...)) per segment
 Shape = frozenset[tuple[str, int]]  # the IPUs of a partition, as (agent, index) pairs
+Used = Mapping[str, Set[int]]  # the IPU indices taken on each agent
+Explicit = tuple[tuple[int, int], ...]  # IPUs asked for by name, as (machine, IPU) topology ids
+Score = tuple[float, ...]  # compared element by element: the smallest wins
 
 
 def shifted(used: Mapping[str, Set[int]], off: Iterable[tuple[str, int]] = (), on: Iterable[tuple[str, int]] = ()) -> dict[str, set[int]]:
@@ -96,8 +99,8 @@ class Occupancy:
 class _Candidate:
     """A shape that fits, scored; its IPUs are worked out only for the one chosen."""
 
-    score: tuple  # best-fit's preference: the smallest wins
-    position: tuple  # where the shape starts in the cluster's order, for first-fit
+    score: Score  # best-fit's preference
+    position: tuple[int, ...]  # where the shape starts in the cluster's order, for first-fit
     shape: Callable[[], Segments]
     machines_per_segment: int
     link_note: str = ""
@@ -110,7 +113,7 @@ class _Candidate:
 class _FreeRuns:
     """For each ILD position whose machine is wholly free, the run of free machines holding it."""
 
-    def __init__(self, layout: ClusterLayout, is_free):
+    def __init__(self, layout: ClusterLayout, is_free: Callable[[str], bool]):
         self.layout = layout
         self.run_of: dict[tuple[int, int], tuple[int, int]] = {}  # (ild, pos) -> (start, length)
         size = layout.machines_per_ild
@@ -226,7 +229,8 @@ def _segment_counts(layout: ClusterLayout, size: int, requested: int) -> list[in
     return counts
 
 
-def _sub_machine_candidates(layout, allowed, used, size, every: bool, future: _Future | None = None) -> list[_Candidate]:
+def _sub_machine_candidates(layout: ClusterLayout, allowed: Set[str], used: Used, size: int, every: bool,
+                            future: _Future | None = None) -> list[_Candidate]:
     """Candidates within one machine: each machine's first free group, or every group if asked.
 
     Unless asked for every one, wholly free machines after the first are skipped: the lowest
@@ -239,7 +243,7 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool, future: _F
     for order, agent in enumerate(layout.agent_ids):
         if agent not in allowed:
             continue
-        busy = used.get(agent, ())
+        busy = used.get(agent, frozenset())
         if not busy:
             if free_machine_seen and not every and (future is None or not future.at_run_end(agent)):
                 continue
@@ -247,7 +251,7 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool, future: _F
         d, _ = layout.locate(agent)
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
             if not any(index in busy for index in group):
-                score: tuple = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
+                score: Score = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
                 if future is not None:
                     score = (-future.after_group(agent, busy, group), *score)
                 candidates.append(_Candidate(score, (order, group_order), partial(_group_of_ipus, d, agent, group), 0))
@@ -256,7 +260,8 @@ def _sub_machine_candidates(layout, allowed, used, size, every: bool, future: _F
     return candidates
 
 
-def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) -> Iterator[tuple[int, int, tuple[int, ...]]]:
+def _segment_plans(layout: ClusterLayout, size: int, segment_counts: Iterable[int],
+                   routing: IpuLinkRouting | None) -> Iterator[tuple[int, int, tuple[int, ...]]]:
     """(segments, machines per segment, the ILDs holding them) of each way a partition of `size`
     may take whole machines, with the routing asked."""
     machines = size // IPUS_PER_MACHINE
@@ -270,8 +275,8 @@ def _segment_plans(layout: ClusterLayout, size: int, segment_counts, routing) ->
             yield count, per_segment, ilds
 
 
-def _machine_candidates(layout, size, segment_counts, routing, runs, future: _Future | None = None,
-                        every: bool = False) -> list[_Candidate]:
+def _machine_candidates(layout: ClusterLayout, size: int, segment_counts: Iterable[int], routing: IpuLinkRouting | None,
+                        runs: _FreeRuns, future: _Future | None = None, every: bool = False) -> list[_Candidate]:
     """Candidates of whole machines: every free window, or, weighing the `future` and unless asked
     for every one, only the windows of one segment at an end of their free run: a window inside
     a run leaves no more room for any size than one at its end (the two pieces it leaves hold no
@@ -281,12 +286,13 @@ def _machine_candidates(layout, size, segment_counts, routing, runs, future: _Fu
     candidates = []
     for count, per_segment, ilds in _segment_plans(layout, size, segment_counts, routing):
         for start in _machine_windows(layout, per_segment):
-            fits = [runs.fit(d, start, per_segment) for d in ilds]
-            if any(fit is None for fit in fits):
+            found = [runs.fit(d, start, per_segment) for d in ilds]
+            fits = [fit for fit in found if fit is not None]
+            if len(fits) < len(found):
                 continue
             if future is not None and not every and count == 1 and fits[0][1]:
                 continue
-            score: tuple = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
+            score: Score = (count, sum(f[0] for f in fits), sum(f[1] for f in fits), ilds[0], upwards * start)
             if future is not None:
                 score = (count, -future.after_window(ilds, start, per_segment), *score[1:])
             candidates.append(_Candidate(score, (count, ilds[0], start),
@@ -305,7 +311,7 @@ class _Future:
         busy = [indices for agent, indices in used.items() if indices and agent in allowed and layout.has(agent)]
         free_rungs = len(SUB_MACHINE_GROUPS[2]) * (machines - len(busy)) + sum(_free_rungs(indices) for indices in busy)
         self.room = Room(shares, (length for _, _, length in runs.distinct()), free_rungs)
-        self._worth: dict[tuple, float] = {}
+        self._worth: dict[tuple[object, ...], float] = {}
 
     def after_window(self, ilds: tuple[int, ...], start: int, machines: int) -> float:
         changes = tuple(self.runs.pieces(d, start, machines) for d in ilds)
@@ -391,7 +397,8 @@ def place_partition(
     return _placement(layout, best, size, num_gcds, ipulink_routing, gw_routing)
 
 
-def _quarantined(layout, allowed, used, size, where, num_segments, ipulink_routing, explicit, faults: LinkFaults) -> NoRoom:
+def _quarantined(layout: ClusterLayout, allowed: Set[str], used: Used, size: int, where: str, num_segments: int,
+                 ipulink_routing: IpuLinkRouting | None, explicit: Explicit, faults: LinkFaults) -> NoRoom:
     """The refusal of a request whose every free shape needs a failed link."""
     candidates = _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit)
     failed = sorted({name for c in candidates for name in faults.met(layout, _ipus_of(c))[0]})
@@ -399,7 +406,8 @@ def _quarantined(layout, allowed, used, size, where, num_segments, ipulink_routi
     return NoRoom(f"every free place for {size} IPUs in {where} needs {which}: {faults.described(failed)}")
 
 
-def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulink_routing, explicit,
+def _refusal(layout: ClusterLayout, allowed: Set[str], used: Used, size: int, where: str, occupancy: Occupancy | None,
+             num_segments: int, ipulink_routing: IpuLinkRouting | None, explicit: Explicit,
              faults: LinkFaults = NO_FAULTS) -> VipuError:
     """Why the request does not fit: the rule, if no shape of it lies within the machines however
     empty (InvalidArgument); else what is free, the largest partition that fits (on no failed
@@ -408,10 +416,14 @@ def _refusal(layout, allowed, used, size, where, occupancy, num_segments, ipulin
     if not possible:
         return reasons.never_fits(layout, allowed, size, where, named=bool(explicit))
     if occupancy is None:
-        return reasons.no_room(layout, allowed, used, size, where, possible, largest_placement(layout, allowed, used, faults))
+        return reasons.no_room(layout, allowed, used, size, where, possible, _ipus(largest_placement(layout, allowed, used, faults)))
     return reasons.no_room(layout, allowed, used, size, where, possible,
-                           largest_placement(layout, allowed, occupancy.with_held(used), faults),
+                           _ipus(largest_placement(layout, allowed, occupancy.with_held(used), faults)),
                            occupancy.who_holds(), occupancy.held, occupancy.held_for)
+
+
+def _ipus(placement: Placement | None) -> tuple[PlacedIpu, ...] | None:
+    return None if placement is None else tuple(placement.ipus)
 
 
 def try_place(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *, num_gcds: int = 1,
@@ -454,8 +466,8 @@ def check_rules(layout: ClusterLayout, size: int, *, num_gcds: int = 1, num_segm
             raise InvalidArgument(f"{ipulink_routing.value} routing needs a partition of two machines or more")
 
 
-def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, first_fit,
-          faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None) -> _Candidate | None:
+def _best(layout: ClusterLayout, allowed: Set[str], used: Used, size: int, num_segments: int, ipulink_routing: IpuLinkRouting | None,
+          explicit: Explicit, first_fit: bool, faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None) -> _Candidate | None:
     """The shape placement chooses among those free now, or None; with `faults`, never one that
     needs a failed link, and one that needs a suspect link only when no other is free (its
     `link_note` says which links were stepped around, or taken for want of another shape)."""
@@ -465,7 +477,9 @@ def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, 
                              mix=None if first_fit else mix)
     if not candidates:
         return None
-    order = (lambda c: c.position) if first_fit else (lambda c: c.score)
+    def order(candidate: _Candidate) -> tuple[float, ...]:
+        return candidate.position if first_fit else candidate.score
+
     if not faults or faults.agents.isdisjoint(allowed):
         return min(candidates, key=order)
     met = {id(c): faults.met(layout, _ipus_of(c)) for c in candidates}
@@ -482,7 +496,8 @@ def _best(layout, allowed, used, size, num_segments, ipulink_routing, explicit, 
     return chosen
 
 
-def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, explicit, every: bool = False,
+def _candidates(layout: ClusterLayout, allowed: Set[str], used: Used, size: int, num_segments: int,
+                ipulink_routing: IpuLinkRouting | None, explicit: Explicit, every: bool = False,
                 mix: SizeMix | None = None) -> list[_Candidate]:
     """Every shape free now that placement chooses among (with `every`, each machine's every free
     group of a sub-machine size, not only its first); with `mix`, scored by the room each leaves."""
@@ -491,6 +506,7 @@ def _candidates(layout, allowed, used, size, num_segments, ipulink_routing, expl
     if size < IPUS_PER_MACHINE:
         candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit), future=future)
     else:
+        assert runs is not None  # made for every size of whole machines
         counts = _segment_counts(layout, size, num_segments)
         candidates = _machine_candidates(layout, size, counts, ipulink_routing, runs, future, every)
     if explicit:
@@ -553,7 +569,8 @@ def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[s
     return min(options, key=blocked, default=frozenset())
 
 
-def _placement(layout, best: _Candidate, size, num_gcds, ipulink_routing, gw_routing) -> Placement:
+def _placement(layout: ClusterLayout, best: _Candidate, size: int, num_gcds: int, ipulink_routing: IpuLinkRouting | None,
+               gw_routing: GwRouting | None) -> Placement:
     per_gcd = size // num_gcds
     placed = []
     routing_id = 0

@@ -14,10 +14,10 @@ shapes placement chooses among:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from datetime import UTC, datetime
 
-from vipu.model.entities import IPUS_PER_MACHINE, natural_key
+from vipu.model.entities import IPUS_PER_MACHINE, PlacedIpu, natural_key
 from vipu.model.errors import InvalidArgument, NoRoom
 from vipu.model.topology import ClusterLayout
 from vipu.model.waiting import ends_in_time
@@ -51,10 +51,10 @@ def never_fits(layout: ClusterLayout, allowed: Set[str], size: int, where: str, 
 
 
 def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, where: str,
-            possible: list[frozenset[Ipu]], largest, holders: Mapping[Ipu, str] | None = None,
+            possible: list[frozenset[Ipu]], largest: Sequence[PlacedIpu] | None, holders: Mapping[Ipu, str] | None = None,
             held: frozenset[Ipu] = frozenset(), held_for: str = "") -> NoRoom:
     """What is free and what would make room, for a request some shape of which could fit. `largest`
-    is the placement of the largest partition that fits now (None if none does); `holders` names
+    are the IPUs of the largest partition that fits now (None if none does); `holders` names
     the partition holding each IPU in use; `held` are IPUs kept for `held_for`, first in the queue."""
     what = {1: "no free IPU", 2: "no free pair of IPUs"}.get(size, f"no free {size}-IPU run")
     machines = [agent for agent in layout.agent_ids if agent in allowed]
@@ -67,10 +67,10 @@ def no_room(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int
     else:
         facts.append(f"{free} of {total} IPUs are free")
         if largest is not None:
-            kind = "run" if len(largest.ipus) >= IPUS_PER_MACHINE else "group"
-            count = len(largest.ipus)
+            kind = "run" if len(largest) >= IPUS_PER_MACHINE else "group"
+            count = len(largest)
             facts.append(f"the largest free {kind} is {count} IPU{'s' if count > 1 else ''} "
-                         f"({span(layout, {(i.agent_id, i.index) for i in largest.ipus})})")
+                         f"({span(layout, {(i.agent_id, i.index) for i in largest})})")
         held_free = {ipu for ipu in held if ipu[1] not in used.get(ipu[0], ())}
         if held_free:
             count = len(held_free)

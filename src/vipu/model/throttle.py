@@ -85,7 +85,7 @@ class LoginThrottle:
                 self._forget_expired(now)
         return started
 
-    def _reaches(self, failures: dict, key, now: float, limit: int) -> bool:
+    def _reaches(self, failures: dict[typing.Any, collections.deque[float]], key: typing.Hashable, now: float, limit: int) -> bool:
         """Record a failure under `key`: does it make `limit` within the lockout? Then the count
         starts again, so that a lockout starts (and is logged) once per `limit` failures."""
         recent = failures.setdefault(key, collections.deque())

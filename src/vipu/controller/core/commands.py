@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vipu.controller.core.lending import IdleLease
+from vipu.model.configuration import AgentSettings
 from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.linkhealth import LinkFaults
@@ -234,7 +235,7 @@ class AgentReport(Command):
     it could not be asked (it is down)."""
 
     agent_id: str
-    held: dict | None = None  # partition id -> AgentSettings; None when it did not answer
+    held: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
     error: VipuError | None = None
 
 

@@ -43,7 +43,7 @@ from vipu.controller.core.placing import (
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
-from vipu.model.entities import MAX_AUTO_RESETS, Partition, PartitionRequest, ReadyState, shown
+from vipu.model.entities import MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
@@ -59,7 +59,7 @@ class Decisions(QueueKeeping):
     def _decide(self, command: Command) -> None:
         self._HANDLERS[type(command)](self, command)
 
-    def _visible(self, partition_id: str, access) -> Partition:
+    def _visible(self, partition_id: str, access: Access) -> Partition:
         partition = self.state.partitions.get(partition_id)
         if partition is None or not access.may_use(self.id):
             raise NotFound(f"partition {shown(partition_id)} does not exist")
@@ -107,7 +107,7 @@ class Decisions(QueueKeeping):
         self.start(Flow("creating", flows.create(self, partition, command.keep_on_error), command.reply, partition.id))
         command.placed = True
 
-    def _place_new(self, request, access) -> Partition:
+    def _place_new(self, request: PartitionRequest, access: Access) -> Partition:
         state = self.state
         if state.test:
             raise NoRoom(f"{state.test} is under test; no partition can be created in it until the test ends")

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vipu.controller.core.agents import POWER_SECONDS, AgentCall
+from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
 from vipu.controller.core.effects import Body, Calls, Flow, Join
 from vipu.controller.core.placing import failed_machines, move_note, moved, planned
 from vipu.model import lifecycle
@@ -47,7 +47,7 @@ log = logging.getLogger("vipu.controller.core")
 Failures = dict[str, VipuError]
 
 
-def _failures(agents: list[Agent], outcomes) -> Failures:
+def _failures(agents: list[Agent], outcomes: Outcomes) -> Failures:
     return {agent.id: error for agent, error in zip(agents, outcomes, strict=True) if error is not None}
 
 
@@ -269,7 +269,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
     else:
         placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
                           first.partition_id if first is not None else "", avoid, state.down, state.links)
-    fields: dict = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
+    fields: dict[str, Any] = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
     if automatic:

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from vipu.controller.core.agents import AgentCall, AgentCalls
+from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
 from vipu.controller.core.owner import AllocationOwner
@@ -403,9 +403,9 @@ class Owners:
         done = threading.Event()
         try:
             calls = [AgentCall(agent.id, agent.host, agent.port, partition_id=p) for p in held]
-            outcomes: list = []
+            outcomes: Outcomes = []
 
-            def answered(result: list) -> None:
+            def answered(result: Outcomes) -> None:
                 outcomes.extend(result)
                 done.set()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ from vipu.controller.core.turns import OPERATIONS_LIMIT
 from vipu.model.compaction import Plan, plan_for
 from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
-from vipu.model.placement import Occupancy, Shape, choose_reservation, free_ipu_count, place_partition, shifted, try_place
+from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_reservation, free_ipu_count, place_partition, shifted, try_place
 from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
 
 log = logging.getLogger("vipu.controller.core")
@@ -202,13 +202,13 @@ class QueueKeeping(Steps):
         holders = state.holders()
         layout, allocation = state.layout, state.allocation
 
-        def place(request: WaitingRequest, used) -> Any:
+        def place(request: WaitingRequest, used: Used) -> Placement | None:
             r = request.request
             return try_place(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                              ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                              explicit=explicit_ipus(layout, allocation, r), faults=state.links, mix=state.mix)
 
-        def choose_held(request: WaitingRequest, used, started) -> Shape:
+        def choose_held(request: WaitingRequest, used: Used, started: Sequence[tuple[WaitingRequest, Placement]]) -> Shape:
             """The shape the fewest partitions block, counting those this pass starts."""
             r = request.request
             blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}

@@ -59,7 +59,7 @@ class AllocationState:
     refused: dict[tuple[str, int], None] = dataclasses.field(default_factory=dict)
     compactions: int = 0  # compactions under way (an administrator's, the queue's)
     # (first request, IPUs in use, machines up, links, budget room) the queue last looked for a plan at
-    compaction_looked: tuple | None = None
+    compaction_looked: tuple[object, ...] | None = None
     compaction: BudgetSpent | None = None  # its compaction moves of late, counted at the first compaction
     closing: bool = False
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.effects import Calls, Flow, Write
@@ -18,6 +18,9 @@ from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import Agent, Partition, shown
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.queue import WaitingRequest
+
+if TYPE_CHECKING:
+    from vipu.store.store import Transaction
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -47,7 +50,7 @@ class Steps(Turns):
             found.append(agent)
         return found
 
-    def call(self, agent: Agent, settings=None, partition_id: str = "") -> AgentCall:
+    def call(self, agent: Agent, settings: AgentSettings | None = None, partition_id: str = "") -> AgentCall:
         return AgentCall(agent.id, agent.host, agent.port, settings, partition_id)
 
     def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Flow]:
@@ -93,12 +96,12 @@ class Steps(Turns):
 
         return Write(work, apply, lambda: put(before), committed, result=after, partition_id=partition_id)
 
-    def transit(self, partition: Partition, *transitions: tuple[str, dict]) -> Write:
+    def transit(self, partition: Partition, *transitions: tuple[str, dict[str, Any]]) -> Write:
         """The life cycle's transitions of a partition, applied together as compare-and-sets; the
         operation gets the partition as it then is (None once it is gone)."""
         after = lifecycle.after(partition, transitions)
 
-        def work(tx) -> None:
+        def work(tx: Transaction) -> None:
             current = lifecycle.copy(partition)
             for name, fields in transitions:
                 tx.transition(current, name, **{k: v for k, v in fields.items() if v is not None})
@@ -108,7 +111,7 @@ class Steps(Turns):
     def inserting(self, partition: Partition) -> Write:
         return self._partition_write(lambda tx: tx.add_partition(partition), None, partition, partition.id)
 
-    def moving(self, partition: Partition, fields: dict) -> Write:
+    def moving(self, partition: Partition, fields: dict[str, Any]) -> Write:
         """A partition's 'relocate' to new IPUs; its old IPUs stay taken (`unlinger`)."""
         write = self.transit(partition, ("relocate", fields))
         plain_apply, plain_undo = write.apply, write.undo
@@ -166,7 +169,7 @@ class Steps(Turns):
         """A request's grant: it ends, and its partition is recorded, in one transaction."""
         state = self.state
 
-        def work(tx) -> None:
+        def work(tx: Transaction) -> None:
             tx.end_request(request, "grant")
             tx.add_partition(partition)
 

@@ -30,6 +30,7 @@ from vipu.model.queue import WaitingRequest
 
 if TYPE_CHECKING:
     from vipu.controller.core.owners import Owners
+    from vipu.store.store import Transaction
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -542,7 +543,7 @@ class Turns:
         errors: list[VipuError | None] = [None] * len(writes)
         remaining = list(range(len(writes)))
         while remaining:
-            def work(tx, batch=tuple(remaining)) -> None:
+            def work(tx: Transaction, batch: tuple[int, ...] = tuple(remaining)) -> None:
                 for index in batch:
                     try:
                         writes[index].work(tx)
