@@ -60,7 +60,7 @@ def test_a_degrading_link_turns_suspect_at_both_ends_then_a_new_cable_starts_afr
     sim(pod, "--degrade", "m01:IPU-Link:5=steady:600")  # ten corrected errors a second
     suspect = wait_until(lambda: links(pod, "--suspect") if set(links(pod, "--suspect")) >= {"ag1:5", "ag2:1"} else None,
                          timeout=30, what="ag1:5 and its cable's other end to turn suspect")
-    assert suspect["ag1:5"][2] == "suspect" and "of its last 3 windows of 1 s" in suspect["ag1:5"][-1]
+    assert suspect["ag1:5"][2] == "suspect" and "of its last 3 windows of 1s" in suspect["ag1:5"][-1]
     assert set(links(pod, "--suspect", "--machine", "ag2")) == {"ag2:1"}
     over = links(pod, "--partition", "p1")  # ag1 and ag2 whole: their internal links, and the cables between them
     assert {"ag1:5", "ag2:1", "ag1:sync6", "ag2:sync2"} <= set(over) and not any(name.startswith(("ag3", "ag4")) for name in over)

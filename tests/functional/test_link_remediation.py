@@ -33,7 +33,7 @@ def events(pod: Pod, name: str) -> list[str]:
 
 def test_a_link_that_keeps_failing_is_reset_three_times_then_refused_and_the_breaker_holds_for_the_second_machine(pod):
     sim(pod, "--degrade", "m01:IPU-Link:5=steady:600:1")  # down a second after each reset
-    refusal = "automatic remediation refused: link ag1:5 had 3 attempts in the last 7 d (at most 3); it stays failed for a person to see to"
+    refusal = "automatic remediation refused: link ag1:5 had 3 attempts in the last 7d (at most 3); it stays failed for a person to see to"
     seen = wait_until(lambda: refusal in (found := events(pod, "ag1:5")) and found, timeout=30,
                       what="the fourth automatic remediation of ag1:5 to be refused")
     assert sum(reason.startswith("automatic remediation: reset and re-tested: up again") for reason in seen) == 3

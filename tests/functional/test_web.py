@@ -38,7 +38,7 @@ FREE = "rgb(226, 230, 236)"  # racks.FREE as the browser computes it
 AGENT_DOWN_SECONDS = 15.0  # a machine gone is seen at the controller's next health pass (every 0.3 s here), then shown live
 # The link ledger reads every link each second, and calls one suspect when it grew in 2 of the last 3 one-second windows.
 LINK_SAMPLING = ("--link-sample-interval", "1", "--link-trend", "2,3,1")
-TREND = re.compile(r"its errors or recoveries grew in [23] of its last 3 windows of 1 s")
+TREND = re.compile(r"its errors or recoveries grew in [23] of its last 3 windows of 1s")
 
 
 @pytest.fixture(scope="module")

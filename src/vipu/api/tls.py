@@ -30,6 +30,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from vipu.api import credentials, grants
 from vipu.api.atomic import write_file
 from vipu.model.errors import AlreadyExists, InvalidArgument, PermissionDenied
+from vipu.model.times import utc_text
 
 DEFAULT_DIRECTORY = Path("vipu-certs")
 DEFAULT_DAYS = 825
@@ -338,9 +339,9 @@ def check_validity(path: Path, what: str = "client certificate") -> None:
     certificate = x509.load_pem_x509_certificate(_read(path, what))
     now = datetime.datetime.now(datetime.UTC)
     if certificate.not_valid_after_utc < now:
-        raise InvalidArgument(f"the {what} {path} expired on {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        raise InvalidArgument(f"the {what} {path} expired on {utc_text(certificate.not_valid_after_utc)}")
     if certificate.not_valid_before_utc > now:
-        raise InvalidArgument(f"the {what} {path} is not valid before {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+        raise InvalidArgument(f"the {what} {path} is not valid before {utc_text(certificate.not_valid_before_utc)}")
 
 
 def check_client_pair(client_cert: Path, client_key: Path) -> None:

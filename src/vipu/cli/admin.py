@@ -36,6 +36,7 @@ from vipu.client.admin import since_time as client_since_time
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import growth
+from vipu.model.times import utc_text
 
 if typing.TYPE_CHECKING:
     from vipu.api.protos import admin_pb2 as pb
@@ -255,7 +256,8 @@ def _last_reading(link) -> list[tuple[str, str]]:
 
 
 def _when(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
+    """A moment in a column whose heading says (UTC)."""
+    return utc_text(seconds, labelled=False)
 
 
 since_option = click.option("--since", default=None, metavar="WHEN",

@@ -25,6 +25,7 @@ import click
 
 from vipu.client.settings import Given
 from vipu.model.errors import VipuError, one_line
+from vipu.model.times import utc_text
 
 if typing.TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -361,7 +362,7 @@ def requests_command(group: click.Group) -> None:
         if as_json:
             return echo_json({"requests": queued})
         rows = [[str(q.position), q.partition_id, q.allocation_id, str(q.size), q.user or "-",
-                 q.since.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC"), q.reason] for q in queued]
+                 utc_text(q.since.ToDatetime()), q.reason] for q in queued]
         click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows,
                                 fit=None if wide else terminal_width()))
 

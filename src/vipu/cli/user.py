@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
-import re
 import sys
 import typing
+from datetime import UTC
 from pathlib import Path
 
 import click
@@ -33,8 +32,9 @@ from vipu.cli.common import (
     succeed,
 )
 from vipu.client.settings import client_settings
+from vipu.model import times
 from vipu.model.errors import InvalidArgument, VipuError
-from vipu.model.waiting import MAX_EXPECTED_SECONDS, MAX_WAIT_SECONDS
+from vipu.model.waiting import MAX_WAIT_SECONDS
 
 if typing.TYPE_CHECKING:
     from vipu.api.protos import vipuuser_pb2 as pb
@@ -72,34 +72,8 @@ def ready_state(value: int) -> str:
     return pb.PartitionReadyState.Name(value).removeprefix("PS_")
 
 
-DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION = re.compile(r"(?:[0-9]+[dhms])+")
-
-
-def parse_duration(text: str) -> int:
-    """Seconds in a duration written as a person writes it: 90s, 30m, 2h, 1d, or parts of them
-    together (1h30m); ValueError saying what is wrong otherwise."""
-    written = text.strip().lower()
-    if len(written) > 40 or not _DURATION.fullmatch(written):
-        raise ValueError(f"{text!r} is not a duration: write it as 90s, 30m, 2h or 1d (or 1h30m)")
-    seconds = sum(int(number) * DURATION_UNITS[unit] for number, unit in re.findall(r"([0-9]+)([dhms])", written))
-    if not 0 < seconds <= MAX_EXPECTED_SECONDS:
-        raise ValueError(f"{text!r} is {'no time' if not seconds else 'too long'}: a duration is 1 s to {MAX_EXPECTED_SECONDS} s")
-    return seconds
-
-
-def duration_text(seconds: int) -> str:
-    """A duration as `parse_duration` reads it: 1h30m."""
-    parts: list[str] = []
-    for unit, size in DURATION_UNITS.items():
-        if seconds >= size or (unit == "s" and not parts):
-            parts.append(f"{seconds // size}{unit}")
-            seconds %= size
-    return "".join(parts)
-
-
 class Duration(click.ParamType):
-    """A duration option: its value in seconds (`parse_duration`)."""
+    """A duration option: its value in seconds (`times.parse_duration`)."""
 
     name = "duration"
 
@@ -107,17 +81,16 @@ class Duration(click.ParamType):
         if isinstance(value, int):
             return value
         try:
-            return parse_duration(str(value))
+            return times.parse_duration(str(value))
         except ValueError as error:
             self.fail(str(error), param, ctx)
 
 
 def expected_end(partition: pb.Partition, status: pb.PartitionStatus) -> str:
     """When a partition is expected to end, from its start and expected duration; "-" if unknown."""
-    if not status.expected_seconds or not partition.HasField("created"):
-        return "-"
-    end = partition.created.ToDatetime() + datetime.timedelta(seconds=status.expected_seconds)
-    return f"{end.strftime('%Y-%m-%d %H:%M:%S UTC')} ({duration_text(status.expected_seconds)} after its start)"
+    end = times.expected_end(partition.created.ToDatetime(tzinfo=UTC) if partition.HasField("created") else None,
+                             status.expected_seconds)
+    return "-" if end is None else f"{times.utc_text(end)} ({times.duration_text(status.expected_seconds)} after its start)"
 
 
 
@@ -361,10 +334,8 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("State", ready_state(status.ready_state)),
         ("Operation", pb.PartitionOperationState.Name(status.operation_state).removeprefix("POS_")),
         ("Auto-reset Retries", f"{status.auto_reset_retry_count}/{status.max_auto_reset_retries}"),
-        ("Last Auto-reset", status.last_auto_reset_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
-         if status.HasField("last_auto_reset_time") else "-"),
-        ("Power Cycled", status.last_power_cycle_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
-         if status.HasField("last_power_cycle_time") else "-"),
+        ("Last Auto-reset", times.utc_text(status.last_auto_reset_time.ToDatetime() if status.HasField("last_auto_reset_time") else None)),
+        ("Power Cycled", times.utc_text(status.last_power_cycle_time.ToDatetime() if status.HasField("last_power_cycle_time") else None)),
         ("Relocatable", "yes" if status.relocatable else "no"),
         ("May move", "yes" if status.may_move else "no"),
         ("Expected end", expected_end(partition, status)),

@@ -22,7 +22,7 @@ unmovable blockers are dropped before any placement is made.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from vipu.model.entities import IpuLinkRouting
@@ -136,12 +136,20 @@ def _moves_clearing(layout: ClusterLayout, allowed: Set[str], used: Mapping[str,
     return tuple(moves)
 
 
+def frees_larger(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], off: Iterable[Ipu], on: Iterable[Ipu],
+                 faults: LinkFaults = NO_FAULTS) -> bool:
+    """Whether a partition moved from the IPUs `off` to the IPUs `on` leaves room for a larger
+    partition than fits now: the one test of a move, for compaction and for a reset that re-places.
+    `used` counts every IPU no partition may take, those held for the first waiting request too."""
+    return largest_fitting(layout, allowed, shifted(used, off=off, on=on), faults) > largest_fitting(layout, allowed, used, faults)
+
+
 def plan_compaction(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], holders: Mapping[Ipu, str],
                     movable: Mapping[str, Movable], *, max_moves: int, mix: SizeMix | None = None,
                     faults: LinkFaults = NO_FAULTS) -> Plan | None:
     """The plan that frees the largest shape that does not fit now although enough IPUs are free
     (with `faults`, that fits on no failed link), trying smaller sizes when no plan within
-    `max_moves` frees a larger one; None if none does."""
+    `max_moves` frees a larger one; None if none does. `used` counts held IPUs as `frees_larger` does."""
     fitting = largest_fitting(layout, allowed, used, faults)
     size = largest_size_free(layout, allowed, used)
     while size > fitting:

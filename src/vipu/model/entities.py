@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 
 from vipu.model.errors import InvalidArgument
 from vipu.model.hardware import NO_CAPABILITIES_SAID, Cable, Capability, Component, MachineCondition
+from vipu.model.times import expected_end
 
 IPUS_PER_MACHINE = 4
 
@@ -318,9 +319,7 @@ class Partition:
     @property
     def expected_end(self) -> datetime | None:
         """When it is expected to end, UTC; None when its duration or its start is unknown."""
-        if not self.expected_seconds or self.created is None:
-            return None
-        return self.created + timedelta(seconds=self.expected_seconds)
+        return expected_end(self.created, self.expected_seconds)
 
     @property
     def agent_ids(self) -> list[str]:

@@ -24,6 +24,7 @@ from itertools import groupby
 
 from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import InvalidArgument
+from vipu.model.times import duration_text
 from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, ClusterLayout, LinkKind
 
 HOUR = 3600.0
@@ -250,7 +251,7 @@ class TrendPolicy:
         if not 0 < self.window_seconds < math.inf or not 1 <= self.growing <= self.windows:
             raise InvalidArgument("a trend needs windows longer than 0 s and 1 <= k <= N windows (k of the last N)")
         if self.span_seconds > DEFAULT_RETENTION.full_seconds:
-            raise InvalidArgument(f"a trend's N windows must fit in the {_duration(DEFAULT_RETENTION.full_seconds)} of full readings "
+            raise InvalidArgument(f"a trend's N windows must fit in the {duration_text(DEFAULT_RETENTION.full_seconds)} of full readings "
                                   "the ledger keeps")
 
     @property
@@ -291,17 +292,10 @@ def judge(samples: Sequence[Sample], policy: TrendPolicy, now: float, test_failu
     if latest is not None and not latest.up:
         return Verdict(LinkHealth.FAILED, "it is down: it stopped training")
     windows = growth_windows(samples, policy, now)
-    span = f"{policy.windows} windows of {_duration(policy.window_seconds)}"
+    span = f"{policy.windows} windows of {duration_text(policy.window_seconds)}"
     if sum(windows) >= policy.growing:
         return Verdict(LinkHealth.SUSPECT, f"its errors or recoveries grew in {sum(windows)} of its last {span}")
     return Verdict(LinkHealth.HEALTHY, f"its errors or recoveries grew in {sum(windows)} of its last {span}")
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", DAY), ("h", HOUR), ("min", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
 
 
 @dataclass(frozen=True)
@@ -479,7 +473,7 @@ def attempts_refusal(name: LinkName, attempts: Sequence[Attempt], policy: Remedi
     recent = [a for a in attempts if now - a.at < policy.window_seconds and not a.outcome.startswith(REFUSED)]
     of_link = sum(a.name == name for a in recent)
     of_machine = sum(a.name.agent_id == name.agent_id for a in recent)
-    span = _duration(policy.window_seconds)
+    span = duration_text(policy.window_seconds)
     if of_link >= policy.attempts:
         return f"{REFUSED}: link {name} had {of_link} attempts in the last {span} (at most {policy.attempts})"
     if of_machine >= policy.attempts:

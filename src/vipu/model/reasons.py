@@ -15,10 +15,10 @@ shapes placement chooses among:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence, Set
-from datetime import UTC, datetime
 
 from vipu.model.entities import IPUS_PER_MACHINE, PlacedIpu, natural_key
 from vipu.model.errors import InvalidArgument, NoRoom
+from vipu.model.times import duration_text, utc_text
 from vipu.model.topology import ClusterLayout
 from vipu.model.waiting import ends_in_time
 
@@ -178,10 +178,5 @@ def held_clause(expected_seconds: int, first_id: str, held_needed_at: float | No
         return f"the IPUs held for {first_id} are not known to be free at any time, so nothing starts on them"
     if ends_in_time(expected_seconds, held_needed_at, now):
         return ""
-    needed = datetime.fromtimestamp(held_needed_at, UTC)
-    return (f"it is expected to run {_duration(expected_seconds)}, past {needed:%Y-%m-%d %H:%M} UTC, when the IPUs held for "
+    return (f"it is expected to run {duration_text(expected_seconds)}, past {utc_text(held_needed_at)}, when the IPUs held for "
             f"{first_id} are expected to be needed")
-
-
-def _duration(seconds: int) -> str:
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds} s"

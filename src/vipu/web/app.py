@@ -15,13 +15,14 @@ import json
 import time
 import zlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC
 from urllib.parse import parse_qs, quote, urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from google.protobuf.timestamp_pb2 import Timestamp
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from vipu import __version__
@@ -29,7 +30,9 @@ from vipu.api.protos import admin_pb2, vipuuser_pb2
 from vipu.client import PermissionDenied, Unauthenticated, VipuError
 from vipu.client.admin import since_time
 from vipu.client.retry import http_status
+from vipu.model import times
 from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
+from vipu.model.times import age_text, utc_text
 from vipu.web import cabling, ledger, racks
 from vipu.web.sessions import COOKIE, SESSION_SECONDS, Sessions
 from vipu.web.sources import PARTS, RETRY_SECONDS, Source
@@ -38,7 +41,7 @@ HEARTBEAT_SECONDS = 15.0  # a comment down an idle event stream, so that a close
 THROTTLE_SECONDS = 0.25  # at most this often a page is told to redraw: a burst of changes is one redraw
 MAX_FORM_BYTES = 4096
 TESTS = ("Sync-Link", "Cabling", "IPU-Link", "Traffic", "GW-Link", "Version", "PFC-settings")
-LINK_SPANS = (("1h", "1 h"), ("24h", "24 h"), ("7d", "7 d"), ("", "all kept"))  # the link page's choices of ?since=
+LINK_SPANS = (*((text, text) for text in map(times.duration_text, (3600, 86_400, 7 * 86_400))), ("", "all kept"))  # ?since=
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -55,15 +58,9 @@ class FormTooLarge(Exception):
     pass
 
 
-def age(created) -> str:
+def age(created: Timestamp) -> str:
     """How long ago a protobuf Timestamp was, as a person says it."""
-    if not created.seconds:
-        return "-"
-    seconds = max(0, int(time.time() - created.seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
+    return age_text(time.time() - created.seconds) if created.seconds else "-"
 
 
 def create_app(sessions: Sessions, controller: str) -> FastAPI:
@@ -78,7 +75,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
     templates.globals.update(version=__version__, controller=controller, secure=sessions.secure, age=age, created_at=created_at,
                              expected_end=expected_end,
                              tests=TESTS, ready_state=racks.ready_state, operation_state=racks.operation_state,
-                             routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS, utc=ledger.utc)
+                             routing=routing, shown_attributes=shown_attributes, palette_css=racks.PALETTE_CSS, utc=utc_text)
 
     @app.middleware("http")
     async def guarded(request: Request, call_next):
@@ -341,12 +338,10 @@ def shown_attributes(gcd: vipuuser_pb2.PartitionConfig.Gcd) -> list[tuple[str, s
 
 
 def created_at(partition: vipuuser_pb2.Partition) -> str:
-    return datetime.fromtimestamp(partition.created.seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if partition.created.seconds else "-"
+    return utc_text(partition.created.seconds)
 
 
 def expected_end(partition: vipuuser_pb2.Partition) -> str:
     """When a partition is expected to end (its start and expected duration); "-" when unknown."""
-    expected, started = partition.status.expected_seconds, partition.created.seconds
-    if not expected or not started:
-        return "-"
-    return datetime.fromtimestamp(started + expected, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    started = partition.created.ToDatetime(tzinfo=UTC) if partition.created.seconds else None
+    return utc_text(times.expected_end(started, partition.status.expected_seconds))

@@ -10,20 +10,16 @@ a total is the rate whatever the spacing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vipu.api.protos import admin_pb2
 from vipu.model.linkhealth import growth
+from vipu.model.times import utc_text
 
 WIDTH, HEIGHT = 720, 150
 LEFT, RIGHT, TOP, BOTTOM = 64, 14, 12, 24  # room for the values left of the plot and the times under it
 SERIES = (("corrected", "Corrected errors grown"), ("recoveries", "Recoveries grown"))
-
-
-def utc(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds)) if seconds else "-"
 
 
 def described(name: str, link: admin_pb2.Link | None) -> str:
@@ -32,11 +28,11 @@ def described(name: str, link: admin_pb2.Link | None) -> str:
     last reading's counters; or that the ledger has not read it."""
     if link is None:
         return f"link ledger: {name} not read yet"
-    line = f"link ledger: {link.name} {link.health}: {link.reason}, since {utc(link.changed_at)}"
+    line = f"link ledger: {link.name} {link.health}: {link.reason}, since {utc_text(link.changed_at)}"
     if link.HasField("last"):
         last = link.last
         line += (f"; last reading {last.corrected_errors} corrected errors, {last.recovery_events} recoveries, "
-                 f"{'up' if last.up else 'down'}, at {utc(last.at)}")
+                 f"{'up' if last.up else 'down'}, at {utc_text(last.at)}")
     return line
 
 
@@ -119,7 +115,7 @@ def _chart(title: str, values: list[int], points: Sequence[Point]) -> Chart:
         return round(LEFT + (at - first) / span * plot_width if span > 0 else LEFT, 1)
 
     placed = tuple((x(p.at), round(TOP + plot_height * (1 - value / top), 1)) for p, value in zip(points, values, strict=True))
-    return Chart(title, placed, top, values[-1], tuple(x(p.at) for p in points if p.down), utc(first), utc(points[-1].at))
+    return Chart(title, placed, top, values[-1], tuple(x(p.at) for p in points if p.down), utc_text(first), utc_text(points[-1].at))
 
 
 def _axis_top(value: int) -> int:

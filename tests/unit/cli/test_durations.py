@@ -1,5 +1,6 @@
-"""`vipu`'s durations (--expected-duration) and `vipu update partition`'s choice, read before any
-call: a bad one is a one-line usage error (status 2) that reaches no controller."""
+"""`vipu`'s durations (--expected-duration, read as `vipu.model.times` reads them) and `vipu update
+partition`'s choice, read before any call: a bad one is a one-line usage error (status 2) that
+reaches no controller."""
 
 from __future__ import annotations
 
@@ -7,31 +8,6 @@ import pytest
 
 from tests.unit.cli.test_bad_arguments import invoke
 from vipu.cli import user
-from vipu.cli.user import duration_text, parse_duration
-
-
-@pytest.mark.parametrize("text, seconds", [
-    ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("1h30m", 5400), ("2H", 7200), (" 45m ", 2700),
-    ("1d2h3m4s", 93784), ("4294967295s", 2**32 - 1),
-])
-def test_a_duration_is_read_in_seconds_and_written_back_alike(text, seconds):
-    assert parse_duration(text) == seconds
-    assert parse_duration(duration_text(seconds)) == seconds
-
-
-def test_a_duration_is_written_in_its_largest_units():
-    assert [duration_text(s) for s in (1, 90, 3600, 5400, 86400 + 1)] == ["1s", "1m30s", "1h", "1h30m", "1d1s"]
-
-
-@pytest.mark.parametrize("text, why", [
-    ("2", "is not a duration: write it as 90s, 30m, 2h or 1d"), ("1.5h", "is not a duration"), ("-1h", "is not a duration"),
-    ("h", "is not a duration"), ("", "is not a duration"), ("2 h", "is not a duration"), ("1w", "is not a duration"),
-    ("1" * 50 + "s", "is not a duration"), ("0s", "is no time"), ("0h0m", "is no time"),
-    ("4294967296s", "is too long: a duration is 1 s to 4294967295 s"),
-])
-def test_a_bad_duration_says_why_in_a_line(text, why):
-    with pytest.raises(ValueError, match=why):
-        parse_duration(text)
 
 
 @pytest.mark.parametrize("arguments, why", [

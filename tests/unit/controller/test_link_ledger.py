@@ -69,7 +69,7 @@ def test_growth_in_k_of_n_windows_makes_a_link_suspect_with_an_event_naming_the_
         clock.now = T0 + 60 * minute + 1
         ledger.record("ag1", [port(corrected)], clock.now)
     state = ledger.detail(name).state
-    assert state.health is LinkHealth.SUSPECT and state.reason == "its errors or recoveries grew in 3 of its last 5 windows of 1 min"
+    assert state.health is LinkHealth.SUSPECT and state.reason == "its errors or recoveries grew in 3 of its last 5 windows of 1m"
     (event,) = ledger.detail(name).events
     assert (event.health, event.partitions, event.at) == (LinkHealth.SUSPECT, ("p1",), T0 + 301)
     assert [s.name for s in ledger.links(unhealthy=True)] == [name]
@@ -90,7 +90,7 @@ def test_a_link_that_goes_down_fails_and_a_new_cable_starts_afresh_naming_the_on
     assert detail.state.health is LinkHealth.HEALTHY and detail.state.cable is not None and detail.state.cable.serial == "C-2"
     assert [(c.identity.serial, c.replaced) for c in detail.cables] == [("C-1", ""), ("C-2", "C-1")]
     assert [e.reason for e in detail.events] == ["it is down: it stopped training", "cable C-2 replaced cable C-1",
-                                                 "its errors or recoveries grew in 0 of its last 5 windows of 1 min"]
+                                                 "its errors or recoveries grew in 0 of its last 5 windows of 1m"]
 
 
 def test_a_cable_that_gives_no_serial_is_one_cable_whose_trend_is_judged_like_any_other(ledger, clock):
@@ -205,7 +205,7 @@ def test_a_link_failed_in_the_simulator_is_reset_and_re_tested_and_the_fourth_at
     assert outcomes == ["reset and re-tested: up again, healthy"] * 3  # retrained: up for 30 s more
     assert remediation.ledger.detail(name).state.health is LinkHealth.HEALTHY
     refused = remediation.remediate(name)
-    assert refused == "automatic remediation refused: link ag1:5 had 3 attempts in the last 7 d (at most 3)"
+    assert refused == "automatic remediation refused: link ag1:5 had 3 attempts in the last 7d (at most 3)"
     assert remediation.remediate(LinkName("ag1", "6")).startswith("automatic remediation refused: machine ag1 had 3 attempts")
     events = [e.reason for e in remediation.ledger.detail(name).events]
     assert events[-1] == f"{refused}; it stays failed for a person to see to"

@@ -143,11 +143,11 @@ def test_a_request_expected_to_end_before_the_held_ipus_are_needed_starts_on_the
     until(queued, lambda: {"late", "unknown"} <= {w.request.partition_id for w in queued.list() if "held for big, first" in w.reason})
     reasons = {w.request.partition_id: w.reason for w in queued.list()}
     assert reasons["unknown"].endswith("; with no expected duration it may not start on the IPUs held for big")
-    assert re.search(r"; it is expected to run 3 h, past \d{4}-\d\d-\d\d \d\d:\d\d UTC, when the IPUs held for big are expected "
+    assert re.search(r"; it is expected to run 3h, past \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, when the IPUs held for big are expected "
                      r"to be needed$", reasons["late"]), reasons["late"]
     # A create that does not wait follows the same rule: one that ends in time starts on them at once.
     assert pod.partitions.create(PartitionRequest("now", 4, expected_seconds=1800)).agent_ids[0] in ("ag1", "ag3", "ag4")
-    with pytest.raises(NoRoom, match=r"held for big, first in the queue; .*; it is expected to run 3 h, past .* UTC, when the IPUs "
+    with pytest.raises(NoRoom, match=r"held for big, first in the queue; .*; it is expected to run 3h, past .* UTC, when the IPUs "
                                      r"held for big are expected to be needed$"):
         pod.partitions.create(PartitionRequest("late-now", 4, expected_seconds=3 * 3600))
     with pytest.raises(NoRoom, match=r"held for big, first in the queue; .*; with no expected duration it may not start on the IPUs "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vipu.model.compaction import Budget, BudgetSpent, Movable, plan_compaction, plan_for
+from vipu.model.compaction import Budget, BudgetSpent, Movable, frees_larger, plan_compaction, plan_for
 from vipu.model.entities import IldTopology
 from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import LinkFaults, LinkName
@@ -29,6 +29,15 @@ def test_the_plan_moves_the_one_movable_partition_in_the_way_and_never_an_unmova
     assert plan_for(LAYOUT, ALLOWED, used, holders, 8, {}, max_moves=4) is None  # nothing may move
     assert plan_for(LAYOUT, ALLOWED, used, holders, 8, {"pc": Movable("pc", machines("ag3"))}, max_moves=0) is None
     assert plan_compaction(LAYOUT, ALLOWED, used, holders, {"pc": Movable("pc", machines("ag3"))}, max_moves=1).size == 8
+
+
+def test_a_move_frees_a_larger_shape_only_with_ipus_no_one_holds():
+    """ag1 and ag3 in use, ag2 and ag4 free: moving ag3's partition to ag4 frees ag2-ag3, 8 IPUs
+    together. Held for the first waiting request (counted in `used`), ag2 frees nothing."""
+    used = {"ag1": set(WHOLE), "ag3": set(WHOLE)}
+    assert frees_larger(LAYOUT, ALLOWED, used, off=machines("ag3"), on=machines("ag4"))
+    assert not frees_larger(LAYOUT, ALLOWED, used, off=machines("ag3"), on=machines("ag3"))  # staying frees nothing
+    assert not frees_larger(LAYOUT, ALLOWED, used | {"ag2": set(WHOLE)}, off=machines("ag3"), on=machines("ag4"))
 
 
 def test_the_budget_counts_moves_in_the_last_hour_and_each_partition_once_in_its_interval():

@@ -72,7 +72,7 @@ def test_a_link_is_suspect_exactly_when_k_of_its_last_n_windows_grew(growth, k):
     grew = sum(1 for g in growth if g)
     verdict = judge(readings(growth, policy), policy, NOW)
     assert verdict.health is (LinkHealth.SUSPECT if grew >= k else LinkHealth.HEALTHY)
-    assert f"grew in {grew} of its last 6 windows of 1 h" in verdict.reason
+    assert f"grew in {grew} of its last 6 windows of 1h" in verdict.reason
 
 
 def test_one_burst_is_not_a_trend_but_growth_window_after_window_is():
@@ -174,9 +174,9 @@ def test_a_fourth_attempt_within_the_window_is_refused_for_the_link_and_for_its_
     policy = RemediationPolicy(attempts=3)
     three = [attempt("ag1:5", NOW + n) for n in range(3)]
     assert attempts_refusal(LinkName.parse("ag1:5"), three, policy, NOW + 10) == \
-        "automatic remediation refused: link ag1:5 had 3 attempts in the last 7 d (at most 3)"
+        "automatic remediation refused: link ag1:5 had 3 attempts in the last 7d (at most 3)"
     assert attempts_refusal(LinkName.parse("ag1:6"), three, policy, NOW + 10) == \
-        "automatic remediation refused: machine ag1 had 3 attempts in the last 7 d (at most 3)"
+        "automatic remediation refused: machine ag1 had 3 attempts in the last 7d (at most 3)"
     assert attempts_refusal(LinkName.parse("ag2:1"), three, policy, NOW + 10) == ""
     assert attempts_refusal(LinkName.parse("ag1:5"), three, policy, NOW + 7 * DAY + 1) == ""  # the window moved past them
     refused = [*three[:2], attempt("ag1:5", NOW + 3, "automatic remediation refused: ...")]

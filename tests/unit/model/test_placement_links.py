@@ -13,7 +13,7 @@ from vipu.model.linkhealth import LinkFaults, LinkName, links_used
 from vipu.model.placement import choose_reservation, place_partition, shapes, try_place
 from vipu.model.topology import INTERNAL_LINKS, ClusterLayout
 
-SUSPECT = "its errors or recoveries grew in 3 of its last 6 windows of 1 h"
+SUSPECT = "its errors or recoveries grew in 3 of its last 6 windows of 1h"
 FAILED = "failed the cabling test: no link"
 
 

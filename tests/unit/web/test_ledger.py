@@ -58,10 +58,10 @@ def test_an_empty_history_draws_nothing_and_says_so():
 
 
 def test_a_cable_ends_line_says_its_health_trend_and_last_reading_or_that_it_was_never_read():
-    link = admin_pb2.Link(name="ag1:5", health="suspect", reason="its errors or recoveries grew in 3 of its last 6 windows of 1 h",
+    link = admin_pb2.Link(name="ag1:5", health="suspect", reason="its errors or recoveries grew in 3 of its last 6 windows of 1h",
                           changed_at=AT, last=sample(5, 420, 2))
     assert ledger.described("ag1:5", link) == (
-        "link ledger: ag1:5 suspect: its errors or recoveries grew in 3 of its last 6 windows of 1 h, since 2026-11-18 11:06:40 UTC; "
+        "link ledger: ag1:5 suspect: its errors or recoveries grew in 3 of its last 6 windows of 1h, since 2026-11-18 11:06:40 UTC; "
         "last reading 420 corrected errors, 2 recoveries, up, at 2026-11-18 11:06:45 UTC")
     failed_by_a_test = admin_pb2.Link(name="ag1:5", health="failed", reason="failed the Cabling test: ...", changed_at=AT)
     assert ledger.described("ag1:5", failed_by_a_test) == \

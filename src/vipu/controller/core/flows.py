@@ -29,14 +29,15 @@ from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
 from vipu.controller.core.effects import Body, Calls, Flow, Join
 from vipu.controller.core.placing import failed_machines, move_note, moved, planned
 from vipu.model import lifecycle
-from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report
+from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report, frees_larger
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
-from vipu.model.placement import Placement, largest_fitting, shifted, try_place
+from vipu.model.placement import Placement, shifted, try_place
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
+from vipu.model.times import utc_text
 
 if TYPE_CHECKING:
     from vipu.controller.core.steps import Steps
@@ -148,7 +149,7 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
         current = owner.partition(partition.id)
         if automatic and current is not None and current.power_cycled is not None:
             log.warning("partition %s: the reset did not bring it back, and its machines were power cycled once already (%s): "
-                        "it is left to its user", partition.id, current.power_cycled.strftime("%Y-%m-%d %H:%M:%S UTC"))
+                        "it is left to its user", partition.id, utc_text(current.power_cycled))
         if not power_cycle or current is None or lifecycle.state_of(current) != lifecycle.ERROR_FAILED:
             raise
         log.warning("partition %s: the reset did not bring it back (%s); power cycling %s", partition.id, failure.message,
@@ -186,9 +187,9 @@ def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
     if placement is None:
         return None
     allowed = set(state.allocation.agent_ids) - state.down
-    after = shifted(state.used, off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
-                    on=((ipu.agent_id, ipu.index) for ipu in placement.ipus))
-    larger = largest_fitting(state.layout, allowed, after, state.links) > largest_fitting(state.layout, allowed, state.used, state.links)
+    taken = shifted(state.used, on=state.held) if state.queue.first() is not None else state.used  # as compaction counts them
+    larger = frees_larger(state.layout, allowed, taken, off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
+                          on=((ipu.agent_id, ipu.index) for ipu in placement.ipus), faults=state.links)
     return placement if larger else None
 
 

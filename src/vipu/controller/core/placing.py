@@ -30,6 +30,7 @@ from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Occupancy, Placement, Shape, place_partition
 from vipu.model.reasons import span
+from vipu.model.times import utc_text
 from vipu.model.topology import ClusterLayout
 from vipu.model.waiting import MAX_EXPECTED_SECONDS
 
@@ -193,7 +194,7 @@ def move_note(layout: ClusterLayout, before: Partition, placement: Placement, wh
     own = {(ipu.agent_id, ipu.index) for ipu in before.ipus}
     to = {(ipu.agent_id, ipu.index) for ipu in placement.ipus}
     placed = f"; {placement.link_note}" if placement.link_note else ""
-    return (f"moved from {span(layout, own)} to {span(layout, to)} on {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC: "
+    return (f"moved from {span(layout, own)} to {span(layout, to)} on {utc_text(datetime.now(UTC))}: "
             f"{why}{placed}")[:NOTE_LENGTH]
 
 
