@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
 from vipu.controller.core.effects import Body, Calls, Flow, Join
-from vipu.controller.core.placing import failed_machines, move_note, moved, planned
+from vipu.controller.core.placing import failed_machines, move_note, moved
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report, frees_larger
 from vipu.model.configuration import AgentSettings
@@ -40,6 +40,7 @@ from vipu.model.reasons import span
 from vipu.model.times import utc_text
 
 if TYPE_CHECKING:
+    from vipu.controller.core.state import AllocationState
     from vipu.controller.core.steps import Steps
 
 POWER_MARGIN_SECONDS = 60.0  # beyond a power action's own limit, before the machines it holds down are let go regardless
@@ -155,6 +156,21 @@ def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool
         log.warning("partition %s: the reset did not bring it back (%s); power cycling %s", partition.id, failure.message,
                     ", ".join(current.agent_ids))
     return (yield from power_cycled_reset(owner, current))
+
+
+def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
+    """A planned place for a partition, if it is still free now: off the IPUs in use (its own
+    included, which it keeps until it has moved) and held, and on machines that answer and
+    links not quarantined; NoRoom saying what changed otherwise."""
+    taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
+             if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
+    down = sorted({ipu.agent_id for ipu in target.ipus} & state.down)
+    quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
+    if taken or down or quarantined:
+        what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
+                f"agent {', '.join(down)} is down" if down else f"it needs quarantined link {', '.join(map(str, quarantined))}")
+        raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
+    return target
 
 
 def placed_elsewhere(owner: Steps, partition: Partition) -> Placement | None:

@@ -12,7 +12,6 @@ import contextlib
 import re
 from collections.abc import Mapping, Set
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from vipu.model import lifecycle
 from vipu.model.entities import (
@@ -33,9 +32,6 @@ from vipu.model.reasons import span
 from vipu.model.times import utc_text
 from vipu.model.topology import ClusterLayout
 from vipu.model.waiting import MAX_EXPECTED_SECONDS
-
-if TYPE_CHECKING:
-    from vipu.controller.core.state import AllocationState
 
 Ipu = tuple[str, int]
 # An error of a partition naming the agent that failed it: "agent ag2: ..." or "agent ag2 is down: ...".
@@ -172,21 +168,6 @@ def moved(layout: ClusterLayout, allocation: Allocation, partition: Partition, u
             refusal = no_room
     assert refusal is not None
     raise refusal
-
-
-def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
-    """A planned place for a partition, if it is still free now: off the IPUs in use (its own
-    included, which it keeps until it has moved) and held, and on machines that answer and
-    links not quarantined; NoRoom saying what changed otherwise."""
-    taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
-             if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
-    down = sorted({ipu.agent_id for ipu in target.ipus} & state.down)
-    quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
-    if taken or down or quarantined:
-        what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
-                f"agent {', '.join(down)} is down" if down else f"it needs quarantined link {', '.join(map(str, quarantined))}")
-        raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
-    return target
 
 
 def move_note(layout: ClusterLayout, before: Partition, placement: Placement, why: str) -> str:
