@@ -39,6 +39,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import threading
@@ -48,7 +49,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from tempfile import TemporaryDirectory
+from tempfile import mkdtemp
 from typing import Any
 
 import click
@@ -478,47 +479,53 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
         left_out["net-split"] = "this machine makes no network namespaces (ip netns add was refused)"
     links = netsplit.Links(4) if "net-split" in kinds else None
     postgres = PostgresServer(netns=links.namespace, host=links.address(0)) if links else PostgresServer()
+    directory = mkdtemp(prefix="vipu-faults-")
     try:
-        with TemporaryDirectory(prefix="vipu-faults-") as directory:
-            run = Campaign(Path(directory), postgres, links, lease, machines, seed, longest_stall)
-            history, stop = History(), threading.Event()
-            began = time.monotonic()
-            threads = [threading.Thread(target=client_loop, args=(n, run.addresses, history, stop, seed + n), daemon=True)
-                       for n in range(clients)]
-            try:
-                for thread in threads:
-                    thread.start()
-                for number in range(faults):
-                    run.inject(kinds[number % len(kinds)] if in_turn else run.chooser.choice(kinds))
-                    time.sleep(run.chooser.uniform(0.2, 1.0))
-                    if number % 50 == 49:
-                        click.echo(f"faults: {number + 1} injected, {len(history.calls)} calls", err=True)
-                stop.set()
-                for thread in threads:
-                    thread.join(timeout=60)
-                anomalies = run.check(history)
-            finally:
-                stop.set()
-                run.sample_claims()
-                run.close()
-            answers = Counter(call.answer for call in history.calls)
-            takeovers = {kind: {"count": len(times), "p50_s": round(statistics.median(times), 2),
-                                "p99_s": round(sorted(times)[max(0, round(0.99 * len(times)) - 1)], 2), "max_s": round(max(times), 2)}
-                         for kind, times in run.takeovers.items() if times}
-            return {"faults": faults, "injected": dict(run.injected), "lease_seconds": lease, "clients": clients, "machines": machines,
-                    "seed": seed, "calls": len(history.calls), "answers": dict(answers),
-                    "answers_by_operation": {f"{operation} {answer}": count for (operation, answer), count in sorted(
-                        Counter((call.operation, call.answer) for call in history.calls).items())},
-                    "unknown_share": round(answers["unknown"] / max(1, len(history.calls)), 4), "anomalies": len(anomalies),
-                    "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
-                    "elections_during_short_stalls": run.stall_elections, "longest_stall_s": run.longest_stall,
-                    "elections_after_long_stalls": {str(n): count for n, count in sorted(run.elections_after_long_stalls.items())},
-                    "lease_claims": run.claim_quantiles(), "slow_replica": SLOW_REPLICA, "left_out": left_out,
-                    "seconds": round(time.monotonic() - began, 1)}
+        run = Campaign(Path(directory), postgres, links, lease, machines, seed, longest_stall)
+        history, stop = History(), threading.Event()
+        began = time.monotonic()
+        threads = [threading.Thread(target=client_loop, args=(n, run.addresses, history, stop, seed + n), daemon=True)
+                   for n in range(clients)]
+        try:
+            for thread in threads:
+                thread.start()
+            for number in range(faults):
+                run.inject(kinds[number % len(kinds)] if in_turn else run.chooser.choice(kinds))
+                time.sleep(run.chooser.uniform(0.2, 1.0))
+                if number % 50 == 49:
+                    click.echo(f"faults: {number + 1} injected, {len(history.calls)} calls", err=True)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+            anomalies = run.check(history)
+        finally:
+            stop.set()
+            run.sample_claims()
+            run.close()
+        answers = Counter(call.answer for call in history.calls)
+        takeovers = {kind: {"count": len(times), "p50_s": round(statistics.median(times), 2),
+                            "p99_s": round(sorted(times)[max(0, round(0.99 * len(times)) - 1)], 2), "max_s": round(max(times), 2)}
+                     for kind, times in run.takeovers.items() if times}
+        return {"faults": faults, "injected": dict(run.injected), "lease_seconds": lease, "clients": clients, "machines": machines,
+                "seed": seed, "calls": len(history.calls), "answers": dict(answers),
+                "answers_by_operation": {f"{operation} {answer}": count for (operation, answer), count in sorted(
+                    Counter((call.operation, call.answer) for call in history.calls).items())},
+                "unknown_share": round(answers["unknown"] / max(1, len(history.calls)), 4), "anomalies": len(anomalies),
+                "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
+                "elections_during_short_stalls": run.stall_elections, "longest_stall_s": run.longest_stall,
+                "elections_after_long_stalls": {str(n): count for n, count in sorted(run.elections_after_long_stalls.items())},
+                "lease_claims": run.claim_quantiles(), "slow_replica": SLOW_REPLICA, "left_out": left_out,
+                "seconds": round(time.monotonic() - began, 1)}
+    except BaseException:
+        click.echo(f"the campaign's logs are kept in {directory}", err=True)
+        directory = ""
+        raise
     finally:
         postgres.stop()
         if links:
             links.close()
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @click.command()

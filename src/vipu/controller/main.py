@@ -22,7 +22,6 @@ from vipu import __version__, failpoints
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate, generate_agent_link
 from vipu.client.settings import ClientSettings, write_client_config
-from vipu.controller.core.owners import QueueLimits
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.controller.usecases.users import UserService
@@ -31,6 +30,7 @@ from vipu.model.compaction import Budget
 from vipu.model.entities import IPUS_PER_MACHINE, IldTopology
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import RemediationPolicy, TrendPolicy
+from vipu.model.waiting import QueueLimits
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store
 
 log = logging.getLogger("vipu.server")

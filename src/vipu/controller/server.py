@@ -23,7 +23,6 @@ from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials,
 from vipu.api.tls import takeover_grant as tls_takeover_grant
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
 from vipu.controller.core.changes import ChangeFeed, Topic
-from vipu.controller.core.owners import QueueLimits
 from vipu.controller.infrastructure.agentclient import GrpcAgentGateway
 from vipu.controller.infrastructure.discovery import DiscoveryListener
 from vipu.controller.infrastructure.leadership import Leadership
@@ -39,6 +38,7 @@ from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.throttle import LoginThrottle
+from vipu.model.waiting import QueueLimits
 from vipu.store.store import CONFIGURATION_CHANGED, STATEMENT_DEADLINE_SECONDS, TESTS_CHANGED, USERS_CHANGED, Store
 
 log = logging.getLogger(__name__)

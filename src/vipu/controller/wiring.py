@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from vipu.controller.core.agents import AgentCalls, AgentGateway
 from vipu.controller.core.changes import ChangeFeed
-from vipu.controller.core.owners import DEFAULT_LIMITS, Owners, QueueLimits
+from vipu.controller.core.owners import Owners
 from vipu.controller.loops.health import HealthPass
 from vipu.controller.usecases.agents import AgentService, no_takeover
 from vipu.controller.usecases.allocations import AllocationService
@@ -22,6 +22,7 @@ from vipu.controller.usecases.remediation import LinkRemediation
 from vipu.controller.usecases.requests import RequestService
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
+from vipu.model.waiting import DEFAULT_LIMITS, QueueLimits
 from vipu.store.store import Store
 
 

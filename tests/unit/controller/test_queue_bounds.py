@@ -13,11 +13,11 @@ import pytest
 
 from tests.unit.controller.test_services import Pod
 from vipu.controller.core import queueing
-from vipu.controller.core.owners import QueueLimits
 from vipu.controller.usecases.requests import Waiting
 from vipu.controller.wiring import ControllerServices
 from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Conflict
+from vipu.model.waiting import QueueLimits
 
 ALICE = Access("alice", frozenset({"a1"}))
 BOB = Access("bob", frozenset({"a1"}))

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from tests.unit.controller.test_services import Pod
-from vipu.controller.core.owners import QueueLimits
 from vipu.controller.usecases.requests import Waiting
 from vipu.controller.wiring import ControllerServices
 from vipu.model.entities import PartitionRequest
 from vipu.model.errors import Conflict
+from vipu.model.waiting import QueueLimits
 
 LEASE = 0.5
 

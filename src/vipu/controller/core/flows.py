@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
-from vipu.controller.core.effects import Body, Calls, Flow, Join
+from vipu.controller.core.effects import Body, Calls, Flow, Join, Write
 from vipu.controller.core.placing import failed_machines, move_note, moved
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report, frees_larger
@@ -41,10 +41,37 @@ from vipu.model.times import utc_text
 
 if TYPE_CHECKING:
     from vipu.controller.core.state import AllocationState
-    from vipu.controller.core.steps import Steps
 
 POWER_MARGIN_SECONDS = 60.0  # beyond a power action's own limit, before the machines it holds down are let go regardless
 log = logging.getLogger("vipu.controller.core")
+
+
+class Owner(Protocol):
+    """What an operation asks of the owner of its allocation (`steps.Steps` is what gives it): the
+    state it decides on, the writes and agent calls its steps are made of, and what it tells the
+    owner it has done. Operations take their owner as this, so that they depend on no part of it."""
+
+    id: str
+    state: AllocationState
+    flows: dict[str, Flow]  # partition id -> the operation holding it
+
+    def partition(self, partition_id: str) -> Partition | None: ...
+    def agents_of(self, partition: Partition) -> list[Agent]: ...
+    def call(self, agent: Agent, settings: AgentSettings | None = None, partition_id: str = "") -> AgentCall: ...
+    def applying(self, partition: Partition, agents: list[Agent], of_all: list[Agent] | None = None) -> Calls: ...
+    def clearing(self, partition_id: str, agents: list[Agent]) -> Calls: ...
+    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Flow]: ...
+    def cleared(self, agent_id: str, partition_id: str) -> None: ...
+    def keep_uncleared_of(self, agent_id: str, partition: Partition) -> None: ...
+    def compaction_spent(self) -> BudgetSpent: ...
+    def transit(self, partition: Partition, *transitions: tuple[str, dict[str, Any]]) -> Write: ...
+    def inserting(self, partition: Partition) -> Write: ...
+    def moving(self, partition: Partition, fields: dict[str, Any]) -> Write: ...
+    def forgetting(self, partition: Partition, uncleared: list[str]) -> Write: ...
+    def granting(self, request: WaitingRequest, partition: Partition) -> Write: ...
+    def unlinger(self, partition_id: str) -> None: ...
+    def ended(self, request: WaitingRequest, ending: VipuError) -> None: ...
+    def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow: ...
 
 Failures = dict[str, VipuError]
 
@@ -53,7 +80,7 @@ def _failures(agents: list[Agent], outcomes: Outcomes) -> Failures:
     return {agent.id: error for agent, error in zip(agents, outcomes, strict=True) if error is not None}
 
 
-def configure(owner: Steps, partition: Partition, on_failure: str) -> Body:
+def configure(owner: Owner, partition: Partition, on_failure: str) -> Body:
     """Apply the partition's settings to its agents and make it ACTIVE. If any agent fails, what
     was applied is cleared again and the partition takes the transition `on_failure` ('abandon':
     it is forgotten, its IPUs free; 'fail': it stays in ERROR), and the error is raised."""
@@ -75,7 +102,7 @@ def configure(owner: Steps, partition: Partition, on_failure: str) -> Body:
     return partition
 
 
-def fail(owner: Steps, partition: Partition, failures: Failures, summary: str, transition: str, hint: str = "") -> Body:
+def fail(owner: Owner, partition: Partition, failures: Failures, summary: str, transition: str, hint: str = "") -> Body:
     """Record the agents' reasons by the transition 'fail' (ERROR) or 'abandon' (gone); returns the
     error to raise, `summary: reasons`."""
     reasons = [f"agent {agent_id}: {error.message}" for agent_id, error in sorted(failures.items())]
@@ -85,13 +112,13 @@ def fail(owner: Steps, partition: Partition, failures: Failures, summary: str, t
     return family(f"{summary}: {'; '.join(reasons)}{hint}")
 
 
-def create(owner: Steps, partition: Partition, keep_on_error: bool) -> Body:
+def create(owner: Owner, partition: Partition, keep_on_error: bool) -> Body:
     """A partition placed by the owner: recorded, then configured."""
     yield owner.inserting(partition)
     return (yield from configure_new(owner, partition, keep_on_error))
 
 
-def grant(owner: Steps, request: WaitingRequest, partition: Partition) -> Body:
+def grant(owner: Owner, request: WaitingRequest, partition: Partition) -> Body:
     """A waiting request's partition, recorded in the transaction that ends the request, then
     configured as a create is. Should the request's row have gone meanwhile (its allocation
     removed), it waits no more; should the store refuse otherwise, it waits on for the next pass."""
@@ -106,7 +133,7 @@ def grant(owner: Steps, request: WaitingRequest, partition: Partition) -> Body:
         raise
 
 
-def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Body:
+def configure_new(owner: Owner, partition: Partition, keep_on_error: bool) -> Body:
     """Configure a partition just recorded (PENDING, CREATING); a relocatable one that fails at some
     machines moves off them, and is kept in ERROR if asked, or else removed, if it can move nowhere."""
     if not partition.relocatable:
@@ -128,7 +155,7 @@ def configure_new(owner: Steps, partition: Partition, keep_on_error: bool) -> Bo
         raise type(failure)(f"partition {partition.id} could not be created and was not kept: {reasons}") from None
 
 
-def reset(owner: Steps, partition: Partition, automatic: bool, power_cycle: bool = False) -> Body:
+def reset(owner: Owner, partition: Partition, automatic: bool, power_cycle: bool = False) -> Body:
     """Clear and configure the partition again; `automatic` counts it as an automatic reset. A
     relocatable one its user resets is configured elsewhere instead if that leaves a larger shape
     free, within the compaction budget (`compacter_place`). With `power_cycle`, a configuration
@@ -173,7 +200,7 @@ def planned(state: AllocationState, partition: Partition, target: Placement) -> 
     return target
 
 
-def placed_elsewhere(owner: Steps, partition: Partition) -> Placement | None:
+def placed_elsewhere(owner: Owner, partition: Partition) -> Placement | None:
     """Where placement would put the partition now among the IPUs free (none of its own, which
     it keeps until it has moved, none held for the queue, no machine down, no quarantined link,
     suspect ones while it can), off the machines that failed it while other room is left (as
@@ -190,7 +217,7 @@ def placed_elsewhere(owner: Steps, partition: Partition) -> Placement | None:
     return None
 
 
-def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
+def compacter_place(owner: Owner, partition: Partition) -> Placement | None:
     """Where a relocatable partition its user resets goes instead of its IPUs, when placement
     there (`placed_elsewhere`) leaves a larger partition room to fit than its own IPUs do and the
     compaction budget allows the move, and no compaction is under way (whose planned places it
@@ -209,7 +236,7 @@ def compacter_place(owner: Steps, partition: Partition) -> Placement | None:
     return placement if larger else None
 
 
-def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
+def power_cycled_reset(owner: Owner, partition: Partition) -> Body:
     """Power cycle the partition's machines and configure it again: what an operator does when a
     reset does not bring a partition back. Recorded on the partition (`power_cycled`), so it is
     done once in its life; not done if another partition is on its machines now. The machines are
@@ -235,14 +262,14 @@ def power_cycled_reset(owner: Steps, partition: Partition) -> Body:
         state.release_power(machines, token, answering=machines if configured else ())
 
 
-def remove(owner: Steps, partition: Partition, force: bool) -> Body:
+def remove(owner: Owner, partition: Partition, force: bool) -> Body:
     """Clear a partition from its agents and forget it; forced, forget it whatever the agents
     answer. Returns the agents that did not confirm the clear (forced only)."""
     partition = yield from begin_remove(owner, partition)
     return (yield from finish_remove(owner, partition, force))
 
 
-def begin_remove(owner: Steps, partition: Partition) -> Body:
+def begin_remove(owner: Owner, partition: Partition) -> Body:
     """Record that the partition is being removed. One that an interrupted create or reset left
     PENDING is failed first, as the life cycle removes only settled partitions."""
     state = lifecycle.state_of(partition)
@@ -254,7 +281,7 @@ def begin_remove(owner: Steps, partition: Partition) -> Body:
     return (yield owner.transit(partition, ("remove", {})))
 
 
-def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
+def finish_remove(owner: Owner, partition: Partition, force: bool) -> Body:
     agents = owner.agents_of(partition)
     failures = _failures(agents, (yield owner.clearing(partition.id, agents)))
     if failures and not force:
@@ -268,7 +295,7 @@ def finish_remove(owner: Steps, partition: Partition, force: bool) -> Body:
     return sorted(failures)
 
 
-def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
+def relocate(owner: Owner, partition: Partition, avoid: set[str], why: str, automatic: bool = False,
              because_failed: bool = True, target: Placement | None = None, compacting: bool = False) -> Body:
     """Move a settled partition off the machines `avoid` (and any machine down), to other IPUs of
     its allocation, and configure it there. `because_failed`: the machines of `avoid` failed it,
@@ -320,7 +347,7 @@ def relocate(owner: Steps, partition: Partition, avoid: set[str], why: str, auto
 FENCE_SECONDS = 60.0  # how long an idle partition's machines refuse IPUoF attaches while compaction moves it
 
 
-def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body:
+def compact(owner: Owner, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body:
     """Carry out a compaction plan one move at a time, each an operation on its partition, checked
     when it comes: the partition still where the plan found it and ACTIVE, the budget allowing it,
     its place still free. It stops at the first move that may not or does not happen, and says why."""
@@ -343,13 +370,13 @@ def compact(owner: Steps, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
     return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved))
 
 
-def movable(owner: Steps, spent: BudgetSpent, now: float) -> dict[str, Movable]:
+def movable(owner: Owner, spent: BudgetSpent, now: float) -> dict[str, Movable]:
     """The partitions compaction may move now (`not_movable`), as the planner sees them."""
     return {p.id: Movable(p.id, frozenset((i.agent_id, i.index) for i in p.ipus), p.num_gcds, p.num_segments, p.ipulink_routing)
             for p in owner.state.partitions.values() if not not_movable(owner, p, spent, now)}
 
 
-def not_movable(owner: Steps, partition: Partition, spent: BudgetSpent, now: float) -> str:
+def not_movable(owner: Owner, partition: Partition, spent: BudgetSpent, now: float) -> str:
     """Why compaction may not move this partition now, in one line; empty if it may: only a
     relocatable, ACTIVE partition no operation holds, as the budget allows."""
     if not partition.relocatable:
@@ -359,7 +386,7 @@ def not_movable(owner: Steps, partition: Partition, spent: BudgetSpent, now: flo
     return spent.refusal(partition.id, now)
 
 
-def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: BudgetSpent) -> str:
+def _not_moving(owner: Owner, partition: Partition | None, move: Move, spent: BudgetSpent) -> str:
     """Why a planned move may not be made now, in one line; empty if it may."""
     if partition is None:
         return f"partition {move.partition_id} is gone"
@@ -368,7 +395,7 @@ def _not_moving(owner: Steps, partition: Partition | None, move: Move, spent: Bu
     return not_movable(owner, partition, spent, time.time())
 
 
-def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) -> Body:
+def compaction_move(owner: Owner, partition: Partition, move: Move, why: str) -> Body:
     """One move of a compaction plan: only while idle (`fenced`), then to the planned place, which
     is checked free before any fence is made."""
     planned(owner.state, partition, move.after)
@@ -376,7 +403,7 @@ def compaction_move(owner: Steps, partition: Partition, move: Move, why: str) ->
     return (yield from relocate(owner, partition, set(), why, because_failed=False, target=move.after, compacting=True))
 
 
-def fenced(owner: Steps, partition: Partition) -> Body:
+def fenced(owner: Owner, partition: Partition) -> Body:
     """A partition about to move of its own accord (not because it failed): unless its owner
     consented to moves while attached, only if no IPUoF client is attached at any of its machines,
     which then refuse attaches until it has moved (`FENCE_SECONDS` at most). A Conflict names an
@@ -405,7 +432,7 @@ def fenced(owner: Steps, partition: Partition) -> Body:
     return current
 
 
-def off_unhealthy_links(owner: Steps, partition: Partition) -> Body:
+def off_unhealthy_links(owner: Owner, partition: Partition) -> Body:
     """A relocatable partition running over a link gone bad (failed or suspect), moved while idle
     to IPUs of its allocation whose links are all healthy, keeping off those held for the queue.
     NoRoom if there are none; a Conflict while a client is attached (it is tried at the next health
@@ -420,7 +447,7 @@ def off_unhealthy_links(owner: Steps, partition: Partition) -> Body:
                                 target=placement))
 
 
-def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:
+def moved_after_failure(owner: Owner, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:
     """A relocatable partition that failed at some agents, now in ERROR, moved off them and
     configured elsewhere; None if its allocation has no room elsewhere, or it failed there too."""
     for _ in range(attempts):
@@ -438,7 +465,7 @@ def moved_after_failure(owner: Steps, partition_id: str, failure: VipuError, att
     return None
 
 
-def relocate_asked(owner: Steps, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
+def relocate_asked(owner: Owner, partition: Partition, asked_by: str, automatic: bool, only_off_failed: bool) -> Body:
     """A move someone asked for: off the machines that failed the partition, or off all of its own
     when none did; with `only_off_failed` (the published API's reset with `relocatable`), a
     partition that no machine failed is reset instead (`reset`: in place, or where it leaves a
@@ -453,7 +480,7 @@ def relocate_asked(owner: Steps, partition: Partition, asked_by: str, automatic:
     return (yield from relocate(owner, partition, failed or set(partition.agent_ids), why, automatic, because_failed=bool(failed)))
 
 
-def finish(owner: Steps, partition: Partition) -> Body:
+def finish(owner: Owner, partition: Partition) -> Body:
     """Finish the interrupted operation of a partition that no operation owns any more."""
     interrupted = partition.operation_state
     if interrupted is OperationState.REMOVING:
@@ -463,7 +490,7 @@ def finish(owner: Steps, partition: Partition) -> Body:
     log.info("finished the interrupted %s of partition %s", interrupted.value.lower(), partition.id)
 
 
-def mark_lost(owner: Steps, partition: Partition, reason: str) -> Body:
+def mark_lost(owner: Owner, partition: Partition, reason: str) -> Body:
     """An ACTIVE partition one of whose agents stopped answering or lost its settings goes to ERROR
     with the reason, and is cleared from its agents that answer: an ERROR partition is configured
     nowhere (so a disruptive test may then take its machines)."""
@@ -475,7 +502,7 @@ def mark_lost(owner: Steps, partition: Partition, reason: str) -> Body:
             log.warning("partition %s: could not clear it from agent %s: %s", partition.id, agent_id, error.message)
 
 
-def clear_again(owner: Steps, agent: Agent, partition_ids: list[str]) -> Body:
+def clear_again(owner: Owner, agent: Agent, partition_ids: list[str]) -> Body:
     """Ask a machine once more to clear what it did not confirm clearing (it did not answer then):
     the IPUs kept out for it come back as soon as it answers. Not answering yet is no news."""
     outcomes = yield Calls([owner.call(agent, partition_id=p) for p in partition_ids])
@@ -484,7 +511,7 @@ def clear_again(owner: Steps, agent: Agent, partition_ids: list[str]) -> Body:
             owner.cleared(agent.id, partition_id)
 
 
-def reconcile(owner: Steps, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
+def reconcile(owner: Owner, agent: Agent, stray: list[str], lost: list[tuple[Partition, AgentSettings]]) -> Body:
     """Make one agent hold what the owner's state says: clear what it should not hold, apply again
     what it lost (an ACTIVE partition whose settings it cannot take back goes to ERROR)."""
     calls = [owner.call(agent, partition_id=p) for p in stray] + [owner.call(agent, settings=s) for _, s in lost]

@@ -31,13 +31,9 @@ the test's cancelled step there to stop).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vipu.controller.core.decisions import Decisions
 from vipu.controller.core.state import AllocationState
-
-if TYPE_CHECKING:
-    from vipu.controller.core.owners import Owners
+from vipu.controller.core.turns import Registry
 
 
 class AllocationOwner(Decisions):
@@ -45,6 +41,6 @@ class AllocationOwner(Decisions):
     publishing), `steps` (the writes and calls operations are made of), `queueing` (the waiting
     requests and the pass over them) and `decisions` (what each command does)."""
 
-    def __init__(self, owners: Owners, state: AllocationState):
+    def __init__(self, owners: Registry, state: AllocationState):
         super().__init__(owners, state)
         self._publish()

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
@@ -30,6 +29,7 @@ from vipu.model.entities import Agent, ReadyState
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
+from vipu.model.waiting import DEFAULT_LIMITS, QueueLimits
 from vipu.store.store import Store
 
 log = logging.getLogger("vipu.controller.core")
@@ -47,17 +47,6 @@ REBUILD_TRY_SECONDS = 300.0  # how long a rebuild tries to read the store (a sta
 REBUILD_RETRY_SECONDS = 1.0
 
 
-@dataclass(frozen=True)
-class QueueLimits:
-    """How many requests may wait: for one user of secure mode, and in all; and how long one waits
-    that nobody asks after (its waiter gone) before it is withdrawn."""
-
-    per_user: int = 100
-    total: int = 10_000
-    lease_seconds: float = 60.0  # three of a waiter's longest calls (WAIT_CALL_SECONDS): a live waiter renews it well before
-
-
-DEFAULT_LIMITS = QueueLimits()
 
 
 class Owners:

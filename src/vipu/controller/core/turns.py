@@ -16,21 +16,22 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vipu import failpoints
-from vipu.controller.core.agents import AgentCall
+from vipu.controller.core.agents import AgentCall, AgentCalls
 from vipu.controller.core.commands import Command, Reply
 from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, Write
 from vipu.controller.core.lending import STEP_OFF_SECONDS, IdleLease
 from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
 from vipu.controller.core.state import AllocationState
+from vipu.model.compaction import Budget
 from vipu.model.errors import ConcurrentUpdate, Conflict, OutcomeUnknown, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
+from vipu.model.waiting import QueueLimits
 
 if TYPE_CHECKING:
-    from vipu.controller.core.owners import Owners
-    from vipu.store.store import Transaction
+    from vipu.store.store import Store, Transaction
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -46,6 +47,27 @@ OPERATION_NAMES = {"creating": "create", "removing": "remove", "resetting": "res
                    "updating": "change", "queueing": "request", "cancelling": "cancel"}
 
 
+class Registry(Protocol):
+    """What an owner asks of the registry of owners (`owners.Owners` is what gives it): the store
+    and the agent calls all owners share, the limits of the queue and of compaction, the partition
+    ids and the waiting users it counts across allocations, and that an owner be rebuilt, closed
+    or published. Owners take it as this, so that they depend on none of the registry's code."""
+
+    store: Store
+    calls: AgentCalls
+    limits: QueueLimits
+    compaction_budget: Budget
+
+    def rebuild(self, failed: Turns, why: str) -> None: ...
+    def closed(self, owner: Turns) -> None: ...
+    def published(self, owner: Turns, partitions_changed: bool) -> None: ...
+    def settle_id(self, partition_id: str, allocation_id: str) -> None: ...
+    def release_id(self, partition_id: str, allocation_id: str) -> None: ...
+    def enter_queue(self, user: str) -> None: ...
+    def leave_queue(self, user: str) -> None: ...
+    def record_ending(self, partition_id: str, allocation_id: str, ending: VipuError) -> None: ...
+
+
 class _WriteRefused(Exception):
     def __init__(self, index: int, error: VipuError):
         super().__init__(error.message)
@@ -53,7 +75,7 @@ class _WriteRefused(Exception):
 
 
 class Turns:
-    def __init__(self, owners: Owners, state: AllocationState):
+    def __init__(self, owners: Registry, state: AllocationState):
         self.owners = owners
         self.id = state.allocation.id
         self.state = state
