@@ -5,9 +5,11 @@
   `steps` (the writes and agent calls operations are made of), `queueing` (the waiting requests
   and the pass over them) and `decisions` (what each command does);
 - `owners`: every allocation's owner, and the little they share (partition ids, the queues' bounds);
+  an owner knows it only as `turns.Registry`, what it asks of it;
 - `commands`: what an owner is asked, and how the asker waits for the answer;
 - `flows`: the operations on a partition (create, reset, remove, relocate, finish, grant), step by
-  step, and `effects`, the steps they take (a store write, agent calls);
+  step, which know their owner only as `flows.Owner`, what they ask of it; and `effects`, the
+  steps they take (a store write, agent calls);
 - `state`: an allocation as its owner holds it; `snapshot`: what readers see of it;
 - `placing`: where a partition goes; `agents`: how agent calls are made outside the owner's turn;
 - `lending`: free machines lent to an idle-time test, which a partition that needs one takes back;
