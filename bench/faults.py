@@ -231,11 +231,12 @@ class Campaign:
                 return replica
         return None
 
-    def revive(self) -> None:
-        """Start again every replica that exited (killed, or deposed and gone to be a standby)."""
+    def revive(self, wait: bool = True) -> None:
+        """Start again every replica that exited (killed, or deposed and gone to be a standby);
+        with `wait`, until each answers."""
         for replica in self.replicas:
             if replica.process.poll() is not None:
-                replica.start(self.pod)
+                replica.start(self.pod, wait)
 
     def elections(self) -> list[tuple[str, int]]:
         """(replica, term) of every election in the replicas' logs."""
@@ -246,7 +247,14 @@ class Campaign:
         return found
 
     def served_again(self, began: float) -> float:
-        wait_until(self.leader, timeout=10 * self.lease + 30, what="a replica to serve")
+        """Seconds from `began` until a replica serves, those that exit meanwhile started again as
+        their supervisor would (a deposed leader exits, to come back as a standby)."""
+
+        def serving() -> Replica | None:
+            self.revive(wait=False)
+            return self.leader()
+
+        wait_until(serving, timeout=10 * self.lease + 30, what="a replica to serve")
         return time.monotonic() - began
 
     def sample_claims(self) -> None:

@@ -44,7 +44,8 @@ class Replica:
     def address(self) -> str:
         return f"127.0.0.1:{self.user_port}"
 
-    def start(self, pod: Pod) -> Replica:
+    def start(self, pod: Pod, wait: bool = True) -> Replica:
+        """Start the replica's process; with `wait`, until its metrics end-point answers."""
         with open(pod.directory / f"server-{self.name}.log", "ab") as log:
             self.process = subprocess.Popen(
                 dying_with_parent([str(BIN / "vipu-server"), "--db", self.db_url or pod.db_url, "--data-dir", str(pod.directory),
@@ -53,7 +54,8 @@ class Replica:
                                    "--ha", "--ha-lease-seconds", str(self.lease_seconds), *self.options]),
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.environment},
             )
-        wait_until(self.answers_metrics, what=f"replica {self.name}")
+        if wait:
+            wait_until(self.answers_metrics, what=f"replica {self.name}")
         return self
 
     def answers_metrics(self) -> bool:

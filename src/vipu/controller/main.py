@@ -8,6 +8,7 @@ import faulthandler
 import getpass
 import logging
 import logging.handlers
+import os
 import queue
 import signal
 import socket
@@ -429,5 +430,9 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     if pod is not None:
         pod.stop()
     if deposed:
+        log_writer.flush(1.0)
         click.echo(f"vipu-server: no longer the leader ({deposed[0]}); exiting, to be started again as a standby", err=True)
-        sys.exit(3)
+        # At once, without waiting for its threads: a commit a stalled store still holds (fenced since)
+        # would keep the process, and its ports, from its supervisor for as long as the stall lasts.
+        sys.stderr.flush()
+        os._exit(3)
