@@ -1,4 +1,4 @@
-"""The fault campaign of `bench.faults`, 33 faults long (about two minutes): every kind of fault in
+"""The fault campaign of `bench.faults`, 33 faults long (about two and a half minutes, with a 2 s lease): every kind of fault in
 turn, three times (the leader killed and stopped, a standby killed, an agent killed and stopped,
 PostgreSQL locked and paused within the lease and past it, killed, and cut off from the leader by a
 network partition) under clients making and removing partitions against three replicas, one of
@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.functional, pytest.mark.postgres]
 
 
 def test_three_faults_of_every_kind_leave_no_answer_contradicted():
-    result = campaign(faults=3 * len(KINDS), lease=1.0, clients=3, machines=4, seed=20261206, in_turn=True, longest_stall=3.0)
+    # A lease of 2 s: the suite runs beside virtual machines booting on two cores, where a stall of half a 1 s lease
+    # leaves a renewal too little time (bench.faults measures the 1 s lease on a quiet machine).
+    result = campaign(faults=3 * len(KINDS), lease=2.0, clients=3, machines=4, seed=20261206, in_turn=True, longest_stall=4.0)
     assert result["first_anomalies"] == [] and result["anomalies"] == 0
     assert set(result["injected"]) == set(KINDS) - set(result["left_out"])
     assert result["elections_during_short_stalls"] == 0 and result["short_stalls"] == 6  # no change of leader in a short stall

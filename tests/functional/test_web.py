@@ -175,7 +175,7 @@ def test_the_partitions_table_says_each_partitions_state_size_gcds_owner_age_and
         assert row["cells"][:7] == [row["id"], *expected[row["id"]]]
         created = datetime.fromtimestamp(partition.created.seconds, UTC)
         assert row["created"] == created.strftime("%Y-%m-%d %H:%M:%S UTC")
-        age = re.fullmatch(r"(\d+) s", row["cells"][7])
+        age = re.fullmatch(r"(\d+)s", row["cells"][7])
         assert age and 0 <= int(age[1]) <= time.time() - partition.created.seconds + 1, row["cells"][7]
         assert row["errors"] == list(partition.status.errors)
         assert row["errorsText"] == ("-" if not partition.status.errors else "\n".join(partition.status.errors))
