@@ -10,7 +10,7 @@ injects one fault at a time, at random, each bounded in time:
 - `kill-leader`, `stop-leader`: SIGKILL, or SIGSTOP for 0.5 to 2 leases, of the leading replica;
 - `kill-standby`: SIGKILL of a standby; `kill-agent`, `stop-agent`: of an agent (stopped 0.5 to 5 s);
 - `pg-lock`: every table the controller writes locked by another connection (ACCESS EXCLUSIVE)
-  for 0.1 to 0.5 of a lease, or (`pg-lock-long`) for 1.2 to 2 leases;
+  for 0.1 to 0.5 of a lease (by default), or (`pg-lock-long`) for 1.2 to 2 leases;
 - `pg-pause`: the PostgreSQL server's processes stopped (SIGSTOP) for 0.1 to 0.5 of a lease, or
   (`pg-pause-long`) from 1.2 leases to `--longest-stall` seconds (60 by default; log-uniform);
 - `kill-postgres`: every PostgreSQL process SIGKILLed, and the server started again (crash recovery);
@@ -194,13 +194,14 @@ def client_loop(number: int, addresses: str, history: History, stop: threading.E
 
 class Campaign:
     def __init__(self, directory: Path, postgres: PostgresServer, links: netsplit.Links | None, lease: float, machines: int,
-                 seed: int, longest_stall: float):
+                 seed: int, longest_stall: float, short_stall_share: float = 0.5):
         """With `links`, PostgreSQL runs in their namespace: the campaign reaches it over link 0, replica N over link N."""
         self.chooser = random.Random(seed)
         self.postgres = postgres
         self.links = links
         self.lease = lease
         self.longest_stall = max(longest_stall, 1.5 * lease)
+        self.short_stall_share = short_stall_share  # of the lease: the longest a short stall lasts
         self.database = postgres.create_database()
         self.pod = Pod(directory, machines=machines, db_url=postgres.url(self.database))
         for group in self.pod.agent_groups:
@@ -317,7 +318,7 @@ class Campaign:
 
     def stall(self, kind: str, leader: Replica) -> None:
         if kind in SHORT_STALLS:
-            seconds = self.chooser.uniform(0.1, 0.5) * self.lease
+            seconds = self.chooser.uniform(0.1, self.short_stall_share) * self.lease
         elif kind == "pg-lock-long":
             seconds = self.chooser.uniform(1.2, 2.0) * self.lease
         else:  # log-uniform: as many stalls of 2 to 4 s as of 20 to 40 s
@@ -478,7 +479,7 @@ def _parent(pid: int) -> int:
 
 
 def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, kinds: tuple[str, ...] = KINDS,
-             in_turn: bool = False, longest_stall: float = 60.0) -> dict:
+             in_turn: bool = False, longest_stall: float = 60.0, short_stall_share: float = 0.5) -> dict:
     """Run `faults` faults drawn at random among `kinds` (or each kind in turn) under `clients`
     clients; what the checker found. Network partitions are left out where namespaces cannot be made."""
     left_out = {}
@@ -489,7 +490,7 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
     postgres = PostgresServer(netns=links.namespace, host=links.address(0)) if links else PostgresServer()
     directory = mkdtemp(prefix="vipu-faults-")
     try:
-        run = Campaign(Path(directory), postgres, links, lease, machines, seed, longest_stall)
+        run = Campaign(Path(directory), postgres, links, lease, machines, seed, longest_stall, short_stall_share)
         history, stop = History(), threading.Event()
         began = time.monotonic()
         threads = [threading.Thread(target=client_loop, args=(n, run.addresses, history, stop, seed + n), daemon=True)

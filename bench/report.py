@@ -173,8 +173,8 @@ def faults(data: dict) -> list[str]:
                             for elections, count in data.get("elections_after_long_stalls", {}).items())
     claims = data.get("lease_claims")
     later = [f"Stalls longer than the lease (up to {data['longest_stall_s']:g} s): {long_stalls}." if long_stalls else "",
-             f"Lease claims: {claims['count']}, p50 at most {claims['p50_s_at_most']} s, p99 at most {claims['p99_s_at_most']} s, "
-             f"p99.9 at most {claims['p999_s_at_most']} s." if claims and claims["count"] else "",
+             f"Lease claims: {claims['count']}, p50 {_bound(claims['p50_s_at_most'])}, p99 {_bound(claims['p99_s_at_most'])}, "
+             f"p99.9 {_bound(claims['p999_s_at_most'])} (the stalls' claims among them)." if claims and claims["count"] else "",
              f"Replica c ran with the failpoints `{data['slow_replica']}`." if data.get("slow_replica") else "",
              "Answers by call: " + ", ".join(f"{k} {v}" for k, v in data["answers_by_operation"].items()) + "."
              if data.get("answers_by_operation") else "",
@@ -186,6 +186,11 @@ def faults(data: dict) -> list[str]:
             f"**{data['anomalies']} anomalies**; {data['elections_during_short_stalls']} elections in {data['short_stalls']} "
             f"stalls shorter than the lease; served again {served} ({timed}). {' '.join(filter(None, later))}",
             "", *markdown(["fault", "injected"], rows)]
+
+
+def _bound(seconds: float) -> str:
+    """A quantile read from a histogram: at most its bucket's bound, or past the last bucket (10 s)."""
+    return "over 10 s" if seconds == float("inf") else f"at most {seconds:g} s"
 
 
 def soak(data: dict) -> list[str]:
