@@ -495,9 +495,8 @@ class Decisions(QueueKeeping):
         room = spent.room(now)
         movable = flows.movable(self, spent, now)
         allowed = set(state.allocation.agent_ids) - state.down
-        first = state.queue.first()
-        used = Occupancy(state.holders, state.held if first is not None else frozenset()).with_held(state.used)
-        plan = plan_compaction(state.layout, allowed, used, state.holders(), movable, max_moves=room, mix=state.mix, faults=state.links)
+        plan = plan_compaction(state.layout, allowed, state.taken(), state.holders(), movable, max_moves=room, mix=state.mix,
+                               faults=state.links)
         if plan is None:
             why = (spent.spent(now) if not room else
                    "no relocatable partition's move frees a larger shape than fits now" if movable else

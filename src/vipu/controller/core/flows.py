@@ -34,7 +34,7 @@ from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
-from vipu.model.placement import Placement, shifted, try_place
+from vipu.model.placement import Placement, try_place
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
 from vipu.model.times import utc_text
@@ -207,7 +207,7 @@ def placed_elsewhere(owner: Owner, partition: Partition) -> Placement | None:
     `placing.moved` keeps off them); None if nothing is free for it."""
     state = owner.state
     allowed = set(state.allocation.agent_ids) - state.down
-    taken = shifted(state.used, on=state.held)
+    taken = state.taken()
     for machines in (allowed - set(partition.failed_on), allowed) if partition.failed_on else (allowed,):
         placement = try_place(state.layout, machines, taken, partition.size, num_gcds=partition.num_gcds,
                               num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
@@ -230,8 +230,7 @@ def compacter_place(owner: Owner, partition: Partition) -> Placement | None:
     if placement is None:
         return None
     allowed = set(state.allocation.agent_ids) - state.down
-    taken = shifted(state.used, on=state.held) if state.queue.first() is not None else state.used  # as compaction counts them
-    larger = frees_larger(state.layout, allowed, taken, off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
+    larger = frees_larger(state.layout, allowed, state.taken(), off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
                           on=((ipu.agent_id, ipu.index) for ipu in placement.ipus), faults=state.links)
     return placement if larger else None
 

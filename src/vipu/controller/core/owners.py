@@ -47,8 +47,6 @@ REBUILD_TRY_SECONDS = 300.0  # how long a rebuild tries to read the store (a sta
 REBUILD_RETRY_SECONDS = 1.0
 
 
-
-
 class Owners:
     def __init__(self, store: Store, calls: AgentCalls, changes: ChangeFeed | None = None, limits: QueueLimits = DEFAULT_LIMITS,
                  compaction_budget: Budget = DEFAULT_BUDGET):

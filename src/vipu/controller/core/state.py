@@ -19,7 +19,7 @@ from vipu.model.compaction import BudgetSpent
 from vipu.model.entities import Allocation, Partition
 from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
-from vipu.model.placement import Shape
+from vipu.model.placement import Shape, shifted
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import unconfirmed
 from vipu.model.topology import ClusterLayout
@@ -163,6 +163,11 @@ class AllocationState:
             holder = partition_id if partition_id in self.partitions else unconfirmed(agent_id, partition_id)
             held[holder] = held.get(holder, frozenset()) | ipus
         return held
+
+    def taken(self) -> dict[str, set[int]]:
+        """The IPUs no move may take and no freed shape counts: those in use, and those held for the
+        first waiting request while one waits (compaction, a reset that re-places, a move's target)."""
+        return shifted(self.used, on=self.held if self.queue.first() is not None else ())
 
     def holders(self) -> dict[Ipu, str]:
         held = {ipu: partition_id for partition_id, ipus in self.held_back().items() for ipu in ipus}
