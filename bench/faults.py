@@ -386,7 +386,7 @@ class Campaign:
         processes = self._postgres_processes()
         for pid in processes:
             os.kill(pid, signal.SIGKILL)
-        self.postgres.process.wait()
+        self.postgres.process.wait(timeout=30)
         # a new server would not start beside a backend of the old one still attached to its memory
         wait_until(lambda: not any(_alive(pid) for pid in processes), timeout=30, what="the killed server's processes to end")
         self.postgres.start()
