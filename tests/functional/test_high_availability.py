@@ -230,7 +230,8 @@ def test_a_deposed_leaders_late_agent_call_is_refused_by_the_agent(tmp_path, pos
     pod = Pod(tmp_path, machines=1, db_url=postgres_url)
     pod.start_agent("m01")
     pod.wait_for_agent("m01")
-    first = Replica("a", environment={"VIPU_FAILPOINTS": "agent.apply=1*delay(8)"}).start(pod)
+    # Its exit held longer than its call: the late call goes out, as it may in the instant before any exit.
+    first = Replica("a", environment={"VIPU_FAILPOINTS": "agent.apply=1*delay(8);server.exit=delay(10)"}).start(pod)
     second = Replica("b")
     try:
         wait_until(first.leads, what="the first replica to lead")

@@ -435,4 +435,5 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
         # At once, without waiting for its threads: a commit a stalled store still holds (fenced since)
         # would keep the process, and its ports, from its supervisor for as long as the stall lasts.
         sys.stderr.flush()
+        failpoints.hit("server.exit")
         os._exit(3)

@@ -388,6 +388,35 @@ def test_removing_what_is_in_use_needs_force_and_says_what_went(pod):
     assert [v.agent.id for v in pod.agents.list()] == [f"ag{n}" for n in range(2, MACHINES + 1)]
 
 
+def test_an_allocation_removed_while_a_reader_makes_its_owner_does_not_come_back(pod, monkeypatch):
+    """A reader (a health pass, the dashboard) starts to make the owner of an allocation never used
+    yet, and the allocation is removed before it has read the store. It finds no allocation, and
+    when one of that name is made again on other machines, its owner is the new one's: an owner made
+    from what was read before the removal had placed every later create on the old machines."""
+    readers, configuration, entered, go_on = set(), pod.store.configuration, threading.Event(), threading.Event()
+
+    def slow_reading():
+        read = configuration()
+        if threading.current_thread() in readers:
+            entered.set()
+            assert go_on.wait(10)
+        return read
+
+    def read_owner():
+        readers.add(threading.current_thread())
+        return pod.owners.owner("a1")
+
+    monkeypatch.setattr(pod.store, "configuration", slow_reading)
+    with ThreadPoolExecutor(1) as pool:
+        made = pool.submit(read_owner)
+        assert entered.wait(10)
+        pod.allocations.remove("a1")
+        go_on.set()
+        assert made.result(10) is None
+    pod.allocations.create("a1", "cl0", ("ag3", "ag4"))
+    assert pod.partitions.create(PartitionRequest("p1", 8)).agent_ids == ["ag3", "ag4"]
+
+
 def test_auto_add_registers_new_addresses_and_reports_those_it_cannot_reach(pod):
     for n in range(1, MACHINES + 1):
         pod.agents.remove(f"ag{n}", force=True)

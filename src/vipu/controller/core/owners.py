@@ -65,6 +65,7 @@ class Owners:
         self._tests: dict[str, str] = {}  # cluster id -> the disruptive test holding its machines
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
+        self._closings = 0  # allocations removed: an owner made from what was read before one is not kept
         self._failed: dict[str, Turns] = {}  # allocation id -> its owner that failed, until a new one is made from the store
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
@@ -102,35 +103,40 @@ class Owners:
 
     def owner(self, allocation_id: str) -> AllocationOwner | None:
         """The allocation's owner, made when it is first asked for; None if there is no such allocation."""
-        with self._lock:
-            found = self._owners.get(allocation_id)
-        if found is not None:
-            return found
-        configuration = self.store.configuration()
-        allocation = configuration.allocations.get(allocation_id)
-        if allocation is None:
-            return None
-        with self._lock:
-            told = self._links.sequence  # the ledger's word, as far as the store read below holds it at least
-        with self.store.reading() as tx:  # an allocation just made holds nothing, but a restart's may
-            partitions = tx.list_partitions(allocation_id=allocation_id)
-            requests = tx.list_requests(allocation_id)
-            links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
-        cluster = configuration.clusters[allocation.cluster_id]
-        down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
-        with self._lock:
-            found = self._owners.get(allocation_id)
+        while True:
+            with self._lock:
+                found = self._owners.get(allocation_id)
+                closings = self._closings
             if found is not None:
                 return found
-            if self._stopped:
-                raise Unavailable(self._stopped)
-            state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, links)
-            state.test = self._test_holding(state)
-            failed = self._failed.get(allocation_id)
-            if failed is not None:
-                state.keep_out_as(failed.state)
-            owner = self._owners[allocation_id] = AllocationOwner(self, state)
-            later = self._links if self._links.sequence != told else None
+            configuration = self.store.configuration()
+            allocation = configuration.allocations.get(allocation_id)
+            if allocation is None:
+                return None
+            with self._lock:
+                told = self._links.sequence  # the ledger's word, as far as the store read below holds it at least
+            with self.store.reading() as tx:  # an allocation just made holds nothing, but a restart's may
+                partitions = tx.list_partitions(allocation_id=allocation_id)
+                requests = tx.list_requests(allocation_id)
+                links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
+            cluster = configuration.clusters[allocation.cluster_id]
+            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
+            with self._lock:
+                found = self._owners.get(allocation_id)
+                if found is not None:
+                    return found
+                if self._stopped:
+                    raise Unavailable(self._stopped)
+                if self._closings != closings:
+                    continue  # an allocation was removed while this read: perhaps this one, which must not come back
+                state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, links)
+                state.test = self._test_holding(state)
+                failed = self._failed.get(allocation_id)
+                if failed is not None:
+                    state.keep_out_as(failed.state)
+                owner = self._owners[allocation_id] = AllocationOwner(self, state)
+                later = self._links if self._links.sequence != told else None
+            break
         if later is not None:  # word the ledger gave while the store was read, which may have missed it
             with contextlib.suppress(Unavailable):
                 owner.submit(LinksChanged(later, reply=Reply(waited=False)), always=True)
@@ -218,6 +224,7 @@ class Owners:
     def closed(self, owner: Turns) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
         with self._lock:
+            self._closings += 1
             if self._owners.get(owner.id) is owner:
                 del self._owners[owner.id]
         threading.Thread(target=owner.stop, args=(f"allocation {owner.id} was removed",), daemon=True).start()
