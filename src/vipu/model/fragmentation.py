@@ -42,7 +42,7 @@ class SizeMix:
     seen: tuple[tuple[int, float], ...] = ()  # (size, decayed count), sizes in increasing order
 
     @classmethod
-    def held(cls, sizes: Iterable[int]) -> SizeMix:
+    def of(cls, sizes: Iterable[int]) -> SizeMix:
         """A mix counting each of these sizes once, undecayed: what an allocation's partitions and
         waiting requests say of its workload when its owner starts (the decayed counts are not stored)."""
         counts: dict[int, float] = {}

@@ -58,20 +58,20 @@ def test_an_owner_lends_only_its_free_machines_and_a_partition_there_takes_them_
     pod.partitions.create(PartitionRequest("p1", 8))  # ag1, ag2
     pod.gateway.unreachable.add(pod.address("ag8"))
     pod.health.check_all(seconds=SECONDS)  # ag8 is down
-    lease = lend(pod)
-    assert lease.machines == ("ag3", "ag4", "ag5", "ag6", "ag7") == pod.owners.owner("a1").snapshot.lent
-    assert lend(pod) is None  # one lease at a time
+    loan = lend(pod)
+    assert loan.machines == ("ag3", "ag4", "ag5", "ag6", "ag7") == pod.owners.owner("a1").snapshot.lent
+    assert lend(pod) is None  # one loan at a time
 
-    created = pod.partitions.create(PartitionRequest("p2", 4))  # placement does not see the lease
+    created = pod.partitions.create(PartitionRequest("p2", 4))  # placement does not see the loan
     assert created.agent_ids == ["ag3"] and pod.held("ag3") == {"p2"}
-    assert lease.why == "the create of partition p2 took ag3" and pod.owners.owner("a1").snapshot.lent == ()
+    assert loan.why == "the create of partition p2 took ag3" and pod.owners.owner("a1").snapshot.lent == ()
     again = lend(pod)
     assert again.machines == ("ag4", "ag5", "ag6", "ag7")
-    pod.owners.owner("a1").submit(ReturnMachines(lease=lease)).reply.wait(SECONDS, "the late return")  # of the lease taken back
-    assert pod.owners.owner("a1").snapshot.lent == again.machines  # gives nothing back: the lease out now is another
-    pod.owners.owner("a1").submit(ReturnMachines(lease=again)).reply.wait(SECONDS, "the return")
+    pod.owners.owner("a1").submit(ReturnMachines(loan=loan)).reply.wait(SECONDS, "the late return")  # of the loan taken back
+    assert pod.owners.owner("a1").snapshot.lent == again.machines  # gives nothing back: the loan out now is another
+    pod.owners.owner("a1").submit(ReturnMachines(loan=again)).reply.wait(SECONDS, "the return")
 
-    assert lend(pod).machines == ("ag4", "ag5", "ag6", "ag7")  # the last lease was returned
+    assert lend(pod).machines == ("ag4", "ag5", "ag6", "ag7")  # the last loan was returned
     for partition_id in ("p1", "p2"):
         pod.partitions.remove(partition_id)
     pod.gateway.unreachable.clear()
@@ -84,26 +84,26 @@ def test_an_owner_lends_only_its_free_machines_and_a_partition_there_takes_them_
 def test_a_waiting_request_started_on_lent_machines_takes_them_back(pod):
     pod.partitions.create(PartitionRequest("big", 16))
     small = pod.partitions.create(PartitionRequest("small", 4))
-    lease = lend(pod)
-    assert len(lease.machines) == 3 and small.agent_ids[0] not in lease.machines
+    loan = lend(pod)
+    assert len(loan.machines) == 3 and small.agent_ids[0] not in loan.machines
     assert pod.requests.create(PartitionRequest("q", 16), wait_seconds=SECONDS).position == 1  # no four machines are free
-    assert lease.why == ""
+    assert loan.why == ""
     pod.partitions.remove("small")  # the queue's pass starts q on the lent machines and small's
     published(pod, lambda snapshot: "q" in snapshot.partitions)
-    assert set(pod.owners.owner("a1").snapshot.partitions["q"].agent_ids) == {*lease.machines, *small.agent_ids}
-    assert lease.why == f"the create of partition q took {', '.join(lease.machines)}"
+    assert set(pod.owners.owner("a1").snapshot.partitions["q"].agent_ids) == {*loan.machines, *small.agent_ids}
+    assert loan.why == f"the create of partition q took {', '.join(loan.machines)}"
 
 
 def test_a_lease_not_returned_in_time_is_taken_back_by_the_owner(pod):
-    lease = lend(pod, seconds=0.2)
+    loan = lend(pod, seconds=0.2)
     published(pod, lambda snapshot: snapshot.lent == ())
-    assert lease.why == "its lease of 0.2 s ran out"
+    assert loan.why == "its loan of 0.2 s ran out"
 
 
 def hold(pod, where: str, first: failpoints.Failpoint) -> None:
     """Hold the idle-time run just started at `where`: paused (`first`, armed before it started)
     before a test starts, or in a test's step at the machines, which then runs until cancelled."""
-    assert first.reached.wait(SECONDS)  # the lease is out and the run saved: its first test is about to start
+    assert first.reached.wait(SECONDS)  # the loan is out and the run saved: its first test is about to start
     if where == "before IPU-Link":
         return
     if where == "in IPU-Link":
@@ -194,7 +194,7 @@ def test_a_partitions_calls_to_a_lent_machine_wait_for_the_test_step_there_to_st
     running = pool.submit(pod.clustertests.test_idle, "a1")
     assert gateway.diagnosing.wait(SECONDS)
     creating = pool.submit(pod.partitions.create, PartitionRequest("p1", 4))
-    published(pod, lambda snapshot: "p1" in snapshot.partitions and snapshot.lent == ())  # the lease is taken back
+    published(pod, lambda snapshot: "p1" in snapshot.partitions and snapshot.lent == ())  # the loan is taken back
     assert pod.held("ag1") == set()  # its settings wait for the step on ag1
     gateway.step_may_go.set()
     assert creating.result(timeout=SECONDS).agent_ids == ["ag1"]

@@ -237,7 +237,7 @@ class OwnerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.lendings))
     @rule()
     def return_what_was_lent(self):
-        """Give back each lease answered so far; an ask still unanswered (its owner held back) is
+        """Give back each loan answered so far; an ask still unanswered (its owner held back) is
         tried again at the next return. The precondition counts asks, never answers, which come
         when they come: hypothesis must find the same rules enabled when it replays the same steps."""
         self.returning.extend(self.lendings)
@@ -245,11 +245,11 @@ class OwnerMachine(RuleBasedStateMachine):
         for asked in [asked for asked in self.returning if asked.reply.done]:
             self.returning.remove(asked)
             try:
-                lease = asked.reply.outcome()
+                loan = asked.reply.outcome()
             except VipuError:  # refused: its owner failed a turn and was made again
                 continue
-            if lease is not None:
-                self.owner().submit(ReturnMachines(lease=lease, reply=Reply(waited=False)))
+            if loan is not None:
+                self.owner().submit(ReturnMachines(loan=loan, reply=Reply(waited=False)))
 
     @rule()
     def settle(self):
@@ -281,7 +281,7 @@ class OwnerMachine(RuleBasedStateMachine):
         for partition in snapshot.partitions.values():
             assert lifecycle.state_of(partition) not in lifecycle.BUSY, f"{partition.id} is left {partition.operation_state.value}"
         self._committed_is_visible(snapshot)
-        assert not snapshot.held_back, f"IPUs kept out of use with every agent answering: {dict(snapshot.held_back)}"
+        assert not snapshot.kept_out, f"IPUs kept out of use with every agent answering: {dict(snapshot.kept_out)}"
         for n in range(1, MACHINES + 1):
             agent_id = f"ag{n}"
             wanted = {p.id for p in snapshot.partitions.values() if agent_id in p.agent_ids and p.ready_state is ReadyState.ACTIVE}
@@ -327,7 +327,7 @@ class OwnerMachine(RuleBasedStateMachine):
     def no_partition_is_made_on_machines_under_test(self):
         snapshot = self.owner().snapshot
         if snapshot.test:
-            making = {p: doing for p, doing in snapshot.busy.items() if doing in ("creating", "resetting", "relocating")}
+            making = {p: kind for p, kind in snapshot.busy.items() if kind in ("creating", "resetting", "relocating")}
             assert not making, f"under test, yet {making}"
             for partition in snapshot.partitions.values():
                 assert partition.ready_state is not ReadyState.ACTIVE or partition.id in snapshot.busy, (

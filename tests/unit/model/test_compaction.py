@@ -95,7 +95,7 @@ def test_the_budget_spent_is_counted_again_from_when_each_partition_last_moved()
 
 
 def test_a_starting_owner_weighs_the_sizes_its_partitions_and_waiting_requests_hold():
-    shares = SizeMix.held([16, 16, 16, 1]).shares(16)
+    shares = SizeMix.of([16, 16, 16, 1]).shares(16)
     assert max(shares, key=shares.get) == 16 and shares[1] > shares[2]
 
 

@@ -7,8 +7,8 @@
 - `owners`: every allocation's owner, and the little they share (partition ids, the queues' bounds);
   an owner knows it only as `turns.Registry`, what it asks of it;
 - `commands`: what an owner is asked, and how the asker waits for the answer;
-- `flows`: the operations on a partition (create, reset, remove, relocate, finish, grant), step by
-  step, which know their owner only as `flows.Owner`, what they ask of it; and `effects`, the
+- `operations`: the operations on a partition (create, reset, remove, relocate, finish, grant), step by
+  step, which know their owner only as `operations.Owner`, what they ask of it; and `effects`, the
   steps they take (a store write, agent calls);
 - `state`: an allocation as its owner holds it; `snapshot`: what readers see of it;
 - `placing`: where a partition goes; `agents`: how agent calls are made outside the owner's turn;
@@ -17,4 +17,7 @@
 
 Use cases (`vipu.controller.usecases`) and the health pass (`vipu.controller.loops`) ask owners
 through commands and read their snapshots; nothing else holds a partition's state.
+
+Held, kept out, configured, lease, loan and operation mean one thing each here, as the README's
+"How it is built" says.
 """

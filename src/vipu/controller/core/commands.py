@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vipu.controller.core.lending import IdleLease
+from vipu.controller.core.lending import Loan
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
@@ -215,7 +215,7 @@ class ReleaseMachines(Command):
 @dataclass
 class LendMachines(Command):
     """An idle-time test asks for the allocation's free machines for up to `seconds`: answered with
-    an `IdleLease` on them, or None when none is free (or a disruptive test holds them, or one is
+    a `Loan` of them, or None when none is free (or a disruptive test holds them, or one is
     lent already). A partition that needs one of them takes it back at once."""
 
     test: str  # how its results and the log name it: "idle-time test of cluster cl0"
@@ -224,18 +224,18 @@ class LendMachines(Command):
 
 @dataclass
 class ReturnMachines(Command):
-    """The idle-time test is over: its lease ends, if it is still the allocation's."""
+    """The idle-time test is over: its loan ends, if it is still the allocation's."""
 
-    lease: IdleLease
+    loan: Loan
 
 
 @dataclass
 class AgentReport(Command):
-    """What a health pass found at one of the allocation's agents: the settings it holds, or why
+    """What a health pass found at one of the allocation's agents: the settings its machine is configured with, or why
     it could not be asked (it is down)."""
 
     agent_id: str
-    held: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
+    configured: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
     error: VipuError | None = None
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from vipu.controller.core import flows
+from vipu.controller.core import operations
 from vipu.controller.core.commands import (
     AgentReport,
     CancelRequest,
@@ -30,8 +30,8 @@ from vipu.controller.core.commands import (
     ReturnMachines,
     UpdatePartition,
 )
-from vipu.controller.core.effects import Body, Flow, Join, Write
-from vipu.controller.core.lending import IdleLease
+from vipu.controller.core.effects import Body, Join, Operation, Write
+from vipu.controller.core.lending import Loan
 from vipu.controller.core.placing import (
     LOST,
     due_for_relocation,
@@ -68,14 +68,14 @@ class Decisions(QueueKeeping):
     def _holding(self, partition_id: str, command: Command, wait: bool) -> bool:
         """Whether an operation holds the partition: then the command waits for it to end (when
         `wait`, or behind the owner's own upkeep) or is refused as busy."""
-        flow = self.flows.get(partition_id)
-        if flow is None:
+        operation = self.on_partition.get(partition_id)
+        if operation is None:
             return False
-        if wait or flow.system:
+        if wait or operation.system:
             command.reply.requeue()
-            flow.followers.append(command)
+            operation.followers.append(command)
             return True
-        raise Conflict(f"partition {partition_id} is busy ({flow.doing})")
+        raise Conflict(f"partition {partition_id} is busy ({operation.kind})")
 
     @staticmethod
     def _refuse_if_busy(partition: Partition) -> None:
@@ -101,10 +101,10 @@ class Decisions(QueueKeeping):
             if not command.may_queue:
                 raise
             self.state.refused.pop((request.id, request.size), None)  # it waits, counted once: asking again is refused as existing
-            self.start(Flow("queueing", self._enqueue(command, refusal), command.reply))
+            self.start(Operation("queueing", self._enqueue(command, refusal), command.reply))
             command.placed = True
             return
-        self.start(Flow("creating", flows.create(self, partition, command.keep_on_error), command.reply, partition.id))
+        self.start(Operation("creating", operations.create(self, partition, command.keep_on_error), command.reply, partition.id))
         command.placed = True
 
     def _place_new(self, request: PartitionRequest, access: Access) -> Partition:
@@ -158,7 +158,7 @@ class Decisions(QueueKeeping):
         if not self.state.down:
             return {}
         agents = self.agents()
-        return {agent_id: "a power action holds it" if self.state.powering(agent_id) else
+        return {agent_id: "a power action is under way on it" if self.state.powering(agent_id) else
                 (agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error else "it does not answer")
                 for agent_id in self.state.down}
 
@@ -172,18 +172,18 @@ class Decisions(QueueKeeping):
             return
         if not command.force:
             self._refuse_if_busy(partition)
-        self.start(Flow("removing", flows.remove(self, partition, command.force), command.reply, partition.id))
+        self.start(Operation("removing", operations.remove(self, partition, command.force), command.reply, partition.id))
 
     def _reset(self, command: ResetPartition) -> None:
         partition = self._to_configure_again(command)
         if partition is not None:
-            self.start(Flow("resetting", flows.reset(self, partition, command.automatic), command.reply, partition.id))
+            self.start(Operation("resetting", operations.reset(self, partition, command.automatic), command.reply, partition.id))
 
     def _relocate(self, command: RelocatePartition) -> None:
         partition = self._to_configure_again(command)
         if partition is not None:
-            body = flows.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
-            self.start(Flow("relocating", body, command.reply, partition.id))
+            body = operations.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
+            self.start(Operation("relocating", body, command.reply, partition.id))
 
     def _to_configure_again(self, command: ResetPartition | RelocatePartition) -> Partition | None:
         """The partition a reset or a move configures again; refused while busy or under a disruptive
@@ -211,13 +211,13 @@ class Decisions(QueueKeeping):
                                    "administrator cancels it")
         who = f" by {access.user_id}" if access.user_id else ""
         ending = Conflict(f"the request of partition {request.partition_id} was cancelled{who}")
-        self.start(Flow("cancelling", self._ending(request, "cancel", ending), command.reply))
+        self.start(Operation("cancelling", self._ending(request, "cancel", ending), command.reply))
 
     def _claim(self, command: ClaimMachines) -> None:
         """A disruptive test's claim: the partitions in its way (settled ERROR ones are configured
         nowhere), or none and the machines are its own."""
         in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
-                            | set(self.flows))
+                            | set(self.on_partition))
         if not in_the_way:
             self._take_back(f"{command.test} claims every machine for its test")
             self.state.test = command.test
@@ -234,9 +234,9 @@ class Decisions(QueueKeeping):
         """Lend the free machines to an idle-time test: those with no IPU in use (by a partition, a
         move's old IPUs, settings not seen cleared) or held for the first waiting request, and not
         down. None while a disruptive test holds them, the allocation is being removed, or another
-        lease is out."""
+        loan is out."""
         state = self.state
-        if state.test or state.closing or state.lease is not None:
+        if state.test or state.closing or state.loan is not None:
             command.reply.resolve(None)
             return
         held = {agent for agent, _ in state.held}
@@ -244,13 +244,13 @@ class Decisions(QueueKeeping):
         if not free:
             command.reply.resolve(None)
             return
-        state.lease = IdleLease(command.test, self.id, free, command.seconds)
+        state.loan = Loan(command.test, self.id, free, command.seconds)
         self._changed = True
-        command.reply.resolve(state.lease)
+        command.reply.resolve(state.loan)
 
     def _return(self, command: ReturnMachines) -> None:
-        if self.state.lease is command.lease:
-            self.state.lease = None
+        if self.state.loan is command.loan:
+            self.state.loan = None
             self._changed = True
         command.reply.resolve()
 
@@ -260,7 +260,7 @@ class Decisions(QueueKeeping):
         operation under way owns."""
         state, agent_id = self.state, command.agent_id
         agent = self.agents().get(agent_id)
-        children: list[Flow] = []
+        children: list[Operation] = []
         if state.powering(agent_id) and command.error is None:  # answering before the power action has gone through
             command.reply.resolve()
             return
@@ -270,32 +270,32 @@ class Decisions(QueueKeeping):
                 self._changed = True
             reason = command.error.message if command.error is not None else "it was removed"
             for partition in state.on_agent(agent_id):
-                if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE and partition.id not in self.flows:
-                    children.append(self.start(Flow("failing", flows.mark_lost(self, partition, f"agent {agent_id}{LOST}{reason}"),
-                                                    partition_id=partition.id, system=True)))
+                if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE and partition.id not in self.on_partition:
+                    body = operations.mark_lost(self, partition, f"agent {agent_id}{LOST}{reason}")
+                    children.append(self.start(Operation("failing", body, partition_id=partition.id, system=True)))
         else:
             if agent_id in state.down:
                 state.down.discard(agent_id)
                 self._changed = self._queue_dirty = True
-            held = command.held or {}
+            configured = command.configured or {}
             for kept_agent, partition_id in list(state.uncleared):
-                if kept_agent == agent_id and partition_id not in held:
+                if kept_agent == agent_id and partition_id not in configured:
                     self.cleared(agent_id, partition_id)
             here = {p.id: p for p in state.on_agent(agent_id)}
-            stray = [partition_id for partition_id in held if partition_id not in self.flows and (
+            stray = [partition_id for partition_id in configured if partition_id not in self.on_partition and (
                 partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
             for partition_id in stray:  # out of placement until cleared (after a restart, nothing else says where they are)
                 if (agent_id, partition_id) not in state.uncleared:
-                    self.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in held[partition_id].ipus])
+                    self.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in configured[partition_id].ipus])
             lost = []
             for partition in here.values():
-                if partition.id in self.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+                if partition.id in self.on_partition or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
                     continue
                 wanted = self.settings_of(partition, self.agents_of(partition))[agent_id]
-                if held.get(partition.id) != wanted:
+                if configured.get(partition.id) != wanted:
                     lost.append((partition, wanted))
             if stray or lost:
-                reconciling = Flow("reconciling", flows.reconcile(self, agent, stray, lost), system=True)
+                reconciling = Operation("reconciling", operations.reconcile(self, agent, stray, lost), system=True)
                 for partition_id in stray:  # settings of that id are applied there only once these are cleared
                     self._clears[(agent_id, partition_id)] = reconciling
                 children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
@@ -310,7 +310,7 @@ class Decisions(QueueKeeping):
             if (agent_id, partition_id) not in self._clears and agent_id in agents and not state.powering(agent_id) and not made_again:
                 by_agent.setdefault(agent_id, []).append(partition_id)
         for agent_id, partition_ids in sorted(by_agent.items()):
-            clearing = Flow("reconciling", flows.clear_again(self, agents[agent_id], sorted(partition_ids)), system=True)
+            clearing = Operation("reconciling", operations.clear_again(self, agents[agent_id], sorted(partition_ids)), system=True)
             for partition_id in partition_ids:
                 self._clears[(agent_id, partition_id)] = clearing
             self.start(clearing)
@@ -323,24 +323,24 @@ class Decisions(QueueKeeping):
             command.reply.resolve([])
             return
         here = state.on_agent(agent_id)
-        busy = sorted(p.id for p in here if p.id in self.flows or lifecycle.state_of(p) in lifecycle.BUSY)
+        busy = sorted(p.id for p in here if p.id in self.on_partition or lifecycle.state_of(p) in lifecycle.BUSY)
         if busy:
             raise Conflict(f"partition(s) {', '.join(busy)} on agent {agent_id} are busy: power {command.action} once they settle")
         active = sorted(p.id for p in here if lifecycle.state_of(p) == lifecycle.ACTIVE_IDLE)
         if active and not command.force:
             raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {command.action} would fail them; "
                            "use --force to fail them, and they are reset once the machine answers again")
-        if state.hold_for_power([agent_id], command.until, command.token):
+        if state.keep_down_for_power([agent_id], command.until, command.token):
             self._changed = True
         why = f"agent {agent_id}{LOST}power {command.action} of its machine by the administrator"
-        children = [self.start(Flow("failing", flows.mark_lost(self, partition, why), partition_id=partition.id, system=True))
+        children = [self.start(Operation("failing", operations.mark_lost(self, partition, why), partition_id=partition.id, system=True))
                     for partition in here if partition.id in active]
 
         def failed() -> Body:
             yield Join(children)
             return active
 
-        self.start(Flow("waiting", failed(), command.reply, system=True))
+        self.start(Operation("waiting", failed(), command.reply, system=True))
 
     def _links_changed(self, command: LinksChanged) -> None:
         """The ledger's word on the machines' links: placement (and the queue's next pass) steps
@@ -361,7 +361,7 @@ class Decisions(QueueKeeping):
             self._changed = self._partitions_changed = self._queue_dirty = True
         command.reply.resolve()
 
-    def _answer_when_done(self, command: Command, children: list[Flow]) -> None:
+    def _answer_when_done(self, command: Command, children: list[Operation]) -> None:
         """Answer once the operations a command started have ended (the health pass waits for them)."""
         if not children:
             command.reply.resolve()
@@ -370,12 +370,12 @@ class Decisions(QueueKeeping):
         def joined() -> Body:
             yield Join(children)
 
-        self.start(Flow("waiting", joined(), command.reply, system=True))
+        self.start(Operation("waiting", joined(), command.reply, system=True))
 
     def _finish_interrupted(self, command: FinishInterrupted) -> None:
-        children = [self.start(Flow("finishing", flows.finish(self, partition), partition_id=partition.id, system=True))
+        children = [self.start(Operation("finishing", operations.finish(self, partition), partition_id=partition.id, system=True))
                     for partition in list(self.state.partitions.values())
-                    if lifecycle.state_of(partition) in lifecycle.BUSY and partition.id not in self.flows]
+                    if lifecycle.state_of(partition) in lifecycle.BUSY and partition.id not in self.on_partition]
         self._answer_when_done(command, children)
 
     def _recover_failed(self, command: RecoverFailed) -> None:
@@ -386,21 +386,21 @@ class Decisions(QueueKeeping):
         if not self.state.test:
             down = self.state.down
             for partition in list(self.state.partitions.values()):
-                if partition.id in self.flows:
+                if partition.id in self.on_partition:
                     continue
                 if due_for_relocation(partition, down):
-                    body = _quietly(flows.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
+                    body = _quietly(operations.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
                                     "automatic relocation")
-                    children.append(self.start(Flow("relocating", body, partition_id=partition.id)))
+                    children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_to_leave_unhealthy_links(partition, self.state.links, self.state.layout):
-                    children.append(self.start(Flow("relocating", _leaving(flows.off_unhealthy_links(self, partition), partition.id),
-                                                    partition_id=partition.id)))
+                    body = _leaving(operations.off_unhealthy_links(self, partition), partition.id)
+                    children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
                              MAX_AUTO_RESETS)
-                    body = _quietly(flows.reset(self, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
+                    body = _quietly(operations.reset(self, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
                                     partition.id, "automatic reset")
-                    children.append(self.start(Flow("resetting", body, partition_id=partition.id)))
+                    children.append(self.start(Operation("resetting", body, partition_id=partition.id)))
         self._answer_when_done(command, children)
 
     def _may_power_cycle(self, partition: Partition) -> bool:
@@ -427,23 +427,23 @@ class Decisions(QueueKeeping):
         self._take_back(f"allocation {self.id} is being removed")
         self.state.closing = True
         self._changed = True
-        self.start(Flow("closing", self._closing(), command.reply))
+        self.start(Operation("closing", self._closing(), command.reply))
 
     def _closing(self) -> Body:
         """Wait for every operation under way, cancel the waiting requests, remove every partition
         (forced), then delete the allocation; new creates and moves are refused meanwhile."""
         removed = []
         try:
-            while others := [flow for flow in self.under_way if flow.doing != "closing"]:
+            while others := [operation for operation in self.under_way if operation.kind != "closing"]:
                 yield Join(others)
             for request in list(self.state.queue):
                 ending = Conflict(f"the request of partition {request.partition_id} was cancelled: allocation {self.id} is removed")
                 yield from self._ending(request, "cancel", ending)
                 removed.append(f"request of partition {request.partition_id}")
             while self.state.partitions:
-                children = [self.start(Flow("removing", flows.remove(self, partition, force=True), partition_id=partition.id))
-                            for partition in list(self.state.partitions.values()) if partition.id not in self.flows]
-                others = [flow for flow in self.under_way if flow.doing != "closing" and flow not in children]
+                children = [self.start(Operation("removing", operations.remove(self, partition, force=True), partition_id=partition.id))
+                            for partition in list(self.state.partitions.values()) if partition.id not in self.on_partition]
+                others = [operation for operation in self.under_way if operation.kind != "closing" and operation not in children]
                 errors = yield Join(children + others)
                 failed = next((error for error in errors[:len(children)] if error is not None), None)
                 if failed is not None:
@@ -472,7 +472,7 @@ class Decisions(QueueKeeping):
         if partition.may_move == command.may_move:
             command.reply.resolve(partition)
             return
-        self.start(Flow("updating", self._updating(partition, command.may_move, access.user_id), command.reply, partition.id))
+        self.start(Operation("updating", self._updating(partition, command.may_move, access.user_id), command.reply, partition.id))
 
     def _updating(self, partition: Partition, may_move: bool, user_id: str) -> Body:
         """The change's one write; the operation's result is the partition as it left it."""
@@ -493,7 +493,7 @@ class Decisions(QueueKeeping):
         state = self.state
         spent, now = self.compaction_spent(), time.time()
         room = spent.room(now)
-        movable = flows.movable(self, spent, now)
+        movable = operations.movable(self, spent, now)
         allowed = set(state.allocation.agent_ids) - state.down
         plan = plan_compaction(state.layout, allowed, state.taken(), state.holders(), movable, max_moves=room, mix=state.mix,
                                faults=state.links)
@@ -506,7 +506,7 @@ class Decisions(QueueKeeping):
         if command.dry_run:
             command.reply.resolve(Report(self.id, state.layout, plan, dry_run=True))
             return
-        self.start(Flow("compacting", self.compacting(flows.compact(self, plan, spent, command.why)), command.reply))
+        self.start(Operation("compacting", self.compacting(operations.compact(self, plan, spent, command.why)), command.reply))
 
     _HANDLERS: ClassVar[dict[type, Callable[[Decisions, Any], None]]] = {
         CompactAllocation: _compact,

@@ -1,6 +1,6 @@
 """The steps an owner's operations take: a store write, agent calls, waiting for other operations.
 
-An operation (`Flow`) is a generator the owner runs one step at a time: each `yield` hands the
+An operation (`Operation`) is a generator the owner runs one step at a time: each `yield` hands the
 owner an effect and suspends the operation until the effect has happened. A `Write` is staged
 into the turn's commit and the operation resumes with its result once committed (or with the
 store's refusal raised at the `yield`); `Calls` go to the agents outside the owner and the
@@ -52,7 +52,7 @@ class Calls:
 class Join:
     """Resume once these operations have ended, with each one's error or None."""
 
-    flows: list[Flow]
+    operations: list[Operation]
 
 
 @dataclass
@@ -65,17 +65,17 @@ Body = Generator[Effect, Any, Any]
 
 
 @dataclass(eq=False)
-class Flow:
+class Operation:
     """One operation under way in an owner: on a partition (`partition_id`), or on the allocation."""
 
-    doing: str  # what it is doing, as a busy partition's refusal says: "creating", "removing", ...
+    kind: str  # what it is doing, as a busy partition's refusal says: "creating", "removing", ...
     body: Body
     reply: Reply | None = None
     partition_id: str = ""
     system: bool = False  # the owner's own upkeep (finishing, reconciling): a user's operation waits for it
-    parent: Flow | None = None
+    parent: Operation | None = None
     followers: list[Command] = field(default_factory=list)  # commands waiting for it to end
-    joined: list[Flow] = field(default_factory=list)  # the operations it waits for
+    joined: list[Operation] = field(default_factory=list)  # the operations it waits for
     ended: bool = False
     error: BaseException | None = None
     committed: bool = False  # a write of it is committed: stopped short after that, it is left half done

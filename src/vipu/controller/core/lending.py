@@ -1,9 +1,9 @@
-"""An idle-time test's lease on an allocation's free machines, and how its steps are stopped.
+"""An idle-time test's loan of an allocation's free machines, and how its steps are stopped.
 
 An allocation's owner lends its free machines (no partition, no IPU held for the first waiting
-request, none down) to an idle-time test for a bounded time. Placement does not see the lease:
+request, none down) to an idle-time test for a bounded time. Placement does not see the loan:
 the machines stay free for partitions. A partition committed on a lent machine (a create, a
-grant from the queue, a move) ends the lease in the same turn, and before any agent call of that
+grant from the queue, a move) ends the loan in the same turn, and before any agent call of that
 partition is made the owner ends it: every test step still running on the lent machines is
 cancelled, and the partition's agent calls to those machines wait until the step there has
 stopped (its call has ended), for at most STEP_OFF_SECONDS; so the test gives its machines back
@@ -51,7 +51,7 @@ class Cancellation:
             cancel()
 
 
-class IdleLease:
+class Loan:
     """Machines an owner lent to an idle-time test, until `until` (monotonic) at the latest.
 
     The owner ends it (`end`) when it takes a machine back; the test's runner reads `why` to say
@@ -73,7 +73,7 @@ class IdleLease:
         return bool(self.why)
 
     def end(self, why: str) -> None:
-        """The lease is over: the steps running on its machines are cancelled (never waited for)."""
+        """The loan is over: the steps running on its machines are cancelled (never waited for)."""
         with self._lock:
             if self.why:
                 return
@@ -85,7 +85,7 @@ class IdleLease:
 
     @contextmanager
     def stepping(self, machine: str) -> Iterator[Cancellation]:
-        """A test step on one lent machine, for as long as its call runs: cancelled when the lease
+        """A test step on one lent machine, for as long as its call runs: cancelled when the loan
         ends (at once if it has), and counted until it ends."""
         cancellation = Cancellation()
         with self._lock:

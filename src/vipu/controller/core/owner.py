@@ -5,7 +5,7 @@ which clients retry) and are decided in turns, one thing at a time. Whichever th
 and finds the turn free takes it and runs turns until no work is left; a thread that finds it
 taken leaves its command for the one holding it (flat combining, `_drive`): nobody waits for a
 turn, and a lone request is decided on its own thread without a hand-off. In a turn the owner
-places against its own state (`state`), runs each operation a step at a time (`flows`, whose
+places against its own state (`state`), runs each operation a step at a time (`operations`, whose
 steps are `effects`), groups the store writes of the turn into one commit, takes back in its
 state any the store refused, and only then publishes an immutable snapshot that every reader
 reads without a lock (`snapshot`).
@@ -21,10 +21,10 @@ it (a forced remove; any command behind the owner's own upkeep, which is brief).
 waiting requests is the owner's too: after each turn that changed the room or the queue, one
 pass starts what now fits (`vipu.model.queue.admit`, placement asked once per shape of request)
 and works out why the others wait. A thread of the owner's keeps time (requests' deadlines, a pass
-tried again, the end of a lease) while anything is due, and lets go when nothing is.
+tried again, the end of a loan) while anything is due, and lets go when nothing is.
 
 The owner may lend its free machines to an idle-time test (`lending`); placement does not see the
-lease, and a turn that commits a partition on a lent machine takes the lease back, ending it
+loan, and a turn that commits a partition on a lent machine takes the loan back, ending it
 before any agent call of that turn is made (whose calls to those machines first wait, bounded, for
 the test's cancelled step there to stop).
 """

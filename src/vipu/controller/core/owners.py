@@ -385,18 +385,18 @@ class Owners:
 
     # Machines in no allocation
 
-    def clear_unallocated(self, agent: Agent, held: list[str], seconds: float) -> None:
+    def clear_unallocated(self, agent: Agent, partition_ids: list[str], seconds: float) -> None:
         """Clear what a machine in no allocation holds (an allocation removed while it was away). An
         id no partition has is held meanwhile, so that no create of it meets the clear."""
         claimed = []
         with self._lock:
-            for partition_id in held:
+            for partition_id in partition_ids:
                 if partition_id not in self._ids:
                     self._ids[partition_id] = CLEARING
                     claimed.append(partition_id)
         done = threading.Event()
         try:
-            calls = [AgentCall(agent.id, agent.host, agent.port, partition_id=p) for p in held]
+            calls = [AgentCall(agent.id, agent.host, agent.port, partition_id=p) for p in partition_ids]
             outcomes: Outcomes = []
 
             def answered(result: Outcomes) -> None:
@@ -411,7 +411,7 @@ class Owners:
                     if self._ids.get(partition_id) == CLEARING:
                         del self._ids[partition_id]
                 self._ids_freed.notify_all()
-        for partition_id, error in zip(held, outcomes, strict=False):
+        for partition_id, error in zip(partition_ids, outcomes, strict=False):
             if error is None:
                 log.info("agent %s: cleared partition %s, which the store does not hold as active", agent.id, partition_id)
             else:

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from vipu.controller.core import flows
+from vipu.controller.core import operations
 from vipu.controller.core.commands import CreatePartition
-from vipu.controller.core.effects import AfterPass, Body, Flow, Write
+from vipu.controller.core.effects import AfterPass, Body, Operation, Write
 from vipu.controller.core.placing import explicit_ipus, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
@@ -130,10 +130,10 @@ class QueueKeeping(Steps):
                 waited = (request.deadline - request.since).total_seconds()
                 reason = self.waiting(partition_id)
                 ending = NoRoom(f"no room for partition {partition_id} after waiting {waited:g} s: {reason.reason if reason else ''}")
-            if partition_id in self.flows or len(self.under_way) >= OPERATIONS_LIMIT:
+            if partition_id in self.on_partition or len(self.under_way) >= OPERATIONS_LIMIT:
                 self._expire_later(request)
                 continue
-            self.start(Flow("expiring", self._expiring(request, ending), partition_id=partition_id))
+            self.start(Operation("expiring", self._expiring(request, ending), partition_id=partition_id))
 
     def _lease(self, request: WaitingRequest) -> None:
         """A whole lease for a waiting request (none for one to be picked up later), due in the
@@ -221,11 +221,11 @@ class QueueKeeping(Steps):
                           expected_ends=expected_ends(state.partitions.values()), now=time.time())
         for request, placement in admission.started:
             partition = partition_of(request.request, request.owner, allocation, placement)
-            self.start(Flow("creating", flows.grant(self, request, partition), partition_id=partition.id))
+            self.start(Operation("creating", operations.grant(self, request, partition), partition_id=partition.id))
         if admission.first is not None:
             state.held, state.held_for = admission.held, admission.first.partition_id
             if state.held_recorded != (admission.first.partition_id, admission.held):
-                self.start(Flow("holding", self._recording_hold(admission.first, admission.held), system=True))
+                self.start(Operation("holding", self._recording_hold(admission.first, admission.held), system=True))
         else:
             state.held, state.held_for = frozenset(), ""
         if admission.first is not None and not admission.started:
@@ -247,14 +247,14 @@ class QueueKeeping(Steps):
         if state.compaction_looked == looked:
             return
         state.compaction_looked = looked
-        plan = plan_for(state.layout, allowed, state.used, holders, r.size, flows.movable(self, spent, now), max_moves=room,
+        plan = plan_for(state.layout, allowed, state.used, holders, r.size, operations.movable(self, spent, now), max_moves=room,
                         mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, faults=state.links)
         if plan is None or not self._takes(first, allowed, plan):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
                  first.partition_id)
-        body = flows.compact(self, plan, spent, f"the queue for {first.partition_id}")
-        self.start(Flow("compacting", self.compacting(self._reporting(body)), system=True))
+        body = operations.compact(self, plan, spent, f"the queue for {first.partition_id}")
+        self.start(Operation("compacting", self.compacting(self._reporting(body)), system=True))
 
     def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan) -> bool:
         """Whether the request, with all it asks (GCDs, routing, IPUs named, links to keep off), fits

@@ -108,7 +108,7 @@ class AllocationSnapshot:
     version: int = 0
     partitions: Mapping[str, Partition] = field(default_factory=dict)  # by id
     used: Mapping[str, frozenset[int]] = field(default_factory=dict)  # agent -> IPUs taken (old IPUs of moves included)
-    held_back: Mapping[str, frozenset[Ipu]] = field(default_factory=dict)  # IPUs held back: a move's old ones, those not seen cleared
+    kept_out: Mapping[str, frozenset[Ipu]] = field(default_factory=dict)  # IPUs kept out of use: a move's old ones, those not seen cleared
     busy: Mapping[str, str] = field(default_factory=dict)  # partition id -> the operation under way on it
     queue: QueueView = EMPTY_QUEUE
     down: frozenset[str] = frozenset()  # its machines found down by the last health pass
@@ -128,9 +128,9 @@ class AllocationSnapshot:
     def holders(self) -> dict[Ipu, str]:
         """The partition holding each IPU in use, by (agent, index): a moving partition holds its
         old IPUs too until they are cleared, and a forgotten one those whose clear is unconfirmed."""
-        held = {ipu: partition_id for partition_id, ipus in self.held_back.items() for ipu in ipus}
-        held.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
-        return held
+        holding = {ipu: partition_id for partition_id, ipus in self.kept_out.items() for ipu in ipus}
+        holding.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
+        return holding
 
     def used_ipus(self) -> dict[str, set[int]]:
         """The IPUs in use, by agent, as placement takes them (a copy it may change)."""

@@ -1,4 +1,4 @@
-"""An allocation as its owner holds it: the one copy of its partitions, IPUs, queue, claims and lease.
+"""An allocation as its owner holds it: the one copy of its partitions, IPUs, queue, claims and loan.
 
 Only the owner's thread reads or changes an `AllocationState`; readers get the snapshots it
 publishes. The owner changes it as it stages each write of a turn (so that the next placement in
@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from vipu.controller.core.lending import IdleLease
+from vipu.controller.core.lending import Loan
 from vipu.model import queue as queue_model
 from vipu.model.compaction import BudgetSpent
 from vipu.model.entities import Allocation, Partition
@@ -47,10 +47,10 @@ class AllocationState:
     held_for: str = ""
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
-    # Agents whose machines a power action holds down: until when (monotonic), and the action's token.
+    # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding the machines
-    lease: IdleLease | None = None  # its free machines lent to an idle-time test, which any partition takes back
+    loan: Loan | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
     # The (partition id, size) of requests refused for want of room lately, the least recently
@@ -73,7 +73,7 @@ class AllocationState:
             state.put(partition)
         for request in requests:
             state.queue.add(request)
-        state.mix = SizeMix.held([p.size for p in state.partitions.values()] + [r.request.size for r in state.queue])
+        state.mix = SizeMix.of([p.size for p in state.partitions.values()] + [r.request.size for r in state.queue])
         first = state.queue.first()
         if first is not None:
             state.held, state.held_for = first.held, first.partition_id
@@ -148,21 +148,21 @@ class AllocationState:
     def keep_out_as(self, failed: AllocationState) -> None:
         """A state made again from the store after its owner failed keeps out what the failed one
         knew only in memory and the store cannot tell: IPUs whose clear no agent confirmed, and
-        machines a power action holds down."""
+        machines a power action is under way on."""
         for (agent_id, partition_id), ipus in failed.uncleared.items():
             self.keep_uncleared(agent_id, partition_id, [index for _, index in ipus])
         for agent_id, (until, token) in failed.powering_until.items():
-            self.hold_for_power([agent_id], until, token)
+            self.keep_down_for_power([agent_id], until, token)
 
-    def held_back(self) -> dict[str, frozenset[Ipu]]:
+    def kept_out(self) -> dict[str, frozenset[Ipu]]:
         """IPUs taken by no partition that placement must not use yet, by the partition they were
         last of: a moving partition's old IPUs, and those whose clear is unconfirmed (by
         `reasons.unconfirmed`, naming the machine, once that partition is gone)."""
-        held = dict(self.lingering)
+        kept = dict(self.lingering)
         for (agent_id, partition_id), ipus in self.uncleared.items():
             holder = partition_id if partition_id in self.partitions else unconfirmed(agent_id, partition_id)
-            held[holder] = held.get(holder, frozenset()) | ipus
-        return held
+            kept[holder] = kept.get(holder, frozenset()) | ipus
+        return kept
 
     def taken(self) -> dict[str, set[int]]:
         """The IPUs no move may take and no freed shape counts: those in use, and those held for the
@@ -170,22 +170,22 @@ class AllocationState:
         return shifted(self.used, on=self.held if self.queue.first() is not None else ())
 
     def holders(self) -> dict[Ipu, str]:
-        held = {ipu: partition_id for partition_id, ipus in self.held_back().items() for ipu in ipus}
-        held.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
-        return held
+        holding = {ipu: partition_id for partition_id, ipus in self.kept_out().items() for ipu in ipus}
+        holding.update({(ipu.agent_id, ipu.index): p.id for p in self.partitions.values() for ipu in p.ipus})
+        return holding
 
     def on_agent(self, agent_id: str) -> list[Partition]:
         return [p for p in self.partitions.values() if any(i.agent_id == agent_id for i in p.ipus)]
 
     def powering(self, agent_id: str) -> bool:
-        """Whether a power action holds the agent's machine down now; one past its deadline no longer does."""
+        """Whether a power action is under way on the agent's machine now; one past its deadline no longer does."""
         held = self.powering_until.get(agent_id)
         if held is not None and time.monotonic() > held[0]:
             del self.powering_until[agent_id]
             held = None
         return held is not None
 
-    def hold_for_power(self, agent_ids: Iterable[str], until: float, token: object) -> set[str]:
+    def keep_down_for_power(self, agent_ids: Iterable[str], until: float, token: object) -> set[str]:
         """Keep these machines down (out of placement, deaf to health passes) for a power action,
         until `until` at most; those it put down that were not."""
         added = set()
@@ -197,7 +197,7 @@ class AllocationState:
         return added
 
     def release_power(self, agent_ids: Iterable[str], token: object, answering: Iterable[str] = ()) -> None:
-        """The power action `token` ended: its machines are no longer held down by it, and those
+        """The power action `token` ended: its machines are no longer kept down for it, and those
         `answering` (just configured) are up again; the others stay down until a health pass finds them."""
         for agent_id in agent_ids:
             if self.powering_until.get(agent_id, (0.0, None))[1] is token:

@@ -1,6 +1,6 @@
 """What an owner's operations use to take their steps: the partition writes of the life cycle, made
 at once in the owner's state and taken back if the store refuses them, and the agent calls of a
-partition (see `flows` for the operations, `effects` for the steps)."""
+partition (see `operations` for the operations, `effects` for the steps)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vipu.controller.core.agents import AgentCall
-from vipu.controller.core.effects import Calls, Flow, Write
+from vipu.controller.core.effects import Calls, Operation, Write
 from vipu.controller.core.turns import Turns
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent
@@ -53,7 +53,7 @@ class Steps(Turns):
     def call(self, agent: Agent, settings: AgentSettings | None = None, partition_id: str = "") -> AgentCall:
         return AgentCall(agent.id, agent.host, agent.port, settings, partition_id)
 
-    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Flow]:
+    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Operation]:
         """The reconciliations clearing old settings of that id from these agents, which its new
         settings must not race."""
         return list({id(f): f for a in agents if (f := self._clears.get((a.id, partition_id))) is not None}.values())

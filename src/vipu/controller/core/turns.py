@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vipu import failpoints
 from vipu.controller.core.agents import AgentCall, AgentCalls
 from vipu.controller.core.commands import Command, Reply
-from vipu.controller.core.effects import AfterPass, Calls, Effect, Flow, Join, Write
-from vipu.controller.core.lending import STEP_OFF_SECONDS, IdleLease
+from vipu.controller.core.effects import AfterPass, Calls, Effect, Join, Operation, Write
+from vipu.controller.core.lending import STEP_OFF_SECONDS, Loan
 from vipu.controller.core.snapshot import AllocationSnapshot, QueueView
 from vipu.controller.core.state import AllocationState
 from vipu.model.compaction import Budget
@@ -79,27 +79,27 @@ class Turns:
         self.owners = owners
         self.id = state.allocation.id
         self.state = state
-        self.flows: dict[str, Flow] = {}  # partition id -> the operation holding it
-        self._clears: dict[tuple[str, str], Flow] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
+        self.on_partition: dict[str, Operation] = {}  # partition id -> the operation holding it
+        self._clears: dict[tuple[str, str], Operation] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
         self._lock = threading.Lock()  # over the inbox and whose turn it is; never held through a turn
         self._quiet = threading.Condition(self._lock)  # notified at the end of every turn
         self._timer = threading.Condition(self._lock)  # the timer thread waits on it for the next thing due
         self._busy = False  # a thread has the owner's turn
         self._inbox: deque[Command] = deque()
-        self._answers: deque[tuple[Flow, Any]] = deque()  # agent calls' outcomes
+        self._answers: deque[tuple[Operation, Any]] = deque()  # agent calls' outcomes
         self._timer_thread: threading.Thread | None = None
         self._stopped = ""  # why, once stopped
         self._failed = False  # stopped because a turn raised: what its operations under way did is unknown
         self._in_flight = 0  # batches of agent calls not yet answered
-        self.under_way: set[Flow] = set()  # every operation started and not ended
+        self.under_way: set[Operation] = set()  # every operation started and not ended
         # What one turn does, and what it leaves for the next:
         self._commands: deque[Command] = deque()
-        self._ready: deque[tuple[Flow, Any, BaseException | None]] = deque()
-        self._staged: list[tuple[Flow, Write]] = []
-        self._launch: list[tuple[Flow, Calls]] = []
-        self._after_pass: list[Flow] = []
-        self._leases_ending: list[tuple[IdleLease, str]] = []  # leases taken back this turn, ended once it is committed
-        self._stepping_off: list[IdleLease] = []  # leases taken back whose test steps may still run
+        self._ready: deque[tuple[Operation, Any, BaseException | None]] = deque()
+        self._staged: list[tuple[Operation, Write]] = []
+        self._launch: list[tuple[Operation, Calls]] = []
+        self._after_pass: list[Operation] = []
+        self._loans_ending: list[tuple[Loan, str]] = []  # loans taken back this turn, ended once it is committed
+        self._stepping_off: list[Loan] = []  # loans taken back whose test steps may still run
         self._changed = True
         self._partitions_changed = True
         self._queue_changed = True
@@ -159,14 +159,14 @@ class Turns:
         self._drive(command.reply)
         return command
 
-    def _answered(self, flow: Flow, outcomes: Any) -> None:
+    def _answered(self, operation: Operation, outcomes: Any) -> None:
         """Agent calls' outcomes, from whichever thread made them: the operation goes on in a turn."""
         with self._lock:
             self._in_flight -= 1
             if self._stopped:
                 return  # a deposed or stopped owner commits nothing of what comes back
-            self._answers.append((flow, outcomes))
-        self._drive(flow.reply)
+            self._answers.append((operation, outcomes))
+        self._drive(operation.reply)
 
     def _drive(self, mine: Reply | None = None) -> None:
         """Take the owner's turn if nobody has it and there is work, and run turns until none is
@@ -281,22 +281,22 @@ class Turns:
         self._staged, self._launch = [], []
         while self._commands:
             self._commands.popleft().reply.fail(Unavailable(self._stopped))
-        if self.state.lease is not None:  # the idle-time test stops: nothing decides who uses the machines now
-            self.state.lease.end(self._stopped)
-        for flow in list(self.under_way):
-            for follower in flow.followers:
+        if self.state.loan is not None:  # the idle-time test stops: nothing decides who uses the machines now
+            self.state.loan.end(self._stopped)
+        for operation in list(self.under_way):
+            for follower in operation.followers:
                 follower.reply.fail(Unavailable(self._stopped))
-            if flow.reply is not None:
-                flow.reply.fail(self._stopped_error(flow))
+            if operation.reply is not None:
+                operation.reply.fail(self._stopped_error(operation))
 
-    def _stopped_error(self, flow: Flow) -> VipuError:
+    def _stopped_error(self, operation: Operation) -> VipuError:
         if not self._failed:
             return Unavailable(self._stopped)
-        if not flow.partition_id:
+        if not operation.partition_id:
             return OutcomeUnknown(f"outcome unknown: {self._stopped}")
-        operation = OPERATION_NAMES.get(flow.doing, flow.doing)
-        return OutcomeUnknown(f"outcome unknown: {self._stopped}; `vipu get partition {flow.partition_id}` says whether "
-                              f"the {operation} was done")
+        named = OPERATION_NAMES.get(operation.kind, operation.kind)
+        return OutcomeUnknown(f"outcome unknown: {self._stopped}; `vipu get partition {operation.partition_id}` says whether "
+                              f"the {named} was done")
 
     def join(self, seconds: float) -> bool:
         """Wait up to `seconds` for a stopped owner's turn under way and timer to end; whether they have."""
@@ -328,7 +328,7 @@ class Turns:
 
     def _next_timer(self) -> float | None:
         """When the owner must act without a command (monotonic): a request's deadline, a retried
-        pass, the end of a lease of its machines."""
+        pass, the end of a loan of its machines."""
         timers = []
         if self._expiries:
             timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
@@ -336,19 +336,19 @@ class Turns:
             timers.append(self._pass_due)
         if self._reclear_due:
             timers.append(self._reclear_due)
-        if self.state.lease is not None:
-            timers.append(self.state.lease.until)
+        if self.state.loan is not None:
+            timers.append(self.state.loan.until)
         return min(timers, default=None)
 
-    def _turn(self, commands: list[Command], answers: list[tuple[Flow, Any]]) -> None:
-        for flow, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
-            self._ready.append((flow, outcomes, None))
+    def _turn(self, commands: list[Command], answers: list[tuple[Operation, Any]]) -> None:
+        for operation, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
+            self._ready.append((operation, outcomes, None))
         self._commands.extend(commands)
         failpoints.hit("owner.turn")
         self._expire_due()
-        lease = self.state.lease
-        if lease is not None and time.monotonic() >= lease.until:
-            self._take_back(f"its lease of {lease.seconds:g} s ran out")
+        loan = self.state.loan
+        if loan is not None and time.monotonic() >= loan.until:
+            self._take_back(f"its loan of {loan.seconds:g} s ran out")
         if self._pass_due and time.monotonic() >= self._pass_due:
             self._pass_due, self._queue_dirty = 0.0, True
         if self._reclear_due and time.monotonic() >= self._reclear_due:
@@ -362,8 +362,8 @@ class Turns:
                     if command.reply.start():
                         self._handle(command)
                 while self._ready:
-                    flow, value, error = self._ready.popleft()
-                    self._step(flow, value, error)
+                    operation, value, error = self._ready.popleft()
+                    self._step(operation, value, error)
             if self._staged:
                 self._commit_staged()
                 self._take_back_used()
@@ -374,14 +374,14 @@ class Turns:
                 self._queue_pass()
                 continue
             if self._after_pass:
-                self._ready.extend((flow, None, None) for flow in self._after_pass)
+                self._ready.extend((operation, None, None) for operation in self._after_pass)
                 self._after_pass = []
                 continue
             break
         self._take_back_used()
-        for lease, why in self._leases_ending:  # before the calls this turn launches
-            lease.end(why)
-        self._leases_ending = []
+        for loan, why in self._loans_ending:  # before the calls this turn launches
+            loan.end(why)
+        self._loans_ending = []
         if self._stopped:  # what it staged is neither committed nor shown, and no agent is called for it
             self._staged, self._launch = [], []
             return
@@ -391,13 +391,13 @@ class Turns:
         self._queue_dirty = self._queue_dirty and self._queue_matters()
         self._publish()
         launch, self._launch = self._launch, []
-        self._stepping_off = [lease for lease in self._stepping_off if lease.stepping_on(lease.machines)]
-        for flow, calls in launch:
+        self._stepping_off = [loan for loan in self._stepping_off if loan.stepping_on(loan.machines)]
+        for operation, calls in launch:
             with self._lock:
                 self._in_flight += 1
             before = self._step_off(calls.calls)
-            if flow.reply is None or not flow.reply.carry(partial(self._carry, flow, calls.calls, before)):
-                self.owners.calls.start(calls.calls, partial(self._answered, flow), before)
+            if operation.reply is None or not operation.reply.carry(partial(self._carry, operation, calls.calls, before)):
+                self.owners.calls.start(calls.calls, partial(self._answered, operation), before)
 
     def _keep_reclearing(self) -> None:
         """While IPUs stay kept out for a clear no machine confirmed, and none is being asked now,
@@ -409,57 +409,57 @@ class Turns:
             self._reclear_due = time.monotonic() + self._reclear_wait
             self._reclear_wait = min(2 * self._reclear_wait, RECLEAR_LONGEST_SECONDS)
 
-    def _carry(self, flow: Flow, calls: list[AgentCall], before: Callable[[], None] | None) -> None:
+    def _carry(self, operation: Operation, calls: list[AgentCall], before: Callable[[], None] | None) -> None:
         """An operation's agent calls, made by the thread waiting for its answer (no turn held):
         the request's own thread does its network work, as it would without an owner."""
-        self._answered(flow, self.owners.calls.run(calls, before))
+        self._answered(operation, self.owners.calls.run(calls, before))
 
     # Machines lent to an idle-time test
 
     def _take_back_used(self) -> None:
         """Anything of a partition on a lent machine (one just committed there, by a create, a grant
-        or a move) takes the lease back in the same turn."""
-        lease = self.state.lease
-        if lease is None:
+        or a move) takes the loan back in the same turn."""
+        loan = self.state.loan
+        if loan is None:
             return
-        taken = [machine for machine in lease.machines if machine in self.state.used]
+        taken = [machine for machine in loan.machines if machine in self.state.used]
         if taken:
             partitions = sorted({p for (agent, _), p in self.state.holders().items() if agent in taken})
             self._take_back(f"{' and '.join(self._taker(p) for p in partitions)} took {', '.join(taken)}")
 
     def _taker(self, partition_id: str) -> str:
         """What took a lent machine, as the idle-time test's results say: "the create of partition p1"."""
-        flow = self.flows.get(partition_id)
-        operation = OPERATION_NAMES.get(flow.doing, "") if flow is not None and flow.doing in ("creating", "relocating") else ""
-        return f"the {operation} of partition {partition_id}" if operation else f"partition {partition_id}"
+        operation = self.on_partition.get(partition_id)
+        named = OPERATION_NAMES.get(operation.kind, "") if operation is not None and operation.kind in ("creating", "relocating") else ""
+        return f"the {named} of partition {partition_id}" if named else f"partition {partition_id}"
 
     def _take_back(self, why: str) -> None:
-        """The lent machines are the allocation's alone again. The lease ends once this turn's writes
+        """The lent machines are the allocation's alone again. The loan ends once this turn's writes
         are committed and before any agent call it launches, which cancels the test's steps; calls
         to those machines wait for their steps there to stop (`_step_off`)."""
-        lease = self.state.lease
-        if lease is None:
+        loan = self.state.loan
+        if loan is None:
             return
-        self.state.lease = None
-        self._leases_ending.append((lease, why))
-        self._stepping_off.append(lease)
+        self.state.loan = None
+        self._loans_ending.append((loan, why))
+        self._stepping_off.append(loan)
         self._changed = True
-        log.info("allocation %s takes back %s from the %s: %s", self.id, ", ".join(lease.machines), lease.test, why)
+        log.info("allocation %s takes back %s from the %s: %s", self.id, ", ".join(loan.machines), loan.test, why)
 
     def _step_off(self, calls: list[AgentCall]) -> Callable[[], None] | None:
-        """For calls to machines where a test step of a lease taken back may still run: a wait for
+        """For calls to machines where a test step of a loan taken back may still run: a wait for
         those steps to stop, at most STEP_OFF_SECONDS, made before the calls outside the turn."""
         machines = {call.agent_id for call in calls}
-        leases = [lease for lease in self._stepping_off if lease.stepping_on(machines)]
-        if not leases:
+        loans = [loan for loan in self._stepping_off if loan.stepping_on(machines)]
+        if not loans:
             return None
 
         def step_off() -> None:
             deadline = time.monotonic() + STEP_OFF_SECONDS
-            for lease in leases:
-                if not lease.stepped_off(machines, max(0.0, deadline - time.monotonic())):
+            for loan in loans:
+                if not loan.stepped_off(machines, max(0.0, deadline - time.monotonic())):
                     log.warning("allocation %s: the %s's step on %s did not stop within %g s; the calls there go ahead",
-                                self.id, lease.test, ", ".join(sorted(machines & set(lease.machines))), STEP_OFF_SECONDS)
+                                self.id, loan.test, ", ".join(sorted(machines & set(loan.machines))), STEP_OFF_SECONDS)
 
         return step_off
 
@@ -472,70 +472,71 @@ class Turns:
             command.reply.fail(VipuError(f"the controller failed to decide: {type(error).__name__}; nothing of it was done"))
             raise
 
-    def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow:
+    def start(self, operation: Operation, holds: tuple[str, ...] = ()) -> Operation:
         """Begin an operation, running it to its first step; it holds its partition (and `holds`) until it ends."""
         if len(self.under_way) >= OPERATIONS_LIMIT:
             raise Unavailable(f"allocation {self.id} has {OPERATIONS_LIMIT} operations under way, its limit; try again shortly")
-        self.under_way.add(flow)
-        for partition_id in (flow.partition_id, *holds):
+        self.under_way.add(operation)
+        for partition_id in (operation.partition_id, *holds):
             if partition_id:
-                self.flows[partition_id] = flow
+                self.on_partition[partition_id] = operation
         self._changed = True
-        self._step(flow)  # to its first effect now: a write it stages is in the state before the next command is placed
-        return flow
+        self._step(operation)  # to its first effect now: a write it stages is in the state before the next command is placed
+        return operation
 
-    def _step(self, flow: Flow, value: Any = None, error: BaseException | None = None) -> None:
+    def _step(self, operation: Operation, value: Any = None, error: BaseException | None = None) -> None:
         try:
-            effect = flow.body.throw(error) if error is not None else flow.body.send(value)
+            effect = operation.body.throw(error) if error is not None else operation.body.send(value)
         except StopIteration as stop:
-            self._end(flow, result=stop.value)
+            self._end(operation, result=stop.value)
         except VipuError as failure:
-            self._end(flow, error=failure)
+            self._end(operation, error=failure)
         except Exception:  # the turn fails (`_fail_stop`): what the operation did so far is read back from the store
-            log.error("allocation %s: the %s of %s failed unexpectedly", self.id, flow.doing, flow.partition_id or "the allocation")
+            log.error("allocation %s: the %s of %s failed unexpectedly", self.id, operation.kind,
+                      operation.partition_id or "the allocation")
             raise
         else:
-            self._take(flow, effect)
+            self._take(operation, effect)
 
-    def _take(self, flow: Flow, effect: Effect) -> None:
+    def _take(self, operation: Operation, effect: Effect) -> None:
         if isinstance(effect, Write):
             effect.apply()
-            self._staged.append((flow, effect))
+            self._staged.append((operation, effect))
         elif isinstance(effect, Calls):
-            self._launch.append((flow, effect))
+            self._launch.append((operation, effect))
         elif isinstance(effect, Join):
-            flow.joined = effect.flows
-            for child in effect.flows:
-                child.parent = flow
-            self._joined(flow)
+            operation.joined = effect.operations
+            for child in effect.operations:
+                child.parent = operation
+            self._joined(operation)
         elif isinstance(effect, AfterPass):
-            self._after_pass.append(flow)
+            self._after_pass.append(operation)
         else:
             raise TypeError(f"an operation yielded {effect!r}, which is no effect")
 
-    def _joined(self, flow: Flow) -> None:
-        if all(child.ended for child in flow.joined):
-            joined, flow.joined = flow.joined, []
-            self._ready.append((flow, [child.error for child in joined], None))
+    def _joined(self, operation: Operation) -> None:
+        if all(child.ended for child in operation.joined):
+            joined, operation.joined = operation.joined, []
+            self._ready.append((operation, [child.error for child in joined], None))
 
-    def _end(self, flow: Flow, result: Any = None, error: BaseException | None = None) -> None:
-        flow.ended, flow.error = True, error
-        self.under_way.discard(flow)
-        for partition_id in [p for p, f in self.flows.items() if f is flow]:
-            del self.flows[partition_id]
-        for pair in [pair for pair, f in self._clears.items() if f is flow]:
+    def _end(self, operation: Operation, result: Any = None, error: BaseException | None = None) -> None:
+        operation.ended, operation.error = True, error
+        self.under_way.discard(operation)
+        for partition_id in [p for p, f in self.on_partition.items() if f is operation]:
+            del self.on_partition[partition_id]
+        for pair in [pair for pair, f in self._clears.items() if f is operation]:
             del self._clears[pair]
         self._changed = True
-        if flow.reply is not None:
+        if operation.reply is not None:
             if error is None:
-                flow.reply.resolve(result)
+                operation.reply.resolve(result)
             else:
-                flow.reply.fail(error)
-        elif error is not None and flow.parent is None:
-            log.warning("partition %s: %s", flow.partition_id or self.id, getattr(error, "message", error))
-        self._commands.extend(flow.followers)
-        if flow.parent is not None and flow.parent.joined:
-            self._joined(flow.parent)
+                operation.reply.fail(error)
+        elif error is not None and operation.parent is None:
+            log.warning("partition %s: %s", operation.partition_id or self.id, getattr(error, "message", error))
+        self._commands.extend(operation.followers)
+        if operation.parent is not None and operation.parent.joined:
+            self._joined(operation.parent)
 
     def _commit_staged(self) -> None:
         """Commit the writes staged by this turn's steps together; take back those the store
@@ -546,17 +547,17 @@ class Turns:
         for (_, write), error in reversed(list(zip(staged, errors, strict=True))):
             if error is not None:
                 write.undo()
-        for (flow, write), error in zip(staged, errors, strict=True):
+        for (operation, write), error in zip(staged, errors, strict=True):
             if error is None:
                 write.committed()
-                flow.committed = True
-                self._ready.append((flow, write.result, None))
+                operation.committed = True
+                self._ready.append((operation, write.result, None))
             else:
                 if write.partition_id and isinstance(error, Conflict) and not isinstance(error, ConcurrentUpdate):
                     self._reread(write.partition_id)
-                if isinstance(error, Unavailable) and flow.committed and flow.partition_id:
-                    error = self._left_unfinished(flow, error)
-                self._ready.append((flow, None, error))
+                if isinstance(error, Unavailable) and operation.committed and operation.partition_id:
+                    error = self._left_unfinished(operation, error)
+                self._ready.append((operation, None, error))
         self._changed = True
 
     def _commit(self, writes: list[Write]) -> list[VipuError | None]:
@@ -589,12 +590,12 @@ class Turns:
         return errors
 
     @staticmethod
-    def _left_unfinished(flow: Flow, error: Unavailable) -> OutcomeUnknown:
+    def _left_unfinished(operation: Operation, error: Unavailable) -> OutcomeUnknown:
         """A store write refused after the operation's first was committed: the partition is left
         in the middle of it, which the next health pass finishes (done, or undone). Not "failed"."""
-        operation = OPERATION_NAMES.get(flow.doing, flow.doing)
-        return OutcomeUnknown(f"{error.message}; the {operation} of partition {flow.partition_id} is left unfinished, and the "
-                              f"next health pass finishes it: `vipu get partition {flow.partition_id}` says how it stands")
+        named = OPERATION_NAMES.get(operation.kind, operation.kind)
+        return OutcomeUnknown(f"{error.message}; the {named} of partition {operation.partition_id} is left unfinished, and the "
+                              f"next health pass finishes it: `vipu get partition {operation.partition_id}` says how it stands")
 
     def _reread(self, partition_id: str) -> None:
         """Another writer (another replica, an operator's SQL) changed a partition this owner thought
@@ -641,9 +642,9 @@ class Turns:
         state.touched.clear()
         self.snapshot = AllocationSnapshot(
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
-            used=used, held_back=state.held_back(),
-            busy={partition_id: flow.doing for partition_id, flow in self.flows.items()}, queue=queue_view,
-            down=frozenset(state.down), test=state.test, lent=state.lease.machines if state.lease is not None else (),
+            used=used, kept_out=state.kept_out(),
+            busy={partition_id: operation.kind for partition_id, operation in self.on_partition.items()}, queue=queue_view,
+            down=frozenset(state.down), test=state.test, lent=state.loan.machines if state.loan is not None else (),
             closing=state.closing, links=state.links)
         partitions_changed = self._partitions_changed
         self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end

@@ -52,10 +52,10 @@ STEP_SECONDS = 60.0  # how long a pass waits for the owners at each step: an age
 
 @dataclass
 class _Found:
-    """What one agent answered: the settings it holds, or why it did not answer."""
+    """What one agent answered: the settings its machine is configured with, or why it did not answer."""
 
     agent: Agent
-    held: dict[str, AgentSettings] | None
+    configured: dict[str, AgentSettings] | None
     error: VipuError | None = None
     returned: bool = False  # it was Down and answers again (its inventory was read afresh)
     condition: MachineCondition | None = None  # its machine's power and health, where its agent has either
@@ -105,14 +105,14 @@ class HealthPass:
             allocation_id = allocation_of.get(found.agent.id)
             owner = self.owners.owner(allocation_id) if allocation_id else None
             if owner is not None:
-                command = AgentReport(agent_id=found.agent.id, held=found.held, error=found.error or found.unpowered)
+                command = AgentReport(agent_id=found.agent.id, configured=found.configured, error=found.error or found.unpowered)
                 try:
                     owner.submit(command)
                     replies.append((f"agent {found.agent.id}", command.reply))
                 except VipuError as error:
                     log.warning("health pass: agent %s: %s", found.agent.id, error.message)
-            elif found.held:
-                self.owners.clear_unallocated(found.agent, sorted(found.held), seconds)
+            elif found.configured:
+                self.owners.clear_unallocated(found.agent, sorted(found.configured), seconds)
         self._wait(replies, seconds)
         self._ask_every_owner(RecoverFailed, seconds)
 
@@ -143,12 +143,12 @@ class HealthPass:
         try:
             if agent.inventory.has(Capability.POWER) or agent.inventory.has(Capability.HEALTH):
                 condition = self._condition(agent)
-            held = {s.partition_id: s for s in self.gateway.partitions(agent.host, agent.port)}
+            configured = {s.partition_id: s for s in self.gateway.partitions(agent.host, agent.port)}
             if returning:
                 agent.inventory = self.gateway.inventory(agent.host, agent.port)
         except (Unavailable, PermissionDenied) as error:  # not there, or obeying another controller
             return _Found(agent, None, error, condition=condition)
-        return _Found(agent, held, returned=returning, condition=condition)
+        return _Found(agent, configured, returned=returning, condition=condition)
 
     def _condition(self, agent: Agent) -> MachineCondition:
         """The machine's power and health, with the events since those last recorded (each logged:

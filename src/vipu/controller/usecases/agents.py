@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
 from vipu.controller.core.commands import Powering
-from vipu.controller.core.flows import POWER_MARGIN_SECONDS
+from vipu.controller.core.operations import POWER_MARGIN_SECONDS
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
 from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown

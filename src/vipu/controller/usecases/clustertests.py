@@ -17,7 +17,7 @@ Idle-time tests (`vipu-server --idle-tests`, `run_idle`) run the IPU-Link and Tr
 drive only the links between the machines they test, on machines nobody uses: each allocation's
 owner lends its free machines for a bounded time (`vipu.controller.core.lending`), and the tests
 judge those machines and the cables between them. A partition that needs a lent machine takes the
-lease back at once: the step under way is cancelled, and the run ends as stepped aside, the tests
+loan back at once: the step under way is cancelled, and the run ends as stepped aside, the tests
 it finished standing (saved, and told to the link ledger) and the one it was at saying why it
 stopped. An operator's test, or the removal of the cluster, makes an idle-time run step aside too.
 """
@@ -35,7 +35,7 @@ from vipu import failpoints
 from vipu.controller.core.agents import AgentGateway
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import ClaimMachines, LendMachines, ReleaseMachines, Reply, ReturnMachines
-from vipu.controller.core.lending import IdleLease
+from vipu.controller.core.lending import Loan
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.links import LinkLedger
 from vipu.model import clustertests as judge
@@ -68,14 +68,14 @@ R = TypeVar("R")
 
 
 class _Context:
-    """What the steps of one run need to know about the cluster; an idle-time run's `lease` names
+    """What the steps of one run need to know about the cluster; an idle-time run's `loan` names
     the machines it tests (`among`), the only ones it asks."""
 
-    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent], lease: IdleLease | None = None):
+    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent], loan: Loan | None = None):
         self.layout = layout
-        self.lease = lease
-        self.among = lease.machines if lease is not None else None
-        self.agents = agents if lease is None else {a: agents[a] for a in lease.machines}
+        self.loan = loan
+        self.among = loan.machines if loan is not None else None
+        self.agents = agents if loan is None else {a: agents[a] for a in loan.machines}
         self.serials = {a: agent.inventory.serial for a, agent in agents.items()}
         self.chips = {a: {ipu.index: ipu.chip_id for ipu in agent.inventory.ipus} for a, agent in agents.items()}
 
@@ -94,7 +94,7 @@ class ClusterTestService:
         self._run: TestRun | None = None
         self._starting = ""  # the cluster whose run is being started: its machines claimed, its first save made
         self._running_test: TestType | None = None  # the step of _run under way
-        self._lease: IdleLease | None = None  # the machines _run tests, when it is an idle-time run
+        self._loan: Loan | None = None  # the machines _run tests, when it is an idle-time run
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._shutting_down = False
@@ -108,7 +108,7 @@ class ClusterTestService:
         """Whether a run that the cluster must wait for is going there, or being started: an
         idle-time run there steps aside instead, and has ended when this answers."""
         with self._lock:
-            idle_here = self._lease is not None and self._run is not None and self._run.cluster_id == cluster_id
+            idle_here = self._loan is not None and self._run is not None and self._run.cluster_id == cluster_id
         if idle_here:
             self._step_aside(f"cluster {cluster_id} is being removed")
         return self.testing(cluster_id)
@@ -165,7 +165,7 @@ class ClusterTestService:
             thread.join(wait_seconds)
         return run
 
-    def _context(self, cluster_id: str, lease: IdleLease | None = None) -> _Context:
+    def _context(self, cluster_id: str, loan: Loan | None = None) -> _Context:
         configuration = self.store.configuration()
         cluster = configuration.clusters.get(cluster_id)
         if cluster is None:
@@ -176,7 +176,7 @@ class ClusterTestService:
             if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
                 raise NotFound(f"agent {shown(agent_id)} does not exist")
             agents[agent_id] = agent
-        return _Context(ClusterLayout.of(cluster), agents, lease)
+        return _Context(ClusterLayout.of(cluster), agents, loan)
 
     def _reserve(self, cluster_id: str) -> None:
         """Take the one run's place for a run of the cluster, or Conflict while another has it."""
@@ -192,7 +192,7 @@ class ClusterTestService:
         """The run, its place reserved and its first save made, goes on in a thread of its own."""
         with self._lock:
             self._starting = ""
-            self._run, self._lease = run, context.lease
+            self._run, self._loan = run, context.loan
             self._stop.clear()
             thread = self._thread = threading.Thread(target=self._execute, args=(run, context, claimed), name="cluster-test",
                                                      daemon=True)
@@ -233,15 +233,15 @@ class ClusterTestService:
             return None
         cluster_id = owner.snapshot.allocation.cluster_id
         command = owner.submit(LendMachines(test=f"idle-time test of cluster {cluster_id}", seconds=IDLE_LEASE_SECONDS))
-        lease: IdleLease | None = command.reply.wait(CLAIM_SECONDS, f"the lending of allocation {allocation_id}'s free machines")
-        if lease is None:
+        loan: Loan | None = command.reply.wait(CLAIM_SECONDS, f"the lending of allocation {allocation_id}'s free machines")
+        if loan is None:
             return None
         try:
-            context = self._context(cluster_id, lease)
+            context = self._context(cluster_id, loan)
             windows = judge.traffic_windows(context.layout, context.among)
             planned = [t for t in judge.ORDER if t in tests & IDLE_TESTS and (t is not TestType.TRAFFIC or windows)]
             if not planned:
-                self._return(lease)
+                self._return(loan)
                 return None
             self._reserve(cluster_id)
             run = TestRun(cluster_id, RunState.RUNNING, planned)
@@ -252,32 +252,32 @@ class ClusterTestService:
                     self._starting = ""
                 raise
         except BaseException:
-            self._return(lease)
+            self._return(loan)
             raise
         thread = self._begin(run, context, claimed=False)
-        log.info("idle-time test of %s started on %s (of allocation %s): %s", cluster_id, ", ".join(lease.machines),
+        log.info("idle-time test of %s started on %s (of allocation %s): %s", cluster_id, ", ".join(loan.machines),
                  allocation_id, ", ".join(t.value for t in planned))
-        thread.join(lease.seconds + STOP_WAIT_SECONDS)
+        thread.join(loan.seconds + STOP_WAIT_SECONDS)
         return run
 
-    def _return(self, lease: IdleLease) -> None:
+    def _return(self, loan: Loan) -> None:
         """The lent machines go back to their owner: in its inbox even past its limit, not waited for."""
-        owner = self.owners.owner(lease.allocation_id)
+        owner = self.owners.owner(loan.allocation_id)
         if owner is None:
             return
         try:
-            owner.submit(ReturnMachines(lease=lease, reply=Reply(waited=False)), always=True)
+            owner.submit(ReturnMachines(loan=loan, reply=Reply(waited=False)), always=True)
         except VipuError as error:  # the owner stopped: nothing of it is left to give back
-            log.warning("allocation %s: could not be given back its machines: %s", lease.allocation_id, error.message)
+            log.warning("allocation %s: could not be given back its machines: %s", loan.allocation_id, error.message)
 
     def _step_aside(self, why: str) -> None:
-        """An idle-time run under way gives way: its lease ends (its step is cancelled) and its end is
+        """An idle-time run under way gives way: its loan ends (its step is cancelled) and its end is
         waited for, up to STOP_WAIT_SECONDS."""
         with self._lock:
-            lease, thread = self._lease, self._thread
-        if lease is None or thread is None:
+            loan, thread = self._loan, self._thread
+        if loan is None or thread is None:
             return
-        lease.end(why)
+        loan.end(why)
         thread.join(STOP_WAIT_SECONDS)
 
     def _claim(self, cluster_id: str) -> None:
@@ -326,10 +326,10 @@ class ClusterTestService:
         if run is None:
             raise Conflict("No results available. No cluster test has run.")
         with self._lock:
-            lease = self._lease if self._run is not None and self._run.cluster_id == run.cluster_id else None
-        running = (f"An idle-time test of {', '.join(lease.machines)} (free machines of allocation {lease.allocation_id}, "
+            loan = self._loan if self._run is not None and self._run.cluster_id == run.cluster_id else None
+        running = (f"An idle-time test of {', '.join(loan.machines)} (free machines of allocation {loan.allocation_id}, "
                    f"which a partition takes back at once) in cluster {run.cluster_id} is in progress."
-                   if lease is not None else f"Test in cluster {run.cluster_id} is in progress.")
+                   if loan is not None else f"Test in cluster {run.cluster_id} is in progress.")
         reasons = {
             RunState.RUNNING: running,
             RunState.STOPPED: f"Last test in cluster {run.cluster_id} was stopped.",
@@ -367,12 +367,12 @@ class ClusterTestService:
         runs on past `wait` seconds (each agent's call may take up to its test deadline) is left to
         end: the caller hears so, and the run stops after it."""
         with self._lock:
-            run, thread, lease = self._run, self._thread, self._lease
+            run, thread, loan = self._run, self._thread, self._loan
             if run is None or thread is None:  # start sets both together
                 raise Conflict("No cluster test is in progress.")
             self._stop.set()
-        if lease is not None:  # an idle-time run's step is cancelled, not waited for
-            lease.end("stopped by an operator")
+        if loan is not None:  # an idle-time run's step is cancelled, not waited for
+            loan.end("stopped by an operator")
         thread.join(wait)
         if thread.is_alive():
             raise Unavailable(f"the cluster test of {run.cluster_id} stops after its current step, still running after "
@@ -388,9 +388,9 @@ class ClusterTestService:
         with self._lock:
             self._shutting_down = True
             self._stop.set()
-            thread, lease = self._thread, self._lease
-        if lease is not None:
-            lease.end("this vipu-server is stopping")
+            thread, loan = self._thread, self._loan
+        if loan is not None:
+            loan.end("this vipu-server is stopping")
         if thread is not None:
             thread.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -400,7 +400,7 @@ class ClusterTestService:
 
     def _execute(self, run: TestRun, context: _Context, claimed: bool) -> None:
         forced = len(run.tests) == 1
-        lease = context.lease
+        loan = context.loan
         outcomes: dict[TestType, Outcome] = {}
         try:
             for test in run.tests:
@@ -408,8 +408,8 @@ class ClusterTestService:
                 if self._stop.is_set():
                     run.state = self._stopped_state()
                     break
-                if lease is not None and lease.ended:
-                    self._stepped_aside(run, test, lease)
+                if loan is not None and loan.ended:
+                    self._stepped_aside(run, test, loan)
                     break
                 dependency = None if forced else judge.failed_dependency(test, outcomes)
                 if dependency is not None:
@@ -424,11 +424,11 @@ class ClusterTestService:
                 if self._stop.is_set():
                     run.state = self._stopped_state()
                     break
-                if lease is not None and lease.ended:  # its step was cut short: it judges nothing
-                    self._stepped_aside(run, test, lease)
+                if loan is not None and loan.ended:  # its step was cut short: it judges nothing
+                    self._stepped_aside(run, test, loan)
                     break
-                if lease is not None:
-                    judge.on_machines(outcome, lease.machines)
+                if loan is not None:
+                    judge.on_machines(outcome, loan.machines)
                 outcomes[test] = outcome
                 run.outcomes.append(outcome)
                 self._save(run, context)
@@ -444,17 +444,17 @@ class ClusterTestService:
                 log.warning("cluster test of %s: its end could not be saved: %s", run.cluster_id, error.message)
             if claimed:
                 self._give_back(run.cluster_id)
-            if lease is not None:
-                self._return(lease)
+            if loan is not None:
+                self._return(loan)
             with self._lock:
-                self._run = self._thread = self._running_test = self._lease = None
-            log.info("%s of %s %s", "idle-time test" if lease is not None else "cluster test", run.cluster_id, run.state.value)
+                self._run = self._thread = self._running_test = self._loan = None
+            log.info("%s of %s %s", "idle-time test" if loan is not None else "cluster test", run.cluster_id, run.state.value)
 
     @staticmethod
-    def _stepped_aside(run: TestRun, test: TestType, lease: IdleLease) -> None:
-        run.outcomes.append(judge.stepped_aside(test, lease.why, lease.machines))
+    def _stepped_aside(run: TestRun, test: TestType, loan: Loan) -> None:
+        run.outcomes.append(judge.stepped_aside(test, loan.why, loan.machines))
         run.state = RunState.STEPPED_ASIDE
-        log.info("idle-time test of %s steps aside at %s: %s", run.cluster_id, test.value, lease.why)
+        log.info("idle-time test of %s steps aside at %s: %s", run.cluster_id, test.value, loan.why)
 
     def _save(self, run: TestRun, context: _Context) -> None:
         """The run as it stands, and the verdicts of the cables it has judged so far."""
@@ -464,7 +464,7 @@ class ClusterTestService:
             tx.save_cable_verdicts(run.cluster_id, judge.kept_verdicts(tx.get_cable_verdicts(run.cluster_id), layout, run))
         if self.links is not None and run.outcomes:  # this run's verdicts only: a cable replaced since an older run starts afresh
             try:
-                self.links.record_test("idle-time" if context.lease is not None else "cluster", judge.cable_results(layout, run.outcomes))
+                self.links.record_test("idle-time" if context.loan is not None else "cluster", judge.cable_results(layout, run.outcomes))
             except VipuError as error:
                 log.warning("the link ledger did not take the cluster test's verdicts: %s", error.message)
 
@@ -475,10 +475,10 @@ class ClusterTestService:
         return self._as_observations(agents, self.each(agents, lambda a: self._diagnose(c, a, probe, {}, 0)))
 
     def _diagnose(self, c: _Context, agent: Agent, probe: Probe, ipus: dict[int, int], seed: int) -> Observation:
-        """One agent's step; an idle-time run's is counted on its machine, and cancelled when its lease ends."""
-        if c.lease is None:
+        """One agent's step; an idle-time run's is counted on its machine, and cancelled when its loan ends."""
+        if c.loan is None:
             return self.gateway.diagnose(agent.host, agent.port, probe, ipus, seed)
-        with c.lease.stepping(agent.id) as cancellation:
+        with c.loan.stepping(agent.id) as cancellation:
             return self.gateway.diagnose(agent.host, agent.port, probe, ipus, seed, cancellation)
 
     @staticmethod
@@ -506,7 +506,7 @@ class ClusterTestService:
         windows = judge.traffic_windows(c.layout, c.among)
         results: dict[int, judge.WindowResult] = {}
         for phase in judge.traffic_phases(windows):
-            if self._stop.is_set() or (c.lease is not None and c.lease.ended):
+            if self._stop.is_set() or (c.loan is not None and c.loan.ended):
                 break
             results.update(self._traffic_phase(c, windows, phase))
         return judge.traffic_outcome([results[n] for n in sorted(results)])

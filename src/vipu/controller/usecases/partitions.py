@@ -249,7 +249,7 @@ class PartitionService:
 
     def reset(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False) -> Partition:
         """Clear and configure the partition again; `automatic` counts it as an automatic reset. A
-        relocatable one its user resets may go where it leaves a larger shape free (`flows.reset`)."""
+        relocatable one its user resets may go where it leaves a larger shape free (`operations.reset`)."""
         snapshot, _ = self._partition(partition_id, access)
         return lifecycle.copy(self._ask_owner(snapshot.id, ResetPartition(partition_id=partition_id, access=access, automatic=automatic),
                                               f"the reset of partition {partition_id}"))
@@ -257,9 +257,9 @@ class PartitionService:
     def relocate(self, partition_id: str, access: Access = OPEN_ACCESS, automatic: bool = False,
                  only_off_failed: bool = False) -> Partition:
         """Move a partition to other IPUs of its allocation, off the machines that failed it, or off
-        all of its own when none did (`vipu.controller.core.flows.relocate`); `automatic` counts the
+        all of its own when none did (`vipu.controller.core.operations.relocate`); `automatic` counts the
         move as an automatic reset. With `only_off_failed` (the published API's reset with
-        `relocatable`), a partition that no machine failed is reset instead (`flows.reset`)."""
+        `relocatable`), a partition that no machine failed is reset instead (`operations.reset`)."""
         snapshot, _ = self._partition(partition_id, access)
         command = RelocatePartition(partition_id=partition_id, access=access, automatic=automatic, only_off_failed=only_off_failed)
         return lifecycle.copy(self._ask_owner(snapshot.id, command, f"the move of partition {partition_id}"))

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
-from vipu.controller.core.effects import Body, Calls, Flow, Join, Write
+from vipu.controller.core.effects import Body, Calls, Join, Operation, Write
 from vipu.controller.core.placing import failed_machines, move_note, moved
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent, Movable, Move, Plan, Report, frees_larger
@@ -53,14 +53,14 @@ class Owner(Protocol):
 
     id: str
     state: AllocationState
-    flows: dict[str, Flow]  # partition id -> the operation holding it
+    on_partition: dict[str, Operation]  # partition id -> the operation holding it
 
     def partition(self, partition_id: str) -> Partition | None: ...
     def agents_of(self, partition: Partition) -> list[Agent]: ...
     def call(self, agent: Agent, settings: AgentSettings | None = None, partition_id: str = "") -> AgentCall: ...
     def applying(self, partition: Partition, agents: list[Agent], of_all: list[Agent] | None = None) -> Calls: ...
     def clearing(self, partition_id: str, agents: list[Agent]) -> Calls: ...
-    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Flow]: ...
+    def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Operation]: ...
     def cleared(self, agent_id: str, partition_id: str) -> None: ...
     def keep_uncleared_of(self, agent_id: str, partition: Partition) -> None: ...
     def compaction_spent(self) -> BudgetSpent: ...
@@ -71,7 +71,7 @@ class Owner(Protocol):
     def granting(self, request: WaitingRequest, partition: Partition) -> Write: ...
     def unlinger(self, partition_id: str) -> None: ...
     def ended(self, request: WaitingRequest, ending: VipuError) -> None: ...
-    def start(self, flow: Flow, holds: tuple[str, ...] = ()) -> Flow: ...
+    def start(self, operation: Operation, holds: tuple[str, ...] = ()) -> Operation: ...
 
 Failures = dict[str, VipuError]
 
@@ -246,7 +246,7 @@ def power_cycled_reset(owner: Owner, partition: Partition) -> Body:
         raise HardwareFailure(f"partition {partition.id} is in ERROR; its machines were not power cycled, as they now hold "
                               f"{', '.join(others)} too")
     token = object()
-    state.hold_for_power(machines, time.monotonic() + POWER_SECONDS + POWER_MARGIN_SECONDS, token)
+    state.keep_down_for_power(machines, time.monotonic() + POWER_SECONDS + POWER_MARGIN_SECONDS, token)
     configured = False
     try:
         partition = yield owner.transit(partition, ("reset", {"power_cycled": datetime.now(UTC)}))
@@ -358,7 +358,7 @@ def compact(owner: Owner, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
         if stop:
             return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved), stopped=stop)
         assert partition is not None
-        child = owner.start(Flow("compacting", compaction_move(owner, partition, move, why), partition_id=partition.id))
+        child = owner.start(Operation("compacting", compaction_move(owner, partition, move, why), partition_id=partition.id))
         (error,) = yield Join([child])
         if error is not None:
             return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved),
@@ -380,7 +380,7 @@ def not_movable(owner: Owner, partition: Partition, spent: BudgetSpent, now: flo
     relocatable, ACTIVE partition no operation holds, as the budget allows."""
     if not partition.relocatable:
         return f"partition {partition.id} is not relocatable"
-    if partition.id in owner.flows or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+    if partition.id in owner.on_partition or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
         return f"partition {partition.id} is busy or not ACTIVE"
     return spent.refusal(partition.id, now)
 
