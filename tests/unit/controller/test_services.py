@@ -267,6 +267,32 @@ def test_the_health_pass_reapplies_lost_configuration_and_clears_unknown_configu
     assert pod.held("ag5") == set()
 
 
+def test_a_health_pass_that_read_a_machine_before_a_create_configured_it_does_not_find_the_partition_lost(pod, monkeypatch):
+    read, judged = threading.Event(), threading.Event()
+    reading = pod.gateway.partitions
+
+    def read_ag1_then_stall(host, port):
+        found = reading(host, port)
+        if (host, port) == pod.address("ag1") and not read.is_set():
+            read.set()
+            assert judged.wait(10)  # its report reaches the owner only after the create below
+        return found
+
+    monkeypatch.setattr(pod.gateway, "partitions", read_ag1_then_stall)
+    with ThreadPoolExecutor(1) as pool:
+        passing = pool.submit(pod.health.check_all)
+        assert read.wait(10)  # ag1 read: it holds nothing yet
+        assert pod.partitions.create(PartitionRequest("p1", 4)).agent_ids == ["ag1"]
+        pod.fault("m01", "IPU 1 lost its PCIe link")  # an apply there fails from now on: a re-apply would put p1 in ERROR
+        judged.set()
+        passing.result(30)
+    assert pod.partitions.get("p1").ready_state is ReadyState.ACTIVE and pod.held("ag1") == {"p1"}
+    pod.gateway.restart(*pod.address("ag1"))  # it loses p1 after a read of its own: that read is judged
+    pod.health.check_all()
+    partition = pod.partitions.get("p1")
+    assert partition.ready_state is ReadyState.ERROR and partition.errors == ["agent ag1: m01: IPU 1 lost its PCIe link"]
+
+
 def test_a_partition_lost_with_an_agent_is_cleared_from_those_that_answer_and_no_longer_stops_a_disruptive_test(pod):
     pod.partitions.create(PartitionRequest("p1", 8))  # ag1 and ag2
     pod.gateway.unreachable.add(pod.address("ag2"))

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
+import time
 import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +63,11 @@ class AgentCall:
         if self.checking:
             return "attachments"
         return "clear" if self.settings is None else "apply"
+
+    @property
+    def about(self) -> str:
+        """The partition whose settings at the agent it may change ("" for a power action)."""
+        return self.settings.partition_id if self.settings is not None else self.partition_id
 
 
 class AgentGateway(Protocol):
@@ -164,6 +171,40 @@ class _Gathered:
             last = self._left == 0
         if last:
             self._done(self._outcomes)
+
+
+class CallEnds:
+    """When the owner learnt that its latest call about each partition at each agent ended, and
+    that each agent last answered one: what a health pass read at an agent before then may predate
+    that call (a partition applied meanwhile would look lost, one cleared and made again would look
+    stray), so it is not judged by it; the next pass reads again."""
+
+    def __init__(self, horizon: float):
+        self.horizon = horizon  # seconds a call's end is remembered; a report read earlier than that is not judged at all
+        self._ends: dict[tuple[str, str], float] = {}  # (agent, partition id) -> monotonic; oldest first
+        self._answered: dict[str, float] = {}  # agent -> monotonic
+
+    def record(self, calls: Sequence[AgentCall], outcomes: Outcomes, now: float) -> None:
+        for call, error in zip(calls, outcomes, strict=True):
+            key = (call.agent_id, call.about)
+            self._ends.pop(key, None)  # moved to the end: the map stays ordered by time
+            self._ends[key] = now
+            if error is None:
+                self._answered[call.agent_id] = now
+        cutoff = now - self.horizon
+        while self._ends and next(iter(self._ends.values())) < cutoff:
+            del self._ends[next(iter(self._ends))]
+
+    def forgotten(self, moment: float) -> bool:
+        """Whether calls that ended since `moment` may be forgotten already."""
+        return time.monotonic() - moment > self.horizon
+
+    def after(self, agent_id: str, partition_id: str, moment: float) -> bool:
+        """Whether a call about that partition at that agent ended at or after `moment`."""
+        return self._ends.get((agent_id, partition_id), -math.inf) >= moment
+
+    def answered_after(self, agent_id: str, moment: float) -> bool:
+        return self._answered.get(agent_id, -math.inf) >= moment
 
 
 class AgentCalls:

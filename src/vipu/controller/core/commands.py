@@ -231,12 +231,13 @@ class ReturnMachines(Command):
 
 @dataclass
 class AgentReport(Command):
-    """What a health pass found at one of the allocation's agents: the settings its machine is configured with, or why
-    it could not be asked (it is down)."""
+    """What a health pass found at one of the allocation's agents: the settings its machine is
+    configured with, or why it could not be asked (it is down), as read from `asked_at` on."""
 
     agent_id: str
     configured: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
     error: VipuError | None = None
+    asked_at: float = field(default_factory=time.monotonic)  # when the read began
 
 
 @dataclass

@@ -257,12 +257,14 @@ class Decisions(QueueKeeping):
     def _report(self, command: AgentReport) -> None:
         """What a health pass found at an agent: lost partitions go to ERROR if it is down; else
         what it should not hold is cleared and what it lost applied again, except what an
-        operation under way owns."""
-        state, agent_id = self.state, command.agent_id
+        operation under way owns, or what a call that ended after the read began may have changed
+        (the read may predate it: the next pass looks again)."""
+        state, agent_id, asked_at = self.state, command.agent_id, command.asked_at
         agent = self.agents().get(agent_id)
         children: list[Operation] = []
-        if state.powering(agent_id) and command.error is None:  # answering before the power action has gone through
-            command.reply.resolve()
+        if (state.powering(agent_id) and command.error is None) or self.call_ends.forgotten(asked_at) or (
+                command.error is not None and self.call_ends.answered_after(agent_id, asked_at)):
+            command.reply.resolve()  # answering before the power action has gone through, or a read older than what it is judged by
             return
         if command.error is not None or agent is None:
             if agent_id not in state.down:
@@ -278,18 +280,24 @@ class Decisions(QueueKeeping):
                 state.down.discard(agent_id)
                 self._changed = self._queue_dirty = True
             configured = command.configured or {}
+
+            def unchanged_since_read(partition_id: str) -> bool:
+                return not self.call_ends.after(agent_id, partition_id, asked_at)
+
             for kept_agent, partition_id in list(state.uncleared):
-                if kept_agent == agent_id and partition_id not in configured:
+                if kept_agent == agent_id and partition_id not in configured and unchanged_since_read(partition_id):
                     self.cleared(agent_id, partition_id)
             here = {p.id: p for p in state.on_agent(agent_id)}
             stray = [partition_id for partition_id in configured if partition_id not in self.on_partition and (
-                partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)]
+                partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)
+                and unchanged_since_read(partition_id)]
             for partition_id in stray:  # out of placement until cleared (after a restart, nothing else says where they are)
                 if (agent_id, partition_id) not in state.uncleared:
                     self.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in configured[partition_id].ipus])
             lost = []
             for partition in here.values():
-                if partition.id in self.on_partition or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE:
+                if (partition.id in self.on_partition or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE
+                        or not unchanged_since_read(partition.id)):
                     continue
                 wanted = self.settings_of(partition, self.agents_of(partition))[agent_id]
                 if configured.get(partition.id) != wanted:

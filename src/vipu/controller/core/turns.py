@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vipu import failpoints
-from vipu.controller.core.agents import AgentCall, AgentCalls
+from vipu.controller.core.agents import AgentCall, AgentCalls, CallEnds
 from vipu.controller.core.commands import Command, Reply
 from vipu.controller.core.effects import AfterPass, Calls, Effect, Join, Operation, Write
 from vipu.controller.core.lending import STEP_OFF_SECONDS, Loan
@@ -38,6 +38,7 @@ log = logging.getLogger("vipu.controller.core")
 INBOX_LIMIT = 1024  # commands waiting for an owner's turn; past that, Unavailable
 OPERATIONS_LIMIT = 512  # operations under way at once in one allocation; past that, Unavailable
 BATCH = 256  # commands taken in one turn
+REPORT_HORIZON = 300.0  # seconds: a health pass's read older than this when its owner takes it is not judged
 # IPUs kept out after a clear no machine confirmed are asked to be cleared again after these many
 # seconds, doubling up to the longest while the machine does not answer: they come back as soon as
 # it does, not at the next health pass.
@@ -86,7 +87,8 @@ class Turns:
         self._timer = threading.Condition(self._lock)  # the timer thread waits on it for the next thing due
         self._busy = False  # a thread has the owner's turn
         self._inbox: deque[Command] = deque()
-        self._answers: deque[tuple[Operation, Any]] = deque()  # agent calls' outcomes
+        self._answers: deque[tuple[Operation, list[AgentCall], Any]] = deque()  # agent calls and their outcomes
+        self.call_ends = CallEnds(REPORT_HORIZON)  # when each call's outcome came back, which a health report must be newer than
         self._timer_thread: threading.Thread | None = None
         self._stopped = ""  # why, once stopped
         self._failed = False  # stopped because a turn raised: what its operations under way did is unknown
@@ -159,13 +161,13 @@ class Turns:
         self._drive(command.reply)
         return command
 
-    def _answered(self, operation: Operation, outcomes: Any) -> None:
+    def _answered(self, operation: Operation, calls: list[AgentCall], outcomes: Any) -> None:
         """Agent calls' outcomes, from whichever thread made them: the operation goes on in a turn."""
         with self._lock:
             self._in_flight -= 1
             if self._stopped:
                 return  # a deposed or stopped owner commits nothing of what comes back
-            self._answers.append((operation, outcomes))
+            self._answers.append((operation, calls, outcomes))
         self._drive(operation.reply)
 
     def _drive(self, mine: Reply | None = None) -> None:
@@ -340,9 +342,12 @@ class Turns:
             timers.append(self.state.loan.until)
         return min(timers, default=None)
 
-    def _turn(self, commands: list[Command], answers: list[tuple[Operation, Any]]) -> None:
-        for operation, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
+    def _turn(self, commands: list[Command], answers: list[tuple[Operation, list[AgentCall], Any]]) -> None:
+        for operation, _, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
             self._ready.append((operation, outcomes, None))
+        now = time.monotonic()
+        for _, made, outcomes in answers:
+            self.call_ends.record(made, outcomes, now)
         self._commands.extend(commands)
         failpoints.hit("owner.turn")
         self._expire_due()
@@ -397,7 +402,7 @@ class Turns:
                 self._in_flight += 1
             before = self._step_off(calls.calls)
             if operation.reply is None or not operation.reply.carry(partial(self._carry, operation, calls.calls, before)):
-                self.owners.calls.start(calls.calls, partial(self._answered, operation), before)
+                self.owners.calls.start(calls.calls, partial(self._answered, operation, calls.calls), before)
 
     def _keep_reclearing(self) -> None:
         """While IPUs stay kept out for a clear no machine confirmed, and none is being asked now,
@@ -412,7 +417,7 @@ class Turns:
     def _carry(self, operation: Operation, calls: list[AgentCall], before: Callable[[], None] | None) -> None:
         """An operation's agent calls, made by the thread waiting for its answer (no turn held):
         the request's own thread does its network work, as it would without an owner."""
-        self._answered(operation, self.owners.calls.run(calls, before))
+        self._answered(operation, calls, self.owners.calls.run(calls, before))
 
     # Machines lent to an idle-time test
 

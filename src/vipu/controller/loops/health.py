@@ -14,7 +14,8 @@ decides. A pass:
    owner then clears what it should not hold (partitions unknown, or ERROR, there), applies again
    what an ACTIVE partition lost (a restarted agent), and puts the ACTIVE partitions of an agent
    that stopped answering in ERROR, saying why. Partitions that an operation under way owns are
-   left to it. A machine in no allocation is cleared of anything;
+   left to it, and so are those an agent call changed after the read began (the read may predate
+   the call: the next pass reads again). A machine in no allocation is cleared of anything;
 3. asks each owner to recover ERROR partitions as their policy allows: a relocatable one moves
    off the machines that failed it when there is room, one that an agent's absence failed is
    reset once every agent answers again, up to MAX_AUTO_RESETS times (a reset that fails is
@@ -59,6 +60,7 @@ class _Found:
     error: VipuError | None = None
     returned: bool = False  # it was Down and answers again (its inventory was read afresh)
     condition: MachineCondition | None = None  # its machine's power and health, where its agent has either
+    asked_at: float = 0.0  # monotonic, when the pass began to read it
 
     @property
     def down_reason(self) -> str:
@@ -105,7 +107,8 @@ class HealthPass:
             allocation_id = allocation_of.get(found.agent.id)
             owner = self.owners.owner(allocation_id) if allocation_id else None
             if owner is not None:
-                command = AgentReport(agent_id=found.agent.id, configured=found.configured, error=found.error or found.unpowered)
+                command = AgentReport(agent_id=found.agent.id, configured=found.configured, error=found.error or found.unpowered,
+                                      asked_at=found.asked_at)
                 try:
                     owner.submit(command)
                     replies.append((f"agent {found.agent.id}", command.reply))
@@ -140,6 +143,7 @@ class HealthPass:
     def _ask(self, agent: Agent) -> _Found:
         returning = not agent.answering
         condition = None
+        asked_at = time.monotonic()
         try:
             if agent.inventory.has(Capability.POWER) or agent.inventory.has(Capability.HEALTH):
                 condition = self._condition(agent)
@@ -147,8 +151,8 @@ class HealthPass:
             if returning:
                 agent.inventory = self.gateway.inventory(agent.host, agent.port)
         except (Unavailable, PermissionDenied) as error:  # not there, or obeying another controller
-            return _Found(agent, None, error, condition=condition)
-        return _Found(agent, configured, returned=returning, condition=condition)
+            return _Found(agent, None, error, condition=condition, asked_at=asked_at)
+        return _Found(agent, configured, returned=returning, condition=condition, asked_at=asked_at)
 
     def _condition(self, agent: Agent) -> MachineCondition:
         """The machine's power and health, with the events since those last recorded (each logged:
