@@ -312,6 +312,7 @@ class LocalControllers(TenantControllers):
         self.listen_address = listen_address
         self.advertise_host = advertise_host
         self._children: dict[str, subprocess.Popen] = {}  # those this orchestrator started, to reap when they end
+        self._launching: set[str] = set()  # vPODs whose controller is being started, its pid file not yet written
 
     def host(self, vpod_id: str) -> str:
         return self.advertise_host
@@ -341,6 +342,8 @@ class LocalControllers(TenantControllers):
         if pid is not None and _serves(pid, directory):
             return pid
         orphan = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _serves(int(p.name), directory)), None)
+        if orphan is not None and vpod_id in self._launching:
+            return orphan  # ours, being started (the supervisor looks without the vPOD's lock): its pid file comes
         if orphan is not None:
             log.warning("vPOD %s: adopting its controller, process %d, which no pid file named", vpod_id, orphan)
             with contextlib.suppress(OSError):  # the pid file only spares the next look a search
@@ -359,15 +362,20 @@ class LocalControllers(TenantControllers):
     def _launch(self, vpod: Vpod) -> None:
         directory = self.directory(vpod.id)
         user_port, admin_port, metrics_port = vpod.ports
-        with open(directory / "server.log", "ab") as out:
-            process = subprocess.Popen(  # OSError: the caller's to report
-                [str(self.server_program), "--db", self.db_url(vpod.id), "--data-dir", str(directory), "--secure",
-                 "--tls-dir", str(self.tls(vpod.id).root), "--listen-address", self.listen_address, "--port", str(user_port),
-                 "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
-        self._children[vpod.id] = process
-        crash_point("controller:launched")
-        write_file(directory / "controller.pid", str(process.pid).encode())
+        self._launching.add(vpod.id)
+        try:
+            with open(directory / "server.log", "ab") as out:
+                process = subprocess.Popen(  # OSError: the caller's to report
+                    [str(self.server_program), "--db", self.db_url(vpod.id), "--data-dir", str(directory), "--secure",
+                     "--tls-dir", str(self.tls(vpod.id).root), "--listen-address", self.listen_address, "--port", str(user_port),
+                     "--admin-listen-address", self.listen_address, "--admin-port", str(admin_port), "--metrics-port",
+                     str(metrics_port)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, start_new_session=True)
+            self._children[vpod.id] = process
+            crash_point("controller:launched")
+            write_file(directory / "controller.pid", str(process.pid).encode())
+        finally:
+            self._launching.discard(vpod.id)
         log.info("vPOD %s: controller started (process %d, user port %d, admin port %d)", vpod.id, process.pid, user_port, admin_port)
 
     def _halt(self, vpod_id: str) -> None:
