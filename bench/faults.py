@@ -217,6 +217,7 @@ class Campaign:
         self.addresses = ",".join(r.address for r in self.replicas)
         self.takeovers: dict[str, list[float]] = defaultdict(list)
         self.stall_elections = 0
+        self.stall_depositions: list[str] = []  # why a leader was deposed during a short stall: "replica: reason"
         self.stalls = 0
         self.elections_after_long_stalls: Counter[int] = Counter()  # elections a stall longer than the lease caused: how often
         self.injected: Counter[str] = Counter()
@@ -245,6 +246,14 @@ class Campaign:
         for replica in self.replicas:
             log = (self.pod.directory / f"server-{replica.name}.log").read_text(errors="replace")
             found += [(replica.name, int(term)) for term in re.findall(r"elected leader \(term (\d+)\)", log)]
+        return found
+
+    def depositions(self) -> set[tuple[str, int, str]]:
+        """(replica, which, why) of every deposition in the replicas' logs."""
+        found = set()
+        for replica in self.replicas:
+            log = (self.pod.directory / f"server-{replica.name}.log").read_text(errors="replace")
+            found |= {(replica.name, n, why) for n, why in enumerate(re.findall(r"no longer the leader: (.*)", log))}
         return found
 
     def served_again(self, began: float) -> float:
@@ -323,7 +332,7 @@ class Campaign:
             seconds = self.chooser.uniform(1.2, 2.0) * self.lease
         else:  # log-uniform: as many stalls of 2 to 4 s as of 20 to 40 s
             seconds = math.exp(self.chooser.uniform(math.log(1.2 * self.lease), math.log(self.longest_stall)))
-        before = set(self.elections())
+        before, deposed_before = set(self.elections()), self.depositions()
         began = time.monotonic()
         if kind == "kill-postgres":
             self._kill_postgres()
@@ -351,6 +360,8 @@ class Campaign:
             self.stalls += 1
             time.sleep(self.lease)  # a change the stall caused would show by now
             self.stall_elections += len(set(self.elections()) - before)
+            self.stall_depositions += [f"{replica}: {why} ({kind} of {seconds:.2f} s)"
+                                       for replica, _, why in sorted(self.depositions() - deposed_before)]
         elif kind in LONG_STALLS:
             time.sleep(self.lease)
             self.elections_after_long_stalls[len(set(self.elections()) - before)] += 1
@@ -521,7 +532,8 @@ def campaign(faults: int, lease: float, clients: int, machines: int, seed: int, 
                     Counter((call.operation, call.answer) for call in history.calls).items())},
                 "unknown_share": round(answers["unknown"] / max(1, len(history.calls)), 4), "anomalies": len(anomalies),
                 "first_anomalies": anomalies[:20], "takeover_after": takeovers, "short_stalls": run.stalls,
-                "elections_during_short_stalls": run.stall_elections, "longest_stall_s": run.longest_stall,
+                "elections_during_short_stalls": run.stall_elections, "depositions_during_short_stalls": run.stall_depositions,
+                "longest_stall_s": run.longest_stall,
                 "elections_after_long_stalls": {str(n): count for n, count in sorted(run.elections_after_long_stalls.items())},
                 "lease_claims": run.claim_quantiles(), "slow_replica": SLOW_REPLICA, "left_out": left_out,
                 "seconds": round(time.monotonic() - began, 1)}
