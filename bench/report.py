@@ -247,8 +247,8 @@ def main():
     """Render bench/results/*.json as the README's last recorded results."""
     parts: list[str] = []
     first = None
-    renderers = (("compare", compare), ("compare-owner", compare), ("compare-owner-1024", compare), ("compare-16core-64", compare),
-                 ("compare-16core-1024", compare), ("compare-16core-64-earlier", compare),
+    renderers = (("compare", compare), ("compare-issue45", compare), ("compare-owner", compare), ("compare-owner-1024", compare),
+                 ("compare-16core-64", compare), ("compare-16core-1024", compare), ("compare-16core-64-earlier", compare),
                  ("compare-16core-1024-earlier", compare), ("roundtrips-16core", roundtrips), ("floor", floor), ("enqueue", enqueue),
                  ("partitions", partitions), ("controller-cost", cost), ("allocator", allocator), ("queueing", queueing),
                  ("slurm-compare", slurm), ("slurm-jobs", slurm_jobs), ("profile", profile), ("roundtrips", roundtrips),
