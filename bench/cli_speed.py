@@ -1,10 +1,12 @@
 """How long the `vipu` command takes, whole process, as a user waits for it: timed by hyperfine.
 
 On a fresh pod (16 machines, SQLite) hyperfine runs `vipu create partition` (the partition is
-removed before each run, untimed), `vipu list partitions` and `vipu --help`, and reports each
-command's median and spread. With `--before REV` the same commands of an older revision
-(extracted with `git archive`, run by this virtual environment) are timed in the same hyperfine
-run, alternately, so the two are compared under the same conditions.
+removed before each run, untimed), `vipu list partitions`, `vipu --help` and, for reference, a
+bare `python -c 'import grpc'` (the floor of any Python gRPC client), and reports each command's
+median and spread. With `--before REV` the same commands of an older revision
+(extracted with `git archive`, run by this virtual environment) are timed alternately: the runs
+are split into `--rounds`, each round timing every command of each tree in turn, so that the
+machine's drift (a third within an hour) falls on both alike.
 
     python -m bench.cli_speed --before f0158a7 --runs 40
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,22 +31,37 @@ ROOT = Path(__file__).resolve().parent.parent
 VIPU = Path(sys.executable).parent / "vipu"
 
 
-def commands(tree: Path, port: int) -> dict[str, tuple[str, str]]:
-    """name -> (command, the command to run before each timed run) for the vipu of `tree`."""
-    vipu = f"env PYTHONPATH={tree / 'src'} {VIPU} --api-host 127.0.0.1 --api-port {port}"
+def commands(tree: Path, port: int, ipuof_dir: Path) -> dict[str, tuple[str, str]]:
+    """name -> (command, the command to run before each timed run) for the vipu of `tree`; the
+    IPUoF files go to `ipuof_dir`, not to the machine's."""
+    vipu = f"env PYTHONPATH={tree / 'src'} VIPU_IPUOF_DIR={ipuof_dir} {VIPU} --api-host 127.0.0.1 --api-port {port}"
     return {
         "vipu create partition P --size 1": (f"{vipu} create partition hf --size 1",
                                              f"sh -c {shlex.quote(f'{vipu} remove partition hf --force >/dev/null 2>&1 || true')}"),
         "vipu list partitions": (f"{vipu} list partitions", "true"),
         "vipu --help": (f"{vipu} --help", "true"),
+        "python -c 'import grpc'": (f"{sys.executable} -c 'import grpc'", "true"),  # what any Python gRPC client pays first
     }
+
+
+def hyperfine_times(hyperfine: str, command: str, prepare: str, runs: int, out: Path) -> list[float]:
+    """Seconds of each of `runs` timed runs of `command`, `prepare` run untimed before each."""
+    subprocess.run([hyperfine, "-N", "--warmup", "1", "--runs", str(runs), "--export-json", str(out), "--prepare", prepare, command],
+                   check=True, stdout=subprocess.DEVNULL)
+    return list(json.loads(out.read_text())["results"][0]["times"])
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"median_ms": round(1000 * statistics.median(times), 1), "mean_ms": round(1000 * statistics.mean(times), 1),
+            "stddev_ms": round(1000 * statistics.pstdev(times), 1), "min_ms": round(1000 * min(times), 1)}
 
 
 @click.command()
 @click.option("--before", default="", help="An older revision to time in the same runs.")
 @click.option("--runs", default=40, show_default=True, help="Timed runs of each command.")
+@click.option("--rounds", default=5, show_default=True, help="Rounds the runs are split into, every command of each tree in turn.")
 @click.option("--name", default="cli-speed", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(before, runs, name):
+def main(before, runs, rounds, name):
     """Time whole `vipu` commands against a running pod, with hyperfine."""
     hyperfine = shutil.which("hyperfine")
     if hyperfine is None:
@@ -56,20 +74,17 @@ def main(before, runs, name):
             trees["before"].mkdir()
             extract(before, trees["before"])
         with running_pod(16, "sqlite") as pod:
-            measured: dict[str, dict[str, dict]] = {}
-            for command_name in commands(ROOT, pod.user_port):
-                arguments = [hyperfine, "-N", "--warmup", "3", "--runs", str(runs), "--export-json", str(Path(scratch) / "out.json")]
-                for tree in trees.values():
-                    command, prepare = commands(tree, pod.user_port)[command_name]
-                    arguments += ["--prepare", prepare, command]
-                subprocess.run(arguments, check=True, stdout=subprocess.DEVNULL)
-                results = json.loads((Path(scratch) / "out.json").read_text())["results"]
-                measured[command_name] = {
-                    side: {"median_ms": round(1000 * r["median"], 1), "mean_ms": round(1000 * r["mean"], 1),
-                           "stddev_ms": round(1000 * (r["stddev"] or 0), 1), "min_ms": round(1000 * r["min"], 1)}
-                    for side, r in zip(trees, results, strict=True)
-                }
-    path = save(name, {"benchmark": "cli-speed", "before": before or None, "runs": runs, "commands": measured})
+            ipuof_dir = Path(scratch) / "ipuof.conf.d"
+            names = list(commands(ROOT, pod.user_port, ipuof_dir))
+            times: dict[tuple[str, str], list[float]] = {(command, side): [] for command in names for side in trees}
+            for _ in range(rounds):
+                for command_name in names:
+                    for side, tree in trees.items():
+                        command, prepare = commands(tree, pod.user_port, ipuof_dir)[command_name]
+                        times[command_name, side] += hyperfine_times(hyperfine, command, prepare, max(2, runs // rounds),
+                                                                     Path(scratch) / "out.json")
+            measured = {command: {side: summary(times[command, side]) for side in trees} for command in names}
+    path = save(name, {"benchmark": "cli-speed", "before": before or None, "runs": runs, "rounds": rounds, "commands": measured})
     headings = ["command", *(f"{side} median ms" for side in trees)]
     click.echo(table(headings, [[command, *(m[side]["median_ms"] for side in trees)] for command, m in measured.items()]))
     click.echo(f"written: {path}")

@@ -93,8 +93,9 @@ def test_the_comparison_runs_an_older_revision_and_this_tree_alternately(tmp_pat
 
 @pytest.mark.functional
 def test_the_command_timing_runs_hyperfine_on_both_revisions(tmp_path):
-    result = bench(tmp_path, "cli_speed", "--before", "HEAD", "--runs", "2")
-    assert list(result["commands"]) == ["vipu create partition P --size 1", "vipu list partitions", "vipu --help"]
+    result = bench(tmp_path, "cli_speed", "--before", "HEAD", "--runs", "4", "--rounds", "2")
+    assert list(result["commands"]) == ["vipu create partition P --size 1", "vipu list partitions", "vipu --help",
+                                        "python -c 'import grpc'"]
     for timings in result["commands"].values():
         assert set(timings) == {"before", "after"}
         assert all(0 < side["min_ms"] <= side["median_ms"] for side in timings.values())

@@ -41,12 +41,12 @@ if typing.TYPE_CHECKING:
     from vipu.client import user as user_client
     from vipu.client.user import UserClient
     from vipu.ipuof import files as ipuof_files
-    from vipu.model import configuration
+    from vipu.model import ipuof_attributes
 else:  # imported when first used: `vipu --help` and a usage mistake need none of them (bench.cli_speed)
     pb = lazy_module("vipu.api.protos.vipuuser_pb2")
     user_client = lazy_module("vipu.client.user")
     ipuof_files = lazy_module("vipu.ipuof.files")
-    configuration = lazy_module("vipu.model.configuration")
+    ipuof_attributes = lazy_module("vipu.model.ipuof_attributes")
 
 # The API's enumerations by the names the command line takes.
 SYNC_TYPES = {"c2-compatible": "ST_GS2_DEFAULT", "c2-independent-rails": "ST_GS2_INDEPENDENT_RAILS",
@@ -234,7 +234,7 @@ def own_attach_key(user: UserClient, directory: Path, partition_id: str) -> str 
     if not ipuof_files.shared(directory) or not ipuof_files.present(directory, partition_id):
         return None
     try:
-        return user.ipuof_config(partition_id).gcd_configs[0].attributes.get(configuration.ATTACH_KEY_ATTRIBUTE, "")
+        return user.ipuof_config(partition_id).gcd_configs[0].attributes.get(ipuof_attributes.ATTACH_KEY_ATTRIBUTE, "")
     except VipuError:
         return ""  # not this controller's to tell: its removal says why, and no file goes
 
@@ -254,7 +254,7 @@ def reset_partition(user, partition_id, relocate, ipuof_dir):
             directory = ipuof_dir or ipuof_files.default_dir()
             try:
                 config = user.ipuof_config(partition_id)
-                ipuof_files.remove(directory, partition_id, config.gcd_configs[0].attributes.get(configuration.ATTACH_KEY_ATTRIBUTE))
+                ipuof_files.remove(directory, partition_id, config.gcd_configs[0].attributes.get(ipuof_attributes.ATTACH_KEY_ATTRIBUTE))
                 ipuof_files.write(directory, partition_id, config)
             except OSError as error:
                 raise InvalidArgument(f"the partition moved, but its IPUoF files in {directory} could not be rewritten: "

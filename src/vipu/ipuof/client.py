@@ -25,8 +25,8 @@ from vipu.api.protos import ipuof_pb2, ipuof_pb2_grpc
 from vipu.api.status import error_from_rpc
 from vipu.ipuof import files
 from vipu.model.clustertests import program_checksum
-from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
 from vipu.model.errors import HardwareFailure, InvalidArgument, NotFound, Unavailable, VipuError
+from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 
 CONFIG_LIMIT_BYTES = 1 << 20  # a 64-IPU partition's configuration is a few KiB; anything this long is not one
 DETACH_TIMEOUT = 5.0  # seconds for each detach that cleans up: an IPU that does not answer lets its hold lapse instead

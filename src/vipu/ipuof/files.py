@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vipu.api.atomic import write_file
 from vipu.api.protos import vipuuser_pb2 as pb
-from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
+from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 
 USER_DIR = Path("~/.ipuof.conf.d")
 SYSTEM_DIR = Path("/etc/ipuof.conf.d")

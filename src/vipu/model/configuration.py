@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vipu.model.entities import MachineInventory, Partition
+from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 from vipu.model.topology import IPULINK_PORT_IPU, Cable, ClusterLayout, internal_peers
 
 
@@ -114,7 +115,6 @@ class GcdConfig:
     attributes: dict[str, str]
 
 
-ATTACH_KEY_ATTRIBUTE = "Attach Key"  # an addition of ours to the vendor's attributes; their clients ignore it
 GATEWAY_VERSION_KEY = "gateway-software"
 IPUM_VERSION_KEY = "ipum-software"
 IPUOF_SERVER_VERSION_KEY = "ipuof-server"

@@ -31,7 +31,7 @@ from vipu.client import PermissionDenied, Unauthenticated, VipuError
 from vipu.client.admin import since_time
 from vipu.client.retry import http_status
 from vipu.model import times
-from vipu.model.configuration import ATTACH_KEY_ATTRIBUTE
+from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 from vipu.model.times import age_text, utc_text
 from vipu.web import cabling, ledger, racks
 from vipu.web.sessions import COOKIE, SESSION_SECONDS, Sessions
