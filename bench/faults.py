@@ -253,7 +253,7 @@ class Campaign:
         found = set()
         for replica in self.replicas:
             log = (self.pod.directory / f"server-{replica.name}.log").read_text(errors="replace")
-            found |= {(replica.name, n, why) for n, why in enumerate(re.findall(r"no longer the leader: (.*)", log))}
+            found |= {(replica.name, n, why) for n, why in enumerate(re.findall(r"leadership: no longer the leader: (.*)", log))}
         return found
 
     def served_again(self, began: float) -> float:

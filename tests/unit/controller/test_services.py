@@ -278,6 +278,7 @@ def test_a_health_pass_that_read_a_machine_before_a_create_configured_it_does_no
             assert judged.wait(10)  # its report reaches the owner only after the create below
         return found
 
+    pod.health.check_all()  # the allocation's owner is made before the read (a read older than its owner is never judged)
     monkeypatch.setattr(pod.gateway, "partitions", read_ag1_then_stall)
     with ThreadPoolExecutor(1) as pool:
         passing = pool.submit(pod.health.check_all)
@@ -291,6 +292,29 @@ def test_a_health_pass_that_read_a_machine_before_a_create_configured_it_does_no
     pod.health.check_all()
     partition = pod.partitions.get("p1")
     assert partition.ready_state is ReadyState.ERROR and partition.errors == ["agent ag1: m01: IPU 1 lost its PCIe link"]
+
+
+def test_a_health_pass_that_found_a_machine_silent_before_it_answered_a_create_does_not_fail_the_partition(pod, monkeypatch):
+    asked, judged = threading.Event(), threading.Event()
+    reading = pod.gateway.partitions
+
+    def ag1_silent_to_its_first_read(host, port):
+        if (host, port) == pod.address("ag1") and not asked.is_set():
+            asked.set()
+            assert judged.wait(10)  # its answer reaches the owner only after the create below
+            raise Unavailable("unreachable (connection refused)")
+        return reading(host, port)
+
+    pod.health.check_all()  # the allocation's owner is made before the read (a read older than its owner is never judged)
+    monkeypatch.setattr(pod.gateway, "partitions", ag1_silent_to_its_first_read)
+    with ThreadPoolExecutor(1) as pool:
+        passing = pool.submit(pod.health.check_all)
+        assert asked.wait(10)
+        assert pod.partitions.create(PartitionRequest("p1", 4)).agent_ids == ["ag1"]  # ag1 answers the create's calls
+        judged.set()
+        passing.result(30)
+    partition = pod.partitions.get("p1")  # not failed as lost (and then reset automatically, ag1 answering again)
+    assert (partition.ready_state, partition.auto_reset_count) == (ReadyState.ACTIVE, 0) and pod.held("ag1") == {"p1"}
 
 
 def test_a_partition_lost_with_an_agent_is_cleared_from_those_that_answer_and_no_longer_stops_a_disruptive_test(pod):

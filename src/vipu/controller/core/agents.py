@@ -177,10 +177,13 @@ class CallEnds:
     """When the owner learnt that its latest call about each partition at each agent ended, and
     that each agent last answered one: what a health pass read at an agent before then may predate
     that call (a partition applied meanwhile would look lost, one cleared and made again would look
-    stray), so it is not judged by it; the next pass reads again."""
+    stray), so it is not judged by it; the next pass reads again. A read from before the owner was
+    made (a rebuilt owner knows nothing of its predecessor's calls) or older than `horizon` is not
+    judged at all."""
 
     def __init__(self, horizon: float):
-        self.horizon = horizon  # seconds a call's end is remembered; a report read earlier than that is not judged at all
+        self.horizon = horizon  # seconds a call's end is remembered
+        self._since = time.monotonic()  # calls that ended before are not known
         self._ends: dict[tuple[str, str], float] = {}  # (agent, partition id) -> monotonic; oldest first
         self._answered: dict[str, float] = {}  # agent -> monotonic
 
@@ -196,8 +199,9 @@ class CallEnds:
             del self._ends[next(iter(self._ends))]
 
     def forgotten(self, moment: float) -> bool:
-        """Whether calls that ended since `moment` may be forgotten already."""
-        return time.monotonic() - moment > self.horizon
+        """Whether calls that ended since `moment` may be unknown here: forgotten already, or made
+        before this owner was."""
+        return moment < self._since or time.monotonic() - moment > self.horizon
 
     def after(self, agent_id: str, partition_id: str, moment: float) -> bool:
         """Whether a call about that partition at that agent ended at or after `moment`."""

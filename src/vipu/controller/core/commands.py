@@ -237,7 +237,7 @@ class AgentReport(Command):
     agent_id: str
     configured: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
     error: VipuError | None = None
-    asked_at: float = field(default_factory=time.monotonic)  # when the read began
+    asked_at: float = field(kw_only=True)  # monotonic, when the read began
 
 
 @dataclass

@@ -262,9 +262,14 @@ class Decisions(QueueKeeping):
         state, agent_id, asked_at = self.state, command.agent_id, command.asked_at
         agent = self.agents().get(agent_id)
         children: list[Operation] = []
-        if (state.powering(agent_id) and command.error is None) or self.call_ends.forgotten(asked_at) or (
+        if self.call_ends.forgotten(asked_at):
+            log.info("agent %s: a health pass's read begun %.1f s ago is not judged: this owner no longer knows, or never knew, "
+                     "the calls since (the next pass reads again)", agent_id, time.monotonic() - asked_at)
+            command.reply.resolve()
+            return
+        if (state.powering(agent_id) and command.error is None) or (
                 command.error is not None and self.call_ends.answered_after(agent_id, asked_at)):
-            command.reply.resolve()  # answering before the power action has gone through, or a read older than what it is judged by
+            command.reply.resolve()  # answering before the power action has gone through, or since the read that it did not
             return
         if command.error is not None or agent is None:
             if agent_id not in state.down:

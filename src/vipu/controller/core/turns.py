@@ -38,7 +38,8 @@ log = logging.getLogger("vipu.controller.core")
 INBOX_LIMIT = 1024  # commands waiting for an owner's turn; past that, Unavailable
 OPERATIONS_LIMIT = 512  # operations under way at once in one allocation; past that, Unavailable
 BATCH = 256  # commands taken in one turn
-REPORT_HORIZON = 300.0  # seconds: a health pass's read older than this when its owner takes it is not judged
+REPORT_HORIZON = 60.0  # seconds: a health pass's read older than this when its owner takes it is not judged (a pass
+# reads every agent at once, each within the agent timeout, and reports at once)
 # IPUs kept out after a clear no machine confirmed are asked to be cleared again after these many
 # seconds, doubling up to the longest while the machine does not answer: they come back as soon as
 # it does, not at the next health pass.

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import AgentGateway
 from vipu.controller.core.commands import AgentReport, Command, FinishInterrupted, RecoverFailed, Reply
@@ -60,7 +60,7 @@ class _Found:
     error: VipuError | None = None
     returned: bool = False  # it was Down and answers again (its inventory was read afresh)
     condition: MachineCondition | None = None  # its machine's power and health, where its agent has either
-    asked_at: float = 0.0  # monotonic, when the pass began to read it
+    asked_at: float = field(kw_only=True)  # monotonic, when the pass began to read it
 
     @property
     def down_reason(self) -> str:
