@@ -77,14 +77,15 @@ def main(before, runs, rounds, name):
             ipuof_dir = Path(scratch) / "ipuof.conf.d"
             names = list(commands(ROOT, pod.user_port, ipuof_dir))
             times: dict[tuple[str, str], list[float]] = {(command, side): [] for command in names for side in trees}
+            per_round = max(2, runs // rounds)  # hyperfine times at least two
             for _ in range(rounds):
                 for command_name in names:
                     for side, tree in trees.items():
                         command, prepare = commands(tree, pod.user_port, ipuof_dir)[command_name]
-                        times[command_name, side] += hyperfine_times(hyperfine, command, prepare, max(2, runs // rounds),
-                                                                     Path(scratch) / "out.json")
+                        times[command_name, side] += hyperfine_times(hyperfine, command, prepare, per_round, Path(scratch) / "out.json")
             measured = {command: {side: summary(times[command, side]) for side in trees} for command in names}
-    path = save(name, {"benchmark": "cli-speed", "before": before or None, "runs": runs, "rounds": rounds, "commands": measured})
+    path = save(name, {"benchmark": "cli-speed", "before": before or None, "runs": per_round * rounds, "rounds": rounds,
+                       "commands": measured})
     headings = ["command", *(f"{side} median ms" for side in trees)]
     click.echo(table(headings, [[command, *(m[side]["median_ms"] for side in trees)] for command, m in measured.items()]))
     click.echo(f"written: {path}")

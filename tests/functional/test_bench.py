@@ -93,7 +93,8 @@ def test_the_comparison_runs_an_older_revision_and_this_tree_alternately(tmp_pat
 
 @pytest.mark.functional
 def test_the_command_timing_runs_hyperfine_on_both_revisions(tmp_path):
-    result = bench(tmp_path, "cli_speed", "--before", "HEAD", "--runs", "4", "--rounds", "2")
+    result = bench(tmp_path, "cli_speed", "--before", "HEAD", "--runs", "5", "--rounds", "2")
+    assert (result["runs"], result["rounds"]) == (4, 2)  # two rounds of two runs each: what was timed, not what was asked
     assert list(result["commands"]) == ["vipu create partition P --size 1", "vipu list partitions", "vipu --help",
                                         "python -c 'import grpc'"]
     for timings in result["commands"].values():

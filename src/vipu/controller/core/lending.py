@@ -58,7 +58,7 @@ class Loan:
     why its run stopped. Any thread may call its methods."""
 
     def __init__(self, test: str, allocation_id: str, machines: tuple[str, ...], seconds: float):
-        self.test = test  # who holds it, as logs and the test's results name it
+        self.test = test  # the cluster test it is lent to, as logs and the test's results name it
         self.allocation_id = allocation_id
         self.machines = machines  # in the allocation's order
         self.seconds = seconds
