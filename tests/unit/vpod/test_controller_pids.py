@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+from tests.functional.harness import wait_until
 from vipu.vpod import tenants
 from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import LocalControllers
@@ -27,6 +29,9 @@ def test_a_controller_being_started_is_not_adopted_by_a_look_between_its_start_a
 
     def start_then_look(*args, **kwargs):
         process = starting(*args, **kwargs)
+        directory = str(controllers.directory(vpod.id)).encode()
+        wait_until(lambda: directory in Path(f"/proc/{process.pid}/cmdline").read_bytes(), timeout=10,
+                   what="the new process's command line (until it has exec'd, /proc shows the parent's)")
         looked.append(controllers.alive(vpod.id))  # the supervisor, before the launch has registered its child
         return process
 
