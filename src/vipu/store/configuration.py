@@ -8,6 +8,7 @@ docstring); a transaction that changes them counts a new generation, for every c
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import dataclass
 from typing import TypeVar
@@ -49,8 +50,9 @@ def _inventory_from_json(data: dict) -> MachineInventory:
     return MachineInventory(**data)
 
 
-def _agent(row: AgentRow) -> Agent:
-    return Agent(id=row.id, host=row.host, port=row.port, inventory=_inventory_from_json(row.inventory),
+def _agent(row: AgentRow, inventory: dict | None = None) -> Agent:
+    """The agent of a row, read from the database, or just written with its inventory as `inventory`."""
+    return Agent(id=row.id, host=row.host, port=row.port, inventory=_inventory_from_json(row.inventory if inventory is None else inventory),
                  status=AgentStatus(row.status), discovery_mode=row.discovery_mode, last_error=row.last_error or "")
 
 
@@ -110,11 +112,20 @@ class ConfigurationCache:
             self._owned, self._latest = owned, None
             self._commits += 1
 
-    def changed(self) -> None:
-        """A transaction of this process that changed the configuration has committed."""
+    def changed(self, agents: dict[str, Agent] | None = None, read_at: int | None = None) -> None:
+        """A transaction of this process that changed the configuration has committed (or may
+        have). Given `agents`, the only change it made (those agents' rows rewritten) and the
+        generation of the configuration it read them from, `read_at`: when no other change has
+        committed since, the cache takes them in place of the loaded ones rather than loading
+        everything again (a health pass rewrites an agent at a time: reloading each of N agents'
+        inventories for each of N agents made a pass that changes them all cost N squared)."""
         with self._lock:
+            latest = self._latest
             self._commits += 1
-            self._latest = None
+            if self._owned and latest is not None and agents is not None and read_at == latest.generation == self._commits - 1:
+                self._latest = dataclasses.replace(latest, generation=self._commits, agents={**latest.agents, **agents})
+            else:
+                self._latest = None
 
     def cached(self) -> Configuration | None:
         """What an owning controller may use without reading: the configuration as it committed it last."""
@@ -148,11 +159,20 @@ class ConfigurationRepository(TransactionBase):
         """This transaction's view of the slow-changing entities: the shared cache's, or, once
         the transaction has changed them itself, its own reading of them. Shared: never change it."""
         if self._seen is None:
-            self._seen = Configuration.load(self.session, -1) if self._changed_configuration else self._cache.current(self)
+            if self._changed_configuration:
+                self._seen = Configuration.load(self.session, -1)
+            else:
+                self._seen = self._cache.current(self)
+                self._read_generation = self._seen.generation
         return self._seen
 
-    def _configuration_changes(self) -> None:
-        """Record that this transaction changes agents, clusters or allocations (for every cache)."""
+    def _configuration_changes(self, rewritten: Agent | None = None) -> None:
+        """Record that this transaction changes agents, clusters or allocations (for every cache);
+        `rewritten`: the change is that agent's row, written whole, which the cache can take as it is."""
+        if rewritten is None:
+            self._rewritten_agents = None
+        elif self._rewritten_agents is not None:
+            self._rewritten_agents[rewritten.id] = rewritten
         self._seen = None
         self._changed.add(CONFIGURATION_CHANGED)
         if not self._changed_configuration:
@@ -179,13 +199,15 @@ class ConfigurationRepository(TransactionBase):
         self.flush(f"agent {agent.id} already exists")
 
     def update_agent(self, agent: Agent) -> None:
-        self._configuration_changes()
         row = self.session.get(AgentRow, agent.id)
         if row is None:
+            self._configuration_changes()
             return
         row.status = agent.status.value
         row.last_error = agent.last_error[:1024]
         row.inventory = _inventory_to_json(agent.inventory)
+        # As the next load would read it back (the JSON column's own round trip: tuples become lists).
+        self._configuration_changes(rewritten=_agent(row, json.loads(json.dumps(row.inventory))))
 
     def delete_agent(self, agent_id: str) -> None:
         self._configuration_changes()

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from vipu.model.errors import ConcurrentUpdate
 
 if TYPE_CHECKING:
+    from vipu.model.entities import Agent
     from vipu.store.configuration import Configuration, ConfigurationCache
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ class TransactionBase:
         self._session: Session | None = None
         self._driver: Any = driver
         self._seen: Configuration | None = None
+        self._read_generation: int | None = None  # of the cached configuration this transaction read
         self._changed_configuration = False
+        self._rewritten_agents: dict[str, Agent] | None = {}  # its changes, while they are agents' rows rewritten
         self._changed: set[str] = set()  # what Store.on_commit is told of
 
     @property
@@ -87,14 +90,19 @@ class TransactionBase:
             raise ConcurrentUpdate(conflict_message) from error
 
     def commit(self) -> None:
-        if self._session is not None:
-            self._session.flush()
-        if self._connection is not None:
-            self._connection.commit()
-        elif self._engine is None:
-            self._driver.commit()
+        try:
+            if self._session is not None:
+                self._session.flush()
+            if self._connection is not None:
+                self._connection.commit()
+            elif self._engine is None:
+                self._driver.commit()
+        except BaseException:
+            if self._changed_configuration:
+                self._cache.changed()  # it may have committed: what was cached is read again
+            raise
         if self._changed_configuration:
-            self._cache.changed()
+            self._cache.changed(self._rewritten_agents, self._read_generation)
 
     def tell_committed(self) -> None:
         """Tell `Store.on_commit` what this transaction, now committed, changed. The write stands

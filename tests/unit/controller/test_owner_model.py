@@ -40,7 +40,7 @@ from vipu.controller.core.commands import ClaimMachines, LendMachines, ReleaseMa
 from vipu.controller.core.placing import place_request
 from vipu.model import lifecycle
 from vipu.model.entities import PartitionRequest, ReadyState
-from vipu.model.errors import OutcomeUnknown, VipuError
+from vipu.model.errors import OutcomeUnknown, Unavailable, VipuError
 from vipu.model.placement import Occupancy
 
 HELD_BACK = ("agent.apply", "agent.clear", "store.commit")
@@ -96,6 +96,16 @@ class OwnerMachine(RuleBasedStateMachine):
 
     def owner(self):
         return self.pod.owners.owner("a1")
+
+    def _submit(self, command):
+        """The command, submitted to the allocation's owner; None if that owner stopped between
+        being found and being asked (a turn of another thread failed it), which a client is told as
+        Unavailable and which promises nothing."""
+        try:
+            return self.owner().submit(command)
+        except Unavailable as refused:
+            assert "failed" in refused.message, refused.message
+            return None
 
     def _run(self, what: str, partition_id: str, work) -> None:
         self.under_way.append((what, partition_id, self.pool.submit(work)))
@@ -216,8 +226,8 @@ class OwnerMachine(RuleBasedStateMachine):
     def claim_for_a_test(self):
         self.pod.owners.test_starts("cl0", TEST)
         command = ClaimMachines(test=TEST)
-        self.owner().submit(command)
-        self._run("claim", "", lambda: command.reply.wait(SETTLE_SECONDS, "the claim"))
+        if self._submit(command) is not None:
+            self._run("claim", "", lambda: command.reply.wait(SETTLE_SECONDS, "the claim"))
         self.claimed = True  # or refused, which the release then finds nothing to give back of
 
     @precondition(lambda self: self.claimed)
@@ -225,14 +235,15 @@ class OwnerMachine(RuleBasedStateMachine):
     def release_the_test(self):
         self.pod.owners.test_ends("cl0")
         command = ReleaseMachines(test=TEST)
-        self.owner().submit(command)
-        self._run("release", "", lambda: command.reply.wait(SETTLE_SECONDS, "the release"))
+        if self._submit(command) is not None:
+            self._run("release", "", lambda: command.reply.wait(SETTLE_SECONDS, "the release"))
         self.claimed = False
 
     @rule()
     def lend_for_an_idle_test(self):
         asked = LendMachines(test="idle-time test of cluster cl0", seconds=SETTLE_SECONDS, reply=Reply(waited=False))
-        self.lendings.append(self.owner().submit(asked))
+        if self._submit(asked) is not None:
+            self.lendings.append(asked)
 
     @precondition(lambda self: bool(self.lendings))
     @rule()
@@ -249,7 +260,7 @@ class OwnerMachine(RuleBasedStateMachine):
             except VipuError:  # refused: its owner failed a turn and was made again
                 continue
             if loan is not None:
-                self.owner().submit(ReturnMachines(loan=loan, reply=Reply(waited=False)))
+                self._submit(ReturnMachines(loan=loan, reply=Reply(waited=False)))
 
     @rule()
     def settle(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -524,6 +525,46 @@ def test_an_owning_controller_reads_its_configuration_from_memory_and_sees_its_o
     populated.own(False)  # ... until it stops owning the store
     with populated.reading() as tx:
         assert [a.id for a in tx.list_allocations()] == ["a1"]
+
+
+def test_an_agent_rewritten_by_an_owning_controller_is_taken_into_its_cache_as_a_fresh_load_would_read_it(populated):
+    from vipu.model.hardware import ComponentHealth, HealthEvent, HealthLevel, MachineCondition
+
+    populated.own()
+    condition = MachineCondition("On", "Warning", (ComponentHealth("fan1", HealthLevel.WARNING, "Enabled", "slow"),),
+                                 ("health: BMC slow",), (HealthEvent(3, 1.5, HealthLevel.WARNING, "fan1", "slow"),))
+    with populated.transaction() as tx:  # as the health pass records a look at a machine
+        changed = tx.get_agent("ag2")
+        changed.status, changed.last_error = AgentStatus.DOWN, "x" * 2000
+        changed.inventory = dataclasses.replace(changed.inventory, condition=condition)
+        tx.update_agent(changed)
+    statements = []
+    event.listen(populated._read_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    with populated.reading() as tx:
+        cached = tx.get_agent("ag2")
+        assert [a.id for a in tx.list_agents()] == ["ag1", "ag2", "ag3", "ag4"]
+    assert statements == []  # nothing loaded again
+    assert cached.last_error == "x" * 1024 and cached.inventory.condition == condition
+    populated.own(False)
+    with populated.reading() as tx:
+        assert tx.get_agent("ag2") == cached  # the database's own reading
+
+
+def test_an_agent_rewrite_overtaken_by_another_change_makes_an_owning_controller_load_its_configuration_again(populated):
+    populated.own()
+    with populated.transaction() as tx:
+        changed = tx.get_agent("ag3")
+        changed.status = AgentStatus.DOWN
+        tx.update_agent(changed)
+        # Another transaction's rewrite of ag3 told meanwhile: PostgreSQL's writers do not take turns, so
+        # it may have committed after this one, and which of the two the database holds is not known here.
+        overtaking = dataclasses.replace(changed, last_error="another look")
+        populated._cache.changed({"ag3": overtaking}, read_at=populated._cache.cached().generation)
+    statements = []
+    event.listen(populated._read_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    with populated.reading() as tx:
+        assert tx.get_agent("ag3").status is AgentStatus.DOWN
+    assert statements != []  # loaded again: the cache could not know what it had missed
 
 
 def test_another_controller_on_the_same_database_sees_every_configuration_change(populated, store_url):
