@@ -159,3 +159,48 @@ def test_the_server_version_and_an_unreachable_server(pod):
     assert version.lines == ["version: 0.1.0", f"host: 127.0.0.1:{pod.admin_port}"]
     result = pod._run("vipu-admin", 1, ["list", "agents"])
     failed_line(result, "list agents", None, "vipu-server at 127.0.0.1:1: unreachable (connection refused)")
+
+
+def agents_of(pod, partition_id: str) -> set[str]:
+    """The agents `vipu get partition` shows the partition's IPUs on."""
+    shown = pod.user("get", "partition", partition_id)
+    assert shown.code == 0, shown.err
+    return {row[2] for row in rows(shown.out)}
+
+
+def test_a_drain_moves_what_may_move_keeps_new_partitions_off_survives_a_restart_and_resumes(registered_pod):
+    pod = registered_pod
+    for name, relocatable in (("stays", ()), ("moves", ("--relocatable",))):
+        created = pod.user("create", "partition", name, "--size", "2", *relocatable)
+        assert created.code == 0, created.err
+    assert agents_of(pod, "stays") == agents_of(pod, "moves") == {"ag1"}
+
+    drained = pod.admin("drain", "agent", "ag1", "--reason", "cable repair")
+    assert drained.code == 0, drained.err
+    assert drained.out.startswith("agent ag1: DRAINING (stays left): cable repair, by an administrator since "), drained.out
+    assert "ag1" not in agents_of(pod, "moves")  # moved while idle, before the answer
+    assert set(pod.held("m01")) == {"stays"}  # the other is left to finish, and runs on
+    stays = pairs(pod.user("get", "partition", "stays").out)
+    assert stays["State"] == "ACTIVE" and stays["Drain"].startswith("agent ag1 is draining for cable repair"), stays
+    samples = pod.metrics()
+    assert (samples['vipu_agents_drained{state="draining"}'], samples['vipu_agents_drained{state="drained"}']) == (1, 0)
+    assert pod.user("create", "partition", "new", "--size", "4").code == 0
+    assert "ag1" not in agents_of(pod, "new")
+    failed_line(pod.admin("drain", "agent", "ag1", "--reason", "another"), "drain agent", "ag1", "resume it first")
+    failed_line(pod.admin("resume", "agent", "ag2"), "resume agent", "ag2", "agent ag2 is not drained")
+    failed_line(pod.admin("drain", "agent", "ag1", "--reason", " "), "drain agent", "ag1", "a drain needs a reason")
+
+    assert pod.user("remove", "partition", "stays").code == 0
+    pod.stop_server()
+    pod.start_server()
+    listing = {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}
+    assert listing["ag1"].startswith("DRAINED: cable repair, by an administrator since "), listing
+    assert listing["ag2"] == "-"
+    assert pairs(pod.admin("get", "agent", "ag1").out)["Drain"] == listing["ag1"]
+    assert pod.metrics()['vipu_agents_drained{state="drained"}'] == 1
+    refused = pod.user("create", "partition", "big", "--size", "32")  # all eight machines: not while one drains
+    failed_line(refused, "create partition", "big", "agent ag1 is draining for cable repair")
+
+    resumed = pod.admin("resume", "agent", "ag1")
+    assert (resumed.code, resumed.out) == (0, "agent ag1 resumed\n"), resumed.err
+    assert {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}["ag1"] == "-"

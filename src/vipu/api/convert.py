@@ -196,8 +196,13 @@ def settings_from_proto(message: agent_pb2.PartitionSettings) -> AgentSettings:
 # Admin service
 
 
-def agent_to_proto(agent: Agent, cluster_id: str = "", allocation_id: str = "", ipu_uses=()) -> admin_pb2.Agent:
+def agent_to_proto(agent: Agent, cluster_id: str = "", allocation_id: str = "", ipu_uses=(),
+                   draining_partitions: tuple[str, ...] = ()) -> admin_pb2.Agent:
+    """`draining_partitions`: the partitions still on it while it is drained."""
+    drain = agent.drain
     return admin_pb2.Agent(
+        drain=None if drain is None else admin_pb2.AgentDrain(reason=drain.reason, by=drain.by, since=drain.since,
+                                                              partition_ids=draining_partitions),
         id=agent.id,
         host=agent.host,
         port=agent.port,
@@ -343,6 +348,7 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     status.relocatable, status.relocation = partition.relocatable, partition.relocation
     status.placement_note = partition.placement_note
     status.link_warnings.extend(partition.link_warnings)
+    status.drain_notices.extend(partition.drain_notices)
     status.may_move, status.expected_seconds = partition.may_move, partition.expected_seconds
     return status
 

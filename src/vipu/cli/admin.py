@@ -136,8 +136,17 @@ def list_agents(admin, as_json):
         agents = admin.list_agents()
     if as_json:
         return echo_json({"agents": agents})
-    rows = [[a.id, a.host, str(a.port), a.status, a.cluster_id or "-", a.allocation_id or "-"] for a in agents]
-    click.echo(render_table(["Agent ID", "Host", "Port", "Status", "Cluster", "Allocation"], rows))
+    rows = [[a.id, a.host, str(a.port), a.status, a.cluster_id or "-", a.allocation_id or "-", _drain_text(a)] for a in agents]
+    click.echo(render_table(["Agent ID", "Host", "Port", "Status", "Cluster", "Allocation", "Drain"], rows))
+
+
+def _drain_text(agent) -> str:
+    """An agent's drain as operators read it: `DRAINING (p1 left): cable repair, by admin since ...`, DRAINED once none is left."""
+    if not agent.HasField("drain"):
+        return "-"
+    drain = agent.drain
+    state = f"DRAINING ({', '.join(drain.partition_ids)} left)" if drain.partition_ids else "DRAINED"
+    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}"
 
 
 def _version_label(component: str) -> str:
@@ -177,6 +186,8 @@ def get_agent(admin, agent_id, as_json):
     ]
     if agent.last_error:
         pairs.append(("Last Error", agent.last_error))
+    if agent.HasField("drain"):
+        pairs.append(("Drain", _drain_text(agent)))
     pairs.append(("Capabilities", ", ".join(inv.capabilities) or "fabric, diagnostics"))
     condition = agent.condition
     if condition.power_state:
@@ -222,6 +233,38 @@ def power(admin, action, kind, agent_id, force, as_json):
     for partition_id in reply.failed_partitions:
         click.echo(f"partition {partition_id} failed; it is reset once agent {agent_id} answers again")
     click.echo(f"agent {agent_id}: power {reply.power_state}")
+
+
+@cli.command("drain")
+@click.argument("kind", type=click.Choice(["agent"]))
+@click.argument("agent_ids", metavar="AGENT_ID...", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why (a repair, say): shown to operators and to the users of its partitions.")
+@json_option
+@pass_client
+def drain(admin, kind, agent_ids, reason, as_json):
+    """Drain agents' machines, for a repair say: nothing new is placed on them.
+
+    Their relocatable partitions move elsewhere while idle (now, or at a later health pass while a
+    client is attached); the others are left to finish. All or none; the drain stands, across
+    restarts, until `vipu-admin resume agent`."""
+    with reporting(f"drain {kind}", ", ".join(agent_ids)):
+        agents = admin.drain_agents(list(agent_ids), reason)
+    if as_json:
+        return echo_json({"agents": agents})
+    for agent in agents:
+        click.echo(f"agent {agent.id}: {_drain_text(agent)}")
+
+
+@cli.command("resume")
+@click.argument("kind", type=click.Choice(["agent"]))
+@click.argument("agent_ids", metavar="AGENT_ID...", nargs=-1, required=True)
+@pass_client
+def resume(admin, kind, agent_ids):
+    """End the drain of agents' machines: partitions are placed there again. All or none."""
+    with reporting(f"resume {kind}", ", ".join(agent_ids)):
+        admin.resume_agents(list(agent_ids))
+    for agent_id in agent_ids:
+        click.echo(f"agent {agent_id} resumed")
 
 
 @remove.command("agent")

@@ -342,6 +342,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("Relocated", status.relocation or "-"),
         ("Placement", status.placement_note or "-"),
         ("Links", list(status.link_warnings) or "-"),
+        *((("Drain", list(status.drain_notices)),) if status.drain_notices else ()),
         ("Errors", list(status.errors) or "-"),
     ]))
     rows = [[str(i.routing_id), str(i.routing_id // (len(spec.ipus) // spec.num_gcds)), i.agent_id, str(i.agent_ipu_index),

@@ -12,6 +12,7 @@ from vipu.client.base import EndpointClient
 from vipu.model.errors import InvalidArgument
 
 POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
+DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for each machine's owner and the moves it begins
 _AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -84,6 +85,15 @@ class AdminClient(EndpointClient):
         are reset once it answers again. A machine may take minutes to get there: the call waits
         POWER_CALL_SECONDS, longer than the controller's own bound."""
         return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), at_least=POWER_CALL_SECONDS)
+
+    def drain_agents(self, agent_ids: list[str], reason: str) -> list[pb.Agent]:
+        """Drain the agents' machines, all or none (see `vipu-admin drain agent`): the agents as they are then."""
+        request = pb.DrainAgentsRequest(agent_ids=agent_ids, reason=reason)
+        return list(self._call("DrainAgents", request, at_least=DRAIN_CALL_SECONDS).agents)
+
+    def resume_agents(self, agent_ids: list[str]) -> list[pb.Agent]:
+        """End the drain of the agents' machines, all or none."""
+        return list(self._call("ResumeAgents", pb.ResumeAgentsRequest(agent_ids=agent_ids), at_least=DRAIN_CALL_SECONDS).agents)
 
     # Allocations
 

@@ -48,6 +48,12 @@ class EntityCollector:
         for status in AgentStatus:
             family.add_metric([status.value], by_status[status.value])
         yield family
+        occupied = {ipu.agent_id for p in partitions for ipu in p.ipus}
+        family = GaugeMetricFamily("vipu_agents_drained", "Agents an operator drains, by whether a partition is still on them",
+                                   labels=["state"])
+        family.add_metric(["draining"], sum(1 for a in agents if a.drain is not None and a.id in occupied))
+        family.add_metric(["drained"], sum(1 for a in agents if a.drain is not None and a.id not in occupied))
+        yield family
         yield GaugeMetricFamily("vipu_clusters", "Clusters", value=len(clusters))
         yield GaugeMetricFamily("vipu_allocations", "Allocations", value=len(allocations))
         by_state = Tally(p.ready_state.value for p in partitions)

@@ -14,7 +14,7 @@ from enum import Enum
 
 from vipu.model.errors import InvalidArgument
 from vipu.model.hardware import NO_CAPABILITIES_SAID, Cable, Capability, Component, MachineCondition
-from vipu.model.times import expected_end
+from vipu.model.times import expected_end, utc_text
 
 IPUS_PER_MACHINE = 4
 
@@ -188,6 +188,24 @@ class MachineInventory:
         return capability.value in self.capabilities
 
 
+DRAIN_REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class Drain:
+    """An operator's word that a machine is to be emptied (for a repair, say): no partition is
+    placed on it, relocatable ones move off while idle, the others are left to finish. It stands
+    until the operator resumes the machine, across restarts and changes of leader."""
+
+    reason: str
+    by: str  # the operator who drained it
+    since: float  # seconds since the epoch
+
+    def describe(self) -> str:
+        """How a refusal or a listing says it: `draining for cable repair (by admin since 2026-12-06 05:30:00 UTC)`."""
+        return f"draining for {self.reason} (by {self.by or 'an administrator'} since {utc_text(self.since)})"
+
+
 @dataclass
 class Agent:
     id: str
@@ -197,6 +215,7 @@ class Agent:
     status: AgentStatus = AgentStatus.UP
     discovery_mode: str = "Manual"
     last_error: str = ""
+    drain: Drain | None = None
 
     @property
     def address(self) -> str:
@@ -305,6 +324,7 @@ class Partition:
     # What the link ledger says now of the unhealthy links it runs over, a line each: read from its
     # allocation's snapshot for the reader, never stored.
     link_warnings: tuple[str, ...] = ()
+    drain_notices: tuple[str, ...] = ()  # the same of the machines it runs on that an operator drains
     # Its owner's consent that planned compaction moves it even while IPUoF clients are attached (a
     # relocatable partition with none attached may be moved without it); changed by its user later.
     may_move: bool = False

@@ -16,7 +16,7 @@ from typing import TypeVar
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, GwTopology, IldTopology, IpuInfo, MachineInventory
+from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, Drain, GwTopology, IldTopology, IpuInfo, MachineInventory
 from vipu.model.errors import AlreadyExists
 from vipu.model.hardware import Cable, Component, ComponentHealth, HealthEvent, HealthLevel, MachineCondition
 from vipu.store.schema import AgentRow, AllocationAgentRow, AllocationRow, ClusterAgentRow, ClusterRow, MetaRow
@@ -53,7 +53,12 @@ def _inventory_from_json(data: dict) -> MachineInventory:
 def _agent(row: AgentRow, inventory: dict | None = None) -> Agent:
     """The agent of a row, read from the database, or just written with its inventory as `inventory`."""
     return Agent(id=row.id, host=row.host, port=row.port, inventory=_inventory_from_json(row.inventory if inventory is None else inventory),
-                 status=AgentStatus(row.status), discovery_mode=row.discovery_mode, last_error=row.last_error or "")
+                 status=AgentStatus(row.status), discovery_mode=row.discovery_mode, last_error=row.last_error or "",
+                 drain=Drain(row.drain["reason"], row.drain["by"], float(row.drain["since"])) if row.drain else None)
+
+
+def _drain_to_json(drain: Drain | None) -> dict | None:
+    return None if drain is None else {"reason": drain.reason, "by": drain.by, "since": drain.since}
 
 
 def _cluster(row: ClusterRow) -> Cluster:
@@ -195,7 +200,7 @@ class ConfigurationRepository(TransactionBase):
             raise AlreadyExists(f"agent {agent.id} already exists")
         self.session.add(AgentRow(id=agent.id, host=agent.host, port=agent.port, status=agent.status.value,
                                   discovery_mode=agent.discovery_mode, last_error=agent.last_error,
-                                  inventory=_inventory_to_json(agent.inventory)))
+                                  inventory=_inventory_to_json(agent.inventory), drain=_drain_to_json(agent.drain)))
         self.flush(f"agent {agent.id} already exists")
 
     def update_agent(self, agent: Agent) -> None:
@@ -205,9 +210,16 @@ class ConfigurationRepository(TransactionBase):
             return
         row.status = agent.status.value
         row.last_error = agent.last_error[:1024]
-        row.inventory = _inventory_to_json(agent.inventory)
+        row.inventory = _inventory_to_json(agent.inventory)  # its drain is an operator's, written by `set_drain` alone
         # As the next load would read it back (the JSON column's own round trip: tuples become lists).
         self._configuration_changes(rewritten=_agent(row, json.loads(json.dumps(row.inventory))))
+
+    def set_drain(self, agent_id: str, drain: Drain | None) -> None:
+        """Drain the agent's machine, or resume it (None); the health pass's writes leave this alone."""
+        self._configuration_changes()
+        row = self.session.get(AgentRow, agent_id)
+        if row is not None:
+            row.drain = _drain_to_json(drain)
 
     def delete_agent(self, agent_id: str) -> None:
         self._configuration_changes()

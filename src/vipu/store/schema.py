@@ -37,12 +37,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 16  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 17  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
-# 15: partitions.power_cycled_at; 16: partitions.compacted_at
+# 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -77,6 +77,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
          _adding("partitions", "expected_seconds", "BIGINT NOT NULL DEFAULT 0")],
     15: [_adding("partitions", "power_cycled_at", "TIMESTAMP WITH TIME ZONE")],
     16: [_adding("partitions", "compacted_at", "TIMESTAMP WITH TIME ZONE")],
+    17: [_adding("agents", "drain", "JSON")],
 }
 
 ID = String(64)
@@ -101,6 +102,7 @@ class AgentRow(Base):
     discovery_mode: Mapped[str] = mapped_column(String(16))
     last_error: Mapped[str] = mapped_column(String(1024), default="")
     inventory: Mapped[dict] = mapped_column(JSON)
+    drain: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # an operator's drain: reason, by, since
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -80,11 +80,14 @@ class Machine:
     power: str = ""   # On | Off | ...; "" where the machine has no power capability or the viewer may not see it
     health: str = ""  # OK | Warning | Critical | Unknown; likewise
     reason: str = ""  # why it is Down
+    drain: str = ""  # DRAINING | DRAINED while an operator drains it
+    drain_reason: str = ""
 
     @property
     def hardware(self) -> str:
         """Its power and health in a few words, for the title of its box."""
-        said = [f"power {self.power}" if self.power else "", f"health {self.health}" if self.health else "", self.reason]
+        said = [f"power {self.power}" if self.power else "", f"health {self.health}" if self.health else "", self.reason,
+                f"{self.drain.lower()} for {self.drain_reason}" if self.drain else ""]
         return " · ".join(part for part in said if part)
 
     @property
@@ -149,7 +152,9 @@ def _machine(agent_id: str, holders, tones, status: str = "", allocation_id: str
         ipus.append(Ipu(index) if holder is None else Ipu(index, holder.id, ready_state(holder), tones[holder.id]))
     if agent is None:
         return Machine(agent_id, status, allocation_id, ipus)
-    return Machine(agent_id, status, allocation_id, ipus, agent.condition.power_state, agent.condition.health, agent.last_error)
+    drain = ("DRAINING" if agent.drain.partition_ids else "DRAINED") if agent.HasField("drain") else ""
+    return Machine(agent_id, status, allocation_id, ipus, agent.condition.power_state, agent.condition.health, agent.last_error, drain,
+                   agent.drain.reason)
 
 
 def _columns(machines: list[Machine]) -> list[list[Run]]:

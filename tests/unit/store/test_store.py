@@ -849,6 +849,7 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN expected_seconds"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN power_cycled_at"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN compacted_at"))
+        tx.session.execute(text("ALTER TABLE agents DROP COLUMN drain"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -863,7 +864,8 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             [request] = tx.list_requests()
             assert (request.partition_id, request.request.may_move, request.request.expected_seconds) == ("q1", False, 0)
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
-        assert SCHEMA_VERSION == 16
+            assert tx.get_agent("ag1").drain is None  # 17: no machine was drained before drains
+        assert SCHEMA_VERSION == 17
         p2 = partition("p2", "ag2")
         p2.may_move, p2.expected_seconds = True, 7200
         with reopened.transaction() as tx:

@@ -59,6 +59,18 @@ def test_machines_of_one_allocation_are_one_run_and_machines_of_no_cluster_a_gro
     assert shown.groups[1].title == "Machines in no cluster" and shown.groups[1].domains[0].columns[0][0].machines[0].agent_id == "spare"
 
 
+def test_a_machine_being_drained_is_marked_draining_until_no_partition_is_left_on_it():
+    pod = agents(3)
+    pod[0].drain.CopyFrom(admin_pb2.AgentDrain(reason="cable repair", by="admin", since=1.0, partition_ids=["p1"]))
+    pod[1].drain.CopyFrom(admin_pb2.AgentDrain(reason="fan", by="admin", since=1.0))
+    cluster = admin_pb2.Cluster(id="cl0", agent_ids=["ag1", "ag2", "ag3"], num_ipulinkdomains=1)
+    shown = racks.pod_racks(pod, [cluster], [partition("p1", "alloc-1", ("ag1", 0))])
+    machines = {m.agent_id: m for run in shown.groups[0].domains[0].columns[0] for m in run.machines}
+    assert [(machines[a].drain, machines[a].drain_reason) for a in ("ag1", "ag2", "ag3")] == [
+        ("DRAINING", "cable repair"), ("DRAINED", "fan"), ("", "")]
+    assert machines["ag1"].hardware == "draining for cable repair"
+
+
 def test_a_user_sees_the_machines_of_their_allocations_and_no_agent_status():
     allocation = vipuuser_pb2.Allocation(id="a1", spec=vipuuser_pb2.AllocationSpec(cluster_id="cl0", agent_ids=["ag1", "ag2"]))
     shown = racks.allocation_racks([allocation], [partition("pa", "a1", ("ag2", 3))])

@@ -40,7 +40,7 @@ class AgentIpuUse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., partition_id: _Optional[str] = ..., partition_state: _Optional[str] = ..., routing_id: _Optional[int] = ..., gcd_id: _Optional[int] = ...) -> None: ...
 
 class Agent(_message.Message):
-    __slots__ = ("id", "host", "port", "status", "cluster_id", "allocation_id", "inventory", "ipus", "discovery_mode", "last_error", "condition")
+    __slots__ = ("id", "host", "port", "status", "cluster_id", "allocation_id", "inventory", "ipus", "discovery_mode", "last_error", "condition", "drain")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Agent(_message.Message):
     DISCOVERY_MODE_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     port: int
@@ -63,7 +64,34 @@ class Agent(_message.Message):
     discovery_mode: str
     last_error: str
     condition: _agent_pb2.Condition
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., status: _Optional[str] = ..., cluster_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., inventory: _Optional[_Union[_agent_pb2.Inventory, _Mapping]] = ..., ipus: _Optional[_Iterable[_Union[AgentIpuUse, _Mapping]]] = ..., discovery_mode: _Optional[str] = ..., last_error: _Optional[str] = ..., condition: _Optional[_Union[_agent_pb2.Condition, _Mapping]] = ...) -> None: ...
+    drain: AgentDrain
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., status: _Optional[str] = ..., cluster_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., inventory: _Optional[_Union[_agent_pb2.Inventory, _Mapping]] = ..., ipus: _Optional[_Iterable[_Union[AgentIpuUse, _Mapping]]] = ..., discovery_mode: _Optional[str] = ..., last_error: _Optional[str] = ..., condition: _Optional[_Union[_agent_pb2.Condition, _Mapping]] = ..., drain: _Optional[_Union[AgentDrain, _Mapping]] = ...) -> None: ...
+
+class AgentDrain(_message.Message):
+    __slots__ = ("reason", "by", "since", "partition_ids")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    by: str
+    since: float
+    partition_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[float] = ..., partition_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainAgentsRequest(_message.Message):
+    __slots__ = ("agent_ids", "reason")
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeAgentsRequest(_message.Message):
+    __slots__ = ("agent_ids",)
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "agent_ids", "topology", "num_ipulinkdomains", "cluster_topology", "allocation_ids")

@@ -60,6 +60,16 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.FromString,
                 _registered_method=True)
+        self.DrainAgents = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/DrainAgents',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.DrainAgentsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.FromString,
+                _registered_method=True)
+        self.ResumeAgents = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ResumeAgents',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ResumeAgentsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.FromString,
+                _registered_method=True)
         self.CreateCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/CreateCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateClusterRequest.SerializeToString,
@@ -215,6 +225,18 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PowerAgent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainAgents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeAgents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -398,6 +420,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.PowerAgent,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.SerializeToString,
+            ),
+            'DrainAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainAgents,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.DrainAgentsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.SerializeToString,
+            ),
+            'ResumeAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeAgents,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ResumeAgentsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.SerializeToString,
             ),
             'CreateCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateCluster,
@@ -660,6 +692,60 @@ class AdminService:
             '/vipu.admin.v1.AdminService/PowerAgent',
             vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.PowerAgentReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/DrainAgents',
+            vipu_dot_api_dot_protos_dot_admin__pb2.DrainAgentsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ResumeAgents',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ResumeAgentsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListAgentsReply.FromString,
             options,
             channel_credentials,
             insecure,

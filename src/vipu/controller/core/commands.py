@@ -17,7 +17,7 @@ from typing import Any
 
 from vipu.controller.core.lending import Loan
 from vipu.model.configuration import AgentSettings
-from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
+from vipu.model.entities import OPEN_ACCESS, Access, Drain, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.linkhealth import LinkFaults
 
@@ -238,6 +238,17 @@ class AgentReport(Command):
     configured: dict[str, AgentSettings] | None = None  # by partition id; None when it did not answer
     error: VipuError | None = None
     asked_at: float = field(kw_only=True)  # monotonic, when the read began
+
+
+@dataclass
+class Draining(Command):
+    """An operator drains one of the allocation's machines (`drain`), or resumes it (None), as the
+    store now says: nothing is placed there while it drains, and its relocatable ACTIVE partitions
+    move off while idle, now and at each health pass until none is left; answered once the moves
+    begun now have ended."""
+
+    agent_id: str
+    drain: Drain | None
 
 
 @dataclass

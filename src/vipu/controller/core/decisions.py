@@ -18,6 +18,7 @@ from vipu.controller.core.commands import (
     Command,
     CompactAllocation,
     CreatePartition,
+    Draining,
     FinishInterrupted,
     LendMachines,
     LinksChanged,
@@ -36,6 +37,7 @@ from vipu.controller.core.placing import (
     LOST,
     due_for_relocation,
     due_for_reset,
+    due_to_leave_draining,
     due_to_leave_unhealthy_links,
     partition_of,
     place_request,
@@ -133,7 +135,7 @@ class Decisions(QueueKeeping):
         expected duration does not let it start on them."""
         state = self.state
         first = state.queue.first()
-        down = self._down()
+        down = self._machines_left_out()
         if first is None or not state.held:
             return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix, down)
         try:
@@ -151,16 +153,6 @@ class Decisions(QueueKeeping):
             if not why_not:
                 return placement
             raise NoRoom(f"{refusal.message}; {why_not}", held_free=refusal.held_free) from None
-
-    def _down(self) -> dict[str, str]:
-        """The allocation's machines that are down, and why, as a refusal says it: no partition is
-        placed there (it would fail at the machine while others are free)."""
-        if not self.state.down:
-            return {}
-        agents = self.agents()
-        return {agent_id: "a power action is under way on it" if self.state.powering(agent_id) else
-                (agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error else "it does not answer")
-                for agent_id in self.state.down}
 
     def _remove(self, command: RemovePartition) -> None:
         partition = self._visible(command.partition_id, command.access)
@@ -355,6 +347,24 @@ class Decisions(QueueKeeping):
 
         self.start(Operation("waiting", failed(), command.reply, system=True))
 
+    def _draining(self, command: Draining) -> None:
+        """An operator drains one of the machines, or resumes it (`Draining`)."""
+        state = self.state
+        if command.drain is None:
+            state.draining.pop(command.agent_id, None)
+        else:
+            state.draining[command.agent_id] = command.drain
+        self._changed = self._queue_dirty = True
+        children = []
+        if command.drain is not None and not state.test:
+            children = [self._leave_draining(partition) for partition in list(state.on_agent(command.agent_id))
+                        if partition.id not in self.on_partition and due_to_leave_draining(partition, state.draining.keys())]
+        self._answer_when_done(command, children)
+
+    def _leave_draining(self, partition: Partition) -> Operation:
+        body = _leaving(operations.off_draining(self, partition), partition.id, "the machines being drained")
+        return self.start(Operation("relocating", body, partition_id=partition.id))
+
     def _links_changed(self, command: LinksChanged) -> None:
         """The ledger's word on the machines' links: placement (and the queue's next pass) steps
         around them from now on, and each partition that newly runs over an unhealthy link is told
@@ -405,8 +415,10 @@ class Decisions(QueueKeeping):
                     body = _quietly(operations.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
                                     "automatic relocation")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
+                elif due_to_leave_draining(partition, self.state.draining.keys()):
+                    children.append(self._leave_draining(partition))
                 elif due_to_leave_unhealthy_links(partition, self.state.links, self.state.layout):
-                    body = _leaving(operations.off_unhealthy_links(self, partition), partition.id)
+                    body = _leaving(operations.off_unhealthy_links(self, partition), partition.id, "its unhealthy links")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
@@ -507,7 +519,7 @@ class Decisions(QueueKeeping):
         spent, now = self.compaction_spent(), time.time()
         room = spent.room(now)
         movable = operations.movable(self, spent, now)
-        allowed = set(state.allocation.agent_ids) - state.down
+        allowed = set(state.allocation.agent_ids) - state.unplaceable()
         plan = plan_compaction(state.layout, allowed, state.taken(), state.holders(), movable, max_moves=room, mix=state.mix,
                                faults=state.links)
         if plan is None:
@@ -534,6 +546,7 @@ class Decisions(QueueKeeping):
         ReturnMachines: _return,
         AgentReport: _report,
         Powering: _powering,
+        Draining: _draining,
         LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,
@@ -542,15 +555,15 @@ class Decisions(QueueKeeping):
     }
 
 
-def _leaving(body: Body, partition_id: str) -> Body:
-    """A move off unhealthy links, tried at every health pass until it happens: that it cannot
-    yet (no room, a client attached) is no news."""
+def _leaving(body: Body, partition_id: str, where: str) -> Body:
+    """A move off `where` (unhealthy links, machines being drained), tried at every health pass
+    until it happens: that it cannot yet (no room, a client attached) is no news."""
     try:
         return (yield from body)
     except (NoRoom, Conflict) as refusal:
-        log.debug("partition %s stays on its unhealthy links for now: %s", partition_id, refusal.message)
+        log.debug("partition %s stays on %s for now: %s", partition_id, where, refusal.message)
     except VipuError as error:
-        log.warning("partition %s: the move off its unhealthy links failed: %s", partition_id, error.message)
+        log.warning("partition %s: the move off %s failed: %s", partition_id, where, error.message)
     return None
 
 

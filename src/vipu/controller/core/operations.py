@@ -187,15 +187,16 @@ def reset(owner: Owner, partition: Partition, automatic: bool, power_cycle: bool
 
 def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
     """A planned place for a partition, if it is still free now: off the IPUs in use (its own
-    included, which it keeps until it has moved) and held, and on machines that answer and
-    links not quarantined; NoRoom saying what changed otherwise."""
+    included, which it keeps until it has moved) and held, on machines that answer and are not
+    draining, and links not quarantined; NoRoom saying what changed otherwise."""
     taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
              if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
-    down = sorted({ipu.agent_id for ipu in target.ipus} & state.down)
+    down = sorted({ipu.agent_id for ipu in target.ipus} & state.unplaceable())
     quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
     if taken or down or quarantined:
         what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
-                f"agent {', '.join(down)} is down" if down else f"it needs quarantined link {', '.join(map(str, quarantined))}")
+                f"agent {', '.join(down)} is down or draining" if down else
+                f"it needs quarantined link {', '.join(map(str, quarantined))}")
         raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
     return target
 
@@ -206,7 +207,7 @@ def placed_elsewhere(owner: Owner, partition: Partition) -> Placement | None:
     suspect ones while it can), off the machines that failed it while other room is left (as
     `placing.moved` keeps off them); None if nothing is free for it."""
     state = owner.state
-    allowed = set(state.allocation.agent_ids) - state.down
+    allowed = set(state.allocation.agent_ids) - state.unplaceable()
     taken = state.taken()
     for machines in (allowed - set(partition.failed_on), allowed) if partition.failed_on else (allowed,):
         placement = try_place(state.layout, machines, taken, partition.size, num_gcds=partition.num_gcds,
@@ -229,7 +230,7 @@ def compacter_place(owner: Owner, partition: Partition) -> Placement | None:
     placement = placed_elsewhere(owner, partition)
     if placement is None:
         return None
-    allowed = set(state.allocation.agent_ids) - state.down
+    allowed = set(state.allocation.agent_ids) - state.unplaceable()
     larger = frees_larger(state.layout, allowed, state.taken(), off=((ipu.agent_id, ipu.index) for ipu in partition.ipus),
                           on=((ipu.agent_id, ipu.index) for ipu in placement.ipus), faults=state.links)
     return placement if larger else None
@@ -311,7 +312,7 @@ def relocate(owner: Owner, partition: Partition, avoid: set[str], why: str, auto
         placement = planned(state, partition, target)
     else:
         placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
-                          first.partition_id if first is not None else "", avoid, state.down, state.links)
+                          first.partition_id if first is not None else "", avoid, state.unplaceable(), state.links)
     fields: dict[str, Any] = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))
@@ -444,6 +445,23 @@ def off_unhealthy_links(owner: Owner, partition: Partition) -> Body:
     partition = yield from fenced(owner, partition)
     return (yield from relocate(owner, partition, set(), f"away from an unhealthy link ({warnings[0]})", because_failed=False,
                                 target=placement))
+
+
+def off_draining(owner: Owner, partition: Partition) -> Body:
+    """A relocatable partition on a machine its operator drains, moved while idle to IPUs of its
+    allocation elsewhere, keeping off those held for the queue (as `off_unhealthy_links` moves
+    one). NoRoom if there are none; a Conflict while a client is attached (it is tried at the
+    next health pass)."""
+    state = owner.state
+    drained = sorted(set(partition.agent_ids) & state.draining.keys())
+    if not drained:
+        return None  # resumed meanwhile
+    placement = placed_elsewhere(owner, partition)
+    if placement is None:
+        raise NoRoom(f"partition {partition.id}: no room off the machines being drained ({', '.join(drained)})")
+    why = f"off agent {drained[0]}, {state.draining[drained[0]].describe()}"
+    partition = yield from fenced(owner, partition)
+    return (yield from relocate(owner, partition, set(), why, because_failed=False, target=placement))
 
 
 def moved_after_failure(owner: Owner, partition_id: str, failure: VipuError, attempts: int = 2) -> Body:

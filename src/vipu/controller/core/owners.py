@@ -25,12 +25,12 @@ from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import Turns
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
-from vipu.model.entities import Agent, ReadyState
+from vipu.model.entities import Agent, Allocation, Drain, ReadyState
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.topology import ClusterLayout
 from vipu.model.waiting import DEFAULT_LIMITS, QueueLimits
-from vipu.store.store import Store
+from vipu.store.store import Configuration, Store
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -45,6 +45,12 @@ CLEARING_WAIT_SECONDS = 30.0  # a create of an id being cleared waits this long 
 REBUILD_JOIN_SECONDS = 60.0  # how long a rebuild waits for the failed owner's turn to end: its commit is bounded by the statement deadline
 REBUILD_TRY_SECONDS = 300.0  # how long a rebuild tries to read the store (a stalled database), once a second
 REBUILD_RETRY_SECONDS = 1.0
+
+
+def _machines_out(configuration: Configuration, allocation: Allocation) -> tuple[set[str], dict[str, Drain]]:
+    """The allocation's machines that are down (their fabric does not answer), and those an operator drains."""
+    agents = [agent for a in allocation.agent_ids if (agent := configuration.agents.get(a)) is not None]
+    return {agent.id for agent in agents if not agent.answering}, {agent.id: agent.drain for agent in agents if agent.drain}
 
 
 class Owners:
@@ -86,9 +92,9 @@ class Owners:
         owners = {}
         for allocation in configuration.allocations.values():
             cluster = configuration.clusters[allocation.cluster_id]
-            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
-                                       [r for r in requests if r.allocation_id == allocation.id], down, links)
+                                       [r for r in requests if r.allocation_id == allocation.id], *_machines_out(configuration, allocation),
+                                       links=links)
             state.test = self._test_holding(state)
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
@@ -120,7 +126,6 @@ class Owners:
                 requests = tx.list_requests(allocation_id)
                 links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
             cluster = configuration.clusters[allocation.cluster_id]
-            down = {a for a in allocation.agent_ids if (agent := configuration.agents.get(a)) and not agent.answering}
             with self._lock:
                 found = self._owners.get(allocation_id)
                 if found is not None:
@@ -129,7 +134,8 @@ class Owners:
                     raise Unavailable(self._stopped)
                 if self._closings != closings:
                     continue  # an allocation was removed while this read: perhaps this one, which must not come back
-                state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests, down, links)
+                state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
+                                           *_machines_out(configuration, allocation), links=links)
                 state.test = self._test_holding(state)
                 failed = self._failed.get(allocation_id)
                 if failed is not None:

@@ -37,6 +37,7 @@ Ipu = tuple[str, int]
 # An error of a partition naming the agent that failed it: "agent ag2: ..." or "agent ag2 is down: ...".
 _AGENT_IN_ERROR = re.compile(r"^agent (\S+?)(?::| is down)")
 LOST = " is down: "  # in the error of a partition whose agent stopped answering
+DRAINING = "is draining"  # what a machine an operator drains is, as a refusal says it (`Drain.describe`)
 NOTE_LENGTH = 500  # partitions.relocation holds 512 characters
 
 
@@ -88,9 +89,10 @@ def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[s
                   down: Mapping[str, str] | None = None) -> Placement:
     """The request placed in the allocation's free IPUs (around those `occupancy` holds for the
     queue's first request, and around the unhealthy links `faults` names), leaving the most room
-    for the allocation's `mix` of sizes, on none of the machines `down` names (with why each is:
-    off, being powered, not answering; IPUs named outright are placed as named); NoRoom saying why
-    it does not fit, or InvalidArgument naming the rule it breaks."""
+    for the allocation's `mix` of sizes, on none of the machines `down` names (with what each is,
+    as a clause: "is down: it does not answer", or `DRAINING` and the operator's reason; IPUs
+    named outright are placed as named); NoRoom saying why it does not fit, or InvalidArgument
+    naming the rule it breaks."""
     explicit = explicit_ipus(layout, allocation, request)
     kept_out = {} if explicit or not down else {a: why for a, why in down.items() if a in allocation.agent_ids}
 
@@ -102,16 +104,23 @@ def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[s
 
     if not kept_out:
         return placed(set(allocation.agent_ids), f"allocation {allocation.id}")
-    listed = "; ".join(f"agent {agent} is down: {why}" for agent, why in sorted(kept_out.items())[:3])
-    more = f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else ""
+    that_are, listed = machines_left_out(kept_out)
     try:
-        return placed(set(allocation.agent_ids) - set(kept_out), f"allocation {allocation.id} without its machines that are down "
-                                                                 f"({listed}{more})")
+        return placed(set(allocation.agent_ids) - set(kept_out), f"allocation {allocation.id} without its machines {that_are} ({listed})")
     except InvalidArgument:  # it fits in no shape of the machines that are up; with them all, it may
         with contextlib.suppress(NoRoom):
             placed(set(allocation.agent_ids), f"allocation {allocation.id}")  # InvalidArgument: a rule it breaks with every machine
-        raise NoRoom(f"no room for a partition of {request.size} IPUs in allocation {allocation.id} while its machines that are "
-                     f"down are left out ({listed}{more})", (allocation.id,)) from None
+        raise NoRoom(f"no room for a partition of {request.size} IPUs in allocation {allocation.id} while its machines {that_are} "
+                     f"are left out ({listed})", (allocation.id,)) from None
+
+
+def machines_left_out(kept_out: Mapping[str, str]) -> tuple[str, str]:
+    """How a refusal names the machines placement leaves out, from what each is (`place_request`'s
+    `down`): ("that are draining", "agent ag1 is draining for ...; agent ag2 ..."), three at most."""
+    draining = {agent for agent, what in kept_out.items() if what.startswith(DRAINING)}
+    that_are = "that are draining" if draining == set(kept_out) else "that are down or draining" if draining else "that are down"
+    listed = "; ".join(f"agent {agent} {what}" for agent, what in sorted(kept_out.items())[:3])
+    return that_are, listed + (f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else "")
 
 
 def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, placement: Placement) -> Partition:
@@ -195,6 +204,13 @@ def due_to_leave_unhealthy_links(partition: Partition, links: LinkFaults, layout
     relocatable, ACTIVE one that runs over a failed or suspect link."""
     return (partition.relocatable and lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE
             and bool(links.warnings(layout, [(ipu.agent_id, ipu.index) for ipu in partition.ipus])))
+
+
+def due_to_leave_draining(partition: Partition, draining: Set[str]) -> bool:
+    """Whether this partition moves off the machines an operator drains: a relocatable, ACTIVE one
+    on one of them (the others are left to finish)."""
+    return (partition.relocatable and lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE
+            and not draining.isdisjoint(partition.agent_ids))
 
 
 def due_for_reset(partition: Partition, down: Set[str]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from vipu.controller.core import operations
 from vipu.controller.core.commands import CreatePartition
 from vipu.controller.core.effects import AfterPass, Body, Operation, Write
-from vipu.controller.core.placing import explicit_ipus, partition_of
+from vipu.controller.core.placing import explicit_ipus, machines_left_out, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
@@ -197,7 +197,7 @@ class QueueKeeping(Steps):
             self._explained = QueueView(held=frozenset(), first_verdict=why, verdicts={}, layout=state.layout, every=why)
             self._queue_changed = self._changed = True
             return
-        allowed = set(state.allocation.agent_ids) - state.down  # nothing starts, nor is held, on a machine that is down
+        allowed = set(state.allocation.agent_ids) - state.unplaceable()  # nothing starts, nor is held, on a machine down or draining
         held = state.held if state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed else frozenset()
         holders = state.holders()
         layout, allocation = state.layout, state.allocation
@@ -298,6 +298,21 @@ class QueueKeeping(Steps):
             log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
                         first.partition_id, error.message)
 
+    def _machines_left_out(self) -> dict[str, str]:
+        """The allocation's machines that are down or draining, and what each is, as a refusal
+        says it: no partition is placed there (it would fail at a machine that is down while others
+        are free; an operator is emptying one that drains)."""
+        state = self.state
+        if not state.down and not state.draining:
+            return {}
+        agents = self.agents()
+        kept = {agent_id: f"is {drain.describe()}" for agent_id, drain in state.draining.items()}
+        kept.update({agent_id: "is down: " + ("a power action is under way on it" if state.powering(agent_id) else
+                                              agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error
+                                              else "it does not answer")
+                     for agent_id in state.down})
+        return kept
+
     def _explain(self, held: Shape, allowed: set[str], held_needed_at: float | None = None) -> None:
         """Why each request still waits, from placement, against the state as the pass left it.
         Every request behind the first sees the same room (less what is held for the first), so
@@ -310,6 +325,11 @@ class QueueKeeping(Steps):
             return
         holders = state.holders()
         used, layout, allocation = state.used, state.layout, state.allocation
+        left_out = {agent: what for agent, what in self._machines_left_out().items() if agent not in allowed}
+        where = f"allocation {allocation.id}"
+        if left_out:
+            that_are, listed = machines_left_out(left_out)
+            where = f"{where} without its machines {that_are} ({listed})"
 
         def verdict(request: WaitingRequest, occupancy: Occupancy) -> tuple[str, bool]:
             """What placement says of the request, and whether free IPUs held for the first were kept from it."""
@@ -317,7 +337,7 @@ class QueueKeeping(Steps):
             try:
                 place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                                 ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
-                                explicit=explicit_ipus(layout, allocation, r), where=f"allocation {allocation.id}",
+                                explicit=explicit_ipus(layout, allocation, r), where=where,
                                 occupancy=occupancy, faults=state.links)
                 return "starting", False
             except VipuError as refusal:

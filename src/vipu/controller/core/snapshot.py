@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Partition
+from vipu.model.entities import IPUS_PER_MACHINE, Allocation, Drain, Partition
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest, shape_of
@@ -116,10 +116,17 @@ class AllocationSnapshot:
     lent: tuple[str, ...] = ()  # its machines lent to an idle-time test now (free for any partition all the same)
     closing: bool = False  # being removed
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
+    draining: Mapping[str, Drain] = field(default_factory=dict)  # its machines an operator drains
 
     def link_warnings(self, partition: Partition) -> tuple[str, ...]:
         """What the partition is told of the unhealthy links it runs over, a line each."""
         return tuple(self.links.warnings(self.layout, ((ipu.agent_id, ipu.index) for ipu in partition.ipus)))
+
+    def drain_notices(self, partition: Partition) -> tuple[str, ...]:
+        """What the partition is told of the machines it runs on that an operator drains, a line each."""
+        then = "it moves elsewhere once no client is attached" if partition.relocatable else "it is left to finish there"
+        return tuple(f"agent {agent_id} is {drain.describe()}: {then}" for agent_id in partition.agent_ids
+                     if (drain := self.draining.get(agent_id)) is not None)
 
     @property
     def id(self) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from vipu.controller.core.lending import Loan
 from vipu.model import queue as queue_model
 from vipu.model.compaction import BudgetSpent
-from vipu.model.entities import Allocation, Partition
+from vipu.model.entities import Allocation, Drain, Partition
 from vipu.model.fragmentation import SizeMix
 from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape, shifted
@@ -47,6 +47,7 @@ class AllocationState:
     held_for: str = ""
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
+    draining: dict[str, Drain] = dataclasses.field(default_factory=dict)  # machines an operator drains: nothing is placed there
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding the machines
@@ -67,8 +68,9 @@ class AllocationState:
 
     @classmethod
     def of(cls, allocation: Allocation, layout: ClusterLayout, partitions: Iterable[Partition],
-           requests: Iterable[WaitingRequest], down: set[str], links: LinkFaults = NO_FAULTS) -> AllocationState:
-        state = cls(allocation, layout, down=down, links=links.within(set(allocation.agent_ids)))
+           requests: Iterable[WaitingRequest], down: set[str], draining: dict[str, Drain] | None = None,
+           links: LinkFaults = NO_FAULTS) -> AllocationState:
+        state = cls(allocation, layout, down=down, links=links.within(set(allocation.agent_ids)), draining=dict(draining or {}))
         for partition in partitions:
             state.put(partition)
         for request in requests:
@@ -163,6 +165,10 @@ class AllocationState:
             holder = partition_id if partition_id in self.partitions else unconfirmed(agent_id, partition_id)
             kept[holder] = kept.get(holder, frozenset()) | ipus
         return kept
+
+    def unplaceable(self) -> set[str]:
+        """The machines no partition is placed on, nor moved to: those down and those draining."""
+        return self.down | self.draining.keys() if self.draining else self.down
 
     def taken(self) -> dict[str, set[int]]:
         """The IPUs no move may take and no freed shape counts: those in use, and those held for the

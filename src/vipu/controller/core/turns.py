@@ -651,7 +651,7 @@ class Turns:
             used=used, kept_out=state.kept_out(),
             busy={partition_id: operation.kind for partition_id, operation in self.on_partition.items()}, queue=queue_view,
             down=frozenset(state.down), test=state.test, lent=state.loan.machines if state.loan is not None else (),
-            closing=state.closing, links=state.links)
+            closing=state.closing, links=state.links, draining=dict(state.draining))
         partitions_changed = self._partitions_changed
         self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)

@@ -25,7 +25,7 @@ from vipu.model.linkhealth import LinkName
 
 
 def _agent(view: AgentView) -> pb.Agent:
-    return convert.agent_to_proto(view.agent, view.cluster_id, view.allocation_id, view.ipus)
+    return convert.agent_to_proto(view.agent, view.cluster_id, view.allocation_id, view.ipus, view.draining_partitions)
 
 
 def _report(run: TestRun) -> pb.ClusterTestReport:
@@ -89,6 +89,13 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         action = None if request.action == "status" else _power_action(request.action)
         state, failed = self.agents.power(request.agent_id, action, force=request.force)
         return pb.PowerAgentReply(power_state=state.value, failed_partitions=failed)
+
+    def DrainAgents(self, request, context):
+        return pb.ListAgentsReply(agents=[_agent(view) for view in self.agents.drain(list(request.agent_ids), request.reason,
+                                                                                      caller().user_id)])
+
+    def ResumeAgents(self, request, context):
+        return pb.ListAgentsReply(agents=[_agent(view) for view in self.agents.resume(list(request.agent_ids))])
 
     def CreateCluster(self, request, context):
         return convert.cluster_to_proto(self.clusters.create(convert.cluster_request_from_proto(request)))

@@ -10,15 +10,16 @@ from __future__ import annotations
 import builtins
 import logging
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
-from vipu.controller.core.commands import Powering
+from vipu.controller.core.commands import Draining, Powering
 from vipu.controller.core.operations import POWER_MARGIN_SECONDS
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
-from vipu.model.entities import Agent, AgentStatus, check_id, natural_key, shown
+from vipu.model.entities import DRAIN_REASON_MAX, Agent, AgentStatus, Drain, check_id, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -55,6 +56,17 @@ class AgentView:
     cluster_id: str = ""
     allocation_id: str = ""
     ipus: list[IpuUse] = field(default_factory=list)
+    draining_partitions: tuple[str, ...] = ()  # while it drains: the partitions still on it (none: drained)
+
+
+def _drain_reason(reason: str) -> str:
+    """The reason of a drain, as operators and users will read it; InvalidArgument if it cannot be."""
+    reason = reason.strip()
+    if not reason:
+        raise InvalidArgument("a drain needs a reason (--reason), which operators and the users of its partitions are shown")
+    if len(reason) > DRAIN_REASON_MAX or not reason.isprintable():
+        raise InvalidArgument(f"a drain's reason is one line of at most {DRAIN_REASON_MAX} printable characters")
+    return reason
 
 
 class AgentService:
@@ -137,7 +149,81 @@ class AgentService:
         with self.store.reading() as tx:
             clusters, allocations = tx.cluster_of_agents(), tx.allocation_of_agents()
             agents = sorted(tx.list_agents(), key=lambda a: natural_key(a.id))
-            return [AgentView(a, clusters.get(a.id, ""), allocations.get(a.id, "")) for a in agents]
+        return [AgentView(a, clusters.get(a.id, ""), allocations.get(a.id, ""),
+                          draining_partitions=self._still_on(a, allocations.get(a.id, ""))) for a in agents]
+
+    def _still_on(self, agent: Agent, allocation_id: str) -> tuple[str, ...]:
+        """The partitions on a machine being drained, as its owner last committed them; () for one not drained."""
+        if agent.drain is None or not allocation_id:
+            return ()
+        owner = self.owners.owner(allocation_id)
+        partitions = owner.snapshot.partitions.values() if owner is not None else ()
+        return tuple(sorted((p.id for p in partitions if agent.id in p.agent_ids), key=natural_key))
+
+    def drain(self, agent_ids: builtins.list[str], reason: str, by: str) -> builtins.list[AgentView]:
+        """Drain the agents' machines, all or none: nothing is placed on them from now on, and their
+        relocatable partitions move off while idle (now, and at each health pass until none is left);
+        the others are left to finish. Draining one again for the same reason changes nothing; for
+        another, it is refused (resume it first). Stored, so it survives restarts and leaders."""
+        reason = _drain_reason(reason)
+        drain = Drain(reason, by, time.time())
+        with self.store.transaction() as tx:
+            agents = self._named(tx, agent_ids)
+            for agent in agents:
+                if agent.drain is not None and agent.drain.reason != reason:
+                    raise Conflict(f"agent {agent.id} is already {agent.drain.describe()}; resume it first to drain it for another reason")
+            newly = [agent.id for agent in agents if agent.drain is None]
+            for agent_id in newly:
+                tx.set_drain(agent_id, drain)
+            allocations = tx.allocation_of_agents()
+        for agent_id in newly:
+            log.info("agent %s is %s", agent_id, drain.describe())
+        self._tell_owners(newly, drain, allocations)
+        return [self.get(agent_id) for agent_id in agent_ids]
+
+    def resume(self, agent_ids: builtins.list[str]) -> builtins.list[AgentView]:
+        """End the drain of the agents' machines, all or none: partitions are placed there again."""
+        with self.store.transaction() as tx:
+            agents = self._named(tx, agent_ids)
+            undrained = [agent.id for agent in agents if agent.drain is None]
+            if undrained:
+                raise Conflict(f"agent {', '.join(undrained)} {'is' if len(undrained) == 1 else 'are'} not drained: nothing to resume")
+            for agent in agents:
+                tx.set_drain(agent.id, None)
+            allocations = tx.allocation_of_agents()
+        for agent in agents:
+            log.info("agent %s resumed after %s", agent.id, typing.cast(Drain, agent.drain).describe())
+        self._tell_owners([agent.id for agent in agents], None, allocations)
+        return [self.get(agent_id) for agent_id in agent_ids]
+
+    @staticmethod
+    def _named(tx, agent_ids: builtins.list[str]) -> builtins.list[Agent]:
+        if not agent_ids:
+            raise InvalidArgument("name at least one agent")
+        agents = []
+        for agent_id in dict.fromkeys(agent_ids):
+            agent = tx.get_agent(agent_id)
+            if agent is None:
+                raise NotFound(f"agent {shown(agent_id)} does not exist")
+            agents.append(agent)
+        return agents
+
+    def _tell_owners(self, agent_ids: builtins.list[str], drain: Drain | None, allocations: dict[str, str]) -> None:
+        """Tell each machine's owner, and wait for the moves a drain begins. The store holds the
+        drain already: an owner made after this reads it there, and one that fails to take the word
+        now is rebuilt from it; a move not made now is tried at each health pass."""
+        for agent_id in agent_ids:
+            allocation_id = allocations.get(agent_id)
+            owner = self.owners.owner(allocation_id) if allocation_id else None
+            if owner is None:
+                continue
+            command = Draining(agent_id, drain)
+            try:
+                owner.submit(command, always=True)
+                command.reply.wait(OWNER_SECONDS, f"the {'drain' if drain else 'resume'} of agent {agent_id}", OWNER_SECONDS)
+            except VipuError as error:
+                log.warning("agent %s: its %s stands, and its owner learns of it from the store or at the next health pass: %s",
+                            agent_id, "drain" if drain else "resume", error.message)
 
     def get(self, agent_id: str) -> AgentView:
         """The agent, and which partition holds each of its IPUs (as its allocation's owner last committed)."""
@@ -151,7 +237,8 @@ class AgentService:
         for partition in owner.snapshot.partitions.values() if owner is not None else ():
             for ipu in partition.ipus_on(agent_id):
                 holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
-        return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus])
+        return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus],
+                         self._still_on(agent, allocation_id))
 
     def power(self, agent_id: str, action: PowerAction | None, force: bool = False) -> tuple[PowerState, builtins.list[str]]:
         """Power the agent's machine (`action`), or read its power state (None); its power state then,

@@ -83,7 +83,7 @@ class PartitionService:
             snapshots = [owner.snapshot] if owner is not None else []
         else:
             snapshots = [s for s in self.owners.snapshots() if access.may_use(s.id)]
-        return sorted((_told_of_links(s, p) for s in snapshots for p in s.partitions.values()), key=lambda p: p.id)
+        return sorted((_with_notices(s, p) for s in snapshots for p in s.partitions.values()), key=lambda p: p.id)
 
     def get(self, partition_id: str, access: Access = OPEN_ACCESS) -> Partition:
         """The partition, if the caller may see it (a copy: snapshots are shared), with what the
@@ -92,6 +92,7 @@ class PartitionService:
         snapshot, partition = self._partition(partition_id, access)
         partition = lifecycle.copy(partition)
         partition.link_warnings = snapshot.link_warnings(partition)
+        partition.drain_notices = snapshot.drain_notices(partition)
         return partition
 
     def _partition(self, partition_id: str, access: Access) -> tuple[AllocationSnapshot, Partition]:
@@ -359,11 +360,13 @@ def _refusal(request: PartitionRequest, refusals: builtins.list[tuple[str, VipuE
     return family(f"no allocation can hold a partition of {request.size} IPUs as asked ({'; '.join(messages)})")
 
 
-def _told_of_links(snapshot: AllocationSnapshot, partition: Partition) -> Partition:
-    """The partition as a listing shows it: a copy with its link warnings when the allocation has
-    unhealthy links, else the snapshot's own (shared, unchanged)."""
-    if not snapshot.links:
+def _with_notices(snapshot: AllocationSnapshot, partition: Partition) -> Partition:
+    """The partition as a listing shows it: a copy with its link warnings and drain notices when
+    the allocation has unhealthy links or machines being drained, else the snapshot's own (shared,
+    unchanged)."""
+    if not snapshot.links and not snapshot.draining:
         return partition
     told = lifecycle.copy(partition)
     told.link_warnings = snapshot.link_warnings(partition)
+    told.drain_notices = snapshot.drain_notices(partition)
     return told

@@ -1,0 +1,82 @@
+"""Draining machines for a repair, on the real services (the agents' gateway is the test double of
+`test_services`): nothing is placed on a draining machine, relocatable partitions move off, others
+are left to finish, and the drain is stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from vipu.model.entities import PartitionRequest, ReadyState
+from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound
+
+
+def test_a_drained_machine_gets_no_new_partition_and_the_refusal_names_the_drain(pod):
+    views = pod.agents.drain(["ag1", "ag2", "ag3", "ag4", "ag5", "ag6", "ag7"], "cable repair", "admin")
+    assert [(v.agent.id, v.agent.drain.reason, v.agent.drain.by, v.draining_partitions) for v in views][:1] == [
+        ("ag1", "cable repair", "admin", ())]
+    assert pod.partitions.create(PartitionRequest("p1", 4)).agent_ids == ["ag8"]
+    with pytest.raises(NoRoom, match=r"without its machines that are draining \(agent ag1 is draining for cable repair "
+                                     r"\(by admin since .* UTC\); agent ag2 is draining"):
+        pod.partitions.create(PartitionRequest("p2", 4))
+    pod.agents.resume(["ag1"])
+    assert pod.partitions.create(PartitionRequest("p2", 4)).agent_ids == ["ag1"]
+
+
+def test_a_drain_moves_relocatable_partitions_off_and_leaves_the_others_running(pod):
+    kept = pod.partitions.create(PartitionRequest("kept", 2))
+    moving = pod.partitions.create(PartitionRequest("moving", 2, relocatable=True))
+    assert kept.agent_ids == moving.agent_ids == ["ag1"]
+    key = moving.attach_key
+    [view] = pod.agents.drain(["ag1"], "fan replacement", "admin")
+    assert view.draining_partitions == ("kept",)  # the relocatable one has moved by the time the drain is answered
+    moved = pod.partitions.get("moving")
+    assert moved.ready_state is ReadyState.ACTIVE and moved.agent_ids != ["ag1"] and moved.attach_key == key
+    assert "draining for fan replacement" in moved.relocation
+    assert pod.held_anywhere("moving") == moved.agent_ids
+    assert pod.partitions.get("kept").ready_state is ReadyState.ACTIVE and pod.held_anywhere("kept") == ["ag1"]
+    [notice] = pod.partitions.get("kept").drain_notices  # its user is told
+    assert notice.startswith("agent ag1 is draining for fan replacement (by admin since ") and notice.endswith("it is left to finish there")
+    assert [p.drain_notices for p in pod.partitions.list() if p.id == "kept"] == [(notice,)]
+    assert pod.partitions.get("moving").drain_notices == ()
+    pod.partitions.remove("kept")
+    [view] = pod.agents.list()[:1]
+    assert (view.agent.id, view.draining_partitions) == ("ag1", ())  # drained
+
+
+def test_no_grant_from_the_queue_lands_on_a_draining_machine(pod):
+    for n in range(1, 9):
+        assert pod.partitions.create(PartitionRequest(f"full{n}", 4)).agent_ids == [f"ag{n}"]
+    pod.agents.drain(["ag1"], "repair", "admin")
+    pod.partitions.remove("full1")
+    waiting = pod.requests.create(PartitionRequest("waits", 4), wait_seconds=600)  # ag1 is free, and draining
+    assert waiting.position == 1
+    assert "in allocation a1 without its machines that are draining (agent ag1 is draining for repair (by admin" in waiting.reason
+    pod.partitions.remove("full5")
+    assert pod.owners.wait_quiet(30)
+    assert pod.partitions.get("waits").agent_ids == ["ag5"]
+
+
+def test_a_drain_is_stored_and_a_restarted_controller_keeps_it(pod):
+    pod.agents.drain(["ag1"], "repair", "admin")
+    services = pod.restarted()
+    assert services.agents.get("ag1").agent.drain.reason == "repair"
+    assert services.partitions.create(PartitionRequest("p1", 4)).agent_ids == ["ag2"]
+
+
+def test_bad_drains_and_resumes_are_refused_in_one_line_and_change_nothing(pod):
+    with pytest.raises(InvalidArgument, match="a drain needs a reason"):
+        pod.agents.drain(["ag1"], "  ", "admin")
+    with pytest.raises(InvalidArgument, match="one line"):
+        pod.agents.drain(["ag1"], "two\nlines", "admin")
+    with pytest.raises(NotFound, match="agent nope does not exist"):
+        pod.agents.drain(["ag1", "nope"], "repair", "admin")
+    with pytest.raises(Conflict, match="agent ag2 is not drained: nothing to resume"):
+        pod.agents.resume(["ag2"])
+    assert all(view.agent.drain is None for view in pod.agents.list())  # the refused drain of ag1 and nope changed nothing
+    pod.agents.drain(["ag1"], "repair", "alice")
+    assert pod.agents.drain(["ag1"], "repair", "bob")[0].agent.drain.by == "alice"  # the same drain again changes nothing
+    with pytest.raises(Conflict, match=r"agent ag1 is already draining for repair \(by alice since .*\); resume it first"):
+        pod.agents.drain(["ag1"], "another reason", "bob")
+    with pytest.raises(Conflict, match="agent ag2 is not drained"):
+        pod.agents.resume(["ag1", "ag2"])
+    assert pod.agents.get("ag1").agent.drain is not None  # all or none
