@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tests.functional.harness import failed_line, pairs, rows
+from tests.functional.harness import failed_line, pairs, rows, wait_until
+from vipu.api.protos import admin_pb2
 
 
 def create_agents(pod, count=4):
@@ -204,3 +205,21 @@ def test_a_drain_moves_what_may_move_keeps_new_partitions_off_survives_a_restart
     resumed = pod.admin("resume", "agent", "ag1")
     assert (resumed.code, resumed.out) == (0, "agent ag1 resumed\n"), resumed.err
     assert {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}["ag1"] == "-"
+
+    cable = pod.admin_api.GetCabling(admin_pb2.GetRequest(id="cl0")).cables[0]
+    ends = [cable.lower_agent_id, cable.upper_agent_id]
+    by_cable = pod.admin("drain", "link", f"{cable.lower_agent_id}:{cable.lower_port}", "--reason", "new cable")
+    assert [line.split(":")[0] for line in by_cable.out.splitlines()] == [f"agent {end}" for end in ends], by_cable.out
+    assert pod.admin("resume", "link", f"{cable.upper_agent_id}:{cable.upper_port}").out == "".join(f"agent {e} resumed\n" for e in ends)
+    failed_line(pod.admin("drain", "domain", "cl0:1", "--reason", "x"), "drain domain", "cl0:1", "cluster cl0 has 1 IPU-Link domain(s)")
+
+    bad = pod.admin("drain", "agent", "ag1", "--reason", "repair", "--by", "soon")
+    assert bad.code == 2 and len(bad.err.splitlines()) == 1 and "neither a time from now" in bad.err, bad.err
+    [machine] = [name for name, held in ((m.name, pod.held(m.name)) for m in pod.rack.machines) if "new" in held]
+    holder = f"ag{int(machine[1:])}"
+    late = pod.admin("drain", "agent", holder, "--reason", "rack move", "--by", "3s")
+    assert late.code == 0 and "what is left is stopped at " in late.out, late.out
+    assert "it is stopped at " in pairs(pod.user("get", "partition", "new").out)["Drain"]
+    wait_until(lambda: pod.held(machine) == {} and "new" not in pod.user("list", "partitions").out, timeout=30,
+               what="the partition left past the drain's deadline to be stopped")
+    assert {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}[holder].startswith("DRAINED: rack move")

@@ -202,7 +202,7 @@ def agent_to_proto(agent: Agent, cluster_id: str = "", allocation_id: str = "", 
     drain = agent.drain
     return admin_pb2.Agent(
         drain=None if drain is None else admin_pb2.AgentDrain(reason=drain.reason, by=drain.by, since=drain.since,
-                                                              partition_ids=draining_partitions),
+                                                              partition_ids=draining_partitions, deadline=drain.deadline),
         id=agent.id,
         host=agent.host,
         port=agent.port,

@@ -32,6 +32,7 @@ from vipu.cli.common import (
     split_list,
     succeed,
 )
+from vipu.client.admin import by_time
 from vipu.client.admin import since_time as client_since_time
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
 from vipu.model.errors import InvalidArgument, VipuError
@@ -146,7 +147,8 @@ def _drain_text(agent) -> str:
         return "-"
     drain = agent.drain
     state = f"DRAINING ({', '.join(drain.partition_ids)} left)" if drain.partition_ids else "DRAINED"
-    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}"
+    stopped = f"; what is left is stopped at {utc_text(drain.deadline)}" if drain.deadline and drain.partition_ids else ""
+    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}{stopped}"
 
 
 def _version_label(component: str) -> str:
@@ -235,20 +237,38 @@ def power(admin, action, kind, agent_id, force, as_json):
     click.echo(f"agent {agent_id}: power {reply.power_state}")
 
 
+def _machines(admin, kind: str, names: tuple[str, ...]) -> list[str]:
+    """The agents that `drain` and `resume` name: themselves, both ends of each link's cable, or each IPU-Link domain's."""
+    if kind == "agent":
+        return list(names)
+    found = [agent for name in names for agent in (admin.machines_of_link(name) if kind == "link" else admin.machines_of_domain(name))]
+    return list(dict.fromkeys(found))
+
+
 @cli.command("drain")
-@click.argument("kind", type=click.Choice(["agent"]))
-@click.argument("agent_ids", metavar="AGENT_ID...", nargs=-1, required=True)
+@click.argument("kind", type=click.Choice(["agent", "link", "domain"]))
+@click.argument("names", metavar="ID...", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why (a repair, say): shown to operators and to the users of its partitions.")
+@click.option("--by", "by", default=None, metavar="WHEN",
+              help="Stop the partitions still there then: a time from now (2h, 1d) or a date and time in UTC (2026-12-07T08:00). "
+                   "Without it they are left to finish.")
 @json_option
 @pass_client
-def drain(admin, kind, agent_ids, reason, as_json):
-    """Drain agents' machines, for a repair say: nothing new is placed on them.
+def drain(admin, kind, names, reason, by, as_json):
+    """Drain machines, for a repair say: nothing new is placed on them. Name agents, links
+    (AGENT:PORT, AGENT:syncN, AGENT:gwN: the machines at both ends of the cable) or IPU-Link
+    domains (CLUSTER:INDEX).
 
     Their relocatable partitions move elsewhere while idle (now, or at a later health pass while a
-    client is attached); the others are left to finish. All or none; the drain stands, across
-    restarts, until `vipu-admin resume agent`."""
-    with reporting(f"drain {kind}", ", ".join(agent_ids)):
-        agents = admin.drain_agents(list(agent_ids), reason)
+    client is attached); the others are left to finish, or are stopped at --by as a forced remove
+    stops them (their users see when). All or none; the drain stands, across restarts, until
+    `vipu-admin resume`."""
+    try:
+        deadline = by_time(by or "")
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message, param_hint="--by") from None
+    with reporting(f"drain {kind}", ", ".join(names)):
+        agents = admin.drain_agents(_machines(admin, kind, names), reason, deadline)
     if as_json:
         return echo_json({"agents": agents})
     for agent in agents:
@@ -256,15 +276,16 @@ def drain(admin, kind, agent_ids, reason, as_json):
 
 
 @cli.command("resume")
-@click.argument("kind", type=click.Choice(["agent"]))
-@click.argument("agent_ids", metavar="AGENT_ID...", nargs=-1, required=True)
+@click.argument("kind", type=click.Choice(["agent", "link", "domain"]))
+@click.argument("names", metavar="ID...", nargs=-1, required=True)
 @pass_client
-def resume(admin, kind, agent_ids):
-    """End the drain of agents' machines: partitions are placed there again. All or none."""
-    with reporting(f"resume {kind}", ", ".join(agent_ids)):
-        admin.resume_agents(list(agent_ids))
-    for agent_id in agent_ids:
-        click.echo(f"agent {agent_id} resumed")
+def resume(admin, kind, names):
+    """End the drain of machines (agents, links' ends or IPU-Link domains, as `drain` names
+    them): partitions are placed there again. All or none."""
+    with reporting(f"resume {kind}", ", ".join(names)):
+        agents = admin.resume_agents(_machines(admin, kind, names))
+    for agent in agents:
+        click.echo(f"agent {agent.id} resumed")
 
 
 @remove.command("agent")

@@ -10,6 +10,8 @@ from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.client.base import EndpointClient
 from vipu.model.errors import InvalidArgument
+from vipu.model.linkhealth import LinkName
+from vipu.model.times import parse_duration
 
 POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
 DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for each machine's owner and the moves it begins
@@ -28,6 +30,22 @@ def since_time(value: str, now: float | None = None) -> float:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise InvalidArgument(f"{value!r} is neither a time ago (30m, 12h, 7d) nor a date and time (2026-11-01T08:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def by_time(value: str, now: float | None = None) -> float:
+    """A drain's deadline (`drain_agents`'s `by`) as a person gives it: a time from now (30m, 2h,
+    1d, 1h30m) or a date and time (2026-12-07T08:00, UTC unless it names its zone); 0 for none."""
+    if not value:
+        return 0.0
+    try:
+        return (time.time() if now is None else now) + parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(f"{value!r} is neither a time from now (30m, 2h, 1d) nor a date and time (2026-12-07T08:00)") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
@@ -86,10 +104,38 @@ class AdminClient(EndpointClient):
         POWER_CALL_SECONDS, longer than the controller's own bound."""
         return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), at_least=POWER_CALL_SECONDS)
 
-    def drain_agents(self, agent_ids: list[str], reason: str) -> list[pb.Agent]:
-        """Drain the agents' machines, all or none (see `vipu-admin drain agent`): the agents as they are then."""
-        request = pb.DrainAgentsRequest(agent_ids=agent_ids, reason=reason)
+    def drain_agents(self, agent_ids: list[str], reason: str, by: float = 0.0) -> list[pb.Agent]:
+        """Drain the agents' machines, all or none (see `vipu-admin drain agent`), the partitions
+        still there at `by` (seconds since the epoch; 0: none) then stopped: the agents as they are then."""
+        request = pb.DrainAgentsRequest(agent_ids=agent_ids, reason=reason, by=by)
         return list(self._call("DrainAgents", request, at_least=DRAIN_CALL_SECONDS).agents)
+
+    def machines_of_link(self, link: str) -> list[str]:
+        """The agents at both ends of a link's cable (AGENT:PORT, AGENT:syncN, AGENT:gwN), as its
+        cluster is cabled; the agent alone for a link inside its machine."""
+        name = LinkName.parse(link)
+        if name.kind is None:
+            return [name.agent_id]
+        cluster_id = self.get_agent(name.agent_id).cluster_id
+        if not cluster_id:
+            raise InvalidArgument(f"agent {name.agent_id} is in no cluster, so no cable of its is known: drain the agent itself")
+        for cable in self.cabling(cluster_id).cables:
+            ends = ((cable.lower_agent_id, cable.lower_port), (cable.upper_agent_id, cable.upper_port))
+            if cable.kind == name.kind.value and (name.agent_id, name.port) in ends:
+                return [cable.lower_agent_id, cable.upper_agent_id]
+        raise InvalidArgument(f"no cable of cluster {cluster_id} ends at {link}")
+
+    def machines_of_domain(self, domain: str) -> list[str]:
+        """The agents of an IPU-Link domain, CLUSTER:INDEX (cl0:0 the lowest), in rack order."""
+        cluster_id, _, index = domain.rpartition(":")
+        if not cluster_id or not index.isdigit():
+            raise InvalidArgument(f"{domain!r} names no IPU-Link domain: give CLUSTER:INDEX (cl0:0)")
+        cluster = self.get_cluster(cluster_id)
+        count = max(1, cluster.num_ipulinkdomains)
+        if int(index) >= count:
+            raise InvalidArgument(f"cluster {cluster_id} has {count} IPU-Link domain(s), numbered from 0: not {index}")
+        per_domain = len(cluster.agent_ids) // count
+        return list(cluster.agent_ids[int(index) * per_domain:(int(index) + 1) * per_domain])
 
     def resume_agents(self, agent_ids: list[str]) -> list[pb.Agent]:
         """End the drain of the agents' machines, all or none."""

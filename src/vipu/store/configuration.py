@@ -54,11 +54,12 @@ def _agent(row: AgentRow, inventory: dict | None = None) -> Agent:
     """The agent of a row, read from the database, or just written with its inventory as `inventory`."""
     return Agent(id=row.id, host=row.host, port=row.port, inventory=_inventory_from_json(row.inventory if inventory is None else inventory),
                  status=AgentStatus(row.status), discovery_mode=row.discovery_mode, last_error=row.last_error or "",
-                 drain=Drain(row.drain["reason"], row.drain["by"], float(row.drain["since"])) if row.drain else None)
+                 drain=Drain(row.drain["reason"], row.drain["by"], float(row.drain["since"]), float(row.drain.get("deadline", 0.0)))
+                 if row.drain else None)
 
 
 def _drain_to_json(drain: Drain | None) -> dict | None:
-    return None if drain is None else {"reason": drain.reason, "by": drain.by, "since": drain.since}
+    return None if drain is None else {"reason": drain.reason, "by": drain.by, "since": drain.since, "deadline": drain.deadline}
 
 
 def _cluster(row: ClusterRow) -> Cluster:

@@ -4,10 +4,15 @@ are left to finish, and the drain is stored."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 import pytest
 
+from vipu.client.admin import by_time
 from vipu.model.entities import PartitionRequest, ReadyState
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound
+from vipu.model.times import utc_text
 
 
 def test_a_drained_machine_gets_no_new_partition_and_the_refusal_names_the_drain(pod):
@@ -80,3 +85,30 @@ def test_bad_drains_and_resumes_are_refused_in_one_line_and_change_nothing(pod):
     with pytest.raises(Conflict, match="agent ag2 is not drained"):
         pod.agents.resume(["ag1", "ag2"])
     assert pod.agents.get("ag1").agent.drain is not None  # all or none
+
+
+def test_a_partition_left_on_a_machine_past_its_drains_deadline_is_stopped_and_its_user_told_when(pod):
+    pod.partitions.create(PartitionRequest("late", 4))
+    elsewhere = pod.partitions.create(PartitionRequest("elsewhere", 4))
+    with pytest.raises(InvalidArgument, match="a drain's deadline"):
+        pod.agents.drain(["ag1"], "repair", "admin", deadline=time.time() - 1)
+    deadline = time.time() + 1.0
+    [view] = pod.agents.drain(["ag1"], "repair", "admin", deadline=deadline)
+    assert view.draining_partitions == ("late",) and view.agent.drain.deadline == deadline
+    [notice] = pod.partitions.get("late").drain_notices
+    assert notice.endswith(f"it is stopped at {utc_text(deadline)}")
+    stopped_by = time.monotonic() + 30
+    while pod.held_anywhere("late") or "late" in {p.id for p in pod.partitions.list()}:  # stopped by the owner's timer, no command
+        assert time.monotonic() < stopped_by, "the partition left past the drain's deadline was not stopped"
+        time.sleep(0.05)
+    assert time.time() >= deadline
+    assert pod.partitions.get("elsewhere").agent_ids == elsewhere.agent_ids  # nothing else is touched
+    assert pod.agents.get("ag1").draining_partitions == ()
+
+
+def test_a_drains_deadline_is_given_as_a_time_from_now_or_a_date_and_time():
+    assert by_time("2h", now=1000.0) == 1000.0 + 7200
+    assert by_time("2026-12-07T08:00") == datetime(2026, 12, 7, 8, 0, tzinfo=UTC).timestamp()
+    assert by_time("") == 0.0
+    with pytest.raises(InvalidArgument, match="neither a time from now"):
+        by_time("soon")

@@ -68,24 +68,28 @@ class Agent(_message.Message):
     def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., status: _Optional[str] = ..., cluster_id: _Optional[str] = ..., allocation_id: _Optional[str] = ..., inventory: _Optional[_Union[_agent_pb2.Inventory, _Mapping]] = ..., ipus: _Optional[_Iterable[_Union[AgentIpuUse, _Mapping]]] = ..., discovery_mode: _Optional[str] = ..., last_error: _Optional[str] = ..., condition: _Optional[_Union[_agent_pb2.Condition, _Mapping]] = ..., drain: _Optional[_Union[AgentDrain, _Mapping]] = ...) -> None: ...
 
 class AgentDrain(_message.Message):
-    __slots__ = ("reason", "by", "since", "partition_ids")
+    __slots__ = ("reason", "by", "since", "partition_ids", "deadline")
     REASON_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     reason: str
     by: str
     since: float
     partition_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[float] = ..., partition_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    deadline: float
+    def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[float] = ..., partition_ids: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class DrainAgentsRequest(_message.Message):
-    __slots__ = ("agent_ids", "reason")
+    __slots__ = ("agent_ids", "reason", "by")
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
-    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    by: float
+    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., by: _Optional[float] = ...) -> None: ...
 
 class ResumeAgentsRequest(_message.Message):
     __slots__ = ("agent_ids",)

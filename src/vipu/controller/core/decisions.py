@@ -51,9 +51,11 @@ from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy, Placement
 from vipu.model.reasons import held_clause
+from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
 
+DRAIN_STOP_RETRY_SECONDS = 10.0
 REFUSALS_REMEMBERED = 256  # refused requests whose asking again the size mix does not count twice
 
 
@@ -360,6 +362,24 @@ class Decisions(QueueKeeping):
             children = [self._leave_draining(partition) for partition in list(state.on_agent(command.agent_id))
                         if partition.id not in self.on_partition and due_to_leave_draining(partition, state.draining.keys())]
         self._answer_when_done(command, children)
+
+    def _drains_due(self) -> None:
+        """Stop, as a forced remove does, each partition left on a machine whose drain's deadline has
+        passed (its user was told when, by its status)."""
+        state, now = self.state, time.time()
+        if not state.draining or now < state.drain_stops_after:
+            return
+        for agent_id, drain in list(state.draining.items()):
+            if not drain.deadline or drain.deadline > now:
+                continue
+            for partition in state.on_agent(agent_id):
+                if partition.id in self.on_partition:
+                    continue
+                log.warning("partition %s is stopped: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
+                            drain.describe(), utc_text(drain.deadline))
+                body = _quietly(operations.remove(self, partition, force=True), partition.id, "the stop at a drain's deadline")
+                self.start(Operation("removing", body, partition_id=partition.id))
+                state.drain_stops_after = now + DRAIN_STOP_RETRY_SECONDS  # should this stop fail, the next is not tried at once
 
     def _leave_draining(self, partition: Partition) -> Operation:
         body = _leaving(operations.off_draining(self, partition), partition.id, "the machines being drained")

@@ -124,8 +124,7 @@ class AllocationSnapshot:
 
     def drain_notices(self, partition: Partition) -> tuple[str, ...]:
         """What the partition is told of the machines it runs on that an operator drains, a line each."""
-        then = "it moves elsewhere once no client is attached" if partition.relocatable else "it is left to finish there"
-        return tuple(f"agent {agent_id} is {drain.describe()}: {then}" for agent_id in partition.agent_ids
+        return tuple(f"agent {agent_id} is {drain.describe()}: {drain.fate(partition.relocatable)}" for agent_id in partition.agent_ids
                      if (drain := self.draining.get(agent_id)) is not None)
 
     @property

@@ -130,6 +130,10 @@ class Turns:
         """End the requests whose deadline passed (`queueing`)."""
         raise NotImplementedError
 
+    def _drains_due(self) -> None:
+        """Stop the partitions left on machines whose drain's deadline passed (`decisions`)."""
+        raise NotImplementedError
+
     def _lease(self, request: WaitingRequest) -> None:
         """Give a waiting request a whole lease (`queueing`)."""
         raise NotImplementedError
@@ -331,7 +335,7 @@ class Turns:
 
     def _next_timer(self) -> float | None:
         """When the owner must act without a command (monotonic): a request's deadline, a retried
-        pass, the end of a loan of its machines."""
+        pass, the end of a loan of its machines, a drain's deadline."""
         timers = []
         if self._expiries:
             timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
@@ -341,7 +345,18 @@ class Turns:
             timers.append(self._reclear_due)
         if self.state.loan is not None:
             timers.append(self.state.loan.until)
+        drain_deadline = self._drain_deadline()
+        if drain_deadline is not None:
+            timers.append(time.monotonic() + drain_deadline - time.time())
         return min(timers, default=None)
+
+    def _drain_deadline(self) -> float | None:
+        """The earliest deadline (seconds since the epoch) of a drain whose machine holds a partition
+        no operation holds, which it is to stop; None if there is none."""
+        state = self.state
+        deadlines = [drain.deadline for agent_id, drain in state.draining.items()
+                     if drain.deadline and any(p.id not in self.on_partition for p in state.on_agent(agent_id))]
+        return max(min(deadlines), state.drain_stops_after) if deadlines else None
 
     def _turn(self, commands: list[Command], answers: list[tuple[Operation, list[AgentCall], Any]]) -> None:
         for operation, _, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
@@ -352,6 +367,7 @@ class Turns:
         self._commands.extend(commands)
         failpoints.hit("owner.turn")
         self._expire_due()
+        self._drains_due()
         loan = self.state.loan
         if loan is not None and time.monotonic() >= loan.until:
             self._take_back(f"its loan of {loan.seconds:g} s ran out")

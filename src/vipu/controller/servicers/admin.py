@@ -91,8 +91,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.PowerAgentReply(power_state=state.value, failed_partitions=failed)
 
     def DrainAgents(self, request, context):
-        return pb.ListAgentsReply(agents=[_agent(view) for view in self.agents.drain(list(request.agent_ids), request.reason,
-                                                                                      caller().user_id)])
+        drained = self.agents.drain(list(request.agent_ids), request.reason, caller().user_id, request.by)
+        return pb.ListAgentsReply(agents=[_agent(view) for view in drained])
 
     def ResumeAgents(self, request, context):
         return pb.ListAgentsReply(agents=[_agent(view) for view in self.agents.resume(list(request.agent_ids))])

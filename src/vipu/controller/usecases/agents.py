@@ -8,10 +8,11 @@ refused, unless the administrator takes it over with the site's agent-link autho
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
@@ -30,6 +31,7 @@ from vipu.model.errors import (
     VipuError,
 )
 from vipu.model.hardware import Capability, PowerAction, PowerState
+from vipu.model.times import utc_text
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -160,25 +162,30 @@ class AgentService:
         partitions = owner.snapshot.partitions.values() if owner is not None else ()
         return tuple(sorted((p.id for p in partitions if agent.id in p.agent_ids), key=natural_key))
 
-    def drain(self, agent_ids: builtins.list[str], reason: str, by: str) -> builtins.list[AgentView]:
+    def drain(self, agent_ids: builtins.list[str], reason: str, by: str, deadline: float = 0.0) -> builtins.list[AgentView]:
         """Drain the agents' machines, all or none: nothing is placed on them from now on, and their
         relocatable partitions move off while idle (now, and at each health pass until none is left);
-        the others are left to finish. Draining one again for the same reason changes nothing; for
-        another, it is refused (resume it first). Stored, so it survives restarts and leaders."""
-        reason = _drain_reason(reason)
-        drain = Drain(reason, by, time.time())
+        the others are left to finish, or, given a `deadline` (seconds since the epoch), are stopped
+        then as a forced remove stops them. Draining one again for the same reason changes nothing
+        but a deadline given; for another reason, it is refused (resume it first). Stored, so it
+        survives restarts and leaders."""
+        reason, now = _drain_reason(reason), time.time()
+        if deadline and deadline <= now:
+            raise InvalidArgument(f"a drain's deadline (--by) is a time to come, not {utc_text(deadline)}")
         with self.store.transaction() as tx:
             agents = self._named(tx, agent_ids)
             for agent in agents:
                 if agent.drain is not None and agent.drain.reason != reason:
                     raise Conflict(f"agent {agent.id} is already {agent.drain.describe()}; resume it first to drain it for another reason")
-            newly = [agent.id for agent in agents if agent.drain is None]
-            for agent_id in newly:
+            changed = {agent.id: dataclasses.replace(agent.drain, deadline=deadline) if agent.drain else Drain(reason, by, now, deadline)
+                       for agent in agents if agent.drain is None or (deadline and agent.drain.deadline != deadline)}
+            for agent_id, drain in changed.items():
                 tx.set_drain(agent_id, drain)
             allocations = tx.allocation_of_agents()
-        for agent_id in newly:
-            log.info("agent %s is %s", agent_id, drain.describe())
-        self._tell_owners(newly, drain, allocations)
+        stopped = f"; what is left there is stopped at {utc_text(deadline)}" if deadline else ""
+        for agent_id, drain in changed.items():
+            log.info("agent %s is %s%s", agent_id, drain.describe(), stopped)
+        self._tell_owners(changed, allocations)
         return [self.get(agent_id) for agent_id in agent_ids]
 
     def resume(self, agent_ids: builtins.list[str]) -> builtins.list[AgentView]:
@@ -193,7 +200,7 @@ class AgentService:
             allocations = tx.allocation_of_agents()
         for agent in agents:
             log.info("agent %s resumed after %s", agent.id, typing.cast(Drain, agent.drain).describe())
-        self._tell_owners([agent.id for agent in agents], None, allocations)
+        self._tell_owners(dict.fromkeys(agent.id for agent in agents), allocations)
         return [self.get(agent_id) for agent_id in agent_ids]
 
     @staticmethod
@@ -208,11 +215,12 @@ class AgentService:
             agents.append(agent)
         return agents
 
-    def _tell_owners(self, agent_ids: builtins.list[str], drain: Drain | None, allocations: dict[str, str]) -> None:
-        """Tell each machine's owner, and wait for the moves a drain begins. The store holds the
-        drain already: an owner made after this reads it there, and one that fails to take the word
-        now is rebuilt from it; a move not made now is tried at each health pass."""
-        for agent_id in agent_ids:
+    def _tell_owners(self, drains: Mapping[str, Drain | None], allocations: dict[str, str]) -> None:
+        """Tell each machine's owner of its drain (None: resumed), and wait for the moves a drain
+        begins. The store holds it already: an owner made after this reads it there, and one that
+        fails to take the word now is rebuilt from it; a move not made now is tried at each health
+        pass."""
+        for agent_id, drain in drains.items():
             allocation_id = allocations.get(agent_id)
             owner = self.owners.owner(allocation_id) if allocation_id else None
             if owner is None:
