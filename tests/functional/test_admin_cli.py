@@ -218,8 +218,8 @@ def test_a_drain_moves_what_may_move_keeps_new_partitions_off_survives_a_restart
     [machine] = [name for name, held in ((m.name, pod.held(m.name)) for m in pod.rack.machines) if "new" in held]
     holder = f"ag{int(machine[1:])}"
     late = pod.admin("drain", "agent", holder, "--reason", "rack move", "--by", "3s")
-    assert late.code == 0 and "what is left is stopped at " in late.out, late.out
-    assert "it is stopped at " in pairs(pod.user("get", "partition", "new").out)["Drain"]
+    assert late.code == 0 and "what is left is removed at " in late.out, late.out
+    assert "it is removed at " in pairs(pod.user("get", "partition", "new").out)["Drain"]
     wait_until(lambda: pod.held(machine) == {} and "new" not in pod.user("list", "partitions").out, timeout=30,
-               what="the partition left past the drain's deadline to be stopped")
+               what="the partition left past the drain's deadline to be removed")
     assert {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}[holder].startswith("DRAINED: rack move")

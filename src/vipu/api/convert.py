@@ -237,6 +237,13 @@ def cluster_to_proto(cluster: Cluster, allocation_ids=()) -> admin_pb2.Cluster:
     )
 
 
+def cluster_from_proto(message: admin_pb2.Cluster) -> Cluster:
+    """A cluster as the admin API gives it (`cluster_to_proto`'s reverse)."""
+    return Cluster(id=message.id, agent_ids=tuple(message.agent_ids),
+                   topology=_reverse(ILD_TOPOLOGY, message.topology, "IPU-Link domain topology"), num_ilds=message.num_ipulinkdomains or 1,
+                   gw_topology=GwTopology.LOOPED if message.cluster_topology == admin_pb2.GW_TOPOLOGY_LOOPED else None)
+
+
 def cluster_request_from_proto(message: admin_pb2.CreateClusterRequest) -> Cluster:
     topology = IldTopology.MESH
     if message.topology != admin_pb2.ILD_TOPOLOGY_UNSPECIFIED:

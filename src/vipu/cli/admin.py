@@ -147,8 +147,8 @@ def _drain_text(agent) -> str:
         return "-"
     drain = agent.drain
     state = f"DRAINING ({', '.join(drain.partition_ids)} left)" if drain.partition_ids else "DRAINED"
-    stopped = f"; what is left is stopped at {utc_text(drain.deadline)}" if drain.deadline and drain.partition_ids else ""
-    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}{stopped}"
+    removed = f"; what is left is removed at {utc_text(drain.deadline)}" if drain.deadline and drain.partition_ids else ""
+    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}{removed}"
 
 
 def _version_label(component: str) -> str:
@@ -250,7 +250,7 @@ def _machines(admin, kind: str, names: tuple[str, ...]) -> list[str]:
 @click.argument("names", metavar="ID...", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why (a repair, say): shown to operators and to the users of its partitions.")
 @click.option("--by", "by", default=None, metavar="WHEN",
-              help="Stop the partitions still there then: a time from now (2h, 1d) or a date and time in UTC (2026-12-07T08:00). "
+              help="Remove the partitions still there then: a time from now (2h, 1d) or a date and time in UTC (2026-12-07T08:00). "
                    "Without it they are left to finish.")
 @json_option
 @pass_client
@@ -260,8 +260,8 @@ def drain(admin, kind, names, reason, by, as_json):
     domains (CLUSTER:INDEX).
 
     Their relocatable partitions move elsewhere while idle (now, or at a later health pass while a
-    client is attached); the others are left to finish, or are stopped at --by as a forced remove
-    stops them (their users see when). All or none; the drain stands, across restarts, until
+    client is attached); the others are left to finish, or are removed at --by as a forced remove
+    removes them (their users see when). All or none; the drain stands, across restarts, until
     `vipu-admin resume`."""
     try:
         deadline = by_time(by or "")

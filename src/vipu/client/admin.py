@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+from vipu.api.convert import cluster_from_proto
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.api.protos import vipuuser_pb2 as user_pb
@@ -12,6 +13,7 @@ from vipu.client.base import EndpointClient
 from vipu.model.errors import InvalidArgument
 from vipu.model.linkhealth import LinkName
 from vipu.model.times import parse_duration
+from vipu.model.topology import ClusterLayout
 
 POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
 DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for each machine's owner and the moves it begins
@@ -26,26 +28,27 @@ def since_time(value: str, now: float | None = None) -> float:
         return 0.0
     if value[-1:] in _AGO_UNITS and value[:-1].replace(".", "", 1).isdigit():
         return (time.time() if now is None else now) - float(value[:-1]) * _AGO_UNITS[value[-1]]
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidArgument(f"{value!r} is neither a time ago (30m, 12h, 7d) nor a date and time (2026-11-01T08:00)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return _moment(value, "a time ago (30m, 12h, 7d)", "2026-11-01T08:00")
 
 
 def by_time(value: str, now: float | None = None) -> float:
-    """A drain's deadline (`drain_agents`'s `by`) as a person gives it: a time from now (30m, 2h,
-    1d, 1h30m) or a date and time (2026-12-07T08:00, UTC unless it names its zone); 0 for none."""
+    """A drain's deadline (`drain_agents`'s `deadline`) as a person gives it: a time from now (30m,
+    2h, 1d, 1h30m) or a date and time (2026-12-07T08:00, UTC unless it names its zone); 0 for none."""
     if not value:
         return 0.0
     try:
         return (time.time() if now is None else now) + parse_duration(value)
     except ValueError:
-        pass
+        return _moment(value, "a time from now (30m, 2h, 1d)", "2026-12-07T08:00")
+
+
+def _moment(value: str, or_else: str, example: str) -> float:
+    """A date and time as a person writes it, UTC unless it names its zone, in seconds since the
+    epoch; InvalidArgument saying the two forms it may take otherwise."""
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidArgument(f"{value!r} is neither a time from now (30m, 2h, 1d) nor a date and time (2026-12-07T08:00)") from None
+        raise InvalidArgument(f"{value!r} is neither {or_else} nor a date and time ({example})") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
@@ -104,10 +107,10 @@ class AdminClient(EndpointClient):
         POWER_CALL_SECONDS, longer than the controller's own bound."""
         return self._call("PowerAgent", pb.PowerAgentRequest(agent_id=agent_id, action=action, force=force), at_least=POWER_CALL_SECONDS)
 
-    def drain_agents(self, agent_ids: list[str], reason: str, by: float = 0.0) -> list[pb.Agent]:
+    def drain_agents(self, agent_ids: list[str], reason: str, deadline: float = 0.0) -> list[pb.Agent]:
         """Drain the agents' machines, all or none (see `vipu-admin drain agent`), the partitions
-        still there at `by` (seconds since the epoch; 0: none) then stopped: the agents as they are then."""
-        request = pb.DrainAgentsRequest(agent_ids=agent_ids, reason=reason, by=by)
+        still there at `deadline` (seconds since the epoch; 0: none) then removed: the agents as they are then."""
+        request = pb.DrainAgentsRequest(agent_ids=agent_ids, reason=reason, deadline=deadline)
         return list(self._call("DrainAgents", request, at_least=DRAIN_CALL_SECONDS).agents)
 
     def machines_of_link(self, link: str) -> list[str]:
@@ -130,12 +133,10 @@ class AdminClient(EndpointClient):
         cluster_id, _, index = domain.rpartition(":")
         if not cluster_id or not index.isdigit():
             raise InvalidArgument(f"{domain!r} names no IPU-Link domain: give CLUSTER:INDEX (cl0:0)")
-        cluster = self.get_cluster(cluster_id)
-        count = max(1, cluster.num_ipulinkdomains)
-        if int(index) >= count:
-            raise InvalidArgument(f"cluster {cluster_id} has {count} IPU-Link domain(s), numbered from 0: not {index}")
-        per_domain = len(cluster.agent_ids) // count
-        return list(cluster.agent_ids[int(index) * per_domain:(int(index) + 1) * per_domain])
+        ilds = ClusterLayout.of(cluster_from_proto(self.get_cluster(cluster_id))).ilds
+        if int(index) >= len(ilds):
+            raise InvalidArgument(f"cluster {cluster_id} has {len(ilds)} IPU-Link domain(s), numbered from 0: not {index}")
+        return list(ilds[int(index)])
 
     def resume_agents(self, agent_ids: list[str]) -> list[pb.Agent]:
         """End the drain of the agents' machines, all or none."""

@@ -200,7 +200,7 @@ class Drain:
     reason: str
     by: str  # the operator who drained it
     since: float  # seconds since the epoch
-    deadline: float = 0.0  # when partitions still there are stopped (seconds since the epoch); 0: they are left to finish
+    deadline: float = 0.0  # when partitions still there are removed (seconds since the epoch); 0: they are left to finish
 
     def describe(self) -> str:
         """How a refusal or a listing says it: `draining for cable repair (by admin since 2026-12-06 05:30:00 UTC)`."""
@@ -208,10 +208,10 @@ class Drain:
 
     def fate(self, relocatable: bool) -> str:
         """What becomes of a partition still on the machine, as its user is told."""
-        stopped = f"it is stopped at {utc_text(self.deadline)}" if self.deadline else ""
+        removed = f"it is removed at {utc_text(self.deadline)}" if self.deadline else ""
         if relocatable:
-            return "it moves elsewhere once no client is attached" + (f", or {stopped}" if stopped else "")
-        return stopped or "it is left to finish there"
+            return "it moves elsewhere once no client is attached" + (f", or {removed}" if removed else "")
+        return removed or "it is left to finish there"
 
 
 @dataclass

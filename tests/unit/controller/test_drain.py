@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from vipu.client.admin import by_time
-from vipu.model.entities import PartitionRequest, ReadyState
+from vipu.model.entities import Drain, PartitionRequest, ReadyState
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound
 from vipu.model.times import utc_text
 
@@ -23,6 +23,8 @@ def test_a_drained_machine_gets_no_new_partition_and_the_refusal_names_the_drain
     with pytest.raises(NoRoom, match=r"without its machines that are draining \(agent ag1 is draining for cable repair "
                                      r"\(by admin since .* UTC\); agent ag2 is draining"):
         pod.partitions.create(PartitionRequest("p2", 4))
+    with pytest.raises(NoRoom, match="while its machines that are draining are left out"):  # named IPUs too
+        pod.partitions.create(PartitionRequest("named", 4, explicit_ipus=tuple((0, i) for i in range(4)), cluster_id="cl0"))
     pod.agents.resume(["ag1"])
     assert pod.partitions.create(PartitionRequest("p2", 4)).agent_ids == ["ag1"]
 
@@ -87,7 +89,7 @@ def test_bad_drains_and_resumes_are_refused_in_one_line_and_change_nothing(pod):
     assert pod.agents.get("ag1").agent.drain is not None  # all or none
 
 
-def test_a_partition_left_on_a_machine_past_its_drains_deadline_is_stopped_and_its_user_told_when(pod):
+def test_a_partition_left_on_a_machine_past_its_drains_deadline_is_removed_and_its_user_told_when(pod):
     pod.partitions.create(PartitionRequest("late", 4))
     elsewhere = pod.partitions.create(PartitionRequest("elsewhere", 4))
     with pytest.raises(InvalidArgument, match="a drain's deadline"):
@@ -96,10 +98,10 @@ def test_a_partition_left_on_a_machine_past_its_drains_deadline_is_stopped_and_i
     [view] = pod.agents.drain(["ag1"], "repair", "admin", deadline=deadline)
     assert view.draining_partitions == ("late",) and view.agent.drain.deadline == deadline
     [notice] = pod.partitions.get("late").drain_notices
-    assert notice.endswith(f"it is stopped at {utc_text(deadline)}")
-    stopped_by = time.monotonic() + 30
-    while pod.held_anywhere("late") or "late" in {p.id for p in pod.partitions.list()}:  # stopped by the owner's timer, no command
-        assert time.monotonic() < stopped_by, "the partition left past the drain's deadline was not stopped"
+    assert notice.endswith(f"it is removed at {utc_text(deadline)}")
+    removed_by = time.monotonic() + 30
+    while pod.held_anywhere("late") or "late" in {p.id for p in pod.partitions.list()}:  # removed by the owner's timer, no command
+        assert time.monotonic() < removed_by, "the partition left past the drain's deadline was not removed"
         time.sleep(0.05)
     assert time.time() >= deadline
     assert pod.partitions.get("elsewhere").agent_ids == elsewhere.agent_ids  # nothing else is touched
@@ -112,3 +114,14 @@ def test_a_drains_deadline_is_given_as_a_time_from_now_or_a_date_and_time():
     assert by_time("") == 0.0
     with pytest.raises(InvalidArgument, match="neither a time from now"):
         by_time("soon")
+
+
+def test_an_owner_the_word_of_a_drain_missed_takes_it_from_the_store_at_the_next_health_pass(pod):
+    pod.partitions.create(PartitionRequest("made", 4))  # the allocation's owner is made, from the store as it is now
+    pod.partitions.remove("made")
+    with pod.store.transaction() as tx:  # drained as a use case drains, its word to the owner lost
+        tx.set_drain("ag1", Drain("repair", "admin", time.time()))
+    assert pod.partitions.create(PartitionRequest("before", 4)).agent_ids == ["ag1"]  # the owner does not know yet
+    pod.partitions.remove("before")
+    pod.health.check_all()
+    assert "ag1" not in pod.partitions.create(PartitionRequest("after", 4)).agent_ids

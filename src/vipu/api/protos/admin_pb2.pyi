@@ -82,14 +82,14 @@ class AgentDrain(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[float] = ..., partition_ids: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class DrainAgentsRequest(_message.Message):
-    __slots__ = ("agent_ids", "reason", "by")
+    __slots__ = ("agent_ids", "reason", "deadline")
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    BY_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
-    by: float
-    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., by: _Optional[float] = ...) -> None: ...
+    deadline: float
+    def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class ResumeAgentsRequest(_message.Message):
     __slots__ = ("agent_ids",)

@@ -17,7 +17,7 @@ from typing import Any
 
 from vipu.controller.core.lending import Loan
 from vipu.model.configuration import AgentSettings
-from vipu.model.entities import OPEN_ACCESS, Access, Drain, PartitionRequest
+from vipu.model.entities import OPEN_ACCESS, Access, PartitionRequest
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.linkhealth import LinkFaults
 
@@ -241,14 +241,11 @@ class AgentReport(Command):
 
 
 @dataclass
-class Draining(Command):
-    """An operator drains one of the allocation's machines (`drain`), or resumes it (None), as the
-    store now says: nothing is placed there while it drains, and its relocatable ACTIVE partitions
-    move off while idle, now and at each health pass until none is left; answered once the moves
-    begun now have ended."""
-
-    agent_id: str
-    drain: Drain | None
+class DrainsChanged(Command):
+    """An operator drained or resumed some of the allocation's machines: the owner reads the drains
+    from the store (so that two such words crossing cannot leave it with the older), places nothing
+    on a draining machine, and moves its relocatable ACTIVE partitions off while idle, now and at
+    each health pass until none is left; answered once the moves begun now have ended."""
 
 
 @dataclass

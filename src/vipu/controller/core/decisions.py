@@ -18,7 +18,7 @@ from vipu.controller.core.commands import (
     Command,
     CompactAllocation,
     CreatePartition,
-    Draining,
+    DrainsChanged,
     FinishInterrupted,
     LendMachines,
     LinksChanged,
@@ -46,7 +46,7 @@ from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
 from vipu.model.entities import MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
-from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, VipuError
+from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy, Placement
@@ -137,18 +137,18 @@ class Decisions(QueueKeeping):
         expected duration does not let it start on them."""
         state = self.state
         first = state.queue.first()
-        down = self._machines_left_out()
+        left_out = self._machines_left_out()
         if first is None or not state.held:
-            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix, down)
+            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix, left_out)
         try:
             return place_request(state.layout, state.allocation, state.used, request,
-                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix, down)
+                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix, left_out)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
                 placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links,
-                                          mix, down)
+                                          mix, left_out)
             except NoRoom:
                 raise refusal from None
             why_not = held_clause(request.expected_seconds, first.partition_id, self.held_needed_at(), time.time())
@@ -234,7 +234,8 @@ class Decisions(QueueKeeping):
             command.reply.resolve(None)
             return
         held = {agent for agent, _ in state.held}
-        free = tuple(a for a in state.allocation.agent_ids if a not in state.used and a not in held and a not in state.down)
+        out = state.unplaceable()  # down, or being drained for a repair: no test of the idle time pokes at it
+        free = tuple(a for a in state.allocation.agent_ids if a not in state.used and a not in held and a not in out)
         if not free:
             command.reply.resolve(None)
             return
@@ -256,9 +257,9 @@ class Decisions(QueueKeeping):
         state, agent_id, asked_at = self.state, command.agent_id, command.asked_at
         agent = self.agents().get(agent_id)
         children: list[Operation] = []
-        if self.call_ends.forgotten(asked_at):
-            log.info("agent %s: a health pass's read begun %.1f s ago is not judged: this owner no longer knows, or never knew, "
-                     "the calls since (the next pass reads again)", agent_id, time.monotonic() - asked_at)
+        if self.call_ends.forgotten(asked_at):  # a new owner's first pass, every agent of it: routine, so not at INFO
+            log.debug("agent %s: a health pass's read begun %.1f s ago is not judged: this owner no longer knows, or never knew, "
+                      "the calls since (the next pass reads again)", agent_id, time.monotonic() - asked_at)
             command.reply.resolve()
             return
         if (state.powering(agent_id) and command.error is None) or (
@@ -349,37 +350,49 @@ class Decisions(QueueKeeping):
 
         self.start(Operation("waiting", failed(), command.reply, system=True))
 
-    def _draining(self, command: Draining) -> None:
-        """An operator drains one of the machines, or resumes it (`Draining`)."""
-        state = self.state
-        if command.drain is None:
-            state.draining.pop(command.agent_id, None)
-        else:
-            state.draining[command.agent_id] = command.drain
-        self._changed = self._queue_dirty = True
+    def _drains_changed(self, command: DrainsChanged) -> None:
+        """An operator drained or resumed machines (`DrainsChanged`): the drains as the store now
+        holds them, and the moves they begin."""
+        self._read_drains()
         children = []
-        if command.drain is not None and not state.test:
-            children = [self._leave_draining(partition) for partition in list(state.on_agent(command.agent_id))
-                        if partition.id not in self.on_partition and due_to_leave_draining(partition, state.draining.keys())]
+        if self.state.draining and not self.state.test:
+            children = [self._leave_draining(partition) for partition in list(self.state.partitions.values())
+                        if partition.id not in self.on_partition and due_to_leave_draining(partition, self.state.draining.keys())]
         self._answer_when_done(command, children)
 
+    def _read_drains(self) -> None:
+        """Take the allocation's drains from the configuration as committed last, so that words of
+        drains and resumes that cross on the way can never leave the owner with an older one."""
+        agents, state = self.agents(), self.state
+        draining = {agent_id: drain for agent_id in state.allocation.agent_ids
+                    if (agent := agents.get(agent_id)) is not None and (drain := agent.drain) is not None}
+        if draining != state.draining:
+            state.draining = draining
+            self._changed = self._queue_dirty = self._partitions_changed = True  # placement, and what users are told, changed
+
     def _drains_due(self) -> None:
-        """Stop, as a forced remove does, each partition left on a machine whose drain's deadline has
-        passed (its user was told when, by its status)."""
+        """Remove, as a forced remove does, each partition left on a machine whose drain's deadline
+        has passed (its user was told when, by its status); one whose removal fails is tried again
+        DRAIN_STOP_RETRY_SECONDS later."""
         state, now = self.state, time.time()
-        if not state.draining or now < state.drain_stops_after:
+        if not state.draining:
             return
+        state.drain_stops_after = {p: after for p, after in state.drain_stops_after.items() if p in state.partitions}
         for agent_id, drain in list(state.draining.items()):
             if not drain.deadline or drain.deadline > now:
                 continue
             for partition in state.on_agent(agent_id):
-                if partition.id in self.on_partition:
+                if partition.id in self.on_partition or now < state.drain_stops_after.get(partition.id, 0.0):
                     continue
-                log.warning("partition %s is stopped: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
+                log.warning("partition %s is removed: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
                             drain.describe(), utc_text(drain.deadline))
-                body = _quietly(operations.remove(self, partition, force=True), partition.id, "the stop at a drain's deadline")
-                self.start(Operation("removing", body, partition_id=partition.id))
-                state.drain_stops_after = now + DRAIN_STOP_RETRY_SECONDS  # should this stop fail, the next is not tried at once
+                body = _quietly(operations.remove(self, partition, force=True), partition.id, "the removal at a drain's deadline")
+                try:
+                    self.start(Operation("removing", body, partition_id=partition.id))
+                except Unavailable as busy:  # as many operations are under way as an owner takes: at a later turn
+                    log.warning("partition %s: its removal at a drain's deadline waits: %s", partition.id, busy.message)
+                    return
+                state.drain_stops_after[partition.id] = now + DRAIN_STOP_RETRY_SECONDS
 
     def _leave_draining(self, partition: Partition) -> Operation:
         body = _leaving(operations.off_draining(self, partition), partition.id, "the machines being drained")
@@ -423,9 +436,10 @@ class Decisions(QueueKeeping):
 
     def _recover_failed(self, command: RecoverFailed) -> None:
         """Move relocatable ERROR partitions off the machines that failed them, relocatable ACTIVE
-        ones off the unhealthy links they run over while idle, and reset ERROR partitions whose
-        agents all answer, as their automatic reset policy allows."""
+        ones off machines being drained and the unhealthy links they run over while idle, and reset
+        ERROR partitions whose agents all answer, as their automatic reset policy allows."""
         children = []
+        self._read_drains()  # a word of a drain the owner missed is not missed for longer than a pass
         if not self.state.test:
             down = self.state.down
             for partition in list(self.state.partitions.values()):
@@ -435,7 +449,7 @@ class Decisions(QueueKeeping):
                     body = _quietly(operations.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
                                     "automatic relocation")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
-                elif due_to_leave_draining(partition, self.state.draining.keys()):
+                elif due_to_leave_draining(partition, self.state.draining.keys()):  # as the store held them at this pass
                     children.append(self._leave_draining(partition))
                 elif due_to_leave_unhealthy_links(partition, self.state.links, self.state.layout):
                     body = _leaving(operations.off_unhealthy_links(self, partition), partition.id, "its unhealthy links")
@@ -566,7 +580,7 @@ class Decisions(QueueKeeping):
         ReturnMachines: _return,
         AgentReport: _report,
         Powering: _powering,
-        Draining: _draining,
+        DrainsChanged: _drains_changed,
         LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,

@@ -191,11 +191,12 @@ def planned(state: AllocationState, partition: Partition, target: Placement) -> 
     draining, and links not quarantined; NoRoom saying what changed otherwise."""
     taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
              if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
-    down = sorted({ipu.agent_id for ipu in target.ipus} & state.unplaceable())
+    machines = {ipu.agent_id for ipu in target.ipus}
+    down, draining = sorted(machines & state.down), sorted(machines & state.draining.keys() - state.down)
     quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
-    if taken or down or quarantined:
+    if taken or down or draining or quarantined:
         what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
-                f"agent {', '.join(down)} is down or draining" if down else
+                f"agent {', '.join(down)} is down" if down else f"agent {', '.join(draining)} is being drained" if draining else
                 f"it needs quarantined link {', '.join(map(str, quarantined))}")
         raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
     return target
@@ -456,11 +457,15 @@ def off_draining(owner: Owner, partition: Partition) -> Body:
     drained = sorted(set(partition.agent_ids) & state.draining.keys())
     if not drained:
         return None  # resumed meanwhile
-    placement = placed_elsewhere(owner, partition)
-    if placement is None:
-        raise NoRoom(f"partition {partition.id}: no room off the machines being drained ({', '.join(drained)})")
     why = f"off agent {drained[0]}, {state.draining[drained[0]].describe()}"
+    no_room = NoRoom(f"partition {partition.id}: no room off the machines being drained ({', '.join(drained)})")
+    if placed_elsewhere(owner, partition) is None:
+        raise no_room  # before any fence is made
     partition = yield from fenced(owner, partition)
+    placement = placed_elsewhere(owner, partition)  # again: another move off the machine may have taken that place meanwhile
+    if placement is None:
+        yield owner.applying(partition, owner.agents_of(partition))  # its fences lifted (they would lapse anyway)
+        raise no_room
     return (yield from relocate(owner, partition, set(), why, because_failed=False, target=placement))
 
 

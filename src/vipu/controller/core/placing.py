@@ -86,15 +86,16 @@ def _slot(layout: ClusterLayout, allocation: Allocation, request: PartitionReque
 
 def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[str, Set[int]], request: PartitionRequest,
                   occupancy: Occupancy, faults: LinkFaults = NO_FAULTS, mix: SizeMix | None = None,
-                  down: Mapping[str, str] | None = None) -> Placement:
+                  left_out: Mapping[str, str] | None = None) -> Placement:
     """The request placed in the allocation's free IPUs (around those `occupancy` holds for the
     queue's first request, and around the unhealthy links `faults` names), leaving the most room
-    for the allocation's `mix` of sizes, on none of the machines `down` names (with what each is,
-    as a clause: "is down: it does not answer", or `DRAINING` and the operator's reason; IPUs
-    named outright are placed as named); NoRoom saying why it does not fit, or InvalidArgument
-    naming the rule it breaks."""
+    for the allocation's `mix` of sizes, on none of the machines `left_out` names (with what each
+    is, as a clause: "is down: it does not answer", or `DRAINING` and the operator's reason; IPUs
+    named outright are placed as named, on a machine that is down too, but never on one being
+    drained); NoRoom saying why it does not fit, or InvalidArgument naming the rule it breaks."""
     explicit = explicit_ipus(layout, allocation, request)
-    kept_out = {} if explicit or not down else {a: why for a, why in down.items() if a in allocation.agent_ids}
+    kept_out = {a: what for a, what in (left_out or {}).items()
+                if a in allocation.agent_ids and (not explicit or what.startswith(DRAINING))}
 
     def placed(machines: set[str], where: str) -> Placement:
         return place_partition(

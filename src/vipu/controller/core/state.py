@@ -48,7 +48,8 @@ class AllocationState:
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
     draining: dict[str, Drain] = dataclasses.field(default_factory=dict)  # machines an operator drains: nothing is placed there
-    drain_stops_after: float = 0.0  # seconds since the epoch: no stop at a drain's deadline is tried again before (one failed)
+    # Partitions a drain's deadline stops -> when their stop may be tried again (seconds since the epoch), should it fail.
+    drain_stops_after: dict[str, float] = dataclasses.field(default_factory=dict)
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding the machines

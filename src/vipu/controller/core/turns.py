@@ -119,6 +119,9 @@ class Turns:
         heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
         self._explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
         self.snapshot = AllocationSnapshot(state.allocation, state.layout)
+        # When a drain's deadline next stops a partition (seconds since the epoch), worked out by each
+        # turn: the timer thread reads this number, never the state a turn changes.
+        self._drain_due: float | None = self._drain_deadline()
 
     # What the later parts of the owner do at a turn's points
 
@@ -345,18 +348,19 @@ class Turns:
             timers.append(self._reclear_due)
         if self.state.loan is not None:
             timers.append(self.state.loan.until)
-        drain_deadline = self._drain_deadline()
-        if drain_deadline is not None:
-            timers.append(time.monotonic() + drain_deadline - time.time())
+        if self._drain_due is not None:
+            timers.append(time.monotonic() + self._drain_due - time.time())
         return min(timers, default=None)
 
     def _drain_deadline(self) -> float | None:
-        """The earliest deadline (seconds since the epoch) of a drain whose machine holds a partition
-        no operation holds, which it is to stop; None if there is none."""
+        """When the owner next stops a partition left on a machine being drained (seconds since the
+        epoch): its drain's deadline, or, if a stop of it failed, when it is tried again; None if no
+        partition no operation holds is to be stopped. On the turn's thread only."""
         state = self.state
-        deadlines = [drain.deadline for agent_id, drain in state.draining.items()
-                     if drain.deadline and any(p.id not in self.on_partition for p in state.on_agent(agent_id))]
-        return max(min(deadlines), state.drain_stops_after) if deadlines else None
+        due = [max(drain.deadline, state.drain_stops_after.get(partition.id, 0.0))
+               for agent_id, drain in state.draining.items() if drain.deadline
+               for partition in state.on_agent(agent_id) if partition.id not in self.on_partition]
+        return min(due, default=None)
 
     def _turn(self, commands: list[Command], answers: list[tuple[Operation, list[AgentCall], Any]]) -> None:
         for operation, _, outcomes in answers:  # first, so that a turn that raises leaves them to be failed truthfully
@@ -411,6 +415,7 @@ class Turns:
             self._pass_due = time.monotonic()
         self._keep_reclearing()
         self._queue_dirty = self._queue_dirty and self._queue_matters()
+        self._drain_due = self._drain_deadline()
         self._publish()
         launch, self._launch = self._launch, []
         self._stepping_off = [loan for loan in self._stepping_off if loan.stepping_on(loan.machines)]

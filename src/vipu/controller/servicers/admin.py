@@ -91,7 +91,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         return pb.PowerAgentReply(power_state=state.value, failed_partitions=failed)
 
     def DrainAgents(self, request, context):
-        drained = self.agents.drain(list(request.agent_ids), request.reason, caller().user_id, request.by)
+        drained = self.agents.drain(list(request.agent_ids), request.reason, caller().user_id, request.deadline)
         return pb.ListAgentsReply(agents=[_agent(view) for view in drained])
 
     def ResumeAgents(self, request, context):

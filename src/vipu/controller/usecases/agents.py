@@ -10,13 +10,14 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import logging
+import math
 import time
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentGateway
-from vipu.controller.core.commands import Draining, Powering
+from vipu.controller.core.commands import DrainsChanged, Powering
 from vipu.controller.core.operations import POWER_MARGIN_SECONDS
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
@@ -32,11 +33,15 @@ from vipu.model.errors import (
 )
 from vipu.model.hardware import Capability, PowerAction, PowerState
 from vipu.model.times import utc_text
+from vipu.model.waiting import MAX_EXPECTED_SECONDS
 from vipu.store.store import Store
 
 log = logging.getLogger(__name__)
 
 OWNER_SECONDS = 30.0  # how long a power action waits for its machine's owner, at its start and its end
+# How long a drain waits for its owners to take the word, and as long again for the moves it begins: in
+# all, well within the client's DRAIN_CALL_SECONDS.
+DRAIN_WAIT_SECONDS = 60.0
 
 
 def no_takeover(machine_serial: str) -> str:
@@ -165,13 +170,14 @@ class AgentService:
     def drain(self, agent_ids: builtins.list[str], reason: str, by: str, deadline: float = 0.0) -> builtins.list[AgentView]:
         """Drain the agents' machines, all or none: nothing is placed on them from now on, and their
         relocatable partitions move off while idle (now, and at each health pass until none is left);
-        the others are left to finish, or, given a `deadline` (seconds since the epoch), are stopped
-        then as a forced remove stops them. Draining one again for the same reason changes nothing
+        the others are left to finish, or, given a `deadline` (seconds since the epoch), are removed
+        then as a forced remove removes them. Draining one again for the same reason changes nothing
         but a deadline given; for another reason, it is refused (resume it first). Stored, so it
         survives restarts and leaders."""
         reason, now = _drain_reason(reason), time.time()
-        if deadline and deadline <= now:
-            raise InvalidArgument(f"a drain's deadline (--by) is a time to come, not {utc_text(deadline)}")
+        if deadline and not (math.isfinite(deadline) and now < deadline <= now + MAX_EXPECTED_SECONDS):
+            written = utc_text(deadline) if math.isfinite(deadline) and 0 < deadline < now + MAX_EXPECTED_SECONDS else repr(deadline)
+            raise InvalidArgument(f"a drain's deadline (--by) is a time to come within {MAX_EXPECTED_SECONDS} s, not {written}")
         with self.store.transaction() as tx:
             agents = self._named(tx, agent_ids)
             for agent in agents:
@@ -182,11 +188,11 @@ class AgentService:
             for agent_id, drain in changed.items():
                 tx.set_drain(agent_id, drain)
             allocations = tx.allocation_of_agents()
-        stopped = f"; what is left there is stopped at {utc_text(deadline)}" if deadline else ""
+        removed = f"; what is left there is removed at {utc_text(deadline)}" if deadline else ""
         for agent_id, drain in changed.items():
-            log.info("agent %s is %s%s", agent_id, drain.describe(), stopped)
+            log.info("agent %s is %s%s", agent_id, drain.describe(), removed)
         self._tell_owners(changed, allocations)
-        return [self.get(agent_id) for agent_id in agent_ids]
+        return self._as_they_are(agents)
 
     def resume(self, agent_ids: builtins.list[str]) -> builtins.list[AgentView]:
         """End the drain of the agents' machines, all or none: partitions are placed there again."""
@@ -200,8 +206,8 @@ class AgentService:
             allocations = tx.allocation_of_agents()
         for agent in agents:
             log.info("agent %s resumed after %s", agent.id, typing.cast(Drain, agent.drain).describe())
-        self._tell_owners(dict.fromkeys(agent.id for agent in agents), allocations)
-        return [self.get(agent_id) for agent_id in agent_ids]
+        self._tell_owners([agent.id for agent in agents], allocations)
+        return self._as_they_are(agents)
 
     @staticmethod
     def _named(tx, agent_ids: builtins.list[str]) -> builtins.list[Agent]:
@@ -215,23 +221,33 @@ class AgentService:
             agents.append(agent)
         return agents
 
-    def _tell_owners(self, drains: Mapping[str, Drain | None], allocations: dict[str, str]) -> None:
-        """Tell each machine's owner of its drain (None: resumed), and wait for the moves a drain
-        begins. The store holds it already: an owner made after this reads it there, and one that
-        fails to take the word now is rebuilt from it; a move not made now is tried at each health
-        pass."""
-        for agent_id, drain in drains.items():
-            allocation_id = allocations.get(agent_id)
-            owner = self.owners.owner(allocation_id) if allocation_id else None
-            if owner is None:
-                continue
-            command = Draining(agent_id, drain)
+    def _tell_owners(self, agent_ids: Iterable[str], allocations: dict[str, str]) -> None:
+        """Tell the owners of the machines' allocations that their drains changed, all at once, and
+        wait for the moves the drains begin (`DRAIN_WAIT_SECONDS`). The store holds the drains
+        already: each owner reads them there, now or, should this word not reach it, at the next
+        health pass; a move not made now is tried at each pass."""
+        told = []
+        for allocation_id in dict.fromkeys(allocations[a] for a in agent_ids if a in allocations):
+            command = DrainsChanged()
             try:
-                owner.submit(command, always=True)
-                command.reply.wait(OWNER_SECONDS, f"the {'drain' if drain else 'resume'} of agent {agent_id}", OWNER_SECONDS)
+                owner = self.owners.owner(allocation_id)
+                if owner is not None:
+                    owner.submit(command, always=True)
+                    told.append((allocation_id, command))
             except VipuError as error:
-                log.warning("agent %s: its %s stands, and its owner learns of it from the store or at the next health pass: %s",
-                            agent_id, "drain" if drain else "resume", error.message)
+                log.warning("allocation %s: its owner learns of the drains at the next health pass: %s", allocation_id, error.message)
+        deadline = time.monotonic() + DRAIN_WAIT_SECONDS
+        for allocation_id, command in told:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                command.reply.wait(left, f"allocation {allocation_id}'s owner", left)
+            except VipuError as error:
+                log.warning("allocation %s: the moves off its machines being drained go on: %s", allocation_id, error.message)
+
+    def _as_they_are(self, agents: builtins.list[Agent]) -> builtins.list[AgentView]:
+        """The agents as they are now, those removed meanwhile left out: the answer of a change already committed."""
+        views = {view.agent.id: view for view in self.list()}
+        return [views[agent.id] for agent in agents if agent.id in views]
 
     def get(self, agent_id: str) -> AgentView:
         """The agent, and which partition holds each of its IPUs (as its allocation's owner last committed)."""
