@@ -18,6 +18,6 @@
 Use cases (`vipu.controller.usecases`) and the health pass (`vipu.controller.loops`) ask owners
 through commands and read their snapshots; nothing else holds a partition's state.
 
-Held, kept out, configured, lease, loan and operation mean one thing each here, as the README's
-"How it is built" says.
+Held, kept out, configured, lease, loan, operation, down and draining mean one thing each here, as
+the README's "How it is built" says.
 """
