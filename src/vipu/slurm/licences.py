@@ -51,11 +51,12 @@ class Count:
     outside: int  # held by partitions Slurm's jobs did not make
     down: int = 0  # free, but on machines that are down
     held: int = 0  # free, but held for a request waiting first in its queue that is not a Slurm job's
+    draining: int = 0  # free, but on machines an operator drains
 
     @property
     def reserved(self) -> int:
         """What no job may have: reserved out of Slurm's count (at most all of it)."""
-        return min(self.outside + self.down + self.held, self.licences)
+        return min(self.outside + self.down + self.held + self.draining, self.licences)
 
     def describe(self) -> str:
         line = f"{self.licences} licences {LICENCE}; {self.outside} IPUs held outside Slurm"
@@ -63,6 +64,8 @@ class Count:
             line += f", {self.down} free on machines that are down"
         if self.held:
             line += f", {self.held} free held for a request outside Slurm"
+        if self.draining:
+            line += f", {self.draining} free on machines being drained"
         line += f", reserved ({RESERVATION})"
         if self.licences != self.given:
             line += (f"; but vipu gives Slurm's user {self.given} IPUs: set Licenses={LICENCE}:{self.given} in slurm.conf "
@@ -113,7 +116,8 @@ def sync(user: UserClient, slurm: Scontrol | None = None) -> Count:
     count = Count(total, sum(a.total_ipus for a in rooms),
                   outside=sum(len(p.spec.ipus) for p in partitions if not slurms(p.id)),
                   down=sum(a.down_ipus for a in rooms),
-                  held=sum(a.held_ipus for a in rooms if a.held_for and not slurms(a.held_for)))
+                  held=sum(a.held_ipus for a in rooms if a.held_for and not slurms(a.held_for)),
+                  draining=sum(a.draining_ipus for a in rooms))
     reserve(count.reserved)
     return count
 

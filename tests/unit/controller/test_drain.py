@@ -125,3 +125,14 @@ def test_an_owner_the_word_of_a_drain_missed_takes_it_from_the_store_at_the_next
     pod.partitions.remove("before")
     pod.health.check_all()
     assert "ag1" not in pod.partitions.create(PartitionRequest("after", 4)).agent_ids
+
+
+def test_capacity_counts_no_room_on_a_draining_machine_and_says_how_many_free_ipus_are_there(pod):
+    for n in range(1, 9):
+        pod.partitions.create(PartitionRequest(f"p{n}", 4))
+    pod.partitions.remove("p1")  # ag1 is the one machine free
+    [before] = pod.partitions.capacity(size=4)
+    assert (before.free_ipus, before.fitting, before.largest, before.draining_ipus) == (4, 1, 4, 0)
+    pod.agents.drain(["ag1"], "repair", "admin")
+    [during] = pod.partitions.capacity(size=4)
+    assert (during.free_ipus, during.fitting, during.largest, during.draining_ipus) == (4, 0, 0, 4)

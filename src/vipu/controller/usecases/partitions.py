@@ -57,6 +57,7 @@ class AllocationRoom:
     largest: int
     blocked: str = ""
     down_ipus: int = 0  # of the free IPUs, those on machines that are down
+    draining_ipus: int = 0  # of the free IPUs, those on machines being drained (and not down)
     held_ipus: int = 0  # of the free IPUs, those held for the first waiting request, `held_for`
     held_for: str = ""
 
@@ -147,7 +148,7 @@ class PartitionService:
         rooms = []
         for owner in filter(None, (self.owners.owner(a) for a in chosen)):
             s = owner.snapshot
-            allowed = set(s.allocation.agent_ids) - s.down  # nothing is placed on a machine that is down
+            allowed = set(s.allocation.agent_ids) - s.down - s.draining.keys()  # nothing is placed on a machine down or draining
             used = {agent: set(indices) for agent, indices in s.used.items() if agent in s.allocation.agent_ids}
             blocked = f"{s.test} is under test" if s.test else ""
             held = s.queue.held
@@ -156,6 +157,7 @@ class PartitionService:
                 fitting=0 if blocked or not size else count_fitting(s.layout, allowed, used, size),
                 largest=0 if blocked else largest_fitting(s.layout, allowed, used), blocked=blocked,
                 down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.down),
+                draining_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.draining.keys() - s.down),
                 held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())),
                 held_for=s.queue.first.partition_id if held and s.queue.first is not None else ""))
         return rooms
