@@ -15,6 +15,7 @@ from vipu.model.entities import (
     Agent,
     Allocation,
     Cluster,
+    Drain,
     GwRouting,
     GwTopology,
     IldTopology,
@@ -235,6 +236,10 @@ def cluster_to_proto(cluster: Cluster, allocation_ids=()) -> admin_pb2.Cluster:
         cluster_topology=admin_pb2.GW_TOPOLOGY_LOOPED if cluster.gw_topology else admin_pb2.GW_TOPOLOGY_UNSPECIFIED,
         allocation_ids=list(allocation_ids),
     )
+
+
+def drain_from_proto(message: admin_pb2.AgentDrain) -> Drain:
+    return Drain(message.reason, message.by, message.since, message.deadline)
 
 
 def cluster_from_proto(message: admin_pb2.Cluster) -> Cluster:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from vipu.api.convert import drain_from_proto
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -142,13 +143,8 @@ def list_agents(admin, as_json):
 
 
 def _drain_text(agent) -> str:
-    """An agent's drain as operators read it: `DRAINING (p1 left): cable repair, by admin since ...`, DRAINED once none is left."""
-    if not agent.HasField("drain"):
-        return "-"
-    drain = agent.drain
-    state = f"DRAINING ({', '.join(drain.partition_ids)} left)" if drain.partition_ids else "DRAINED"
-    removed = f"; what is left is removed at {utc_text(drain.deadline)}" if drain.deadline and drain.partition_ids else ""
-    return f"{state}: {drain.reason}, by {drain.by or 'an administrator'} since {utc_text(drain.since)}{removed}"
+    """An agent's drain as the model lists it (`Drain.listing`), or "-"."""
+    return drain_from_proto(agent.drain).listing(agent.drain.partition_ids) if agent.HasField("drain") else "-"
 
 
 def _version_label(component: str) -> str:

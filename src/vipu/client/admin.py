@@ -16,7 +16,7 @@ from vipu.model.times import parse_duration
 from vipu.model.topology import ClusterLayout
 
 POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
-DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for each machine's owner and the moves it begins
+DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for the machines' owners to take the word, and 60 s for their moves
 _AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

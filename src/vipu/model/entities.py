@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -202,9 +203,20 @@ class Drain:
     since: float  # seconds since the epoch
     deadline: float = 0.0  # when partitions still there are removed (seconds since the epoch); 0: they are left to finish
 
+    @property
+    def operator(self) -> str:
+        return self.by or "an administrator"  # open mode knows no user
+
     def describe(self) -> str:
-        """How a refusal or a listing says it: `draining for cable repair (by admin since 2026-12-06 05:30:00 UTC)`."""
-        return f"draining for {self.reason} (by {self.by or 'an administrator'} since {utc_text(self.since)})"
+        """How a refusal or a partition's status says it: `draining for cable repair (by admin since 2026-12-06 05:30:00 UTC)`."""
+        return f"draining for {self.reason} (by {self.operator} since {utc_text(self.since)})"
+
+    def listing(self, left: Sequence[str]) -> str:
+        """How a listing of machines says it, given the partitions `left` on the machine:
+        `DRAINING (p1 left): cable repair, by admin since ...`, and `DRAINED: ...` once none is."""
+        state = f"{drain_state(left)} ({', '.join(left)} left)" if left else drain_state(left)
+        removed = f"; what is left is removed at {utc_text(self.deadline)}" if self.deadline and left else ""
+        return f"{state}: {self.reason}, by {self.operator} since {utc_text(self.since)}{removed}"
 
     def fate(self, relocatable: bool) -> str:
         """What becomes of a partition still on the machine, as its user is told."""
@@ -212,6 +224,11 @@ class Drain:
         if relocatable:
             return "it moves elsewhere once no client is attached" + (f", or {removed}" if removed else "")
         return removed or "it is left to finish there"
+
+
+def drain_state(left: Sequence[str]) -> str:
+    """A drained machine's state, by the partitions `left` on it: DRAINING while any is, then DRAINED."""
+    return "DRAINING" if left else "DRAINED"
 
 
 @dataclass

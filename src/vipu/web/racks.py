@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vipu.api.protos import admin_pb2, vipuuser_pb2
+from vipu.model.entities import drain_state
 
 IPUS_PER_MACHINE = 4
 MACHINES_PER_COLUMN = 8
@@ -152,7 +153,7 @@ def _machine(agent_id: str, holders, tones, status: str = "", allocation_id: str
         ipus.append(Ipu(index) if holder is None else Ipu(index, holder.id, ready_state(holder), tones[holder.id]))
     if agent is None:
         return Machine(agent_id, status, allocation_id, ipus)
-    drain = ("DRAINING" if agent.drain.partition_ids else "DRAINED") if agent.HasField("drain") else ""
+    drain = drain_state(agent.drain.partition_ids) if agent.HasField("drain") else ""
     return Machine(agent_id, status, allocation_id, ipus, agent.condition.power_state, agent.condition.health, agent.last_error, drain,
                    agent.drain.reason)
 

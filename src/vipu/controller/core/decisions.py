@@ -55,7 +55,7 @@ from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
 
-DRAIN_STOP_RETRY_SECONDS = 10.0
+DRAIN_REMOVAL_RETRY_SECONDS = 10.0
 REFUSALS_REMEMBERED = 256  # refused requests whose asking again the size mix does not count twice
 
 
@@ -373,16 +373,16 @@ class Decisions(QueueKeeping):
     def _drains_due(self) -> None:
         """Remove, as a forced remove does, each partition left on a machine whose drain's deadline
         has passed (its user was told when, by its status); one whose removal fails is tried again
-        DRAIN_STOP_RETRY_SECONDS later."""
+        DRAIN_REMOVAL_RETRY_SECONDS later."""
         state, now = self.state, time.time()
         if not state.draining:
             return
-        state.drain_stops_after = {p: after for p, after in state.drain_stops_after.items() if p in state.partitions}
+        state.drain_removals_after = {p: after for p, after in state.drain_removals_after.items() if p in state.partitions}
         for agent_id, drain in list(state.draining.items()):
             if not drain.deadline or drain.deadline > now:
                 continue
             for partition in state.on_agent(agent_id):
-                if partition.id in self.on_partition or now < state.drain_stops_after.get(partition.id, 0.0):
+                if partition.id in self.on_partition or now < state.drain_removals_after.get(partition.id, 0.0):
                     continue
                 log.warning("partition %s is removed: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
                             drain.describe(), utc_text(drain.deadline))
@@ -392,7 +392,7 @@ class Decisions(QueueKeeping):
                 except Unavailable as busy:  # as many operations are under way as an owner takes: at a later turn
                     log.warning("partition %s: its removal at a drain's deadline waits: %s", partition.id, busy.message)
                     return
-                state.drain_stops_after[partition.id] = now + DRAIN_STOP_RETRY_SECONDS
+                state.drain_removals_after[partition.id] = now + DRAIN_REMOVAL_RETRY_SECONDS
 
     def _leave_draining(self, partition: Partition) -> Operation:
         body = _leaving(operations.off_draining(self, partition), partition.id, "the machines being drained")

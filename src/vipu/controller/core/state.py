@@ -48,8 +48,8 @@ class AllocationState:
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
     draining: dict[str, Drain] = dataclasses.field(default_factory=dict)  # machines an operator drains: nothing is placed there
-    # Partitions a drain's deadline stops -> when their stop may be tried again (seconds since the epoch), should it fail.
-    drain_stops_after: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Partitions a drain's deadline removes -> when their removal may be tried again (seconds since the epoch), should it fail.
+    drain_removals_after: dict[str, float] = dataclasses.field(default_factory=dict)
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding the machines

@@ -119,7 +119,7 @@ class Turns:
         heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
         self._explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
         self.snapshot = AllocationSnapshot(state.allocation, state.layout)
-        # When a drain's deadline next stops a partition (seconds since the epoch), worked out by each
+        # When a drain's deadline next removes a partition (seconds since the epoch), worked out by each
         # turn: the timer thread reads this number, never the state a turn changes.
         self._drain_due: float | None = self._drain_deadline()
 
@@ -134,7 +134,7 @@ class Turns:
         raise NotImplementedError
 
     def _drains_due(self) -> None:
-        """Stop the partitions left on machines whose drain's deadline passed (`decisions`)."""
+        """Remove the partitions left on machines whose drain's deadline passed (`decisions`)."""
         raise NotImplementedError
 
     def _lease(self, request: WaitingRequest) -> None:
@@ -353,11 +353,11 @@ class Turns:
         return min(timers, default=None)
 
     def _drain_deadline(self) -> float | None:
-        """When the owner next stops a partition left on a machine being drained (seconds since the
-        epoch): its drain's deadline, or, if a stop of it failed, when it is tried again; None if no
-        partition no operation holds is to be stopped. On the turn's thread only."""
+        """When the owner next removes a partition left on a machine being drained (seconds since the
+        epoch): its drain's deadline, or, if a removal of it failed, when it is tried again; None if
+        no partition no operation holds is to be removed. On the turn's thread only."""
         state = self.state
-        due = [max(drain.deadline, state.drain_stops_after.get(partition.id, 0.0))
+        due = [max(drain.deadline, state.drain_removals_after.get(partition.id, 0.0))
                for agent_id, drain in state.draining.items() if drain.deadline
                for partition in state.on_agent(agent_id) if partition.id not in self.on_partition]
         return min(due, default=None)
