@@ -223,3 +223,47 @@ def test_a_drain_moves_what_may_move_keeps_new_partitions_off_survives_a_restart
     wait_until(lambda: pod.held(machine) == {} and "new" not in pod.user("list", "partitions").out, timeout=30,
                what="the partition left past the drain's deadline to be removed")
     assert {row[0]: row[6] for row in rows(pod.admin("list", "agents").out)}[holder].startswith("DRAINED: rack move")
+
+
+def test_a_maintenance_window_and_a_reservation_through_both_clis(registered_pod):
+    pod = registered_pod
+    made = pod.admin("create", "reservation", "mw1", "--agents", "ag1,ag2", "--start", "1h", "--end", "3h", "--maintenance",
+                     "--reason", "firmware update")
+    assert made.code == 0 and made.out.startswith("create reservation (mw1): success: maintenance window mw1 (firmware update) from "), \
+        made.err
+    for cli in (pod.admin, pod.user):
+        [listed] = rows(cli("list", "reservations").out)
+        assert listed[:5] == ["mw1", "maintenance window", "alloc-1", "8 (ag1 ag2)", "0"] and listed[7] == "TO COME", listed
+    for n in range(6):
+        assert pod.user("create", "partition", f"full{n}", "--size", "4").code == 0  # ag3 to ag8
+    failed_line(pod.user("create", "partition", "long", "--size", "4", "--expected-duration", "2h"), "create partition", "long",
+                "kept for maintenance window mw1 (firmware update) from")
+    short = pod.user("create", "partition", "short", "--size", "4", "--expected-duration", "10m")
+    assert short.code == 0, short.err
+    assert agents_of(pod, "short") <= {"ag1", "ag2"}
+
+    failed_line(pod.admin("create", "reservation", "mw2", "--agents", "ag2", "--start", "2h", "--end", "4h", "--maintenance",
+                          "--reason", "x"), "create reservation", "mw2", "reservation mw2 would hold ag2 while maintenance window mw1")
+    failed_line(pod.admin("create", "reservation", "big", "--size", "64", "--users", "alice", "--end", "1h", "--reason", "x"),
+                "create reservation", "big", "is larger than allocation alloc-1 (32 IPUs)")
+    failed_line(pod.admin("create", "reservation", "old", "--agents", "ag3", "--end", "2020-01-01T00:00", "--maintenance",
+                          "--reason", "x"), "create reservation", "old", "would end in the past")
+    bad = pod.admin("create", "reservation", "x", "--agents", "ag3", "--start", "soon", "--end", "1h", "--maintenance", "--reason", "x")
+    assert bad.code == 2 and len(bad.err.splitlines()) == 1 and "neither a time from now" in bad.err, bad.err
+    failed_line(pod.admin("remove", "reservation", "nope"), "remove reservation", "nope", "reservation nope does not exist")
+
+    assert pod.user("remove", "partition", "full0").code == 0
+    train = pod.admin("create", "reservation", "train", "--size", "4", "--users", "alice", "--end", "1h", "--reason", "a demo")
+    assert train.code == 0, train.err
+    failed_line(pod.user("create", "partition", "other", "--size", "4"), "create partition", "other", "kept for reservation train")
+    inside = pod.user("create", "partition", "demo", "--size", "4", "--reservation", "train")  # open mode: anyone may name it
+    assert inside.code == 0, inside.err
+
+    pod.stop_server()
+    pod.start_server()
+    listing = {row[0]: row for row in rows(pod.admin("list", "reservations").out)}
+    assert set(listing) == {"mw1", "train"} and listing["train"][4] == "4" and listing["train"][7] == "UNDER WAY", listing
+    for name in ("train", "mw1"):
+        removed = pod.admin("remove", "reservation", name)
+        assert removed.code == 0, removed.err
+    assert rows(pod.admin("list", "reservations").out) == []

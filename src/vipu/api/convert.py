@@ -41,6 +41,7 @@ from vipu.model.hardware import (
 from vipu.model.linkhealth import CableIdentity, CableRecord, LinkDetail, LinkReading, LinkState, Sample
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
+from vipu.model.reservations import Reservation
 from vipu.model.topology import LinkKind
 
 IPULINK_ROUTING = {
@@ -306,6 +307,7 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
         relocatable=request.relocatable,
         may_move=request.may_move,
         expected_seconds=request.expected_seconds,
+        reservation=request.reservation,
     )
 
 
@@ -501,3 +503,18 @@ def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome], r
             for o in outcomes
         ],
     )
+
+
+def reservation_to_proto(reservation: Reservation, ipus_in_use: int) -> user_pb2.Reservation:
+    return user_pb2.Reservation(
+        name=reservation.name, allocation_id=reservation.allocation_id,
+        ipus=[user_pb2.ReservedIpu(agent_id=agent, index=index) for agent, index in sorted(reservation.ipus)],
+        start=reservation.start, end=reservation.end, reason=reservation.reason, maintenance=reservation.maintenance,
+        users=list(reservation.users), by=reservation.by, created=reservation.created, ipus_in_use=ipus_in_use,
+        description=reservation.describe())
+
+
+def reservation_from_proto(message: user_pb2.Reservation) -> Reservation:
+    return Reservation(message.name, message.allocation_id, frozenset((ipu.agent_id, ipu.index) for ipu in message.ipus),
+                       message.start, message.end, message.reason, message.maintenance, tuple(message.users), message.by,
+                       message.created)

@@ -29,6 +29,7 @@ from vipu.cli.common import (
     render_table,
     reporting,
     requests_command,
+    reservations_command,
     run,
     split_list,
     succeed,
@@ -531,6 +532,54 @@ def remove_allocation(admin, allocation_id, force, ipuof_dir):
     report_removal("allocation", allocation_id, removed, ipuof_dir)
 
 
+@create.command("reservation")
+@click.argument("name")
+@click.option("--agents", default=None, help="Reserve these machines, whole: ag1,ag2,... (of one allocation).")
+@click.option("--size", type=click.IntRange(1, 2**32 - 1), default=None, help="Or this many IPUs, placed by the controller.")
+@click.option("--allocation", "allocation_id", default="", help="With --size: the allocation (needed when there are several).")
+@click.option("--start", default="now", show_default=True, metavar="WHEN",
+              help="now, a time from now (2h, 1d) or a date and time in UTC (2026-12-12T02:00).")
+@click.option("--end", required=True, metavar="WHEN", help="A time from now (6h), or a date and time in UTC; after --start.")
+@click.option("--maintenance", is_flag=True,
+              help="A maintenance window: its machines are drained while it lasts, and nothing runs into it.")
+@click.option("--users", default=None, help="Or a reservation for these users (u1,u2,...), who make partitions in it with "
+              "vipu create partition --reservation NAME.")
+@click.option("--reason", required=True, help="Why: shown to users whose requests it keeps off, and in listings.")
+@pass_client
+def create_reservation(admin, name, agents, size, allocation_id, start, end, maintenance, users, reason):
+    """Set IPUs aside for a time: a maintenance window (--maintenance) or a reservation for users
+    (--users). Until its start, only partitions expected to end by then (vipu create partition
+    --expected-duration) are placed on them."""
+    if (agents is None) == (size is None):
+        raise click.UsageError("give either --agents or --size")
+    if maintenance == bool(users):
+        raise click.UsageError("give either --maintenance or --users")
+    now = time.time()
+    try:
+        starts = now if start == "now" else by_time(start, now)
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message, param_hint="--start") from None
+    try:
+        ends = by_time(end, now)
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message, param_hint="--end") from None
+    with reporting("create reservation", name):
+        made = admin.create_reservation(name, starts, ends, reason, agent_ids=split_list(agents), size=size or 0,
+                                        allocation_id=allocation_id, maintenance=maintenance, users=split_list(users))
+    click.echo(f"create reservation ({name}): success: {made.description}, {len(made.ipus)} IPUs "
+               f"({' '.join(dict.fromkeys(ipu.agent_id for ipu in made.ipus))})")
+
+
+@remove.command("reservation")
+@click.argument("name")
+@pass_client
+def remove_reservation(admin, name):
+    """Remove a reservation or maintenance window (one under way ends at once: its machines resume)."""
+    with reporting("remove reservation", name):
+        admin.remove_reservation(name)
+    succeed("remove reservation", name)
+
+
 @cli.command("compact")
 @click.argument("allocation_id")
 @click.option("--dry-run", is_flag=True, help="Show the plan only: nothing moves.")
@@ -798,6 +847,7 @@ def discover_agents(admin, auto_add, as_json):
 
 capacity_command(list_)
 requests_command(list_)
+reservations_command(list_)
 cancel_request_command(remove, "anyone's")
 
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import textwrap
+import time
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -365,6 +366,33 @@ def requests_command(group: click.Group) -> None:
                  utc_text(q.since.ToDatetime()), q.reason] for q in queued]
         click.echo(render_table(["Position", "Partition", "Allocation", "Size", "User", "Waiting Since", "Why"], rows,
                                 fit=None if wide else terminal_width()))
+
+
+def reservations_command(group: click.Group) -> None:
+    """`list reservations`, the same in both CLIs: the maintenance windows and reservations of the
+    allocations the caller may use, by start."""
+
+    @group.command("reservations")
+    @click.option("--allocation", "allocation_id", default="", help="Only this allocation's.")
+    @json_option
+    @pass_client
+    def list_reservations(client, allocation_id, as_json):
+        """Show the maintenance windows and the reservations for people: their IPUs, how many are
+        in use, when, for whom and why."""
+        from vipu.api.convert import reservation_from_proto
+
+        with reporting("list reservations"):
+            found = client.list_reservations(allocation_id)
+        if as_json:
+            return echo_json({"reservations": found})
+        now, rows = time.time(), []
+        for message in found:
+            r = reservation_from_proto(message)
+            rows.append([r.name, r.kind, r.allocation_id, f"{r.size} ({' '.join(r.agent_ids)})", str(message.ipus_in_use),
+                         utc_text(r.start, labelled=False), utc_text(r.end, labelled=False), r.phase(now), " ".join(r.users) or "-",
+                         f"{r.reason} (by {r.by or 'an administrator'})"])
+        click.echo(render_table(["Name", "Kind", "Allocation", "IPUs", "In Use", "Start (UTC)", "End (UTC)", "State", "Users",
+                                 "Reason"], rows, fit=terminal_width()))
 
 
 def terminal_width() -> int | None:

@@ -27,6 +27,7 @@ from vipu.cli.common import (
     render_table,
     reporting,
     requests_command,
+    reservations_command,
     run,
     split_list,
     succeed,
@@ -173,6 +174,8 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
                    "changes it later).")
 @click.option("--expected-duration", "expected_seconds", type=Duration(), default=None, metavar="DURATION",
               help="How long the partition is expected to run from its start: 90s, 30m, 2h, 1d. Default: unknown.")
+@click.option("--reservation", default="", help="Make the partition in this reservation (vipu list reservations), one of whose "
+              "users you are.")
 @click.option("--wait", is_flag=True, help="If there is no room now, wait in the allocation's queue until the partition starts.")
 @click.option("--timeout", type=click.IntRange(1, MAX_WAIT_SECONDS), default=DEFAULT_WAIT_SECONDS, show_default=True,
               help="With --wait: give up after this many seconds, saying why it waited.")
@@ -180,7 +183,7 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
 @pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
                      sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, relocatable, may_move,
-                     expected_seconds, wait, timeout, ipuof_dir):
+                     expected_seconds, reservation, wait, timeout, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
@@ -194,7 +197,7 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
             ipulink_routing=getattr(pb, IPULINK_ROUTINGS[ipulink_routing]) if ipulink_routing else pb.IRT_UNDEFINED,
             num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
             index=index, relocatable=relocatable, may_move=may_move, expected_seconds=expected_seconds or 0,
-            wait=timeout if wait else 0, on_wait=_say_where_it_waits)
+            reservation=reservation, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 
@@ -383,6 +386,7 @@ def list_ipu_attrs(user, agents, as_json):
 
 capacity_command(list_)
 requests_command(list_)
+reservations_command(list_)
 cancel_request_command(remove, "your own, or anyone's for an administrator")
 
 

@@ -165,6 +165,22 @@ class AdminClient(EndpointClient):
         """Cancel any user's request that waits for room."""
         self._call("CancelQueued", user_pb.CancelQueuedRequest(partition_id=partition_id))
 
+    def create_reservation(self, name: str, start: float, end: float, reason: str, *, agent_ids: list[str] | None = None,
+                           size: int = 0, allocation_id: str = "", maintenance: bool = False,
+                           users: list[str] | None = None) -> user_pb.Reservation:
+        """Reserve machines, or `size` IPUs of an allocation, from `start` to `end` (seconds since the
+        epoch): a maintenance window, or for `users`."""
+        return self._call("CreateReservation", pb.CreateReservationRequest(
+            name=name, agent_ids=agent_ids or [], size=size, allocation_id=allocation_id, start=start, end=end, reason=reason,
+            maintenance=maintenance, users=users or []))
+
+    def remove_reservation(self, name: str) -> None:
+        self._call("RemoveReservation", pb.RemoveRequest(id=name))
+
+    def list_reservations(self, allocation_id: str = "") -> list[user_pb.Reservation]:
+        """Every allocation's reservations (or one's), by start."""
+        return list(self._call("ListReservations", user_pb.ListReservationsRequest(allocation_id=allocation_id)).reservations)
+
     def get_allocation(self, allocation_id: str) -> pb.Allocation:
         return self._call("GetAllocation", pb.GetRequest(id=allocation_id))
 

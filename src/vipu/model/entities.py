@@ -305,6 +305,7 @@ class PartitionRequest:
     relocatable: bool = False
     may_move: bool = False  # its owner consents to planned moves while IPUoF clients are attached
     expected_seconds: int = 0  # how long it is expected to run from its start; 0: unknown
+    reservation: str = ""  # the reservation it is to be made in (`vipu.model.reservations`), if any
 
 
 MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user

@@ -93,9 +93,10 @@ Used = Mapping[str, Set[int]]
 
 
 def shape_of(request: PartitionRequest) -> Hashable:
-    """What placement decides a request by: requests alike in it fit, or not, together."""
+    """What placement decides a request by: requests alike in it fit, or not, together (but for
+    the reservations to come, which a request's expected duration may let it start on)."""
     return (request.size, request.num_gcds, request.num_segments, request.ipulink_routing, request.gw_routing,
-            request.explicit_ipus, request.index)
+            request.explicit_ipus, request.index, request.reservation)
 
 
 class Lines(Generic[T]):

@@ -37,12 +37,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 17  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 18  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
-# 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain
+# 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -204,6 +204,22 @@ class PartitionRequestRow(Base):
     deadline: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     held: Mapped[list] = mapped_column(JSON, default=list)  # [[agent, index], ...] held for it while it is first
     detached: Mapped[bool] = mapped_column(Boolean, default=False)  # no waiter's lease: picked up later
+
+
+class ReservationRow(Base):
+    """IPUs of an allocation set aside for a time (`vipu.model.reservations`), written by its owner alone."""
+
+    __tablename__ = "reservations"
+    name: Mapped[str] = mapped_column(ID, primary_key=True)
+    allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), index=True)
+    ipus: Mapped[list] = mapped_column(JSON)  # [[agent, index], ...]
+    starts_at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
+    ends_at: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(String(256), default="")
+    maintenance: Mapped[bool] = mapped_column(Boolean, default=False)
+    users: Mapped[list] = mapped_column(JSON, default=list)
+    made_by: Mapped[str] = mapped_column(String(64), default="")
+    created: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class ClusterTestRunRow(Base):

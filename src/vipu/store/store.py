@@ -38,6 +38,7 @@ from vipu.store.groupcommit import CommitLost, GroupCommit, WriteTurn
 from vipu.store.leases import HOLDS_LEASE_FUNCTION, INITIALISATION_LOCK, Fence, Lease, Leases, check_fence, check_fence_on_driver
 from vipu.store.links import LinkRepository
 from vipu.store.requests import RequestRepository
+from vipu.store.reservations import ReservationRepository
 from vipu.store.schema import MIGRATIONS, SCHEMA_VERSION, Base, MetaRow
 from vipu.store.transactions import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED
 from vipu.store.users import Credential, UserRepository
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 T = typing.TypeVar("T")
 
 
-class Transaction(ConfigurationRepository, RequestRepository, UserRepository, TestRunRepository, LinkRepository):
+class Transaction(ConfigurationRepository, RequestRepository, ReservationRepository, UserRepository, TestRunRepository, LinkRepository):
     """One unit of work on the store, speaking in domain entities: the repository of each kind of
     entity, on one connection (see `vipu.store.transactions`)."""
 

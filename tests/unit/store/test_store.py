@@ -30,8 +30,9 @@ from vipu.model.entities import (
     ReadyState,
     SyncType,
 )
-from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, OutcomeUnknown, Unavailable, VipuError
+from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, OutcomeUnknown, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
+from vipu.model.reservations import Reservation
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store, normalise_url
 
@@ -850,6 +851,7 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN power_cycled_at"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN compacted_at"))
         tx.session.execute(text("ALTER TABLE agents DROP COLUMN drain"))
+        tx.session.execute(text("DROP TABLE reservations"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -865,7 +867,8 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             assert (request.partition_id, request.request.may_move, request.request.expected_seconds) == ("q1", False, 0)
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
             assert tx.get_agent("ag1").drain is None  # 17: no machine was drained before drains
-        assert SCHEMA_VERSION == 17
+            assert tx.list_reservations() == []  # 18: a table of its own, made by the migration
+        assert SCHEMA_VERSION == 18
         p2 = partition("p2", "ag2")
         p2.may_move, p2.expected_seconds = True, 7200
         with reopened.transaction() as tx:
@@ -874,6 +877,29 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             assert (tx.get_partition("p2").may_move, tx.get_partition("p2").expected_seconds) == (True, 7200)
     finally:
         reopened.close()
+
+
+def test_reservations_round_trip_are_named_once_and_go_with_their_allocation(populated):
+    window = Reservation("mw1", "a1", frozenset({("ag1", 0), ("ag1", 1)}), 1000.5, 2000.25, "firmware", True, (), "admin", 999.0)
+    people = Reservation("train", "a1", frozenset({("ag2", 3)}), 1500.0, 2500.0, "a run", False, ("alice", "bob"), "", 999.0)
+    with populated.transaction() as tx:
+        tx.add_reservation(window)
+        tx.add_reservation(people)
+    with populated.reading() as tx:
+        assert tx.list_reservations() == [window, people]
+        assert tx.list_reservations("a2") == []
+    with pytest.raises(AlreadyExists, match="reservation mw1 already exists"):
+        with populated.transaction() as tx:
+            tx.add_reservation(dataclasses.replace(window, reason="another"))
+    with populated.transaction() as tx:
+        tx.delete_reservation(window)
+    with pytest.raises(NotFound, match="reservation mw1 does not exist"):
+        with populated.transaction() as tx:
+            tx.delete_reservation(window)
+    with populated.transaction() as tx:
+        tx.delete_allocation("a1")
+    with populated.reading() as tx:
+        assert tx.list_reservations() == []  # gone with its allocation
 
 
 def test_a_waiting_request_keeps_may_move_and_the_expected_duration(populated):

@@ -91,6 +91,28 @@ class DrainAgentsRequest(_message.Message):
     deadline: float
     def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., deadline: _Optional[float] = ...) -> None: ...
 
+class CreateReservationRequest(_message.Message):
+    __slots__ = ("name", "agent_ids", "size", "allocation_id", "start", "end", "reason", "maintenance", "users")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MAINTENANCE_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    size: int
+    allocation_id: str
+    start: float
+    end: float
+    reason: str
+    maintenance: bool
+    users: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ResumeAgentsRequest(_message.Message):
     __slots__ = ("agent_ids",)
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]

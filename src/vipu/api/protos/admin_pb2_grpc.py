@@ -130,6 +130,21 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
                 _registered_method=True)
+        self.CreateReservation = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/CreateReservation',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateReservationRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.RemoveReservation = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/RemoveReservation',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+                _registered_method=True)
+        self.ListReservations = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListReservations',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
+                _registered_method=True)
         self.TestCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/TestCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
@@ -314,6 +329,24 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateReservation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveReservation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TestCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -490,6 +523,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CancelQueued,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.SerializeToString,
+            ),
+            'CreateReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateReservation,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateReservationRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.Reservation.SerializeToString,
+            ),
+            'RemoveReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveReservation,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'ListReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReservations,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.SerializeToString,
             ),
             'TestCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.TestCluster,
@@ -1070,6 +1118,87 @@ class AdminService:
             '/vipu.admin.v1.AdminService/CancelQueued',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/CreateReservation',
+            vipu_dot_api_dot_protos_dot_admin__pb2.CreateReservationRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/RemoveReservation',
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListReservations',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
             options,
             channel_credentials,
             insecure,

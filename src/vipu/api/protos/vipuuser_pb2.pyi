@@ -174,7 +174,7 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds", "reservation")
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class CreatePartitionRequest(_message.Message):
     DETACHED_FIELD_NUMBER: _ClassVar[int]
     MAY_MOVE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
@@ -191,7 +192,8 @@ class CreatePartitionRequest(_message.Message):
     detached: bool
     may_move: bool
     expected_seconds: int
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ...) -> None: ...
+    reservation: str
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., reservation: _Optional[str] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
@@ -515,6 +517,54 @@ class WaitPartitionReply(_message.Message):
     queued: QueuedRequest
     busy: bool
     def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("name", "allocation_id", "ipus", "start", "end", "reason", "maintenance", "users", "by", "created", "ipus_in_use", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MAINTENANCE_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    IPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    allocation_id: str
+    ipus: _containers.RepeatedCompositeFieldContainer[ReservedIpu]
+    start: float
+    end: float
+    reason: str
+    maintenance: bool
+    users: _containers.RepeatedScalarFieldContainer[str]
+    by: str
+    created: float
+    ipus_in_use: int
+    description: str
+    def __init__(self, name: _Optional[str] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[ReservedIpu, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., by: _Optional[str] = ..., created: _Optional[float] = ..., ipus_in_use: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ReservedIpu(_message.Message):
+    __slots__ = ("agent_id", "index")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    index: int
+    def __init__(self, agent_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+
+class ListReservationsRequest(_message.Message):
+    __slots__ = ("allocation_id",)
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    def __init__(self, allocation_id: _Optional[str] = ...) -> None: ...
+
+class ListReservationsReply(_message.Message):
+    __slots__ = ("reservations",)
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
+    def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
 
 class ListQueuedRequest(_message.Message):
     __slots__ = ("allocation_id",)

@@ -99,6 +99,11 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
                 _registered_method=True)
+        self.ListReservations = channel.unary_unary(
+                '/virmgrpc.UserService/ListReservations',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
+                _registered_method=True)
         self.UpdatePartition = channel.unary_unary(
                 '/virmgrpc.UserService/UpdatePartition',
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.SerializeToString,
@@ -188,6 +193,12 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UpdatePartition(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -261,6 +272,11 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.CancelQueued,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.SerializeToString,
+            ),
+            'ListReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReservations,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.SerializeToString,
             ),
             'UpdatePartition': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdatePartition,
@@ -619,6 +635,33 @@ class UserService:
             '/virmgrpc.UserService/CancelQueued',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.CancelQueuedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/ListReservations',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -249,6 +249,31 @@ class DrainsChanged(Command):
 
 
 @dataclass
+class Reserve(Command):
+    """An administrator's reservation of IPUs of the allocation for a time (`vipu.model.reservations`):
+    the machines named (`agent_ids`), or a shape of `size` IPUs the owner chooses, free of other
+    reservations at that time and, where it can, of partitions expected to be there at its start.
+    Answered with the reservation once it is committed."""
+
+    name: str
+    start: float
+    end: float
+    reason: str
+    by: str = ""
+    maintenance: bool = False
+    users: tuple[str, ...] = ()
+    agent_ids: tuple[str, ...] = ()
+    size: int = 0
+
+
+@dataclass
+class Unreserve(Command):
+    """An administrator's removal of one of the allocation's reservations; answered once committed."""
+
+    name: str
+
+
+@dataclass
 class Powering(Command):
     """An administrator's power action on one of the allocation's machines. At its start (`begin`)
     the owner refuses it while a partition there is busy, or ACTIVE unless `force` (those are then

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from typing import Any, ClassVar
 
 from vipu.controller.core import operations
@@ -27,8 +27,10 @@ from vipu.controller.core.commands import (
     ReleaseMachines,
     RelocatePartition,
     RemovePartition,
+    Reserve,
     ResetPartition,
     ReturnMachines,
+    Unreserve,
     UpdatePartition,
 )
 from vipu.controller.core.effects import Body, Join, Operation, Write
@@ -45,12 +47,13 @@ from vipu.controller.core.placing import (
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
-from vipu.model.entities import MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
-from vipu.model.errors import AlreadyExists, Conflict, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
+from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
-from vipu.model.placement import Occupancy, Placement
-from vipu.model.reasons import held_clause
+from vipu.model.placement import Occupancy, Placement, shapes, shifted, try_place
+from vipu.model.reasons import held_clause, span
+from vipu.model.reservations import Reservation, check_reservation, kept_clause
 from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
@@ -99,6 +102,7 @@ class Decisions(QueueKeeping):
             raise Conflict(f"allocation {self.id} is being removed")
         if request.id in self.state.partitions or self.state.queue.get(request.id) is not None:
             raise AlreadyExists(f"partition {request.id} already exists")
+        self._check_reservation_user(request, command.access)
         try:
             partition = self._place_new(request, command.access)
         except NoRoom as refusal:
@@ -131,23 +135,70 @@ class Decisions(QueueKeeping):
         return partition_of(request, access.user_id, state.allocation, placement)
 
     def _placed(self, request: PartitionRequest, mix: SizeMix) -> Placement:
-        """The request placed around the IPUs held for the first waiting request, or on some of them
-        if it is expected to end before they are needed (`held_needed_at`), as the queue backfills.
-        A refusal says why it does not fit around them, and, where they alone keep it off, why its
-        expected duration does not let it start on them."""
+        """The request placed as `_placed_around` places it, kept off the IPUs of reservations it
+        may not use (`AllocationState.kept_for_reservations`); where they alone keep it off, the
+        refusal names the reservations holding free IPUs, and why it may not use them."""
+        state, now = self.state, time.time()
+        named = self._reservation_of(request, now)
+        kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
+        if not kept:
+            return self._placed_around(request, mix, state.used)
+        try:
+            return self._placed_around(request, mix, shifted(state.used, on=kept))
+        except NoRoom as refusal:
+            if named is not None:
+                raise NoRoom(f"no room in {named.describe()}: {refusal.message}", held_free=refusal.held_free) from None
+            try:
+                self._placed_around(request, mix, state.used)
+            except VipuError:
+                raise refusal from None  # the reservations alone do not keep it off
+            free = {ipu: r for ipu, r in kept.items() if ipu[1] not in state.used.get(ipu[0], ())}
+            why = kept_clause(free, request.expected_seconds, now, state.layout)
+            raise NoRoom(f"no room for {request.size} IPUs in allocation {self.id} but on reserved ones: {why}",
+                         held_free=refusal.held_free) from None
+
+    def _reservation_of(self, request: PartitionRequest, now: float) -> Reservation | None:
+        """The reservation the request is to be made in, if it names one: NotFound if the allocation
+        has none of that name, NoRoom until it starts (a request may wait for that), Conflict once
+        it is over. Who may use it is checked by `_check_reservation_user`."""
+        if not request.reservation:
+            return None
+        reservation = self.state.reservations.get(request.reservation)
+        if reservation is None:
+            raise NotFound(f"reservation {shown(request.reservation)} does not exist in allocation {self.id}")
+        if reservation.ended(now):
+            raise Conflict(f"{reservation.describe()} is over")
+        if not reservation.started(now):
+            raise NoRoom(f"{reservation.describe()} has not started: a partition is made in it from its start")
+        return reservation
+
+    def _check_reservation_user(self, request: PartitionRequest, access: Access) -> None:
+        """PermissionDenied for a user the reservation the request names is not for."""
+        reservation = self.state.reservations.get(request.reservation) if request.reservation else None
+        if reservation is None or reservation.admits(access.user_id, access.unrestricted):
+            return
+        if reservation.maintenance:
+            raise PermissionDenied(f"{reservation.describe()} is a maintenance window: no partition is made in it")
+        raise PermissionDenied(f"{reservation.describe()} is for {', '.join(reservation.users)}, not for user {access.user_id}")
+
+    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]]) -> Placement:
+        """The request placed among the free IPUs of `used` around the IPUs held for the first
+        waiting request, or on some of them if it is expected to end before they are needed
+        (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them,
+        and, where they alone keep it off, why its expected duration does not let it start on them."""
         state = self.state
         first = state.queue.first()
         left_out = self._machines_left_out()
         if first is None or not state.held:
-            return place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links, mix, left_out)
+            return place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
         try:
-            return place_request(state.layout, state.allocation, state.used, request,
+            return place_request(state.layout, state.allocation, used, request,
                                  Occupancy(state.holders, state.held, first.partition_id), state.links, mix, left_out)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
-                placement = place_request(state.layout, state.allocation, state.used, request, Occupancy(state.holders), state.links,
+                placement = place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links,
                                           mix, left_out)
             except NoRoom:
                 raise refusal from None
@@ -353,28 +404,41 @@ class Decisions(QueueKeeping):
     def _drains_changed(self, command: DrainsChanged) -> None:
         """An operator drained or resumed machines (`DrainsChanged`): the drains as the store now
         holds them, and the moves they begin."""
+        self._answer_when_done(command, self._steer())
+
+    def _steer(self) -> list[Operation]:
+        """Take up the drains (an operator's, a maintenance window's) as they stand now, and begin
+        the moves off the machines drained; the moves begun."""
         self._read_drains()
-        children = []
-        if self.state.draining and not self.state.test:
-            children = [self._leave_draining(partition) for partition in list(self.state.partitions.values())
-                        if partition.id not in self.on_partition and due_to_leave_draining(partition, self.state.draining.keys())]
-        self._answer_when_done(command, children)
+        if not self.state.draining or self.state.test:
+            return []
+        return [self._leave_draining(partition) for partition in list(self.state.partitions.values())
+                if partition.id not in self.on_partition and due_to_leave_draining(partition, self.state.draining.keys())]
 
     def _read_drains(self) -> None:
         """Take the allocation's drains from the configuration as committed last, so that words of
-        drains and resumes that cross on the way can never leave the owner with an older one."""
-        agents, state = self.agents(), self.state
-        draining = {agent_id: drain for agent_id in state.allocation.agent_ids
-                    if (agent := agents.get(agent_id)) is not None and (drain := agent.drain) is not None}
-        if draining != state.draining:
+        drains and resumes that cross on the way can never leave the owner with an older one; and
+        those of its maintenance windows under way."""
+        agents, state, now = self.agents(), self.state, time.time()
+        turned = self._reservation_turned(now)
+        draining = state.with_windows({agent_id: drain for agent_id in state.allocation.agent_ids
+                                       if (agent := agents.get(agent_id)) is not None and (drain := agent.drain) is not None}, now)
+        if draining != state.draining or turned:
             state.draining = draining
             self._changed = self._queue_dirty = self._partitions_changed = True  # placement, and what users are told, changed
+
+    def _reservation_turned(self, now: float) -> bool:
+        """Whether a reservation started or ended since the drains were last worked out."""
+        state = self.state
+        return any(state.steered_at < moment <= now for r in state.reservations.values() for moment in (r.start, r.end))
 
     def _drains_due(self) -> None:
         """Remove, as a forced remove does, each partition left on a machine whose drain's deadline
         has passed (its user was told when, by its status); one whose removal fails is tried again
         DRAIN_REMOVAL_RETRY_SECONDS later."""
         state, now = self.state, time.time()
+        if self._reservation_turned(now):
+            self._steer()  # its machines drain or resume, and what may be placed where changed
         if not state.draining:
             return
         state.drain_removals_after = {p: after for p, after in state.drain_removals_after.items() if p in state.partitions}
@@ -567,7 +631,98 @@ class Decisions(QueueKeeping):
             return
         self.start(Operation("compacting", self.compacting(operations.compact(self, plan, spent, command.why)), command.reply))
 
+    # Reservations
+
+    def _reserve(self, command: Reserve) -> None:
+        """An administrator's reservation: checked against the allocation and its other
+        reservations, placed (a `size` is given a shape), committed, and, if a maintenance window
+        under way, its machines drained at once."""
+        state, now = self.state, time.time()
+        if state.closing:
+            raise Conflict(f"allocation {self.id} is being removed")
+        if command.name in state.reservations:
+            raise AlreadyExists(f"reservation {command.name} already exists")
+        start = max(command.start, now)
+        if command.agent_ids:
+            strangers = sorted(set(command.agent_ids) - set(state.allocation.agent_ids))
+            if strangers:
+                raise InvalidArgument(f"agent {strangers[0]} is not in allocation {self.id}")
+            ipus = frozenset((agent, index) for agent in command.agent_ids for index in range(IPUS_PER_MACHINE))
+        else:
+            ipus = self._reservation_shape(command, start, now)
+        reservation = Reservation(command.name, self.id, ipus, start, command.end, command.reason, command.maintenance,
+                                  command.users, command.by, now)
+        check_reservation(reservation, now)
+        clash = next((r for r in state.reservations.values() if not r.ended(now) and r.overlaps(reservation)), None)
+        if clash is not None:
+            shared = clash.ipus & reservation.ipus
+            raise Conflict(f"reservation {command.name} would hold {span(state.layout, set(shared))} while {clash.describe()} does")
+        self.start(Operation("reserving", self._reserving(reservation), command.reply))
+
+    def _reservation_shape(self, command: Reserve, start: float, now: float) -> frozenset[tuple[str, int]]:
+        """Where a reservation of `command.size` IPUs goes: a shape on machines that are up and not
+        drained, free of the reservations of its time, best-fit among those no partition is
+        expected to be on at its start (one that is, or whose end is unknown, stays: it is not
+        stopped for the reservation); else the shape the fewest such partitions stand on."""
+        state = self.state
+        total = len(state.allocation.agent_ids) * IPUS_PER_MACHINE
+        if command.size > total:
+            raise InvalidArgument(f"a reservation of {command.size} IPUs is larger than allocation {self.id} ({total} IPUs)")
+        others = {ipu for r in state.reservations.values() if r.start < command.end and start < r.end for ipu in r.ipus}
+        staying = {(ipu.agent_id, ipu.index): p.id for p in state.partitions.values()
+                   if (end := p.expected_end) is None or end.timestamp() > start for ipu in p.ipus}
+        allowed = set(state.allocation.agent_ids) - state.unplaceable()
+        placed = try_place(state.layout, allowed, shifted({}, on=set(staying) | others), command.size, mix=state.mix)
+        if placed is not None:
+            return frozenset((ipu.agent_id, ipu.index) for ipu in placed.ipus)
+        options = [shape for shape in shapes(state.layout, allowed, command.size) if shape.isdisjoint(others)]
+        if not options:
+            raise Conflict(f"no {command.size}-IPU shape of allocation {self.id} is free of other reservations from "
+                           f"{utc_text(start)} to {utc_text(command.end)} on machines up and not drained")
+        return min(options, key=lambda shape: len({staying[ipu] for ipu in shape if ipu in staying}))
+
+    def _reserving(self, reservation: Reservation) -> Body:
+        state = self.state
+
+        def apply() -> None:
+            state.reservations[reservation.name] = reservation
+            self._changed = self._queue_dirty = True
+
+        def undo() -> None:
+            state.reservations.pop(reservation.name, None)
+
+        yield Write(lambda tx: tx.add_reservation(reservation), apply, undo)
+        log.info("allocation %s: %s made by %s, on %s", self.id, reservation.describe(), reservation.by or "an administrator",
+                 span(state.layout, set(reservation.ipus)))
+        moves = self._steer()
+        if moves:
+            yield Join(moves)
+        return reservation
+
+    def _unreserve(self, command: Unreserve) -> None:
+        reservation = self.state.reservations.get(command.name)
+        if reservation is None:
+            raise NotFound(f"reservation {shown(command.name)} does not exist")
+        self.start(Operation("unreserving", self._unreserving(reservation), command.reply))
+
+    def _unreserving(self, reservation: Reservation) -> Body:
+        state = self.state
+
+        def apply() -> None:
+            state.reservations.pop(reservation.name, None)
+            self._changed = self._queue_dirty = True
+
+        def undo() -> None:
+            state.reservations[reservation.name] = reservation
+
+        yield Write(lambda tx: tx.delete_reservation(reservation), apply, undo)
+        log.info("allocation %s: %s removed", self.id, reservation.describe())
+        self._read_drains()  # a maintenance window under way: its machines resume
+        return reservation
+
     _HANDLERS: ClassVar[dict[type, Callable[[Decisions, Any], None]]] = {
+        Reserve: _reserve,
+        Unreserve: _unreserve,
         CompactAllocation: _compact,
         CreatePartition: _create,
         RemovePartition: _remove,

@@ -85,6 +85,7 @@ class Owners:
             configuration = tx.configuration()
             partitions = tx.list_partitions()
             requests = tx.list_requests()
+            reservations = tx.list_reservations()
             unhealthy = tx.unhealthy_links()
         with self._lock:
             self._links = LinkFaults.of(unhealthy, sequence=self._links.sequence)
@@ -94,7 +95,7 @@ class Owners:
             cluster = configuration.clusters[allocation.cluster_id]
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
                                        [r for r in requests if r.allocation_id == allocation.id], *_machines_out(configuration, allocation),
-                                       links=links)
+                                       links=links, reservations=[r for r in reservations if r.allocation_id == allocation.id])
             state.test = self._test_holding(state)
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
@@ -124,6 +125,7 @@ class Owners:
             with self.store.reading() as tx:  # an allocation just made holds nothing, but a restart's may
                 partitions = tx.list_partitions(allocation_id=allocation_id)
                 requests = tx.list_requests(allocation_id)
+                reservations = tx.list_reservations(allocation_id)
                 links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
             cluster = configuration.clusters[allocation.cluster_id]
             with self._lock:
@@ -135,7 +137,7 @@ class Owners:
                 if self._closings != closings:
                     continue  # an allocation was removed while this read: perhaps this one, which must not come back
                 state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
-                                           *_machines_out(configuration, allocation), links=links)
+                                           *_machines_out(configuration, allocation), links=links, reservations=reservations)
                 state.test = self._test_holding(state)
                 failed = self._failed.get(allocation_id)
                 if failed is not None:

@@ -24,6 +24,7 @@ from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_reservation, free_ipu_count, place_partition, shifted, try_place
 from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
+from vipu.model.reservations import kept_clause
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -200,10 +201,15 @@ class QueueKeeping(Steps):
         allowed = set(state.allocation.agent_ids) - state.unplaceable()  # nothing starts, nor is held, on a machine down or draining
         held = state.held if state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed else frozenset()
         holders = state.holders()
-        layout, allocation = state.layout, state.allocation
+        layout, allocation, now = state.layout, state.allocation, time.time()
+
+        def around_reservations(request: WaitingRequest, used: Used) -> Used:
+            kept = state.kept_for_reservations(request.request.reservation, request.request.expected_seconds, now)
+            return shifted(used, on=kept) if kept else used
 
         def place(request: WaitingRequest, used: Used) -> Placement | None:
             r = request.request
+            used = around_reservations(request, used)
             return try_place(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                              ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                              explicit=explicit_ipus(layout, allocation, r), faults=state.links, mix=state.mix)
@@ -212,13 +218,14 @@ class QueueKeeping(Steps):
             """The shape the fewest partitions block, counting those this pass starts."""
             r = request.request
             blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
-            return choose_reservation(layout, allowed, used, r.size, holders=blocking, num_segments=r.num_segments,
+            return choose_reservation(layout, allowed, around_reservations(request, used), r.size, holders=blocking,
+                                      num_segments=r.num_segments,
                                       ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
                                       faults=state.links)
 
         admission = admit(state.queue, state.used, place, choose_held, held=held,
                           expected_duration=lambda request: request.request.expected_seconds or None,
-                          expected_ends=expected_ends(state.partitions.values()), now=time.time())
+                          expected_ends=expected_ends(state.partitions.values()), now=now)
         for request, placement in admission.started:
             partition = partition_of(request.request, request.owner, allocation, placement)
             self.start(Operation("creating", operations.grant(self, request, partition), partition_id=partition.id))
@@ -331,17 +338,25 @@ class QueueKeeping(Steps):
             that_are, listed = machines_left_out(left_out)
             where = f"{where} without its machines {that_are} ({listed})"
 
+        now = time.time()
+
         def verdict(request: WaitingRequest, occupancy: Occupancy) -> tuple[str, bool]:
-            """What placement says of the request, and whether free IPUs held for the first were kept from it."""
+            """What placement says of the request, and whether free IPUs held for the first were kept from it;
+            the reservations whose IPUs it may not use named."""
             r = request.request
+            kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
             try:
-                place_partition(layout, allowed, used, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
-                                ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
+                place_partition(layout, allowed, shifted(used, on=kept) if kept else used, r.size, num_gcds=r.num_gcds,
+                                num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                                 explicit=explicit_ipus(layout, allocation, r), where=where,
                                 occupancy=occupancy, faults=state.links)
                 return "starting", False
             except VipuError as refusal:
-                return refusal.message, isinstance(refusal, NoRoom) and refusal.held_free > 0
+                held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
+                named = state.reservations.get(r.reservation)
+                if named is not None:
+                    return f"{named.describe()}{'' if named.started(now) else ' has not started'}: {refusal.message}", held_free
+                return refusal.message + (f"; {kept_clause(kept, r.expected_seconds, now, layout)}" if kept else ""), held_free
 
         behind_first = Occupancy(holders, held, first.partition_id)
         verdicts: dict[Any, str] = {}

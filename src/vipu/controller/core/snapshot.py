@@ -23,6 +23,7 @@ from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape
 from vipu.model.queue import WaitingRequest, shape_of
 from vipu.model.reasons import held_clause, span
+from vipu.model.reservations import Reservation
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
@@ -116,7 +117,8 @@ class AllocationSnapshot:
     lent: tuple[str, ...] = ()  # its machines lent to an idle-time test now (free for any partition all the same)
     closing: bool = False  # being removed
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
-    draining: Mapping[str, Drain] = field(default_factory=dict)  # its machines an operator drains
+    draining: Mapping[str, Drain] = field(default_factory=dict)  # its machines drained (by an operator, a maintenance window)
+    reservations: Mapping[str, Reservation] = field(default_factory=dict)  # by name
 
     def link_warnings(self, partition: Partition) -> tuple[str, ...]:
         """What the partition is told of the unhealthy links it runs over, a line each."""

@@ -22,6 +22,7 @@ from vipu.model.linkhealth import NO_FAULTS, LinkFaults
 from vipu.model.placement import Shape, shifted
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import unconfirmed
+from vipu.model.reservations import Reservation, kept_from, outside
 from vipu.model.topology import ClusterLayout
 
 Ipu = tuple[str, int]
@@ -48,6 +49,9 @@ class AllocationState:
     held_recorded: tuple[str, Shape] | None = None  # (request, IPUs) the store holds; None: not known to be recorded
     down: set[str] = dataclasses.field(default_factory=set)
     draining: dict[str, Drain] = dataclasses.field(default_factory=dict)  # machines an operator drains: nothing is placed there
+    # (and those of a maintenance window under way, drained by it)
+    reservations: dict[str, Reservation] = dataclasses.field(default_factory=dict)  # by name, as committed
+    steered_at: float = 0.0  # when `draining` was last worked out (epoch seconds): a reservation's start or end since is to act on
     # Partitions a drain's deadline removes -> when their removal may be tried again (seconds since the epoch), should it fail.
     drain_removals_after: dict[str, float] = dataclasses.field(default_factory=dict)
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
@@ -71,8 +75,10 @@ class AllocationState:
     @classmethod
     def of(cls, allocation: Allocation, layout: ClusterLayout, partitions: Iterable[Partition],
            requests: Iterable[WaitingRequest], down: set[str], draining: dict[str, Drain] | None = None,
-           links: LinkFaults = NO_FAULTS) -> AllocationState:
-        state = cls(allocation, layout, down=down, links=links.within(set(allocation.agent_ids)), draining=dict(draining or {}))
+           links: LinkFaults = NO_FAULTS, reservations: Iterable[Reservation] = ()) -> AllocationState:
+        state = cls(allocation, layout, down=down, links=links.within(set(allocation.agent_ids)),
+                    reservations={r.name: r for r in reservations})
+        state.draining = state.with_windows(draining or {}, time.time())
         for partition in partitions:
             state.put(partition)
         for request in requests:
@@ -168,14 +174,42 @@ class AllocationState:
             kept[holder] = kept.get(holder, frozenset()) | ipus
         return kept
 
+    def with_windows(self, drains: dict[str, Drain], now: float) -> dict[str, Drain]:
+        """The machines drained, given those an operator drains: those and the machines of every
+        maintenance window under way at `now` (an operator's drain of one is what it shows)."""
+        self.steered_at = now
+        windows = [r for r in self.reservations.values() if r.maintenance and r.started(now) and not r.ended(now)]
+        if not windows:
+            return dict(drains)
+        return {**{agent: window.drain() for window in windows for agent in window.agent_ids}, **drains}
+
     def unplaceable(self) -> set[str]:
         """The machines no partition is placed on, nor moved to: those down and those draining."""
         return self.down | self.draining.keys() if self.draining else self.down
 
     def taken(self) -> dict[str, set[int]]:
-        """The IPUs no move may take and no freed shape counts: those in use, and those held for the
-        first waiting request while one waits (compaction, a reset that re-places, a move's target)."""
-        return shifted(self.used, on=self.held if self.queue.first() is not None else ())
+        """The IPUs no move may take and no freed shape counts: those in use, those held for the
+        first waiting request while one waits, and those of reservations not over (compaction, a
+        reset that re-places, a move's target)."""
+        held = self.held if self.queue.first() is not None else frozenset()
+        return shifted(self.used, on=held | self.reserved(time.time()) if self.reservations else held)
+
+    def reserved(self, now: float) -> frozenset[Ipu]:
+        """The IPUs of the reservations not over at `now`."""
+        return frozenset(ipu for r in self.reservations.values() if not r.ended(now) for ipu in r.ipus)
+
+    def kept_for_reservations(self, named: str, expected_seconds: int, now: float) -> dict[Ipu, Reservation]:
+        """The IPUs a request may not be placed on now for the reservations (`reservations.kept_from`);
+        for one made in a reservation, every IPU outside it too, and its own until it starts."""
+        if not self.reservations:
+            return {}
+        kept = kept_from(self.reservations.values(), named, expected_seconds, now)
+        reservation = self.reservations.get(named)
+        if reservation is not None:
+            kept.update(outside(reservation, self.allocation.agent_ids))
+            if not reservation.started(now) or reservation.ended(now):
+                kept.update(dict.fromkeys(reservation.ipus, reservation))
+        return kept
 
     def holders(self) -> dict[Ipu, str]:
         holding = {ipu: partition_id for partition_id, ipus in self.kept_out().items() for ipu in ipus}

@@ -353,13 +353,15 @@ class Turns:
         return min(timers, default=None)
 
     def _drain_deadline(self) -> float | None:
-        """When the owner next removes a partition left on a machine being drained (seconds since the
-        epoch): its drain's deadline, or, if a removal of it failed, when it is tried again; None if
-        no partition no operation holds is to be removed. On the turn's thread only."""
+        """When the owner next acts on a drain or a reservation (seconds since the epoch): a drain's
+        deadline, when a partition left on a machine being drained is removed (or, if a removal of
+        it failed, tried again), and a reservation's start or end; None if there is none to come.
+        On the turn's thread only."""
         state = self.state
         due = [max(drain.deadline, state.drain_removals_after.get(partition.id, 0.0))
                for agent_id, drain in state.draining.items() if drain.deadline
                for partition in state.on_agent(agent_id) if partition.id not in self.on_partition]
+        due += [moment for r in state.reservations.values() for moment in (r.start, r.end) if moment > state.steered_at]
         return min(due, default=None)
 
     def _turn(self, commands: list[Command], answers: list[tuple[Operation, list[AgentCall], Any]]) -> None:
@@ -672,7 +674,8 @@ class Turns:
             used=used, kept_out=state.kept_out(),
             busy={partition_id: operation.kind for partition_id, operation in self.on_partition.items()}, queue=queue_view,
             down=frozenset(state.down), test=state.test, lent=state.loan.machines if state.loan is not None else (),
-            closing=state.closing, links=state.links, draining=dict(state.draining))
+            closing=state.closing, links=state.links, draining=dict(state.draining),
+            reservations=dict(state.reservations))
         partitions_changed = self._partitions_changed
         self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)

@@ -8,7 +8,7 @@ from vipu.api.protos import admin_pb2_grpc as pb_grpc
 from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.controller.auth import caller
 from vipu.controller.infrastructure.discovery import DiscoveryListener
-from vipu.controller.servicers.user import capacity_reply, queued_reply
+from vipu.controller.servicers.user import capacity_reply, queued_reply, reservations_reply
 from vipu.controller.usecases.agents import AgentService, AgentView
 from vipu.controller.usecases.allocations import AllocationService
 from vipu.controller.usecases.clusters import ClusterService
@@ -125,6 +125,18 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def CancelQueued(self, request, context):
         self.requests.cancel(request.partition_id, caller())
         return user_pb.CancelQueuedReply()
+
+    def CreateReservation(self, request, context):
+        view = self.partitions.reservations.create(
+            request.name, request.start, request.end, request.reason, caller().user_id, agent_ids=tuple(request.agent_ids),
+            size=request.size, allocation_id=request.allocation_id, maintenance=request.maintenance, users=tuple(request.users))
+        return convert.reservation_to_proto(view.reservation, view.ipus_in_use)
+
+    def RemoveReservation(self, request, context):
+        return pb.RemoveReply(removed=[self.partitions.reservations.remove(request.id).name])
+
+    def ListReservations(self, request, context):
+        return reservations_reply(self.partitions.reservations.list(request.allocation_id))
 
     def GetAllocation(self, request, context):
         return convert.admin_allocation_to_proto(*self.allocations.get(request.id))

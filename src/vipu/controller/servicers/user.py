@@ -9,6 +9,7 @@ from vipu.controller.auth import caller
 from vipu.controller.core.changes import ChangeFeed
 from vipu.controller.usecases.partitions import AllocationRoom, PartitionService
 from vipu.controller.usecases.requests import RequestService, Waiting
+from vipu.controller.usecases.reservations import ReservationView
 
 
 class UserServicer(pb_grpc.UserServiceServicer):
@@ -86,6 +87,9 @@ class UserServicer(pb_grpc.UserServiceServicer):
     def ListQueued(self, request, context):
         return queued_reply(self.requests.list(request.allocation_id, caller()))
 
+    def ListReservations(self, request, context):
+        return reservations_reply(self.partitions.reservations.list(request.allocation_id, caller()))
+
     def CancelQueued(self, request, context):
         self.requests.cancel(request.partition_id, caller())
         return pb.CancelQueuedReply()
@@ -98,6 +102,10 @@ class UserServicer(pb_grpc.UserServiceServicer):
 
 def queued_to_proto(waiting: Waiting) -> pb.QueuedRequest:
     return convert.queued_to_proto(waiting.request, waiting.position, waiting.reason)
+
+
+def reservations_reply(views: list[ReservationView]) -> pb.ListReservationsReply:
+    return pb.ListReservationsReply(reservations=[convert.reservation_to_proto(v.reservation, v.ipus_in_use) for v in views])
 
 
 def queued_reply(waiting: list[Waiting]) -> pb.ListQueuedReply:

@@ -156,8 +156,19 @@ class AgentService:
         with self.store.reading() as tx:
             clusters, allocations = tx.cluster_of_agents(), tx.allocation_of_agents()
             agents = sorted(tx.list_agents(), key=lambda a: natural_key(a.id))
-        return [AgentView(a, clusters.get(a.id, ""), allocations.get(a.id, ""),
-                          draining_partitions=self._still_on(a, allocations.get(a.id, ""))) for a in agents]
+        views = []
+        for agent in agents:
+            drained = self._as_drained(agent, allocations.get(agent.id, ""))
+            views.append(AgentView(drained, clusters.get(agent.id, ""), allocations.get(agent.id, ""),
+                                   draining_partitions=self._still_on(drained, allocations.get(agent.id, ""))))
+        return views
+
+    def _as_drained(self, agent: Agent, allocation_id: str) -> Agent:
+        """The agent with the drain its allocation's owner holds for it when an operator's is not
+        there: a maintenance window's, while it lasts."""
+        owner = self.owners.owner(allocation_id) if agent.drain is None and allocation_id else None
+        window = owner.snapshot.draining.get(agent.id) if owner is not None else None
+        return agent if window is None else dataclasses.replace(agent, drain=window)
 
     def _still_on(self, agent: Agent, allocation_id: str) -> tuple[str, ...]:
         """The partitions on a machine being drained, as its owner last committed them; () for one not drained."""
@@ -195,7 +206,18 @@ class AgentService:
         return self._as_they_are(agents)
 
     def resume(self, agent_ids: builtins.list[str]) -> builtins.list[AgentView]:
-        """End the drain of the agents' machines, all or none: partitions are placed there again."""
+        """End the drain of the agents' machines, all or none: partitions are placed there again.
+        A maintenance window's drain ends with the window (or its removal), not by a resume."""
+        configuration = self.store.configuration()
+        for agent_id in agent_ids:
+            agent = configuration.agents.get(agent_id)
+            if agent is None or agent.drain is not None:
+                continue
+            allocation_id = next((a.id for a in configuration.allocations.values() if agent_id in a.agent_ids), "")
+            window = self._as_drained(agent, allocation_id).drain
+            if window is not None:
+                raise Conflict(f"agent {agent_id} is {window.describe()}; it resumes at the window's end, or when the reservation "
+                               "is removed (vipu-admin remove reservation)")
         with self.store.transaction() as tx:
             agents = self._named(tx, agent_ids)
             undrained = [agent.id for agent in agents if agent.drain is None]
@@ -261,8 +283,9 @@ class AgentService:
         for partition in owner.snapshot.partitions.values() if owner is not None else ():
             for ipu in partition.ipus_on(agent_id):
                 holders[ipu.index] = IpuUse(ipu.index, partition.id, partition.ready_state.value, ipu.routing_id, ipu.gcd)
-        return AgentView(agent, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus],
-                         self._still_on(agent, allocation_id))
+        drained = self._as_drained(agent, allocation_id)
+        return AgentView(drained, cluster_id, allocation_id, [holders.get(i.index, IpuUse(i.index)) for i in agent.inventory.ipus],
+                         self._still_on(drained, allocation_id))
 
     def power(self, agent_id: str, action: PowerAction | None, force: bool = False) -> tuple[PowerState, builtins.list[str]]:
         """Power the agent's machine (`action`), or read its power state (None); its power state then,

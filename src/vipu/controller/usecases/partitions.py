@@ -24,6 +24,7 @@ from vipu.controller.core.commands import (
 from vipu.controller.core.owners import CLAIMED, Owners
 from vipu.controller.core.placing import check_request
 from vipu.controller.core.snapshot import AllocationSnapshot, Waiting
+from vipu.controller.usecases.reservations import ReservationService
 from vipu.model import lifecycle
 from vipu.model.configuration import IPUOF_SERVER_VERSION_KEY, GcdConfig, gcd_configs
 from vipu.model.entities import IPUS_PER_MACHINE, OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
@@ -73,6 +74,7 @@ class PartitionService:
     def __init__(self, store: Store, owners: Owners):
         self.store = store
         self.owners = owners
+        self.reservations = ReservationService(store, owners)
 
     # Reading
 
@@ -323,7 +325,9 @@ class PartitionService:
     def allocations_for(self, request: PartitionRequest, access: Access = OPEN_ACCESS) -> builtins.list[Allocation]:
         """The allocations a request may take its IPUs from, in order; a Conflict if there are none."""
         configuration = self.store.configuration()
-        if request.allocation_id:
+        if request.reservation:
+            candidates = [self._allocation(configuration, self._reservation_allocation(configuration, request), access)]
+        elif request.allocation_id:
             candidates = [self._allocation(configuration, request.allocation_id, access)]
             if request.cluster_id and candidates[0].cluster_id != request.cluster_id:
                 raise InvalidArgument(f"allocation {request.allocation_id} is not in cluster {request.cluster_id}")
@@ -341,6 +345,19 @@ class PartitionService:
             raise Conflict(f"there is no allocation to create partitions in, in {where}; an administrator creates one with "
                            "'vipu-admin create allocation'")
         return candidates
+
+
+    def _reservation_allocation(self, configuration: Configuration, request: PartitionRequest) -> str:
+        """The allocation of the reservation a request names (which its owner checks the request
+        against); NotFound if no allocation has it."""
+        for allocation_id in configuration.allocations:
+            owner = self.owners.owner(allocation_id)
+            if owner is not None and request.reservation in owner.snapshot.reservations:
+                if request.allocation_id and request.allocation_id != allocation_id:
+                    raise InvalidArgument(f"reservation {request.reservation} is in allocation {allocation_id}, not "
+                                          f"{request.allocation_id}")
+                return allocation_id
+        raise NotFound(f"reservation {shown(request.reservation)} does not exist")
 
 
 def _ipuof_version(inventories) -> str:

@@ -1,0 +1,151 @@
+"""Reservations: IPUs of an allocation set aside for a time, for a maintenance window or for people.
+
+A reservation holds a shape of IPUs (whole machines, for a maintenance window) from its start to
+its end. Its allocation's owner keeps to these rules:
+
+- before its start, a partition may be placed on those IPUs only if it is expected to end by the
+  start (it gives an expected duration): the rule by which the queue backfills onto the IPUs held
+  for its first request (`vipu.model.waiting.ends_in_time`);
+- from its start, only partitions made in it (`--reservation NAME`, by one of its users) are
+  placed there; a maintenance window takes none: its machines drain as an operator's drain
+  does (`Reservation.drain`), relocatable partitions moving off and the others left to finish;
+- at its end it is over, and its IPUs are free again: nothing has to be resumed.
+
+Two reservations of one allocation never share an IPU at the same time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_partition_id
+from vipu.model.errors import InvalidArgument
+from vipu.model.reasons import span
+from vipu.model.times import duration_text, utc_text
+from vipu.model.topology import ClusterLayout
+from vipu.model.waiting import ends_in_time
+
+Ipu = tuple[str, int]  # (agent, index)
+MAX_RESERVATION_SECONDS = 366 * 86_400  # how far ahead a reservation may end: a year and a day
+REASON_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    allocation_id: str
+    ipus: frozenset[Ipu]
+    start: float  # seconds since the epoch
+    end: float
+    reason: str = ""
+    maintenance: bool = False  # a maintenance window: its machines drain for its time, and no partition is made in it
+    users: tuple[str, ...] = ()  # who may make partitions in it (a reservation for people)
+    by: str = ""  # the operator who made it
+    created: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return "maintenance window" if self.maintenance else "reservation"
+
+    @property
+    def agent_ids(self) -> tuple[str, ...]:
+        return tuple(sorted({agent for agent, _ in self.ipus}))
+
+    @property
+    def size(self) -> int:
+        return len(self.ipus)
+
+    def started(self, now: float) -> bool:
+        return self.start <= now
+
+    def ended(self, now: float) -> bool:
+        return self.end <= now
+
+    def phase(self, now: float) -> str:
+        """Where it stands, as listings say it: TO COME, UNDER WAY or OVER."""
+        return "OVER" if self.ended(now) else "UNDER WAY" if self.started(now) else "TO COME"
+
+    def describe(self) -> str:
+        """How a refusal or a listing names it: `maintenance window mw1 (firmware update) from ... to ...`."""
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.kind} {self.name}{why} from {utc_text(self.start)} to {utc_text(self.end)}"
+
+    def drain(self) -> Drain:
+        """What a maintenance window is to its machines while it lasts: a drain, by its maker, since its start."""
+        why = f": {self.reason}" if self.reason else ""
+        return Drain(f"maintenance window {self.name} until {utc_text(self.end)}{why}", self.by, self.start)
+
+    def admits(self, user_id: str, unrestricted: bool) -> bool:
+        """Whether this user may make a partition in it: one of its users, or anyone where nobody
+        is known (open mode) or an administrator; nobody in a maintenance window."""
+        return not self.maintenance and (unrestricted or not user_id or user_id in self.users)
+
+    def overlaps(self, other: Reservation) -> bool:
+        """Whether the two hold an IPU at the same time."""
+        return self.start < other.end and other.start < self.end and not self.ipus.isdisjoint(other.ipus)
+
+
+def kept_from(reservations: Iterable[Reservation], named: str, expected_seconds: int, now: float) -> dict[Ipu, Reservation]:
+    """The IPUs a request may not be placed on now, and the reservation keeping each: those of
+    every reservation under way but the one it names (`named`), and of every one to come that it
+    is not expected to end before."""
+    kept: dict[Ipu, Reservation] = {}
+    for reservation in reservations:
+        if reservation.ended(now) or reservation.name == named:
+            continue
+        if reservation.started(now) or not ends_in_time(expected_seconds or None, reservation.start, now):
+            kept.update(dict.fromkeys(reservation.ipus, reservation))
+    return kept
+
+
+def kept_clause(kept: Mapping[Ipu, Reservation], expected_seconds: int, now: float, layout: ClusterLayout) -> str:
+    """Why a request may not use the reserved IPUs that would have made room, naming each
+    reservation: what a refusal or a waiting request's reason adds."""
+    by_reservation: dict[str, list[Ipu]] = {}
+    named = {r.name: r for r in kept.values()}
+    for ipu, reservation in kept.items():
+        by_reservation.setdefault(reservation.name, []).append(ipu)
+    clauses = []
+    for name in sorted(by_reservation):
+        reservation = named[name]
+        ipus = by_reservation[name]
+        held = f"{span(layout, set(ipus))} {'are' if len(ipus) > 1 else 'is'} kept for {reservation.describe()}"
+        if reservation.started(now):
+            clauses.append(held + ("" if reservation.maintenance else " (its users name it: --reservation)"))
+        elif not expected_seconds:
+            clauses.append(f"{held}, and with no expected duration it may not start there before")
+        else:
+            clauses.append(f"{held}, and it is expected to run {duration_text(expected_seconds)}, past the start")
+    return "; ".join(clauses)
+
+
+def outside(reservation: Reservation, agent_ids: Iterable[str]) -> dict[Ipu, Reservation]:
+    """The allocation's IPUs outside the reservation: where a partition made in it may not go."""
+    return {(agent, index): reservation for agent in agent_ids for index in range(IPUS_PER_MACHINE)
+            if (agent, index) not in reservation.ipus}
+
+
+def check_reservation(reservation: Reservation, now: float) -> None:
+    """InvalidArgument naming what is wrong with a reservation whatever the allocation holds."""
+    check_partition_id(reservation.name)
+    if not reservation.ipus:
+        raise InvalidArgument(f"reservation {reservation.name} holds no IPU")
+    if not reservation.reason.strip() or "\n" in reservation.reason or len(reservation.reason) > REASON_LENGTH:
+        raise InvalidArgument(f"a reservation needs a reason of one line, up to {REASON_LENGTH} characters (--reason)")
+    if reservation.end <= now:
+        raise InvalidArgument(f"reservation {reservation.name} would end in the past ({utc_text(reservation.end)})")
+    if reservation.end <= reservation.start:
+        raise InvalidArgument(f"reservation {reservation.name} ends ({utc_text(reservation.end)}) before it starts "
+                              f"({utc_text(reservation.start)})")
+    if reservation.end > now + MAX_RESERVATION_SECONDS:
+        raise InvalidArgument(f"reservation {reservation.name} ends more than {duration_text(MAX_RESERVATION_SECONDS)} ahead")
+    if reservation.maintenance and reservation.users:
+        raise InvalidArgument("a maintenance window is for no user: give --maintenance or --users, not both")
+    if not reservation.maintenance and not reservation.users:
+        raise InvalidArgument("a reservation is for its users (--users U,...) or is a maintenance window (--maintenance)")
+
+
+def in_use(reservation: Reservation, used: Mapping[str, Iterable[int]]) -> int:
+    """How many of its IPUs partitions hold now."""
+    return sum(1 for agent, index in reservation.ipus if index in set(used.get(agent, ())))

@@ -1,0 +1,153 @@
+"""Maintenance windows and reservations for people, on the real services (the agents' gateway is
+the test double of `test_services`): before its start only what ends in time is placed on a
+reservation's IPUs, a window drains its machines while it lasts and resumes them at its end, a
+reservation holds its shape for its users, and all of it is stored."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vipu.model.entities import Access, PartitionRequest, ReadyState
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied
+
+HOUR = 3600.0
+ALICE = Access("alice", frozenset({"a1"}))
+BOB = Access("bob", frozenset({"a1"}))
+
+
+def until(condition, what: str, seconds: float = 30.0) -> None:
+    """Poll `condition` until it holds, failing with `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def machines(n: int) -> tuple[str, ...]:
+    return tuple(f"ag{i}" for i in range(1, n + 1))
+
+
+def test_before_a_maintenance_window_only_what_ends_before_its_start_is_placed_on_its_machines(pod):
+    now = time.time()
+    view = pod.partitions.reservations.create("mw1", now + HOUR, now + 2 * HOUR, "firmware update", "admin", agent_ids=machines(7),
+                                              maintenance=True)
+    assert (view.reservation.size, view.reservation.allocation_id, view.ipus_in_use) == (28, "a1", 0)
+    assert pod.partitions.create(PartitionRequest("anytime", 4)).agent_ids == ["ag8"]  # the one machine outside it
+    with pytest.raises(NoRoom, match=r"no room for 4 IPUs in allocation a1 but on reserved ones: ag1-ag7 are kept for maintenance "
+                                     r"window mw1 \(firmware update\) from .* UTC to .* UTC, and with no expected duration it may "
+                                     r"not start there before"):
+        pod.partitions.create(PartitionRequest("unknown", 4))
+    with pytest.raises(NoRoom, match=r"it is expected to run 2h, past the start"):
+        pod.partitions.create(PartitionRequest("long", 4, expected_seconds=7200))
+    short = pod.partitions.create(PartitionRequest("short", 4, expected_seconds=600))
+    assert short.agent_ids[0] in machines(7)
+    [listed] = pod.partitions.reservations.list()
+    assert listed.ipus_in_use == 4
+
+
+def test_a_maintenance_window_drains_its_machines_from_its_start_and_resumes_them_at_its_end(pod):
+    kept = pod.partitions.create(PartitionRequest("kept", 2))
+    moving = pod.partitions.create(PartitionRequest("moving", 2, relocatable=True))
+    assert kept.agent_ids == moving.agent_ids == ["ag1"]
+    now = time.time()
+    pod.partitions.reservations.create("mw1", now + 1.0, now + 3.0, "fan swap", "admin", agent_ids=("ag1",), maintenance=True)
+    assert pod.agents.get("ag1").agent.drain is None  # to come: nothing is drained yet
+    until(lambda: pod.agents.get("ag1").agent.drain is not None, "the window's start did not drain its machine")  # by the owner's timer
+    drained = pod.agents.get("ag1")
+    assert drained.agent.drain.reason.startswith("maintenance window mw1 until ") and drained.agent.drain.reason.endswith(": fan swap")
+    until(lambda: pod.partitions.get("moving").agent_ids != ["ag1"], "the relocatable partition did not move off at the window's start")
+    assert pod.partitions.get("moving").ready_state is ReadyState.ACTIVE
+    assert drained.draining_partitions in (("kept",), ("kept", "moving"))
+    [notice] = pod.partitions.get("kept").drain_notices
+    assert notice.startswith("agent ag1 is draining for maintenance window mw1") and notice.endswith("it is left to finish there")
+    with pytest.raises(Conflict, match="it resumes at the window's end"):
+        pod.agents.resume(["ag1"])
+    until(lambda: pod.agents.get("ag1").agent.drain is None, "the window's end did not resume its machine")
+    assert pod.partitions.get("kept").drain_notices == ()
+    [listed] = pod.partitions.reservations.list()
+    assert listed.reservation.phase(time.time()) == "OVER"
+
+
+def test_a_reservation_holds_its_shape_for_its_users_and_refuses_others_naming_it(pod):
+    now = time.time()
+    view = pod.partitions.reservations.create("train", now, now + HOUR, "alice's training run", "admin", size=8, users=("alice",))
+    reserved = view.reservation.ipus
+    assert len(reserved) == 8 and len(view.reservation.agent_ids) == 2  # a whole shape: two machines
+    for n in range(6):
+        pod.partitions.create(PartitionRequest(f"bob{n}", 4), BOB)
+    with pytest.raises(NoRoom, match=r"are kept for reservation train \(alice's training run\) from .* \(its users name it: "
+                                     r"--reservation\)"):
+        pod.partitions.create(PartitionRequest("bob6", 4), BOB)
+    with pytest.raises(PermissionDenied, match=r"reservation train .* is for alice, not for user bob"):
+        pod.partitions.create(PartitionRequest("sneaky", 4, reservation="train"), BOB)
+    made = pod.partitions.create(PartitionRequest("run", 8, reservation="train"), ALICE)
+    assert {(ipu.agent_id, ipu.index) for ipu in made.ipus} == reserved
+    with pytest.raises(NoRoom, match=r"no room in reservation train"):
+        pod.partitions.create(PartitionRequest("more", 1, reservation="train"), ALICE)
+    with pytest.raises(NotFound, match="reservation nope does not exist"):
+        pod.partitions.create(PartitionRequest("lost", 1, reservation="nope"), ALICE)
+    [listed] = pod.partitions.reservations.list(access=ALICE)
+    assert listed.ipus_in_use == 8
+
+
+def test_a_request_in_a_reservation_to_come_waits_and_starts_at_its_start(pod):
+    now = time.time()
+    pod.partitions.reservations.create("soon", now + 1.0, now + HOUR, "demo", "admin", size=4, users=("alice",))
+    waiting = pod.requests.create(PartitionRequest("demo", 4, reservation="soon"), ALICE, wait_seconds=600)
+    assert "has not started" in waiting.reason
+    until(lambda: pod.owners.owner("a1").snapshot.partitions.get("demo") is not None, "the request did not start at the start")
+    until(lambda: pod.partitions.get("demo", ALICE).ready_state is ReadyState.ACTIVE, "the partition did not become ACTIVE")
+    [reservation] = [v.reservation for v in pod.partitions.reservations.list()]
+    assert {(ipu.agent_id, ipu.index) for ipu in pod.partitions.get("demo", ALICE).ipus} == reservation.ipus
+
+
+def test_reservations_are_stored_and_a_restarted_controller_keeps_them(pod):
+    now = time.time()
+    pod.partitions.reservations.create("mw1", now, now + HOUR, "rack move", "admin", agent_ids=("ag1", "ag2"), maintenance=True)
+    services = pod.restarted()
+    [kept] = services.partitions.reservations.list()
+    assert (kept.reservation.name, kept.reservation.agent_ids, kept.reservation.by) == ("mw1", ("ag1", "ag2"), "admin")
+    assert services.agents.get("ag2").agent.drain.reason.startswith("maintenance window mw1")
+    assert services.partitions.create(PartitionRequest("p1", 4)).agent_ids == ["ag3"]
+    services.partitions.reservations.remove("mw1")  # removed while under way: its machines resume at once
+    assert services.agents.get("ag1").agent.drain is None
+    assert services.partitions.reservations.list() == []
+
+
+def test_bad_reservations_are_refused_in_one_line_and_change_nothing(pod):
+    now = time.time()
+    create = pod.partitions.reservations.create
+    create("mw1", now + HOUR, now + 2 * HOUR, "firmware", "admin", agent_ids=("ag1", "ag2"), maintenance=True)
+    refusals = [
+        (Conflict, r"reservation mw2 would hold ag2 while maintenance window mw1 \(firmware\) from",
+         dict(name="mw2", start=now + 1.5 * HOUR, end=now + 3 * HOUR, agent_ids=("ag2", "ag3"), maintenance=True)),
+        (InvalidArgument, "would end in the past", dict(name="old", start=now - 2 * HOUR, end=now - HOUR, agent_ids=("ag3",),
+                                                        maintenance=True)),
+        (InvalidArgument, "ends .* before it starts", dict(name="back", start=now + 2 * HOUR, end=now + HOUR, agent_ids=("ag3",),
+                                                           maintenance=True)),
+        (InvalidArgument, "a reservation of 64 IPUs is larger than allocation a1 \\(32 IPUs\\)",
+         dict(name="huge", start=now, end=now + HOUR, size=64, users=("alice",))),
+        (AlreadyExists, "reservation mw1 already exists", dict(name="mw1", start=now, end=now + HOUR, agent_ids=("ag5",),
+                                                               maintenance=True)),
+        (NotFound, "agent nope does not exist", dict(name="x", start=now, end=now + HOUR, agent_ids=("ag5", "nope"),
+                                                     maintenance=True)),
+        (InvalidArgument, "reserve machines .* or a number of IPUs", dict(name="x", start=now, end=now + HOUR, agent_ids=("ag5",),
+                                                                          size=4, maintenance=True)),
+        (InvalidArgument, "give --maintenance or --users, not both", dict(name="x", start=now, end=now + HOUR, size=4,
+                                                                          maintenance=True, users=("alice",))),
+        (InvalidArgument, "is for its users .* or is a maintenance window", dict(name="x", start=now, end=now + HOUR, size=4)),
+        (InvalidArgument, "start and end are times", dict(name="x", start=float("nan"), end=now + HOUR, size=4, users=("a",))),
+    ]
+    for family, message, fields in refusals:
+        reason = fields.pop("reason", "why")
+        with pytest.raises(family, match=message):
+            create(fields.pop("name"), fields.pop("start"), fields.pop("end"), reason, "admin", **fields)
+    with pytest.raises(InvalidArgument, match="a reservation needs a reason"):
+        create("x", now, now + HOUR, "  ", "admin", size=4, users=("alice",))
+    assert [v.reservation.name for v in pod.partitions.reservations.list()] == ["mw1"]
+    with pytest.raises(NotFound, match="reservation nope does not exist"):
+        pod.partitions.reservations.remove("nope")
+    with pytest.raises(PermissionDenied, match="is a maintenance window: no partition is made in it"):
+        pod.partitions.create(PartitionRequest("in-window", 4, reservation="mw1"), ALICE)
