@@ -234,6 +234,9 @@ def test_a_maintenance_window_and_a_reservation_through_both_clis(registered_pod
     for cli in (pod.admin, pod.user):
         [listed] = rows(cli("list", "reservations").out)
         assert listed[:5] == ["mw1", "maintenance window", "alloc-1", "8 (ag1 ag2)", "0"] and listed[7] == "TO COME", listed
+    samples = pod.metrics()
+    assert (samples['vipu_reserved_ipus{kind="maintenance_window",phase="to_come"}'],
+            samples['vipu_reserved_ipus{kind="reservation",phase="under_way"}']) == (8, 0)
     for n in range(6):
         assert pod.user("create", "partition", f"full{n}", "--size", "4").code == 0  # ag3 to ag8
     failed_line(pod.user("create", "partition", "long", "--size", "4", "--expected-duration", "2h"), "create partition", "long",
@@ -263,6 +266,7 @@ def test_a_maintenance_window_and_a_reservation_through_both_clis(registered_pod
     pod.start_server()
     listing = {row[0]: row for row in rows(pod.admin("list", "reservations").out)}
     assert set(listing) == {"mw1", "train"} and listing["train"][4] == "4" and listing["train"][7] == "UNDER WAY", listing
+    assert pod.metrics()['vipu_reserved_ipus{kind="reservation",phase="under_way"}'] == 4
     for name in ("train", "mw1"):
         removed = pod.admin("remove", "reservation", name)
         assert removed.code == 0, removed.err

@@ -24,6 +24,7 @@ from vipu.api.status import service_and_method
 from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
 from vipu.model.errors import Unavailable
 from vipu.model.linkhealth import LinkEvent, LinkHealth, LinkState, reliability
+from vipu.model.reservations import TO_COME, UNDER_WAY
 from vipu.store.store import Store
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -43,16 +44,27 @@ class EntityCollector:
             events = tx.link_event_counts()
             failures = tx.failure_events()
             attempts = tx.attempt_counts()
+            reservations = tx.list_reservations()
+        now = time.time()
         by_status = Tally(a.status.value for a in agents)
         family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
         for status in AgentStatus:
             family.add_metric([status.value], by_status[status.value])
         yield family
         occupied = {ipu.agent_id for p in partitions for ipu in p.ipus}
-        family = GaugeMetricFamily("vipu_agents_drained", "Agents an operator drains, by whether a partition is still on them",
-                                   labels=["state"])
-        family.add_metric(["draining"], sum(1 for a in agents if a.drain is not None and a.id in occupied))
-        family.add_metric(["drained"], sum(1 for a in agents if a.drain is not None and a.id not in occupied))
+        drained = {a.id for a in agents if a.drain is not None} | {
+            agent for r in reservations if r.maintenance and r.phase(now) == UNDER_WAY for agent in r.agent_ids}
+        family = GaugeMetricFamily("vipu_agents_drained", "Agents drained (by an operator or a maintenance window under way), by "
+                                   "whether a partition is still on them", labels=["state"])
+        family.add_metric(["draining"], len(drained & occupied))
+        family.add_metric(["drained"], len(drained - occupied))
+        yield family
+        family = GaugeMetricFamily("vipu_reserved_ipus", "IPUs of reservations not over, by kind and whether under way",
+                                   labels=["kind", "phase"])
+        reserved = Tally((r.kind, r.phase(now)) for r in reservations for _ in r.ipus)
+        for kind in ("maintenance window", "reservation"):
+            for phase in (TO_COME, UNDER_WAY):
+                family.add_metric([kind.replace(" ", "_"), phase.lower().replace(" ", "_")], reserved[(kind, phase)])
         yield family
         yield GaugeMetricFamily("vipu_clusters", "Clusters", value=len(clusters))
         yield GaugeMetricFamily("vipu_allocations", "Allocations", value=len(allocations))

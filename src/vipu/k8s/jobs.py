@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -40,6 +41,7 @@ INIT_PROGRAM = "vipu-ipujob-init"
 RESTART_POLICIES = ("Never", "Always", "OnFailure", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "All", "Workers")
 MAX_PARTITION_IPUS = 64  # the seed's known limitation
+RESERVATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class JobSpec:
     backoff_limit: int
     clean_pod_policy: str
     expected_seconds: int = 0  # how long its partition is expected to run (`expected_seconds`); 0: unknown
+    reservation: str = ""  # the vipu reservation its partition is made in (`vipu list reservations`); "": none
 
     @property
     def ipus(self) -> int:
@@ -173,11 +176,14 @@ def parse(job: dict) -> JobSpec:
     clean = spec.get("cleanPodPolicy", "None")
     if clean not in CLEAN_POD_POLICIES:
         raise InvalidArgument(f"spec.cleanPodPolicy must be one of {', '.join(CLEAN_POD_POLICIES)}, not {clean!r}")
+    reservation = spec.get("reservation", "")
+    if not isinstance(reservation, str) or (reservation and not RESERVATION_NAME.fullmatch(reservation)):
+        raise InvalidArgument(f"spec.reservation names a vipu reservation (letters, digits, '.', '_', '-'), not {reservation!r}")
     return JobSpec(
         namespace=str(metadata.get("namespace", "default")), name=str(metadata.get("name", "")), uid=str(metadata.get("uid", "")),
         model_replicas=replicas, ipus_per_replica=per_replica, workers=worker_count, worker_template=template,
         command=tuple(str(part) for part in command), interactive_ttl=ttl, restart_policy=restart_type,
-        backoff_limit=backoff, clean_pod_policy=clean, expected_seconds=expected_seconds(spec),
+        backoff_limit=backoff, clean_pod_policy=clean, expected_seconds=expected_seconds(spec), reservation=reservation,
     )
 
 
@@ -275,7 +281,7 @@ def launcher_pod(job: JobSpec, wiring: Wiring, controller: Controller) -> dict:
             "IPUJOB_WORKERS": str(job.workers), "IPUJOB_PARTITION": job.partition_id,
             "IPUJOB_IPUS": str(job.ipus), "IPUJOB_MODEL_REPLICAS": str(job.model_replicas),
             "IPUJOB_CONTROLLER": controller.address, "VIPU_PROXY_URL": wiring.proxy_url,
-            "IPUJOB_EXPECTED_SECONDS": str(job.expected_seconds),
+            "IPUJOB_EXPECTED_SECONDS": str(job.expected_seconds), "IPUJOB_RESERVATION": job.reservation,
         }),
     }
     spec = {

@@ -183,7 +183,7 @@ class Operator:
     def _choose_controller(self, spec: jobs.JobSpec) -> tuple[dict | None, str]:
         """The proxy's choice of V-IPU controller for the job, or None and why there is none yet."""
         body = {"namespace": spec.namespace, "job": spec.name, "uid": spec.uid, "size": spec.ipus, "id": spec.partition_id,
-                "replicas": spec.model_replicas, "expected_seconds": spec.expected_seconds}
+                "replicas": spec.model_replicas, "expected_seconds": spec.expected_seconds, "reservation": spec.reservation}
         try:
             status, reply = rest.call("POST", f"{self.wiring.proxy_url.rstrip('/')}/controllers/choose", body)
         except OSError as error:

@@ -1,16 +1,17 @@
 """`vipu-ipu-proxy`: the V-IPU proxy between IPUJobs and the V-IPU controllers (vipu-server).
 
 REST end-points:
-- `POST /controllers/choose` {namespace, job, uid, size[, id, replicas, expected_seconds]}: the
+- `POST /controllers/choose` {namespace, job, uid, size[, id, replicas, expected_seconds, reservation]}: the
   controller the job's pods go to (the operator asks before it makes them; they run on the nodes
   carrying that controller's label): the first in the list with room for the job now. When none has, and the
   job's partition `id` is given, its request waits for room in the queue of the controller that
   can hold it with the least work ahead (first come, first served there), and the answer is 409
   with its place and reason until it has started; then that controller.
 - `POST /partitions` {id, namespace, job, uid, size, replicas, controller[, wait, resume,
-  expected_seconds]}: create the job's partition (expected to run `expected_seconds` from its
-  start, when given), or reset it when the job already owns it (a restarted job starts on clean
-  IPUs; not when `resume`, the launcher's next try after a 202, finds it started). A request that
+  expected_seconds, reservation]}: create the job's partition (expected to run `expected_seconds`
+  from its start, when given; in the vipu reservation named, when given), or reset it when the
+  job already owns it (a restarted job starts on clean IPUs; not when `resume`, the launcher's
+  next try after a 202, finds it started). A request that
   does not fit waits in the controller's queue; the call waits up to `wait` seconds for it. 201
   created, 200 reset, 202 still waiting (its place and reason); errors as
   `vipu.client.retry.http_status` says: 409 when the id belongs to someone else, 401 when the
@@ -82,6 +83,7 @@ class JobRequest(BaseModel):
     id: str = ""  # the job's partition: given, a job with no room anywhere waits in a controller's queue
     replicas: int = Field(default=0, ge=0)
     expected_seconds: int = Field(default=0, ge=0, le=MAX_EXPECTED_SECONDS)  # how long the job is expected to run; 0: unknown
+    reservation: str = Field(default="", max_length=64)  # the vipu reservation to make its partition in (spec.reservation)
 
 
 class PartitionRequest(JobRequest):
@@ -232,7 +234,8 @@ class Partitions:
             # launcher asks after it only while its pod runs.
             made = self._user(controller).create_or_queue(request.id, request.size, cluster_id=self.cluster_id,
                                                           num_replicas=request.replicas, wait_seconds=self.queue_seconds,
-                                                          detached=True, expected_seconds=request.expected_seconds)
+                                                          detached=True, expected_seconds=request.expected_seconds,
+                                                          reservation=request.reservation)
         except AlreadyExists:
             self.tracker.drop(request.id)
             raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "

@@ -29,6 +29,7 @@ from vipu.model.waiting import ends_in_time
 Ipu = tuple[str, int]  # (agent, index)
 MAX_RESERVATION_SECONDS = 366 * 86_400  # how far ahead a reservation may end: a year and a day
 REASON_LENGTH = 200
+TO_COME, UNDER_WAY, OVER = "TO COME", "UNDER WAY", "OVER"  # where a reservation stands (`Reservation.phase`)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Reservation:
 
     def phase(self, now: float) -> str:
         """Where it stands, as listings say it: TO COME, UNDER WAY or OVER."""
-        return "OVER" if self.ended(now) else "UNDER WAY" if self.started(now) else "TO COME"
+        return OVER if self.ended(now) else UNDER_WAY if self.started(now) else TO_COME
 
     def describe(self) -> str:
         """How a refusal or a listing names it: `maintenance window mw1 (firmware update) from ... to ...`."""

@@ -132,12 +132,13 @@ class JobPartitions:
         expected = time_limit_seconds((job or {}).get("TimeLimit", ""))
         try:
             self.forget_finished_jobs()
+            reservation = self._vipu_reservation((job or {}).get("Reservation", ""))
             try:
-                config = self._create_partition(name, ipus, gcds, replicas, expected)
+                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
                 with contextlib.suppress(NotFound):  # removed meanwhile by the operation that held it
                     self._remove(name)
-                config = self._create_partition(name, ipus, gcds, replicas, expected)
+                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation)
         except VipuError as error:
             if verdict(error) is Verdict.NEVER:
                 raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}",
@@ -163,11 +164,20 @@ class JobPartitions:
         log.info("job %s: partition %s removed", env["SLURM_JOB_ID"], name)
         return True
 
-    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0):
-        """The job's partition, expected to run for the job's time limit (0: none known)."""
+    def _vipu_reservation(self, slurm_reservation: str) -> str:
+        """The vipu reservation a job runs in: the Slurm reservation it was given (sbatch
+        --reservation), when vipu has a reservation of that name too (a site names the two alike);
+        "" otherwise, and the job's partition is placed as any other."""
+        if not slurm_reservation or slurm_reservation == "(null)":
+            return ""
+        return slurm_reservation if any(r.name == slurm_reservation for r in self.user.list_reservations()) else ""
+
+    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0, reservation: str = ""):
+        """The job's partition, expected to run for the job's time limit (0: none known), in the vipu reservation given."""
         job_id = name.removeprefix(PARTITION_PREFIX)
         return self.user.create_partition(
-            name, ipus, num_gcds=gcds, num_replicas=replicas, expected_seconds=expected_seconds, wait=self.config.queue_timeout,
+            name, ipus, num_gcds=gcds, num_replicas=replicas, expected_seconds=expected_seconds, reservation=reservation,
+            wait=self.config.queue_timeout,
             on_wait=lambda queued: self.slurm.comment(job_id, f"vipu: waiting for its IPUs: {queued.reason}"))
 
     def _remove(self, name: str) -> None:

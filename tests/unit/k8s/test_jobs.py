@@ -148,6 +148,16 @@ def test_a_jobs_partition_is_expected_to_run_until_what_ends_the_job_ends_it():
     assert {"name": "IPUJOB_EXPECTED_SECONDS", "value": "7200"} in init["env"]
 
 
+def test_a_jobs_reservation_goes_to_its_launcher_and_a_bad_one_is_refused():
+    assert spec().reservation == ""
+    reserved = spec(reservation="train")
+    init = jobs.launcher_pod(reserved, WIRING, CONTROLLER)["spec"]["initContainers"][0]
+    assert {"name": "IPUJOB_RESERVATION", "value": "train"} in init["env"]
+    for bad in ("two words", 7, "-x"):
+        with pytest.raises(InvalidArgument, match=r"spec\.reservation names a vipu reservation"):
+            spec(reservation=bad)
+
+
 def test_an_interactive_launcher_only_sleeps_out_its_ttl():
     launcher = jobs.launcher_pod(spec(launcher={}, interactive={"ttl": 90}), WIRING, CONTROLLER)
     assert launcher["spec"]["containers"][0]["command"] == ["sleep", "90"]

@@ -54,4 +54,6 @@ def test_the_launcher_tells_the_proxy_how_long_its_job_is_expected_to_run(monkey
         launcher.obtain_partition({**ENV, "IPUJOB_EXPECTED_SECONDS": given})
         assert asked[-1]["expected_seconds"] == told
     launcher.obtain_partition(ENV)
-    assert asked[-1]["expected_seconds"] == 0
+    assert asked[-1]["expected_seconds"] == 0 and asked[-1]["reservation"] == ""
+    launcher.obtain_partition({**ENV, "IPUJOB_RESERVATION": "train"})
+    assert asked[-1]["reservation"] == "train"

@@ -145,12 +145,14 @@ class QueueingUser:
 def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_there_when_granted():
     user = QueueingUser()
     partitions, tracker = proxy(user)  # type: ignore[arg-type]
-    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8, expected_seconds=3600)
+    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8, expected_seconds=3600,
+                     reservation="train")
     for _ in range(2):  # the operator asks again at each resync: the request keeps its place
         with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
             partitions.choose(job)
     assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS,
-                           "detached": True, "expected_seconds": 3600}]  # the proxy withdraws it when its job goes: no waiter's lease
+                           "detached": True, "expected_seconds": 3600, "reservation": "train"}]  # no waiter's lease: the proxy
+    # withdraws it when its job goes
     assert list(tracker.tracked) == ["p-default-job"]
     user.grant("p-default-job")
     assert partitions.choose(job) == CONTROLLER.describe()  # its pods go there now

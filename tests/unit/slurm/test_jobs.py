@@ -35,6 +35,7 @@ class Controller:
         self.queued: list[pb.QueuedRequest] = []  # what successive waiting calls answer; empty: no room is ever lacking
         self.waiting: set[str] = set()  # requests waiting for room, by partition id
         self.waits: list[int] = []  # the wait_seconds of each create
+        self.reservations: list[str] = []  # vipu's reservations, by name
 
     def call(self, _stub, method, request):
         if self.refuse.get(method) and (refusal := self.refuse[method].pop(0)) is not None:
@@ -57,6 +58,8 @@ class Controller:
             return pb.RemovePartitionReply()
         if method == "ListQueued":
             return pb.ListQueuedReply(requests=[pb.QueuedRequest(partition_id=p) for p in sorted(self.waiting)])
+        if method == "ListReservations":
+            return pb.ListReservationsReply(reservations=[pb.Reservation(name=name) for name in self.reservations])
         if method == "ListPartitions":
             return pb.ListPartitionsReply(partitions=[pb.Partition(id=p) for p in self.partitions])
         if method == "GetPartitionIpuofConfig":
@@ -138,6 +141,25 @@ def test_the_partition_is_expected_to_run_for_the_jobs_time_limit(world):
     slurm.known["7"]["TimeLimit"] = "UNLIMITED"
     assert jobs.prolog(JOB) == "slurm-7"
     assert asked == [9000, 0]
+
+
+def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it(world):
+    jobs, controller, slurm, _ = world
+    asked = []
+    answer = controller.call
+
+    def call(stub, method, request):
+        if method == "CreatePartition":
+            asked.append(request.reservation)
+        return answer(stub, method, request)
+
+    controller.call = call  # type: ignore[method-assign]
+    controller.reservations = ["train"]
+    for slurm_reservation in ("train", "maint-only-in-slurm", "(null)"):
+        slurm.known["7"]["Reservation"] = slurm_reservation
+        assert jobs.prolog(JOB) == "slurm-7"
+        assert jobs.epilog({"SLURM_JOB_ID": "7"})
+    assert asked == ["train", "", ""]
 
 
 def test_a_job_without_ipus_is_left_alone(world):
