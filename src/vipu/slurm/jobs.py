@@ -103,6 +103,24 @@ class JobPartitions:
         self.config = config
         self.slurm = slurm or Scontrol()
         self.user = user or UserClient(config.client_settings(), config.api_timeout)
+        self._drains_told: dict[str, str] = {}  # job id -> what its comment last said of the drains under its partition
+
+    def tell_drains(self) -> None:
+        """Tell each job whose partition runs on a machine being drained (an operator's drain, a
+        maintenance window) what becomes of it, in the job's comment (`squeue -o %k`), once per
+        change; and, once the drain is over for it, its partition again. vipu-slurm-service does
+        this at each upkeep."""
+        told = {}
+        for partition in self.user.list_partitions():
+            job_id = job_of(partition.id)
+            if job_id is None:
+                continue
+            notices = "; ".join(partition.status.drain_notices)
+            if notices != self._drains_told.get(job_id, ""):
+                self.slurm.comment(job_id, f"vipu: partition {partition.id}" + (f": {notices}" if notices else ""))
+            if notices:
+                told[job_id] = notices
+        self._drains_told = told
 
     def prolog(self, env: Mapping[str, str]) -> str | None:
         """Create the job's partition and its files; the partition's id, or None for a job without IPUs."""

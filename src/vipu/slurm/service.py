@@ -152,12 +152,14 @@ def main(socket_path, conf_path, licences_interval):
 
 
 def upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
-    """Every `interval` seconds until `stop`: sweep what finished jobs left, and sync Slurm's
-    licences with the IPUs free; say when what it found changes."""
+    """Every `interval` seconds until `stop`: sweep what finished jobs left, tell jobs of drains
+    under their partitions, and sync Slurm's licences with the IPUs free; say when what it found
+    changes."""
     said = ""
     while True:
         try:
             jobs.forget_finished_jobs()
+            jobs.tell_drains()
             line = licences.sync(jobs.user, jobs.slurm).describe()
         except VipuError as error:
             line = f"licences not synced: {error.message}"

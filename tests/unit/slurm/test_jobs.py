@@ -36,6 +36,7 @@ class Controller:
         self.waiting: set[str] = set()  # requests waiting for room, by partition id
         self.waits: list[int] = []  # the wait_seconds of each create
         self.reservations: list[str] = []  # vipu's reservations, by name
+        self.notices: dict[str, list[str]] = {}  # partition id -> its drain notices
 
     def call(self, _stub, method, request):
         if self.refuse.get(method) and (refusal := self.refuse[method].pop(0)) is not None:
@@ -61,7 +62,8 @@ class Controller:
         if method == "ListReservations":
             return pb.ListReservationsReply(reservations=[pb.Reservation(name=name) for name in self.reservations])
         if method == "ListPartitions":
-            return pb.ListPartitionsReply(partitions=[pb.Partition(id=p) for p in self.partitions])
+            return pb.ListPartitionsReply(partitions=[pb.Partition(id=p, status=pb.PartitionStatus(drain_notices=self.notices.get(p, [])))
+                                                      for p in self.partitions])
         if method == "GetPartitionIpuofConfig":
             gcds = self.partitions[request.partition_id].num_gcds
             return pb.GetPartitionIpuofConfigReply(ipuof_config=pb.PartitionConfig(
@@ -160,6 +162,24 @@ def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it
         assert jobs.prolog(JOB) == "slurm-7"
         assert jobs.epilog({"SLURM_JOB_ID": "7"})
     assert asked == ["train", "", ""]
+
+
+def test_a_job_on_a_machine_being_drained_is_told_in_its_comment_once_per_change(world):
+    jobs, controller, slurm, _ = world
+    assert jobs.prolog(JOB) == "slurm-7"
+    slurm.comments.clear()
+    jobs.tell_drains()
+    assert slurm.comments == {}  # nothing drains: nothing said
+    controller.notices["slurm-7"] = ["agent ag1 is draining for cable repair (by admin since ...): it is left to finish there"]
+    jobs.tell_drains()
+    assert slurm.comments == {"7": "vipu: partition slurm-7: agent ag1 is draining for cable repair (by admin since ...): it is "
+                                   "left to finish there"}
+    slurm.comments.clear()
+    jobs.tell_drains()
+    assert slurm.comments == {}  # said once
+    controller.notices.clear()
+    jobs.tell_drains()
+    assert slurm.comments == {"7": "vipu: partition slurm-7"}  # the drain ended: its partition again
 
 
 def test_a_job_without_ipus_is_left_alone(world):
