@@ -219,7 +219,8 @@ def test_list_capacity_shows_the_room_placement_sees(registered_pod):
     empty = json.loads(pod.user("list", "capacity", "--size", "8", "--json").out)
     assert empty["allocations"][0] | {"blocked": ""} == {
         "allocation_id": "alloc-1", "cluster_id": "cl0", "total_ipus": 32, "used_ipus": 0, "free_ipus": 32,
-        "fitting": 4, "largest": 32, "blocked": "", "down_ipus": 0, "held_ipus": 0, "held_for": "", "draining_ipus": 0}
+        "fitting": 4, "largest": 32, "blocked": "", "down_ipus": 0, "held_ipus": 0, "held_for": "", "draining_ipus": 0,
+        "reserved_ipus": 0}
     assert pod.user("create", "partition", "small", "--size", "2").code == 0
     assert pod.user("create", "partition", "big", "--size", "16").code == 0  # m05-m08, leaving m02-m04 a run of three
     table = rows(pod.user("list", "capacity", "--size", "8").out)

@@ -552,12 +552,12 @@ def _every_window(layout: ClusterLayout, machines: int) -> list[int]:
 
 def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *,
                        holders: Mapping[tuple[str, int], str] | None = None, num_segments: int = 0,
-                       ipulink_routing: IpuLinkRouting | None = None,
-                       explicit: tuple[tuple[int, int], ...] = (), faults: LinkFaults = NO_FAULTS) -> Shape:
+                       ipulink_routing: IpuLinkRouting | None = None, explicit: tuple[tuple[int, int], ...] = (),
+                       faults: LinkFaults = NO_FAULTS, avoid: Set[tuple[str, int]] = frozenset()) -> Shape:
     """The IPUs to hold for the first waiting request while partitions end: the shape that the
     fewest partitions block (`holders` names them; without it, the fewest IPUs in use), then the
-    fewest IPUs in use, then best-fit's order; never one that needs a quarantined link (`faults`).
-    Empty when no shape exists."""
+    fewest IPUs in use, then best-fit's order; never one that needs a quarantined link (`faults`),
+    nor one with an IPU it may not have (`avoid`: kept for a reservation). Empty when no shape exists."""
     def blocked(shape: Shape) -> tuple[int, int]:
         busy = [ipu for ipu in shape if ipu[1] in used.get(ipu[0], ())]
         blocking = len({holders[ipu] for ipu in busy if ipu in holders}) if holders is not None else len(busy)
@@ -566,6 +566,8 @@ def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[s
     options = shapes(layout, allowed, size, num_segments=num_segments, ipulink_routing=ipulink_routing, explicit=explicit)
     if faults.failed:
         options = [shape for shape in options if not faults.met(layout, shape)[0]]
+    if avoid:
+        options = [shape for shape in options if shape.isdisjoint(avoid)]
     return min(options, key=blocked, default=frozenset())
 
 

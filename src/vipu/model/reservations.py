@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_partition_id
 from vipu.model.errors import InvalidArgument
+from vipu.model.placement import is_power_of_two
 from vipu.model.reasons import span
 from vipu.model.times import duration_text, utc_text
 from vipu.model.topology import ClusterLayout
@@ -63,6 +64,13 @@ class Reservation:
     def ended(self, now: float) -> bool:
         return self.end <= now
 
+    def under_way(self, now: float) -> bool:
+        return self.started(now) and not self.ended(now)
+
+    def during(self, start: float, end: float) -> bool:
+        """Whether it holds its IPUs at some time between `start` and `end`."""
+        return self.start < end and start < self.end
+
     def phase(self, now: float) -> str:
         """Where it stands, as listings say it: TO COME, UNDER WAY or OVER."""
         return OVER if self.ended(now) else UNDER_WAY if self.started(now) else TO_COME
@@ -82,9 +90,15 @@ class Reservation:
         is known (open mode) or an administrator; nobody in a maintenance window."""
         return not self.maintenance and (unrestricted or not user_id or user_id in self.users)
 
+    def refusal(self, user_id: str) -> str:
+        """Why a user it does not admit (`admits`) may make no partition in it."""
+        if self.maintenance:
+            return f"{self.describe()} is a maintenance window: no partition is made in it"
+        return f"{self.describe()} is for {', '.join(self.users)}, not for user {user_id}"
+
     def overlaps(self, other: Reservation) -> bool:
         """Whether the two hold an IPU at the same time."""
-        return self.start < other.end and other.start < self.end and not self.ipus.isdisjoint(other.ipus)
+        return self.during(other.start, other.end) and not self.ipus.isdisjoint(other.ipus)
 
 
 def kept_from(reservations: Iterable[Reservation], named: str, expected_seconds: int, now: float) -> dict[Ipu, Reservation]:
@@ -127,11 +141,14 @@ def outside(reservation: Reservation, agent_ids: Iterable[str]) -> dict[Ipu, Res
             if (agent, index) not in reservation.ipus}
 
 
-def check_reservation(reservation: Reservation, now: float) -> None:
-    """InvalidArgument naming what is wrong with a reservation whatever the allocation holds."""
+def check_reservation(reservation: Reservation, now: float, size: int = 0) -> None:
+    """InvalidArgument naming what is wrong with a reservation whatever the allocation holds (its
+    IPUs apart), or with the `size` it asks for (whole machines, for a maintenance window)."""
     check_partition_id(reservation.name)
-    if not reservation.ipus:
-        raise InvalidArgument(f"reservation {reservation.name} holds no IPU")
+    if size and not is_power_of_two(size):
+        raise InvalidArgument(f"a reservation's size is a power of two, as a partition's is, not {size}")
+    if size and reservation.maintenance and size % IPUS_PER_MACHINE:
+        raise InvalidArgument(f"a maintenance window takes whole machines: a size of {IPUS_PER_MACHINE} IPUs or more, not {size}")
     if not reservation.reason.strip() or "\n" in reservation.reason or len(reservation.reason) > REASON_LENGTH:
         raise InvalidArgument(f"a reservation needs a reason of one line, up to {REASON_LENGTH} characters (--reason)")
     if reservation.end <= now:

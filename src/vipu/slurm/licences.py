@@ -52,11 +52,12 @@ class Count:
     down: int = 0  # free, but on machines that are down
     held: int = 0  # free, but held for a request waiting first in its queue that is not a Slurm job's
     draining: int = 0  # free, but on machines an operator drains
+    reserved_for_people: int = 0  # free, but in a reservation under way, for its users alone
 
     @property
     def reserved(self) -> int:
         """What no job may have: reserved out of Slurm's count (at most all of it)."""
-        return min(self.outside + self.down + self.held + self.draining, self.licences)
+        return min(self.outside + self.down + self.held + self.draining + self.reserved_for_people, self.licences)
 
     def describe(self) -> str:
         line = f"{self.licences} licences {LICENCE}; {self.outside} IPUs held outside Slurm"
@@ -66,6 +67,8 @@ class Count:
             line += f", {self.held} free held for a request outside Slurm"
         if self.draining:
             line += f", {self.draining} free on machines being drained"
+        if self.reserved_for_people:
+            line += f", {self.reserved_for_people} free in reservations for their users"
         line += f", reserved ({RESERVATION})"
         if self.licences != self.given:
             line += (f"; but vipu gives Slurm's user {self.given} IPUs: set Licenses={LICENCE}:{self.given} in slurm.conf "
@@ -117,7 +120,7 @@ def sync(user: UserClient, slurm: Scontrol | None = None) -> Count:
                   outside=sum(len(p.spec.ipus) for p in partitions if not slurms(p.id)),
                   down=sum(a.down_ipus for a in rooms),
                   held=sum(a.held_ipus for a in rooms if a.held_for and not slurms(a.held_for)),
-                  draining=sum(a.draining_ipus for a in rooms))
+                  draining=sum(a.draining_ipus for a in rooms), reserved_for_people=sum(a.reserved_ipus for a in rooms))
     reserve(count.reserved)
     return count
 

@@ -86,6 +86,10 @@ class Configuration:
     clusters: dict[str, Cluster]
     allocations: dict[str, Allocation]
 
+    def allocation_of(self, agent_id: str) -> str:
+        """The allocation the agent's machine is given to; "" if none."""
+        return next((a.id for a in self.allocations.values() if agent_id in a.agent_ids), "")
+
     @classmethod
     def load(cls, session: Session, generation: int) -> Configuration:
         def rows(kind):

@@ -52,7 +52,7 @@ def test_a_maintenance_window_drains_its_machines_from_its_start_and_resumes_the
     moving = pod.partitions.create(PartitionRequest("moving", 2, relocatable=True))
     assert kept.agent_ids == moving.agent_ids == ["ag1"]
     now = time.time()
-    pod.partitions.reservations.create("mw1", now + 1.0, now + 3.0, "fan swap", "admin", agent_ids=("ag1",), maintenance=True)
+    pod.partitions.reservations.create("mw1", now + 1.0, now + 8.0, "fan swap", "admin", agent_ids=("ag1",), maintenance=True)
     assert pod.agents.get("ag1").agent.drain is None  # to come: nothing is drained yet
     until(lambda: pod.agents.get("ag1").agent.drain is not None, "the window's start did not drain its machine")  # by the owner's timer
     drained = pod.agents.get("ag1")
@@ -139,6 +139,10 @@ def test_bad_reservations_are_refused_in_one_line_and_change_nothing(pod):
                                                                           maintenance=True, users=("alice",))),
         (InvalidArgument, "is for its users .* or is a maintenance window", dict(name="x", start=now, end=now + HOUR, size=4)),
         (InvalidArgument, "start and end are times", dict(name="x", start=float("nan"), end=now + HOUR, size=4, users=("a",))),
+        (InvalidArgument, "a reservation's size is a power of two, as a partition's is, not 3",
+         dict(name="x", start=now, end=now + HOUR, size=3, users=("a",))),
+        (InvalidArgument, "a maintenance window takes whole machines", dict(name="x", start=now, end=now + HOUR, size=2,
+                                                                            maintenance=True)),
     ]
     for family, message, fields in refusals:
         reason = fields.pop("reason", "why")
@@ -147,7 +151,37 @@ def test_bad_reservations_are_refused_in_one_line_and_change_nothing(pod):
     with pytest.raises(InvalidArgument, match="a reservation needs a reason"):
         create("x", now, now + HOUR, "  ", "admin", size=4, users=("alice",))
     assert [v.reservation.name for v in pod.partitions.reservations.list()] == ["mw1"]
+    assert pod.partitions.create(PartitionRequest("after", 4)).agent_ids == ["ag3"]  # the owner took every refusal in its stride
     with pytest.raises(NotFound, match="reservation nope does not exist"):
         pod.partitions.reservations.remove("nope")
     with pytest.raises(PermissionDenied, match="is a maintenance window: no partition is made in it"):
         pod.partitions.create(PartitionRequest("in-window", 4, reservation="mw1"), ALICE)
+
+
+def test_nothing_waits_moves_or_counts_as_room_on_a_reservations_ipus(pod):
+    now = time.time()
+    reserved = pod.partitions.reservations.create("train", now, now + HOUR, "a run", "admin", agent_ids=("ag7", "ag8"),
+                                                  users=("alice",)).reservation.ipus
+    for n in range(1, 6):
+        pod.partitions.create(PartitionRequest(f"p{n}", 4), BOB)
+    mover = pod.partitions.create(PartitionRequest("mover", 4, relocatable=True), BOB)
+    assert mover.agent_ids == ["ag6"]
+    with pytest.raises(NoRoom):  # the only free IPUs are the reservation's: a move may not take them
+        pod.partitions.relocate("mover", BOB)
+    assert pod.partitions.get("mover", BOB).agent_ids == ["ag6"]
+    [room] = pod.partitions.capacity(size=4, access=BOB)
+    assert (room.free_ipus, room.reserved_ipus, room.fitting, room.largest) == (8, 8, 0, 0)
+    waiting = pod.requests.create(PartitionRequest("waits", 4), BOB, wait_seconds=600)
+    assert "kept for reservation train" in waiting.reason
+    held = pod.owners.owner("a1").snapshot.queue.held
+    assert held and held.isdisjoint(reserved)  # the shape held for it is one it may have
+
+
+def test_a_request_waiting_for_a_reservation_ends_when_the_reservation_is_removed(pod):
+    now = time.time()
+    pod.partitions.reservations.create("later", now + HOUR, now + 2 * HOUR, "demo", "admin", size=4, users=("alice",))
+    waiting = pod.requests.create(PartitionRequest("demo", 4, reservation="later"), ALICE, wait_seconds=600)
+    assert "has not started" in waiting.reason
+    pod.partitions.reservations.remove("later")
+    until(lambda: pod.owners.owner("a1").snapshot.queue.get("demo") is None, "the request outlived its reservation")
+    assert "demo" not in {p.id for p in pod.partitions.list()}

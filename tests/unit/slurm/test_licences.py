@@ -33,12 +33,14 @@ def test_partitions_not_of_a_live_job_ipus_on_machines_down_and_ipus_held_for_ot
     user.connection = Controller(  # type: ignore[assignment]
         {"by-hand": 2, "slurm-7": 4, "slurm-8": 1, "slurm-999": 1},  # 7 runs; 8 is over; Slurm knows no job 999
         [pb.AllocationCapacity(allocation_id="a1", total_ipus=16, down_ipus=4, held_ipus=2, held_for="by-hand-waits", draining_ipus=3),
-         pb.AllocationCapacity(allocation_id="a2", total_ipus=16, held_ipus=3, held_for="slurm-9")])  # job 9's own
+         pb.AllocationCapacity(allocation_id="a2", total_ipus=16, held_ipus=3, held_for="slurm-9", reserved_ipus=2)])  # job 9's own
     slurm = Slurm({"7": {"JobState": "RUNNING"}, "8": {"JobState": "COMPLETED"}, "9": {"JobState": "CONFIGURING"}})
     reserved: list[int] = []
     monkeypatch.setattr(licences, "licences", lambda: 32)
     monkeypatch.setattr(licences, "reserve", reserved.append)
     count = licences.sync(user, slurm)
-    assert (count.outside, count.down, count.held, count.draining, count.reserved, reserved) == (4, 4, 2, 3, 13, [13])
+    assert (count.outside, count.down, count.held, count.draining, count.reserved_for_people, count.reserved, reserved) == (
+        4, 4, 2, 3, 2, 15, [15])
     assert count.describe() == ("32 licences ipu; 4 IPUs held outside Slurm, 4 free on machines that are down, 2 free held for "
-                                "a request outside Slurm, 3 free on machines being drained, reserved (vipu-outside)")
+                                "a request outside Slurm, 3 free on machines being drained, 2 free in reservations for their users, "
+                                "reserved (vipu-outside)")

@@ -431,7 +431,7 @@ class GetCapacityRequest(_message.Message):
     def __init__(self, size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class AllocationCapacity(_message.Message):
-    __slots__ = ("allocation_id", "cluster_id", "total_ipus", "used_ipus", "free_ipus", "fitting", "largest", "blocked", "down_ipus", "held_ipus", "held_for", "draining_ipus")
+    __slots__ = ("allocation_id", "cluster_id", "total_ipus", "used_ipus", "free_ipus", "fitting", "largest", "blocked", "down_ipus", "held_ipus", "held_for", "draining_ipus", "reserved_ipus")
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_IPUS_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +444,7 @@ class AllocationCapacity(_message.Message):
     HELD_IPUS_FIELD_NUMBER: _ClassVar[int]
     HELD_FOR_FIELD_NUMBER: _ClassVar[int]
     DRAINING_IPUS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_IPUS_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     cluster_id: str
     total_ipus: int
@@ -456,7 +457,8 @@ class AllocationCapacity(_message.Message):
     held_ipus: int
     held_for: str
     draining_ipus: int
-    def __init__(self, allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_ipus: _Optional[int] = ..., used_ipus: _Optional[int] = ..., free_ipus: _Optional[int] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ..., blocked: _Optional[str] = ..., down_ipus: _Optional[int] = ..., held_ipus: _Optional[int] = ..., held_for: _Optional[str] = ..., draining_ipus: _Optional[int] = ...) -> None: ...
+    reserved_ipus: int
+    def __init__(self, allocation_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_ipus: _Optional[int] = ..., used_ipus: _Optional[int] = ..., free_ipus: _Optional[int] = ..., fitting: _Optional[int] = ..., largest: _Optional[int] = ..., blocked: _Optional[str] = ..., down_ipus: _Optional[int] = ..., held_ipus: _Optional[int] = ..., held_for: _Optional[str] = ..., draining_ipus: _Optional[int] = ..., reserved_ipus: _Optional[int] = ...) -> None: ...
 
 class GetCapacityReply(_message.Message):
     __slots__ = ("allocations", "fitting", "largest")

@@ -253,7 +253,7 @@ class Reserve(Command):
     """An administrator's reservation of IPUs of the allocation for a time (`vipu.model.reservations`):
     the machines named (`agent_ids`), or a shape of `size` IPUs the owner chooses, free of other
     reservations at that time and, where it can, of partitions expected to be there at its start.
-    Answered with the reservation once it is committed."""
+    Answered with the reservation once it is committed (a window's moves go on after)."""
 
     name: str
     start: float

@@ -4,6 +4,7 @@ finishing, recovering, and closing the allocation."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Set
@@ -175,11 +176,8 @@ class Decisions(QueueKeeping):
     def _check_reservation_user(self, request: PartitionRequest, access: Access) -> None:
         """PermissionDenied for a user the reservation the request names is not for."""
         reservation = self.state.reservations.get(request.reservation) if request.reservation else None
-        if reservation is None or reservation.admits(access.user_id, access.unrestricted):
-            return
-        if reservation.maintenance:
-            raise PermissionDenied(f"{reservation.describe()} is a maintenance window: no partition is made in it")
-        raise PermissionDenied(f"{reservation.describe()} is for {', '.join(reservation.users)}, not for user {access.user_id}")
+        if reservation is not None and not reservation.admits(access.user_id, access.unrestricted):
+            raise PermissionDenied(reservation.refusal(access.user_id))
 
     def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]]) -> Placement:
         """The request placed among the free IPUs of `used` around the IPUs held for the first
@@ -634,51 +632,51 @@ class Decisions(QueueKeeping):
     # Reservations
 
     def _reserve(self, command: Reserve) -> None:
-        """An administrator's reservation: checked against the allocation and its other
-        reservations, placed (a `size` is given a shape), committed, and, if a maintenance window
-        under way, its machines drained at once."""
+        """An administrator's reservation: checked, placed (a `size` is given a shape), checked
+        against the allocation's other reservations and committed; a maintenance window under way
+        drains its machines at once."""
         state, now = self.state, time.time()
         if state.closing:
             raise Conflict(f"allocation {self.id} is being removed")
         if command.name in state.reservations:
             raise AlreadyExists(f"reservation {command.name} already exists")
-        start = max(command.start, now)
+        asked = Reservation(command.name, self.id, frozenset(), max(command.start, now), command.end, command.reason,
+                            command.maintenance, command.users, command.by, now)
+        check_reservation(asked, now, command.size)
         if command.agent_ids:
             strangers = sorted(set(command.agent_ids) - set(state.allocation.agent_ids))
             if strangers:
                 raise InvalidArgument(f"agent {strangers[0]} is not in allocation {self.id}")
             ipus = frozenset((agent, index) for agent in command.agent_ids for index in range(IPUS_PER_MACHINE))
         else:
-            ipus = self._reservation_shape(command, start, now)
-        reservation = Reservation(command.name, self.id, ipus, start, command.end, command.reason, command.maintenance,
-                                  command.users, command.by, now)
-        check_reservation(reservation, now)
+            ipus = self._reservation_shape(asked, command.size)
+        reservation = dataclasses.replace(asked, ipus=ipus)
         clash = next((r for r in state.reservations.values() if not r.ended(now) and r.overlaps(reservation)), None)
         if clash is not None:
             shared = clash.ipus & reservation.ipus
             raise Conflict(f"reservation {command.name} would hold {span(state.layout, set(shared))} while {clash.describe()} does")
         self.start(Operation("reserving", self._reserving(reservation), command.reply))
 
-    def _reservation_shape(self, command: Reserve, start: float, now: float) -> frozenset[tuple[str, int]]:
-        """Where a reservation of `command.size` IPUs goes: a shape on machines that are up and not
-        drained, free of the reservations of its time, best-fit among those no partition is
-        expected to be on at its start (one that is, or whose end is unknown, stays: it is not
-        stopped for the reservation); else the shape the fewest such partitions stand on."""
+    def _reservation_shape(self, asked: Reservation, size: int) -> frozenset[tuple[str, int]]:
+        """Where a reservation of `size` IPUs goes: a shape on machines that are up and not drained,
+        free of the other reservations of its time, best-fit among those no partition is expected
+        to be on at its start (one that is, or whose end is unknown, stays: it is not stopped for
+        the reservation); else the shape the fewest such partitions stand on."""
         state = self.state
         total = len(state.allocation.agent_ids) * IPUS_PER_MACHINE
-        if command.size > total:
-            raise InvalidArgument(f"a reservation of {command.size} IPUs is larger than allocation {self.id} ({total} IPUs)")
-        others = {ipu for r in state.reservations.values() if r.start < command.end and start < r.end for ipu in r.ipus}
+        if size > total:
+            raise InvalidArgument(f"a reservation of {size} IPUs is larger than allocation {self.id} ({total} IPUs)")
+        others = {ipu for r in state.reservations.values() if r.during(asked.start, asked.end) for ipu in r.ipus}
         staying = {(ipu.agent_id, ipu.index): p.id for p in state.partitions.values()
-                   if (end := p.expected_end) is None or end.timestamp() > start for ipu in p.ipus}
+                   if (end := p.expected_end) is None or end.timestamp() > asked.start for ipu in p.ipus}
         allowed = set(state.allocation.agent_ids) - state.unplaceable()
-        placed = try_place(state.layout, allowed, shifted({}, on=set(staying) | others), command.size, mix=state.mix)
+        placed = try_place(state.layout, allowed, shifted({}, on=set(staying) | others), size, mix=state.mix)
         if placed is not None:
             return frozenset((ipu.agent_id, ipu.index) for ipu in placed.ipus)
-        options = [shape for shape in shapes(state.layout, allowed, command.size) if shape.isdisjoint(others)]
+        options = [shape for shape in shapes(state.layout, allowed, size) if shape.isdisjoint(others)]
         if not options:
-            raise Conflict(f"no {command.size}-IPU shape of allocation {self.id} is free of other reservations from "
-                           f"{utc_text(start)} to {utc_text(command.end)} on machines up and not drained")
+            raise Conflict(f"no {size}-IPU shape of allocation {self.id} is free of other reservations from "
+                           f"{utc_text(asked.start)} to {utc_text(asked.end)} on machines up and not drained")
         return min(options, key=lambda shape: len({staying[ipu] for ipu in shape if ipu in staying}))
 
     def _reserving(self, reservation: Reservation) -> Body:
@@ -694,9 +692,7 @@ class Decisions(QueueKeeping):
         yield Write(lambda tx: tx.add_reservation(reservation), apply, undo)
         log.info("allocation %s: %s made by %s, on %s", self.id, reservation.describe(), reservation.by or "an administrator",
                  span(state.layout, set(reservation.ipus)))
-        moves = self._steer()
-        if moves:
-            yield Join(moves)
+        self._steer()  # a maintenance window under way: its machines drain, and the moves off them begin (not waited for)
         return reservation
 
     def _unreserve(self, command: Unreserve) -> None:

@@ -34,7 +34,7 @@ from vipu.model.configuration import AgentSettings
 from vipu.model.entities import Agent, OperationState, Partition
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, Unavailable, VipuError
 from vipu.model.hardware import PowerAction
-from vipu.model.placement import Placement, try_place
+from vipu.model.placement import Placement, shifted, try_place
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
 from vipu.model.times import utc_text
@@ -188,15 +188,19 @@ def reset(owner: Owner, partition: Partition, automatic: bool, power_cycle: bool
 def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
     """A planned place for a partition, if it is still free now: off the IPUs in use (its own
     included, which it keeps until it has moved) and held, on machines that answer and are not
-    draining, and links not quarantined; NoRoom saying what changed otherwise."""
+    draining, and links not quarantined, nor kept for a reservation; NoRoom saying what changed
+    otherwise."""
     taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
              if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
     machines = {ipu.agent_id for ipu in target.ipus}
     down, draining = sorted(machines & state.down), sorted(machines & state.draining.keys() - state.down)
     quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
-    if taken or down or draining or quarantined:
+    kept = state.kept_for_move(partition, time.time())
+    reserved = sorted({kept[ipu].name for ipu in ((i.agent_id, i.index) for i in target.ipus) if ipu in kept})
+    if taken or down or draining or quarantined or reserved:
         what = (f"{span(state.layout, set(taken))} was taken meanwhile" if taken else
                 f"agent {', '.join(down)} is down" if down else f"agent {', '.join(draining)} is being drained" if draining else
+                f"it is kept for reservation {', '.join(reserved)}" if reserved else
                 f"it needs quarantined link {', '.join(map(str, quarantined))}")
         raise NoRoom(f"the planned place of partition {partition.id} is no longer free: {what}")
     return target
@@ -204,12 +208,12 @@ def planned(state: AllocationState, partition: Partition, target: Placement) -> 
 
 def placed_elsewhere(owner: Owner, partition: Partition) -> Placement | None:
     """Where placement would put the partition now among the IPUs free (none of its own, which
-    it keeps until it has moved, none held for the queue, no machine down, no quarantined link,
-    suspect ones while it can), off the machines that failed it while other room is left (as
+    it keeps until it has moved, none held for the queue or kept for a reservation, no machine
+    down, no quarantined link, suspect ones while it can), off the machines that failed it while other room is left (as
     `placing.moved` keeps off them); None if nothing is free for it."""
     state = owner.state
     allowed = set(state.allocation.agent_ids) - state.unplaceable()
-    taken = state.taken()
+    taken = state.taken_for_move(partition, time.time())
     for machines in (allowed - set(partition.failed_on), allowed) if partition.failed_on else (allowed,):
         placement = try_place(state.layout, machines, taken, partition.size, num_gcds=partition.num_gcds,
                               num_segments=partition.num_segments, ipulink_routing=partition.ipulink_routing,
@@ -312,8 +316,10 @@ def relocate(owner: Owner, partition: Partition, avoid: set[str], why: str, auto
     if target is not None:
         placement = planned(state, partition, target)
     else:
-        placement = moved(state.layout, state.allocation, partition, state.used, state.holders(), state.held,
-                          first.partition_id if first is not None else "", avoid, state.unplaceable(), state.links)
+        kept = state.kept_for_move(partition, time.time())
+        placement = moved(state.layout, state.allocation, partition, shifted(state.used, on=kept) if kept else state.used,
+                          state.holders(), state.held, first.partition_id if first is not None else "", avoid, state.unplaceable(),
+                          state.links)
     fields: dict[str, Any] = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:
         fields["failed_on"] = tuple(sorted(set(partition.failed_on) | avoid))

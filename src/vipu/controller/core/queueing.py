@@ -24,7 +24,7 @@ from vipu.model.entities import Partition
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_reservation, free_ipu_count, place_partition, shifted, try_place
 from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
-from vipu.model.reservations import kept_clause
+from vipu.model.reservations import Reservation, kept_clause
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -199,13 +199,19 @@ class QueueKeeping(Steps):
             self._queue_changed = self._changed = True
             return
         allowed = set(state.allocation.agent_ids) - state.unplaceable()  # nothing starts, nor is held, on a machine down or draining
-        held = state.held if state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed else frozenset()
-        holders = state.holders()
         layout, allocation, now = state.layout, state.allocation, time.time()
+        self._end_requests_of_reservations_gone(now)
+
+        def kept_for(request: WaitingRequest) -> dict[tuple[str, int], Reservation]:
+            return state.kept_for_reservations(request.request.reservation, request.request.expected_seconds, now)
 
         def around_reservations(request: WaitingRequest, used: Used) -> Used:
-            kept = state.kept_for_reservations(request.request.reservation, request.request.expected_seconds, now)
+            kept = kept_for(request)
             return shifted(used, on=kept) if kept else used
+
+        held = state.held if (state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed
+                              and state.held.isdisjoint(kept_for(first))) else frozenset()
+        holders = state.holders()
 
         def place(request: WaitingRequest, used: Used) -> Placement | None:
             r = request.request
@@ -218,7 +224,7 @@ class QueueKeeping(Steps):
             """The shape the fewest partitions block, counting those this pass starts."""
             r = request.request
             blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
-            return choose_reservation(layout, allowed, around_reservations(request, used), r.size, holders=blocking,
+            return choose_reservation(layout, allowed, used, r.size, holders=blocking, avoid=kept_for(request).keys(),
                                       num_segments=r.num_segments,
                                       ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
                                       faults=state.links)
@@ -239,36 +245,61 @@ class QueueKeeping(Steps):
             self._compact_for(admission.first, allowed)
         self._explain(state.held, allowed, admission.expected_start)
 
+    def _end_requests_of_reservations_gone(self, now: float) -> None:
+        """End the waiting requests made in a reservation that is over or was removed: they could
+        never start. One whose end the store refused is tried again at a pass RETRY_SECONDS later."""
+        state = self.state
+        for line in list(state.queue.lines().values()):
+            name = line[0].request.reservation if line else ""  # one per line: it is part of a request's shape
+            reservation = state.reservations.get(name) if name else None
+            if not name or (reservation is not None and not reservation.ended(now)):
+                continue
+            why = f"{reservation.describe()} is over" if reservation is not None else f"reservation {name} was removed"
+            for request in [r for r in line if r.partition_id not in self.on_partition]:
+                ending = Conflict(f"the request of partition {request.partition_id} ends: {why}")
+                self.start(Operation("expiring", self._ending_now(request, ending), partition_id=request.partition_id))
+
+    def _ending_now(self, request: WaitingRequest, ending: VipuError) -> Body:
+        try:
+            yield from self._ending(request, "expire", ending)
+        except VipuError as refused:
+            log.warning("partition %s: its request could not be ended: %s", request.partition_id, refused.message)
+            self._pass_due = time.monotonic() + RETRY_SECONDS
+
     def _compact_for(self, first: WaitingRequest, allowed: set[str]) -> None:
         """When the first request waits although enough IPUs are free, plan the moves of relocatable
         partitions that free a shape for it, within the budget, and make them: it starts at the
         pass that follows. A plan is looked for once per first request and room (not at every pass),
-        and never while a compaction is under way."""
+        and never while a compaction is under way. Nothing moves for a request made in a
+        reservation, nor onto the IPUs of a reservation not over."""
         state, r = self.state, first.request
-        if r.size > free_ipu_count(state.layout, allowed, state.used) or state.compactions:
+        spent, now = self.compaction_spent(), time.time()
+        kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
+        if r.reservation or r.size > free_ipu_count(state.layout, allowed, shifted(state.used, on=kept)) or state.compactions:
             return
         holders = state.holders()
-        spent, now = self.compaction_spent(), time.time()
         room = spent.room(now)
         looked = (first.partition_id, frozenset(holders.items()), frozenset(allowed), state.links.sequence, room)
         if state.compaction_looked == looked:
             return
         state.compaction_looked = looked
-        plan = plan_for(state.layout, allowed, state.used, holders, r.size, operations.movable(self, spent, now), max_moves=room,
+        used = shifted(state.used, on=state.reserved(now)) if state.reservations else state.used
+        plan = plan_for(state.layout, allowed, used, holders, r.size, operations.movable(self, spent, now), max_moves=room,
                         mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, faults=state.links)
-        if plan is None or not self._takes(first, allowed, plan):
+        if plan is None or not self._takes(first, allowed, plan, kept):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
                  first.partition_id)
         body = operations.compact(self, plan, spent, f"the queue for {first.partition_id}")
         self.start(Operation("compacting", self.compacting(self._reporting(body)), system=True))
 
-    def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan) -> bool:
+    def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan, kept: Iterable[tuple[str, int]]) -> bool:
         """Whether the request, with all it asks (GCDs, routing, IPUs named, links to keep off), fits
-        once the plan's moves are made: nothing moves for a shape it could not take."""
+        once the plan's moves are made, off the IPUs `kept` for reservations: nothing moves for a
+        shape it could not take."""
         state, r = self.state, first.request
         after = shifted(state.used, off=(ipu for move in plan.moves for ipu in move.before),
-                        on=(ipu for move in plan.moves for ipu in move.to))
+                        on=[*(ipu for move in plan.moves for ipu in move.to), *kept])
         return try_place(state.layout, allowed, after, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
                          ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                          explicit=explicit_ipus(state.layout, state.allocation, r), faults=state.links) is not None

@@ -9,6 +9,7 @@ so nothing here is seen before it is committed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -174,11 +175,29 @@ class AllocationState:
             kept[holder] = kept.get(holder, frozenset()) | ipus
         return kept
 
+    def kept_for_move(self, partition: Partition, now: float) -> dict[Ipu, Reservation]:
+        """The IPUs a partition may not move to now for the reservations: as for a request of its
+        own reservation (the one for people under way that holds all its IPUs: it was made there,
+        as nothing else may be placed there), expected to run until the partition's expected end."""
+        if not self.reservations:
+            return {}
+        ipus = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
+        own = next((r.name for r in self.reservations.values() if r.under_way(now) and not r.maintenance and ipus <= r.ipus), "")
+        end = partition.expected_end
+        left = math.ceil(end.timestamp() - now) if end is not None and end.timestamp() > now else 0
+        return self.kept_for_reservations(own, left, now)
+
+    def taken_for_move(self, partition: Partition, now: float) -> dict[str, set[int]]:
+        """The IPUs a move of the partition may not take: those in use, those held for the first
+        waiting request while one waits, and those kept for reservations (`kept_for_move`)."""
+        held = self.held if self.queue.first() is not None else frozenset()
+        return shifted(self.used, on=held | self.kept_for_move(partition, now).keys())
+
     def with_windows(self, drains: dict[str, Drain], now: float) -> dict[str, Drain]:
         """The machines drained, given those an operator drains: those and the machines of every
         maintenance window under way at `now` (an operator's drain of one is what it shows)."""
         self.steered_at = now
-        windows = [r for r in self.reservations.values() if r.maintenance and r.started(now) and not r.ended(now)]
+        windows = [r for r in self.reservations.values() if r.maintenance and r.under_way(now)]
         if not windows:
             return dict(drains)
         return {**{agent: window.drain() for window in windows for agent in window.agent_ids}, **drains}

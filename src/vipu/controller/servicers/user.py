@@ -117,7 +117,8 @@ def capacity_reply(rooms: list[AllocationRoom]) -> pb.GetCapacityReply:
         allocations=[pb.AllocationCapacity(allocation_id=r.allocation_id, cluster_id=r.cluster_id, total_ipus=r.total_ipus,
                                            used_ipus=r.used_ipus, free_ipus=r.free_ipus, fitting=r.fitting, largest=r.largest,
                                            blocked=r.blocked, down_ipus=r.down_ipus, held_ipus=r.held_ipus,
-                                           held_for=r.held_for, draining_ipus=r.draining_ipus) for r in rooms],
+                                           held_for=r.held_for, draining_ipus=r.draining_ipus, reserved_ipus=r.reserved_ipus)
+                     for r in rooms],
         fitting=sum(r.fitting for r in rooms),
         largest=max((r.largest for r in rooms), default=0),
     )

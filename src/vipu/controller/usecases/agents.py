@@ -213,8 +213,7 @@ class AgentService:
             agent = configuration.agents.get(agent_id)
             if agent is None or agent.drain is not None:
                 continue
-            allocation_id = next((a.id for a in configuration.allocations.values() if agent_id in a.agent_ids), "")
-            window = self._as_drained(agent, allocation_id).drain
+            window = self._as_drained(agent, configuration.allocation_of(agent_id)).drain
             if window is not None:
                 raise Conflict(f"agent {agent_id} is {window.describe()}; it resumes at the window's end, or when the reservation "
                                "is removed (vipu-admin remove reservation)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import time
 from dataclasses import dataclass
 
 from vipu.controller.core.commands import (
@@ -29,7 +30,7 @@ from vipu.model import lifecycle
 from vipu.model.configuration import IPUOF_SERVER_VERSION_KEY, GcdConfig, gcd_configs
 from vipu.model.entities import IPUS_PER_MACHINE, OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, VipuError
-from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting
+from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting, shifted
 from vipu.store.configuration import Configuration
 from vipu.store.store import Store
 
@@ -59,6 +60,7 @@ class AllocationRoom:
     blocked: str = ""
     down_ipus: int = 0  # of the free IPUs, those on machines that are down
     draining_ipus: int = 0  # of the free IPUs, those on machines being drained (and not down)
+    reserved_ipus: int = 0  # of the free IPUs, those of reservations for people under way (on machines up, not drained)
     held_ipus: int = 0  # of the free IPUs, those held for the first waiting request, `held_for`
     held_for: str = ""
 
@@ -136,7 +138,9 @@ class PartitionService:
     def capacity(self, size: int = 0, allocation_id: str = "", cluster_id: str = "",
                  access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
         """The room in each allocation the caller may use (or the one named, or a cluster's): its
-        IPUs in use and free, how many partitions of `size` fit side by side, the largest that fits."""
+        IPUs in use and free, how many partitions of `size` fit side by side, the largest that fits
+        (off machines down or drained, and off the free IPUs of reservations for people under way,
+        which only their users have)."""
         if size and not is_power_of_two(size):
             raise InvalidArgument(f"partition size must be a power of two, not {size}")
         configuration = self.store.configuration()
@@ -147,20 +151,23 @@ class PartitionService:
                 raise NotFound(f"cluster {shown(cluster_id)} does not exist")
             chosen = [a.id for a in configuration.allocations.values()
                       if access.may_use(a.id) and (not cluster_id or a.cluster_id == cluster_id)]
-        rooms = []
+        rooms, now = [], time.time()
         for owner in filter(None, (self.owners.owner(a) for a in chosen)):
             s = owner.snapshot
             allowed = set(s.allocation.agent_ids) - s.down - s.draining.keys()  # nothing is placed on a machine down or draining
             used = {agent: set(indices) for agent, indices in s.used.items() if agent in s.allocation.agent_ids}
+            reserved = {(agent, index) for r in s.reservations.values() if r.under_way(now) and not r.maintenance
+                        for agent, index in r.ipus if agent in allowed and index not in used.get(agent, ())}
+            open_to_all = shifted(used, on=reserved)  # what fits for anyone: a reservation's free IPUs are its users'
             blocked = f"{s.test} is under test" if s.test else ""
             held = s.queue.held
             rooms.append(AllocationRoom(
                 s.id, s.allocation.cluster_id, s.total_ipus, sum(len(ipus) for ipus in used.values()),
-                fitting=0 if blocked or not size else count_fitting(s.layout, allowed, used, size),
-                largest=0 if blocked else largest_fitting(s.layout, allowed, used), blocked=blocked,
+                fitting=0 if blocked or not size else count_fitting(s.layout, allowed, open_to_all, size),
+                largest=0 if blocked else largest_fitting(s.layout, allowed, open_to_all), blocked=blocked,
                 down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.down),
                 draining_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.draining.keys() - s.down),
-                held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())),
+                reserved_ipus=len(reserved), held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())),
                 held_for=s.queue.first.partition_id if held and s.queue.first is not None else ""))
         return rooms
 

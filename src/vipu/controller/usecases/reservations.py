@@ -84,8 +84,8 @@ class ReservationService:
             for agent_id in agent_ids:
                 if agent_id not in configuration.agents:
                     raise NotFound(f"agent {shown(agent_id)} does not exist")
-                holder = next((a.id for a in configuration.allocations.values() if agent_id in a.agent_ids), None)
-                if holder is None:
+                holder = configuration.allocation_of(agent_id)
+                if not holder:
                     raise InvalidArgument(f"agent {agent_id} is in no allocation: no partition is placed on it to keep off")
                 allocations[holder] = agent_id
             if len(allocations) > 1:
