@@ -41,6 +41,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import click
@@ -48,8 +49,9 @@ import click
 from bench.allocator import Budget, Compactor, Pod, Request, make_trace, pod_ipus
 from bench.common import save, table
 from vipu.model.entities import IPUS_PER_MACHINE
-from vipu.model.placement import choose_reservation, try_place
+from vipu.model.placement import choose_reservation, shifted, try_place
 from vipu.model.queue import admit
+from vipu.model.reservations import Reservation, kept_from
 
 BACKFILL_BY_DURATION = "FIFO + backfill by duration"
 ESTIMATES = {"exact": "the true duration", "over-estimated": "the true duration x a factor log-uniform in [1, 3]"}
@@ -90,10 +92,11 @@ def expected_durations(trace: list[Request], policy: str, seed: int) -> list[flo
     return [request.duration * math.exp(rng.uniform(0.0, math.log(OVER_ESTIMATE_UP_TO))) for request in trace]
 
 
-def _admission(pod: Pod, policy: str):
+def _admission(pod: Pod, policy: str, reservations: Sequence[Reservation] = ()):
     """The policy as a function (waiting jobs, held, now, expected ends by IPU) -> (started [(job, its
-    IPUs)], held, the first job still waiting), against the IPUs `pod` has in use; the capacity
-    bound's jobs take no IPUs in particular."""
+    IPUs)], held, the first job still waiting), against the IPUs `pod` has in use and around the
+    `reservations` as the controller's queue keeps off them (`vipu.model.reservations.kept_from`);
+    the capacity bound's jobs take no IPUs in particular."""
     if policy == "capacity bound":
         def greedy(waiting: list[Job], held, now: float, ends: dict):
             started, free = [], pod.free
@@ -109,8 +112,16 @@ def _admission(pod: Pod, policy: str):
     by_duration = policy.startswith(BACKFILL_BY_DURATION)
 
     def queued(waiting: list[Job], held, now: float, ends: dict):
-        decided = admit(waiting, pod.used, lambda job, taken: try_place(layout, allowed, taken, job.size, mix=pod.mix),
-                        lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size), held=held,
+        live = [r for r in reservations if not r.ended(now)]
+
+        def kept(job: Job) -> set[tuple[str, int]]:
+            return set(kept_from(live, "", job.expected_duration or 0, now)) if live else set()  # type: ignore[arg-type]
+
+        if held and waiting and not held.isdisjoint(kept(waiting[0])):
+            held = frozenset()  # the first may no longer have it: another is held
+        decided = admit(waiting, pod.used,
+                        lambda job, taken: try_place(layout, allowed, shifted(taken, on=kept(job)), job.size, mix=pod.mix),
+                        lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size, avoid=kept(job)), held=held,
                         backfill=policy != "plain FIFO",
                         expected_duration=(lambda job: job.expected_duration) if by_duration else None,
                         expected_ends=ends, now=now)
@@ -120,14 +131,15 @@ def _admission(pod: Pod, policy: str):
     return queued
 
 
-def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> Waited:
+def replay(trace: list[Request], machines: int, policy: str, seed: int = 0, reservations: Sequence[Reservation] = ()) -> Waited:
     pod, outcome = Pod(machines, "vipu"), Waited()
     compactor = Compactor(pod, set(range(len(trace))), Budget()) if policy == COMPACTING else None
     expected = expected_durations(trace, policy, seed)
     by_duration = policy.startswith(BACKFILL_BY_DURATION)
     expected_end: dict[int, float | None] = {}  # job number -> when it is expected to end, as the queue is told
     running: dict[int, list[tuple[str, int]]] = {}  # job number -> its IPUs, which a compaction move changes
-    decide = _admission(pod, policy)
+    decide = _admission(pod, policy, reservations)
+    boundaries = sorted({moment for r in reservations for moment in (r.start, r.end)})  # when what may go where changes
     horizon = trace[-1].arrival
     departures: list[tuple[float, int]] = []  # (when, job number)
     waiting: list[Job] = []
@@ -136,6 +148,8 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
 
     def start(started: list[tuple[Job, list[tuple[str, int]]]], now: float) -> set[int]:
         for job, ipus in started:
+            for r in reservations:  # the rule the replay is to keep: nothing runs into a reservation's time on its IPUs
+                assert r.ipus.isdisjoint(ipus) or now >= r.end or now + job.request.duration <= r.start, (job, r.name)
             outcome.waits.append(now - job.request.arrival)
             pod.take(job.size, ipus, str(job.number))
             running[job.number] = ipus
@@ -148,8 +162,10 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
         return {ipu: expected_end[number] for number, ipus in running.items() for ipu in ipus} if by_duration else {}
 
     while arrived < len(trace) or waiting or departures:
+        while boundaries and boundaries[0] <= last:
+            boundaries.pop(0)
         now = min(trace[arrived].arrival if arrived < len(trace) else float("inf"),
-                  departures[0][0] if departures else float("inf"))
+                  departures[0][0] if departures else float("inf"), boundaries[0] if boundaries and waiting else float("inf"))
         outcome.ipu_time += (min(now, horizon) - min(last, horizon)) * (pod_ipus(pod) - pod.free)
         last = now
         while departures and departures[0][0] <= now:
@@ -179,6 +195,35 @@ def replay(trace: list[Request], machines: int, policy: str, seed: int = 0) -> W
     return outcome
 
 
+WEEK = 168.0  # in the trace's unit, the median job read as an hour
+WINDOW_MACHINES = 4  # the weekly maintenance window's
+WINDOW_START, WINDOW_HOURS = 5 * 24 + 2.0, 6.0  # Saturday 02:00 to 08:00, the trace starting on a Monday at midnight
+RESERVED_IPUS = 16  # the weekly reservation for people's, which none of the trace's jobs is made in
+RESERVATION_START, RESERVATION_HOURS = 2 * 24 + 9.0, 12.0  # Wednesday 09:00 to 21:00
+
+
+def weekly_reservations(machines: int, until: float) -> list[Reservation]:
+    """A maintenance window on the last `WINDOW_MACHINES` machines and a reservation of
+    `RESERVED_IPUS` IPUs (placed as the controller places one: best fit on the empty pod, off the
+    window's machines), every week until `until`."""
+    layout = Pod(machines, "vipu").layout
+    window = frozenset((agent, i) for agent in layout.agent_ids[-WINDOW_MACHINES:] for i in range(IPUS_PER_MACHINE))
+    placed = try_place(layout, set(layout.agent_ids), shifted({}, on=window), RESERVED_IPUS)
+    assert placed is not None
+    reserved = frozenset((ipu.agent_id, ipu.index) for ipu in placed.ipus)
+    weeks = range(math.ceil(until / WEEK))
+    return ([Reservation(f"maintenance-{w}", "pod", window, w * WEEK + WINDOW_START, w * WEEK + WINDOW_START + WINDOW_HOURS,
+                         "weekly maintenance", maintenance=True) for w in weeks]
+            + [Reservation(f"team-{w}", "pod", reserved, w * WEEK + RESERVATION_START,
+                           w * WEEK + RESERVATION_START + RESERVATION_HOURS, "a team's weekly slot", users=("team",)) for w in weeks])
+
+
+def reserved_share(reservations: Sequence[Reservation], horizon: float, capacity_ipus: int) -> float:
+    """The reservations' IPU-time while requests arrive, in points of the pod's: what they take by themselves."""
+    held = sum(r.size * max(0.0, min(r.end, horizon) - min(r.start, horizon)) for r in reservations)
+    return 100 * held / (horizon * capacity_ipus)
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -190,9 +235,14 @@ def percentile(values: list[float], share: float) -> float:
 @click.option("--load", "loads", default="0.9,0.7", show_default=True, help="Offered loads (fractions of the pod's IPUs), comma separated.")
 @click.option("--seed", default=2026, show_default=True)
 @click.option("--name", default="queueing", show_default=True, help="Results file: bench/results/NAME.json.")
-def main(requests, machines, loads, seed, name):
+@click.option("--reservations", "with_reservations", is_flag=True,
+              help="Instead: the policies told durations, with and without a weekly maintenance window on 4 machines and a weekly "
+                   "reservation of 16 IPUs, and the utilisation lost to them beyond their own IPU-hours.")
+def main(requests, machines, loads, seed, name, with_reservations):
     """Waits, utilisation and distance to the capacity bound of vipu's queue (FIFO + backfill, with
     compaction, and with expected durations) and plain FIFO."""
+    if with_reservations:
+        return reservations_main(requests, machines, loads, seed, name)
     runs = []
     for load in [float(text) for text in loads.split(",")]:
         trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
@@ -229,6 +279,39 @@ def main(requests, machines, loads, seed, name):
     path = save(name, {"benchmark": "queueing", "requests": requests, "machines": machines, "seed": seed,
                        "wait_unit": "the median job duration",
                        "expected_durations": ESTIMATES, "runs": runs})
+    click.echo(f"written: {path}")
+
+
+
+def reservations_main(requests: int, machines: int, loads: str, seed: int, name: str) -> None:
+    """The cost of maintenance windows and reservations to everyone else: utilisation with and
+    without them, the same trace, less the IPU-time they take by themselves."""
+    runs = []
+    for load in [float(text) for text in loads.split(",")]:
+        trace = make_trace(requests, machines * IPUS_PER_MACHINE, load, seed)
+        horizon = trace[-1].arrival
+        reservations = weekly_reservations(machines, horizon + 2 * WEEK)
+        share = reserved_share(reservations, horizon, machines * IPUS_PER_MACHINE)
+        results = []
+        for policy in (f"{BACKFILL_BY_DURATION} (exact)", f"{BACKFILL_BY_DURATION} (over-estimated)"):
+            without, with_them = (replay(trace, machines, policy, seed, kept) for kept in ((), reservations))
+            plain, reserved = (100 * w.ipu_time / (horizon * machines * IPUS_PER_MACHINE) for w in (without, with_them))
+            results.append({
+                "policy": policy, "utilisation_percent": round(plain, 2), "with_reservations_percent": round(reserved, 2),
+                "reserved_points": round(share, 2), "lost_beyond_reserved_points": round(plain - reserved - share, 2),
+                "mean_wait": round(statistics.fmean(without.waits), 3),
+                "mean_wait_with_reservations": round(statistics.fmean(with_them.waits), 3)})
+        runs.append({"load": load, "results": results})
+        click.echo(f"offered load {load}:")
+        click.echo(table(["policy", "utilisation %", "with reservations %", "reserved (points)", "lost beyond (points)",
+                          "mean wait", "with reservations"],
+                         [[r["policy"], r["utilisation_percent"], r["with_reservations_percent"], r["reserved_points"],
+                           r["lost_beyond_reserved_points"], r["mean_wait"], r["mean_wait_with_reservations"]] for r in results]))
+    path = save(name, {"benchmark": "queueing-reservations", "requests": requests, "machines": machines, "seed": seed,
+                       "wait_unit": "the median job duration, read as an hour",
+                       "reservations": {"maintenance_window": f"{WINDOW_MACHINES} machines, {WINDOW_HOURS:g} h a week",
+                                        "for_people": f"{RESERVED_IPUS} IPUs, {RESERVATION_HOURS:g} h a week, no job of the trace in it"},
+                       "runs": runs})
     click.echo(f"written: {path}")
 
 

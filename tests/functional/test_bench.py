@@ -60,6 +60,17 @@ def test_the_queueing_benchmark_replays_the_trace_with_every_request_waiting_unt
     assert rows["FIFO + backfill by duration (exact)"]["mean_wait"] <= rows["FIFO + backfill"]["mean_wait"]  # and more, told durations
 
 
+def test_the_queueing_benchmark_with_reservations_says_what_they_cost_beyond_their_own_ipu_hours(tmp_path):
+    result = bench(tmp_path, "queueing", "--reservations", "--requests", "300", "--machines", "16", "--load", "0.9")
+    assert result["benchmark"] == "queueing-reservations"
+    rows = result["runs"][0]["results"]
+    assert [r["policy"] for r in rows] == ["FIFO + backfill by duration (exact)", "FIFO + backfill by duration (over-estimated)"]
+    for row in rows:
+        assert 0 < row["reserved_points"] < 5 and 0 < row["with_reservations_percent"] <= 100
+        assert row["lost_beyond_reserved_points"] == pytest.approx(
+            row["utilisation_percent"] - row["with_reservations_percent"] - row["reserved_points"], abs=0.02)
+
+
 @pytest.mark.functional
 def test_the_partition_benchmark_measures_pairs_through_the_user_api(tmp_path):
     result = bench(tmp_path, "partitions", "--machines", "2", "--clients", "1,2", "--stores", "sqlite", "--duration", "1")

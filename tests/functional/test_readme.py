@@ -47,6 +47,7 @@ def as_pattern(shown: str) -> str:
     pattern = re.escape(shown)
     pattern = re.sub(r"'[A-Za-z0-9_\\-]{16,}'", "'[A-Za-z0-9_-]+'", pattern)  # an access key
     pattern = pattern.replace(re.escape("sqlite:////root/.local/share/vipu/vipu.db"), "sqlite:///.*/vipu\\.db")
+    pattern = re.sub(r"\d{4}\\-\d\d\\-\d\d\\ \d\d:\d\d:\d\d", r"\\d{4}-\\d\\d-\\d\\d\\ \\d\\d:\\d\\d:\\d\\d", pattern)  # a time
     return pattern.replace(re.escape("/root/"), "/.*/")  # the scratch home
 
 
@@ -153,6 +154,12 @@ def scripts_pod(tree: Path, env: dict, background: list) -> None:
     assert "give --sim-rebuild" not in "".join(log.read_text() for log in tree.glob("background-*.log"))
 
 
+def operating_a_pod(tree: Path, env: dict, background: list) -> None:
+    """Drains, maintenance windows and reservations on the pod of `scripts/pod`, as the README shows them."""
+    scripts_pod(tree, env, background)
+    run_walkthrough(first_block(section("Operating a pod"), "the whole of it"), tree, env, background, "")
+
+
 def stop(background: list) -> None:
     """End what a walk-through left running (each the README leaves to Ctrl-C), before the next uses its ports."""
     for process in background:
@@ -162,7 +169,7 @@ def stop(background: list) -> None:
 
 
 WALKTHROUGHS = {"secure mode": secure_mode, "the simulated hardware": simulated_hardware, "tenant vPODs": tenant_vpods,
-                "scripts/pod": scripts_pod}
+                "operating a pod": operating_a_pod}  # on scripts/pod, which it starts first
 
 
 @pytest.mark.parametrize("order", [list(WALKTHROUGHS), list(reversed(WALKTHROUGHS))], ids=["in order", "reversed"])

@@ -125,7 +125,9 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def rack_page(request: Request):
-        return shown(request, "racks.html", lambda source: {"racks": _racks(source), "tests_report": _tests(source)})
+        return shown(request, "racks.html", lambda source: {"racks": _racks(source), "tests_report": _tests(source),
+                                                            "bookings": racks.timeline(source.reservations(), time.time()),
+                                                            "timeline_days": racks.TIMELINE_DAYS})
 
     @app.get("/partitions", response_class=HTMLResponse)
     def partitions_page(request: Request):

@@ -210,3 +210,39 @@ def _racks(groups: list[Group], partitions: list[vipuuser_pb2.Partition], tones,
     legend = [LegendEntry(p.id, tones[p.id], ready_state(p), len(p.spec.ipus)) for p in sorted(partitions, key=lambda p: p.id)]
     return Racks(groups, legend, machines, down, machines * IPUS_PER_MACHINE, sum(len(p.spec.ipus) for p in partitions),
                  Counter(ready_state(p) for p in partitions), tones)
+
+
+TIMELINE_DAYS = 7  # how far ahead the racks page's timeline of reservations looks
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A reservation on the racks page's timeline: where its bar starts and how wide it is, in
+    percent of the timeline, and what its title says."""
+
+    name: str
+    kind: str  # maintenance window | reservation
+    phase: str  # TO COME | UNDER WAY
+    machines: str
+    left: float
+    width: float
+    title: str
+
+
+def timeline(reservations: Iterable[vipuuser_pb2.Reservation], now: float, days: int = TIMELINE_DAYS) -> list[Booking]:
+    """The reservations not over, as bars over the next `days` from `now` (one starting later has
+    no bar, but is listed), soonest first."""
+    span_seconds = days * 86_400.0
+    shown = []
+    for r in sorted(reservations, key=lambda r: (r.start, r.name)):
+        if r.end <= now:
+            continue
+        begin, finish = max(r.start, now), min(r.end, now + span_seconds)
+        left = 100 * (begin - now) / span_seconds if begin < now + span_seconds else 100.0
+        width = max(0.0, 100 * (finish - begin) / span_seconds)
+        machines = " ".join(dict.fromkeys(ipu.agent_id for ipu in r.ipus))
+        who = f" for {', '.join(r.users)}" if r.users else ""
+        shown.append(Booking(r.name, "maintenance window" if r.maintenance else "reservation",
+                             "UNDER WAY" if r.start <= now else "TO COME", machines, round(left, 2), round(width, 2),
+                             f"{r.description}{who}; {len(r.ipus)} IPUs, {r.ipus_in_use} in use"))
+    return shown

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from vipu.api.protos import admin_pb2, vipuuser_pb2
-from vipu.client import AdminClient, Conflict, NotFound, PermissionDenied, Stream, Unauthenticated, UserClient, VipuError
+from vipu.client import AdminClient, Conflict, NotFound, PermissionDenied, Stream, Unauthenticated, Unavailable, UserClient, VipuError
 from vipu.client.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,15 @@ class Source:
     def tests(self) -> admin_pb2.ClusterTestReport | None:
         """The cluster test under way, or else the last one; None when none has run."""
         return self._read("tests", lambda: _tests(self._admin()))  # type: ignore[return-value]
+
+    def reservations(self) -> list[vipuuser_pb2.Reservation]:
+        """The reservations of the allocations the viewer may use (read each time: the change feed
+        does not carry them); none when it cannot say (a controller from before them does not
+        offer the call), so that the racks page, read first, is drawn all the same."""
+        try:
+            return self.user.list_reservations()
+        except Unavailable:
+            return []
 
     def cabling(self, cluster_id: str) -> admin_pb2.Cabling:
         return self._admin().cabling(cluster_id)

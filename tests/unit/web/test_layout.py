@@ -169,3 +169,19 @@ def test_each_end_of_a_cable_links_to_its_links_page_where_the_cable_meets_its_m
     assert [[name for name, _, _ in wire] for wire in ends] == [["ag1:5", "ag2:1"], ["ag2:8", "ag1:4"], ["ag1:sync6", "ag2:sync2"],
                                                                 ["ag3:gw1", "ag1:gw2"]]
     assert all(on_edge(name.split(":")[0], x, y) for wire in ends for name, x, y in wire)
+
+
+def test_reservations_not_over_are_bars_on_a_weeks_timeline_soonest_first():
+    day, now = 86_400.0, 1_000_000.0
+
+    def reservation(name, start, end, maintenance=False):
+        return vipuuser_pb2.Reservation(name=name, start=start, end=end, maintenance=maintenance, description=f"the {name}",
+                                        ipus=[vipuuser_pb2.ReservedIpu(agent_id="ag1", index=i) for i in range(4)],
+                                        users=[] if maintenance else ["alice"], ipus_in_use=2)
+
+    shown = racks.timeline([reservation("late", now + 10 * day, now + 11 * day), reservation("over", now - day, now - 1),
+                            reservation("mw", now + day, now + 1.5 * day, maintenance=True),
+                            reservation("now", now - day, now + 7 * day)], now)
+    assert [(b.name, b.phase, b.left, b.width) for b in shown] == [
+        ("now", "UNDER WAY", 0.0, 100.0), ("mw", "TO COME", 14.29, 7.14), ("late", "TO COME", 100.0, 0.0)]
+    assert shown[1].kind == "maintenance window" and shown[0].title == "the now for alice; 4 IPUs, 2 in use"

@@ -48,7 +48,7 @@ from vipu.controller.core.placing import (
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
-from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
+from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
@@ -144,11 +144,15 @@ class Decisions(QueueKeeping):
         kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
         if not kept:
             return self._placed_around(request, mix, state.used)
+        if named is not None:  # among its machines alone, so that a refusal speaks of them
+            try:
+                return self._placed_around(request, mix, shifted(state.used, on=kept),
+                                           dataclasses.replace(state.allocation, agent_ids=named.agent_ids))
+            except NoRoom as refusal:
+                raise NoRoom(f"no room in {named.describe()}: {refusal.message}", held_free=refusal.held_free) from None
         try:
             return self._placed_around(request, mix, shifted(state.used, on=kept))
         except NoRoom as refusal:
-            if named is not None:
-                raise NoRoom(f"no room in {named.describe()}: {refusal.message}", held_free=refusal.held_free) from None
             try:
                 self._placed_around(request, mix, state.used)
             except VipuError:
@@ -179,24 +183,27 @@ class Decisions(QueueKeeping):
         if reservation is not None and not reservation.admits(access.user_id, access.unrestricted):
             raise PermissionDenied(reservation.refusal(access.user_id))
 
-    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]]) -> Placement:
-        """The request placed among the free IPUs of `used` around the IPUs held for the first
-        waiting request, or on some of them if it is expected to end before they are needed
-        (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them,
-        and, where they alone keep it off, why its expected duration does not let it start on them."""
+    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]],
+                       within: Allocation | None = None) -> Placement:
+        """The request placed among the free IPUs of `used` (on the machines of `within`, the
+        allocation's if not given) around the IPUs held for the first waiting request, or on some
+        of them if it is expected to end before they are needed (`held_needed_at`), as the queue
+        backfills. A refusal says why it does not fit around them, and, where they alone keep it
+        off, why its expected duration does not let it start on them."""
         state = self.state
+        allocation = within or state.allocation
         first = state.queue.first()
         left_out = self._machines_left_out()
         if first is None or not state.held:
-            return place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
+            return place_request(state.layout, allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
         try:
-            return place_request(state.layout, state.allocation, used, request,
+            return place_request(state.layout, allocation, used, request,
                                  Occupancy(state.holders, state.held, first.partition_id), state.links, mix, left_out)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
-                placement = place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links,
+                placement = place_request(state.layout, allocation, used, request, Occupancy(state.holders), state.links,
                                           mix, left_out)
             except NoRoom:
                 raise refusal from None

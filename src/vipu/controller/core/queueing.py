@@ -376,15 +376,16 @@ class QueueKeeping(Steps):
             the reservations whose IPUs it may not use named."""
             r = request.request
             kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
+            named = state.reservations.get(r.reservation)
+            machines = allowed & set(named.agent_ids) if named is not None else allowed  # a refusal speaks of its machines
             try:
-                place_partition(layout, allowed, shifted(used, on=kept) if kept else used, r.size, num_gcds=r.num_gcds,
+                place_partition(layout, machines, shifted(used, on=kept) if kept else used, r.size, num_gcds=r.num_gcds,
                                 num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
                                 explicit=explicit_ipus(layout, allocation, r), where=where,
                                 occupancy=occupancy, faults=state.links)
                 return "starting", False
             except VipuError as refusal:
                 held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
-                named = state.reservations.get(r.reservation)
                 if named is not None:
                     return f"{named.describe()}{'' if named.started(now) else ' has not started'}: {refusal.message}", held_free
                 return refusal.message + (f"; {kept_clause(kept, r.expected_seconds, now, layout)}" if kept else ""), held_free
