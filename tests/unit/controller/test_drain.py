@@ -5,12 +5,14 @@ are left to finish, and the drain is stored."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
 
+from vipu import failpoints
 from vipu.client.admin import by_time
-from vipu.model.entities import Drain, PartitionRequest, ReadyState
+from vipu.model.entities import Drain, OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound
 from vipu.model.times import utc_text
 
@@ -136,3 +138,27 @@ def test_capacity_counts_no_room_on_a_draining_machine_and_says_how_many_free_ip
     pod.agents.drain(["ag1"], "repair", "admin")
     [during] = pod.partitions.capacity(size=4)
     assert (during.free_ipus, during.fitting, during.largest, during.draining_ipus) == (4, 0, 0, 4)
+
+
+def test_a_controller_stopped_in_the_middle_of_a_drains_move_is_restarted_and_finishes_the_drain(pod):
+    pod.partitions.create(PartitionRequest("kept", 2))
+    moving = pod.partitions.create(PartitionRequest("moving", 2, relocatable=True))
+    assert moving.agent_ids == ["ag1"]
+    applying = failpoints.arm("agent.apply", "pause")  # the move's configuration at its new place stalls
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            draining = pool.submit(pod.agents.drain, ["ag1"], "cable repair", "admin")
+            assert applying.reached.wait(10)
+            services = pod.restarted()  # the controller stops with the move half done: its new IPUs written, not configured
+            failpoints.disarm("agent.apply")
+            draining.result(60)  # its wait for the moves ends with the owners that stopped (it is told, not hung)
+    finally:
+        failpoints.disarm()
+    services.health.check_all()  # the restarted controller's first pass finishes what the old one left
+    deadline = time.monotonic() + 30
+    while (moved := services.partitions.get("moving")).operation_state is not OperationState.IDLE:
+        assert time.monotonic() < deadline, f"the move was not finished: {moved.operation_state.value}"
+        time.sleep(0.05)
+    assert moved.ready_state is ReadyState.ACTIVE and "ag1" not in moved.agent_ids
+    assert pod.held_anywhere("moving") == moved.agent_ids  # configured where the store says, and nowhere else
+    assert services.agents.get("ag1").draining_partitions == ("kept",) and services.agents.get("ag1").agent.drain is not None
