@@ -69,6 +69,8 @@ def test_the_queueing_benchmark_with_reservations_says_what_they_cost_beyond_the
         assert 0 < row["reserved_points"] < 5 and 0 < row["with_reservations_percent"] <= 100
         assert row["lost_beyond_reserved_points"] == pytest.approx(
             row["utilisation_percent"] - row["with_reservations_percent"] - row["reserved_points"], abs=0.02)
+        assert row["lost_beyond_reserved_points"] <= 2  # the bound, on this short trace too
+    assert any(row["mean_wait_with_reservations"] != row["mean_wait"] for row in rows)  # the reservations changed what ran when
 
 
 @pytest.mark.functional

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from vipu.k8s.controllers import Controller
+from vipu.model.entities import check_id
 from vipu.model.errors import InvalidArgument
 
 GROUP = "graphcore.ai"
@@ -41,7 +41,6 @@ INIT_PROGRAM = "vipu-ipujob-init"
 RESTART_POLICIES = ("Never", "Always", "OnFailure", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "All", "Workers")
 MAX_PARTITION_IPUS = 64  # the seed's known limitation
-RESERVATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -177,8 +176,10 @@ def parse(job: dict) -> JobSpec:
     if clean not in CLEAN_POD_POLICIES:
         raise InvalidArgument(f"spec.cleanPodPolicy must be one of {', '.join(CLEAN_POD_POLICIES)}, not {clean!r}")
     reservation = spec.get("reservation", "")
-    if not isinstance(reservation, str) or (reservation and not RESERVATION_NAME.fullmatch(reservation)):
-        raise InvalidArgument(f"spec.reservation names a vipu reservation (letters, digits, '.', '_', '-'), not {reservation!r}")
+    if not isinstance(reservation, str):
+        raise InvalidArgument(f"spec.reservation names a vipu reservation, not {reservation!r}")
+    if reservation:
+        check_id("reservation", reservation)
     return JobSpec(
         namespace=str(metadata.get("namespace", "default")), name=str(metadata.get("name", "")), uid=str(metadata.get("uid", "")),
         model_replicas=replicas, ipus_per_replica=per_replica, workers=worker_count, worker_template=template,

@@ -55,6 +55,7 @@ from vipu.client.user import UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
+from vipu.model.entities import ID_MAX_LENGTH
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -83,7 +84,7 @@ class JobRequest(BaseModel):
     id: str = ""  # the job's partition: given, a job with no room anywhere waits in a controller's queue
     replicas: int = Field(default=0, ge=0)
     expected_seconds: int = Field(default=0, ge=0, le=MAX_EXPECTED_SECONDS)  # how long the job is expected to run; 0: unknown
-    reservation: str = Field(default="", max_length=64)  # the vipu reservation to make its partition in (spec.reservation)
+    reservation: str = Field(default="", max_length=ID_MAX_LENGTH)  # the vipu reservation to make its partition in (spec.reservation)
 
 
 class PartitionRequest(JobRequest):
@@ -135,8 +136,9 @@ class Partitions:
 
     def choose(self, request: JobRequest) -> dict:
         """The controller a job's pods and partition go to: its own if it has one (once its request
-        has started), else the first with room; else, given the job's partition id, its request
-        waits in a controller's queue and the Conflict says where and why."""
+        has started), else the one with the reservation it names, else the first with room; else,
+        given the job's partition id, its request waits in a controller's queue and the Conflict
+        says where and why."""
         owned = next(((partition_id, e) for partition_id, e in self.tracker.entries().items() if e.uid == request.uid), None)
         if owned is not None:
             controller = self._owned_controller(owned[1])
@@ -148,6 +150,8 @@ class Partitions:
                 if queued is not None:
                     raise Conflict(_waiting(controller, queued)["detail"])
                 return controller.describe()
+        if request.reservation:  # made there or nowhere: its launcher's create waits for room in the reservation
+            return self._holding(request.reservation).describe()
         refusals = []
         for controller in self.controllers():
             try:
@@ -165,6 +169,16 @@ class Partitions:
         if status == 202:
             raise Conflict(answer["detail"])
         return controller.describe()
+
+    def _holding(self, reservation: str) -> Controller:
+        """The listed controller that has the reservation; NotFound if none has (that can say)."""
+        for controller in self.controllers():
+            try:
+                if any(r.name == reservation for r in self._user(controller).list_reservations()):
+                    return controller
+            except VipuError as error:
+                log.warning("cannot ask %s for its reservations: %s", controller.address, error.message)
+        raise NotFound(f"no V-IPU controller has reservation {reservation}")
 
     def _queued(self, controller: Controller, partition_id: str) -> vipuuser_pb2.QueuedRequest | None:
         """Where the partition's request waits at the controller; None if it does not wait (the

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_partition_id
+from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_id
 from vipu.model.errors import InvalidArgument
 from vipu.model.placement import is_power_of_two
 from vipu.model.reasons import span
@@ -144,7 +144,7 @@ def outside(reservation: Reservation, agent_ids: Iterable[str]) -> dict[Ipu, Res
 def check_reservation(reservation: Reservation, now: float, size: int = 0) -> None:
     """InvalidArgument naming what is wrong with a reservation whatever the allocation holds (its
     IPUs apart), or with the `size` it asks for (whole machines, for a maintenance window)."""
-    check_partition_id(reservation.name)
+    check_id("reservation", reservation.name)
     if size and not is_power_of_two(size):
         raise InvalidArgument(f"a reservation's size is a power of two, as a partition's is, not {size}")
     if size and reservation.maintenance and size % IPUS_PER_MACHINE:

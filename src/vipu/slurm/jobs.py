@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 
 from vipu.client.retry import Verdict, verdict
@@ -184,11 +185,16 @@ class JobPartitions:
 
     def _vipu_reservation(self, slurm_reservation: str) -> str:
         """The vipu reservation a job runs in: the Slurm reservation it was given (sbatch
-        --reservation), when vipu has a reservation of that name too (a site names the two alike);
-        "" otherwise, and the job's partition is placed as any other."""
+        --reservation), when vipu has a reservation for people of that name too (a site names the
+        two alike), not over, for Slurm's vipu user (`ApiUser`; anyone in open mode); "" otherwise,
+        and the job's partition is placed as any other (a Slurm maintenance reservation named as
+        vipu's window, say)."""
         if not slurm_reservation or slurm_reservation == "(null)":
             return ""
-        return slurm_reservation if any(r.name == slurm_reservation for r in self.user.list_reservations()) else ""
+        user, now = self.config.api_user, time.time()
+        usable = any(r.name == slurm_reservation and not r.maintenance and r.end > now and (not user or user in r.users)
+                     for r in self.user.list_reservations())
+        return slurm_reservation if usable else ""
 
     def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0, reservation: str = ""):
         """The job's partition, expected to run for the job's time limit (0: none known), in the vipu reservation given."""

@@ -52,7 +52,7 @@ class Count:
     down: int = 0  # free, but on machines that are down
     held: int = 0  # free, but held for a request waiting first in its queue that is not a Slurm job's
     draining: int = 0  # free, but on machines an operator drains
-    reserved_for_people: int = 0  # free, but in a reservation under way, for its users alone
+    reserved_for_people: int = 0  # free, but in a reservation under way for others than Slurm's user
 
     @property
     def reserved(self) -> int:

@@ -230,8 +230,8 @@ class Booking:
 
 
 def timeline(reservations: Iterable[vipuuser_pb2.Reservation], now: float, days: int = TIMELINE_DAYS) -> list[Booking]:
-    """The reservations not over, as bars over the next `days` from `now` (one starting later has
-    no bar, but is listed), soonest first."""
+    """The reservations not over, as bars over the next `days` from `now`, soonest first; one
+    starting later is listed with no width (the page draws it no bar)."""
     span_seconds = days * 86_400.0
     shown = []
     for r in sorted(reservations, key=lambda r: (r.start, r.name)):

@@ -153,8 +153,11 @@ def test_a_jobs_reservation_goes_to_its_launcher_and_a_bad_one_is_refused():
     reserved = spec(reservation="train")
     init = jobs.launcher_pod(reserved, WIRING, CONTROLLER)["spec"]["initContainers"][0]
     assert {"name": "IPUJOB_RESERVATION", "value": "train"} in init["env"]
-    for bad in ("two words", 7, "-x"):
-        with pytest.raises(InvalidArgument, match=r"spec\.reservation names a vipu reservation"):
+    assert spec(reservation="team:a").reservation == "team:a"  # the model's rule of ids
+    with pytest.raises(InvalidArgument, match=r"spec\.reservation names a vipu reservation"):
+        spec(reservation=7)
+    for bad in ("two words", "-x", "x" * 64):
+        with pytest.raises(InvalidArgument, match="invalid reservation id"):
             spec(reservation=bad)
 
 

@@ -133,6 +133,9 @@ class QueueingUser:
     def reset_partition(self, partition_id, relocate=False):
         raise AssertionError("a partition just started is not reset")
 
+    def list_reservations(self):
+        return [pb.Reservation(name="train")]
+
     def grant(self, partition_id):
         del self.waiting[partition_id]
         self.made.add(partition_id)
@@ -145,13 +148,12 @@ class QueueingUser:
 def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_there_when_granted():
     user = QueueingUser()
     partitions, tracker = proxy(user)  # type: ignore[arg-type]
-    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8, expected_seconds=3600,
-                     reservation="train")
+    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8, expected_seconds=3600)
     for _ in range(2):  # the operator asks again at each resync: the request keeps its place
         with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
             partitions.choose(job)
     assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS,
-                           "detached": True, "expected_seconds": 3600, "reservation": "train"}]  # no waiter's lease: the proxy
+                           "detached": True, "expected_seconds": 3600, "reservation": ""}]  # no waiter's lease: the proxy
     # withdraws it when its job goes
     assert list(tracker.tracked) == ["p-default-job"]
     user.grant("p-default-job")
@@ -169,3 +171,14 @@ def test_a_launcher_whose_request_waits_is_told_202_with_its_place_and_a_request
     user.waiting.clear()
     assert partitions.create(PartitionRequest(**{**REQUEST.model_dump(), "resume": True}))[0] == 202  # asked for again
     assert len(user.asked) == 2 and "p-default-job" in tracker.tracked
+
+
+def test_a_job_in_a_reservation_goes_to_the_controller_that_has_it_and_its_create_names_it():
+    user = QueueingUser()  # no room anywhere: a job in a reservation goes there all the same, and waits in it
+    partitions, _ = proxy(user)  # type: ignore[arg-type]
+    job = JobRequest(namespace="default", job="job", uid="u1", size=8, id="p-default-job", replicas=8, reservation="train")
+    assert partitions.choose(job) == CONTROLLER.describe() and user.asked == []  # its launcher makes it
+    with pytest.raises(NotFound, match="no V-IPU controller has reservation gone"):
+        partitions.choose(job.model_copy(update={"reservation": "gone"}))
+    status, _ = partitions.create(PartitionRequest(**job.model_dump(), controller="ctl:8090", wait=0))
+    assert status == 202 and user.asked[0]["reservation"] == "train"

@@ -4,6 +4,7 @@ real ones are in tests/functional/test_slurm.py)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ class Controller:
         self.queued: list[pb.QueuedRequest] = []  # what successive waiting calls answer; empty: no room is ever lacking
         self.waiting: set[str] = set()  # requests waiting for room, by partition id
         self.waits: list[int] = []  # the wait_seconds of each create
-        self.reservations: list[str] = []  # vipu's reservations, by name
+        self.reservations: list[pb.Reservation] = []  # vipu's
         self.notices: dict[str, list[str]] = {}  # partition id -> its drain notices
 
     def call(self, _stub, method, request):
@@ -60,7 +61,7 @@ class Controller:
         if method == "ListQueued":
             return pb.ListQueuedReply(requests=[pb.QueuedRequest(partition_id=p) for p in sorted(self.waiting)])
         if method == "ListReservations":
-            return pb.ListReservationsReply(reservations=[pb.Reservation(name=name) for name in self.reservations])
+            return pb.ListReservationsReply(reservations=self.reservations)
         if method == "ListPartitions":
             return pb.ListPartitionsReply(partitions=[pb.Partition(id=p, status=pb.PartitionStatus(drain_notices=self.notices.get(p, [])))
                                                       for p in self.partitions])
@@ -156,12 +157,17 @@ def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it
         return answer(stub, method, request)
 
     controller.call = call  # type: ignore[method-assign]
-    controller.reservations = ["train"]
-    for slurm_reservation in ("train", "maint-only-in-slurm", "(null)"):
+    jobs.config = dataclasses.replace(jobs.config, api_user="slurm")  # secure mode: Slurm's vipu user
+    later = time.time() + 3600
+    controller.reservations = [pb.Reservation(name="train", end=later, users=["slurm", "alice"]),
+                               pb.Reservation(name="mw", end=later, maintenance=True),  # a window: nothing is made in it
+                               pb.Reservation(name="over", end=time.time() - 1, users=["slurm"]),
+                               pb.Reservation(name="theirs", end=later, users=["alice"])]  # not for Slurm's user
+    for slurm_reservation in ("train", "only-in-slurm", "(null)", "mw", "over", "theirs"):
         slurm.known["7"]["Reservation"] = slurm_reservation
         assert jobs.prolog(JOB) == "slurm-7"
         assert jobs.epilog({"SLURM_JOB_ID": "7"})
-    assert asked == ["train", "", ""]
+    assert asked == ["train", "", "", "", "", ""]
 
 
 def test_a_job_on_a_machine_being_drained_is_told_in_its_comment_once_per_change(world):

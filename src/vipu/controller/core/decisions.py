@@ -48,11 +48,11 @@ from vipu.controller.core.placing import (
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
 from vipu.model.compaction import Report, plan_compaction
-from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
+from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
-from vipu.model.placement import Occupancy, Placement, shapes, shifted, try_place
+from vipu.model.placement import Occupancy, Placement, place_partition, shapes, shifted, try_place
 from vipu.model.reasons import held_clause, span
 from vipu.model.reservations import Reservation, check_reservation, kept_clause
 from vipu.model.times import utc_text
@@ -144,12 +144,12 @@ class Decisions(QueueKeeping):
         kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
         if not kept:
             return self._placed_around(request, mix, state.used)
-        if named is not None:  # among its machines alone, so that a refusal speaks of them
+        if named is not None:
             try:
-                return self._placed_around(request, mix, shifted(state.used, on=kept),
-                                           dataclasses.replace(state.allocation, agent_ids=named.agent_ids))
+                return self._placed_around(request, mix, shifted(state.used, on=kept))
             except NoRoom as refusal:
-                raise NoRoom(f"no room in {named.describe()}: {refusal.message}", held_free=refusal.held_free) from None
+                raise NoRoom(f"no room in {named.describe()}: {self._refusal_within(request, named, kept) or refusal.message}",
+                             held_free=refusal.held_free) from None
         try:
             return self._placed_around(request, mix, shifted(state.used, on=kept))
         except NoRoom as refusal:
@@ -161,6 +161,20 @@ class Decisions(QueueKeeping):
             why = kept_clause(free, request.expected_seconds, now, state.layout)
             raise NoRoom(f"no room for {request.size} IPUs in allocation {self.id} but on reserved ones: {why}",
                          held_free=refusal.held_free) from None
+
+    def _refusal_within(self, request: PartitionRequest, reservation: Reservation, kept: Mapping[tuple[str, int], object]) -> str:
+        """Why a request made in a reservation does not fit, said of the reservation's machines
+        alone (what is free there, and which partitions stand in the way); "" if it is not room."""
+        state = self.state
+        try:
+            place_partition(state.layout, set(reservation.agent_ids) - state.unplaceable(), shifted(state.used, on=kept), request.size,
+                            num_gcds=request.num_gcds, num_segments=request.num_segments, ipulink_routing=request.ipulink_routing,
+                            gw_routing=request.gw_routing, where=f"reservation {reservation.name}", occupancy=Occupancy(state.holders))
+        except NoRoom as refusal:
+            return refusal.message
+        except VipuError:
+            return ""
+        return ""
 
     def _reservation_of(self, request: PartitionRequest, now: float) -> Reservation | None:
         """The reservation the request is to be made in, if it names one: NotFound if the allocation
@@ -183,15 +197,13 @@ class Decisions(QueueKeeping):
         if reservation is not None and not reservation.admits(access.user_id, access.unrestricted):
             raise PermissionDenied(reservation.refusal(access.user_id))
 
-    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]],
-                       within: Allocation | None = None) -> Placement:
-        """The request placed among the free IPUs of `used` (on the machines of `within`, the
-        allocation's if not given) around the IPUs held for the first waiting request, or on some
-        of them if it is expected to end before they are needed (`held_needed_at`), as the queue
-        backfills. A refusal says why it does not fit around them, and, where they alone keep it
-        off, why its expected duration does not let it start on them."""
+    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]]) -> Placement:
+        """The request placed among the free IPUs of `used` around the IPUs held for the first
+        waiting request, or on some of them if it is expected to end before they are needed
+        (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them,
+        and, where they alone keep it off, why its expected duration does not let it start on them."""
         state = self.state
-        allocation = within or state.allocation
+        allocation = state.allocation
         first = state.queue.first()
         left_out = self._machines_left_out()
         if first is None or not state.held:

@@ -187,6 +187,7 @@ class QueueKeeping(Steps):
 
     def _admit(self) -> None:
         state = self.state
+        self._end_requests_of_reservations_gone(time.time())  # first: what is left waiting decides what is held
         first = state.queue.first()
         if first is None:
             state.held = frozenset()
@@ -200,7 +201,6 @@ class QueueKeeping(Steps):
             return
         allowed = set(state.allocation.agent_ids) - state.unplaceable()  # nothing starts, nor is held, on a machine down or draining
         layout, allocation, now = state.layout, state.allocation, time.time()
-        self._end_requests_of_reservations_gone(now)
 
         def kept_for(request: WaitingRequest) -> dict[tuple[str, int], Reservation]:
             return state.kept_for_reservations(request.request.reservation, request.request.expected_seconds, now)
@@ -381,7 +381,8 @@ class QueueKeeping(Steps):
             try:
                 place_partition(layout, machines, shifted(used, on=kept) if kept else used, r.size, num_gcds=r.num_gcds,
                                 num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
-                                explicit=explicit_ipus(layout, allocation, r), where=where,
+                                explicit=explicit_ipus(layout, allocation, r),
+                                where=f"reservation {named.name}" if named is not None else where,
                                 occupancy=occupancy, faults=state.links)
                 return "starting", False
             except VipuError as refusal:

@@ -60,7 +60,7 @@ class AllocationRoom:
     blocked: str = ""
     down_ipus: int = 0  # of the free IPUs, those on machines that are down
     draining_ipus: int = 0  # of the free IPUs, those on machines being drained (and not down)
-    reserved_ipus: int = 0  # of the free IPUs, those of reservations for people under way (on machines up, not drained)
+    reserved_ipus: int = 0  # of the free IPUs, those of reservations for others under way (on machines up, not drained)
     held_ipus: int = 0  # of the free IPUs, those held for the first waiting request, `held_for`
     held_for: str = ""
 
@@ -139,8 +139,8 @@ class PartitionService:
                  access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
         """The room in each allocation the caller may use (or the one named, or a cluster's): its
         IPUs in use and free, how many partitions of `size` fit side by side, the largest that fits
-        (off machines down or drained, and off the free IPUs of reservations for people under way,
-        which only their users have)."""
+        (off machines down or drained, and off the free IPUs of reservations under way that are
+        for others: only their users have them)."""
         if size and not is_power_of_two(size):
             raise InvalidArgument(f"partition size must be a power of two, not {size}")
         configuration = self.store.configuration()
@@ -156,9 +156,10 @@ class PartitionService:
             s = owner.snapshot
             allowed = set(s.allocation.agent_ids) - s.down - s.draining.keys()  # nothing is placed on a machine down or draining
             used = {agent: set(indices) for agent, indices in s.used.items() if agent in s.allocation.agent_ids}
-            reserved = {(agent, index) for r in s.reservations.values() if r.under_way(now) and not r.maintenance
+            reserved = {(agent, index) for r in s.reservations.values()
+                        if r.under_way(now) and not r.maintenance and not r.admits(access.user_id, access.unrestricted)
                         for agent, index in r.ipus if agent in allowed and index not in used.get(agent, ())}
-            open_to_all = shifted(used, on=reserved)  # what fits for anyone: a reservation's free IPUs are its users'
+            open_to_all = shifted(used, on=reserved)  # what fits for the caller: a reservation's free IPUs are its users'
             blocked = f"{s.test} is under test" if s.test else ""
             held = s.queue.held
             rooms.append(AllocationRoom(
