@@ -242,6 +242,15 @@ def _machines(admin, kind: str, names: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def when(value: str, option: str, now: float | None = None) -> float:
+    """A moment an option gives (`vipu.client.admin.by_time`: a time from now or a date and time),
+    refused as a bad option value."""
+    try:
+        return by_time(value, now)
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message, param_hint=option) from None
+
+
 @cli.command("drain")
 @click.argument("kind", type=click.Choice(["agent", "link", "domain"]))
 @click.argument("names", metavar="ID...", nargs=-1, required=True)
@@ -260,10 +269,7 @@ def drain(admin, kind, names, reason, by, as_json):
     client is attached); the others are left to finish, or are removed at --by as a forced remove
     removes them (their users see when). All or none; the drain stands, across restarts, until
     `vipu-admin resume`."""
-    try:
-        deadline = by_time(by or "")
-    except InvalidArgument as bad:
-        raise click.BadParameter(bad.message, param_hint="--by") from None
+    deadline = when(by or "", "--by")
     with reporting(f"drain {kind}", ", ".join(names)):
         agents = admin.drain_agents(_machines(admin, kind, names), reason, deadline)
     if as_json:
@@ -555,14 +561,7 @@ def create_reservation(admin, name, agents, size, allocation_id, start, end, mai
     if maintenance == bool(users):
         raise click.UsageError("give either --maintenance or --users")
     now = time.time()
-    try:
-        starts = now if start == "now" else by_time(start, now)
-    except InvalidArgument as bad:
-        raise click.BadParameter(bad.message, param_hint="--start") from None
-    try:
-        ends = by_time(end, now)
-    except InvalidArgument as bad:
-        raise click.BadParameter(bad.message, param_hint="--end") from None
+    starts, ends = (now if start == "now" else when(start, "--start", now)), when(end, "--end", now)
     with reporting("create reservation", name):
         made = admin.create_reservation(name, starts, ends, reason, agent_ids=split_list(agents), size=size or 0,
                                         allocation_id=allocation_id, maintenance=maintenance, users=split_list(users))

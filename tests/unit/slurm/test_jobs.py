@@ -36,6 +36,7 @@ class Controller:
         self.queued: list[pb.QueuedRequest] = []  # what successive waiting calls answer; empty: no room is ever lacking
         self.waiting: set[str] = set()  # requests waiting for room, by partition id
         self.waits: list[int] = []  # the wait_seconds of each create
+        self.created: list[pb.CreatePartitionRequest] = []  # each create as asked (but those refused)
         self.reservations: list[pb.Reservation] = []  # vipu's
         self.notices: dict[str, list[str]] = {}  # partition id -> its drain notices
 
@@ -46,6 +47,7 @@ class Controller:
             if request.requirements.id in self.partitions:
                 raise AlreadyExists(f"partition {request.requirements.id} already exists")
             self.waits.append(request.wait_seconds)
+            self.created.append(request)
             if self.queued:
                 return pb.CreatePartitionReply(partition_id=request.requirements.id, queued=self.queued.pop(0))
             self.partitions[request.requirements.id] = request.requirements
@@ -129,34 +131,16 @@ def test_a_jobs_time_limit_is_read_as_slurm_writes_it(limit, seconds):
 
 def test_the_partition_is_expected_to_run_for_the_jobs_time_limit(world):
     jobs, controller, slurm, _ = world
-    asked = []
-    answer = controller.call
-
-    def call(stub, method, request):
-        if method == "CreatePartition":
-            asked.append(request.expected_seconds)
-        return answer(stub, method, request)
-
-    controller.call = call  # type: ignore[method-assign]
     slurm.known["7"]["TimeLimit"] = "02:30:00"
     assert jobs.prolog(JOB) == "slurm-7"
     assert jobs.epilog({"SLURM_JOB_ID": "7"})
     slurm.known["7"]["TimeLimit"] = "UNLIMITED"
     assert jobs.prolog(JOB) == "slurm-7"
-    assert asked == [9000, 0]
+    assert [created.expected_seconds for created in controller.created] == [9000, 0]
 
 
 def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it(world):
     jobs, controller, slurm, _ = world
-    asked = []
-    answer = controller.call
-
-    def call(stub, method, request):
-        if method == "CreatePartition":
-            asked.append(request.reservation)
-        return answer(stub, method, request)
-
-    controller.call = call  # type: ignore[method-assign]
     jobs.config = dataclasses.replace(jobs.config, api_user="slurm")  # secure mode: Slurm's vipu user
     later = time.time() + 3600
     controller.reservations = [pb.Reservation(name="train", end=later, users=["slurm", "alice"]),
@@ -167,7 +151,7 @@ def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it
         slurm.known["7"]["Reservation"] = slurm_reservation
         assert jobs.prolog(JOB) == "slurm-7"
         assert jobs.epilog({"SLURM_JOB_ID": "7"})
-    assert asked == ["train", "", "", "", "", ""]
+    assert [created.reservation for created in controller.created] == ["train", "", "", "", "", ""]
 
 
 def test_a_job_on_a_machine_being_drained_is_told_in_its_comment_once_per_change(world):
