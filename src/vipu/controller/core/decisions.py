@@ -144,15 +144,12 @@ class Decisions(QueueKeeping):
         kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
         if not kept:
             return self._placed_around(request, mix, state.used)
-        if named is not None:
-            try:
-                return self._placed_around(request, mix, shifted(state.used, on=kept))
-            except NoRoom as refusal:
-                raise NoRoom(f"no room in {named.describe()}: {self._refusal_within(request, named, kept) or refusal.message}",
-                             held_free=refusal.held_free) from None
         try:
             return self._placed_around(request, mix, shifted(state.used, on=kept))
         except NoRoom as refusal:
+            if named is not None:
+                raise NoRoom(f"no room in {named.describe()}: {self._refusal_within(request, named, kept) or refusal.message}",
+                             held_free=refusal.held_free) from None
             try:
                 self._placed_around(request, mix, state.used)
             except VipuError:
@@ -172,8 +169,8 @@ class Decisions(QueueKeeping):
                             gw_routing=request.gw_routing, where=f"reservation {reservation.name}", occupancy=Occupancy(state.holders))
         except NoRoom as refusal:
             return refusal.message
-        except VipuError:
-            return ""
+        except VipuError:  # a rule it breaks on those machines alone: the allocation's refusal says it better
+            pass
         return ""
 
     def _reservation_of(self, request: PartitionRequest, now: float) -> Reservation | None:
@@ -203,19 +200,18 @@ class Decisions(QueueKeeping):
         (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them,
         and, where they alone keep it off, why its expected duration does not let it start on them."""
         state = self.state
-        allocation = state.allocation
         first = state.queue.first()
         left_out = self._machines_left_out()
         if first is None or not state.held:
-            return place_request(state.layout, allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
+            return place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
         try:
-            return place_request(state.layout, allocation, used, request,
+            return place_request(state.layout, state.allocation, used, request,
                                  Occupancy(state.holders, state.held, first.partition_id), state.links, mix, left_out)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
-                placement = place_request(state.layout, allocation, used, request, Occupancy(state.holders), state.links,
+                placement = place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links,
                                           mix, left_out)
             except NoRoom:
                 raise refusal from None

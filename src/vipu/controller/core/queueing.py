@@ -387,8 +387,10 @@ class QueueKeeping(Steps):
                 return "starting", False
             except VipuError as refusal:
                 held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
+                if named is not None and not named.started(now):
+                    return f"{named.describe()} has not started: it starts in it then", False
                 if named is not None:
-                    return f"{named.describe()}{'' if named.started(now) else ' has not started'}: {refusal.message}", held_free
+                    return f"{named.describe()}: {refusal.message}", held_free
                 return refusal.message + (f"; {kept_clause(kept, r.expected_seconds, now, layout)}" if kept else ""), held_free
 
         behind_first = Occupancy(holders, held, first.partition_id)

@@ -195,7 +195,8 @@ class AllocationState:
 
     def with_windows(self, drains: dict[str, Drain], now: float) -> dict[str, Drain]:
         """The machines drained, given those an operator drains: those and the machines of every
-        maintenance window under way at `now` (an operator's drain of one is what it shows)."""
+        maintenance window under way at `now` (an operator's drain of one is what it shows). It
+        notes `now` as when the drains were worked out (`steered_at`)."""
         self.steered_at = now
         windows = [r for r in self.reservations.values() if r.maintenance and r.under_way(now)]
         if not windows:
