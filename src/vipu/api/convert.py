@@ -27,6 +27,7 @@ from vipu.model.entities import (
     PartitionRequest,
     ReadyState,
     SyncType,
+    natural_key,
 )
 from vipu.model.errors import InvalidArgument
 from vipu.model.hardware import (
@@ -508,7 +509,8 @@ def test_report_to_proto(cluster_id: str, state: str, outcomes: list[Outcome], r
 def reservation_to_proto(reservation: Reservation, ipus_in_use: int) -> user_pb2.Reservation:
     return user_pb2.Reservation(
         name=reservation.name, allocation_id=reservation.allocation_id,
-        ipus=[user_pb2.ReservedIpu(agent_id=agent, index=index) for agent, index in sorted(reservation.ipus)],
+        ipus=[user_pb2.ReservedIpu(agent_id=agent, index=index)
+              for agent, index in sorted(reservation.ipus, key=lambda ipu: (natural_key(ipu[0]), ipu[1]))],
         start=reservation.start, end=reservation.end, reason=reservation.reason, maintenance=reservation.maintenance,
         users=list(reservation.users), by=reservation.by, created=reservation.created, ipus_in_use=ipus_in_use,
         description=reservation.describe())

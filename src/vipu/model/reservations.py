@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_id
+from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_id, natural_key
 from vipu.model.errors import InvalidArgument
 from vipu.model.placement import is_power_of_two
 from vipu.model.reasons import span
@@ -52,7 +52,7 @@ class Reservation:
 
     @property
     def agent_ids(self) -> tuple[str, ...]:
-        return tuple(sorted({agent for agent, _ in self.ipus}))
+        return tuple(sorted({agent for agent, _ in self.ipus}, key=natural_key))
 
     @property
     def size(self) -> int:
