@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import typing
 
-from sqlalchemy import Table, select
+from sqlalchemy import Row, Table, select
 
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, NotFound
 from vipu.model.reservations import Reservation
@@ -25,7 +25,7 @@ INSERT_RESERVATION = _Sql(f"INSERT INTO reservations ({', '.join(_COLUMNS)}) VAL
 DELETE_RESERVATION = _Sql("DELETE FROM reservations WHERE name = :name AND allocation_id = :allocation_id")
 
 
-def _reservation(row) -> Reservation:
+def _reservation(row: Row[typing.Any]) -> Reservation:
     return Reservation(row.name, row.allocation_id, frozenset((agent, index) for agent, index in row.ipus), float(row.starts_at),
                        float(row.ends_at), row.reason, bool(row.maintenance), tuple(row.users or ()), row.made_by, float(row.created))
 

@@ -212,12 +212,12 @@ class ReservationRow(Base):
     __tablename__ = "reservations"
     name: Mapped[str] = mapped_column(ID, primary_key=True)
     allocation_id: Mapped[str] = mapped_column(ForeignKey("allocations.id", ondelete="CASCADE"), index=True)
-    ipus: Mapped[list] = mapped_column(JSON)  # [[agent, index], ...]
+    ipus: Mapped[list[tuple[str, int]]] = mapped_column(JSON)  # [[agent, index], ...]
     starts_at: Mapped[float] = mapped_column(Float)  # seconds since the epoch
     ends_at: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(String(256), default="")
     maintenance: Mapped[bool] = mapped_column(Boolean, default=False)
-    users: Mapped[list] = mapped_column(JSON, default=list)
+    users: Mapped[list[str]] = mapped_column(JSON, default=list)
     made_by: Mapped[str] = mapped_column(String(64), default="")
     created: Mapped[float] = mapped_column(Float, default=0.0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import typing
 from dataclasses import dataclass
 
 from vipu.controller.core.commands import Reserve, Unreserve
@@ -107,4 +108,4 @@ class ReservationService:
         if owner is None:
             raise NotFound(f"allocation {shown(allocation_id)} does not exist")
         owner.submit(command)
-        return command.reply.wait(START_SECONDS, what)
+        return typing.cast(Reservation, command.reply.wait(START_SECONDS, what))
