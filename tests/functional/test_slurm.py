@@ -7,6 +7,7 @@ attaches to its IPUs with `vipu-ipuof run`, the project's IPUoF client.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -14,11 +15,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.functional.harness import BIN, Pod, wait_until
 from tests.slurm import ROOT, SlurmCluster, build_spank_plugin
-from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.slurm import config as slurm_config
+from vipu.slurm.jobs import JobPartitions
 
 pytestmark = pytest.mark.functional
 
@@ -242,6 +246,40 @@ def test_a_jobs_partition_is_expected_to_run_for_the_jobs_time_limit(world):
     for job in (limited, unlimited):
         world.wait_done(job)
     world.nothing_left()
+
+
+def test_a_job_in_a_slurm_reservation_vipu_has_too_gets_its_partition_there_and_hears_of_drains(world, monkeypatch):
+    api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
+
+    def machines(job: str) -> set[str]:
+        [partition] = [p for p in api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions if p.id == f"slurm-{job}"]
+        return {ipu.agent_id for ipu in partition.spec.ipus}
+
+    now = time.time()
+    world.pod.admin_api.CreateReservation(admin_pb2.CreateReservationRequest(
+        name="team", agent_ids=["ag3", "ag4"], start=now, end=now + 3600, reason="a team's slot", users=["slurm"]))
+    try:
+        outside = world.submit("--ipus=8", "--wrap", "sleep 300")  # the reservation's IPUs are kept from it
+        world.wait_for(outside, "RUNNING")
+        # Slurm's side of it (its one node reserved, the job already there left running), named as vipu's.
+        made = world.slurm.run("scontrol", "create", "reservation", "ReservationName=team", "StartTime=now", "Duration=60",
+                               "Users=root", f"Nodes={world.slurm.node}", "Flags=IGNORE_JOBS")
+        assert made.returncode == 0, made.stderr
+        inside = world.submit("--reservation=team", "--ipus=8", "--wrap", "sleep 300")
+        world.wait_for(inside, "RUNNING")
+        assert machines(inside) == {"ag3", "ag4"} and machines(outside) == {"ag1", "ag2"}
+        world.pod.admin_api.DrainAgents(admin_pb2.DrainAgentsRequest(agent_ids=["ag1"], reason="cable repair"))
+        monkeypatch.setenv("SLURM_CONF", str(world.slurm.conf))  # the upkeep of vipu-slurm-service, as it runs it
+        JobPartitions(slurm_config.load(world.slurm.directory / "vipu.conf")).tell_drains()
+        assert world.comment(outside).startswith(f"vipu: partition slurm-{outside}: agent ag1 is draining for cable repair")
+        assert world.comment(inside) == f"vipu: partition slurm-{inside}"  # as its prolog left it
+    finally:
+        world.cancel_submitted()  # first: Slurm keeps a reservation a job runs in
+        deleted = world.slurm.run("scontrol", "delete", "ReservationName=team")
+        with contextlib.suppress(grpc.RpcError):
+            world.pod.admin_api.ResumeAgents(admin_pb2.ResumeAgentsRequest(agent_ids=["ag1"]))
+        world.pod.admin_api.RemoveReservation(admin_pb2.RemoveRequest(id="team"))
+    assert deleted.returncode == 0 or "not found" in deleted.stderr.lower(), deleted.stderr  # the node is the next tests' again
 
 
 def test_a_node_failure_ends_the_job_and_its_partition(world):
