@@ -49,7 +49,7 @@ import click
 from bench.allocator import Budget, Compactor, Pod, Request, make_trace, pod_ipus
 from bench.common import save, table
 from vipu.model.entities import IPUS_PER_MACHINE
-from vipu.model.placement import choose_reservation, shifted, try_place
+from vipu.model.placement import choose_held_shape, shifted, try_place
 from vipu.model.queue import admit
 from vipu.model.reservations import Reservation, kept_from
 
@@ -121,7 +121,7 @@ def _admission(pod: Pod, policy: str, reservations: Sequence[Reservation] = ()):
             held = frozenset()  # the first may no longer have it: another is held
         decided = admit(waiting, pod.used,
                         lambda job, taken: try_place(layout, allowed, shifted(taken, on=kept(job)), job.size, mix=pod.mix),
-                        lambda job, taken, started: choose_reservation(layout, allowed, taken, job.size, avoid=kept(job)), held=held,
+                        lambda job, taken, started: choose_held_shape(layout, allowed, taken, job.size, avoid=kept(job)), held=held,
                         backfill=policy != "plain FIFO",
                         expected_duration=(lambda job: job.expected_duration) if by_duration else None,
                         expected_ends=ends, now=now)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from vipu.api.convert import drain_from_proto
+from vipu.api.convert import drain_from_proto, reservation_from_proto
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -563,10 +563,10 @@ def create_reservation(admin, name, agents, size, allocation_id, start, end, mai
     now = time.time()
     starts, ends = (now if start == "now" else when(start, "--start", now)), when(end, "--end", now)
     with reporting("create reservation", name):
-        made = admin.create_reservation(name, starts, ends, reason, agent_ids=split_list(agents), size=size or 0,
-                                        allocation_id=allocation_id, maintenance=maintenance, users=split_list(users))
-    click.echo(f"create reservation ({name}): success: {made.description}, {len(made.ipus)} IPUs "
-               f"({' '.join(dict.fromkeys(ipu.agent_id for ipu in made.ipus))})")
+        made = reservation_from_proto(admin.create_reservation(
+            name, starts, ends, reason, agent_ids=split_list(agents), size=size or 0, allocation_id=allocation_id,
+            maintenance=maintenance, users=split_list(users)))
+    click.echo(f"create reservation ({name}): success: {made.describe()}, {made.size} IPUs ({' '.join(made.agent_ids)})")
 
 
 @remove.command("reservation")

@@ -390,7 +390,7 @@ def reservations_command(group: click.Group) -> None:
             r = reservation_from_proto(message)
             rows.append([r.name, r.kind, r.allocation_id, f"{r.size} ({' '.join(r.agent_ids)})", str(message.ipus_in_use),
                          utc_text(r.start, labelled=False), utc_text(r.end, labelled=False), r.phase(now), " ".join(r.users) or "-",
-                         f"{r.reason} (by {r.by or 'an administrator'})"])
+                         f"{r.reason} (by {r.operator})"])
         click.echo(render_table(["Name", "Kind", "Allocation", "IPUs", "In Use", "Start (UTC)", "End (UTC)", "State", "Users",
                                  "Reason"], rows, fit=terminal_width()))
 

@@ -53,7 +53,7 @@ class EntityCollector:
         yield family
         occupied = {ipu.agent_id for p in partitions for ipu in p.ipus}
         drained = {a.id for a in agents if a.drain is not None} | {
-            agent for r in reservations if r.maintenance and r.phase(now) == UNDER_WAY for agent in r.agent_ids}
+            agent for r in reservations if r.maintenance and r.under_way(now) for agent in r.agent_ids}
         family = GaugeMetricFamily("vipu_agents_drained", "Agents drained (by an operator or a maintenance window under way), by "
                                    "whether a partition is still on them", labels=["state"])
         family.add_metric(["draining"], len(drained & occupied))

@@ -64,6 +64,7 @@ from vipu.model.errors import (
     NotFound,
     PermissionDenied,
     Unauthenticated,
+    Unavailable,
     VipuError,
 )
 from vipu.model.waiting import MAX_EXPECTED_SECONDS, WAIT_CALL_SECONDS
@@ -171,13 +172,18 @@ class Partitions:
         return controller.describe()
 
     def _holding(self, reservation: str) -> Controller:
-        """The listed controller that has the reservation; NotFound if none has (that can say)."""
+        """The listed controller that has the reservation; NotFound if none has, Unavailable if
+        none that answered has it but some did not answer (it may be theirs)."""
+        silent = []
         for controller in self.controllers():
             try:
                 if any(r.name == reservation for r in self._user(controller).list_reservations()):
                     return controller
             except VipuError as error:
-                log.warning("cannot ask %s for its reservations: %s", controller.address, error.message)
+                silent.append(f"{controller.address}: {error.message}")
+        if silent:
+            raise Unavailable(f"no V-IPU controller that answered has reservation {reservation}, and some did not answer "
+                              f"({'; '.join(silent)})")
         raise NotFound(f"no V-IPU controller has reservation {reservation}")
 
     def _queued(self, controller: Controller, partition_id: str) -> vipuuser_pb2.QueuedRequest | None:

@@ -189,7 +189,24 @@ class MachineInventory:
         return capability.value in self.capabilities
 
 
-DRAIN_REASON_MAX = 200
+REASON_MAX = 200  # an operator's reason (a drain's, a reservation's), as refusals and listings show it
+
+
+def checked_reason(reason: str, what: str) -> str:
+    """An operator's reason for `what` ("a drain", "a reservation") as people will read it,
+    stripped; InvalidArgument if it cannot be."""
+    reason = reason.strip()
+    if not reason:
+        raise InvalidArgument(f"{what} needs a reason (--reason), which operators and the users it keeps off are shown")
+    if len(reason) > REASON_MAX or not reason.isprintable():
+        raise InvalidArgument(f"{what}'s reason is one line of at most {REASON_MAX} printable characters")
+    return reason
+
+
+def operator_name(by: str) -> str:
+    """Who did what an operator does (drained a machine, made a reservation), as people read it:
+    "an administrator" in open mode, which knows no user."""
+    return by or "an administrator"
 
 
 @dataclass(frozen=True)
@@ -205,7 +222,7 @@ class Drain:
 
     @property
     def operator(self) -> str:
-        return self.by or "an administrator"  # open mode knows no user
+        return operator_name(self.by)
 
     def describe(self) -> str:
         """How a refusal or a partition's status says it: `draining for cable repair (by admin since 2026-12-06 05:30:00 UTC)`."""

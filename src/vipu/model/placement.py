@@ -550,7 +550,7 @@ def _every_window(layout: ClusterLayout, machines: int) -> list[int]:
     return list(range(layout.machines_per_ild if layout.is_torus else layout.machines_per_ild - machines + 1))
 
 
-def choose_reservation(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *,
+def choose_held_shape(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], size: int, *,
                        holders: Mapping[tuple[str, int], str] | None = None, num_segments: int = 0,
                        ipulink_routing: IpuLinkRouting | None = None, explicit: tuple[tuple[int, int], ...] = (),
                        faults: LinkFaults = NO_FAULTS, avoid: Set[tuple[str, int]] = frozenset()) -> Shape:

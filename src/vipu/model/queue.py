@@ -4,7 +4,7 @@ A request that does not fit when it arrives may wait (`vipu create partition --w
 one allocation's queue, first come, first served, with backfill:
 
 - the first request starts as soon as any shape of it is free;
-- until then a shape of it is held for it (`choose_reservation`: the one the fewest partitions
+- until then a shape of it is held for it (`choose_held_shape`: the one the fewest partitions
   block): as those partitions end, their IPUs stay free for it, so it starts no later than the
   last of them ends, whatever else happens meanwhile;
 - a request behind it, or a new one, starts ahead of it on IPUs outside that shape; or inside it

@@ -1,6 +1,6 @@
 """Reservations: IPUs of an allocation set aside for a time, for a maintenance window or for people.
 
-A reservation holds a shape of IPUs (whole machines, for a maintenance window) from its start to
+A reservation sets a shape of IPUs aside (whole machines, for a maintenance window) from its start to
 its end. Its allocation's owner keeps to these rules:
 
 - before its start, a partition may be placed on those IPUs only if it is expected to end by the
@@ -16,10 +16,10 @@ Two reservations of one allocation never share an IPU at the same time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 
-from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_id, natural_key
+from vipu.model.entities import IPUS_PER_MACHINE, Drain, check_id, checked_reason, natural_key, operator_name
 from vipu.model.errors import InvalidArgument
 from vipu.model.placement import is_power_of_two
 from vipu.model.reasons import span
@@ -29,7 +29,6 @@ from vipu.model.waiting import ends_in_time
 
 Ipu = tuple[str, int]  # (agent, index)
 MAX_RESERVATION_SECONDS = 366 * 86_400  # how far ahead a reservation may end: a year and a day
-REASON_LENGTH = 200
 TO_COME, UNDER_WAY, OVER = "TO COME", "UNDER WAY", "OVER"  # where a reservation stands (`Reservation.phase`)
 
 
@@ -58,6 +57,10 @@ class Reservation:
     def size(self) -> int:
         return len(self.ipus)
 
+    @property
+    def operator(self) -> str:
+        return operator_name(self.by)
+
     def started(self, now: float) -> bool:
         return self.start <= now
 
@@ -68,7 +71,7 @@ class Reservation:
         return self.started(now) and not self.ended(now)
 
     def during(self, start: float, end: float) -> bool:
-        """Whether it holds its IPUs at some time between `start` and `end`."""
+        """Whether it keeps its IPUs at some time between `start` and `end`."""
         return self.start < end and start < self.end
 
     def phase(self, now: float) -> str:
@@ -79,6 +82,19 @@ class Reservation:
         """How a refusal or a listing names it: `maintenance window mw1 (firmware update) from ... to ...`."""
         why = f" ({self.reason})" if self.reason else ""
         return f"{self.kind} {self.name}{why} from {utc_text(self.start)} to {utc_text(self.end)}"
+
+    def closed(self, now: float) -> str:
+        """Why no partition is made in it now, as a refusal or a waiting request's reason says it:
+        it is over, or has not started; "" while it is under way."""
+        if self.ended(now):
+            return f"{self.describe()} is over"
+        if not self.started(now):
+            return f"{self.describe()} has not started: a partition is made in it from its start"
+        return ""
+
+    def no_room(self, why: str) -> str:
+        """A request made in it that does not fit, and `why` (placement's words of its machines)."""
+        return f"no room in {self.describe()}: {why}"
 
     def drain(self) -> Drain:
         """What a maintenance window is to its machines while it lasts: a drain, by its maker, since its start."""
@@ -97,7 +113,7 @@ class Reservation:
         return f"{self.describe()} is for {', '.join(self.users)}, not for user {user_id}"
 
     def overlaps(self, other: Reservation) -> bool:
-        """Whether the two hold an IPU at the same time."""
+        """Whether the two keep an IPU at the same time."""
         return self.during(other.start, other.end) and not self.ipus.isdisjoint(other.ipus)
 
 
@@ -114,18 +130,23 @@ def kept_from(reservations: Iterable[Reservation], named: str, expected_seconds:
     return kept
 
 
-def kept_clause(kept: Mapping[Ipu, Reservation], expected_seconds: int, now: float, layout: ClusterLayout) -> str:
-    """Why a request may not use the reserved IPUs that would have made room, naming each
-    reservation: what a refusal or a waiting request's reason adds."""
-    by_reservation: dict[str, list[Ipu]] = {}
-    named = {r.name: r for r in kept.values()}
+def kept_refusal(size: int, where: str, kept: Mapping[Ipu, Reservation], used: Mapping[str, Set[int]], expected_seconds: int,
+                 now: float, layout: ClusterLayout) -> str:
+    """The refusal of a request of `size` IPUs that reservations alone keep off (it would fit in
+    `where` on their IPUs): the free IPUs each keeps from it, and why it may not use them."""
+    free = {ipu: r for ipu, r in kept.items() if ipu[1] not in used.get(ipu[0], ())}
+    return f"no room for {size} IPUs in {where} but on reserved ones: {_kept_clause(free, expected_seconds, now, layout)}"
+
+
+def _kept_clause(kept: Mapping[Ipu, Reservation], expected_seconds: int, now: float, layout: ClusterLayout) -> str:
+    """Why a request may not use these reserved IPUs, naming each reservation."""
+    by_reservation: dict[Reservation, list[Ipu]] = {}
     for ipu, reservation in kept.items():
-        by_reservation.setdefault(reservation.name, []).append(ipu)
+        by_reservation.setdefault(reservation, []).append(ipu)
     clauses = []
-    for name in sorted(by_reservation):
-        reservation = named[name]
-        ipus = by_reservation[name]
-        held = f"{span(layout, set(ipus))} {'are' if len(ipus) > 1 else 'is'} kept for {reservation.describe()}"
+    for reservation, ipus in sorted(by_reservation.items(), key=lambda item: item[0].name):
+        held = f"{'IPUs' if len(ipus) > 1 else 'IPU'} {span(layout, set(ipus))} {'are' if len(ipus) > 1 else 'is'} kept for " \
+               f"{reservation.describe()}"
         if reservation.started(now):
             clauses.append(held + ("" if reservation.maintenance else " (its users name it: --reservation)"))
         elif not expected_seconds:
@@ -149,8 +170,7 @@ def check_reservation(reservation: Reservation, now: float, size: int = 0) -> No
         raise InvalidArgument(f"a reservation's size is a power of two, as a partition's is, not {size}")
     if size and reservation.maintenance and size % IPUS_PER_MACHINE:
         raise InvalidArgument(f"a maintenance window takes whole machines: a size of {IPUS_PER_MACHINE} IPUs or more, not {size}")
-    if not reservation.reason.strip() or "\n" in reservation.reason or len(reservation.reason) > REASON_LENGTH:
-        raise InvalidArgument(f"a reservation needs a reason of one line, up to {REASON_LENGTH} characters (--reason)")
+    checked_reason(reservation.reason, "a reservation")
     if reservation.end <= now:
         raise InvalidArgument(f"reservation {reservation.name} would end in the past ({utc_text(reservation.end)})")
     if reservation.end <= reservation.start:
@@ -164,6 +184,6 @@ def check_reservation(reservation: Reservation, now: float, size: int = 0) -> No
         raise InvalidArgument("a reservation is for its users (--users U,...) or is a maintenance window (--maintenance)")
 
 
-def in_use(reservation: Reservation, used: Mapping[str, Iterable[int]]) -> int:
+def in_use(reservation: Reservation, used: Mapping[str, Set[int]]) -> int:
     """How many of its IPUs partitions hold now."""
-    return sum(1 for agent, index in reservation.ipus if index in set(used.get(agent, ())))
+    return sum(1 for agent, index in reservation.ipus if index in used.get(agent, ()))

@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
+from vipu.api.convert import reservation_from_proto
 from vipu.client.retry import Verdict, verdict
 from vipu.client.user import UserClient
 from vipu.ipuof import files as ipuof_files
@@ -191,9 +192,9 @@ class JobPartitions:
         vipu's window, say)."""
         if not slurm_reservation or slurm_reservation == "(null)":
             return ""
-        user, now = self.config.api_user, time.time()
-        usable = any(r.name == slurm_reservation and not r.maintenance and r.end > now and (not user or user in r.users)
-                     for r in self.user.list_reservations())
+        now = time.time()
+        usable = any(r.name == slurm_reservation and not r.ended(now) and r.admits(self.config.api_user, unrestricted=False)
+                     for r in map(reservation_from_proto, self.user.list_reservations()))
         return slurm_reservation if usable else ""
 
     def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0, reservation: str = ""):

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vipu.api.convert import reservation_from_proto
 from vipu.api.protos import admin_pb2, vipuuser_pb2
 from vipu.model.entities import drain_state
 
@@ -234,15 +235,14 @@ def timeline(reservations: Iterable[vipuuser_pb2.Reservation], now: float, days:
     starting later is listed with no width (the page draws it no bar)."""
     span_seconds = days * 86_400.0
     shown = []
-    for r in sorted(reservations, key=lambda r: (r.start, r.name)):
-        if r.end <= now:
+    for message in sorted(reservations, key=lambda m: (m.start, m.name)):
+        r = reservation_from_proto(message)
+        if r.ended(now):
             continue
         begin, finish = max(r.start, now), min(r.end, now + span_seconds)
         left = 100 * (begin - now) / span_seconds if begin < now + span_seconds else 100.0
         width = max(0.0, 100 * (finish - begin) / span_seconds)
-        machines = " ".join(dict.fromkeys(ipu.agent_id for ipu in r.ipus))
         who = f" for {', '.join(r.users)}" if r.users else ""
-        shown.append(Booking(r.name, "maintenance window" if r.maintenance else "reservation",
-                             "UNDER WAY" if r.start <= now else "TO COME", machines, round(left, 2), round(width, 2),
-                             f"{r.description}{who}; {len(r.ipus)} IPUs, {r.ipus_in_use} in use"))
+        shown.append(Booking(r.name, r.kind, r.phase(now), " ".join(r.agent_ids), round(left, 2), round(width, 2),
+                             f"{r.describe()}{who}; {r.size} IPUs, {message.ipus_in_use} in use"))
     return shown

@@ -180,5 +180,12 @@ def test_a_job_in_a_reservation_goes_to_the_controller_that_has_it_and_its_creat
     assert partitions.choose(job) == CONTROLLER.describe() and user.asked == []  # its launcher makes it
     with pytest.raises(NotFound, match="no V-IPU controller has reservation gone"):
         partitions.choose(job.model_copy(update={"reservation": "gone"}))
+    class Unanswering(QueueingUser):
+        def list_reservations(self):
+            raise Unavailable("unreachable")
+
+    with pytest.raises(Unavailable, match="no V-IPU controller that answered has reservation train, and some did not answer "
+                                          r"\(ctl:8090: unreachable\)"):  # not a NotFound, which would fail the job for good
+        proxy(Unanswering())[0].choose(job)  # type: ignore[arg-type]
     status, _ = partitions.create(PartitionRequest(**job.model_dump(), controller="ctl:8090", wait=0))
     assert status == 202 and user.asked[0]["reservation"] == "train"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from vipu.model.entities import IldTopology
 from vipu.model.errors import NoRoom
 from vipu.model.linkhealth import LinkFaults, LinkName, links_used
-from vipu.model.placement import choose_reservation, place_partition, shapes, try_place
+from vipu.model.placement import choose_held_shape, place_partition, shapes, try_place
 from vipu.model.topology import INTERNAL_LINKS, ClusterLayout
 
 SUSPECT = "its errors or recoveries grew in 3 of its last 6 windows of 1h"
@@ -75,7 +75,7 @@ def test_a_failed_link_refuses_only_the_shapes_that_need_it():
     one_machine = place_partition(layout, set(layout.agent_ids), {}, 4, faults=faults)
     assert one_machine.link_note == ""  # a machine takes shapes that do not need its failed port
     assert try_place(layout, set(layout.agent_ids), {}, 8, faults=faults) is None
-    assert choose_reservation(layout, set(layout.agent_ids), {}, 8, faults=faults) == frozenset()
+    assert choose_held_shape(layout, set(layout.agent_ids), {}, 8, faults=faults) == frozenset()
 
 
 def test_a_failed_internal_link_moves_a_pair_to_the_other_rung_of_the_machine():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vipu.model import queue
 from vipu.model.entities import IldTopology
 from vipu.model.errors import Conflict
-from vipu.model.placement import choose_reservation, try_place
+from vipu.model.placement import choose_held_shape, try_place
 from vipu.model.topology import ClusterLayout
 
 
@@ -31,7 +31,7 @@ def pod(machines: int) -> ClusterLayout:
 def rules(layout: ClusterLayout):
     allowed = set(layout.agent_ids)
     return (lambda job, used: try_place(layout, allowed, used, job.size),
-            lambda job, used, started: choose_reservation(layout, allowed, used, job.size))
+            lambda job, used, started: choose_held_shape(layout, allowed, used, job.size))
 
 
 def test_requests_start_in_arrival_order_while_each_fits():

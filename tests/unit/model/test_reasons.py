@@ -6,7 +6,7 @@ import pytest
 
 from vipu.model.entities import IldTopology, IpuLinkRouting
 from vipu.model.errors import Conflict, InvalidArgument
-from vipu.model.placement import Occupancy, choose_reservation, place_partition, shapes
+from vipu.model.placement import Occupancy, choose_held_shape, place_partition, shapes
 from vipu.model.reasons import span
 from vipu.model.topology import ClusterLayout
 
@@ -123,11 +123,11 @@ def test_the_first_waiting_request_is_held_the_shape_the_fewest_partitions_block
     layout = pod(4, IldTopology.MESH)
     used, occupancy = holding({"small": [("ag1", 0)], "big": machines(3, 4)})
     # ag1-ag2 and ag2-ag3 each wait for one partition; of those, ag1-ag2 has the fewest IPUs in use.
-    assert choose_reservation(layout, set(layout.agent_ids), used, 8, holders=occupancy.holders) == frozenset(machines(1, 2))
+    assert choose_held_shape(layout, set(layout.agent_ids), used, 8, holders=occupancy.holders) == frozenset(machines(1, 2))
     used, occupancy = holding({"a": [("ag1", 0)], "b": [("ag2", 3)], "c": machines(3, 4)})
-    assert choose_reservation(layout, set(layout.agent_ids), used, 16, holders=occupancy.holders) == frozenset(machines(1, 2, 3, 4))
+    assert choose_held_shape(layout, set(layout.agent_ids), used, 16, holders=occupancy.holders) == frozenset(machines(1, 2, 3, 4))
     used, occupancy = holding({"a": [("ag1", 0)], "b": [("ag2", 3)], "c": [("ag3", 0)]})
-    assert choose_reservation(layout, set(layout.agent_ids), used, 8, holders=occupancy.holders) == frozenset(machines(3, 4))
+    assert choose_held_shape(layout, set(layout.agent_ids), used, 8, holders=occupancy.holders) == frozenset(machines(3, 4))
 
 
 def test_shapes_include_every_window_a_torus_can_wrap_and_only_allowed_machines():

@@ -175,7 +175,7 @@ def test_reservations_not_over_are_bars_on_a_weeks_timeline_soonest_first():
     day, now = 86_400.0, 1_000_000.0
 
     def reservation(name, start, end, maintenance=False):
-        return vipuuser_pb2.Reservation(name=name, start=start, end=end, maintenance=maintenance, description=f"the {name}",
+        return vipuuser_pb2.Reservation(name=name, start=start, end=end, maintenance=maintenance, reason="a test",
                                         ipus=[vipuuser_pb2.ReservedIpu(agent_id="ag1", index=i) for i in range(4)],
                                         users=[] if maintenance else ["alice"], ipus_in_use=2)
 
@@ -184,4 +184,5 @@ def test_reservations_not_over_are_bars_on_a_weeks_timeline_soonest_first():
                             reservation("now", now - day, now + 7 * day)], now)
     assert [(b.name, b.phase, b.left, b.width) for b in shown] == [
         ("now", "UNDER WAY", 0.0, 100.0), ("mw", "TO COME", 14.29, 7.14), ("late", "TO COME", 100.0, 0.0)]
-    assert shown[1].kind == "maintenance window" and shown[0].title == "the now for alice; 4 IPUs, 2 in use"
+    assert shown[1].kind == "maintenance window" and shown[0].title == (
+        "reservation now (a test) from 1970-01-11 13:46:40 UTC to 1970-01-19 13:46:40 UTC for alice; 4 IPUs, 2 in use")

@@ -24,6 +24,8 @@ from vipu.model.linkhealth import LinkFaults
 # How long a started operation may take before its asker stops waiting: its agent calls are each
 # bounded by the agent timeout (10 s by default) and its store writes by the statement deadline.
 OPERATION_SECONDS = 120.0
+# How long a command may wait for its owner's turn; an owner takes hundreds of commands a turn.
+START_SECONDS = 30.0
 
 _QUEUED, _STARTED, _WITHDRAWN, _DONE = "queued", "started", "withdrawn", "done"
 

@@ -52,9 +52,9 @@ from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Parti
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
 from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
-from vipu.model.placement import Occupancy, Placement, place_partition, shapes, shifted, try_place
+from vipu.model.placement import Occupancy, Placement, shapes, shifted, try_place
 from vipu.model.reasons import held_clause, span
-from vipu.model.reservations import Reservation, check_reservation, kept_clause
+from vipu.model.reservations import Reservation, check_reservation, kept_refusal
 from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
@@ -148,30 +148,14 @@ class Decisions(QueueKeeping):
             return self._placed_around(request, mix, shifted(state.used, on=kept))
         except NoRoom as refusal:
             if named is not None:
-                raise NoRoom(f"no room in {named.describe()}: {self._refusal_within(request, named, kept) or refusal.message}",
+                raise NoRoom(self._refusal_in(request, named, kept, Occupancy(state.holders), refusal.message),
                              held_free=refusal.held_free) from None
             try:
                 self._placed_around(request, mix, state.used)
             except VipuError:
                 raise refusal from None  # the reservations alone do not keep it off
-            free = {ipu: r for ipu, r in kept.items() if ipu[1] not in state.used.get(ipu[0], ())}
-            why = kept_clause(free, request.expected_seconds, now, state.layout)
-            raise NoRoom(f"no room for {request.size} IPUs in allocation {self.id} but on reserved ones: {why}",
-                         held_free=refusal.held_free) from None
-
-    def _refusal_within(self, request: PartitionRequest, reservation: Reservation, kept: Mapping[tuple[str, int], object]) -> str:
-        """Why a request made in a reservation does not fit, said of the reservation's machines
-        alone (what is free there, and which partitions stand in the way); "" if it is not room."""
-        state = self.state
-        try:
-            place_partition(state.layout, set(reservation.agent_ids) - state.unplaceable(), shifted(state.used, on=kept), request.size,
-                            num_gcds=request.num_gcds, num_segments=request.num_segments, ipulink_routing=request.ipulink_routing,
-                            gw_routing=request.gw_routing, where=f"reservation {reservation.name}", occupancy=Occupancy(state.holders))
-        except NoRoom as refusal:
-            return refusal.message
-        except VipuError:  # a rule it breaks on those machines alone: the allocation's refusal says it better
-            pass
-        return ""
+            raise NoRoom(kept_refusal(request.size, f"allocation {self.id}", kept, state.used, request.expected_seconds, now,
+                                      state.layout), held_free=refusal.held_free) from None
 
     def _reservation_of(self, request: PartitionRequest, now: float) -> Reservation | None:
         """The reservation the request is to be made in, if it names one: NotFound if the allocation
@@ -182,10 +166,9 @@ class Decisions(QueueKeeping):
         reservation = self.state.reservations.get(request.reservation)
         if reservation is None:
             raise NotFound(f"reservation {shown(request.reservation)} does not exist in allocation {self.id}")
-        if reservation.ended(now):
-            raise Conflict(f"{reservation.describe()} is over")
-        if not reservation.started(now):
-            raise NoRoom(f"{reservation.describe()} has not started: a partition is made in it from its start")
+        closed = reservation.closed(now)
+        if closed:
+            raise (Conflict if reservation.ended(now) else NoRoom)(closed)
         return reservation
 
     def _check_reservation_user(self, request: PartitionRequest, access: Access) -> None:
@@ -705,7 +688,7 @@ class Decisions(QueueKeeping):
             state.reservations.pop(reservation.name, None)
 
         yield Write(lambda tx: tx.add_reservation(reservation), apply, undo)
-        log.info("allocation %s: %s made by %s, on %s", self.id, reservation.describe(), reservation.by or "an administrator",
+        log.info("allocation %s: %s made by %s, on %s", self.id, reservation.describe(), reservation.operator,
                  span(state.layout, set(reservation.ipus)))
         self._steer()  # a maintenance window under way: its machines drain, and the moves off them begin (not waited for)
         return reservation

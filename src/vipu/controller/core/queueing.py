@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,11 +20,11 @@ from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
 from vipu.model.compaction import Plan, plan_for
-from vipu.model.entities import Partition
+from vipu.model.entities import Partition, PartitionRequest
 from vipu.model.errors import Conflict, NoRoom, VipuError
-from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_reservation, free_ipu_count, place_partition, shifted, try_place
+from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_held_shape, free_ipu_count, place_partition, shifted, try_place
 from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
-from vipu.model.reservations import Reservation, kept_clause
+from vipu.model.reservations import Reservation, kept_refusal
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -224,7 +224,7 @@ class QueueKeeping(Steps):
             """The shape the fewest partitions block, counting those this pass starts."""
             r = request.request
             blocking = {**holders, **{(ipu.agent_id, ipu.index): s.partition_id for s, p in started for ipu in p.ipus}}
-            return choose_reservation(layout, allowed, used, r.size, holders=blocking, avoid=kept_for(request).keys(),
+            return choose_held_shape(layout, allowed, used, r.size, holders=blocking, avoid=kept_for(request).keys(),
                                       num_segments=r.num_segments,
                                       ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
                                       faults=state.links)
@@ -254,7 +254,7 @@ class QueueKeeping(Steps):
             reservation = state.reservations.get(name) if name else None
             if not name or (reservation is not None and not reservation.ended(now)):
                 continue
-            why = f"{reservation.describe()} is over" if reservation is not None else f"reservation {name} was removed"
+            why = reservation.closed(now) if reservation is not None else f"reservation {name} was removed"
             for request in [r for r in line if r.partition_id not in self.on_partition]:
                 ending = Conflict(f"the request of partition {request.partition_id} ends: {why}")
                 self.start(Operation("expiring", self._ending_now(request, ending), partition_id=request.partition_id))
@@ -266,18 +266,33 @@ class QueueKeeping(Steps):
             log.warning("partition %s: its request could not be ended: %s", request.partition_id, refused.message)
             self._pass_due = time.monotonic() + RETRY_SECONDS
 
+    def _refusal_in(self, request: PartitionRequest, reservation: Reservation, kept: Mapping[tuple[str, int], Reservation],
+                    occupancy: Occupancy, fallback: str) -> str:
+        """Why a request made in a reservation does not fit, in words of the reservation's machines
+        alone (what is free there, which partitions stand in the way), or else `fallback`."""
+        state = self.state
+        try:
+            place_partition(state.layout, set(reservation.agent_ids) - state.unplaceable(), shifted(state.used, on=kept), request.size,
+                            num_gcds=request.num_gcds, num_segments=request.num_segments, ipulink_routing=request.ipulink_routing,
+                            gw_routing=request.gw_routing, where=f"reservation {reservation.name}", occupancy=occupancy)
+        except NoRoom as refusal:
+            return reservation.no_room(refusal.message)
+        except VipuError:  # a rule it breaks on those machines alone: the allocation's refusal says it better
+            pass
+        return reservation.no_room(fallback)
+
     def _compact_for(self, first: WaitingRequest, allowed: set[str]) -> None:
         """When the first request waits although enough IPUs are free, plan the moves of relocatable
         partitions that free a shape for it, within the budget, and make them: it starts at the
         pass that follows. A plan is looked for once per first request and room (not at every pass),
         and never while a compaction is under way. Nothing moves for a request made in a
         reservation, nor onto the IPUs of a reservation not over."""
-        state, r = self.state, first.request
-        spent, now = self.compaction_spent(), time.time()
+        state, r, now = self.state, first.request, time.time()
         kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
         if r.reservation or r.size > free_ipu_count(state.layout, allowed, shifted(state.used, on=kept)) or state.compactions:
             return
         holders = state.holders()
+        spent = self.compaction_spent()
         room = spent.room(now)
         looked = (first.partition_id, frozenset(holders.items()), frozenset(allowed), state.links.sequence, room)
         if state.compaction_looked == looked:
@@ -375,23 +390,31 @@ class QueueKeeping(Steps):
             """What placement says of the request, and whether free IPUs held for the first were kept from it;
             the reservations whose IPUs it may not use named."""
             r = request.request
-            kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
             named = state.reservations.get(r.reservation)
-            machines = allowed & set(named.agent_ids) if named is not None else allowed  # a refusal speaks of its machines
+            if named is not None and named.closed(now):
+                return named.closed(now), False
+            kept = state.kept_for_reservations(r.reservation, r.expected_seconds, now)
+
+            def place(around: Used) -> None:
+                place_partition(layout, allowed, around, r.size, num_gcds=r.num_gcds, num_segments=r.num_segments,
+                                ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
+                                explicit=explicit_ipus(layout, allocation, r), where=where, occupancy=occupancy, faults=state.links)
+
             try:
-                place_partition(layout, machines, shifted(used, on=kept) if kept else used, r.size, num_gcds=r.num_gcds,
-                                num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, gw_routing=r.gw_routing,
-                                explicit=explicit_ipus(layout, allocation, r),
-                                where=f"reservation {named.name}" if named is not None else where,
-                                occupancy=occupancy, faults=state.links)
+                place(shifted(used, on=kept) if kept else used)
                 return "starting", False
-            except VipuError as refusal:
-                held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
-                if named is not None and not named.started(now):
-                    return f"{named.describe()} has not started: it starts in it then", False
-                if named is not None:
-                    return f"{named.describe()}: {refusal.message}", held_free
-                return refusal.message + (f"; {kept_clause(kept, r.expected_seconds, now, layout)}" if kept else ""), held_free
+            except VipuError as error:
+                refusal = error
+            held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
+            if named is not None:
+                return self._refusal_in(r, named, kept, occupancy, refusal.message), held_free
+            if not kept:
+                return refusal.message, held_free
+            try:
+                place(used)
+            except VipuError:
+                return refusal.message, held_free  # the reservations alone do not keep it off
+            return kept_refusal(r.size, where, kept, used, r.expected_seconds, now, layout), held_free
 
         behind_first = Occupancy(holders, held, first.partition_id)
         verdicts: dict[Any, str] = {}

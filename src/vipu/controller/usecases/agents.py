@@ -21,7 +21,7 @@ from vipu.controller.core.commands import DrainsChanged, Powering
 from vipu.controller.core.operations import POWER_MARGIN_SECONDS
 from vipu.controller.core.owners import Owners
 from vipu.controller.usecases.clusters import ClusterService
-from vipu.model.entities import DRAIN_REASON_MAX, Agent, AgentStatus, Drain, check_id, natural_key, shown
+from vipu.model.entities import Agent, AgentStatus, Drain, check_id, checked_reason, natural_key, shown
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -64,16 +64,6 @@ class AgentView:
     allocation_id: str = ""
     ipus: list[IpuUse] = field(default_factory=list)
     draining_partitions: tuple[str, ...] = ()  # while it drains: the partitions still on it (none: drained)
-
-
-def _drain_reason(reason: str) -> str:
-    """The reason of a drain, as operators and users will read it; InvalidArgument if it cannot be."""
-    reason = reason.strip()
-    if not reason:
-        raise InvalidArgument("a drain needs a reason (--reason), which operators and the users of its partitions are shown")
-    if len(reason) > DRAIN_REASON_MAX or not reason.isprintable():
-        raise InvalidArgument(f"a drain's reason is one line of at most {DRAIN_REASON_MAX} printable characters")
-    return reason
 
 
 class AgentService:
@@ -185,7 +175,7 @@ class AgentService:
         then as a forced remove removes them. Draining one again for the same reason changes nothing
         but a deadline given; for another reason, it is refused (resume it first). Stored, so it
         survives restarts and leaders."""
-        reason, now = _drain_reason(reason), time.time()
+        reason, now = checked_reason(reason, "a drain"), time.time()
         if deadline and not (math.isfinite(deadline) and now < deadline <= now + MAX_EXPECTED_SECONDS):
             written = utc_text(deadline) if math.isfinite(deadline) and 0 < deadline < now + MAX_EXPECTED_SECONDS else repr(deadline)
             raise InvalidArgument(f"a drain's deadline (--by) is a time to come within {MAX_EXPECTED_SECONDS} s, not {written}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 
-from vipu.controller.core.commands import CloseAllocation, CompactAllocation
+from vipu.controller.core.commands import START_SECONDS, CloseAllocation, CompactAllocation
 from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.owners import Owners
 from vipu.model.compaction import Report
@@ -18,7 +18,6 @@ from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
 from vipu.store.store import Store
 
-START_SECONDS = 30.0  # for the owner's turn
 # How long a removal may take once under way: a forced removal removes every partition, whose
 # agent calls are each bounded by the agent timeout, all at once.
 REMOVAL_SECONDS = 300.0

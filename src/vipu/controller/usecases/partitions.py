@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from vipu.controller.core.commands import (
+    START_SECONDS,
     Command,
     CreatePartition,
     RelocatePartition,
@@ -34,8 +35,6 @@ from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting
 from vipu.store.configuration import Configuration
 from vipu.store.store import Store
 
-# How long a command may wait for its owner's turn; an owner takes hundreds of commands a turn.
-START_SECONDS = 30.0
 # How long a forced remove waits for the operation under way on its partition: that operation's
 # agent calls are each bounded by the agent timeout.
 FORCED_REMOVE_WAIT_SECONDS = 60.0
@@ -334,7 +333,7 @@ class PartitionService:
         """The allocations a request may take its IPUs from, in order; a Conflict if there are none."""
         configuration = self.store.configuration()
         if request.reservation:
-            candidates = [self._allocation(configuration, self._reservation_allocation(configuration, request), access)]
+            candidates = [self._allocation(configuration, self._reservation_allocation(request), access)]
         elif request.allocation_id:
             candidates = [self._allocation(configuration, request.allocation_id, access)]
             if request.cluster_id and candidates[0].cluster_id != request.cluster_id:
@@ -354,18 +353,16 @@ class PartitionService:
                            "'vipu-admin create allocation'")
         return candidates
 
-
-    def _reservation_allocation(self, configuration: Configuration, request: PartitionRequest) -> str:
+    def _reservation_allocation(self, request: PartitionRequest) -> str:
         """The allocation of the reservation a request names (which its owner checks the request
         against); NotFound if no allocation has it."""
-        for allocation_id in configuration.allocations:
-            owner = self.owners.owner(allocation_id)
-            if owner is not None and request.reservation in owner.snapshot.reservations:
-                if request.allocation_id and request.allocation_id != allocation_id:
-                    raise InvalidArgument(f"reservation {request.reservation} is in allocation {allocation_id}, not "
-                                          f"{request.allocation_id}")
-                return allocation_id
-        raise NotFound(f"reservation {shown(request.reservation)} does not exist")
+        reservation = self.reservations.find(request.reservation)
+        if reservation is None:
+            raise NotFound(f"reservation {shown(request.reservation)} does not exist")
+        if request.allocation_id and request.allocation_id != reservation.allocation_id:
+            raise InvalidArgument(f"reservation {reservation.name} is in allocation {reservation.allocation_id}, not "
+                                  f"{request.allocation_id}")
+        return reservation.allocation_id
 
 
 def _ipuof_version(inventories) -> str:

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, replace
 
 from vipu.controller.core.changes import MAX_WATCHERS
-from vipu.controller.core.commands import CancelRequest
+from vipu.controller.core.commands import START_SECONDS, CancelRequest
 from vipu.controller.core.snapshot import Waiting
-from vipu.controller.usecases.partitions import START_SECONDS, Created, PartitionService
+from vipu.controller.usecases.partitions import Created, PartitionService
 from vipu.model import lifecycle
 from vipu.model.configuration import GcdConfig
 from vipu.model.entities import OPEN_ACCESS, Access, Partition, PartitionRequest, ReadyState, shown

@@ -9,14 +9,12 @@ import math
 import typing
 from dataclasses import dataclass
 
-from vipu.controller.core.commands import Reserve, Unreserve
+from vipu.controller.core.commands import START_SECONDS, Reserve, Unreserve
 from vipu.controller.core.owners import Owners
 from vipu.model.entities import OPEN_ACCESS, Access, shown
 from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
 from vipu.model.reservations import Reservation, in_use
 from vipu.store.store import Store
-
-START_SECONDS = 30.0  # how long the asker waits for the owner to take the command up
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class ReservationService:
             raise InvalidArgument("a reservation's start and end are times (seconds since the epoch)")
         if bool(agent_ids) == bool(size):
             raise InvalidArgument("reserve machines (--agents) or a number of IPUs (--size), one of the two")
-        if self._find(name) is not None:
+        if self.find(name) is not None:
             raise AlreadyExists(f"reservation {name} already exists")
         allocation_id = self._allocation_of(agent_ids, allocation_id)
         command = Reserve(name=name, start=start, end=end, reason=reason.strip(), by=by, maintenance=maintenance,
@@ -52,7 +50,7 @@ class ReservationService:
     def remove(self, name: str) -> Reservation:
         """Remove a reservation (one over, or one to come or under way: a maintenance window's
         machines resume at once)."""
-        found = self._find(name)
+        found = self.find(name)
         if found is None:
             raise NotFound(f"reservation {shown(name)} does not exist")
         return self._ask(found.allocation_id, Unreserve(name=name), f"the removal of reservation {name}")
@@ -69,7 +67,8 @@ class ReservationService:
                 views += [ReservationView(r, in_use(r, snapshot.used)) for r in snapshot.reservations.values()]
         return sorted(views, key=lambda view: (view.reservation.start, view.reservation.name))
 
-    def _find(self, name: str) -> Reservation | None:
+    def find(self, name: str) -> Reservation | None:
+        """The reservation of that name, in whichever allocation it is; None if there is none."""
         return next((view.reservation for view in self.list() if view.reservation.name == name), None)
 
     def _view(self, reservation: Reservation) -> ReservationView:
