@@ -9,14 +9,17 @@ started in them by the launcher through the job's own kubeexec script.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
@@ -26,7 +29,7 @@ from tests.kubelet import Kubelet
 from tests.ports import free_port
 from tests.processes import dying_with_parent
 from vipu.api import tls
-from vipu.api.protos import vipuuser_pb2, vipuuser_pb2_grpc
+from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
 
 pytestmark = pytest.mark.functional
 
@@ -323,6 +326,44 @@ def test_jobs_that_together_exceed_the_pod_queue_in_the_controller_in_their_orde
     assert cluster.get("/stats") == {"default": {"used": 4, "available": 4}, "total": {"used": 4, "available": 4}}
     assert cluster.post("/query", {"size": 2}) == {"available": True, "numOfPartitions": 2, "message": ""}
     assert cluster.post("/query", {"size": 8})["numOfPartitions"] == 0
+
+
+def test_a_job_in_a_vipu_reservation_gets_its_machines_others_are_kept_off_them_and_a_drain_is_told_in_a_condition(cluster):
+    api = vipuuser_pb2_grpc.UserServiceStub(cluster.pod._channel(cluster.pod.user_port))
+
+    def machines(job: str) -> set[str]:
+        [partition] = [p for p in api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions if p.id == f"p-default-{job}"]
+        return {ipu.agent_id for ipu in partition.spec.ipus}
+
+    admin, now = cluster.pod.admin_api, time.time()
+    admin.CreateReservation(admin_pb2.CreateReservationRequest(name="team", agent_ids=["ag2"], start=now, end=now + 3600,
+                                                               reason="a team's slot", users=["anyone"]))
+    try:
+        cluster.submit("whole", replicas=8, interactive={"ttl": 3600})  # ag2 is the reservation's: no room for it
+        wait_until(lambda: "reservation team" in cluster.launcher_log("whole", "launcher-init"), timeout=60,
+                   what="the job too big for the IPUs left to wait with the reservation named")
+        cluster.delete("whole")
+        cluster.submit("inside", replicas=4, interactive={"ttl": 3600}, reservation="team")
+        cluster.submit("outside", replicas=4, interactive={"ttl": 3600})
+        cluster.wait_for("inside", "Running")
+        cluster.wait_for("outside", "Running")
+        assert machines("inside") == {"ag2"} and machines("outside") == {"ag1"}
+
+        admin.DrainAgents(admin_pb2.DrainAgentsRequest(agent_ids=["ag1"], reason="cable repair"))
+
+        def drained() -> dict:
+            return next((c for c in cluster.job("outside")["status"]["conditions"] if c["type"] == "PartitionDraining"), {})
+
+        wait_until(lambda: drained().get("status") == "True", what="the job on the drained machine to be told")
+        assert drained()["message"].startswith("agent ag1 is draining for cable repair"), drained()
+        assert cluster.condition("outside")["type"] == "Running"  # its state is as it was: it is left to finish
+        assert "PartitionDraining" not in {c["type"] for c in cluster.job("inside")["status"]["conditions"]}
+        admin.ResumeAgents(admin_pb2.ResumeAgentsRequest(agent_ids=["ag1"]))
+        wait_until(lambda: drained().get("status") == "False", what="the job to be told its machine is back")
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            admin.ResumeAgents(admin_pb2.ResumeAgentsRequest(agent_ids=["ag1"]))
+        admin.RemoveReservation(admin_pb2.RemoveRequest(id="team"))
 
 
 def test_a_create_failed_by_the_machines_leaves_no_partition_and_the_job_is_told_why(cluster):

@@ -371,15 +371,20 @@ def partition_obtained(launcher: dict | None) -> bool:
     return bool(states) and all(s.get("exitCode") == 0 for s in states)
 
 
+# A condition beside the job's state (Pending, Running, ...), first in the list so that the state's stays
+# last (the STATUS column): True while an operator drains a machine of the job's partition.
+DRAINING = "PartitionDraining"
+
+
 def with_condition(status: dict, kind: str, reason: str, message: str, now: str) -> list[dict]:
-    """The conditions with `kind` the one true condition, last in the list as the latest."""
+    """The conditions with `kind` the one true state, last in the list as the latest."""
     conditions = []
     current = None
     for condition in status.get("conditions") or []:
         if condition["type"] == kind:
             current = condition
             continue
-        if condition.get("status") == "True":
+        if condition.get("status") == "True" and condition["type"] != DRAINING:
             condition = {**condition, "status": "False", "lastTransitionTime": now, "lastUpdateTime": now}
         conditions.append(condition)
     unchanged = current is not None and current.get("status") == "True" and current.get("reason") == reason \
@@ -392,7 +397,35 @@ def with_condition(status: dict, kind: str, reason: str, message: str, now: str)
 
 
 def current_condition(status: dict) -> dict | None:
-    return next((c for c in reversed(status.get("conditions") or []) if c.get("status") == "True"), None)
+    """The job's state: its latest true condition, the drain's aside."""
+    return next((c for c in reversed(status.get("conditions") or []) if c.get("status") == "True" and c["type"] != DRAINING),
+                None)
+
+
+def drain_condition(status: dict) -> dict | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == DRAINING), None)
+
+
+def with_drains(status: dict, notices: list[str], now: str) -> list[dict]:
+    """The conditions with the drain's saying `notices` (the partition's `drain_notices`, a line per
+    machine drained under it): True while there are some, False once there are none (absent if there
+    never were)."""
+    conditions = list(status.get("conditions") or [])
+    before = drain_condition(status)
+    at = conditions.index(before) if before is not None else None
+    if before is None and not notices:
+        return conditions
+    state, message = ("True", "; ".join(notices)) if notices else ("False", "no machine of its partition is drained now")
+    condition = {"type": DRAINING, "status": state, "reason": "MachineDraining" if notices else "NoDrain", "message": message,
+                 "lastTransitionTime": now, "lastUpdateTime": now}
+    if before is None or at is None:
+        return [condition, *conditions]
+    if (before.get("status"), before.get("message")) == (state, message):
+        return conditions
+    if before.get("status") == state:  # the same state, said anew
+        condition["lastTransitionTime"] = before.get("lastTransitionTime", now)
+    conditions[at] = condition
+    return conditions
 
 
 def is_finished(status: dict) -> bool:

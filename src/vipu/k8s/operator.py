@@ -30,6 +30,7 @@ from vipu.k8s.leader import LeaderElection
 from vipu.model.errors import InvalidArgument
 
 log = logging.getLogger("vipu.k8s.operator")
+DRAINS_TIMEOUT = 10.0  # seconds a reconciliation waits for the proxy to say whether the job's partition is drained
 
 
 class OperatorMetrics:
@@ -118,7 +119,29 @@ class Operator:
                 if self._ignore(409, self.core.create_namespaced_pod, namespace, body) is not None:  # None: it existed
                     self.metrics.pods_created.labels(body["metadata"]["labels"][jobs.ROLE_LABEL]).inc()
                     log.info("job %s: pod %s created", spec.key, pod)
+            notices = self._drains(spec, decision.status)
+            if notices is not None:
+                decision.status["conditions"] = jobs.with_drains(decision.status, notices, jobs.rfc3339(now))
             self._write_status(namespace, name, status, decision.status)
+
+    def _drains(self, spec: jobs.JobSpec, status: dict) -> list[str] | None:
+        """The drain notices of the job's partition while it runs on one (the proxy reads them from
+        its controller); none once it does not; None when the proxy cannot say now (the condition
+        stays as it was until the next reconciliation)."""
+        if jobs.is_finished(status) or not status.get("ipuPartitionCreated"):
+            return []
+        try:
+            answer, reply = rest.call("GET", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{spec.partition_id}/drains",
+                                     timeout=DRAINS_TIMEOUT)
+        except OSError as error:
+            log.info("job %s: the proxy cannot be reached for its partition's drains: %s", spec.key, error)
+            return None
+        if answer == 404:  # not made, or gone: nothing of it is drained
+            return []
+        if answer != 200:
+            log.info("job %s: the proxy cannot say whether its partition is drained: %s", spec.key, reply.get("detail"))
+            return None
+        return [str(notice) for notice in reply.get("drains") or []]
 
     def _ensure_job_objects(self, spec: jobs.JobSpec) -> None:
         """The ConfigMap and the launcher's service account, role and binding, made once."""
@@ -137,6 +160,9 @@ class Operator:
         old, new = jobs.current_condition(before), jobs.current_condition(after)
         if new and (old or {}).get("message") != new.get("message"):
             log.info("%s", new["message"])
+        old, new = jobs.drain_condition(before), jobs.drain_condition(after)
+        if new and (old or {}).get("message") != new.get("message"):
+            log.info("IPUJob %s/%s: %s", namespace, name, new["message"])
 
     def resync_forever(self, interval: float, namespaces: tuple[str, ...]) -> None:
         """Reconcile every job every `interval` seconds: back-offs and interactive ttls end on time

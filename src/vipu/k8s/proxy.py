@@ -317,6 +317,13 @@ class Partitions:
         self._user(controller).reset_partition(partition_id)
         return {"id": partition_id, "reset": True}
 
+    def drains(self, partition_id: str) -> dict:
+        """What the operators' drains say of a tracked partition: a line per machine of it being
+        drained (none: none is), for its IPUJob's condition."""
+        _, controller = self._owned(partition_id)
+        status = self._user(controller).partition_status(partition_id)
+        return {"id": partition_id, "controller": controller.address, "drains": list(status.drain_notices)}
+
     def remove(self, partition_id: str) -> dict:
         with self._lock:
             _, controller = self._owned(partition_id)
@@ -455,6 +462,10 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
     @app.post("/partitions/{partition_id}/reset")
     def reset_partition(partition_id: str):
         return answer(lambda: partitions.reset(partition_id))
+
+    @app.get("/partitions/{partition_id}/drains")
+    def partition_drains(partition_id: str):
+        return answer(lambda: partitions.drains(partition_id))
 
     @app.delete("/partitions/{partition_id}")
     def remove_partition(partition_id: str):

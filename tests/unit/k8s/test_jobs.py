@@ -288,3 +288,26 @@ def test_the_limit_of_restarts_is_read_in_the_seeds_spelling_and_in_vipus_first(
     """The seed's IPUJob says restartPolicy.backOffLimit (kubectl describe: "Back Off Limit"); vipu
     first spelt it backoffLimit, and takes both."""
     assert spec(restartPolicy={"type": "OnFailure", **restart}).backoff_limit == limit
+
+
+def test_a_drain_under_a_running_jobs_partition_is_a_condition_beside_its_state_that_clears_when_the_drain_ends():
+    job = spec()
+    running = jobs.decide(job, jobs.decide(job, {}, {}, NOW, BACKOFF).status, pods_of(job, pod("Running", init_code=0)),
+                          NOW + 5, BACKOFF).status
+    notice = "ag2 drained by ops since 2026-12-07 06:00 UTC: cable repair; this partition is left to finish"
+    drained = {**running, "conditions": jobs.with_drains(running, [notice], jobs.rfc3339(NOW + 6))}
+    assert jobs.drain_condition(drained) == {"type": jobs.DRAINING, "status": "True", "reason": "MachineDraining",
+                                             "message": notice, "lastTransitionTime": jobs.rfc3339(NOW + 6),
+                                             "lastUpdateTime": jobs.rfc3339(NOW + 6)}
+    assert drained["conditions"][-1]["type"] == "Running"  # the STATUS column still shows the job's state
+    assert jobs.current_condition(drained)["type"] == "Running" and not jobs.is_finished(drained)
+    assert jobs.with_drains(drained, [notice], jobs.rfc3339(NOW + 9)) == drained["conditions"]  # told once
+
+    succeeded = jobs.decide(job, drained, pods_of(job, pod("Succeeded", 0, 0)), NOW + 10, BACKOFF).status
+    assert jobs.drain_condition(succeeded)["status"] == "True"  # a new state leaves the drain's condition as it was
+    assert [c["type"] for c in succeeded["conditions"] if c["status"] == "True"] == [jobs.DRAINING, "Succeeded"]
+    over = jobs.with_drains(succeeded, [], jobs.rfc3339(NOW + 11))
+    assert jobs.drain_condition({"conditions": over}) | {"lastUpdateTime": None} == {
+        "type": jobs.DRAINING, "status": "False", "reason": "NoDrain", "message": "no machine of its partition is drained now",
+        "lastTransitionTime": jobs.rfc3339(NOW + 11), "lastUpdateTime": None}
+    assert jobs.with_drains(running, [], STAMP) == running["conditions"]  # never drained: no condition at all

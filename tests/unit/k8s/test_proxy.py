@@ -189,3 +189,20 @@ def test_a_job_in_a_reservation_goes_to_the_controller_that_has_it_and_its_creat
         proxy(Unanswering())[0].choose(job)  # type: ignore[arg-type]
     status, _ = partitions.create(PartitionRequest(**job.model_dump(), controller="ctl:8090", wait=0))
     assert status == 202 and user.asked[0]["reservation"] == "train"
+
+
+def test_a_tracked_partitions_drains_are_read_from_its_controller_and_an_untracked_ones_are_not_found():
+    notice = "ag2 drained by ops: cable repair; this partition is left to finish"
+
+    class Draining(QueueingUser):
+        def partition_status(self, partition_id):
+            assert partition_id in self.made
+            return pb.PartitionStatus(partition_id=partition_id, drain_notices=[notice])
+
+    user = Draining()
+    partitions, _ = proxy(user)  # type: ignore[arg-type]
+    with pytest.raises(NotFound, match="partition p-default-job is not one the proxy made"):
+        partitions.drains("p-default-job")
+    partitions.create(REQUEST)
+    user.grant("p-default-job")
+    assert partitions.drains("p-default-job") == {"id": "p-default-job", "controller": "ctl:8090", "drains": [notice]}
