@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.functional.harness import failed_line, rows
+from tests.functional.harness import failed_line, pairs, rows
 from vipu.backends.sim import faults
 from vipu.model.topology import LinkKind
 
@@ -131,6 +131,32 @@ def test_asynchronous_runs_and_what_a_running_test_forbids(registered_pod):
     failed_line(pod.admin("test", "cluster", "cl0"), "test cluster", "cl0", "cluster cl0 has partitions (p1)")
     assert pod.admin("test", "cluster", "cl0", "--versions").code == 0  # harmless tests still run
     assert pod.user("remove", "partition", "p1").code == 0
+
+
+def test_drained_machines_are_tested_alone_and_power_cycled_without_force_while_a_partition_runs_elsewhere(registered_pod):
+    pod = registered_pod
+    assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # on ag1
+    failed_line(pod.admin("test", "cluster", "cl0"), "test cluster", "cl0",
+                "cluster cl0 has partitions (p1); remove them before running tests that drive its links, or drain the machines "
+                "to test and name them (--agents)")
+    failed_line(pod.admin("test", "cluster", "cl0", "--agents", "ag3,ag4,ag5,ag6"), "test cluster", "cl0",
+                "a test of some machines alone needs them drained: agent ag3 is not drained")
+    assert pod.admin("drain", "agent", "ag3", "ag4", "ag5", "ag6", "--reason", "cable repair").code == 0
+
+    tested = pod.admin("test", "cluster", "cl0", "--agents", "ag3,ag4,ag5,ag6")
+    assert tested.code == 0, tested.err
+    alone = "Test of ag3, ag4, ag5, ag6"
+    assert results(tested.out) == {  # the cables between them only, and their own
+        "Sync-Link": ("6/6", ["Sync Link test passed", alone]),
+        "Cabling": ("12/12", ["All cables connected as expected", alone]),
+        "IPU-Link": ("76/76", ["All Links Passed", alone]),
+        "Traffic": ("1/1", ["Traffic test passed", alone]),
+        "GW-Link": ("0/0", ["GW Link test skipped", alone]),
+        "Version": ("6/6", ["All component versions are consistent", alone]),
+    }
+    cycled = pod.admin("power", "cycle", "agent", "ag3")  # nothing runs there: no --force needed
+    assert cycled.code == 0 and "agent ag3: power On" in cycled.out, cycled.err
+    assert pairs(pod.user("get", "partition", "p1").out)["State"] == "ACTIVE"
 
 
 def test_results_of_the_last_test_survive_a_restart_of_the_controller(registered_pod):

@@ -365,6 +365,7 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     status.link_warnings.extend(partition.link_warnings)
     status.drain_notices.extend(partition.drain_notices)
     status.may_move, status.expected_seconds = partition.may_move, partition.expected_seconds
+    status.reservation = partition.reservation
     return status
 
 

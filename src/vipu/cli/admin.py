@@ -753,10 +753,13 @@ def print_test_report(report: pb.ClusterTestReport, as_json: bool = False) -> No
 @click.option("--start", "mode", flag_value="start", help="Start the test and return at once.")
 @click.option("--status", "mode", flag_value="status", help="Show the results of the last test.")
 @click.option("--stop", "mode", flag_value="stop", help="Stop the test in progress.")
+@click.option("--agents", default=None, help="Test these machines alone (drained ones, for the tests that drive links), "
+                                             "and the cables between them: ag3,ag4.")
 @json_option
 @pass_client
-def test_cluster(admin, cluster_id, mode, as_json, **options):
-    """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say)."""
+def test_cluster(admin, cluster_id, mode, agents, as_json, **options):
+    """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say);
+    on the whole cluster, or on drained machines alone while partitions run elsewhere (--agents)."""
     if mode == "status":
         with reporting("test cluster", "status"):
             report = admin.cluster_test_status()
@@ -768,11 +771,12 @@ def test_cluster(admin, cluster_id, mode, as_json, **options):
     if not cluster_id:
         raise click.UsageError("name the cluster to test, or use --status or --stop")
     tests = tuple(name for option, name in TEST_OPTIONS.items() if options[option])
+    machines = tuple(split_list(agents))
     with reporting("test cluster", cluster_id):
         if mode is None and not as_json and sys.stdout.isatty():
-            report = run_showing_progress(admin, cluster_id, tests)
+            report = run_showing_progress(admin, cluster_id, tests, machines)
         else:
-            report = admin.test_cluster(cluster_id, tests, wait=mode != "start")
+            report = admin.test_cluster(cluster_id, tests, wait=mode != "start", agent_ids=machines)
     if mode != "start":  # a started test says nothing, as seed 002 shows
         print_test_report(report, as_json)
 
@@ -781,13 +785,14 @@ PROGRESS_POLL_SECONDS = 0.25
 ENDED = {"stopped": "The test was stopped", "interrupted": "The test was interrupted by a restart of the controller"}
 
 
-def run_showing_progress(admin: AdminClient, cluster_id: str, tests: tuple[str, ...]) -> pb.ClusterTestReport:
+def run_showing_progress(admin: AdminClient, cluster_id: str, tests: tuple[str, ...],
+                         machines: tuple[str, ...] = ()) -> pb.ClusterTestReport:
     """Start the tests and show, on standard error, each as it starts and ends; the final report.
     Interrupting the command leaves the tests running (`--stop` stops them)."""
     from rich.console import Console  # only on a terminal
 
     console = Console(stderr=True, highlight=False)
-    admin.test_cluster(cluster_id, tests, wait=False)
+    admin.test_cluster(cluster_id, tests, wait=False, agent_ids=machines)
     shown = 0
     try:
         with console.status(f"testing cluster {cluster_id}") as status:

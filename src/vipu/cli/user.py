@@ -342,6 +342,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("Relocatable", "yes" if status.relocatable else "no"),
         ("May move", "yes" if status.may_move else "no"),
         ("Expected end", expected_end(partition, status)),
+        ("Reservation", status.reservation or "-"),
         ("Relocated", status.relocation or "-"),
         ("Placement", status.placement_note or "-"),
         ("Links", list(status.link_warnings) or "-"),

@@ -232,10 +232,13 @@ class AdminClient(EndpointClient):
         many older ones were left out, which `before` set to the first one sent reads next."""
         return self._call("GetLink", pb.GetLinkRequest(name=name, history=history, since=since, before=before, limit=limit))
 
-    def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True) -> pb.ClusterTestReport:
-        """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite). With
-        `wait`, the call lasts as long as the tests; without, it returns once they started."""
-        return self._call("TestCluster", pb.TestClusterRequest(cluster_id=cluster_id, tests=tests, wait=wait), no_deadline=wait)
+    def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True,
+                     agent_ids: tuple[str, ...] = ()) -> pb.ClusterTestReport:
+        """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite), on the
+        whole cluster or on these (drained) machines alone. With `wait`, the call lasts as long as
+        the tests; without, it returns once they started."""
+        return self._call("TestCluster", pb.TestClusterRequest(cluster_id=cluster_id, tests=tests, wait=wait, agent_ids=agent_ids),
+                          no_deadline=wait)
 
     def cluster_test_status(self) -> pb.ClusterTestReport:
         """The results of the last finished test; a Conflict says why there are none."""

@@ -152,15 +152,24 @@ def skipped(test: TestType, dependency: TestType) -> Outcome:
     ])
 
 
+def no_traffic_window(layout: ClusterLayout, among: tuple[str, ...]) -> Outcome:
+    """The Traffic test of machines no window of which lies wholly among them: nothing to run, and
+    nothing failed (as GW-Link's in a one-domain cluster)."""
+    width = min(TRAFFIC_WINDOW_MACHINES, layout.machines_per_ild)
+    return Outcome(TestType.TRAFFIC, Status.PASSED, 0, 0, [
+        f"Traffic test skipped: no window ({width} machines in a row of a domain) lies wholly within {', '.join(among)}"])
+
+
 def stepped_aside(test: TestType, why: str, machines: tuple[str, ...]) -> Outcome:
     """The test an idle-time run was at when it gave its machines back; the tests before it stand."""
     return Outcome(test, Status.STOPPED, 0, 0, ["Test stopped", f"Stepped aside: {why}"], machines=machines)
 
 
-def on_machines(outcome: Outcome, machines: tuple[str, ...]) -> Outcome:
-    """An outcome of an idle-time test, which tested these machines only (and the cables between them)."""
+def on_machines(outcome: Outcome, machines: tuple[str, ...], run: str = "Idle-time test") -> Outcome:
+    """An outcome of a run that tested these machines only (and the cables between them): an
+    idle-time test's, or an operator's test of drained machines."""
     outcome.machines = machines
-    outcome.summary.append(f"Idle-time test of {', '.join(machines)}")
+    outcome.summary.append(f"{run} of {', '.join(machines)}")
     return outcome
 
 
@@ -211,21 +220,29 @@ def _linked(cable: Cable, observations: Observations, serials: Mapping[str, str]
     )
 
 
-def judge_sync(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
-    """Sync-Link cables, and in a multi-domain cluster the sync carried over GW-Links too."""
-    cables = layout.sync_cables() + layout.gwlink_cables()
+def _tested(layout: ClusterLayout, among: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The machines a run tests: the cluster's, or those `among` the given ones, in cluster order."""
+    return layout.agent_ids if among is None else tuple(a for a in layout.agent_ids if a in among)
+
+
+def judge_sync(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str],
+               among: tuple[str, ...] | None = None) -> Outcome:
+    """Sync-Link cables, and in a multi-domain cluster the sync carried over GW-Links too; of the
+    machines `among` only (the cables between them), if given."""
+    cables = layout.sync_cables(among) + layout.gwlink_cables(among)
     failing = _failing(cables, observations, serials)
     return _outcome(TestType.SYNC, len(cables) - len(failing), len(cables), "Sync Link test passed", "Failed Sync Links:",
-                    _silent(observations, layout.agent_ids) + _lines(failing), failing)
+                    _silent(observations, _tested(layout, among)) + _lines(failing), failing)
 
 
 def _port_label(kind: LinkKind) -> str:
     return "IPU-Cluster Port" if kind is LinkKind.IPULINK else "GW-Link Port"
 
 
-def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
-    """IPU-Link and GW-Link cables: the OSFP serial at both expected ends must be the same."""
-    cables = layout.ipulink_cables() + layout.gwlink_cables()
+def judge_cabling(layout: ClusterLayout, observations: Observations, among: tuple[str, ...] | None = None) -> Outcome:
+    """IPU-Link and GW-Link cables: the OSFP serial at both expected ends must be the same; of the
+    machines `among` only (the cables between them), if given."""
+    cables = layout.ipulink_cables(among) + layout.gwlink_cables(among)
     missing, wrong = [], []
     failing: dict[str, list[str]] = {}
     for cable in cables:
@@ -249,7 +266,7 @@ def judge_cabling(layout: ClusterLayout, observations: Observations) -> Outcome:
     failures = len(missing) + len(wrong)
     headline = "Cables not connected as expected:" if wrong else None
     return _outcome(TestType.CABLING, len(cables) - failures, len(cables), "All cables connected as expected", headline,
-                    _silent(observations, layout.agent_ids) + wrong + missing, failing)
+                    _silent(observations, _tested(layout, among)) + wrong + missing, failing)
 
 
 def _internal_line(agent: str, link: InternalLink, suffix: str = "") -> str:
@@ -261,7 +278,7 @@ def judge_ipulink(layout: ClusterLayout, observations: Observations, serials: Ma
     """Every IPU-Link trains: one per cable between machines, and the 16 inside each machine; of the
     machines `among` only (and the cables between them), if given."""
     cables = layout.ipulink_cables(among)
-    agents = layout.agent_ids if among is None else tuple(a for a in layout.agent_ids if a in among)
+    agents = _tested(layout, among)
     failing = _failing(cables, observations, serials)
     lines = _lines(failing)
     for agent in agents:
@@ -367,13 +384,15 @@ def traffic_outcome(windows: list[WindowResult]) -> Outcome:
                     "Traffic test failed", [line for lines in failed for line in lines], failing)
 
 
-def judge_gwlink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str]) -> Outcome:
-    cables = layout.gwlink_cables()
+def judge_gwlink(layout: ClusterLayout, observations: Observations, serials: Mapping[str, str],
+                 among: tuple[str, ...] | None = None) -> Outcome:
+    """GW-Link cables (of the machines `among` only, if given); skipped in a one-domain cluster."""
+    cables = layout.gwlink_cables(among)
     if not cables:
         return Outcome(TestType.GWLINK, Status.PASSED, 0, 0, ["GW Link test skipped"])
     failing = _failing(cables, observations, serials)
     return _outcome(TestType.GWLINK, len(cables) - len(failing), len(cables), "GW Link test passed", "Failed GW-Links:",
-                    _silent(observations, layout.agent_ids) + _lines(failing), failing)
+                    _silent(observations, _tested(layout, among)) + _lines(failing), failing)
 
 
 COMPONENT_LABELS = {

@@ -372,6 +372,7 @@ class Partition:
     # relocatable partition with none attached may be moved without it); changed by its user later.
     may_move: bool = False
     expected_seconds: int = 0  # how long it is expected to run from its start (`created`); 0: unknown
+    reservation: str = ""  # the reservation for people it was made in (`--reservation`); "": none
     # When the controller power cycled its machines because an automatic reset did not bring it back,
     # UTC: it does so once in a partition's life, then leaves it to its user.
     power_cycled: datetime | None = None

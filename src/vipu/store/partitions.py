@@ -43,7 +43,7 @@ IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids"
 _COLUMNS = ("id", "cluster_id", "allocation_id", "size", "num_gcds", "num_replicas", "reconfigurable", "sync_type", "ipulink_routing",
             "gw_routing", "num_segments", "ready_state", "operation_state", "errors", "disable_auto_reset", "auto_reset_count",
             "owner", "attach_key", "relocatable", "relocation", "failed_on", "placement_note", "may_move", "expected_seconds",
-            "created_at")
+            "reservation", "created_at")
 _JSON_COLUMNS = {"errors", "failed_on"}
 _IPU_COLUMNS = ("partition_id", "routing_id", "agent_id", "ipu_index", "ild", "topology_id", "segment", "gcd")
 
@@ -107,7 +107,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         power_cycled=_utc(row.power_cycled_at), compacted=_utc(row.compacted_at),
         attach_key=row.attach_key or "", relocatable=bool(row.relocatable), relocation=row.relocation or "",
         failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "", may_move=bool(row.may_move),
-        expected_seconds=int(row.expected_seconds or 0),
+        expected_seconds=int(row.expected_seconds or 0), reservation=row.reservation or "",
     )
 
 
@@ -192,7 +192,7 @@ class PartitionRepository(TransactionBase):
             "auto_reset_count": partition.auto_reset_count, "owner": partition.owner, "attach_key": partition.attach_key,
             "relocatable": partition.relocatable, "relocation": partition.relocation, "failed_on": json.dumps(list(partition.failed_on)),
             "placement_note": partition.placement_note, "may_move": partition.may_move, "expected_seconds": partition.expected_seconds,
-            "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
+            "reservation": partition.reservation, "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
         }
         taken = f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request"
         self._run(INSERT_PARTITION, values, conflict=taken)

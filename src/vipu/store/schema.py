@@ -37,12 +37,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 18  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 19  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
-# 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations
+# 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations;
+# 19: partitions.reservation
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -78,6 +79,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     15: [_adding("partitions", "power_cycled_at", "TIMESTAMP WITH TIME ZONE")],
     16: [_adding("partitions", "compacted_at", "TIMESTAMP WITH TIME ZONE")],
     17: [_adding("agents", "drain", "JSON")],
+    19: [_adding("partitions", "reservation", "VARCHAR(64) NOT NULL DEFAULT ''")],
 }
 
 ID = String(64)
@@ -169,6 +171,7 @@ class PartitionRow(Base):
     placement_note: Mapped[str] = mapped_column(String(512), default="", server_default="")  # the unhealthy links it was placed around
     may_move: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))  # moved while attached, by consent
     expected_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # from its start; 0: unknown
+    reservation: Mapped[str] = mapped_column(ID, default="", server_default="")  # the reservation it was made in; "": none
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"

@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 import pytest
 
 from vipu import failpoints
+from vipu.backends.sim.rack import load_rack, save_rack
 from vipu.client.admin import by_time
+from vipu.model import clustertests as ct
 from vipu.model.entities import Drain, OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import Conflict, InvalidArgument, NoRoom, NotFound
 from vipu.model.times import utc_text
@@ -162,3 +164,60 @@ def test_a_controller_stopped_in_the_middle_of_a_drains_move_is_restarted_and_fi
     assert moved.ready_state is ReadyState.ACTIVE and "ag1" not in moved.agent_ids
     assert pod.held_anywhere("moving") == moved.agent_ids  # configured where the store says, and nowhere else
     assert services.agents.get("ag1").draining_partitions == ("kept",) and services.agents.get("ag1").agent.drain is not None
+
+
+def without_step_durations(pod) -> None:
+    rack = load_rack(pod.rack_path)
+    rack.time_scale = 0  # the tests' steps without their simulated durations
+    save_rack(rack, pod.rack_path)
+
+
+def test_drained_machines_are_tested_alone_while_partitions_run_elsewhere_and_stay_out_of_use_until_the_test_ends(pod):
+    without_step_durations(pod)
+    assert pod.partitions.create(PartitionRequest("running", 4)).agent_ids == ["ag1"]
+    with pytest.raises(Conflict, match=r"has partitions \(running\); .* or drain the machines to test and name them \(--agents\)"):
+        pod.clustertests.start("cl0", set(), wait=True)
+    with pytest.raises(Conflict, match=r"^a test of some machines alone needs them drained: agent ag3 is not drained "
+                                       r"\(vipu-admin drain agent ag3 --reason \.\.\.\); agent ag4 is not drained"):
+        pod.clustertests.start("cl0", set(), wait=True, machines=("ag3", "ag4"))
+    with pytest.raises(InvalidArgument, match=r"^nope is not in cluster cl0$"):
+        pod.clustertests.start("cl0", set(), wait=True, machines=("ag3", "nope"))
+    pod.agents.drain(["ag1"], "repair", "admin")
+    with pytest.raises(Conflict, match=r"agent ag1 is still draining \(running left\)"):
+        pod.clustertests.start("cl0", set(), wait=True, machines=("ag1",))
+    pod.agents.resume(["ag1"])
+    assert not pod.clustertests.testing("cl0")  # the refused runs left nothing behind
+
+    pod.agents.drain(["ag3", "ag4", "ag5", "ag6"], "cable repair", "admin")
+    pod.gateway.step_may_go.clear()
+    pod.clustertests.start("cl0", set(), wait=False, machines=("ag6", "ag3", "ag4", "ag5"))
+    assert pod.gateway.diagnosing.wait(10)
+    assert pod.owners.owner("a1").snapshot.test == ""  # the other machines are not the test's
+    pod.agents.resume(["ag3", "ag4", "ag5", "ag6"])  # resumed mid-test: still the test's until it ends
+    made = [pod.partitions.create(PartitionRequest(f"elsewhere{n}", 4)).agent_ids for n in range(3)]
+    assert sorted(a for ids in made for a in ids) == ["ag2", "ag7", "ag8"]
+    with pytest.raises(NoRoom, match=r"agent ag3 is draining until the cluster test of it ends \(cluster cl0\)"):
+        pod.partitions.create(PartitionRequest("waits", 4))
+    running = pod.clustertests._thread
+    pod.gateway.step_may_go.set()
+    running.join(30)
+    run = pod.clustertests.status()
+    assert run.state is ct.RunState.FINISHED
+    assert {o.test: (o.status.value, o.passed, o.total, o.summary[-1]) for o in run.outcomes} == {
+        ct.TestType.SYNC: ("passed", 6, 6, "Test of ag3, ag4, ag5, ag6"),  # the cables between them only
+        ct.TestType.CABLING: ("passed", 12, 12, "Test of ag3, ag4, ag5, ag6"),
+        ct.TestType.IPULINK: ("passed", 76, 76, "Test of ag3, ag4, ag5, ag6"),
+        ct.TestType.TRAFFIC: ("passed", 1, 1, "Test of ag3, ag4, ag5, ag6"),
+        ct.TestType.GWLINK: ("passed", 0, 0, "Test of ag3, ag4, ag5, ag6"),
+        ct.TestType.VERSION: ("passed", 6, 6, "Test of ag3, ag4, ag5, ag6")}
+    assert pod.partitions.get("running").ready_state is ReadyState.ACTIVE
+    assert pod.partitions.create(PartitionRequest("after", 4)).agent_ids == ["ag3"]  # the test over, they are placed on again
+
+
+def test_a_traffic_test_of_machines_no_window_lies_within_passes_with_nothing_run_and_says_so(pod):
+    without_step_durations(pod)
+    pod.agents.drain(["ag3", "ag4"], "cable repair", "admin")
+    pod.clustertests.start("cl0", {ct.TestType.TRAFFIC}, wait=True, machines=("ag3", "ag4"))
+    [outcome] = pod.clustertests.status().outcomes
+    assert (outcome.status, outcome.total, outcome.summary) == (ct.Status.PASSED, 0, [
+        "Traffic test skipped: no window (4 machines in a row of a domain) lies wholly within ag3, ag4", "Test of ag3, ag4"])

@@ -85,12 +85,14 @@ def test_a_reservation_holds_its_shape_for_its_users_and_refuses_others_naming_i
         pod.partitions.create(PartitionRequest("sneaky", 4, reservation="train"), BOB)
     made = pod.partitions.create(PartitionRequest("run", 8, reservation="train"), ALICE)
     assert {(ipu.agent_id, ipu.index) for ipu in made.ipus} == reserved
+    assert (made.reservation, pod.partitions.get("bob0", BOB).reservation) == ("train", "")  # where each was made, stored
     with pytest.raises(NoRoom, match=r"no room in reservation train"):
         pod.partitions.create(PartitionRequest("more", 1, reservation="train"), ALICE)
     with pytest.raises(NotFound, match="reservation nope does not exist"):
         pod.partitions.create(PartitionRequest("lost", 1, reservation="nope"), ALICE)
     [listed] = pod.partitions.reservations.list(access=ALICE)
     assert listed.ipus_in_use == 8
+    assert pod.restarted().partitions.get("run", ALICE).reservation == "train"
 
 
 def test_a_request_in_a_reservation_to_come_waits_and_starts_at_its_start(pod):
@@ -102,6 +104,7 @@ def test_a_request_in_a_reservation_to_come_waits_and_starts_at_its_start(pod):
     until(lambda: pod.partitions.get("demo", ALICE).ready_state is ReadyState.ACTIVE, "the partition did not become ACTIVE")
     [reservation] = [v.reservation for v in pod.partitions.reservations.list()]
     assert {(ipu.agent_id, ipu.index) for ipu in pod.partitions.get("demo", ALICE).ipus} == reservation.ipus
+    assert pod.partitions.get("demo", ALICE).reservation == "soon"  # a grant from the queue records it too
 
 
 def test_reservations_are_stored_and_a_restarted_controller_keeps_them(pod):

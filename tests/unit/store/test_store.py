@@ -852,6 +852,7 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN compacted_at"))
         tx.session.execute(text("ALTER TABLE agents DROP COLUMN drain"))
         tx.session.execute(text("DROP TABLE reservations"))
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN reservation"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -868,13 +869,15 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             assert tx.session.execute(text("SELECT value FROM vipu_meta WHERE key = 'schema_version'")).scalar() == str(SCHEMA_VERSION)
             assert tx.get_agent("ag1").drain is None  # 17: no machine was drained before drains
             assert tx.list_reservations() == []  # 18: a table of its own, made by the migration
-        assert SCHEMA_VERSION == 18
+            assert migrated.reservation == ""  # 19: made in no reservation
+        assert SCHEMA_VERSION == 19
         p2 = partition("p2", "ag2")
-        p2.may_move, p2.expected_seconds = True, 7200
+        p2.may_move, p2.expected_seconds, p2.reservation = True, 7200, "team"
         with reopened.transaction() as tx:
             tx.add_partition(p2)
         with reopened.reading() as tx:
-            assert (tx.get_partition("p2").may_move, tx.get_partition("p2").expected_seconds) == (True, 7200)
+            stored = tx.get_partition("p2")
+            assert (stored.may_move, stored.expected_seconds, stored.reservation) == (True, 7200, "team")
     finally:
         reopened.close()
 

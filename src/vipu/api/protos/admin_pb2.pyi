@@ -291,14 +291,16 @@ class ListAllocationsReply(_message.Message):
     def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...
 
 class TestClusterRequest(_message.Message):
-    __slots__ = ("cluster_id", "tests", "wait")
+    __slots__ = ("cluster_id", "tests", "wait", "agent_ids")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     TESTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     tests: _containers.RepeatedScalarFieldContainer[str]
     wait: bool
-    def __init__(self, cluster_id: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., wait: _Optional[bool] = ...) -> None: ...
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster_id: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., wait: _Optional[bool] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterTestResult(_message.Message):
     __slots__ = ("test", "status", "passed", "total", "summary", "duration_seconds")

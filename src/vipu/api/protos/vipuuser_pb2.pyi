@@ -311,7 +311,7 @@ class GetPartitionIpuofConfigReply(_message.Message):
     def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices")
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices", "reservation")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +327,7 @@ class PartitionStatus(_message.Message):
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LAST_POWER_CYCLE_TIME_FIELD_NUMBER: _ClassVar[int]
     DRAIN_NOTICES_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ready_state: PartitionReadyState
     operation_state: PartitionOperationState
@@ -342,7 +343,8 @@ class PartitionStatus(_message.Message):
     expected_seconds: int
     last_power_cycle_time: _timestamp_pb2.Timestamp
     drain_notices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ...) -> None: ...
+    reservation: str
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ..., reservation: _Optional[str] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
     __slots__ = ("partition_id",)

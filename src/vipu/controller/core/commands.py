@@ -204,9 +204,11 @@ class CancelRequest(Command):
 @dataclass
 class ClaimMachines(Command):
     """A disruptive cluster test takes the allocation's machines: refused while partitions are
-    there or being made; partitions are refused while it holds them."""
+    there or being made; partitions are refused while it holds them. Given `machines`, it takes
+    those alone, each drained (Conflict, naming why, if one is not): partitions elsewhere go on."""
 
     test: str  # how refusals name it: "cluster cl0"
+    machines: tuple[str, ...] = ()  # the allocation's machines the test is of; none: all of them
 
 
 @dataclass

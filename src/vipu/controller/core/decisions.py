@@ -257,6 +257,9 @@ class Decisions(QueueKeeping):
     def _claim(self, command: ClaimMachines) -> None:
         """A disruptive test's claim: the partitions in its way (settled ERROR ones are configured
         nowhere), or none and the machines are its own."""
+        if command.machines:
+            self._claim_drained(command)
+            return
         in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
                             | set(self.on_partition))
         if not in_the_way:
@@ -265,9 +268,38 @@ class Decisions(QueueKeeping):
             self._changed = self._queue_dirty = True
         command.reply.resolve(in_the_way)
 
+    def _claim_drained(self, command: ClaimMachines) -> None:
+        """A test of drained machines alone holds them, or is refused with why for each that is not
+        drained: one not drained, or still with a partition, IPUs not yet cleared or a power
+        action on it, or a test holding it already."""
+        state = self.state
+        kept_out = {agent for ipus in state.kept_out().values() for agent, _ in ipus}
+        refusals = []
+        for agent_id in command.machines:
+            on_it = sorted(p.id for p in state.on_agent(agent_id))
+            if agent_id not in state.draining:
+                refusals.append(f"agent {agent_id} is not drained (vipu-admin drain agent {agent_id} --reason ...)")
+            elif on_it or agent_id in state.used:
+                refusals.append(f"agent {agent_id} is still draining ({', '.join(on_it) or 'IPUs in use'} left)")
+            elif agent_id in kept_out or state.powering(agent_id):
+                refusals.append(f"agent {agent_id} is not settled yet (IPUs not seen cleared, or a power action under way)")
+            elif state.test or agent_id in state.claimed:
+                refusals.append(f"agent {agent_id} is under test ({state.test or state.claimed[agent_id]})")
+        if refusals:
+            command.reply.fail(Conflict(f"a test of some machines alone needs them drained: {'; '.join(refusals)}"))
+            return
+        state.claimed.update(dict.fromkeys(command.machines, command.test))
+        self._changed = True
+        command.reply.resolve([])
+
     def _release(self, command: ReleaseMachines) -> None:
         if self.state.test == command.test:
             self.state.test = ""
+            self._changed = self._queue_dirty = True
+        released = [agent for agent, test in self.state.claimed.items() if test == command.test]
+        for agent in released:
+            del self.state.claimed[agent]
+        if released:
             self._changed = self._queue_dirty = True
         command.reply.resolve()
 

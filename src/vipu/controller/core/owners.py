@@ -68,7 +68,8 @@ class Owners:
         self._waiting_by_user: Counter[str] = Counter()
         self._waiting = 0
         self._endings: dict[str, tuple[float, str, VipuError]] = {}  # partition id -> (when, allocation, how it ended)
-        self._tests: dict[str, str] = {}  # cluster id -> the disruptive test holding its machines
+        self._tests: dict[str, tuple[str, tuple[str, ...]]] = {}  # cluster id -> the disruptive test holding its machines, and
+        # the drained ones it holds alone (none: all of them)
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
         self._closings = 0  # allocations removed: an owner made from what was read before one is not kept
@@ -96,7 +97,7 @@ class Owners:
             state = AllocationState.of(allocation, ClusterLayout.of(cluster), [p for p in partitions if p.allocation_id == allocation.id],
                                        [r for r in requests if r.allocation_id == allocation.id], *_machines_out(configuration, allocation),
                                        links=links, reservations=[r for r in reservations if r.allocation_id == allocation.id])
-            state.test = self._test_holding(state)
+            self._hold_for_test(state)
             owners[allocation.id] = AllocationOwner(self, state)
         with self._lock:
             self._owners = owners
@@ -138,7 +139,7 @@ class Owners:
                     continue  # an allocation was removed while this read: perhaps this one, which must not come back
                 state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
                                            *_machines_out(configuration, allocation), links=links, reservations=reservations)
-                state.test = self._test_holding(state)
+                self._hold_for_test(state)
                 failed = self._failed.get(allocation_id)
                 if failed is not None:
                     state.keep_out_as(failed.state)
@@ -344,18 +345,23 @@ class Owners:
 
     # Cluster tests
 
-    def test_starts(self, cluster_id: str, test: str) -> None:
-        """A disruptive test is about to claim the cluster's machines: an owner made meanwhile starts held by it."""
+    def test_starts(self, cluster_id: str, test: str, machines: tuple[str, ...] = ()) -> None:
+        """A disruptive test is about to claim the cluster's machines (or those drained ones alone):
+        an owner made meanwhile starts held by it."""
         with self._lock:
-            self._tests[cluster_id] = test
+            self._tests[cluster_id] = (test, machines)
 
-    def _test_holding(self, state: AllocationState) -> str:
-        """The disruptive test an owner made now starts held by: the one claiming its cluster's
-        machines, unless partitions stand in its way there (an owner made again from the store
-        while the claim was under way), which that claim is then refused for."""
-        test = self._tests.get(state.allocation.cluster_id, "")
+    def _hold_for_test(self, state: AllocationState) -> None:
+        """An owner made now starts held by the disruptive test claiming its cluster's machines:
+        all of them, unless partitions stand in its way there (an owner made again from the store
+        while the claim was under way), which that claim is then refused for; or the drained ones
+        it tests alone."""
+        test, machines = self._tests.get(state.allocation.cluster_id, ("", ()))
+        if machines:
+            state.claimed = {agent: test for agent in machines if agent in state.allocation.agent_ids}
+            return
         in_the_way = any(p.ready_state is not ReadyState.ERROR for p in state.partitions.values())
-        return "" if in_the_way else test
+        state.test = "" if in_the_way else test
 
     def test_ends(self, cluster_id: str) -> None:
         with self._lock:

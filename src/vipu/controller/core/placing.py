@@ -136,7 +136,7 @@ def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, 
         ipulink_routing=placement.ipulink_routing, gw_routing=placement.gw_routing, num_segments=placement.num_segments,
         ipus=list(placement.ipus), disable_auto_reset=request.disable_auto_reset, owner=owner, created=datetime.now(UTC),
         attach_key=new_attach_key(), relocatable=request.relocatable, placement_note=placement.link_note,
-        may_move=request.may_move, expected_seconds=request.expected_seconds,
+        may_move=request.may_move, expected_seconds=request.expected_seconds, reservation=request.reservation,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from vipu.controller.core import operations
 from vipu.controller.core.commands import CreatePartition
 from vipu.controller.core.effects import AfterPass, Body, Operation, Write
-from vipu.controller.core.placing import explicit_ipus, machines_left_out, partition_of
+from vipu.controller.core.placing import DRAINING, explicit_ipus, machines_left_out, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
@@ -352,14 +352,15 @@ class QueueKeeping(Steps):
                         first.partition_id, error.message)
 
     def _machines_left_out(self) -> dict[str, str]:
-        """The allocation's machines that are down or draining, and what each is, as a refusal
-        says it: no partition is placed there (it would fail at a machine that is down while others
-        are free; an operator is emptying one that drains)."""
+        """The allocation's machines that are down or draining (or a cluster test holds), and what
+        each is, as a refusal says it: no partition is placed there (it would fail at a machine that
+        is down while others are free; an operator is emptying one that drains)."""
         state = self.state
-        if not state.down and not state.draining:
+        if not state.down and not state.draining and not state.claimed:
             return {}
         agents = self.agents()
-        kept = {agent_id: f"is {drain.describe()}" for agent_id, drain in state.draining.items()}
+        kept = {agent_id: f"{DRAINING} until the cluster test of it ends ({test})" for agent_id, test in state.claimed.items()}
+        kept.update({agent_id: f"is {drain.describe()}" for agent_id, drain in state.draining.items()})
         kept.update({agent_id: "is down: " + ("a power action is under way on it" if state.powering(agent_id) else
                                               agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error
                                               else "it does not answer")

@@ -57,7 +57,10 @@ class AllocationState:
     drain_removals_after: dict[str, float] = dataclasses.field(default_factory=dict)
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
-    test: str = ""  # the disruptive cluster test holding the machines
+    test: str = ""  # the disruptive cluster test holding every machine
+    # Drained machines a cluster test holds alone -> that test: nothing is placed there until it ends,
+    # though they be resumed meanwhile.
+    claimed: dict[str, str] = dataclasses.field(default_factory=dict)
     loan: Loan | None = None  # its free machines lent to an idle-time test, which any partition takes back
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said
     mix: SizeMix = dataclasses.field(default_factory=SizeMix)  # the sizes it has been asked for, which placement weighs
@@ -176,13 +179,13 @@ class AllocationState:
         return kept
 
     def kept_for_move(self, partition: Partition, now: float) -> dict[Ipu, Reservation]:
-        """The IPUs a partition may not move to now for the reservations: as for a request of its
-        own reservation (the one for people under way that holds all its IPUs: it was made there,
-        as nothing else may be placed there), expected to run until the partition's expected end."""
+        """The IPUs a partition may not move to now for the reservations: as for a request of the
+        reservation it was made in while that is under way (after it, as for any partition),
+        expected to run until the partition's expected end."""
         if not self.reservations:
             return {}
-        ipus = {(ipu.agent_id, ipu.index) for ipu in partition.ipus}
-        own = next((r.name for r in self.reservations.values() if r.under_way(now) and not r.maintenance and ipus <= r.ipus), "")
+        made_in = self.reservations.get(partition.reservation) if partition.reservation else None
+        own = partition.reservation if made_in is not None and made_in.under_way(now) else ""
         end = partition.expected_end
         left = math.ceil(end.timestamp() - now) if end is not None and end.timestamp() > now else 0
         return self.kept_for_reservations(own, left, now)
@@ -204,8 +207,11 @@ class AllocationState:
         return {**{agent: window.drain() for window in windows for agent in window.agent_ids}, **drains}
 
     def unplaceable(self) -> set[str]:
-        """The machines no partition is placed on, nor moved to: those down and those draining."""
-        return self.down | self.draining.keys() if self.draining else self.down
+        """The machines no partition is placed on, nor moved to: those down, those draining, and
+        those a cluster test holds."""
+        if not self.draining and not self.claimed:
+            return self.down
+        return self.down | self.draining.keys() | self.claimed.keys()
 
     def taken(self) -> dict[str, set[int]]:
         """The IPUs no move may take and no freed shape counts: those in use, those held for the

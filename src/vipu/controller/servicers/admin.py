@@ -152,7 +152,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         tests = {_test_type(name) for name in request.tests}
         remaining = context.time_remaining()  # the caller's deadline bounds the wait for the run's end
         return _report(self.clustertests.start(request.cluster_id, tests, wait=request.wait,
-                                               wait_seconds=WAIT_SECONDS if remaining is None else min(remaining, WAIT_SECONDS)))
+                                               wait_seconds=WAIT_SECONDS if remaining is None else min(remaining, WAIT_SECONDS),
+                                               machines=tuple(dict.fromkeys(request.agent_ids))))
 
     def GetClusterTestStatus(self, request, context):
         return _report(self.clustertests.status())

@@ -49,7 +49,7 @@ from vipu.model.clustertests import (
     TestType,
 )
 from vipu.model.entities import IPUS_PER_MACHINE, Agent, shown
-from vipu.model.errors import Conflict, NotFound, Unavailable, VipuError
+from vipu.model.errors import Conflict, InvalidArgument, NotFound, Unavailable, VipuError
 from vipu.model.topology import ClusterLayout
 from vipu.store.store import Store
 
@@ -68,14 +68,16 @@ R = TypeVar("R")
 
 
 class _Context:
-    """What the steps of one run need to know about the cluster; an idle-time run's `loan` names
-    the machines it tests (`among`), the only ones it asks."""
+    """What the steps of one run need to know about the cluster; a run of some machines alone (an
+    idle-time run's `loan` of them, or the drained ones an operator names) asks those only (`among`)."""
 
-    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent], loan: Loan | None = None):
+    def __init__(self, layout: ClusterLayout, agents: dict[str, Agent], loan: Loan | None = None,
+                 among: tuple[str, ...] | None = None):
         self.layout = layout
         self.loan = loan
-        self.among = loan.machines if loan is not None else None
-        self.agents = agents if loan is None else {a: agents[a] for a in loan.machines}
+        self.among = loan.machines if loan is not None else among
+        self.agents = agents if self.among is None else {a: agents[a] for a in self.among}
+        self.tested = layout.agent_ids if self.among is None else self.among  # in the cluster's order
         self.serials = {a: agent.inventory.serial for a, agent in agents.items()}
         self.chips = {a: {ipu.index: ipu.chip_id for ipu in agent.inventory.ipus} for a, agent in agents.items()}
 
@@ -135,12 +137,14 @@ class ClusterTestService:
                     kept.run_state = run.state
                     tx.save_cable_verdicts(run.cluster_id, kept)
 
-    def start(self, cluster_id: str, tests: set[TestType], wait: bool, wait_seconds: float = WAIT_SECONDS) -> TestRun:
-        """Start a run of `tests` (all, if none) on the cluster; with `wait`, wait for it to end (up to
-        `wait_seconds`, after which the run goes on). An idle-time run under way steps aside first.
-        The run's place is taken under the lock; the claim of the machines and the first save are
-        made outside it."""
-        context = self._context(cluster_id)
+    def start(self, cluster_id: str, tests: set[TestType], wait: bool, wait_seconds: float = WAIT_SECONDS,
+              machines: tuple[str, ...] = ()) -> TestRun:
+        """Start a run of `tests` (all, if none) on the cluster, or on some of its machines alone
+        (and the cables between them): drained ones, for a test that drives links; with `wait`,
+        wait for it to end (up to `wait_seconds`, after which the run goes on). An idle-time run
+        under way steps aside first. The run's place is taken under the lock; the claim of the
+        machines and the first save are made outside it."""
+        context = self._context(cluster_id, among=machines or None)
         planned = judge.plan(tests)
         claimed = bool(DISRUPTIVE & set(planned))
         self._step_aside(f"a test of cluster {cluster_id} was started")
@@ -148,7 +152,7 @@ class ClusterTestService:
         run = TestRun(cluster_id, RunState.RUNNING, planned)
         try:
             if claimed:
-                self._claim(cluster_id)
+                self._claim(cluster_id, context.among or ())
             try:
                 self._save(run, context)
             except BaseException:
@@ -160,23 +164,29 @@ class ClusterTestService:
                 self._starting = ""
             raise
         thread = self._begin(run, context, claimed)
-        log.info("cluster test of %s started: %s", cluster_id, ", ".join(t.value for t in planned))
+        log.info("cluster test of %s%s started: %s", cluster_id, f" ({', '.join(context.among)} alone)" if context.among else "",
+                 ", ".join(t.value for t in planned))
         if wait:
             thread.join(wait_seconds)
         return run
 
-    def _context(self, cluster_id: str, loan: Loan | None = None) -> _Context:
+    def _context(self, cluster_id: str, loan: Loan | None = None, among: tuple[str, ...] | None = None) -> _Context:
         configuration = self.store.configuration()
         cluster = configuration.clusters.get(cluster_id)
         if cluster is None:
             raise NotFound(f"cluster {shown(cluster_id)} does not exist")
+        strangers = [a for a in among or () if a not in cluster.agent_ids]
+        if strangers:
+            raise InvalidArgument(f"{', '.join(shown(a) for a in strangers)} {'is' if len(strangers) == 1 else 'are'} not in "
+                                  f"cluster {cluster_id}")
         agents: dict[str, Agent] = {}
         for agent_id in cluster.agent_ids:
             agent = configuration.agents.get(agent_id)
             if agent is None:  # not while the cluster exists: the store's foreign keys keep its agents
                 raise NotFound(f"agent {shown(agent_id)} does not exist")
             agents[agent_id] = agent
-        return _Context(ClusterLayout.of(cluster), agents, loan)
+        layout = ClusterLayout.of(cluster)
+        return _Context(layout, agents, loan, None if among is None else tuple(a for a in layout.agent_ids if a in among))
 
     def _reserve(self, cluster_id: str) -> None:
         """Take the one run's place for a run of the cluster, or Conflict while another has it."""
@@ -280,18 +290,29 @@ class ClusterTestService:
         loan.end(why)
         thread.join(STOP_WAIT_SECONDS)
 
-    def _claim(self, cluster_id: str) -> None:
-        """Take the cluster's machines from the owners of its allocations, or Conflict naming the
-        partitions in the way (and nothing taken)."""
+    def _claim(self, cluster_id: str, machines: tuple[str, ...] = ()) -> None:
+        """Take the cluster's machines (or these drained ones alone) from the owners of its
+        allocations, or Conflict naming the partitions in the way, or the machines not drained (and
+        nothing taken)."""
         test = f"cluster {cluster_id}"
-        self.owners.test_starts(cluster_id, test)
+        if machines:
+            configuration = self.store.configuration()
+            allocated = {a for allocation in configuration.allocations.values() for a in allocation.agent_ids}
+            loose = [a for a in machines if a not in allocated and configuration.agents[a].drain is None]
+            if loose:  # in no allocation: no owner holds them, and nothing is placed there until one is made
+                raise Conflict(f"a test of some machines alone needs them drained: {', '.join(loose)} "
+                               f"{'is' if len(loose) == 1 else 'are'} not (vipu-admin drain agent ... --reason ...)")
+        self.owners.test_starts(cluster_id, test, machines)
         in_the_way: list[str] = []
         try:
             for allocation in self._allocations(cluster_id):
                 owner = self.owners.owner(allocation)
                 if owner is None:
                     continue
-                command = ClaimMachines(test=test)
+                mine = tuple(a for a in machines if a in owner.snapshot.allocation.agent_ids)
+                if machines and not mine:
+                    continue
+                command = ClaimMachines(test=test, machines=mine)
                 owner.submit(command)
                 in_the_way += command.reply.wait(CLAIM_SECONDS, f"the claim of the machines of allocation {allocation}")
         except BaseException:
@@ -300,7 +321,7 @@ class ClusterTestService:
         if in_the_way:
             self._give_back(cluster_id)
             raise Conflict(f"cluster {cluster_id} has partitions ({', '.join(sorted(in_the_way))}); remove them before running tests "
-                           "that drive its links")
+                           "that drive its links, or drain the machines to test and name them (--agents)")
 
     def _give_back(self, cluster_id: str) -> None:
         """The cluster's machines go back to the owners of its allocations: in each inbox even past
@@ -427,8 +448,8 @@ class ClusterTestService:
                 if loan is not None and loan.ended:  # its step was cut short: it judges nothing
                     self._stepped_aside(run, test, loan)
                     break
-                if loan is not None:
-                    judge.on_machines(outcome, loan.machines)
+                if context.among is not None:
+                    judge.on_machines(outcome, context.among, "Idle-time test" if loan is not None else "Test")
                 outcomes[test] = outcome
                 run.outcomes.append(outcome)
                 self._save(run, context)
@@ -493,10 +514,10 @@ class ClusterTestService:
         return observations
 
     def _sync(self, c: _Context) -> Outcome:
-        return judge.judge_sync(c.layout, self._observe(c, Probe.SYNC), c.serials)
+        return judge.judge_sync(c.layout, self._observe(c, Probe.SYNC), c.serials, c.among)
 
     def _cabling(self, c: _Context) -> Outcome:
-        return judge.judge_cabling(c.layout, self._observe(c, Probe.CABLING))
+        return judge.judge_cabling(c.layout, self._observe(c, Probe.CABLING), c.among)
 
     def _ipulink(self, c: _Context) -> Outcome:
         return judge.judge_ipulink(c.layout, self._observe(c, Probe.IPULINK), c.serials, c.among)
@@ -504,6 +525,8 @@ class ClusterTestService:
     def _traffic(self, c: _Context) -> Outcome:
         """Windows that share no machine run together, phase by phase."""
         windows = judge.traffic_windows(c.layout, c.among)
+        if not windows and c.among is not None:
+            return judge.no_traffic_window(c.layout, c.among)
         results: dict[int, judge.WindowResult] = {}
         for phase in judge.traffic_phases(windows):
             if self._stop.is_set() or (c.loan is not None and c.loan.ended):
@@ -526,18 +549,18 @@ class ClusterTestService:
         }
 
     def _gwlink(self, c: _Context) -> Outcome:
-        if not c.layout.gwlink_cables():
-            return judge.judge_gwlink(c.layout, {}, c.serials)
-        return judge.judge_gwlink(c.layout, self._observe(c, Probe.GWLINK), c.serials)
+        if not c.layout.gwlink_cables(c.among):
+            return judge.judge_gwlink(c.layout, {}, c.serials, c.among)
+        return judge.judge_gwlink(c.layout, self._observe(c, Probe.GWLINK), c.serials, c.among)
 
     def _versions(self, c: _Context) -> Outcome:
         agents = list(c.agents.values())
         results = self.each(agents, lambda a: self.gateway.inventory(a.host, a.port))
         versions = {a.id: (None if isinstance(r, VipuError) else r.versions) for a, r in zip(agents, results, strict=True)}
-        return judge.judge_versions(c.layout.agent_ids, versions)
+        return judge.judge_versions(c.tested, versions)
 
     def _pfc(self, c: _Context) -> Outcome:
-        return judge.judge_pfc(c.layout.agent_ids, self._observe(c, Probe.PFC))
+        return judge.judge_pfc(c.tested, self._observe(c, Probe.PFC))
 
     _steps: ClassVar[dict[TestType, Callable[[ClusterTestService, _Context], Outcome]]] = {
         TestType.SYNC: _sync,
