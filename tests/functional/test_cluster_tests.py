@@ -138,7 +138,7 @@ def test_drained_machines_are_tested_alone_and_power_cycled_without_force_while_
     assert pod.user("create", "partition", "p1", "--size", "4").code == 0  # on ag1
     failed_line(pod.admin("test", "cluster", "cl0"), "test cluster", "cl0",
                 "cluster cl0 has partitions (p1); remove them before running tests that drive its links, or drain the machines "
-                "to test and name them (--agents)")
+                "to test and test them alone (vipu-admin test cluster --agents)")
     failed_line(pod.admin("test", "cluster", "cl0", "--agents", "ag3,ag4,ag5,ag6"), "test cluster", "cl0",
                 "a test of some machines alone needs them drained: agent ag3 is not drained")
     assert pod.admin("drain", "agent", "ag3", "ag4", "ag5", "ag6", "--reason", "cable repair").code == 0
@@ -157,6 +157,12 @@ def test_drained_machines_are_tested_alone_and_power_cycled_without_force_while_
     cycled = pod.admin("power", "cycle", "agent", "ag3")  # nothing runs there: no --force needed
     assert cycled.code == 0 and "agent ag3: power On" in cycled.out, cycled.err
     assert pairs(pod.user("get", "partition", "p1").out)["State"] == "ACTIVE"
+
+    pod.edit_rack(lambda r: setattr(r, "time_scale", 0.15))  # its steps take seconds: time to try a power action meanwhile
+    assert pod.admin("test", "cluster", "cl0", "--agents", "ag3,ag4,ag5,ag6", "--start").code == 0
+    failed_line(pod.admin("power", "cycle", "agent", "ag4"), "power cycle agent", "ag4",
+                "agent ag4 is under test (cluster cl0): power cycle would spoil its results")
+    assert pod.admin("test", "cluster", "--stop").code == 0
 
 
 def test_results_of_the_last_test_survive_a_restart_of_the_controller(registered_pod):
@@ -180,3 +186,6 @@ def test_test_options_are_checked(registered_pod):
     failed_line(pod.admin("test", "cluster", "nope"), "test cluster", "nope", "cluster nope does not exist")
     usage = pod.admin("test", "cluster")
     assert usage.code == 2 and "name the cluster to test" in usage.err
+    usage = pod.admin("test", "cluster", "--status", "--agents", "ag1")
+    assert usage.code == 2 and "--status takes none" in usage.err
+    failed_line(pod.admin("test", "cluster", "cl0", "--agents", "ag1,ag9"), "test cluster", "cl0", "ag9 is not in cluster cl0")

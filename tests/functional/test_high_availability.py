@@ -144,6 +144,9 @@ def test_a_standby_serves_within_10_seconds_of_the_leader_being_killed(replicate
     assert cli("vipu", hosts, "create", "partition", "p1", "--size", "4", cwd=pod.directory).code == 0
     held = pod.held_anywhere("p1")
     leader = the_leader(replicas)
+    admin_hosts = ",".join(f"127.0.0.1:{r.admin_port}" for r in replicas)
+    drained = cli("vipu-admin", admin_hosts, "drain", "agent", "ag2", "--reason", "cable repair", cwd=pod.directory)
+    assert drained.code == 0, drained.err
 
     leader.process.kill()
     killed = time.monotonic()
@@ -161,13 +164,17 @@ def test_a_standby_serves_within_10_seconds_of_the_leader_being_killed(replicate
     successor = the_leader(replicas)
     assert successor is not None and successor is not leader
     assert "elected leader (term 2)" in successor.log(pod)
+    agents = {row[0]: row[6] for row in rows(cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory).out)}
+    assert agents["ag2"].startswith("DRAINED: cable repair, by "), agents  # the drain outlives its leader
+    refused = cli("vipu", hosts, "create", "partition", "p2", "--size", "4", cwd=pod.directory)
+    assert refused.code == 1 and "agent ag2 is draining for cable repair" in refused.err, refused.err
+    assert cli("vipu-admin", admin_hosts, "resume", "agent", "ag2", cwd=pod.directory).code == 0
     assert cli("vipu", hosts, "create", "partition", "p2", "--size", "4", cwd=pod.directory).code == 0
     assert cli("vipu", hosts, "remove", "partition", "p1", cwd=pod.directory).code == 0
     assert pod.held_anywhere("p1") == [] and pod.held_anywhere("p2")
 
     leader.start(pod)  # back, as a standby: the successor keeps the lead
     assert the_leader(replicas) is successor
-    admin_hosts = ",".join(f"127.0.0.1:{r.admin_port}" for r in replicas)
     assert [row[0] for row in rows(cli("vipu-admin", admin_hosts, "list", "agents", cwd=pod.directory).out)] == ["ag1", "ag2"]
 
 

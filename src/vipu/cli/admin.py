@@ -760,6 +760,8 @@ def print_test_report(report: pb.ClusterTestReport, as_json: bool = False) -> No
 def test_cluster(admin, cluster_id, mode, agents, as_json, **options):
     """Run the cluster test suite, or one test of it (which then runs whatever its dependencies say);
     on the whole cluster, or on drained machines alone while partitions run elsewhere (--agents)."""
+    if agents is not None and mode in ("status", "stop"):
+        raise click.UsageError(f"--agents names the machines a test starts on; --{mode} takes none")
     if mode == "status":
         with reporting("test cluster", "status"):
             report = admin.cluster_test_status()

@@ -403,6 +403,7 @@ def current_condition(status: dict) -> dict | None:
 
 
 def drain_condition(status: dict) -> dict | None:
+    """The job's PartitionDraining condition, if it was ever drained."""
     return next((c for c in status.get("conditions") or [] if c["type"] == DRAINING), None)
 
 
@@ -412,19 +413,18 @@ def with_drains(status: dict, notices: list[str], now: str) -> list[dict]:
     never were)."""
     conditions = list(status.get("conditions") or [])
     before = drain_condition(status)
-    at = conditions.index(before) if before is not None else None
     if before is None and not notices:
         return conditions
     state, message = ("True", "; ".join(notices)) if notices else ("False", "no machine of its partition is drained now")
     condition = {"type": DRAINING, "status": state, "reason": "MachineDraining" if notices else "NoDrain", "message": message,
                  "lastTransitionTime": now, "lastUpdateTime": now}
-    if before is None or at is None:
+    if before is None:
         return [condition, *conditions]
     if (before.get("status"), before.get("message")) == (state, message):
         return conditions
     if before.get("status") == state:  # the same state, said anew
         condition["lastTransitionTime"] = before.get("lastTransitionTime", now)
-    conditions[at] = condition
+    conditions[conditions.index(before)] = condition
     return conditions
 
 

@@ -30,7 +30,7 @@ from vipu.k8s.leader import LeaderElection
 from vipu.model.errors import InvalidArgument
 
 log = logging.getLogger("vipu.k8s.operator")
-DRAINS_TIMEOUT = 10.0  # seconds a reconciliation waits for the proxy to say whether the job's partition is drained
+DRAINS_TIMEOUT = 5.0  # seconds a reconciliation waits for the proxy to say whether the job's partition is drained
 
 
 class OperatorMetrics:
@@ -125,10 +125,13 @@ class Operator:
             self._write_status(namespace, name, status, decision.status)
 
     def _drains(self, spec: jobs.JobSpec, status: dict) -> list[str] | None:
-        """The drain notices of the job's partition while it runs on one (the proxy reads them from
-        its controller); none once it does not; None when the proxy cannot say now (the condition
-        stays as it was until the next reconciliation)."""
-        if jobs.is_finished(status) or not status.get("ipuPartitionCreated"):
+        """The drain notices of the job's partition while the job goes on (the proxy reads them from
+        its controller); none while it has no partition; None for a job that is over (its
+        condition stays as it was last told), and when the proxy cannot say now (until the next
+        reconciliation)."""
+        if jobs.is_finished(status):
+            return None
+        if not status.get("ipuPartitionCreated"):
             return []
         try:
             answer, reply = rest.call("GET", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{spec.partition_id}/drains",

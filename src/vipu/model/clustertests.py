@@ -79,7 +79,7 @@ class Outcome:
     summary: list[str]
     duration: float = 0.0
     cable_failures: dict[str, list[str]] = field(default_factory=dict)  # Cable.key -> the summary's lines about it
-    machines: tuple[str, ...] = ()  # the machines it tested when not the whole cluster (an idle-time test's), in order
+    machines: tuple[str, ...] = ()  # the machines it tested when not the whole cluster (an idle-time test's, an operator's of drained ones)
 
     def covers(self, cable: Cable) -> bool:
         """Whether it tested the machines at both ends of the cable."""
@@ -150,6 +150,15 @@ def skipped(test: TestType, dependency: TestType) -> Outcome:
     return Outcome(test, Status.SKIPPED, 0, 0, [
         "Test skipped", f"Test did not run because of an earlier dependency test failure ({dependency.value})"
     ])
+
+
+# How a test of some machines alone is refused when one of them may not be tested so (`not_drained`, ...).
+TESTED_ALONE = "a test of some machines alone needs them drained"
+
+
+def not_drained(agent_id: str) -> str:
+    """Why a machine not drained is not tested alone, and how to drain it."""
+    return f"agent {agent_id} is not drained (vipu-admin drain agent {agent_id} --reason ...)"
 
 
 def no_traffic_window(layout: ClusterLayout, among: tuple[str, ...]) -> Outcome:

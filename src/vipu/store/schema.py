@@ -14,6 +14,8 @@ The `leases` table elects one leader among controllers sharing the store (`vipu-
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -52,6 +54,24 @@ def _give_attach_keys(session: Session) -> None:
         session.execute(text("UPDATE partitions SET attach_key = :key WHERE id = :id"), {"key": new_attach_key(), "id": partition_id})
 
 
+def _give_reservations(session: Session) -> None:
+    """Partitions of a store of schema 18 made in a reservation for people under way (all their
+    IPUs among its own, as only its partitions may be placed there) are recorded as made in it."""
+    under_way = session.execute(text("SELECT name, ipus FROM reservations WHERE NOT maintenance AND starts_at <= :now "
+                                     "AND ends_at > :now"), {"now": time.time()}).all()
+    reservations = [(name, {(agent, int(index)) for agent, index in (json.loads(ipus) if isinstance(ipus, str) else ipus)})
+                    for name, ipus in under_way]  # JSON, as SQLite's text or PostgreSQL's decoded value
+    if not reservations:
+        return
+    placed: dict[str, set[tuple[str, int]]] = {}
+    for partition_id, agent_id, index in session.execute(text("SELECT partition_id, agent_id, ipu_index FROM partition_ipus")).all():
+        placed.setdefault(partition_id, set()).add((agent_id, index))
+    for partition_id, ipus in placed.items():
+        made_in = next((name for name, reserved in reservations if ipus <= reserved), None)
+        if made_in is not None:
+            session.execute(text("UPDATE partitions SET reservation = :name WHERE id = :id"), {"name": made_in, "id": partition_id})
+
+
 def _adding(table: str, column: str, definition: str) -> Callable[[Session], None]:
     """A step that adds a column to a table unless it is there: a table newer than the store's
     version (made whole by create_all) has it already."""
@@ -79,7 +99,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     15: [_adding("partitions", "power_cycled_at", "TIMESTAMP WITH TIME ZONE")],
     16: [_adding("partitions", "compacted_at", "TIMESTAMP WITH TIME ZONE")],
     17: [_adding("agents", "drain", "JSON")],
-    19: [_adding("partitions", "reservation", "VARCHAR(64) NOT NULL DEFAULT ''")],
+    19: [_adding("partitions", "reservation", "VARCHAR(64) NOT NULL DEFAULT ''"), _give_reservations],
 }
 
 ID = String(64)

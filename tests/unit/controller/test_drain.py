@@ -175,7 +175,7 @@ def without_step_durations(pod) -> None:
 def test_drained_machines_are_tested_alone_while_partitions_run_elsewhere_and_stay_out_of_use_until_the_test_ends(pod):
     without_step_durations(pod)
     assert pod.partitions.create(PartitionRequest("running", 4)).agent_ids == ["ag1"]
-    with pytest.raises(Conflict, match=r"has partitions \(running\); .* or drain the machines to test and name them \(--agents\)"):
+    with pytest.raises(Conflict, match=r"has partitions \(running\); .* or drain the machines to test and test them alone"):
         pod.clustertests.start("cl0", set(), wait=True)
     with pytest.raises(Conflict, match=r"^a test of some machines alone needs them drained: agent ag3 is not drained "
                                        r"\(vipu-admin drain agent ag3 --reason \.\.\.\); agent ag4 is not drained"):
@@ -186,17 +186,21 @@ def test_drained_machines_are_tested_alone_while_partitions_run_elsewhere_and_st
     with pytest.raises(Conflict, match=r"agent ag1 is still draining \(running left\)"):
         pod.clustertests.start("cl0", set(), wait=True, machines=("ag1",))
     pod.agents.resume(["ag1"])
-    assert not pod.clustertests.testing("cl0")  # the refused runs left nothing behind
+    assert not pod.clustertests.testing("cl0") and pod.owners._tests == {}  # the refused runs left nothing behind
+    assert pod.owners.owner("a1").snapshot.claimed == {}
 
     pod.agents.drain(["ag3", "ag4", "ag5", "ag6"], "cable repair", "admin")
     pod.gateway.step_may_go.clear()
     pod.clustertests.start("cl0", set(), wait=False, machines=("ag6", "ag3", "ag4", "ag5"))
     assert pod.gateway.diagnosing.wait(10)
     assert pod.owners.owner("a1").snapshot.test == ""  # the other machines are not the test's
+    assert pod.owners.owner("a1").snapshot.claimed == dict.fromkeys(("ag3", "ag4", "ag5", "ag6"), "cluster cl0")
     pod.agents.resume(["ag3", "ag4", "ag5", "ag6"])  # resumed mid-test: still the test's until it ends
+    assert [room.fitting for room in pod.partitions.capacity(4)] == [3]  # ag2, ag7 and ag8
     made = [pod.partitions.create(PartitionRequest(f"elsewhere{n}", 4)).agent_ids for n in range(3)]
     assert sorted(a for ids in made for a in ids) == ["ag2", "ag7", "ag8"]
-    with pytest.raises(NoRoom, match=r"agent ag3 is draining until the cluster test of it ends \(cluster cl0\)"):
+    with pytest.raises(NoRoom, match=r"without its machines that are under test \(agent ag3 is under test \(cluster cl0\) until the "
+                                     r"test ends"):
         pod.partitions.create(PartitionRequest("waits", 4))
     running = pod.clustertests._thread
     pod.gateway.step_may_go.set()
@@ -221,3 +225,17 @@ def test_a_traffic_test_of_machines_no_window_lies_within_passes_with_nothing_ru
     [outcome] = pod.clustertests.status().outcomes
     assert (outcome.status, outcome.total, outcome.summary) == (ct.Status.PASSED, 0, [
         "Traffic test skipped: no window (4 machines in a row of a domain) lies wholly within ag3, ag4", "Test of ag3, ag4"])
+
+
+def test_an_owner_made_as_a_test_of_drained_machines_claims_them_starts_held_by_it_and_the_claim_goes_on(pod):
+    """An owner made while the claim is under way (after a restart of the owners, a rebuild, or an
+    allocation first asked for) starts with the machines claimed: the claim is its own, not another's."""
+    without_step_durations(pod)
+    pod.agents.drain(["ag5", "ag6"], "cable repair", "admin")
+    pod.owners.test_starts("cl0", "cluster cl0", ("ag5", "ag6"))  # the claim has begun ...
+    pod.services.owners.load()  # ... and the owners are made again meanwhile
+    assert pod.owners.owner("a1").snapshot.claimed == {"ag5": "cluster cl0", "ag6": "cluster cl0"}
+    pod.clustertests.start("cl0", {ct.TestType.SYNC}, wait=True, machines=("ag5", "ag6"))
+    [outcome] = pod.clustertests.status().outcomes
+    assert (outcome.status, outcome.total, outcome.summary[-1]) == (ct.Status.PASSED, 2, "Test of ag5, ag6")
+    assert pod.owners.owner("a1").snapshot.claimed == {} and pod.owners._tests == {}  # given back at the run's end

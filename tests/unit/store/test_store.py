@@ -882,6 +882,28 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         reopened.close()
 
 
+def test_a_store_of_schema_18_records_partitions_in_a_reservation_under_way_as_made_in_it(populated, store_url):
+    from sqlalchemy import text
+
+    now = time.time()
+    team = Reservation("team", "a1", frozenset(("ag1", i) for i in range(4)), now - 60, now + 3600, "a run", False, ("alice",))
+    window = Reservation("mw1", "a1", frozenset(("ag2", i) for i in range(4)), now - 60, now + 3600, "firmware", True)
+    with populated.transaction() as tx:
+        tx.add_reservation(team)
+        tx.add_reservation(window)
+        for made in (partition("inside", "ag1"), partition("windowed", "ag2"), partition("outside", "ag3")):
+            tx.add_partition(made)
+        tx.session.execute(text("ALTER TABLE partitions DROP COLUMN reservation"))
+        tx.session.execute(text("UPDATE vipu_meta SET value = '18' WHERE key = 'schema_version'"))
+    populated.close()
+    reopened = Store(store_url)
+    try:
+        with reopened.reading() as tx:
+            assert {p.id: p.reservation for p in tx.list_partitions()} == {"inside": "team", "windowed": "", "outside": ""}
+    finally:
+        reopened.close()
+
+
 def test_reservations_round_trip_are_named_once_and_go_with_their_allocation(populated):
     window = Reservation("mw1", "a1", frozenset({("ag1", 0), ("ag1", 1)}), 1000.5, 2000.25, "firmware", True, (), "admin", 999.0)
     people = Reservation("train", "a1", frozenset({("ag2", 3)}), 1500.0, 2500.0, "a run", False, ("alice", "bob"), "", 999.0)

@@ -47,6 +47,7 @@ from vipu.controller.core.placing import (
 )
 from vipu.controller.core.queueing import QueueKeeping
 from vipu.model import lifecycle
+from vipu.model.clustertests import TESTED_ALONE, not_drained
 from vipu.model.compaction import Report, plan_compaction
 from vipu.model.entities import IPUS_PER_MACHINE, MAX_AUTO_RESETS, Access, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, Unavailable, VipuError
@@ -277,16 +278,18 @@ class Decisions(QueueKeeping):
         refusals = []
         for agent_id in command.machines:
             on_it = sorted(p.id for p in state.on_agent(agent_id))
+            holder = state.claimed.get(agent_id, command.test)  # its own claim may be there already: an owner made as
+            other_test = state.test or (holder if holder != command.test else "")  # the claim began starts held by it
             if agent_id not in state.draining:
-                refusals.append(f"agent {agent_id} is not drained (vipu-admin drain agent {agent_id} --reason ...)")
-            elif on_it or agent_id in state.used:
-                refusals.append(f"agent {agent_id} is still draining ({', '.join(on_it) or 'IPUs in use'} left)")
-            elif agent_id in kept_out or state.powering(agent_id):
-                refusals.append(f"agent {agent_id} is not settled yet (IPUs not seen cleared, or a power action under way)")
-            elif state.test or agent_id in state.claimed:
-                refusals.append(f"agent {agent_id} is under test ({state.test or state.claimed[agent_id]})")
+                refusals.append(not_drained(agent_id))
+            elif on_it:
+                refusals.append(f"agent {agent_id} is still draining ({', '.join(on_it)} left)")
+            elif agent_id in state.used or agent_id in kept_out or state.powering(agent_id):
+                refusals.append(f"agent {agent_id} is not settled yet (IPUs not yet seen free, or a power action under way)")
+            elif other_test:
+                refusals.append(f"agent {agent_id} is under test ({other_test})")
         if refusals:
-            command.reply.fail(Conflict(f"a test of some machines alone needs them drained: {'; '.join(refusals)}"))
+            command.reply.fail(Conflict(f"{TESTED_ALONE}: {'; '.join(refusals)}"))
             return
         state.claimed.update(dict.fromkeys(command.machines, command.test))
         self._changed = True
@@ -413,6 +416,10 @@ class Decisions(QueueKeeping):
         busy = sorted(p.id for p in here if p.id in self.on_partition or lifecycle.state_of(p) in lifecycle.BUSY)
         if busy:
             raise Conflict(f"partition(s) {', '.join(busy)} on agent {agent_id} are busy: power {command.action} once they settle")
+        tested = state.test or state.claimed.get(agent_id, "")
+        if tested and not command.force:
+            raise Conflict(f"agent {agent_id} is under test ({tested}): power {command.action} would spoil its results; stop the "
+                           "test first (vipu-admin test cluster --stop), or use --force")
         active = sorted(p.id for p in here if lifecycle.state_of(p) == lifecycle.ACTIVE_IDLE)
         if active and not command.force:
             raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {command.action} would fail them; "

@@ -188,12 +188,12 @@ def reset(owner: Owner, partition: Partition, automatic: bool, power_cycle: bool
 def planned(state: AllocationState, partition: Partition, target: Placement) -> Placement:
     """A planned place for a partition, if it is still free now: off the IPUs in use (its own
     included, which it keeps until it has moved) and held, on machines that answer and are not
-    draining, and links not quarantined, nor kept for a reservation; NoRoom saying what changed
+    draining (nor under test alone), and links not quarantined, nor kept for a reservation; NoRoom saying what changed
     otherwise."""
     taken = [(ipu.agent_id, ipu.index) for ipu in target.ipus
              if ipu.index in state.used.get(ipu.agent_id, ()) or (ipu.agent_id, ipu.index) in state.held]
     machines = {ipu.agent_id for ipu in target.ipus}
-    down, draining = sorted(machines & state.down), sorted(machines & state.draining.keys() - state.down)
+    down, draining = sorted(machines & state.down), sorted(machines & (state.draining.keys() | state.claimed.keys()) - state.down)
     quarantined = state.links.met(state.layout, [(ipu.agent_id, ipu.index) for ipu in target.ipus])[0]
     kept = state.kept_for_move(partition, time.time())
     reserved = sorted({kept[ipu].name for ipu in ((i.agent_id, i.index) for i in target.ipus) if ipu in kept})

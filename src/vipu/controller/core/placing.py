@@ -38,6 +38,7 @@ Ipu = tuple[str, int]
 _AGENT_IN_ERROR = re.compile(r"^agent (\S+?)(?::| is down)")
 LOST = " is down: "  # in the error of a partition whose agent stopped answering
 DRAINING = "is draining"  # what a machine an operator drains is, as a refusal says it (`Drain.describe`)
+UNDER_TEST = "is under test"  # what a drained machine a cluster test holds alone is, as a refusal says it
 NOTE_LENGTH = 500  # partitions.relocation holds 512 characters
 
 
@@ -95,7 +96,7 @@ def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[s
     drained); NoRoom saying why it does not fit, or InvalidArgument naming the rule it breaks."""
     explicit = explicit_ipus(layout, allocation, request)
     kept_out = {a: what for a, what in (left_out or {}).items()
-                if a in allocation.agent_ids and (not explicit or what.startswith(DRAINING))}
+                if a in allocation.agent_ids and (not explicit or what.startswith((DRAINING, UNDER_TEST)))}
 
     def placed(machines: set[str], where: str) -> Placement:
         return place_partition(
@@ -117,9 +118,10 @@ def place_request(layout: ClusterLayout, allocation: Allocation, used: Mapping[s
 
 def machines_left_out(kept_out: Mapping[str, str]) -> tuple[str, str]:
     """How a refusal names the machines placement leaves out, from what each is (`place_request`'s
-    `down`): ("that are draining", "agent ag1 is draining for ...; agent ag2 ..."), three at most."""
-    draining = {agent for agent, what in kept_out.items() if what.startswith(DRAINING)}
-    that_are = "that are draining" if draining == set(kept_out) else "that are down or draining" if draining else "that are down"
+    `left_out`): ("that are draining", "agent ag1 is draining for ...; agent ag2 ..."), three at most."""
+    kinds = {"draining" if what.startswith(DRAINING) else "under test" if what.startswith(UNDER_TEST) else "down"
+             for what in kept_out.values()}
+    that_are = "that are " + " or ".join(kind for kind in ("down", "draining", "under test") if kind in kinds)
     listed = "; ".join(f"agent {agent} {what}" for agent, what in sorted(kept_out.items())[:3])
     return that_are, listed + (f"; and {len(kept_out) - 3} more" if len(kept_out) > 3 else "")
 

@@ -15,7 +15,7 @@ from typing import Any
 from vipu.controller.core import operations
 from vipu.controller.core.commands import CreatePartition
 from vipu.controller.core.effects import AfterPass, Body, Operation, Write
-from vipu.controller.core.placing import DRAINING, explicit_ipus, machines_left_out, partition_of
+from vipu.controller.core.placing import UNDER_TEST, explicit_ipus, machines_left_out, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT
@@ -359,7 +359,7 @@ class QueueKeeping(Steps):
         if not state.down and not state.draining and not state.claimed:
             return {}
         agents = self.agents()
-        kept = {agent_id: f"{DRAINING} until the cluster test of it ends ({test})" for agent_id, test in state.claimed.items()}
+        kept = {agent_id: f"{UNDER_TEST} ({test}) until the test ends" for agent_id, test in state.claimed.items()}
         kept.update({agent_id: f"is {drain.describe()}" for agent_id, drain in state.draining.items()})
         kept.update({agent_id: "is down: " + ("a power action is under way on it" if state.powering(agent_id) else
                                               agents[agent_id].last_error if agent_id in agents and agents[agent_id].last_error

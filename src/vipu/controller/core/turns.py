@@ -673,7 +673,8 @@ class Turns:
             state.allocation, state.layout, self.snapshot.version + 1, partitions=dict(state.partitions),
             used=used, kept_out=state.kept_out(),
             busy={partition_id: operation.kind for partition_id, operation in self.on_partition.items()}, queue=queue_view,
-            down=frozenset(state.down), test=state.test, lent=state.loan.machines if state.loan is not None else (),
+            down=frozenset(state.down), test=state.test, claimed=dict(state.claimed),
+            lent=state.loan.machines if state.loan is not None else (),
             closing=state.closing, links=state.links, draining=dict(state.draining),
             reservations=dict(state.reservations))
         partitions_changed = self._partitions_changed

@@ -77,7 +77,7 @@ class _Context:
         self.loan = loan
         self.among = loan.machines if loan is not None else among
         self.agents = agents if self.among is None else {a: agents[a] for a in self.among}
-        self.tested = layout.agent_ids if self.among is None else self.among  # in the cluster's order
+        self.tested = layout.agent_ids if self.among is None else self.among
         self.serials = {a: agent.inventory.serial for a, agent in agents.items()}
         self.chips = {a: {ipu.index: ipu.chip_id for ipu in agent.inventory.ipus} for a, agent in agents.items()}
 
@@ -300,8 +300,7 @@ class ClusterTestService:
             allocated = {a for allocation in configuration.allocations.values() for a in allocation.agent_ids}
             loose = [a for a in machines if a not in allocated and configuration.agents[a].drain is None]
             if loose:  # in no allocation: no owner holds them, and nothing is placed there until one is made
-                raise Conflict(f"a test of some machines alone needs them drained: {', '.join(loose)} "
-                               f"{'is' if len(loose) == 1 else 'are'} not (vipu-admin drain agent ... --reason ...)")
+                raise Conflict(f"{judge.TESTED_ALONE}: {'; '.join(judge.not_drained(a) for a in loose)}")
         self.owners.test_starts(cluster_id, test, machines)
         in_the_way: list[str] = []
         try:
@@ -321,7 +320,8 @@ class ClusterTestService:
         if in_the_way:
             self._give_back(cluster_id)
             raise Conflict(f"cluster {cluster_id} has partitions ({', '.join(sorted(in_the_way))}); remove them before running tests "
-                           "that drive its links, or drain the machines to test and name them (--agents)")
+                           "that drive its links, or drain the machines to test and test them alone (vipu-admin test cluster "
+                           "--agents)")
 
     def _give_back(self, cluster_id: str) -> None:
         """The cluster's machines go back to the owners of its allocations: in each inbox even past

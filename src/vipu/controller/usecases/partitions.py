@@ -138,7 +138,7 @@ class PartitionService:
                  access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
         """The room in each allocation the caller may use (or the one named, or a cluster's): its
         IPUs in use and free, how many partitions of `size` fit side by side, the largest that fits
-        (off machines down or drained, and off the free IPUs of reservations under way that are
+        (off machines down, drained or under test, and off the free IPUs of reservations under way that are
         for others: only their users have them)."""
         if size and not is_power_of_two(size):
             raise InvalidArgument(f"partition size must be a power of two, not {size}")
@@ -153,7 +153,8 @@ class PartitionService:
         rooms, now = [], time.time()
         for owner in filter(None, (self.owners.owner(a) for a in chosen)):
             s = owner.snapshot
-            allowed = set(s.allocation.agent_ids) - s.down - s.draining.keys()  # nothing is placed on a machine down or draining
+            allowed = set(s.allocation.agent_ids) - s.down - s.draining.keys() - s.claimed.keys()  # nothing is placed on a machine
+            # down, draining, or under test alone
             used = {agent: set(indices) for agent, indices in s.used.items() if agent in s.allocation.agent_ids}
             reserved = {(agent, index) for r in s.reservations.values()
                         if r.under_way(now) and not r.maintenance and not r.admits(access.user_id, access.unrestricted)
