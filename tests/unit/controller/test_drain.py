@@ -239,3 +239,14 @@ def test_an_owner_made_as_a_test_of_drained_machines_claims_them_starts_held_by_
     [outcome] = pod.clustertests.status().outcomes
     assert (outcome.status, outcome.total, outcome.summary[-1]) == (ct.Status.PASSED, 2, "Test of ag5, ag6")
     assert pod.owners.owner("a1").snapshot.claimed == {} and pod.owners._tests == {}  # given back at the run's end
+
+
+def test_a_test_of_drained_machines_refused_in_one_allocation_holds_none_in_another(pod):
+    pod.allocations.remove("a1")
+    pod.allocations.create("a1", "cl0", agent_ids=("ag1", "ag2", "ag3", "ag4"))
+    pod.allocations.create("a2", "cl0", agent_ids=("ag5", "ag6", "ag7", "ag8"))
+    pod.agents.drain(["ag3", "ag4"], "cable repair", "admin")
+    with pytest.raises(Conflict, match=r"agent ag5 is not drained"):
+        pod.clustertests.start("cl0", {ct.TestType.SYNC}, wait=True, machines=("ag3", "ag4", "ag5"))
+    assert pod.owners.wait_quiet(10)  # the give-back is put in each owner's inbox, not waited for
+    assert [pod.owners.owner(a).snapshot.claimed for a in ("a1", "a2")] == [{}, {}] and pod.owners._tests == {}
