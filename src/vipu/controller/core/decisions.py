@@ -270,16 +270,16 @@ class Decisions(QueueKeeping):
         command.reply.resolve(in_the_way)
 
     def _claim_drained(self, command: ClaimMachines) -> None:
-        """A test of drained machines alone holds them, or is refused with why for each that is not
+        """A test of drained machines alone claims them, or is refused with why for each that is not
         drained: one not drained, or still with a partition, IPUs not yet cleared or a power
-        action on it, or a test holding it already."""
+        action on it, or another test's already."""
         state = self.state
         kept_out = {agent for ipus in state.kept_out().values() for agent, _ in ipus}
         refusals = []
         for agent_id in command.machines:
             on_it = sorted(p.id for p in state.on_agent(agent_id))
-            holder = state.claimed.get(agent_id, command.test)  # its own claim may be there already: an owner made as
-            other_test = state.test or (holder if holder != command.test else "")  # the claim began starts held by it
+            claimant = state.claimed.get(agent_id, command.test)  # its own claim may be there already: an owner made as
+            other_test = state.test or (claimant if claimant != command.test else "")  # the claim began starts with it
             if agent_id not in state.draining:
                 refusals.append(not_drained(agent_id))
             elif on_it:

@@ -68,8 +68,8 @@ class Owners:
         self._waiting_by_user: Counter[str] = Counter()
         self._waiting = 0
         self._endings: dict[str, tuple[float, str, VipuError]] = {}  # partition id -> (when, allocation, how it ended)
-        self._tests: dict[str, tuple[str, tuple[str, ...]]] = {}  # cluster id -> the disruptive test holding its machines, and
-        # the drained ones it holds alone (none: all of them)
+        self._tests: dict[str, tuple[str, tuple[str, ...]]] = {}  # cluster id -> the disruptive test claiming its machines,
+        # and the drained ones it claims alone (none: all of them)
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
         self._closings = 0  # allocations removed: an owner made from what was read before one is not kept
@@ -347,15 +347,15 @@ class Owners:
 
     def test_starts(self, cluster_id: str, test: str, machines: tuple[str, ...] = ()) -> None:
         """A disruptive test is about to claim the cluster's machines (or those drained ones alone):
-        an owner made meanwhile starts held by it."""
+        an owner made meanwhile starts with them claimed."""
         with self._lock:
             self._tests[cluster_id] = (test, machines)
 
     def _hold_for_test(self, state: AllocationState) -> None:
-        """An owner made now starts held by the disruptive test claiming its cluster's machines:
-        all of them, unless partitions stand in its way there (an owner made again from the store
-        while the claim was under way), which that claim is then refused for; or the drained ones
-        it tests alone."""
+        """An owner made now starts with its machines claimed by the disruptive test claiming its
+        cluster's: all of them, unless partitions stand in its way there (an owner made again from
+        the store while the claim was under way), which that claim is then refused for; or the
+        drained ones it tests alone."""
         test, machines = self._tests.get(state.allocation.cluster_id, ("", ()))
         if machines:
             state.claimed = {agent: test for agent in machines if agent in state.allocation.agent_ids}

@@ -38,7 +38,7 @@ Ipu = tuple[str, int]
 _AGENT_IN_ERROR = re.compile(r"^agent (\S+?)(?::| is down)")
 LOST = " is down: "  # in the error of a partition whose agent stopped answering
 DRAINING = "is draining"  # what a machine an operator drains is, as a refusal says it (`Drain.describe`)
-UNDER_TEST = "is under test"  # what a drained machine a cluster test holds alone is, as a refusal says it
+UNDER_TEST = "is under test"  # what a drained machine a cluster test claims alone is, as a refusal says it
 NOTE_LENGTH = 500  # partitions.relocation holds 512 characters
 
 

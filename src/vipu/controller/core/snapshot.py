@@ -114,7 +114,7 @@ class AllocationSnapshot:
     queue: QueueView = EMPTY_QUEUE
     down: frozenset[str] = frozenset()  # its machines found down by the last health pass
     test: str = ""  # the cluster test holding its machines (a disruptive one), if any
-    claimed: Mapping[str, str] = field(default_factory=dict)  # drained machines a cluster test holds alone -> that test
+    claimed: Mapping[str, str] = field(default_factory=dict)  # drained machines a cluster test claims alone -> that test
     lent: tuple[str, ...] = ()  # its machines lent to an idle-time test now (free for any partition all the same)
     closing: bool = False  # being removed
     links: LinkFaults = NO_FAULTS  # its machines' unhealthy links, as the link ledger last said

@@ -58,7 +58,7 @@ class AllocationState:
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding every machine
-    # Drained machines a cluster test holds alone -> that test: nothing is placed there until it ends,
+    # Drained machines a cluster test claims alone -> that test: nothing is placed there until it ends,
     # though they be resumed meanwhile.
     claimed: dict[str, str] = dataclasses.field(default_factory=dict)
     loan: Loan | None = None  # its free machines lent to an idle-time test, which any partition takes back
@@ -208,7 +208,7 @@ class AllocationState:
 
     def unplaceable(self) -> set[str]:
         """The machines no partition is placed on, nor moved to: those down, those draining, and
-        those a cluster test holds."""
+        those a cluster test claims."""
         if not self.draining and not self.claimed:
             return self.down
         return self.down | self.draining.keys() | self.claimed.keys()

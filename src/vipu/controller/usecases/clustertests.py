@@ -62,7 +62,7 @@ CLAIM_SECONDS = 30.0  # for an owner's turn, to claim its machines
 WAIT_SECONDS = 3600.0
 # The tests that may run in idle time: they drive only the links between the machines they test.
 IDLE_TESTS = frozenset({TestType.IPULINK, TestType.TRAFFIC})
-IDLE_LEASE_SECONDS = 300.0  # the longest an idle-time run holds its machines (its steps take about a minute on real machines)
+IDLE_LOAN_SECONDS = 300.0  # the longest an idle-time run has its machines on loan (its steps take about a minute on real machines)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -242,7 +242,7 @@ class ClusterTestService:
         if owner is None:
             return None
         cluster_id = owner.snapshot.allocation.cluster_id
-        command = owner.submit(LendMachines(test=f"idle-time test of cluster {cluster_id}", seconds=IDLE_LEASE_SECONDS))
+        command = owner.submit(LendMachines(test=f"idle-time test of cluster {cluster_id}", seconds=IDLE_LOAN_SECONDS))
         loan: Loan | None = command.reply.wait(CLAIM_SECONDS, f"the lending of allocation {allocation_id}'s free machines")
         if loan is None:
             return None
