@@ -134,7 +134,7 @@ class Operator:
         if not status.get("ipuPartitionCreated"):
             return []
         try:
-            answer, reply = rest.call("GET", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{spec.partition_id}/drains",
+            answer, reply = rest.call("GET", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{spec.partition_id}/drains?uid={spec.uid}",
                                      timeout=DRAINS_TIMEOUT)
         except OSError as error:
             log.info("job %s: the proxy cannot be reached for its partition's drains: %s", spec.key, error)

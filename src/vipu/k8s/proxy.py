@@ -317,10 +317,12 @@ class Partitions:
         self._user(controller).reset_partition(partition_id)
         return {"id": partition_id, "reset": True}
 
-    def drains(self, partition_id: str) -> dict:
-        """What the operators' drains say of a tracked partition: a line per machine of it being
-        drained (none: none is), for its IPUJob's condition."""
-        _, controller = self._owned(partition_id)
+    def drains(self, partition_id: str, uid: str = "") -> dict:
+        """What the operators' drains say of a tracked partition (of the job of `uid`, if given): a
+        line per machine of it being drained (none: none is), for its IPUJob's condition."""
+        entry, controller = self._owned(partition_id)
+        if uid and entry.uid != uid:  # a job of the same name, deleted: its partition is not this one's
+            raise NotFound(f"partition {partition_id} is job {entry.namespace}/{entry.job}'s of uid {entry.uid}, not of uid {uid}")
         status = self._user(controller).partition_status(partition_id)
         return {"id": partition_id, "controller": controller.address, "drains": list(status.drain_notices)}
 
@@ -464,8 +466,8 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
         return answer(lambda: partitions.reset(partition_id))
 
     @app.get("/partitions/{partition_id}/drains")
-    def partition_drains(partition_id: str):
-        return answer(lambda: partitions.drains(partition_id))
+    def partition_drains(partition_id: str, uid: str = ""):
+        return answer(lambda: partitions.drains(partition_id, uid))
 
     @app.delete("/partitions/{partition_id}")
     def remove_partition(partition_id: str):

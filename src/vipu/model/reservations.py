@@ -138,6 +138,13 @@ def kept_refusal(size: int, where: str, kept: Mapping[Ipu, Reservation], used: M
     return f"no room for {size} IPUs in {where} but on reserved ones: {_kept_clause(free, expected_seconds, now, layout)}"
 
 
+def _ipus_text(layout: ClusterLayout, ipus: Iterable[Ipu]) -> str:
+    """Reserved IPUs as a clause names them: `the IPUs of ag5-ag8` (whole machines), else as `span`
+    has them (`ag3 IPUs 0-1`)."""
+    text = span(layout, ipus)
+    return text if " IPU" in text else f"the IPUs of {text}"
+
+
 def _kept_clause(kept: Mapping[Ipu, Reservation], expected_seconds: int, now: float, layout: ClusterLayout) -> str:
     """Why a request may not use these reserved IPUs, naming each reservation."""
     by_reservation: dict[Reservation, list[Ipu]] = {}
@@ -145,8 +152,7 @@ def _kept_clause(kept: Mapping[Ipu, Reservation], expected_seconds: int, now: fl
         by_reservation.setdefault(reservation, []).append(ipu)
     clauses = []
     for reservation, ipus in sorted(by_reservation.items(), key=lambda item: item[0].name):
-        held = f"{'IPUs' if len(ipus) > 1 else 'IPU'} {span(layout, set(ipus))} {'are' if len(ipus) > 1 else 'is'} kept for " \
-               f"{reservation.describe()}"
+        held = f"{_ipus_text(layout, ipus)} {'are' if len(ipus) > 1 else 'is'} kept for {reservation.describe()}"
         if reservation.started(now):
             clauses.append(held + ("" if reservation.maintenance else " (its users name it: --reservation)"))
         elif not expected_seconds:

@@ -35,9 +35,9 @@ def test_before_a_maintenance_window_only_what_ends_before_its_start_is_placed_o
                                               maintenance=True)
     assert (view.reservation.size, view.reservation.allocation_id, view.ipus_in_use) == (28, "a1", 0)
     assert pod.partitions.create(PartitionRequest("anytime", 4)).agent_ids == ["ag8"]  # the one machine outside it
-    with pytest.raises(NoRoom, match=r"no room for 4 IPUs in allocation a1 but on reserved ones: IPUs ag1-ag7 are kept for maintenance "
-                                     r"window mw1 \(firmware update\) from .* UTC to .* UTC, and with no expected duration it may "
-                                     r"not start there before"):
+    with pytest.raises(NoRoom, match=r"no room for 4 IPUs in allocation a1 but on reserved ones: the IPUs of ag1-ag7 are kept for "
+                                     r"maintenance window mw1 \(firmware update\) from .* UTC to .* UTC, and with no expected duration "
+                                     r"it may not start there before"):
         pod.partitions.create(PartitionRequest("unknown", 4))
     with pytest.raises(NoRoom, match=r"it is expected to run 2h, past the start"):
         pod.partitions.create(PartitionRequest("long", 4, expected_seconds=7200))
@@ -199,7 +199,7 @@ def test_a_waiting_requests_reason_names_a_reservation_only_when_it_alone_keeps_
     for n in range(1, 8):
         pod.partitions.create(PartitionRequest(f"p{n}", 4))
     kept_off = pod.requests.create(PartitionRequest("kept-off", 4), wait_seconds=600)  # ag8 is free, but the window is to come
-    assert "but on reserved ones: IPUs ag8 are kept for maintenance window mw1" in kept_off.reason
+    assert "but on reserved ones: the IPUs of ag8 are kept for maintenance window mw1" in kept_off.reason
     pod.requests.cancel("kept-off")
     pod.partitions.create(PartitionRequest("short", 4, expected_seconds=600))  # ends before the window: on ag8
     full = pod.requests.create(PartitionRequest("full", 4), wait_seconds=600)

@@ -206,3 +206,6 @@ def test_a_tracked_partitions_drains_are_read_from_its_controller_and_an_untrack
     partitions.create(REQUEST)
     user.grant("p-default-job")
     assert partitions.drains("p-default-job") == {"id": "p-default-job", "controller": "ctl:8090", "drains": [notice]}
+    assert partitions.drains("p-default-job", "u1")["drains"] == [notice]
+    with pytest.raises(NotFound, match="partition p-default-job is job default/job's of uid u1, not of uid u2"):
+        partitions.drains("p-default-job", "u2")  # a job of the same name made again
