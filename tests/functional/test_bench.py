@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(tmp_path: Path, module: str, *args: str) -> dict:
-    env = {**os.environ, "VIPU_BENCH_RESULTS": str(tmp_path)}
+    env = {**os.environ, "VIPU_BENCH_RESULTS": str(tmp_path), "VIPU_BENCH_SETTLE_SECONDS": "1"}  # no minute's wait for quiet
     done = subprocess.run([sys.executable, "-m", f"bench.{module}", "--name", "out", *args],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
