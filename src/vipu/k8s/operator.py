@@ -31,6 +31,9 @@ from vipu.model.errors import InvalidArgument
 
 log = logging.getLogger("vipu.k8s.operator")
 DRAINS_TIMEOUT = 5.0  # seconds a reconciliation waits for the proxy to say whether the job's partition is drained
+# Seconds a job's drain notices, once read, answer its reconciliations: a burst of pod events asks
+# the proxy once.
+DRAINS_FRESH_SECONDS = 5.0
 
 
 class OperatorMetrics:
@@ -61,6 +64,7 @@ class Operator:
         self.wiring = wiring
         self.restart_backoff = restart_backoff
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._drains_read: dict[str, tuple[float, list[str]]] = {}  # job -> when its drain notices were read (monotonic), and them
 
     # Reconciliation
 
@@ -133,6 +137,16 @@ class Operator:
             return None
         if not status.get("ipuPartitionCreated"):
             return []
+        read = self._drains_read.get(spec.key)
+        if read is not None and time.monotonic() - read[0] < DRAINS_FRESH_SECONDS:
+            return read[1]
+        notices = self._read_drains(spec)
+        if notices is not None:
+            self._drains_read[spec.key] = (time.monotonic(), notices)
+        return notices
+
+    def _read_drains(self, spec: jobs.JobSpec) -> list[str] | None:
+        """The proxy's answer of the drain notices of the job's partition; None when it cannot say."""
         try:
             answer, reply = rest.call("GET", f"{self.wiring.proxy_url.rstrip('/')}/partitions/{spec.partition_id}/drains?uid={spec.uid}",
                                      timeout=DRAINS_TIMEOUT)
@@ -202,6 +216,7 @@ class Operator:
             self.metrics.releases.inc()
             log.info("job %s/%s: partition %s released", namespace, name, partition)
         self.metrics.job_condition(f"{namespace}/{name}", None)
+        self._drains_read.pop(f"{namespace}/{name}", None)
         self.core.delete_collection_namespaced_pod(namespace, label_selector=f"{jobs.JOB_LABEL}={name}")
         launcher = f"{name}-launcher"
         self._ignore(404, self.core.delete_namespaced_config_map, f"{name}-ipujob", namespace)
