@@ -99,12 +99,13 @@ class OwnerMachine(RuleBasedStateMachine):
 
     def _submit(self, command):
         """The command, submitted to the allocation's owner; None if that owner stopped between
-        being found and being asked (a turn of another thread failed it), which a client is told as
-        Unavailable and which promises nothing."""
+        being found and being asked (a turn of another thread failed, or its commit's answer was
+        lost), which a client is told as Unavailable, with why it stopped, and which promises nothing."""
+        owner = self.owner()
         try:
-            return self.owner().submit(command)
+            return owner.submit(command)
         except Unavailable as refused:
-            assert "failed" in refused.message, refused.message
+            assert refused.message == owner._stopped, refused.message  # stopped, not refusing for a full inbox
             return None
 
     def _run(self, what: str, partition_id: str, work) -> None:
