@@ -204,3 +204,12 @@ def test_a_waiting_requests_reason_names_a_reservation_only_when_it_alone_keeps_
     pod.partitions.create(PartitionRequest("short", 4, expected_seconds=600))  # ends before the window: on ag8
     full = pod.requests.create(PartitionRequest("full", 4), wait_seconds=600)
     assert "all 32 of its IPUs are in use" in full.reason and "kept for" not in full.reason  # the window keeps nothing off now
+
+
+def test_a_refusal_that_partitions_and_a_reservation_both_cause_says_what_must_go_including_the_reservation(pod):
+    now = time.time()
+    pod.partitions.reservations.create("team", now, now + HOUR, "a run", "admin", agent_ids=("ag3", "ag4"), users=("alice",))
+    pod.partitions.create(PartitionRequest("inres", 8, reservation="team"), ALICE)
+    pod.partitions.create(PartitionRequest("p1", 4), BOB)
+    with pytest.raises(NoRoom, match=r"it fits when inres and reservation team and p1 are removed$"):  # not "inres and p1"
+        pod.partitions.create(PartitionRequest("big", 32), BOB)

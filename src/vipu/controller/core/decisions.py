@@ -55,7 +55,7 @@ from vipu.model.fragmentation import SizeMix
 from vipu.model.hardware import Capability
 from vipu.model.placement import Occupancy, Placement, shapes, shifted, try_place
 from vipu.model.reasons import held_clause, span
-from vipu.model.reservations import Reservation, check_reservation, kept_refusal
+from vipu.model.reservations import Ipu, Reservation, check_reservation, kept_refusal
 from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
@@ -145,8 +145,15 @@ class Decisions(QueueKeeping):
         kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
         if not kept:
             return self._placed_around(request, mix, state.used)
+
+        def holders() -> dict[Ipu, str]:
+            """Who keeps each IPU from it, reservations too, for a refusal's "it fits when ... are removed"."""
+            holding = state.holders()
+            return {**holding, **{ipu: f"{holding[ipu]} and reservation {r.name}" if ipu in holding else f"reservation {r.name}"
+                                  for ipu, r in kept.items()}}
+
         try:
-            return self._placed_around(request, mix, shifted(state.used, on=kept))
+            return self._placed_around(request, mix, shifted(state.used, on=kept), holders)
         except NoRoom as refusal:
             if named is not None:
                 raise NoRoom(self._refusal_in(request, named, kept, Occupancy(state.holders), refusal.message),
@@ -178,24 +185,27 @@ class Decisions(QueueKeeping):
         if reservation is not None and not reservation.admits(access.user_id, access.unrestricted):
             raise PermissionDenied(reservation.refusal(access.user_id))
 
-    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]]) -> Placement:
+    def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]],
+                       holders: Callable[[], Mapping[Ipu, str]] | None = None) -> Placement:
         """The request placed among the free IPUs of `used` around the IPUs held for the first
         waiting request, or on some of them if it is expected to end before they are needed
-        (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them,
-        and, where they alone keep it off, why its expected duration does not let it start on them."""
+        (`held_needed_at`), as the queue backfills. A refusal says why it does not fit around them
+        (naming what stands in the way by `holders`, the partitions if not given), and, where they
+        alone keep it off, why its expected duration does not let it start on them."""
         state = self.state
+        holding = holders or state.holders
         first = state.queue.first()
         left_out = self._machines_left_out()
         if first is None or not state.held:
-            return place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links, mix, left_out)
+            return place_request(state.layout, state.allocation, used, request, Occupancy(holding), state.links, mix, left_out)
         try:
             return place_request(state.layout, state.allocation, used, request,
-                                 Occupancy(state.holders, state.held, first.partition_id), state.links, mix, left_out)
+                                 Occupancy(holding, state.held, first.partition_id), state.links, mix, left_out)
         except NoRoom as refusal:
             if not refusal.held_free:
                 raise  # no free IPU was held from it: without the held shape it fits no better
             try:
-                placement = place_request(state.layout, state.allocation, used, request, Occupancy(state.holders), state.links,
+                placement = place_request(state.layout, state.allocation, used, request, Occupancy(holding), state.links,
                                           mix, left_out)
             except NoRoom:
                 raise refusal from None
