@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -26,9 +27,20 @@ import click
 from bench.common import git_revision, save, table
 
 ROOT = Path(__file__).resolve().parent.parent
-# (label, key in a run's record): the figures compared.
-FIGURES = [("create p50 ms", ("create", "p50_ms")), ("create p99 ms", ("create", "p99_ms")),
-           ("pairs/s", ("pairs_per_s",)), ("server CPU %", ("server_cpu_percent",))]
+
+
+def _cpu_ms_per_pair(run: dict) -> float | None:
+    """The controller's CPU per pair, worked out from what every revision records (CPU share and pairs/s)."""
+    if not run.get("pairs_per_s"):
+        return None
+    return 10 * run["server_cpu_percent"] / run["pairs_per_s"]
+
+
+# (label, key in a run's record, or how it is worked out from one): the figures compared. Switches
+# per pair are recorded from 2026-12-07 on: an older revision's runs show none.
+FIGURES: list[tuple[str, tuple[str, ...] | Callable[[dict], float | None]]] = [
+    ("create p50 ms", ("create", "p50_ms")), ("create p99 ms", ("create", "p99_ms")), ("pairs/s", ("pairs_per_s",)),
+    ("server CPU %", ("server_cpu_percent",)), ("CPU ms/pair", _cpu_ms_per_pair), ("switches/pair", ("server_switches_per_pair",))]
 
 
 def extract(revision: str, directory: Path) -> None:
@@ -55,7 +67,9 @@ def run_partitions(tree: Path, results: Path, name: str, arguments: list[str]) -
     return json.loads((results / f"{name}.json").read_text())["runs"]
 
 
-def figure(run: dict, key: tuple[str, ...]):
+def figure(run: dict, key: tuple[str, ...] | Callable[[dict], float | None]):
+    if callable(key):
+        return key(run)
     value = run
     for part in key:
         value = value.get(part) if isinstance(value, dict) else None
@@ -73,6 +87,10 @@ def medians(runs: list[list[dict]]) -> list[dict]:
             row[label] = round(statistics.median(values), 2) if values else None
         rows.append(row)
     return rows
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @click.command()
@@ -103,7 +121,7 @@ def main(before, machines, clients, stores, duration, repeats, name):
     for old, new in zip(summary["before"], summary["after"], strict=True):
         ratio = round(new["pairs/s"] / old["pairs/s"], 2) if old["pairs/s"] else None
         rows.append([old["store"], old["machines"], old["clients"],
-                     *(f"{old[label]} -> {new[label]}" for label, _ in FIGURES), ratio])
+                     *(f"{_shown(old[label])} -> {_shown(new[label])}" for label, _ in FIGURES), ratio])
     click.echo(table(["store", "machines", "clients", *(label for label, _ in FIGURES), "pairs/s after/before"], rows))
     click.echo(f"medians of {repeats} alternated runs each; written: {path}")
 

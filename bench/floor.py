@@ -5,7 +5,8 @@ on the wire: answer `CreatePartition` after one `ApplyPartition` call to an agen
 `RemovePartition` after one `ClearPartition`; the agent answers at once. Clients are processes of
 their own, as in `bench.partitions`, each in a closed loop of pairs. The end-point's CPU per pair
 and its pairs per second are the most any controller written on Python's gRPC can do here; what
-vipu-server spends beyond them is its own work.
+vipu-server spends beyond them is its own work. Its context switches per pair are the least a
+server on gRPC's threads makes, against which `bench.partitions` counts vipu-server's.
 
     python -m bench.floor --clients 1,8 --pairs 1500
 """
@@ -110,7 +111,8 @@ def measure(clients: int, pairs: int) -> dict:
             server.terminate()
     total = clients * pairs
     return {"clients": clients, "pairs": total, "pairs_per_s": round(total / elapsed, 1),
-            "cpu_ms_per_pair": round(1000 * (after.cpu_seconds - before.cpu_seconds) / total, 3)}
+            "cpu_ms_per_pair": round(1000 * (after.cpu_seconds - before.cpu_seconds) / total, 3),
+            "switches_per_pair": round((after.switches - before.switches) / total, 1)}
 
 
 @click.command()
@@ -121,8 +123,8 @@ def main(clients, pairs, name):
     """A do-nothing user end-point's CPU per pair and pairs/s: the most Python's gRPC allows here."""
     runs = [measure(int(count), pairs) for count in split(clients)]
     path = save(name, {"benchmark": "floor", "runs": runs})
-    click.echo(table(["clients", "pairs/s", "end-point CPU ms per pair"], [[r["clients"], r["pairs_per_s"], r["cpu_ms_per_pair"]]
-                                                                           for r in runs]))
+    click.echo(table(["clients", "pairs/s", "end-point CPU ms per pair", "switches per pair"],
+                     [[r["clients"], r["pairs_per_s"], r["cpu_ms_per_pair"], r["switches_per_pair"]] for r in runs]))
     click.echo(f"written: {path}")
 
 

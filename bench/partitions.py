@@ -164,6 +164,8 @@ def measure(pod, clients: int, size: int, duration: float, rate: float | None = 
         "refused": len(failures),
         "refusals": sorted(set(failures))[:3],
         "server_cpu_percent": round(100 * (after.cpu_seconds - before.cpu_seconds) / elapsed, 1),
+        "server_cpu_ms_per_pair": round(1000 * (after.cpu_seconds - before.cpu_seconds) / len(creates), 3) if creates else None,
+        "server_switches_per_pair": round((after.switches - before.switches) / len(creates), 1) if creates else None,
         "server_rss_mb": round(after.rss_mb, 1),
         "machine_busy_before_percent": round(100 * busy_before, 1),
     }
@@ -212,10 +214,10 @@ def main(machines, clients, stores, size, duration, ha, rates, name):
     path = save(name, {"benchmark": "partitions", "duration_s": duration, "runs": runs})
     rows = [[r["store"], r["machines"], r["clients"], r["offered_pairs_per_s"] or "closed", r["create"].get("p50_ms"),
              r["create"].get("p99_ms"), r["remove"].get("p50_ms"), r["remove"].get("p99_ms"), r["pairs_per_s"], r["refused"],
-             r["server_cpu_percent"]]
+             r["server_cpu_percent"], r["server_cpu_ms_per_pair"], r["server_switches_per_pair"]]
             for r in runs]
     click.echo(table(["store", "machines", "clients", "offered/s", "create p50 ms", "create p99 ms", "remove p50 ms",
-                      "remove p99 ms", "pairs/s", "refused", "server CPU %"], rows))
+                      "remove p99 ms", "pairs/s", "refused", "server CPU %", "CPU ms/pair", "switches/pair"], rows))
     click.echo(f"written: {path}")
 
 

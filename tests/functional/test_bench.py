@@ -80,6 +80,7 @@ def test_the_partition_benchmark_measures_pairs_through_the_user_api(tmp_path):
     for run in result["runs"]:
         assert run["refused"] == 0 and run["create"]["count"] > 0 and run["create"]["count"] == run["remove"]["count"]
         assert run["pairs_per_s"] > 0 and run["server_rss_mb"] > 0
+        assert run["server_cpu_ms_per_pair"] > 0 and run["server_switches_per_pair"] > 0  # every pair is two calls on gRPC's threads
 
 
 @pytest.mark.functional
@@ -102,6 +103,8 @@ def test_the_comparison_runs_an_older_revision_and_this_tree_alternately(tmp_pat
         assert run["machines"] == 2 and run["clients"] == 1 and run["create"]["count"] > 0
         (row,) = result["medians"][side]
         assert row["pairs/s"] == run["pairs_per_s"]
+        assert row["CPU ms/pair"] == pytest.approx(10 * run["server_cpu_percent"] / run["pairs_per_s"], abs=0.01)
+    assert result["medians"]["after"][0]["switches/pair"] == result["runs"]["after"][0][0]["server_switches_per_pair"]
 
 
 @pytest.mark.functional
@@ -165,7 +168,7 @@ def test_the_enqueue_benchmark_times_requests_waiting_at_both_ends_of_a_growing_
 def test_the_floor_benchmark_measures_a_do_nothing_end_point(tmp_path):
     result = bench(tmp_path, "floor", "--clients", "1,2", "--pairs", "20")
     assert [(r["clients"], r["pairs"]) for r in result["runs"]] == [(1, 20), (2, 40)]
-    assert all(r["pairs_per_s"] > 0 and r["cpu_ms_per_pair"] > 0 for r in result["runs"])
+    assert all(r["pairs_per_s"] > 0 and r["cpu_ms_per_pair"] > 0 and r["switches_per_pair"] > 0 for r in result["runs"])
 
 
 @pytest.mark.functional
