@@ -38,8 +38,8 @@ class ProcessCost:
     """Resident memory now, and CPU seconds used and context switches made so far, of one process.
 
     Context switches (every thread's, voluntary and not) count the hand-offs between threads: at
-    saturation the kernel's share of a controller's CPU is mostly switching between them, and their
-    count per pair varies far less from run to run than throughput does on a shared machine."""
+    saturation much of the controller's CPU in the kernel is spent switching between them, and
+    under load their count per pair is steadier from run to run than throughput on a shared machine."""
 
     rss_mb: float
     cpu_seconds: float
@@ -55,7 +55,9 @@ class ProcessCost:
 
 def _switches(pid: int) -> int:
     """The context switches of every thread of a process now alive (the process's own status
-    counts its first thread's alone). A thread that ended meanwhile is not counted."""
+    counts its first thread's alone). A thread that ends between two readings takes its count
+    with it, so their difference counts too few: the servers measured keep their threads (gRPC's
+    pool, the agent calls') for their whole life."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
