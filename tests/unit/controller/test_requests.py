@@ -162,14 +162,14 @@ def test_a_request_expected_to_end_before_the_held_ipus_are_needed_starts_on_the
 def test_every_waiting_request_is_told_why_however_far_back_with_placement_asked_once_per_shape(pod, queued, monkeypatch):
     pod.partitions.create(PartitionRequest("whole", 32))
     passes: list[list[int]] = []  # the sizes placement was asked about, by each pass that explained the queue
-    real_place, real_explain = queueing.place_partition, queueing.QueueKeeping._explain
+    real_place, real_explain = queueing.place_partition, queueing.Queue._explain
 
     def explain(*args, **kwargs):
         passes.append([])
         real_explain(*args, **kwargs)
 
     monkeypatch.setattr(queueing, "place_partition", lambda *a, **k: passes[-1].append(a[3]) or real_place(*a, **k))
-    monkeypatch.setattr(queueing.QueueKeeping, "_explain", explain)
+    monkeypatch.setattr(queueing.Queue, "_explain", explain)
     queue_up(queued, "first", 32)
     for n in range(2, 41):
         queue_up(queued, f"r{n}", 8 if n % 2 else 4)

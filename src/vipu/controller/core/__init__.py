@@ -1,9 +1,10 @@
 """The core of the controller, in one room: each allocation's owner and everything it decides with.
 
-- `owner`: one allocation's owner, made of its parts by workflow: `turns` (the inbox, whose turn
-  it is, running operations a step at a time, committing a turn's writes together, publishing),
-  `steps` (the writes and agent calls operations are made of), `queueing` (the waiting requests
-  and the pass over them) and `decisions` (what each command does);
+- `owner`: one allocation's owner, composed of parts that are objects of their own: the turn
+  engine of `turns` (the inbox, whose turn it is, running operations a step at a time,
+  committing a turn's writes together, publishing), `steps` (the writes and agent calls
+  operations are made of), `queueing` (the waiting requests and the pass over them) and
+  `decisions` (what each command does);
 - `owners`: every allocation's owner, and the little they share (partition ids, the queues' bounds);
   an owner knows it only as `turns.Registry`, what it asks of it;
 - `commands`: what an owner is asked, and how the asker waits for the answer;

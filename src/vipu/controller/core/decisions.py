@@ -45,7 +45,9 @@ from vipu.controller.core.placing import (
     partition_of,
     place_request,
 )
-from vipu.controller.core.queueing import QueueKeeping
+from vipu.controller.core.queueing import Queue
+from vipu.controller.core.steps import Steps
+from vipu.controller.core.turns import TurnEngine
 from vipu.model import lifecycle
 from vipu.model.clustertests import TESTED_ALONE, not_drained
 from vipu.model.compaction import Report, plan_compaction
@@ -64,8 +66,24 @@ DRAIN_REMOVAL_RETRY_SECONDS = 10.0
 REFUSALS_REMEMBERED = 256  # refused requests whose asking again the size mix does not count twice
 
 
-class Decisions(QueueKeeping):
-    def _decide(self, command: Command) -> None:
+class Decisions:
+    """What the owner decides of each command, on its engine's state: the operations it starts
+    are the engine's, their steps `Steps`, and a request that must wait goes to the `Queue`."""
+
+    def __init__(self, engine: TurnEngine, steps: Steps, queue: Queue):
+        self.engine = engine
+        self.steps = steps
+        self.queue = queue
+        self.id = engine.id
+        self.state = engine.state
+        self.owners = engine.owners
+        self.changes = engine.changes
+        self.start = engine.start  # begin an operation in this turn
+        self.on_partition = engine.on_partition  # partition id -> the operation holding it
+        self.under_way = engine.under_way  # every operation started and not ended
+        self.clears = engine.clears  # (agent, partition id) -> the reconciliation clearing old settings there
+
+    def decide(self, command: Command) -> None:
         self._HANDLERS[type(command)](self, command)
 
     def _visible(self, partition_id: str, access: Access) -> Partition:
@@ -111,10 +129,10 @@ class Decisions(QueueKeeping):
             if not command.may_queue:
                 raise
             self.state.refused.pop((request.id, request.size), None)  # it waits, counted once: asking again is refused as existing
-            self.start(Operation("queueing", self._enqueue(command, refusal), command.reply))
+            self.start(Operation("queueing", self.queue.enqueue(command, refusal), command.reply))
             command.placed = True
             return
-        self.start(Operation("creating", operations.create(self, partition, command.keep_on_error), command.reply, partition.id))
+        self.start(Operation("creating", operations.create(self.steps, partition, command.keep_on_error), command.reply, partition.id))
         command.placed = True
 
     def _place_new(self, request: PartitionRequest, access: Access) -> Partition:
@@ -156,7 +174,7 @@ class Decisions(QueueKeeping):
             return self._placed_around(request, mix, shifted(state.used, on=kept), holders)
         except NoRoom as refusal:
             if named is not None:
-                raise NoRoom(self._refusal_in(request, named, kept, Occupancy(state.holders), refusal.message),
+                raise NoRoom(self.queue.refusal_in(request, named, kept, Occupancy(state.holders), refusal.message),
                              held_free=refusal.held_free) from None
             try:
                 self._placed_around(request, mix, state.used)
@@ -195,7 +213,7 @@ class Decisions(QueueKeeping):
         state = self.state
         holding = holders or state.holders
         first = state.queue.first()
-        left_out = self._machines_left_out()
+        left_out = self.queue.machines_left_out()
         if first is None or not state.held:
             return place_request(state.layout, state.allocation, used, request, Occupancy(holding), state.links, mix, left_out)
         try:
@@ -209,7 +227,7 @@ class Decisions(QueueKeeping):
                                           mix, left_out)
             except NoRoom:
                 raise refusal from None
-            why_not = held_clause(request.expected_seconds, first.partition_id, self.held_needed_at(), time.time())
+            why_not = held_clause(request.expected_seconds, first.partition_id, self.queue.held_needed_at(), time.time())
             if not why_not:
                 return placement
             raise NoRoom(f"{refusal.message}; {why_not}", held_free=refusal.held_free) from None
@@ -224,17 +242,17 @@ class Decisions(QueueKeeping):
             return
         if not command.force:
             self._refuse_if_busy(partition)
-        self.start(Operation("removing", operations.remove(self, partition, command.force), command.reply, partition.id))
+        self.start(Operation("removing", operations.remove(self.steps, partition, command.force), command.reply, partition.id))
 
     def _reset(self, command: ResetPartition) -> None:
         partition = self._to_configure_again(command)
         if partition is not None:
-            self.start(Operation("resetting", operations.reset(self, partition, command.automatic), command.reply, partition.id))
+            self.start(Operation("resetting", operations.reset(self.steps, partition, command.automatic), command.reply, partition.id))
 
     def _relocate(self, command: RelocatePartition) -> None:
         partition = self._to_configure_again(command)
         if partition is not None:
-            body = operations.relocate_asked(self, partition, command.access.user_id, command.automatic, command.only_off_failed)
+            body = operations.relocate_asked(self.steps, partition, command.access.user_id, command.automatic, command.only_off_failed)
             self.start(Operation("relocating", body, command.reply, partition.id))
 
     def _to_configure_again(self, command: ResetPartition | RelocatePartition) -> Partition | None:
@@ -263,7 +281,7 @@ class Decisions(QueueKeeping):
                                    "administrator cancels it")
         who = f" by {access.user_id}" if access.user_id else ""
         ending = Conflict(f"the request of partition {request.partition_id} was cancelled{who}")
-        self.start(Operation("cancelling", self._ending(request, "cancel", ending), command.reply))
+        self.start(Operation("cancelling", self.queue.ending(request, "cancel", ending), command.reply))
 
     def _claim(self, command: ClaimMachines) -> None:
         """A disruptive test's claim: the partitions in its way (settled ERROR ones are configured
@@ -274,9 +292,9 @@ class Decisions(QueueKeeping):
         in_the_way = sorted({p.id for p in self.state.partitions.values() if p.ready_state is not ReadyState.ERROR}
                             | set(self.on_partition))
         if not in_the_way:
-            self._take_back(f"{command.test} claims every machine for its test")
+            self.engine.take_back(f"{command.test} claims every machine for its test")
             self.state.test = command.test
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
         command.reply.resolve(in_the_way)
 
     def _claim_drained(self, command: ClaimMachines) -> None:
@@ -302,18 +320,18 @@ class Decisions(QueueKeeping):
             command.reply.fail(Conflict(f"{TESTED_ALONE}: {'; '.join(refusals)}"))
             return
         state.claimed.update(dict.fromkeys(command.machines, command.test))
-        self._changed = True
+        self.changes.state = True
         command.reply.resolve([])
 
     def _release(self, command: ReleaseMachines) -> None:
         if self.state.test == command.test:
             self.state.test = ""
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
         released = [agent for agent, test in self.state.claimed.items() if test == command.test]
         for agent in released:
             del self.state.claimed[agent]
         if released:
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
         command.reply.resolve()
 
     def _lend(self, command: LendMachines) -> None:
@@ -332,13 +350,13 @@ class Decisions(QueueKeeping):
             command.reply.resolve(None)
             return
         state.loan = Loan(command.test, self.id, free, command.seconds)
-        self._changed = True
+        self.changes.state = True
         command.reply.resolve(state.loan)
 
     def _return(self, command: ReturnMachines) -> None:
         if self.state.loan is command.loan:
             self.state.loan = None
-            self._changed = True
+            self.changes.state = True
         command.reply.resolve()
 
     def _report(self, command: AgentReport) -> None:
@@ -347,72 +365,72 @@ class Decisions(QueueKeeping):
         operation under way owns, or what a call that ended after the read began may have changed
         (the read may predate it: the next pass looks again)."""
         state, agent_id, asked_at = self.state, command.agent_id, command.asked_at
-        agent = self.agents().get(agent_id)
+        agent = self.steps.agents().get(agent_id)
         children: list[Operation] = []
-        if self.call_ends.forgotten(asked_at):  # a new owner's first pass, every agent of it: routine, so not at INFO
+        if self.engine.call_ends.forgotten(asked_at):  # a new owner's first pass, every agent of it: routine, so not at INFO
             log.debug("agent %s: a health pass's read begun %.1f s ago is not judged: this owner no longer knows, or never knew, "
                       "the calls since (the next pass reads again)", agent_id, time.monotonic() - asked_at)
             command.reply.resolve()
             return
         if (state.powering(agent_id) and command.error is None) or (
-                command.error is not None and self.call_ends.answered_after(agent_id, asked_at)):
+                command.error is not None and self.engine.call_ends.answered_after(agent_id, asked_at)):
             command.reply.resolve()  # answering before the power action has gone through, or since the read that it did not
             return
         if command.error is not None or agent is None:
             if agent_id not in state.down:
                 state.down.add(agent_id)
-                self._changed = True
+                self.changes.state = True
             reason = command.error.message if command.error is not None else "it was removed"
             for partition in state.on_agent(agent_id):
                 if lifecycle.state_of(partition) == lifecycle.ACTIVE_IDLE and partition.id not in self.on_partition:
-                    body = operations.mark_lost(self, partition, f"agent {agent_id}{LOST}{reason}")
+                    body = operations.mark_lost(self.steps, partition, f"agent {agent_id}{LOST}{reason}")
                     children.append(self.start(Operation("failing", body, partition_id=partition.id, system=True)))
         else:
             if agent_id in state.down:
                 state.down.discard(agent_id)
-                self._changed = self._queue_dirty = True
+                self.changes.state = self.changes.room = True
             configured = command.configured or {}
 
             def unchanged_since_read(partition_id: str) -> bool:
-                return not self.call_ends.after(agent_id, partition_id, asked_at)
+                return not self.engine.call_ends.after(agent_id, partition_id, asked_at)
 
             for kept_agent, partition_id in list(state.uncleared):
                 if kept_agent == agent_id and partition_id not in configured and unchanged_since_read(partition_id):
-                    self.cleared(agent_id, partition_id)
+                    self.steps.cleared(agent_id, partition_id)
             here = {p.id: p for p in state.on_agent(agent_id)}
             stray = [partition_id for partition_id in configured if partition_id not in self.on_partition and (
                 partition_id not in here or lifecycle.state_of(here[partition_id]) == lifecycle.ERROR_FAILED)
                 and unchanged_since_read(partition_id)]
             for partition_id in stray:  # out of placement until cleared (after a restart, nothing else says where they are)
                 if (agent_id, partition_id) not in state.uncleared:
-                    self.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in configured[partition_id].ipus])
+                    self.steps.keep_uncleared(agent_id, partition_id, [ipu.index for ipu in configured[partition_id].ipus])
             lost = []
             for partition in here.values():
                 if (partition.id in self.on_partition or lifecycle.state_of(partition) != lifecycle.ACTIVE_IDLE
                         or not unchanged_since_read(partition.id)):
                     continue
-                wanted = self.settings_of(partition, self.agents_of(partition))[agent_id]
+                wanted = self.steps.settings_of(partition, self.steps.agents_of(partition))[agent_id]
                 if configured.get(partition.id) != wanted:
                     lost.append((partition, wanted))
             if stray or lost:
-                reconciling = Operation("reconciling", operations.reconcile(self, agent, stray, lost), system=True)
+                reconciling = Operation("reconciling", operations.reconcile(self.steps, agent, stray, lost), system=True)
                 for partition_id in stray:  # settings of that id are applied there only once these are cleared
-                    self._clears[(agent_id, partition_id)] = reconciling
+                    self.clears[(agent_id, partition_id)] = reconciling
                 children.append(self.start(reconciling, holds=tuple(p.id for p, _ in lost)))
         self._answer_when_done(command, children)
 
-    def _reclear(self) -> None:
+    def reclear(self) -> None:
         """Ask each machine that did not confirm a clear to clear it again (`_keep_reclearing`)."""
-        agents, state = self.agents(), self.state
+        agents, state = self.steps.agents(), self.state
         by_agent: dict[str, list[str]] = {}
         for agent_id, partition_id in state.uncleared:
             made_again = partition_id in state.partitions and agent_id in state.partitions[partition_id].agent_ids  # a clear would wipe it
-            if (agent_id, partition_id) not in self._clears and agent_id in agents and not state.powering(agent_id) and not made_again:
+            if (agent_id, partition_id) not in self.clears and agent_id in agents and not state.powering(agent_id) and not made_again:
                 by_agent.setdefault(agent_id, []).append(partition_id)
         for agent_id, partition_ids in sorted(by_agent.items()):
-            clearing = Operation("reconciling", operations.clear_again(self, agents[agent_id], sorted(partition_ids)), system=True)
+            clearing = Operation("reconciling", operations.clear_again(self.steps, agents[agent_id], sorted(partition_ids)), system=True)
             for partition_id in partition_ids:
-                self._clears[(agent_id, partition_id)] = clearing
+                self.clears[(agent_id, partition_id)] = clearing
             self.start(clearing)
 
     def _powering(self, command: Powering) -> None:
@@ -435,9 +453,10 @@ class Decisions(QueueKeeping):
             raise Conflict(f"agent {agent_id} holds ACTIVE partition(s) {', '.join(active)}: power {command.action} would fail them; "
                            "use --force to fail them, and they are reset once the machine answers again")
         if state.keep_down_for_power([agent_id], command.until, command.token):
-            self._changed = True
+            self.changes.state = True
         why = f"agent {agent_id}{LOST}power {command.action} of its machine by the administrator"
-        children = [self.start(Operation("failing", operations.mark_lost(self, partition, why), partition_id=partition.id, system=True))
+        children = [self.start(Operation("failing", operations.mark_lost(self.steps, partition, why), partition_id=partition.id,
+                                         system=True))
                     for partition in here if partition.id in active]
 
         def failed() -> Body:
@@ -464,20 +483,20 @@ class Decisions(QueueKeeping):
         """Take the allocation's drains from the configuration as committed last, so that words of
         drains and resumes that cross on the way can never leave the owner with an older one; and
         those of its maintenance windows under way."""
-        agents, state, now = self.agents(), self.state, time.time()
+        agents, state, now = self.steps.agents(), self.state, time.time()
         turned = self._reservation_turned(now)
         draining = state.with_windows({agent_id: drain for agent_id in state.allocation.agent_ids
                                        if (agent := agents.get(agent_id)) is not None and (drain := agent.drain) is not None}, now)
         if draining != state.draining or turned:
             state.draining = draining
-            self._changed = self._queue_dirty = self._partitions_changed = True  # placement, and what users are told, changed
+            self.changes.state = self.changes.room = self.changes.partitions = True  # placement, and what users are told, changed
 
     def _reservation_turned(self, now: float) -> bool:
         """Whether a reservation started or ended since the drains were last worked out."""
         state = self.state
         return any(state.steered_at < moment <= now for r in state.reservations.values() for moment in (r.start, r.end))
 
-    def _drains_due(self) -> None:
+    def drains_due(self) -> None:
         """Remove, as a forced remove does, each partition left on a machine whose drain's deadline
         has passed (its user was told when, by its status); one whose removal fails is tried again
         DRAIN_REMOVAL_RETRY_SECONDS later."""
@@ -495,7 +514,7 @@ class Decisions(QueueKeeping):
                     continue
                 log.warning("partition %s is removed: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
                             drain.describe(), utc_text(drain.deadline))
-                body = _quietly(operations.remove(self, partition, force=True), partition.id, "the removal at a drain's deadline")
+                body = _quietly(operations.remove(self.steps, partition, force=True), partition.id, "the removal at a drain's deadline")
                 try:
                     self.start(Operation("removing", body, partition_id=partition.id))
                 except Unavailable as busy:  # as many operations are under way as an owner takes: at a later turn
@@ -504,7 +523,7 @@ class Decisions(QueueKeeping):
                 state.drain_removals_after[partition.id] = now + DRAIN_REMOVAL_RETRY_SECONDS
 
     def _leave_draining(self, partition: Partition) -> Operation:
-        body = _leaving(operations.off_draining(self, partition), partition.id, "the machines being drained")
+        body = _leaving(operations.off_draining(self.steps, partition), partition.id, "the machines being drained")
         return self.start(Operation("relocating", body, partition_id=partition.id))
 
     def _links_changed(self, command: LinksChanged) -> None:
@@ -523,7 +542,7 @@ class Decisions(QueueKeeping):
                 for warning in state.links.warnings(state.layout, ipus):
                     if warning not in told:
                         log.warning("partition %s: %s", partition.id, warning)
-            self._changed = self._partitions_changed = self._queue_dirty = True
+            self.changes.state = self.changes.partitions = self.changes.room = True
         command.reply.resolve()
 
     def _answer_when_done(self, command: Command, children: list[Operation]) -> None:
@@ -538,7 +557,7 @@ class Decisions(QueueKeeping):
         self.start(Operation("waiting", joined(), command.reply, system=True))
 
     def _finish_interrupted(self, command: FinishInterrupted) -> None:
-        children = [self.start(Operation("finishing", operations.finish(self, partition), partition_id=partition.id, system=True))
+        children = [self.start(Operation("finishing", operations.finish(self.steps, partition), partition_id=partition.id, system=True))
                     for partition in list(self.state.partitions.values())
                     if lifecycle.state_of(partition) in lifecycle.BUSY and partition.id not in self.on_partition]
         self._answer_when_done(command, children)
@@ -555,18 +574,18 @@ class Decisions(QueueKeeping):
                 if partition.id in self.on_partition:
                     continue
                 if due_for_relocation(partition, down):
-                    body = _quietly(operations.relocate_asked(self, partition, "", automatic=True, only_off_failed=False), partition.id,
-                                    "automatic relocation")
+                    body = _quietly(operations.relocate_asked(self.steps, partition, "", automatic=True, only_off_failed=False),
+                                    partition.id, "automatic relocation")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_to_leave_draining(partition, self.state.draining.keys()):  # as the store held them at this pass
                     children.append(self._leave_draining(partition))
                 elif due_to_leave_unhealthy_links(partition, self.state.links, self.state.layout):
-                    body = _leaving(operations.off_unhealthy_links(self, partition), partition.id, "its unhealthy links")
+                    body = _leaving(operations.off_unhealthy_links(self.steps, partition), partition.id, "its unhealthy links")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
                              MAX_AUTO_RESETS)
-                    body = _quietly(operations.reset(self, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
+                    body = _quietly(operations.reset(self.steps, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
                                     partition.id, "automatic reset")
                     children.append(self.start(Operation("resetting", body, partition_id=partition.id)))
         self._answer_when_done(command, children)
@@ -576,7 +595,7 @@ class Decisions(QueueKeeping):
         its life, where each has the power capability and holds no other partition."""
         if partition.power_cycled is not None:
             return False
-        agents = self.agents()
+        agents = self.steps.agents()
         for agent_id in partition.agent_ids:
             agent = agents.get(agent_id)
             if agent is None or not agent.inventory.has(Capability.POWER):
@@ -592,9 +611,9 @@ class Decisions(QueueKeeping):
         if partitions and not command.force:
             raise Conflict(f"allocation {self.id} holds {len(partitions)} partition(s) ({', '.join(partitions)}); "
                            "remove them first, or use --force to remove them with it")
-        self._take_back(f"allocation {self.id} is being removed")
+        self.engine.take_back(f"allocation {self.id} is being removed")
         self.state.closing = True
-        self._changed = True
+        self.changes.state = True
         self.start(Operation("closing", self._closing(), command.reply))
 
     def _closing(self) -> Body:
@@ -606,10 +625,11 @@ class Decisions(QueueKeeping):
                 yield Join(others)
             for request in list(self.state.queue):
                 ending = Conflict(f"the request of partition {request.partition_id} was cancelled: allocation {self.id} is removed")
-                yield from self._ending(request, "cancel", ending)
+                yield from self.queue.ending(request, "cancel", ending)
                 removed.append(f"request of partition {request.partition_id}")
             while self.state.partitions:
-                children = [self.start(Operation("removing", operations.remove(self, partition, force=True), partition_id=partition.id))
+                children = [self.start(Operation("removing", operations.remove(self.steps, partition, force=True),
+                                                 partition_id=partition.id))
                             for partition in list(self.state.partitions.values()) if partition.id not in self.on_partition]
                 others = [operation for operation in self.under_way if operation.kind != "closing" and operation not in children]
                 errors = yield Join(children + others)
@@ -620,9 +640,9 @@ class Decisions(QueueKeeping):
             yield Write(lambda tx: tx.delete_allocation(self.id))
         except Exception:
             self.state.closing = False
-            self._changed = True
+            self.changes.state = True
             raise
-        self.owners.closed(self)
+        self.owners.closed(self.engine)
         return removed
 
     # A user's change of a partition
@@ -646,7 +666,7 @@ class Decisions(QueueKeeping):
         """The change's one write; the operation's result is the partition as it left it."""
         changed = lifecycle.copy(partition)
         changed.may_move = may_move
-        updated = yield self._partition_write(lambda tx: tx.update_partition(lifecycle.copy(partition), may_move), partition, changed,
+        updated = yield self.steps.partition_write(lambda tx: tx.update_partition(lifecycle.copy(partition), may_move), partition, changed,
                                               partition.id)
         log.info("partition %s %s to be moved while attached%s", partition.id, "consents" if may_move else "no longer consents",
                  f" (as {user_id} asked)" if user_id else "")
@@ -659,9 +679,9 @@ class Decisions(QueueKeeping):
         relocatable ACTIVE partitions no operation holds; carry the plan out unless a dry run."""
         self._refuse_if_tested()
         state = self.state
-        spent, now = self.compaction_spent(), time.time()
+        spent, now = self.steps.compaction_spent(), time.time()
         room = spent.room(now)
-        movable = operations.movable(self, spent, now)
+        movable = operations.movable(self.steps, spent, now)
         allowed = set(state.allocation.agent_ids) - state.unplaceable()
         plan = plan_compaction(state.layout, allowed, state.taken(), state.holders(), movable, max_moves=room, mix=state.mix,
                                faults=state.links)
@@ -674,7 +694,7 @@ class Decisions(QueueKeeping):
         if command.dry_run:
             command.reply.resolve(Report(self.id, state.layout, plan, dry_run=True))
             return
-        self.start(Operation("compacting", self.compacting(operations.compact(self, plan, spent, command.why)), command.reply))
+        self.start(Operation("compacting", self.queue.compacting(operations.compact(self.steps, plan, spent, command.why)), command.reply))
 
     # Reservations
 
@@ -731,7 +751,7 @@ class Decisions(QueueKeeping):
 
         def apply() -> None:
             state.reservations[reservation.name] = reservation
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
 
         def undo() -> None:
             state.reservations.pop(reservation.name, None)
@@ -753,7 +773,7 @@ class Decisions(QueueKeeping):
 
         def apply() -> None:
             state.reservations.pop(reservation.name, None)
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
 
         def undo() -> None:
             state.reservations[reservation.name] = reservation

@@ -1,5 +1,15 @@
 """One allocation's owner: the one place that decides anything about its partitions, IPUs and queue.
 
+It is composed, not inherited: a turn engine (`turns.TurnEngine`: the inbox, the turn, the
+operations under way, the commits and what is published) and its parts, each an object of its
+own given the engine and the parts it uses. `decisions.Decisions` says what each command does;
+`queueing.Queue` keeps the waiting requests, their deadlines and leases, and the pass over them;
+`steps.Steps` makes the writes and agent calls that operations are made of, and is what an
+operation knows of its owner (`operations.Owner`). The engine asks its parts only what
+`turns.Deciding` and `turns.Queueing` say; the parts change the allocation's state (`state`),
+mark what they changed (`turns.Changes`) and start operations (`TurnEngine.start`), and touch
+nothing else of the engine's.
+
 Commands arrive in a bounded inbox (a full inbox refuses at once, as temporarily unavailable,
 which clients retry) and are decided in turns, one thing at a time. Whichever thread brings work
 and finds the turn free takes it and runs turns until no work is left; a thread that finds it
@@ -32,15 +42,21 @@ the test's cancelled step there to stop).
 from __future__ import annotations
 
 from vipu.controller.core.decisions import Decisions
+from vipu.controller.core.queueing import Queue
 from vipu.controller.core.state import AllocationState
-from vipu.controller.core.turns import Registry
+from vipu.controller.core.steps import Steps
+from vipu.controller.core.turns import Registry, TurnEngine
+
+AllocationOwner = TurnEngine  # an owner is its engine; its parts are reached through it only by its turns
 
 
-class AllocationOwner(Decisions):
-    """One allocation's owner, in parts by workflow: `turns` (the inbox, the turn, committing and
-    publishing), `steps` (the writes and calls operations are made of), `queueing` (the waiting
-    requests and the pass over them) and `decisions` (what each command does)."""
-
-    def __init__(self, owners: Registry, state: AllocationState):
-        super().__init__(owners, state)
-        self._publish()
+def allocation_owner(owners: Registry, state: AllocationState) -> AllocationOwner:
+    """One allocation's owner, composed of its parts: the turn engine (`turns`), which runs what
+    the decisions (`decisions`) and the queue (`queueing`) start, operations whose steps (`steps`)
+    change the engine's state. Each part is given the engine and the parts it uses; none inherits
+    from another."""
+    engine = TurnEngine(owners, state)
+    steps = Steps(engine)
+    queue = Queue(engine, steps)
+    engine.attach(Decisions(engine, steps, queue), queue)
+    return engine

@@ -20,10 +20,10 @@ from collections import Counter
 from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
-from vipu.controller.core.owner import AllocationOwner
+from vipu.controller.core.owner import AllocationOwner, allocation_owner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
-from vipu.controller.core.turns import Turns
+from vipu.controller.core.turns import TurnEngine
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.entities import Agent, Allocation, Drain, ReadyState
 from vipu.model.errors import Conflict, Unavailable, VipuError
@@ -73,7 +73,7 @@ class Owners:
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
         self._closings = 0  # allocations removed: an owner made from what was read before one is not kept
-        self._failed: dict[str, Turns] = {}  # allocation id -> its owner that failed, until a new one is made from the store
+        self._failed: dict[str, TurnEngine] = {}  # allocation id -> its owner that failed, until a new one is made from the store
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
 
@@ -98,7 +98,7 @@ class Owners:
                                        [r for r in requests if r.allocation_id == allocation.id], *_machines_out(configuration, allocation),
                                        links=links, reservations=[r for r in reservations if r.allocation_id == allocation.id])
             self._hold_for_test(state)
-            owners[allocation.id] = AllocationOwner(self, state)
+            owners[allocation.id] = allocation_owner(self, state)
         with self._lock:
             self._owners = owners
             self._failed.clear()  # every owner is made from the store now
@@ -143,7 +143,7 @@ class Owners:
                 failed = self._failed.get(allocation_id)
                 if failed is not None:
                     state.keep_out_as(failed.state)
-                owner = self._owners[allocation_id] = AllocationOwner(self, state)
+                owner = self._owners[allocation_id] = allocation_owner(self, state)
                 later = self._links if self._links.sequence != told else None
             break
         if later is not None:  # word the ledger gave while the store was read, which may have missed it
@@ -151,7 +151,7 @@ class Owners:
                 owner.submit(LinksChanged(later, reply=Reply(waited=False)), always=True)
         return owner
 
-    def rebuild(self, failed: Turns, why: str) -> None:
+    def rebuild(self, failed: TurnEngine, why: str) -> None:
         """An owner met what it did not expect (a turn raised; a commit's outcome is unknown), so
         what it holds in memory may not be what the store holds: it stops at once, and a new owner of
         its allocation is made from the store as at a takeover, which finishes the operations the
@@ -163,7 +163,7 @@ class Owners:
         failed.stop(why)
         threading.Thread(target=self._remake, args=(failed,), name=f"rebuild-{failed.id}", daemon=True).start()
 
-    def _remake(self, failed: Turns) -> None:
+    def _remake(self, failed: TurnEngine) -> None:
         if not failed.join(REBUILD_JOIN_SECONDS):
             log.warning("allocation %s: the failed owner's turn did not end within %g s; its new owner is made all the same",
                         failed.id, REBUILD_JOIN_SECONDS)
@@ -230,7 +230,7 @@ class Owners:
                     return None
         return self.owner(holder) if rebuilding else found  # one being made again from the store is made now
 
-    def closed(self, owner: Turns) -> None:
+    def closed(self, owner: TurnEngine) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
         with self._lock:
             self._closings += 1
@@ -384,7 +384,7 @@ class Owners:
 
     # Word of changes
 
-    def published(self, owner: Turns, partitions_changed: bool) -> None:
+    def published(self, owner: TurnEngine, partitions_changed: bool) -> None:
         with self.changed:
             self.version += 1
             self.changed.notify_all()

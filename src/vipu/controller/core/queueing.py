@@ -18,7 +18,7 @@ from vipu.controller.core.effects import AfterPass, Body, Operation, Write
 from vipu.controller.core.placing import UNDER_TEST, explicit_ipus, machines_left_out, partition_of
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
-from vipu.controller.core.turns import OPERATIONS_LIMIT
+from vipu.controller.core.turns import OPERATIONS_LIMIT, TurnEngine
 from vipu.model.compaction import Plan, plan_for
 from vipu.model.entities import Partition, PartitionRequest
 from vipu.model.errors import Conflict, NoRoom, VipuError
@@ -35,7 +35,33 @@ RETRY_SECONDS = 1.0  # a pass over the queue that failed (the store, say) is tri
 EXPLAINED_SHAPES = 64
 
 
-class QueueKeeping(Steps):
+class Queue:
+    """The owner's queue of waiting requests: its deadlines and leases, and the pass over it, on
+    the engine's state; what it starts (grants, expiries, the moves of a compaction) are the
+    engine's operations."""
+
+    def __init__(self, engine: TurnEngine, steps: Steps):
+        self.engine = engine
+        self.steps = steps
+        self.id = engine.id
+        self.state = state = engine.state
+        self.owners = engine.owners
+        self.changes = engine.changes
+        self.start = engine.start  # begin an operation in this turn
+        self.on_partition = engine.on_partition  # partition id -> the operation holding it
+        self.under_way = engine.under_way  # every operation started and not ended
+        self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
+        # A waiting request's lease, which its waiter renews by asking after it (`renew`); one loaded
+        # from the store (a restart, a new leader) gets a whole lease, for its waiter to come back.
+        self._asked: dict[str, datetime] = {}  # waiting request -> when its waiter last asked after it; its lease ends a lease later
+        for request in state.queue:
+            self._lease(request)
+        heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
+        self.explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
+
+    def next_expiry(self) -> datetime | None:
+        return self._expiries[0][0] if self._expiries else None
+
     def held_needed_at(self) -> float | None:
         """When the IPUs held for the first waiting request are expected to be free, and so needed
         (seconds since the epoch), from what is on them now; None if unknown: what a create that
@@ -43,7 +69,7 @@ class QueueKeeping(Steps):
         state = self.state
         return held_free_at(state.held, state.used, {}, expected_ends(state.partitions.values()), time.time())
 
-    def _enqueue(self, command: CreatePartition, refusal: NoRoom) -> Body:
+    def enqueue(self, command: CreatePartition, refusal: NoRoom) -> Body:
         now = datetime.now(UTC)
         waiting = WaitingRequest(command.request, self.id, command.access.user_id, now,
                                  now + timedelta(seconds=command.wait_seconds), command.keep_on_error, detached=command.detached)
@@ -55,7 +81,7 @@ class QueueKeeping(Steps):
             heapq.heappush(self._expiries, (waiting.deadline, waiting.sequence, waiting.partition_id))
             self._lease(waiting)
             self.owners.settle_id(waiting.partition_id, self.id)
-            self._queue_changed = self._queue_dirty = True
+            self.changes.queue = self.changes.room = True
 
         try:
             yield Write(lambda tx: tx.add_request(waiting), committed=committed)
@@ -73,11 +99,11 @@ class QueueKeeping(Steps):
         request = self.state.queue.get(partition_id)
         if request is None:
             return None
-        view = self._explained
+        view = self.explained
         position = self.state.queue.position(request)
         return Waiting(request, position, view.reason_at(position, request, self.state.queue.first(), shape_of(request.request)))
 
-    def _ending(self, request: WaitingRequest, transition: str, ending: VipuError) -> Body:
+    def ending(self, request: WaitingRequest, transition: str, ending: VipuError) -> Body:
         """Take a request out of the queue by `transition`, keeping how it ended for its clients. One
         whose row went without this owner ending it (deleted with its allocation) is taken out all
         the same: it waits no more."""
@@ -85,12 +111,12 @@ class QueueKeeping(Steps):
 
         def apply() -> None:
             state.queue.remove(request.partition_id)
-            self._queue_changed = self._queue_dirty = True
+            self.changes.queue = self.changes.room = True
 
         def committed() -> None:
             self.owners.leave_queue(request.owner)
             self.owners.release_id(request.partition_id, self.id)
-            self.ended(request, ending)
+            self.steps.ended(request, ending)
 
         try:
             yield Write(lambda tx: tx.end_request(request, transition), apply, lambda: state.queue.add(request), committed)
@@ -100,7 +126,7 @@ class QueueKeeping(Steps):
             log.info("partition %s: its request was no longer in the store (its allocation was removed)", request.partition_id)
         log.info("partition %s: %s", request.partition_id, ending.message)
 
-    def _expire_due(self) -> None:
+    def expire_due(self) -> None:
         """End the requests whose deadline has passed. One whose end the store refused, or that
         finds the owner at its limit of operations, is tried again RETRY_SECONDS later."""
         queue = self.state.queue
@@ -159,7 +185,7 @@ class QueueKeeping(Steps):
 
     def _expiring(self, request: WaitingRequest, ending: VipuError) -> Body:
         try:
-            yield from self._ending(request, "expire", ending)
+            yield from self.ending(request, "expire", ending)
         except VipuError as refused:
             log.warning("partition %s: its request could not be ended at its deadline: %s", request.partition_id, refused.message)
             self._expire_later(request)
@@ -168,22 +194,21 @@ class QueueKeeping(Steps):
         retry = datetime.now(UTC) + timedelta(seconds=RETRY_SECONDS)
         heapq.heappush(self._expiries, (retry, request.sequence, request.partition_id))
 
-    def _queue_matters(self) -> bool:
+    def matters(self) -> bool:
         """Whether a pass over the queue has anything to do: requests wait, or what readers were told of them is to go."""
-        return bool(len(self.state.queue) or len(self.snapshot.queue) or self._explained.first_verdict)
+        return bool(len(self.state.queue) or len(self.engine.snapshot.queue) or self.explained.first_verdict)
 
-    def _queue_pass(self) -> None:
+    def run_pass(self) -> None:
         """Start what fits in the queue now, hold IPUs for the first request, and work out why each
         still waits. One that fails (the store, say) is tried again after RETRY_SECONDS."""
-        self._queue_dirty = False
         try:
             self._admit()
         except VipuError as error:  # the owner at its limit of operations, say
             log.warning("the pass over the queue of allocation %s stopped: %s", self.id, error.message)
-            self._pass_due = time.monotonic() + RETRY_SECONDS
+            self.engine.pass_again(RETRY_SECONDS)
         except Exception:
             log.exception("the pass over the queue of allocation %s failed", self.id)
-            self._pass_due = time.monotonic() + RETRY_SECONDS
+            self.engine.pass_again(RETRY_SECONDS)
 
     def _admit(self) -> None:
         state = self.state
@@ -196,8 +221,8 @@ class QueueKeeping(Steps):
         if state.test or state.closing:
             why = (f"{state.test} is under test; no partition starts in it until the test ends" if state.test
                    else f"allocation {self.id} is being removed")
-            self._explained = QueueView(held=frozenset(), first_verdict=why, verdicts={}, layout=state.layout, every=why)
-            self._queue_changed = self._changed = True
+            self.explained = QueueView(held=frozenset(), first_verdict=why, verdicts={}, layout=state.layout, every=why)
+            self.changes.queue = self.changes.state = True
             return
         allowed = set(state.allocation.agent_ids) - state.unplaceable()  # nothing starts, nor is held, on a machine down or draining
         layout, allocation, now = state.layout, state.allocation, time.time()
@@ -234,7 +259,7 @@ class QueueKeeping(Steps):
                           expected_ends=expected_ends(state.partitions.values()), now=now)
         for request, placement in admission.started:
             partition = partition_of(request.request, request.owner, allocation, placement)
-            self.start(Operation("creating", operations.grant(self, request, partition), partition_id=partition.id))
+            self.start(Operation("creating", operations.grant(self.steps, request, partition), partition_id=partition.id))
         if admission.first is not None:
             state.held, state.held_for = admission.held, admission.first.partition_id
             if state.held_recorded != (admission.first.partition_id, admission.held):
@@ -261,12 +286,12 @@ class QueueKeeping(Steps):
 
     def _ending_now(self, request: WaitingRequest, ending: VipuError) -> Body:
         try:
-            yield from self._ending(request, "expire", ending)
+            yield from self.ending(request, "expire", ending)
         except VipuError as refused:
             log.warning("partition %s: its request could not be ended: %s", request.partition_id, refused.message)
-            self._pass_due = time.monotonic() + RETRY_SECONDS
+            self.engine.pass_again(RETRY_SECONDS)
 
-    def _refusal_in(self, request: PartitionRequest, reservation: Reservation, kept: Mapping[tuple[str, int], Reservation],
+    def refusal_in(self, request: PartitionRequest, reservation: Reservation, kept: Mapping[tuple[str, int], Reservation],
                     occupancy: Occupancy, fallback: str) -> str:
         """Why a request made in a reservation does not fit, in words of the reservation's machines
         alone (what is free there, which partitions stand in the way), or else `fallback`."""
@@ -292,20 +317,20 @@ class QueueKeeping(Steps):
         if r.reservation or r.size > free_ipu_count(state.layout, allowed, shifted(state.used, on=kept)) or state.compactions:
             return
         holders = state.holders()
-        spent = self.compaction_spent()
+        spent = self.steps.compaction_spent()
         room = spent.room(now)
         looked = (first.partition_id, frozenset(holders.items()), frozenset(allowed), state.links.sequence, room)
         if state.compaction_looked == looked:
             return
         state.compaction_looked = looked
         used = shifted(state.used, on=state.reserved(now)) if state.reservations else state.used
-        plan = plan_for(state.layout, allowed, used, holders, r.size, operations.movable(self, spent, now), max_moves=room,
+        plan = plan_for(state.layout, allowed, used, holders, r.size, operations.movable(self.steps, spent, now), max_moves=room,
                         mix=state.mix, num_segments=r.num_segments, ipulink_routing=r.ipulink_routing, faults=state.links)
         if plan is None or not self._takes(first, allowed, plan, kept):
             return
         log.info("allocation %s: %d move(s) to free %d IPUs for waiting request %s", self.id, len(plan.moves), plan.size,
                  first.partition_id)
-        body = operations.compact(self, plan, spent, f"the queue for {first.partition_id}")
+        body = operations.compact(self.steps, plan, spent, f"the queue for {first.partition_id}")
         self.start(Operation("compacting", self.compacting(self._reporting(body)), system=True))
 
     def _takes(self, first: WaitingRequest, allowed: set[str], plan: Plan, kept: Iterable[tuple[str, int]]) -> bool:
@@ -327,7 +352,7 @@ class QueueKeeping(Steps):
             return (yield from body)
         finally:
             self.state.compactions -= 1
-            self._queue_dirty = True
+            self.changes.room = True
 
     def _reporting(self, body: Body) -> Body:
         """A compaction the queue asked for: why it stopped or failed, logged (nobody waits for it)."""
@@ -347,18 +372,18 @@ class QueueKeeping(Steps):
         try:
             yield Write(lambda tx: tx.hold_for(first, held), committed=committed)
         except VipuError as error:
-            self._pass_due = time.monotonic() + RETRY_SECONDS
+            self.engine.pass_again(RETRY_SECONDS)
             log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
                         first.partition_id, error.message)
 
-    def _machines_left_out(self) -> dict[str, str]:
+    def machines_left_out(self) -> dict[str, str]:
         """The allocation's machines that are down or draining (or a cluster test holds), and what
         each is, as a refusal says it: no partition is placed there (it would fail at a machine that
         is down while others are free; an operator is emptying one that drains)."""
         state = self.state
         if not state.down and not state.draining and not state.claimed:
             return {}
-        agents = self.agents()
+        agents = self.steps.agents()
         kept = {agent_id: f"{UNDER_TEST} ({test}) until the test ends" for agent_id, test in state.claimed.items()}
         kept.update({agent_id: f"is {drain.describe()}" for agent_id, drain in state.draining.items()})
         kept.update({agent_id: "is down: " + ("a power action is under way on it" if state.powering(agent_id) else
@@ -371,15 +396,15 @@ class QueueKeeping(Steps):
         """Why each request still waits, from placement, against the state as the pass left it.
         Every request behind the first sees the same room (less what is held for the first), so
         placement is asked once per shape of request."""
-        self._queue_changed = self._changed = True
+        self.changes.queue = self.changes.state = True
         state = self.state
         first = state.queue.first()
         if first is None:
-            self._explained = QueueView(layout=state.layout)
+            self.explained = QueueView(layout=state.layout)
             return
         holders = state.holders()
         used, layout, allocation = state.used, state.layout, state.allocation
-        left_out = {agent: what for agent, what in self._machines_left_out().items() if agent not in allowed}
+        left_out = {agent: what for agent, what in self.machines_left_out().items() if agent not in allowed}
         where = f"allocation {allocation.id}"
         if left_out:
             that_are, listed = machines_left_out(left_out)
@@ -408,7 +433,7 @@ class QueueKeeping(Steps):
                 refusal = error
             held_free = isinstance(refusal, NoRoom) and refusal.held_free > 0
             if named is not None:
-                return self._refusal_in(r, named, kept, occupancy, refusal.message), held_free
+                return self.refusal_in(r, named, kept, occupancy, refusal.message), held_free
             if not kept:
                 return refusal.message, held_free
             try:
@@ -428,7 +453,7 @@ class QueueKeeping(Steps):
                 verdicts[shape], kept_off = verdict(behind, behind_first)
                 if kept_off:
                     kept_off_held.add(shape)
-        self._explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders))[0], verdicts=verdicts, layout=layout,
+        self.explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders))[0], verdicts=verdicts, layout=layout,
                                     held_needed_at=held_needed_at, kept_off_held=frozenset(kept_off_held))
 
 

@@ -1,6 +1,7 @@
 """What an owner's operations use to take their steps: the partition writes of the life cycle, made
 at once in the owner's state and taken back if the store refuses them, and the agent calls of a
-partition (see `operations` for the operations, `effects` for the steps)."""
+partition (see `operations` for the operations, `effects` for the steps). `Steps` is what an
+operation knows of its owner (`operations.Owner`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vipu.controller.core.agents import AgentCall
 from vipu.controller.core.effects import Calls, Operation, Write
-from vipu.controller.core.turns import Turns
+from vipu.controller.core.turns import TurnEngine
 from vipu.model import lifecycle
 from vipu.model.compaction import BudgetSpent
 from vipu.model.configuration import AgentSettings, agent_settings
@@ -25,7 +26,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("vipu.controller.core")
 
 
-class Steps(Turns):
+class Steps:
+    """The steps of the owner's operations, on its engine's state: each write marks what it changes."""
+
+    def __init__(self, engine: TurnEngine):
+        self.engine = engine
+        self.id = engine.id
+        self.state = engine.state
+        self.owners = engine.owners
+        self.changes = engine.changes
+        self.on_partition = engine.on_partition
+
+    def start(self, operation: Operation, holds: tuple[str, ...] = ()) -> Operation:
+        """Begin an operation in this turn (`TurnEngine.start`)."""
+        return self.engine.start(operation, holds)
+
     def compaction_spent(self) -> BudgetSpent:
         """The allocation's compaction moves of late (by compaction, and by resets that re-place),
         counted from what its partitions record the first time, then kept."""
@@ -56,7 +71,7 @@ class Steps(Turns):
     def clears_under_way(self, partition_id: str, agents: list[Agent]) -> list[Operation]:
         """The reconciliations clearing old settings of that id from these agents, which its new
         settings must not race."""
-        return list({id(f): f for a in agents if (f := self._clears.get((a.id, partition_id))) is not None}.values())
+        return list({id(f): f for a in agents if (f := self.engine.clears.get((a.id, partition_id))) is not None}.values())
 
     def settings_of(self, partition: Partition, agents: list[Agent]) -> dict[str, AgentSettings]:
         """What each of the partition's agents (`agents_of`) should hold for it."""
@@ -71,7 +86,7 @@ class Steps(Turns):
     def clearing(self, partition_id: str, agents: list[Agent]) -> Calls:
         return Calls([self.call(agent, partition_id=partition_id) for agent in agents])
 
-    def _partition_write(self, work: Callable[[Any], Any], before: Partition | None, after: Partition | None,
+    def partition_write(self, work: Callable[[Any], Any], before: Partition | None, after: Partition | None,
                          partition_id: str) -> Write:
         """A write of one partition: `after` (None: gone) in the state at once, `before` again if refused."""
         state = self.state
@@ -85,8 +100,8 @@ class Steps(Turns):
 
         def apply() -> None:
             put(after)
-            self._partitions_changed = True
-            self._queue_dirty = self._queue_dirty or moves
+            self.changes.partitions = True
+            self.changes.room = self.changes.room or moves
 
         def committed() -> None:
             if before is None and after is not None:
@@ -106,10 +121,10 @@ class Steps(Turns):
             for name, fields in transitions:
                 tx.transition(current, name, **{k: v for k, v in fields.items() if v is not None})
 
-        return self._partition_write(work, partition, after, partition.id)
+        return self.partition_write(work, partition, after, partition.id)
 
     def inserting(self, partition: Partition) -> Write:
-        return self._partition_write(lambda tx: tx.add_partition(partition), None, partition, partition.id)
+        return self.partition_write(lambda tx: tx.add_partition(partition), None, partition, partition.id)
 
     def moving(self, partition: Partition, fields: dict[str, Any]) -> Write:
         """A partition's 'relocate' to new IPUs; its old IPUs stay taken (`unlinger`)."""
@@ -129,7 +144,7 @@ class Steps(Turns):
 
     def unlinger(self, partition_id: str) -> None:
         if self.state.unlinger(partition_id):
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
 
     def forgetting(self, partition: Partition, uncleared: list[str]) -> Write:
         """A partition's removal, committed although the agents `uncleared` did not confirm its
@@ -154,7 +169,7 @@ class Steps(Turns):
         """IPUs of an agent that did not confirm the clear of a partition's settings (or holds
         settings nobody owns) stay out of placement until it is seen cleared (`cleared`)."""
         self.state.keep_uncleared(agent_id, partition_id, indices)
-        self._changed = True
+        self.changes.state = True
 
     def keep_uncleared_of(self, agent_id: str, partition: Partition) -> None:
         self.keep_uncleared(agent_id, partition.id, [i.index for i in partition.ipus if i.agent_id == agent_id])
@@ -163,7 +178,7 @@ class Steps(Turns):
         """An agent is seen holding nothing of a partition: IPUs kept out for it are free again."""
         if self.state.cleared(agent_id, partition_id):
             log.info("agent %s: its IPUs of partition %s are seen cleared and free again", agent_id, partition_id)
-            self._changed = self._queue_dirty = True
+            self.changes.state = self.changes.room = True
 
     def granting(self, request: WaitingRequest, partition: Partition) -> Write:
         """A request's grant: it ends, and its partition is recorded, in one transaction."""
@@ -176,7 +191,7 @@ class Steps(Turns):
         def apply() -> None:
             state.queue.remove(request.partition_id)
             state.put(partition)
-            self._partitions_changed = self._queue_changed = self._queue_dirty = True
+            self.changes.partitions = self.changes.queue = self.changes.room = True
 
         def undo() -> None:
             state.drop(partition.id)

@@ -1,19 +1,18 @@
-"""An allocation owner's turns: its inbox, whose turn it is, how a turn runs operations a step at a
-time, commits their writes together and publishes what is committed (see `owner` for the whole).
-
-`Turns` is the first part of `AllocationOwner`: the parts after it (`steps`, `queueing`,
-`decisions`) fill in what a turn does with a command and with the queue.
+"""An allocation owner's turn engine: its inbox, whose turn it is, how a turn runs operations a step
+at a time, commits their writes together and publishes what is committed (see `owner` for the
+whole). What a turn does with a command, and with the queue, it asks of its parts (`Deciding`,
+`Queueing`), which `owner` composes: they are given the engine, and it is given them.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
 import typing
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -60,14 +59,59 @@ class Registry(Protocol):
     limits: QueueLimits
     compaction_budget: Budget
 
-    def rebuild(self, failed: Turns, why: str) -> None: ...
-    def closed(self, owner: Turns) -> None: ...
-    def published(self, owner: Turns, partitions_changed: bool) -> None: ...
+    def rebuild(self, failed: TurnEngine, why: str) -> None: ...
+    def closed(self, owner: TurnEngine) -> None: ...
+    def published(self, owner: TurnEngine, partitions_changed: bool) -> None: ...
     def settle_id(self, partition_id: str, allocation_id: str) -> None: ...
     def release_id(self, partition_id: str, allocation_id: str) -> None: ...
     def enter_queue(self, user: str) -> None: ...
     def leave_queue(self, user: str) -> None: ...
     def record_ending(self, partition_id: str, allocation_id: str, ending: VipuError) -> None: ...
+
+
+class Deciding(Protocol):
+    """What a turn asks of the owner's decisions (`decisions.Decisions`)."""
+
+    def decide(self, command: Command) -> None:
+        """Take a command up: start its operation, answer it, or raise its refusal."""
+
+    def drains_due(self) -> None:
+        """Remove the partitions left on machines whose drain's deadline passed."""
+
+    def reclear(self) -> None:
+        """Ask the machines again to clear what they did not confirm clearing."""
+
+
+class Queueing(Protocol):
+    """What a turn asks of the owner's queue of waiting requests (`queueing.Queue`)."""
+
+    explained: QueueView  # why each request waits, as the last pass worked it out
+
+    def expire_due(self) -> None:
+        """End the requests whose deadline, or whose waiter's lease, passed."""
+
+    def matters(self) -> bool:
+        """Whether a pass over the queue has anything to do."""
+
+    def run_pass(self) -> None:
+        """Start what fits, hold IPUs for the first request, and tell why the rest waits."""
+
+    def next_expiry(self) -> datetime | None:
+        """When the soonest deadline or lease of a waiting request comes due."""
+
+    def renew(self, partition_id: str) -> None:
+        """Its waiter asked after a request: its lease starts again (any thread)."""
+
+
+@dataclass
+class Changes:
+    """What a turn has changed so far, which decides what it does before it lets go: every part
+    marks what it changed here."""
+
+    state: bool = True  # anything readers see: a new snapshot is published
+    partitions: bool = True  # a partition: the change feed hears of it
+    queue: bool = True  # which requests wait, or why: the snapshot's queue is made again
+    room: bool = True  # the room or the queue: a pass over the queue looks again
 
 
 class _WriteRefused(Exception):
@@ -76,13 +120,16 @@ class _WriteRefused(Exception):
         self.index, self.error = index, error
 
 
-class Turns:
+class TurnEngine:
+    """The engine of one allocation's owner: its inbox, its turns and the operations they run, the
+    commits and what is published. Its parts (`attach`) decide commands and keep the queue."""
+
     def __init__(self, owners: Registry, state: AllocationState):
         self.owners = owners
         self.id = state.allocation.id
         self.state = state
         self.on_partition: dict[str, Operation] = {}  # partition id -> the operation holding it
-        self._clears: dict[tuple[str, str], Operation] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
+        self.clears: dict[tuple[str, str], Operation] = {}  # (agent, partition id) -> the reconciliation clearing old settings there
         self._lock = threading.Lock()  # over the inbox and whose turn it is; never held through a turn
         self._quiet = threading.Condition(self._lock)  # notified at the end of every turn
         self._timer = threading.Condition(self._lock)  # the timer thread waits on it for the next thing due
@@ -103,55 +150,39 @@ class Turns:
         self._after_pass: list[Operation] = []
         self._loans_ending: list[tuple[Loan, str]] = []  # loans taken back this turn, ended once it is committed
         self._stepping_off: list[Loan] = []  # loans taken back whose test steps may still run
-        self._changed = True
-        self._partitions_changed = True
-        self._queue_changed = True
-        self._queue_dirty = True
+        self.changes = Changes()
         self._pass_due = 0.0  # monotonic; 0: no pass waits to be retried
         self._reclear_due = 0.0  # monotonic; 0: no unconfirmed clear waits to be asked again
         self._reclear_wait = RECLEAR_FIRST_SECONDS
-        self._expiries: list[tuple[datetime, int, str]] = [(r.deadline, r.sequence, r.partition_id) for r in state.queue]
-        # A waiting request's lease, which its waiter renews by asking after it (`renew`); one loaded
-        # from the store (a restart, a new leader) gets a whole lease, for its waiter to come back.
-        self._asked: dict[str, datetime] = {}  # waiting request -> when its waiter last asked after it; its lease ends a lease later
-        for request in state.queue:
-            self._lease(request)
-        heapq.heapify(self._expiries)  # the waiting requests' deadlines and leases, soonest first
-        self._explained = QueueView(held=state.held, layout=state.layout)  # until the first pass: what the store holds
         self.snapshot = AllocationSnapshot(state.allocation, state.layout)
         # When a drain's deadline next removes a partition (seconds since the epoch), worked out by each
         # turn: the timer thread reads this number, never the state a turn changes.
         self._drain_due: float | None = self._drain_deadline()
+        self._decisions: Deciding | None = None
+        self._queue: Queueing | None = None
 
-    # What the later parts of the owner do at a turn's points
+    def attach(self, decisions: Deciding, queue: Queueing) -> None:
+        """Take the parts a turn asks, and publish the state it starts from."""
+        self._decisions, self._queue = decisions, queue
+        self._publish()
 
-    def _decide(self, command: Command) -> None:
-        """Take a command up (`decisions`)."""
-        raise NotImplementedError
+    @property
+    def decisions(self) -> Deciding:
+        assert self._decisions is not None, "an owner's engine runs no turn before its parts are attached"
+        return self._decisions
 
-    def _expire_due(self) -> None:
-        """End the requests whose deadline passed (`queueing`)."""
-        raise NotImplementedError
+    @property
+    def queue(self) -> Queueing:
+        assert self._queue is not None, "an owner's engine runs no turn before its parts are attached"
+        return self._queue
 
-    def _drains_due(self) -> None:
-        """Remove the partitions left on machines whose drain's deadline passed (`decisions`)."""
-        raise NotImplementedError
+    def renew(self, partition_id: str) -> None:
+        """Its waiter asked after a waiting request (`Queueing.renew`)."""
+        self.queue.renew(partition_id)
 
-    def _lease(self, request: WaitingRequest) -> None:
-        """Give a waiting request a whole lease (`queueing`)."""
-        raise NotImplementedError
-
-    def _queue_matters(self) -> bool:
-        """Whether a pass over the queue has anything to do (`queueing`)."""
-        raise NotImplementedError
-
-    def _queue_pass(self) -> None:
-        """Start what fits in the queue, and tell why the rest waits (`queueing`)."""
-        raise NotImplementedError
-
-    def _reclear(self) -> None:
-        """Ask the machines again to clear what they did not confirm clearing (`decisions`)."""
-        raise NotImplementedError
+    def pass_again(self, seconds: float) -> None:
+        """A pass over the queue that could not do its work is tried again in `seconds`."""
+        self._pass_due = time.monotonic() + seconds
 
     # The inbox, and whose turn it is
 
@@ -340,8 +371,9 @@ class Turns:
         """When the owner must act without a command (monotonic): a request's deadline, a retried
         pass, the end of a loan of its machines, a drain's deadline."""
         timers = []
-        if self._expiries:
-            timers.append(time.monotonic() + (self._expiries[0][0] - datetime.now(UTC)).total_seconds())
+        expiry = self.queue.next_expiry()
+        if expiry is not None:
+            timers.append(time.monotonic() + (expiry - datetime.now(UTC)).total_seconds())
         if self._pass_due:
             timers.append(self._pass_due)
         if self._reclear_due:
@@ -372,16 +404,16 @@ class Turns:
             self.call_ends.record(made, outcomes, now)
         self._commands.extend(commands)
         failpoints.hit("owner.turn")
-        self._expire_due()
-        self._drains_due()
+        self.queue.expire_due()
+        self.decisions.drains_due()
         loan = self.state.loan
         if loan is not None and time.monotonic() >= loan.until:
-            self._take_back(f"its loan of {loan.seconds:g} s ran out")
+            self.take_back(f"its loan of {loan.seconds:g} s ran out")
         if self._pass_due and time.monotonic() >= self._pass_due:
-            self._pass_due, self._queue_dirty = 0.0, True
+            self._pass_due, self.changes.room = 0.0, True
         if self._reclear_due and time.monotonic() >= self._reclear_due:
             self._reclear_due = 0.0
-            self._reclear()
+            self.decisions.reclear()
         passed = False
         while not self._stopped:  # a deposed owner decides nothing more, not even within this turn
             while self._commands or self._ready:
@@ -397,9 +429,10 @@ class Turns:
                 self._take_back_used()
                 self._publish(queue=False)  # what is committed is seen at once, not after the turn's other commits
                 continue
-            if self._queue_dirty and not passed and self._queue_matters():
+            if self.changes.room and not passed and self.queue.matters():
                 passed = True
-                self._queue_pass()
+                self.changes.room = False
+                self.queue.run_pass()
                 continue
             if self._after_pass:
                 self._ready.extend((operation, None, None) for operation in self._after_pass)
@@ -413,10 +446,10 @@ class Turns:
         if self._stopped:  # what it staged is neither committed nor shown, and no agent is called for it
             self._staged, self._launch = [], []
             return
-        if self._queue_dirty and not self._pass_due and self._queue_matters():  # a change came after this turn's pass
+        if self.changes.room and not self._pass_due and self.queue.matters():  # a change came after this turn's pass
             self._pass_due = time.monotonic()
         self._keep_reclearing()
-        self._queue_dirty = self._queue_dirty and self._queue_matters()
+        self.changes.room = self.changes.room and self.queue.matters()
         self._drain_due = self._drain_deadline()
         self._publish()
         launch, self._launch = self._launch, []
@@ -431,7 +464,7 @@ class Turns:
     def _keep_reclearing(self) -> None:
         """While IPUs stay kept out for a clear no machine confirmed, and none is being asked now,
         ask again later, each time later while it does not answer; at once from scratch once none are."""
-        waiting = [pair for pair in self.state.uncleared if pair not in self._clears]
+        waiting = [pair for pair in self.state.uncleared if pair not in self.clears]
         if not waiting:
             self._reclear_due, self._reclear_wait = 0.0, RECLEAR_FIRST_SECONDS
         elif not self._reclear_due:
@@ -454,7 +487,7 @@ class Turns:
         taken = [machine for machine in loan.machines if machine in self.state.used]
         if taken:
             partitions = sorted({p for (agent, _), p in self.state.holders().items() if agent in taken})
-            self._take_back(f"{' and '.join(self._taker(p) for p in partitions)} took {', '.join(taken)}")
+            self.take_back(f"{' and '.join(self._taker(p) for p in partitions)} took {', '.join(taken)}")
 
     def _taker(self, partition_id: str) -> str:
         """What took a lent machine, as the idle-time test's results say: "the create of partition p1"."""
@@ -462,7 +495,7 @@ class Turns:
         named = OPERATION_NAMES.get(operation.kind, "") if operation is not None and operation.kind in ("creating", "relocating") else ""
         return f"the {named} of partition {partition_id}" if named else f"partition {partition_id}"
 
-    def _take_back(self, why: str) -> None:
+    def take_back(self, why: str) -> None:
         """The lent machines are the allocation's alone again. The loan ends once this turn's writes
         are committed and before any agent call it launches, which cancels the test's steps; calls
         to those machines wait for their steps there to stop (`_step_off`)."""
@@ -472,7 +505,7 @@ class Turns:
         self.state.loan = None
         self._loans_ending.append((loan, why))
         self._stepping_off.append(loan)
-        self._changed = True
+        self.changes.state = True
         log.info("allocation %s takes back %s from the %s: %s", self.id, ", ".join(loan.machines), loan.test, why)
 
     def _step_off(self, calls: list[AgentCall]) -> Callable[[], None] | None:
@@ -494,7 +527,7 @@ class Turns:
 
     def _handle(self, command: Command) -> None:
         try:
-            self._decide(command)
+            self.decisions.decide(command)
         except VipuError as refusal:
             command.reply.fail(refusal)
         except Exception as error:  # the turn fails: nothing it staged is committed, and the owner is rebuilt
@@ -509,7 +542,7 @@ class Turns:
         for partition_id in (operation.partition_id, *holds):
             if partition_id:
                 self.on_partition[partition_id] = operation
-        self._changed = True
+        self.changes.state = True
         self._step(operation)  # to its first effect now: a write it stages is in the state before the next command is placed
         return operation
 
@@ -553,9 +586,9 @@ class Turns:
         self.under_way.discard(operation)
         for partition_id in [p for p, f in self.on_partition.items() if f is operation]:
             del self.on_partition[partition_id]
-        for pair in [pair for pair, f in self._clears.items() if f is operation]:
-            del self._clears[pair]
-        self._changed = True
+        for pair in [pair for pair, f in self.clears.items() if f is operation]:
+            del self.clears[pair]
+        self.changes.state = True
         if operation.reply is not None:
             if error is None:
                 operation.reply.resolve(result)
@@ -587,7 +620,7 @@ class Turns:
                 if isinstance(error, Unavailable) and operation.committed and operation.partition_id:
                     error = self._left_unfinished(operation, error)
                 self._ready.append((operation, None, error))
-        self._changed = True
+        self.changes.state = True
 
     def _commit(self, writes: list[Write]) -> list[VipuError | None]:
         """Each write's refusal, or None: all are committed together but those the store refuses
@@ -640,19 +673,20 @@ class Turns:
                 self.owners.release_id(partition_id, self.id)
         elif current.allocation_id == self.id:
             self.state.put(current)
-        self._partitions_changed = self._changed = self._queue_dirty = True
+        self.changes.partitions = self.changes.state = self.changes.room = True
 
     def _publish(self, queue: bool = True) -> None:
         """The state as committed, for every reader: a new snapshot, replacing the last at once.
         Within a turn (not `queue`) the queue's part shows which requests wait as committed (a
         granted one gone with its partition there) with the reasons of the last pass; at the end of
         the turn, once its pass has told why each waits, with those."""
-        if not self._changed:
+        changes = self.changes
+        if not changes.state:
             return
         state = self.state
         queue_view = self.snapshot.queue
-        if self._queue_changed:
-            explained, first = self._explained, state.queue.first()
+        if changes.queue:
+            explained, first = self.queue.explained, state.queue.first()
             if not queue and first is not self.snapshot.queue.first:  # the last pass's reasons were not about this first
                 explained = QueueView(every=explained.every)
             queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
@@ -660,7 +694,7 @@ class Turns:
                                    first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
                                    every=explained.every, held_needed_at=explained.held_needed_at,
                                    kept_off_held=explained.kept_off_held)
-            self._queue_changed = not queue
+            changes.queue = not queue
         used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
         for agent in state.touched:
             indices = state.used.get(agent)
@@ -677,6 +711,6 @@ class Turns:
             lent=state.loan.machines if state.loan is not None else (),
             closing=state.closing, links=state.links, draining=dict(state.draining),
             reservations=dict(state.reservations))
-        partitions_changed = self._partitions_changed
-        self._changed, self._partitions_changed = self._queue_changed, False  # a queue changed meanwhile: at the turn's end
+        partitions_changed = changes.partitions
+        changes.state, changes.partitions = changes.queue, False  # a queue changed meanwhile: at the turn's end
         self.owners.published(self, partitions_changed)
