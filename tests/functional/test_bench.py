@@ -166,9 +166,17 @@ def test_the_enqueue_benchmark_times_requests_waiting_at_both_ends_of_a_growing_
 
 @pytest.mark.functional
 def test_the_floor_benchmark_measures_a_do_nothing_end_point(tmp_path):
-    result = bench(tmp_path, "floor", "--clients", "1,2", "--pairs", "20")
-    assert [(r["clients"], r["pairs"]) for r in result["runs"]] == [(1, 20), (2, 40)]
+    result = bench(tmp_path, "floor", "--clients", "1,2", "--pairs", "20", "--end-point", "threads,aio")
+    assert [(r["end_point"], r["clients"], r["pairs"]) for r in result["runs"]] == [
+        ("threads", 1, 20), ("threads", 2, 40), ("aio", 1, 20), ("aio", 2, 40)]
     assert all(r["pairs_per_s"] > 0 and r["cpu_ms_per_pair"] > 0 and r["switches_per_pair"] > 0 for r in result["runs"])
+
+
+@pytest.mark.functional
+def test_the_floor_benchmark_refuses_an_end_point_it_does_not_know(tmp_path):
+    refused = subprocess.run([sys.executable, "-m", "bench.floor", "--end-point", "uvloop"], capture_output=True, text=True,
+                             cwd=ROOT)
+    assert refused.returncode == 2 and "--end-point uvloop is not one of threads, aio" in refused.stderr
 
 
 @pytest.mark.functional
