@@ -420,7 +420,7 @@ class Decisions:
         self._answer_when_done(command, children)
 
     def reclear(self) -> None:
-        """Ask each machine that did not confirm a clear to clear it again (`_keep_reclearing`)."""
+        """Ask each machine that did not confirm a clear to clear it again (`TurnEngine._keep_reclearing` says when)."""
         agents, state = self.steps.agents(), self.state
         by_agent: dict[str, list[str]] = {}
         for agent_id, partition_id in state.uncleared:

@@ -7,8 +7,10 @@ own given the engine and the parts it uses. `decisions.Decisions` says what each
 `steps.Steps` makes the writes and agent calls that operations are made of, and is what an
 operation knows of its owner (`operations.Owner`). The engine asks its parts only what
 `turns.Deciding` and `turns.Queueing` say; the parts change the allocation's state (`state`),
-mark what they changed (`turns.Changes`) and start operations (`TurnEngine.start`), and touch
-nothing else of the engine's.
+mark what they changed (`turns.Changes`), start operations (`TurnEngine.start`), take a loan back
+(`take_back`) and have a pass over the queue tried again (`pass_again`), and read the rest of the
+engine's public attributes only (the operations holding partitions and under way, the clears
+under way, when agent calls came back, the last snapshot).
 
 Commands arrive in a bounded inbox (a full inbox refuses at once, as temporarily unavailable,
 which clients retry) and are decided in turns, one thing at a time. Whichever thread brings work

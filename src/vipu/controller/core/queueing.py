@@ -174,7 +174,7 @@ class Queue:
 
     def renew(self, partition_id: str) -> None:
         """Its waiter asked after a request: its lease starts again. Any thread may call it: it
-        replaces one time in `_asked` (which the owner never replaces whole), read when the lease comes due."""
+        replaces one time in `_asked` (which the queue never replaces whole), read when the lease comes due."""
         if partition_id in self._asked:
             self._asked[partition_id] = datetime.now(UTC)
 

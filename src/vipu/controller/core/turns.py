@@ -94,7 +94,8 @@ class Queueing(Protocol):
         """Whether a pass over the queue has anything to do."""
 
     def run_pass(self) -> None:
-        """Start what fits, hold IPUs for the first request, and tell why the rest waits."""
+        """Start what fits, hold IPUs for the first request, and tell why the rest waits (the
+        engine clears `Changes.room` first: what the pass changes marks it again)."""
 
     def next_expiry(self) -> datetime | None:
         """When the soonest deadline or lease of a waiting request comes due."""
