@@ -244,13 +244,15 @@ def _sub_machine_candidates(layout: ClusterLayout, allowed: Set[str], used: Used
         if agent not in allowed:
             continue
         busy = used.get(agent, frozenset())
+        if len(busy) >= IPUS_PER_MACHINE:
+            continue  # no group of a machine taken whole is free, as most busy ones of a large pod are
         if not busy:
             if free_machine_seen and not every and (future is None or not future.at_run_end(agent)):
                 continue
             free_machine_seen = True
         d, _ = layout.locate(agent)
         for group_order, group in enumerate(SUB_MACHINE_GROUPS[size]):
-            if not any(index in busy for index in group):
+            if busy.isdisjoint(group):
                 score: Score = (IPUS_PER_MACHINE - len(busy), order, group_order)  # the fullest machine, the lowest
                 if future is not None:
                     score = (-future.after_group(agent, busy, group), *score)
@@ -306,7 +308,7 @@ class _Future:
 
     def __init__(self, layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]], runs: _FreeRuns, mix: SizeMix):
         self.layout, self.runs = layout, runs
-        machines = sum(1 for agent in allowed if layout.has(agent))
+        machines = layout.count_among(allowed)
         shares = mix.shares(min(machines * IPUS_PER_MACHINE, layout.ipus_per_ild))
         busy = [indices for agent, indices in used.items() if indices and agent in allowed and layout.has(agent)]
         free_rungs = len(SUB_MACHINE_GROUPS[2]) * (machines - len(busy)) + sum(_free_rungs(indices) for indices in busy)
@@ -335,7 +337,7 @@ class _Future:
 def _free_rungs(busy: Set[int]) -> int:
     if len(busy) >= IPUS_PER_MACHINE:
         return 0  # a machine taken whole, as most busy ones of a large pod are
-    return sum(not any(index in busy for index in rung) for rung in SUB_MACHINE_GROUPS[2])
+    return sum(busy.isdisjoint(rung) for rung in SUB_MACHINE_GROUPS[2])
 
 
 def _group_of_ipus(ild: int, agent: str, group: tuple[int, ...]) -> Segments:
@@ -352,7 +354,7 @@ def _run_of_machines(layout: ClusterLayout, ilds: tuple[int, ...], start: int, m
 def free_ipu_count(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]) -> int:
     """The free IPUs of the allowed machines: counted from those in use, as few machines are busy
     next to the whole of a large pod."""
-    machines = sum(1 for agent in allowed if layout.has(agent))
+    machines = layout.count_among(allowed)
     return IPUS_PER_MACHINE * machines - sum(len(indices) for agent, indices in used.items() if agent in allowed and layout.has(agent))
 
 

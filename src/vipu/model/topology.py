@@ -17,7 +17,7 @@ Machines stacked in a rack extend the ladder upwards:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Set
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -130,6 +130,10 @@ class ClusterLayout:
 
     def has(self, agent_id: str) -> bool:
         return agent_id in self._where
+
+    def count_among(self, agents: Set[str]) -> int:
+        """How many of `agents` are machines of this cluster (counted in C: placement asks at every create)."""
+        return len(self._where.keys() & agents)
 
     @classmethod
     def of(cls, cluster: Cluster) -> ClusterLayout:
