@@ -173,6 +173,13 @@ def test_the_floor_benchmark_measures_a_do_nothing_end_point(tmp_path):
 
 
 @pytest.mark.functional
+def test_the_decisions_benchmark_measures_the_owners_work_per_pair_by_pod_size(tmp_path):
+    result = bench(tmp_path, "decisions", "--machines", "8,16", "--pairs", "20")
+    assert [row["machines"] for row in result["rows"]] == [8, 16]
+    assert all(row["after"] > 0 and row["runs"] == {"after": [row["after"]]} for row in result["rows"])
+
+
+@pytest.mark.functional
 def test_the_floor_benchmark_refuses_an_end_point_it_does_not_know(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "bench.floor", "--end-point", "uvloop"], capture_output=True, text=True,
                              cwd=ROOT)
