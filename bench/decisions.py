@@ -85,7 +85,7 @@ def main(machines, pairs, before, repeats, name):
             for size in sizes:
                 for side, tree in trees.items():
                     measured[side][size].append(measure(tree, size, pairs))
-    rows = [{"machines": size, **{side: statistics.median(measured[side][size]) for side in trees},
+    rows = [{"machines": size, **{side: round(statistics.median(measured[side][size]), 3) for side in trees},
              "runs": {side: measured[side][size] for side in trees}} for size in sizes]
     path = save(name, {"benchmark": "decisions", "before": before, "pairs": pairs, "repeats": repeats, "rows": rows})
     headings = ["machines", *(f"{side} CPU ms/pair" for side in trees)] + (["after/before"] if before else [])
