@@ -111,14 +111,16 @@ class _Candidate:
 
 
 class _FreeRuns:
-    """For each ILD position whose machine is wholly free, the run of free machines holding it."""
+    """For each ILD position whose machine is wholly free (allowed, and no IPU of it used), the run
+    of free machines holding it."""
 
-    def __init__(self, layout: ClusterLayout, is_free: Callable[[str], bool]):
+    def __init__(self, layout: ClusterLayout, allowed: Set[str], used: Mapping[str, Set[int]]):
         self.layout = layout
         self.run_of: dict[tuple[int, int], tuple[int, int]] = {}  # (ild, pos) -> (start, length)
+        self._distinct: set[tuple[int, int, int]] | None = None
         size = layout.machines_per_ild
         for d, ild in enumerate(layout.ilds):
-            free = [is_free(agent) for agent in ild]
+            free = [agent in allowed and not used.get(agent) for agent in ild]
             if all(free):
                 self.run_of.update({(d, p): (0, size) for p in range(size)})
                 continue
@@ -137,8 +139,10 @@ class _FreeRuns:
                 i = j
 
     def distinct(self) -> set[tuple[int, int, int]]:
-        """Each free run once, as (domain, start, length)."""
-        return {(d, start, length) for (d, _), (start, length) in self.run_of.items()}
+        """Each free run once, as (domain, start, length); worked out once (placement asks twice)."""
+        if self._distinct is None:
+            self._distinct = {(d, start, length) for (d, _), (start, length) in self.run_of.items()}
+        return self._distinct
 
     def pieces(self, ild: int, start: int, length: int) -> tuple[int, tuple[int, ...]]:
         """(the length of the free run holding a free window, the free runs it leaves once taken)."""
@@ -240,7 +244,8 @@ def _sub_machine_candidates(layout: ClusterLayout, allowed: Set[str], used: Used
     """
     candidates = []
     free_machine_seen = False
-    for order, agent in enumerate(layout.agent_ids):
+    machines = enumerate(layout.agent_ids) if future is None or every else _worth_weighing(layout, allowed, used, future.runs)
+    for order, agent in machines:
         if agent not in allowed:
             continue
         busy = used.get(agent, frozenset())
@@ -260,6 +265,20 @@ def _sub_machine_candidates(layout: ClusterLayout, allowed: Set[str], used: Used
                 if not every and (future is None or not busy):
                     break  # the machine's later groups score no better
     return candidates
+
+
+def _worth_weighing(layout: ClusterLayout, allowed: Set[str], used: Used, runs: _FreeRuns) -> list[tuple[int, str]]:
+    """(order, agent) of the machines `_sub_machine_candidates` weighs against the future, found
+    without walking the whole pod: those in use but not taken whole, the first free one, and the
+    free ones at an end of their free run."""
+    size = layout.machines_per_ild
+    places = {layout.locate(agent) for agent, busy in used.items()
+              if 0 < len(busy) < IPUS_PER_MACHINE and agent in allowed and layout.has(agent)}
+    if runs.run_of:
+        places.add(min(runs.run_of))
+        for ild, start, length in runs.distinct():
+            places.update(((ild, start), (ild, (start + length - 1) % size)))
+    return sorted((ild * size + position, layout.agent_at(ild, position)) for ild, position in places)
 
 
 def _segment_plans(layout: ClusterLayout, size: int, segment_counts: Iterable[int],
@@ -503,7 +522,7 @@ def _candidates(layout: ClusterLayout, allowed: Set[str], used: Used, size: int,
                 mix: SizeMix | None = None) -> list[_Candidate]:
     """Every shape free now that placement chooses among (with `every`, each machine's every free
     group of a sub-machine size, not only its first); with `mix`, scored by the room each leaves."""
-    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent)) if size >= IPUS_PER_MACHINE or mix else None
+    runs = _FreeRuns(layout, allowed, used) if size >= IPUS_PER_MACHINE or mix else None
     future = _Future(layout, allowed, used, runs, mix) if mix is not None and runs is not None and not explicit else None
     if size < IPUS_PER_MACHINE:
         candidates = _sub_machine_candidates(layout, allowed, used, size, every=every or bool(explicit), future=future)
@@ -652,7 +671,7 @@ def count_fitting(layout: ClusterLayout, allowed: Set[str], used: Mapping[str, S
         return sum(not any(i in used.get(agent, ()) for i in group)
                    for agent in layout.agent_ids if agent in allowed for group in SUB_MACHINE_GROUPS[size])
     machines = size // IPUS_PER_MACHINE
-    runs = _FreeRuns(layout, lambda agent: agent in allowed and not used.get(agent))
+    runs = _FreeRuns(layout, allowed, used)
     distinct = {(d, start, length) for (d, _), (start, length) in runs.run_of.items()} if machines <= layout.machines_per_ild else set()
     count = sum(length // machines for _, _, length in distinct)
     if layout.num_ilds == 1 or size < layout.num_ilds * IPUS_PER_MACHINE:
