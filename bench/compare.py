@@ -30,10 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cpu_ms_per_pair(run: dict) -> float | None:
-    """The controller's CPU per pair, worked out from what every revision records (CPU share and pairs/s)."""
+    """The controller's CPU per pair as `bench.partitions` records it; for a revision that
+    predates the record, the same worked out from its CPU share and pairs/s."""
+    if run.get("server_cpu_ms_per_pair") is not None:
+        return run["server_cpu_ms_per_pair"]
     if not run.get("pairs_per_s"):
         return None
-    return 10 * run["server_cpu_percent"] / run["pairs_per_s"]
+    return round(10 * run["server_cpu_percent"] / run["pairs_per_s"], 3)
 
 
 # (label, key in a run's record, or how it is worked out from one): the figures compared. Switches

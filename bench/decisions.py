@@ -24,9 +24,8 @@ from tempfile import TemporaryDirectory
 import click
 
 from bench.common import save, split, table
-from bench.compare import extract
+from bench.compare import ROOT, extract
 
-ROOT = Path(__file__).resolve().parent.parent
 WARM_UP_PAIRS = 100
 
 # Run in a process of its own with the tree measured first on the path: it imports only that
@@ -38,7 +37,8 @@ from vipu.model.entities import PartitionRequest
 machines, pairs, warm_up = (int(a) for a in sys.argv[1:4])
 services.MACHINES = machines
 logging.disable(logging.INFO)
-pod = services.Pod(pathlib.Path(tempfile.mkdtemp()))
+scratch = tempfile.TemporaryDirectory()
+pod = services.Pod(pathlib.Path(scratch.name))
 try:
     for n in range(machines // 2):
         pod.partitions.create(PartitionRequest(f"long{n}", 4))
@@ -53,6 +53,7 @@ try:
     print(json.dumps({"cpu_ms_per_pair": round(1000 * (time.process_time() - started) / pairs, 3)}))
 finally:
     pod.close()
+    scratch.cleanup()
 """
 
 

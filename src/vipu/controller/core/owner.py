@@ -49,14 +49,12 @@ from vipu.controller.core.state import AllocationState
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import Registry, TurnEngine
 
-AllocationOwner = TurnEngine  # an owner is its engine; its parts are reached through it only by its turns
 
-
-def allocation_owner(owners: Registry, state: AllocationState) -> AllocationOwner:
+def allocation_owner(owners: Registry, state: AllocationState) -> TurnEngine:
     """One allocation's owner, composed of its parts: the turn engine (`turns`), which runs what
     the decisions (`decisions`) and the queue (`queueing`) start, operations whose steps (`steps`)
     change the engine's state. Each part is given the engine and the parts it uses; none inherits
-    from another."""
+    from another. What the rest of the controller holds of an owner is its engine."""
     engine = TurnEngine(owners, state)
     steps = Steps(engine)
     queue = Queue(engine, steps)

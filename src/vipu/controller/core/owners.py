@@ -20,7 +20,7 @@ from collections import Counter
 from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
-from vipu.controller.core.owner import AllocationOwner, allocation_owner
+from vipu.controller.core.owner import allocation_owner
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import TurnEngine
@@ -63,7 +63,7 @@ class Owners:
         self.compaction_budget = compaction_budget
         self._lock = threading.Lock()
         self._ids_freed = threading.Condition(self._lock)
-        self._owners: dict[str, AllocationOwner] = {}
+        self._owners: dict[str, TurnEngine] = {}
         self._ids: dict[str, str] = {}  # partition id -> the allocation holding a partition or request of it; or CLAIMED..., CLEARING
         self._waiting_by_user: Counter[str] = Counter()
         self._waiting = 0
@@ -109,7 +109,7 @@ class Owners:
             if len(owner.state.queue):
                 owner.wake()  # its requests' deadlines and a first pass over its queue
 
-    def owner(self, allocation_id: str) -> AllocationOwner | None:
+    def owner(self, allocation_id: str) -> TurnEngine | None:
         """The allocation's owner, made when it is first asked for; None if there is no such allocation."""
         while True:
             with self._lock:
@@ -196,7 +196,7 @@ class Owners:
         with contextlib.suppress(Unavailable):
             owner.submit(FinishInterrupted(reply=Reply(waited=False)), always=True)
 
-    def all(self) -> list[AllocationOwner]:
+    def all(self) -> list[TurnEngine]:
         with self._lock:
             return list(self._owners.values())
 
@@ -207,7 +207,7 @@ class Owners:
         owners = [self.owner(allocation_id) for allocation_id in sorted(allocations)]
         return [owner.snapshot for owner in owners if owner is not None]
 
-    def holding(self, partition_id: str, in_flight: bool = False) -> AllocationOwner | None:
+    def holding(self, partition_id: str, in_flight: bool = False) -> TurnEngine | None:
         """The owner of the allocation holding a partition or waiting request of that id, if any;
         with `in_flight`, also that of the allocation a create of it is being offered to (waiting
         briefly for the offer), whose inbox has the create ahead of anything sent now."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import builtins
 
 from vipu.controller.core.commands import START_SECONDS, CloseAllocation, CompactAllocation
-from vipu.controller.core.owner import AllocationOwner
 from vipu.controller.core.owners import Owners
+from vipu.controller.core.turns import TurnEngine
 from vipu.model.compaction import Report
 from vipu.model.entities import Allocation, check_id, shown
 from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
@@ -69,7 +69,7 @@ class AllocationService:
         self._owner(allocation_id).submit(command)
         return command.reply.wait(START_SECONDS, f"the removal of allocation {allocation_id}", REMOVAL_SECONDS)
 
-    def _owner(self, allocation_id: str) -> AllocationOwner:
+    def _owner(self, allocation_id: str) -> TurnEngine:
         owner = self.owners.owner(allocation_id)
         if owner is None:
             raise NotFound(f"allocation {shown(allocation_id)} does not exist")
