@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from vipu import failpoints
+from vipu.controller.core import queueing
+from vipu.controller.usecases.requests import Waiting
 from vipu.model.entities import OperationState, PartitionRequest, ReadyState
 from vipu.model.errors import NotFound, OutcomeUnknown, Unavailable
 
@@ -51,6 +53,34 @@ def test_a_turn_that_raises_when_an_agents_answer_comes_back_tells_the_truth_and
     assert (partition.ready_state, partition.operation_state) == (ReadyState.ACTIVE, OperationState.IDLE)
     assert pod.held_anywhere("p1") == partition.agent_ids == ["ag1", "ag2"]
     assert pod.partitions.create(PartitionRequest("p2", 8)).agent_ids == ["ag3", "ag4"]  # the new owner decides
+
+
+def test_a_pass_over_the_queue_that_fails_unexpectedly_rebuilds_the_owner_which_grants_the_waiting_request(pod, monkeypatch):
+    pod.partitions.create(PartitionRequest("whole", 32))
+    assert isinstance(pod.requests.create(PartitionRequest("next", 8), wait_seconds=60, detached=True), Waiting)
+    failed_owner = pod.owners.owner("a1")
+    real_admit, failures = queueing.Queue._admit, []
+
+    def admit_failing_once(queue):
+        if not failures:
+            failures.append(queue)
+            raise RuntimeError("a fault the pass did not expect")
+        real_admit(queue)
+
+    monkeypatch.setattr(queueing.Queue, "_admit", admit_failing_once)
+    pod.partitions.remove("whole")  # room at last: the pass after the remove's commit fails
+    deadline = time.monotonic() + 20
+    while True:  # not carried on from: the owner made again from the store grants the request
+        try:
+            granted = pod.partitions.get("next")
+        except (NotFound, Unavailable):
+            granted = None
+        if granted is not None and granted.ready_state is ReadyState.ACTIVE:
+            break
+        assert time.monotonic() < deadline, "the waiting request was not granted"
+        time.sleep(0.02)
+    assert len(failures) == 1 and pod.owners.owner("a1") is not failed_owner
+    assert pod.held_anywhere("next") == granted.agent_ids
 
 
 def test_a_command_a_failed_turn_never_started_is_told_it_was_not_done(pod):

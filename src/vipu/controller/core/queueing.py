@@ -28,7 +28,9 @@ from vipu.model.reservations import Reservation, kept_refusal
 
 log = logging.getLogger("vipu.controller.core")
 
-RETRY_SECONDS = 1.0  # a pass over the queue that failed (the store, say) is tried again after this
+# A pass over the queue the owner or the store refused (at its limit of operations, unavailable)
+# is tried again after this many seconds.
+RETRY_SECONDS = 1.0
 # Shapes of request whose reason one pass works out for the requests behind the first: requests of
 # one shape share it, so this bounds the cost only when over this many differently shaped
 # requests wait; those beyond are told their place.
@@ -200,14 +202,13 @@ class Queue:
 
     def run_pass(self) -> None:
         """Start what fits in the queue now, hold IPUs for the first request, and work out why each
-        still waits. One that fails (the store, say) is tried again after RETRY_SECONDS."""
+        still waits. One refused (the owner at its limit of operations, the store unavailable) is
+        tried again after RETRY_SECONDS; one that fails unexpectedly fails the turn, and the owner
+        is rebuilt from the store (`TurnEngine._fail_stop`), as it is for any other part's failure."""
         try:
             self._admit()
-        except VipuError as error:  # the owner at its limit of operations, say
+        except VipuError as error:
             log.warning("the pass over the queue of allocation %s stopped: %s", self.id, error.message)
-            self.engine.pass_again(RETRY_SECONDS)
-        except Exception:
-            log.exception("the pass over the queue of allocation %s failed", self.id)
             self.engine.pass_again(RETRY_SECONDS)
 
     def _admit(self) -> None:
