@@ -346,6 +346,8 @@ class Pod:
             api.RemoveCluster(admin_pb2.RemoveRequest(id=cluster.id, force=True))
         for agent in api.ListAgents(admin_pb2.ListRequest()).agents:
             api.RemoveAgent(admin_pb2.RemoveRequest(id=agent.id, force=True))
+        for account in api.ListAccounts(admin_pb2.ListRequest()).accounts:  # after their partitions went with the clusters
+            api.RemoveAccount(admin_pb2.RemoveAccountRequest(name=account.name))
         for machine in self.rack.machines:
             for partition_id in self.held(machine.name):
                 self.agent_stub_at(machine.port).ClearPartition(agent_pb2.ClearPartitionRequest(partition_id=partition_id))

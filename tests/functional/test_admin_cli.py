@@ -271,3 +271,46 @@ def test_a_maintenance_window_and_a_reservation_through_both_clis(registered_pod
         removed = pod.admin("remove", "reservation", name)
         assert removed.code == 0, removed.err
     assert rows(pod.admin("list", "reservations").out) == []
+
+
+def test_accounts_quotas_borrowing_and_usage_through_both_clis(registered_pod):
+    pod = registered_pod
+    made = pod.admin("create", "account", "ml-a", "--users", "alice", "--quota", "8", "--cohort", "research")
+    assert (made.code, made.out) == (0, "create account (ml-a): success.\n"), made.err
+    assert pod.admin("create", "account", "ml-b", "--quota", "24", "--cohort", "research").code == 0
+    failed_line(pod.user("create", "partition", "p1", "--size", "4"), "create partition", "p1",
+                "allocation alloc-1 is shared by quotas and no account is named: name one (--account")
+    assert pod.user("create", "partition", "p1", "--size", "8", "--account", "ml-a").code == 0
+    borrowed = pod.user("create", "partition", "p2", "--size", "16", "--account", "ml-a", "--preemptible")
+    assert borrowed.code == 0, borrowed.err  # ml-b's idle quota
+    assert pairs(pod.user("get", "partition", "p2").out)["Account"] == "ml-a (preemptible)"
+    listing = {row[0]: row for row in rows(pod.admin("list", "accounts").out)}
+    assert listing["ml-a"][1:8] == ["research", "alice", "alloc-1", "8", "24", "16", "0"], listing
+    assert pod.admin("set", "quota", "ml-a", "4", "--limit", "8+:partitions=1").code == 0  # below its use: nothing is evicted
+    failed_line(pod.user("create", "partition", "p3", "--size", "8", "--account", "ml-a"), "create partition", "p3",
+                "account ml-a is at its limit of at most 1 partition of 8 IPUs or more in allocation alloc-1")
+    assert pod.metrics()['vipu_account_quota_ipus{account="ml-a",allocation="alloc-1"}'] == 4
+    assert pod.metrics()['vipu_account_ipus{account="ml-a",allocation="alloc-1"}'] == 24
+
+    before = pod.snapshot()
+    failed_line(pod.admin("set", "quota", "nope", "4"), "set quota", "nope", "account nope does not exist")
+    failed_line(pod.admin("set", "quota", "ml-a", "4", "--limit", "8:partitions=1"), "set quota", "ml-a", "a shape limit is SIZE+")
+    failed_line(pod.admin("create", "account", "bad id!"), "create account", "bad id!", "invalid account id")
+    failed_line(pod.admin("create", "account", "ml-a"), "create account", "ml-a", "account ml-a already exists")
+    failed_line(pod.admin("remove", "account", "ml-a"), "remove account", "ml-a", "account ml-a holds 2 partitions (p1, p2)")
+    for bad in (("set", "quota", "ml-a", "lots"), ("report", "usage", "--by", "team"), ("report", "usage", "--since", "soon")):
+        usage = pod.admin(*bad)
+        assert usage.code == 2 and len(usage.err.splitlines()) == 1 and "Traceback" not in usage.err, (bad, usage.err)
+    assert pod.snapshot() == before
+
+    assert pod.user("remove", "partition", "p1").code == 0
+    report = pod.admin("report", "usage", "--since", "1h")
+    assert report.code == 0 and {row[0] for row in rows(report.out)} == {"ml-a"}, report.out
+    assert pod.admin("report", "usage", "--since", "1h", "--csv").out.splitlines()[0] == "account,ipu_hours,partitions"
+    as_json = json.loads(pod.admin("report", "usage", "--by", "user", "--since", "1h", "--json").out)
+    assert as_json["by"] == "user" and [row["partitions"] for row in as_json["rows"]] == [2]  # open mode: one nameless user
+    assert pod.metrics()['vipu_account_ipu_seconds_total{account="ml-a"}'] > 0
+    assert pod.user("remove", "partition", "p2").code == 0
+    for name in ("ml-a", "ml-b"):
+        assert pod.admin("remove", "account", name).code == 0
+    assert rows(pod.admin("list", "accounts").out) == []

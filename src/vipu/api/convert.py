@@ -5,8 +5,11 @@ The only module that knows both shapes; servicers and clients call it and stay t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from vipu.api.protos import admin_pb2, agent_pb2
 from vipu.api.protos import vipuuser_pb2 as user_pb2
+from vipu.model.accounts import Account, AccountUse, Quota, ShapeLimit
 from vipu.model.clustertests import CableResult, InternalReading, Observation, Outcome, PortReading
 from vipu.model.compaction import Report
 from vipu.model.configuration import AgentSettings, GcdConfig, IpuSetting, PortLink
@@ -309,6 +312,8 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
         may_move=request.may_move,
         expected_seconds=request.expected_seconds,
         reservation=request.reservation,
+        account=request.account,
+        preemptible=request.preemptible,
     )
 
 
@@ -366,6 +371,7 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     status.drain_notices.extend(partition.drain_notices)
     status.may_move, status.expected_seconds = partition.may_move, partition.expected_seconds
     status.reservation = partition.reservation
+    status.account, status.preemptible = partition.account, partition.preemptible
     return status
 
 
@@ -521,3 +527,21 @@ def reservation_from_proto(message: user_pb2.Reservation) -> Reservation:
     return Reservation(message.name, message.allocation_id, frozenset((ipu.agent_id, ipu.index) for ipu in message.ipus),
                        message.start, message.end, message.reason, message.maintenance, tuple(message.users), message.by,
                        message.created)
+
+
+def account_to_proto(account: Account, uses: Iterable[AccountUse] = ()) -> admin_pb2.Account:
+    return admin_pb2.Account(
+        name=account.name, users=list(account.users), cohort=account.cohort,
+        quotas=[admin_pb2.AccountQuota(allocation_id=allocation_id, ipus=quota.ipus, limits=[limit.spec() for limit in quota.limits])
+                for allocation_id, quota in sorted(account.quotas.items())],
+        use=[admin_pb2.AccountUse(allocation_id=u.allocation_id, ipus=u.ipus, partitions=u.partitions, borrowed_ipus=u.borrowed,
+                                  waiting=u.waiting, used_share=u.used_share, entitled_share=u.entitled_share) for u in uses])
+
+
+def account_from_proto(message: admin_pb2.Account) -> Account:
+    quotas: dict[str, Quota] = {}
+    for quota in message.quotas:
+        if quota.allocation_id in quotas:
+            raise InvalidArgument(f"one quota per allocation: {quota.allocation_id or 'every allocation'} is given twice")
+        quotas[quota.allocation_id] = Quota(quota.ipus, tuple(ShapeLimit.parse(limit) for limit in quota.limits))
+    return Account(message.name, tuple(dict.fromkeys(u.strip() for u in message.users if u.strip())), message.cohort.strip(), quotas)

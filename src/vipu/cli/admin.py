@@ -715,6 +715,166 @@ def remove_user(admin, user_id):
     succeed("remove user", user_id)
 
 
+# Accounts
+
+
+def quota_message(allocation_id: str, ipus: str, limits: tuple[str, ...]) -> pb.AccountQuota | None:
+    """The quota an option gives: IPUS (a number) with its shape limits, or none (`none`: no quota there)."""
+    if ipus == "none":
+        if limits:
+            raise click.UsageError("--limit goes with a quota of IPUs, not with none")
+        return None
+    if not ipus.isdigit():
+        raise click.BadParameter(f"a quota is a number of IPUs, or none, not {ipus!r}", param_hint="IPUS")
+    return pb.AccountQuota(allocation_id=allocation_id, ipus=int(ipus), limits=list(limits))
+
+
+limit_option = click.option("--limit", "limits", multiple=True, metavar="SIZE+:partitions=N|SIZE+:ipus=N",
+                            help="A limit by shape, again for each: 64+:partitions=2 (at most 2 partitions of 64 IPUs or more), "
+                                 "16+:ipus=128 (at most 128 IPUs in partitions of 16 or more).")
+quota_allocation_option = click.option("--allocation", "allocation_id", default="",
+                                       help="The allocation the quota holds in. Default: each allocation without a quota of its own.")
+
+
+@create.command("account")
+@click.argument("name")
+@click.option("--users", default=None, help="Its users: u1,u2,... (a user in one account makes partitions on it by default).")
+@click.option("--cohort", default="", help="Its cohort: accounts of one cohort lend each other the quota they leave idle.")
+@click.option("--quota", "ipus", default=None, metavar="IPUS", help="The IPUs it is guaranteed, and entitled to in fair share.")
+@quota_allocation_option
+@limit_option
+@pass_client
+def create_account(admin, name, users, cohort, ipus, allocation_id, limits):
+    """Create an account: a team sharing the pod, with its users, cohort and quota."""
+    if (limits or allocation_id) and ipus is None:
+        raise click.UsageError("--allocation and --limit go with --quota")
+    quota = quota_message(allocation_id, ipus, limits) if ipus is not None else None
+    with reporting("create account", name):
+        admin.create_account(pb.Account(name=name, users=list(split_list(users)), cohort=cohort, quotas=[quota] if quota else []))
+    succeed("create account", name)
+
+
+@update.command("account")
+@click.argument("name")
+@click.option("--users", default=None, help="Its users, all of them: u1,u2,... (an empty value: none).")
+@click.option("--cohort", default=None, help="Its cohort (an empty value: none).")
+@pass_client
+def update_account(admin, name, users, cohort):
+    """Change an account's users or cohort (its quotas: vipu-admin set quota)."""
+    if users is None and cohort is None:
+        raise click.UsageError("say what changes: --users or --cohort")
+    fields = [f for f, v in (("users", users), ("cohort", cohort)) if v is not None]
+    with reporting("update account", name):
+        admin.update_account(pb.Account(name=name, users=list(split_list(users)), cohort=cohort or ""), fields)
+    succeed("update account", name)
+
+
+@cli.group(name="set", cls=CommandGroup)
+def set_():
+    """Set an account's quota."""
+
+
+@set_.command("quota")
+@click.argument("account")
+@click.argument("ipus", metavar="IPUS|none")
+@quota_allocation_option
+@limit_option
+@pass_client
+def set_quota(admin, account, ipus, allocation_id, limits):
+    """Set an account's quota in an allocation (or in each without one of its own): IPUS, with
+    limits by shape, or none. A quota below what the account holds takes effect as its partitions
+    end: nothing is evicted for it."""
+    quota = quota_message(allocation_id, ipus, limits)
+    with reporting("set quota", account):
+        if quota is None:
+            admin.update_account(pb.Account(name=account, quotas=[pb.AccountQuota(allocation_id=allocation_id)]), ["no_quota"])
+        else:
+            admin.update_account(pb.Account(name=account, quotas=[quota]), ["quota"])
+    succeed("set quota", account)
+
+
+def share_text(use: pb.AccountUse) -> str:
+    return f"{use.used_share:.2f} of {use.entitled_share:.2f}"
+
+
+@list_.command("accounts")
+@json_option
+@pass_client
+def list_accounts(admin, as_json):
+    """List the accounts: their users, cohort and quotas, and, in each allocation, what they hold
+    against their quota, what they borrow, what waits, and their share of the use (decayed, as fair
+    share counts it) against their entitled share."""
+    with reporting("list accounts"):
+        accounts = admin.list_accounts()
+    if as_json:
+        return echo_json({"accounts": accounts})
+    rows = []
+    for account in accounts:
+        quotas = {q.allocation_id: q for q in account.quotas}
+        uses = list(account.use) or [None]
+        for n, use in enumerate(uses):
+            quota = quotas.get(use.allocation_id, quotas.get("")) if use is not None else quotas.get("")
+            quota_text = "-" if quota is None else " ".join([str(quota.ipus), *quota.limits])
+            rows.append([account.name if n == 0 else "", (account.cohort or "-") if n == 0 else "",
+                         (" ".join(account.users) or "-") if n == 0 else "", use.allocation_id if use else "-", quota_text,
+                         str(use.ipus) if use else "0", str(use.borrowed_ipus) if use else "0", str(use.waiting) if use else "0",
+                         share_text(use) if use else "-"])
+    click.echo(render_table(["Account", "Cohort", "Users", "Allocation", "Quota", "In use", "Borrowed", "Waiting",
+                             "Share (used of entitled)"], rows))
+
+
+@remove.command("account")
+@click.argument("name")
+@pass_client
+def remove_account(admin, name):
+    """Remove an account that holds no partition and has no request waiting (its usage records stay)."""
+    with reporting("remove account", name):
+        admin.remove_account(name)
+    succeed("remove account", name)
+
+
+@cli.group(cls=CommandGroup)
+def report():
+    """Report what was used."""
+
+
+@report.command("usage")
+@click.option("--by", type=click.Choice(["account", "user"]), default="account", show_default=True)
+@click.option("--since", default="30d", show_default=True, metavar="WHEN",
+              help="A time ago (12h, 7d) or a date and time in UTC (2026-11-01T00:00).")
+@click.option("--until", default="", metavar="WHEN", help="A time ago or a date and time in UTC. Default: now.")
+@click.option("--allocation", "allocation_id", default="", help="One allocation's use. Default: every allocation's.")
+@json_option
+@click.option("--csv", "as_csv", is_flag=True, help="Print comma-separated values.")
+@pass_client
+def report_usage(admin, by, since, until, allocation_id, as_json, as_csv):
+    """IPU-hours used in a time window by account or by user, as Slurm's sreport gives them: the
+    partitions that ended (their usage records) and those running, counted up to now."""
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    now = time.time()
+    try:
+        start = client_since_time(since, now)
+        end = client_since_time(until, now) if until else now
+    except InvalidArgument as bad:
+        raise click.BadParameter(bad.message) from None
+    with reporting("report usage"):
+        rows = admin.report_usage(by, start, end, allocation_id)
+    heading = "Account" if by == "account" else "User"
+    if as_json:
+        return echo_json({"by": by, "since": utc_text(start), "until": utc_text(end),
+                          "rows": [{by: r.key or "-", "ipu_hours": round(r.ipu_seconds / 3600, 3), "partitions": r.partitions}
+                                   for r in rows]})
+    if as_csv:
+        click.echo(f"{by},ipu_hours,partitions")
+        for r in rows:
+            click.echo(f"{r.key},{r.ipu_seconds / 3600:.3f},{r.partitions}")
+        return
+    click.echo(f"Usage by {by} from {utc_text(start)} to {utc_text(end)}")
+    click.echo(render_table([heading, "IPU-hours", "Partitions"], [[r.key or "-", f"{r.ipu_seconds / 3600:.2f}", str(r.partitions)]
+                                                                   for r in rows]))
+
+
 # Cluster tests
 
 TEST_OPTIONS = {

@@ -176,6 +176,11 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
               help="How long the partition is expected to run from its start: 90s, 30m, 2h, 1d. Default: unknown.")
 @click.option("--reservation", default="", help="Make the partition in this reservation (vipu list reservations), one of whose "
               "users you are.")
+@click.option("--account", default="", help="Make the partition on this account (vipu-admin list accounts), one of whose users you "
+              "are. Default: your only account.")
+@click.option("--preemptible", is_flag=True,
+              help="Let the partition be reclaimed (removed after a notice) while your account runs it on quota borrowed from "
+                   "another account of its cohort that asks for it back.")
 @click.option("--wait", is_flag=True, help="If there is no room now, wait in the allocation's queue until the partition starts.")
 @click.option("--timeout", type=click.IntRange(1, MAX_WAIT_SECONDS), default=DEFAULT_WAIT_SECONDS, show_default=True,
               help="With --wait: give up after this many seconds, saying why it waited.")
@@ -183,7 +188,7 @@ def write_ipuof_files(user: UserClient, config: pb.PartitionConfig, partition_id
 @pass_client
 def create_partition(user, partition_id, size, num_gcds, num_replicas, allocation_id, cluster_id, reconfigurable,
                      sync_type, ipulink_routing, num_segments, index, disable_auto_reset, keep_on_error, relocatable, may_move,
-                     expected_seconds, reservation, wait, timeout, ipuof_dir):
+                     expected_seconds, reservation, account, preemptible, wait, timeout, ipuof_dir):
     """Create a partition and write its IPUoF configuration."""
     if allocation_id and cluster_id:
         raise click.UsageError("give --allocation or --cluster, not both")
@@ -197,7 +202,8 @@ def create_partition(user, partition_id, size, num_gcds, num_replicas, allocatio
             ipulink_routing=getattr(pb, IPULINK_ROUTINGS[ipulink_routing]) if ipulink_routing else pb.IRT_UNDEFINED,
             num_ipulink_segments=num_segments, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error,
             index=index, relocatable=relocatable, may_move=may_move, expected_seconds=expected_seconds or 0,
-            reservation=reservation, wait=timeout if wait else 0, on_wait=_say_where_it_waits)
+            reservation=reservation, account=account, preemptible=preemptible, wait=timeout if wait else 0,
+            on_wait=_say_where_it_waits)
         write_ipuof_files(user, config, partition_id, ipuof_dir or ipuof_files.default_dir())
     succeed("create partition", partition_id)
 
@@ -343,6 +349,7 @@ def get_partition(user, partition_id, ipu_configs, gcd, as_json):
         ("May move", "yes" if status.may_move else "no"),
         ("Expected end", expected_end(partition, status)),
         ("Reservation", status.reservation or "-"),
+        ("Account", (status.account + (" (preemptible)" if status.preemptible else "")) if status.account else "-"),
         ("Relocated", status.relocation or "-"),
         ("Placement", status.placement_note or "-"),
         ("Links", list(status.link_warnings) or "-"),

@@ -181,6 +181,23 @@ class AdminClient(EndpointClient):
         """Every allocation's reservations (or one's), by start."""
         return list(self._call("ListReservations", user_pb.ListReservationsRequest(allocation_id=allocation_id)).reservations)
 
+    def create_account(self, account: pb.Account) -> pb.Account:
+        return self._call("CreateAccount", pb.CreateAccountRequest(account=account))
+
+    def update_account(self, account: pb.Account, fields: list[str]) -> pb.Account:
+        """Set the fields named (users, cohort, quotas) as `account` has them."""
+        return self._call("UpdateAccount", pb.UpdateAccountRequest(account=account, fields=fields))
+
+    def list_accounts(self) -> list[pb.Account]:
+        return list(self._call("ListAccounts", pb.ListRequest()).accounts)
+
+    def remove_account(self, name: str) -> None:
+        self._call("RemoveAccount", pb.RemoveAccountRequest(name=name))
+
+    def report_usage(self, by: str, since: float, until: float, allocation_id: str = "") -> list[pb.UsageRow]:
+        """IPU-seconds used between `since` and `until` (seconds since the epoch), by account or by user."""
+        return list(self._call("ReportUsage", pb.UsageReportRequest(by=by, since=since, until=until, allocation_id=allocation_id)).rows)
+
     def get_allocation(self, allocation_id: str) -> pb.Allocation:
         return self._call("GetAllocation", pb.GetRequest(id=allocation_id))
 

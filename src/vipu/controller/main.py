@@ -23,6 +23,7 @@ from vipu import __version__, failpoints
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, default_hosts, generate, generate_agent_link
 from vipu.client.settings import ClientSettings, write_client_config
+from vipu.controller.core.sharing import SharingPolicy
 from vipu.controller.server import Controller, ServerConfig
 from vipu.controller.simpod import ALLOCATION_ID, CLUSTER_ID, SimPod
 from vipu.controller.usecases.users import UserService
@@ -312,6 +313,10 @@ def link_trend_policy(text: str) -> TrendPolicy:
               help="Compaction moves at most this many partitions an hour in each allocation (0: none).")
 @click.option("--compaction-partition-interval", type=click.FloatRange(0, 365 * 86_400), default=Budget.partition_interval,
               show_default=True, help="Seconds before compaction may move the same partition again.")
+@click.option("--fair-share-half-life", type=click.FloatRange(1, 366 * 86_400), default=SharingPolicy.half_life,
+              show_default=True, help="Seconds after which an account's use counts half in fair share (vipu-admin create account).")
+@click.option("--reclaim-grace", type=click.FloatRange(0, 86_400), default=SharingPolicy.reclaim_grace, show_default=True,
+              help="Seconds between the notice of a reclaim of borrowed quota and the removal of the partitions it names.")
 @click.option("--statement-deadline", type=click.FloatRange(0.1, 3600), default=STATEMENT_DEADLINE_SECONDS, show_default=True,
               help="Seconds a store statement, or a write waiting for its turn, may take before it is refused as the store "
                    "being busy (a stalled database or disk); a write given up on is withdrawn, never committed later.")
@@ -323,7 +328,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
          link_sample_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
          link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, compaction_moves_per_hour,
-         compaction_partition_interval, statement_deadline, log_level):
+         compaction_partition_interval, fair_share_half_life, reclaim_grace, statement_deadline, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
     log_writer = log_off_the_request_path(log_level.upper())
     data_dir = data_dir.expanduser()
@@ -366,6 +371,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             idle_tests=idle_tested if idle_tests else frozenset(),
             idle_test_interval=idle_test_interval,
             compaction=Budget(compaction_moves_per_hour, compaction_partition_interval),
+            sharing=SharingPolicy(fair_share_half_life, reclaim_grace),
             statement_deadline=statement_deadline,
         )
         deposed: list[str] = []

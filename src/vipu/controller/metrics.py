@@ -13,15 +13,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from vipu.api.status import service_and_method
-from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, ReadyState
+from vipu.model.accounts import Account
+from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, Partition, ReadyState
 from vipu.model.errors import Unavailable
 from vipu.model.linkhealth import LinkEvent, LinkHealth, LinkState, reliability
 from vipu.model.reservations import TO_COME, UNDER_WAY
@@ -45,6 +46,8 @@ class EntityCollector:
             failures = tx.failure_events()
             attempts = tx.attempt_counts()
             reservations = tx.list_reservations()
+            accounts = tx.configuration().accounts
+            used = tx.usage_totals()
         now = time.time()
         by_status = Tally(a.status.value for a in agents)
         family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
@@ -78,8 +81,33 @@ class EntityCollector:
         family.add_metric(["partition"], in_partitions)
         family.add_metric(["free"], len(agents) * IPUS_PER_MACHINE - in_partitions)
         yield family
+        yield from _account_families(accounts, [a.id for a in allocations], partitions, used, now)
         yield from _link_families(links, events)
         yield from _remediation_families(links, failures, attempts, time.time())
+
+
+def _account_families(accounts: Mapping[str, Account], allocation_ids: list[str], partitions: list[Partition],
+                      used: Mapping[str, float], now: float):
+    """Each account's IPUs in use and quota by allocation, and the IPU-seconds it used, ended and running."""
+    holding = GaugeMetricFamily("vipu_account_ipus", "IPUs in partitions of each account, by allocation", labels=["account", "allocation"])
+    held = Tally((p.account, p.allocation_id) for p in partitions for _ in range(p.size) if p.account)
+    for (account, allocation), ipus in sorted(held.items()):
+        holding.add_metric([account, allocation], ipus)
+    quota = GaugeMetricFamily("vipu_account_quota_ipus", "Each account's quota, by allocation", labels=["account", "allocation"])
+    for named in accounts.values():
+        for allocation in allocation_ids:
+            found = named.quota_in(allocation)
+            if found is not None:
+                quota.add_metric([named.name, allocation], found.ipus)
+    seconds = CounterMetricFamily("vipu_account_ipu_seconds", "IPU-seconds used on each account (\"\": none), by partitions ended "
+                                  "and running", labels=["account"])
+    totals = dict(used)
+    for p in partitions:
+        if p.created is not None:
+            totals[p.account] = totals.get(p.account, 0.0) + p.size * max(0.0, now - p.created.timestamp())
+    for account, total in sorted(totals.items()):
+        seconds.add_metric([account], total)
+    yield from (holding, quota, seconds)
 
 
 def _link_families(links: list[LinkState], events: dict[str, int]):

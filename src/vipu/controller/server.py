@@ -23,6 +23,7 @@ from vipu.api.tls import DEFAULT_DIRECTORY, TlsFiles, agent_channel_credentials,
 from vipu.api.tls import takeover_grant as tls_takeover_grant
 from vipu.controller.auth import UNAUTHENTICATED_METHODS, Authenticator
 from vipu.controller.core.changes import ChangeFeed, Topic
+from vipu.controller.core.sharing import DEFAULT_SHARING, SharingPolicy
 from vipu.controller.infrastructure.agentclient import GrpcAgentGateway
 from vipu.controller.infrastructure.discovery import DiscoveryListener
 from vipu.controller.infrastructure.leadership import Leadership
@@ -65,6 +66,7 @@ class ServerConfig:
     idle_tests: frozenset[TestType] = frozenset()  # the tests run on free machines (of IDLE_TESTS); empty: none
     idle_test_interval: float = 3600.0  # seconds between rounds of idle-time tests
     compaction: Budget = DEFAULT_BUDGET  # the bound on compaction's moves in each allocation
+    sharing: SharingPolicy = DEFAULT_SHARING  # fair share's half-life and a reclaim's grace (`vipu.model.accounts`)
     link_remediation: RemediationPolicy = DEFAULT_REMEDIATION  # automatic reset and re-test of a failed link, and the breaker
     workers: int = 32
     discovery_interfaces: tuple[str, ...] = ()  # empty: agent discovery is off
@@ -124,7 +126,7 @@ class Controller:
                                                       QueueLimits(config.max_waiting_per_user, config.max_waiting,
                                                                   config.request_lease_seconds), takeover_grant(config),
                                                       config.link_policy, Retention.keeping(config.link_history_days),
-                                                      config.link_remediation, config.compaction)
+                                                      config.link_remediation, config.compaction, config.sharing)
         self.owners, self.partitions, self.requests = services.owners, services.partitions, services.requests
         self.allocations, self.clusters, self.agents = services.allocations, services.clusters, services.agents
         self.clustertests, self.health = services.clustertests, services.health
@@ -183,6 +185,7 @@ class Controller:
         if self.config.link_sample_interval > 0:
             threading.Thread(target=self.services.links.run, args=(self.config.link_sample_interval, self._stop), name="links",
                              daemon=True).start()
+        threading.Thread(target=self.services.accounts.run, args=(self._stop,), name="usage", daemon=True).start()
         if self.config.idle_tests:
             threading.Thread(target=self.clustertests.run_idle, args=(self.config.idle_test_interval, self.config.idle_tests,
                                                                       self._stop), name="idle-tests", daemon=True).start()
@@ -220,7 +223,8 @@ class Controller:
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
-                                 self.users, self.config.port, self.partitions, self.requests, self.services.links)
+                                 self.users, self.config.port, self.partitions, self.requests, self.services.links,
+                                 self.services.accounts)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from vipu.controller.core.agents import AgentCalls, AgentGateway
 from vipu.controller.core.changes import ChangeFeed
 from vipu.controller.core.owners import Owners
+from vipu.controller.core.sharing import DEFAULT_SHARING, SharingPolicy
 from vipu.controller.loops.health import HealthPass
+from vipu.controller.usecases.accounts import AccountService
 from vipu.controller.usecases.agents import AgentService, no_takeover
 from vipu.controller.usecases.allocations import AllocationService
 from vipu.controller.usecases.clusters import ClusterService
@@ -30,14 +32,16 @@ class ControllerServices:
     def __init__(self, store: Store, gateway: AgentGateway, changes: ChangeFeed | None = None, workers: int = 32,
                  limits: QueueLimits = DEFAULT_LIMITS, takeover_grant: Callable[[str], str] = no_takeover,
                  link_policy: TrendPolicy = DEFAULT_POLICY, link_retention: Retention = DEFAULT_RETENTION,
-                 link_remediation: RemediationPolicy = DEFAULT_REMEDIATION, compaction: Budget = DEFAULT_BUDGET):
+                 link_remediation: RemediationPolicy = DEFAULT_REMEDIATION, compaction: Budget = DEFAULT_BUDGET,
+                 sharing: SharingPolicy = DEFAULT_SHARING):
         """`workers`: threads for each kind of agent calls, and the user end-point's (which bounds the
         waiting calls that may block there)."""
         self.store = store
         self.gateway = gateway
         self.calls = AgentCalls(gateway, workers)
-        self.owners = Owners(store, self.calls, changes, limits, compaction)
+        self.owners = Owners(store, self.calls, changes, limits, compaction, sharing)
         self.partitions = PartitionService(store, self.owners)
+        self.accounts = AccountService(store, self.owners)
         self.requests = RequestService(self.partitions, workers, changes.max_watchers if changes is not None else 8)
         self.allocations = AllocationService(store, self.owners)
         self.links = LinkLedger(store, gateway, link_policy, link_retention, workers=min(workers, 8), tell=self.owners.links_changed,

@@ -323,6 +323,8 @@ class PartitionRequest:
     may_move: bool = False  # its owner consents to planned moves while IPUoF clients are attached
     expected_seconds: int = 0  # how long it is expected to run from its start; 0: unknown
     reservation: str = ""  # the reservation it is to be made in (`vipu.model.reservations`), if any
+    account: str = ""  # the account it is made on (`vipu.model.accounts`); "": none, or its user's only one
+    preemptible: bool = False  # its user lets it be reclaimed when it runs on quota borrowed from another account
 
 
 MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user
@@ -373,6 +375,11 @@ class Partition:
     may_move: bool = False
     expected_seconds: int = 0  # how long it is expected to run from its start (`created`); 0: unknown
     reservation: str = ""  # the reservation for people it was made in (`--reservation`); "": none
+    account: str = ""  # the account it was made on (`vipu.model.accounts`); "": none
+    preemptible: bool = False  # may be reclaimed while its account borrows quota (`vipu.model.accounts.reclaim`)
+    # When a reclaim removes it (seconds since the epoch; 0: none is under way), and why: its user's notice.
+    reclaim_at: float = 0.0
+    reclaim_notice: str = ""
     # When the controller power cycled its machines because an automatic reset did not bring it back,
     # UTC: it does so once in a partition's life, then leaves it to its user.
     power_cycled: datetime | None = None

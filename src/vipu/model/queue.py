@@ -28,7 +28,6 @@ which the store applies as a compare-and-set on the request's arrival number:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -210,7 +209,8 @@ Ipu = tuple[str, int]  # (agent, index)
 def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], Placement | None],
           choose_held: Callable[[T, Used, Sequence[tuple[T, Placement]]], Shape], held: Shape = frozenset(),
           backfill: bool = True, *, expected_duration: Callable[[T], float | None] | None = None,
-          expected_ends: Mapping[Ipu, float | None] | None = None, now: float = 0.0) -> Admission[T]:
+          expected_ends: Mapping[Ipu, float | None] | None = None, now: float = 0.0,
+          allowed: Callable[[T, Sequence[tuple[T, Placement]]], bool] | None = None) -> Admission[T]:
     """Which of the waiting requests (in arrival order) start now, against the IPUs `used`.
 
     `place(request, used)` is placement (None: no room); `choose_held(request, used, started)`
@@ -227,6 +227,10 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
     no later than the held shape's expected start (the module's backfill rule). Without them,
     nothing starts inside the held shape.
 
+    `allowed(request, started)`, if given, says whether a request may start at all now, those
+    `started` ahead of it in this pass counted (an account's quota, say): one that may not is
+    passed over, neither started nor first, and so holds nothing.
+
     Placement is asked once per line of requests of one shape, and again only for a request that
     started: requests of one shape fit or not together, and what is free only shrinks as the pass
     starts requests, so a line that did not fit does not fit again in the same pass. Backfill goes
@@ -239,9 +243,12 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
     taken = shifted(used)
     started: list[tuple[T, Placement]] = []
     first: T | None = None
-    ahead: Counter[Hashable] = Counter()  # of each line, the requests started at its front or held, skipped by backfill
+    settled: set[int] = set()  # the requests started, or first, or not allowed (by id): backfill passes over them
     ends_started: dict[Ipu, float | None] = {}  # the expected ends of what this pass started ahead of the first
     for request in lines:
+        if allowed is not None and not allowed(request, started):
+            settled.add(id(request))
+            continue
         placement = place(request, taken)
         if placement is None:
             first = request
@@ -251,7 +258,7 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
         if expected_duration is not None:
             duration = expected_duration(request)
             ends_started.update(((ipu.agent_id, ipu.index), None if duration is None else now + duration) for ipu in placement.ipus)
-        ahead[lines.shape_of(request)] += 1
+        settled.add(id(request))
         held = frozenset()
     if first is None:
         return Admission(tuple(started), None, frozenset())
@@ -267,21 +274,31 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
         def in_time(request: T) -> bool:
             return ends_in_time(expected_duration(request) if expected_duration is not None else None, expected_start, now)
 
-        def next_in_time(line: list[T], position: int) -> int:
-            while position < len(line) and not in_time(line[position]):
+        def next_open(line: list[T], position: int, ending_in_time: bool) -> int:
+            """The next request of the line from `position` that may start: not settled, allowed by
+            `allowed`, and, once the line fits only inside the held shape, expected to end in time."""
+            while position < len(line):
+                request = line[position]
+                if id(request) not in settled and (not ending_in_time or in_time(request)):
+                    if allowed is None or allowed(request, started):
+                        return position
+                    settled.add(id(request))
                 position += 1
             return position
 
-        ahead[lines.shape_of(first)] += 1
-        fronts = [(lines.sequence_of(line[ahead[shape]]), n, ahead[shape], line, True)
-                  for n, (shape, line) in enumerate(lines.lines().items()) if len(line) > ahead[shape]]
+        settled.add(id(first))
+        fronts = []
+        for n, line in enumerate(lines.lines().values()):
+            position = next_open(line, 0, False)
+            if position < len(line):
+                fronts.append((lines.sequence_of(line[position]), n, position, line, True))
         heapify(fronts)
         while fronts:
             _, n, position, line, fits_outside = heappop(fronts)
             placement = place(line[position], outside) if fits_outside else None
             if placement is None and fits_outside:  # from here on, only what ends in time may start, inside
                 fits_outside = False
-                position = next_in_time(line, position) if expected_start is not None else len(line)
+                position = next_open(line, position, True) if expected_start is not None else len(line)
                 if position == len(line):
                     continue  # the rest of its line waits too
             if placement is None:
@@ -291,7 +308,8 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
             started.append((line[position], placement))
             _take(outside, placement)
             _take(inside, placement)
-            position = position + 1 if fits_outside else next_in_time(line, position + 1)
+            settled.add(id(line[position]))
+            position = next_open(line, position + 1, not fits_outside)
             if position < len(line):
                 heappush(fronts, (lines.sequence_of(line[position]), n, position, line, fits_outside))
     return Admission(tuple(started), first, held, expected_start)

@@ -16,10 +16,11 @@ from typing import TypeVar
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from vipu.model.accounts import Account, Quota, ShapeLimit
 from vipu.model.entities import Agent, AgentStatus, Allocation, Cluster, Drain, GwTopology, IldTopology, IpuInfo, MachineInventory
-from vipu.model.errors import AlreadyExists
+from vipu.model.errors import AlreadyExists, NotFound
 from vipu.model.hardware import Cable, Component, ComponentHealth, HealthEvent, HealthLevel, MachineCondition
-from vipu.store.schema import AgentRow, AllocationAgentRow, AllocationRow, ClusterAgentRow, ClusterRow, MetaRow
+from vipu.store.schema import AccountRow, AgentRow, AllocationAgentRow, AllocationRow, ClusterAgentRow, ClusterRow, MetaRow
 from vipu.store.transactions import CONFIGURATION_CHANGED, TransactionBase
 
 GENERATION_KEY = "configuration_generation"
@@ -71,6 +72,18 @@ def _allocation(row: AllocationRow) -> Allocation:
     return Allocation(id=row.id, cluster_id=row.cluster_id, agent_ids=tuple(m.agent_id for m in row.members))
 
 
+def _account(row: AccountRow) -> Account:
+    return Account(row.name, tuple(row.users or ()), row.cohort or "",
+                   {allocation: Quota(int(q["ipus"]), tuple(ShapeLimit.parse(spec) for spec in q.get("limits", ())))
+                    for allocation, q in (row.quotas or {}).items()}, float(row.created or 0.0))
+
+
+def _account_values(account: Account) -> dict:
+    return {"users": list(account.users), "cohort": account.cohort, "created": account.created,
+            "quotas": {allocation: {"ipus": q.ipus, "limits": [limit.spec() for limit in q.limits]}
+                       for allocation, q in sorted(account.quotas.items())}}
+
+
 def _copy(entity: E | None) -> E | None:
     """A copy of a cached entity a caller may change, or None."""
     return dataclasses.replace(entity) if entity is not None else None  # type: ignore[type-var]
@@ -85,6 +98,7 @@ class Configuration:
     agents: dict[str, Agent]
     clusters: dict[str, Cluster]
     allocations: dict[str, Allocation]
+    accounts: dict[str, Account] = dataclasses.field(default_factory=dict)
 
     def allocation_of(self, agent_id: str) -> str:
         """The allocation the agent's machine is given to; "" if none."""
@@ -96,7 +110,8 @@ class Configuration:
             return session.scalars(select(kind).order_by(kind.id))
 
         return cls(generation, {r.id: _agent(r) for r in rows(AgentRow)}, {r.id: _cluster(r) for r in rows(ClusterRow)},
-                   {r.id: _allocation(r) for r in rows(AllocationRow)})
+                   {r.id: _allocation(r) for r in rows(AllocationRow)},
+                   {r.name: _account(r) for r in session.scalars(select(AccountRow).order_by(AccountRow.name))})
 
 
 class ConfigurationCache:
@@ -286,3 +301,28 @@ class ConfigurationRepository(TransactionBase):
             cursor.execute(DELETE_ALLOCATION if self.is_sqlite else DELETE_ALLOCATION.replace("?", "%s"), (allocation_id,))
         finally:
             cursor.close()
+
+    def add_account(self, account: Account) -> None:
+        self._configuration_changes()
+        if self.session.get(AccountRow, account.name) is not None:
+            raise AlreadyExists(f"account {account.name} already exists")
+        self.session.add(AccountRow(name=account.name, **_account_values(account)))
+        self.flush(f"account {account.name} already exists")
+
+    def update_account(self, account: Account) -> None:
+        """Write an account whole (its users, cohort and quotas); NotFound if it is gone."""
+        self._configuration_changes()
+        row = self.session.get(AccountRow, account.name)
+        if row is None:
+            raise NotFound(f"account {account.name} does not exist")
+        for name, value in _account_values(account).items():
+            setattr(row, name, value)
+        self.session.flush()
+
+    def delete_account(self, name: str) -> None:
+        self._configuration_changes()
+        row = self.session.get(AccountRow, name)
+        if row is None:
+            raise NotFound(f"account {name} does not exist")
+        self.session.delete(row)
+        self.session.flush()

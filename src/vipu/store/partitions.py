@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import typing
 from datetime import UTC, datetime
 
@@ -43,7 +44,7 @@ IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids"
 _COLUMNS = ("id", "cluster_id", "allocation_id", "size", "num_gcds", "num_replicas", "reconfigurable", "sync_type", "ipulink_routing",
             "gw_routing", "num_segments", "ready_state", "operation_state", "errors", "disable_auto_reset", "auto_reset_count",
             "owner", "attach_key", "relocatable", "relocation", "failed_on", "placement_note", "may_move", "expected_seconds",
-            "reservation", "created_at")
+            "reservation", "account", "preemptible", "reclaim_at", "reclaim_notice", "created_at")
 _JSON_COLUMNS = {"errors", "failed_on"}
 _IPU_COLUMNS = ("partition_id", "routing_id", "agent_id", "ipu_index", "ild", "topology_id", "segment", "gcd")
 
@@ -67,6 +68,8 @@ INSERT_IPU = _Sql(f"INSERT INTO partition_ipus ({', '.join(_IPU_COLUMNS)}) VALUE
 IN_STATE = "id = :partition AND ready_state = :ready AND operation_state = :operation"
 DELETE_IN_STATE = _Sql(f"DELETE FROM partitions WHERE {IN_STATE}")
 DELETE_IPUS = _Sql("DELETE FROM partition_ipus WHERE partition_id = :partition")
+INSERT_USAGE = _Sql("INSERT INTO usage_records (partition_id, allocation_id, account, user_id, size, started, ended, ipu_seconds) "
+                    "VALUES (:partition_id, :allocation_id, :account, :user_id, :size, :started, :ended, :ipu_seconds)")
 STATE_OF = _Sql("SELECT ready_state, operation_state FROM partitions WHERE id = :partition")
 _UPDATES: dict[tuple[str, ...], _Sql] = {}
 
@@ -107,7 +110,8 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         power_cycled=_utc(row.power_cycled_at), compacted=_utc(row.compacted_at),
         attach_key=row.attach_key or "", relocatable=bool(row.relocatable), relocation=row.relocation or "",
         failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "", may_move=bool(row.may_move),
-        expected_seconds=int(row.expected_seconds or 0), reservation=row.reservation or "",
+        expected_seconds=int(row.expected_seconds or 0), reservation=row.reservation or "", account=row.account or "",
+        preemptible=bool(row.preemptible), reclaim_at=float(row.reclaim_at or 0.0), reclaim_notice=row.reclaim_notice or "",
     )
 
 
@@ -192,7 +196,9 @@ class PartitionRepository(TransactionBase):
             "auto_reset_count": partition.auto_reset_count, "owner": partition.owner, "attach_key": partition.attach_key,
             "relocatable": partition.relocatable, "relocation": partition.relocation, "failed_on": json.dumps(list(partition.failed_on)),
             "placement_note": partition.placement_note, "may_move": partition.may_move, "expected_seconds": partition.expected_seconds,
-            "reservation": partition.reservation, "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
+            "reservation": partition.reservation, "account": partition.account, "preemptible": partition.preemptible,
+            "reclaim_at": partition.reclaim_at, "reclaim_notice": partition.reclaim_notice,
+            "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
         }
         taken = f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request"
         self._run(INSERT_PARTITION, values, conflict=taken)
@@ -207,6 +213,25 @@ class PartitionRepository(TransactionBase):
         if self._run(_update(("may_move",)), {**expected, "new_may_move": may_move}).changed != 1:
             raise self._moved_meanwhile(partition.id, "update", source)
         partition.may_move = may_move
+
+    def set_reclaim(self, partition: Partition, at: float, notice: str) -> None:
+        """Record that a reclaim removes the partition at `at` (0: none does any more), and its
+        notice, as a compare-and-set on the state it was read in; the partition object follows."""
+        source = lifecycle.state_of(partition)
+        expected = {"partition": partition.id, "ready": source[0].value, "operation": source[1].value}
+        if self._run(_update(("reclaim_at", "reclaim_notice")), {**expected, "new_reclaim_at": at,
+                                                                 "new_reclaim_notice": notice}).changed != 1:
+            raise self._moved_meanwhile(partition.id, "reclaim", source)
+        partition.reclaim_at, partition.reclaim_notice = at, notice
+
+    def _record_usage(self, partition: Partition) -> None:
+        """What a partition removed now used, from its start: its usage record, in the removal's transaction."""
+        ended = time.time()
+        started = partition.created.timestamp() if partition.created is not None else ended
+        started = min(started, ended)
+        self._run(INSERT_USAGE, {"partition_id": partition.id, "allocation_id": partition.allocation_id, "account": partition.account,
+                                 "user_id": partition.owner, "size": partition.size, "started": started, "ended": ended,
+                                 "ipu_seconds": partition.size * (ended - started)})
 
     def _moved_meanwhile(self, partition_id: str, change: str, expected: lifecycle.State) -> Conflict:
         """The refusal of a compare-and-set that found the partition in another state than `expected`, or gone."""
@@ -239,6 +264,8 @@ class PartitionRepository(TransactionBase):
         values: dict = {}
         if target is lifecycle.ABSENT:
             changed = self._run(DELETE_IN_STATE, expected).changed
+            if changed == 1:
+                self._record_usage(partition)
         else:
             values = {"ready_state": target[0].value, "operation_state": target[1].value}
             if errors is not None:

@@ -39,13 +39,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 19  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 20  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
 # 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations;
-# 19: partitions.reservation
+# 19: partitions.reservation; 20: accounts, usage_records, partitions.account, .preemptible, .reclaim_at and .reclaim_notice
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -100,6 +100,10 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     16: [_adding("partitions", "compacted_at", "TIMESTAMP WITH TIME ZONE")],
     17: [_adding("agents", "drain", "JSON")],
     19: [_adding("partitions", "reservation", "VARCHAR(64) NOT NULL DEFAULT ''"), _give_reservations],
+    20: [_adding("partitions", "account", "VARCHAR(64) NOT NULL DEFAULT ''"),
+         _adding("partitions", "preemptible", "BOOLEAN NOT NULL DEFAULT false"),
+         _adding("partitions", "reclaim_at", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
+         _adding("partitions", "reclaim_notice", "VARCHAR(512) NOT NULL DEFAULT ''")],
 }
 
 ID = String(64)
@@ -192,6 +196,10 @@ class PartitionRow(Base):
     may_move: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))  # moved while attached, by consent
     expected_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # from its start; 0: unknown
     reservation: Mapped[str] = mapped_column(ID, default="", server_default="")  # the reservation it was made in; "": none
+    account: Mapped[str] = mapped_column(ID, default="", server_default="")  # the account it was made on; "": none
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    reclaim_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")  # when a reclaim removes it; 0: none
+    reclaim_notice: Mapped[str] = mapped_column(String(512), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"
@@ -243,6 +251,35 @@ class ReservationRow(Base):
     users: Mapped[list[str]] = mapped_column(JSON, default=list)
     made_by: Mapped[str] = mapped_column(String(64), default="")
     created: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class AccountRow(Base):
+    """A team sharing the pod (`vipu.model.accounts`): its users, cohort and quotas."""
+
+    __tablename__ = "accounts"
+    name: Mapped[str] = mapped_column(ID, primary_key=True)
+    users: Mapped[list[str]] = mapped_column(JSON, default=list)
+    cohort: Mapped[str] = mapped_column(ID, default="")
+    quotas: Mapped[dict] = mapped_column(JSON, default=dict)  # allocation ("": each) -> {"ipus": N, "limits": ["64+:partitions=2"]}
+    created: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class UsageRecordRow(Base):
+    """What a partition used, written in the transaction that removes it: its IPUs from its start to
+    its end, on its account and for its user (`vipu-admin report usage`). Records older than the
+    ledger keeps whole are folded into one per account, user, allocation and day."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("usage_records_by_end", "ended"), {"sqlite_autoincrement": True})
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    partition_id: Mapped[str] = mapped_column(ID)  # "" for a day's fold
+    allocation_id: Mapped[str] = mapped_column(ID)
+    account: Mapped[str] = mapped_column(ID, default="")
+    user_id: Mapped[str] = mapped_column(String(64), default="")
+    size: Mapped[int] = mapped_column(Integer)  # IPUs; 0 for a day's fold
+    started: Mapped[float] = mapped_column(Float)  # seconds since the epoch
+    ended: Mapped[float] = mapped_column(Float)
+    ipu_seconds: Mapped[float] = mapped_column(Float)  # spread evenly from its start to its end
 
 
 class ClusterTestRunRow(Base):

@@ -41,6 +41,7 @@ from vipu.store.requests import RequestRepository
 from vipu.store.reservations import ReservationRepository
 from vipu.store.schema import MIGRATIONS, SCHEMA_VERSION, Base, MetaRow
 from vipu.store.transactions import CONFIGURATION_CHANGED, TESTS_CHANGED, USERS_CHANGED
+from vipu.store.usage import UsageRepository
 from vipu.store.users import Credential, UserRepository
 
 __all__ = ["CONFIGURATION_CHANGED", "STATEMENT_DEADLINE_SECONDS", "TESTS_CHANGED", "USERS_CHANGED", "Configuration", "Credential",
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 T = typing.TypeVar("T")
 
 
-class Transaction(ConfigurationRepository, RequestRepository, ReservationRepository, UserRepository, TestRunRepository, LinkRepository):
+class Transaction(ConfigurationRepository, RequestRepository, ReservationRepository, UsageRepository, UserRepository, TestRunRepository,
+                  LinkRepository):
     """One unit of work on the store, speaking in domain entities: the repository of each kind of
     entity, on one connection (see `vipu.store.transactions`)."""
 

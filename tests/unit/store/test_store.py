@@ -853,6 +853,10 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
         tx.session.execute(text("ALTER TABLE agents DROP COLUMN drain"))
         tx.session.execute(text("DROP TABLE reservations"))
         tx.session.execute(text("ALTER TABLE partitions DROP COLUMN reservation"))
+        for column in ("account", "preemptible", "reclaim_at", "reclaim_notice"):
+            tx.session.execute(text(f"ALTER TABLE partitions DROP COLUMN {column}"))
+        tx.session.execute(text("DROP TABLE accounts"))
+        tx.session.execute(text("DROP TABLE usage_records"))
         old_requirements = '{"id": "q1", "size": 4, "allocation_id": "a1"}'  # a request's fields as version 13 wrote them
         cast = ":old" if populated.is_sqlite else "CAST(:old AS JSON)"
         tx.session.execute(text(f"UPDATE partition_requests SET requirements = {cast}"), {"old": old_requirements})
@@ -870,14 +874,17 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             assert tx.get_agent("ag1").drain is None  # 17: no machine was drained before drains
             assert tx.list_reservations() == []  # 18: a table of its own, made by the migration
             assert migrated.reservation == ""  # 19: made in no reservation
-        assert SCHEMA_VERSION == 19
+            assert (migrated.account, migrated.preemptible, migrated.reclaim_at) == ("", False, 0.0)  # 20: on no account
+            assert tx.configuration().accounts == {} and tx.usage_records(0, 2e9) == []  # 20: tables of their own
+        assert SCHEMA_VERSION == 20
         p2 = partition("p2", "ag2")
-        p2.may_move, p2.expected_seconds, p2.reservation = True, 7200, "team"
+        p2.may_move, p2.expected_seconds, p2.reservation, p2.account, p2.preemptible = True, 7200, "team", "ml-a", True
         with reopened.transaction() as tx:
             tx.add_partition(p2)
         with reopened.reading() as tx:
             stored = tx.get_partition("p2")
-            assert (stored.may_move, stored.expected_seconds, stored.reservation) == (True, 7200, "team")
+            assert (stored.may_move, stored.expected_seconds, stored.reservation, stored.account, stored.preemptible) == (
+                True, 7200, "team", "ml-a", True)
     finally:
         reopened.close()
 

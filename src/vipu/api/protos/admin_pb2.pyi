@@ -565,3 +565,99 @@ class GetLinkRequest(_message.Message):
     before: float
     limit: int
     def __init__(self, name: _Optional[str] = ..., history: _Optional[bool] = ..., since: _Optional[float] = ..., before: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AccountQuota(_message.Message):
+    __slots__ = ("allocation_id", "ipus", "limits")
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    ipus: int
+    limits: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allocation_id: _Optional[str] = ..., ipus: _Optional[int] = ..., limits: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AccountUse(_message.Message):
+    __slots__ = ("allocation_id", "ipus", "partitions", "borrowed_ipus", "waiting", "used_share", "entitled_share")
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_IPUS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    USED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    ENTITLED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    allocation_id: str
+    ipus: int
+    partitions: int
+    borrowed_ipus: int
+    waiting: int
+    used_share: float
+    entitled_share: float
+    def __init__(self, allocation_id: _Optional[str] = ..., ipus: _Optional[int] = ..., partitions: _Optional[int] = ..., borrowed_ipus: _Optional[int] = ..., waiting: _Optional[int] = ..., used_share: _Optional[float] = ..., entitled_share: _Optional[float] = ...) -> None: ...
+
+class Account(_message.Message):
+    __slots__ = ("name", "users", "cohort", "quotas", "use")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    USE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    users: _containers.RepeatedScalarFieldContainer[str]
+    cohort: str
+    quotas: _containers.RepeatedCompositeFieldContainer[AccountQuota]
+    use: _containers.RepeatedCompositeFieldContainer[AccountUse]
+    def __init__(self, name: _Optional[str] = ..., users: _Optional[_Iterable[str]] = ..., cohort: _Optional[str] = ..., quotas: _Optional[_Iterable[_Union[AccountQuota, _Mapping]]] = ..., use: _Optional[_Iterable[_Union[AccountUse, _Mapping]]] = ...) -> None: ...
+
+class CreateAccountRequest(_message.Message):
+    __slots__ = ("account",)
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    account: Account
+    def __init__(self, account: _Optional[_Union[Account, _Mapping]] = ...) -> None: ...
+
+class UpdateAccountRequest(_message.Message):
+    __slots__ = ("account", "fields")
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    account: Account
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, account: _Optional[_Union[Account, _Mapping]] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListAccountsReply(_message.Message):
+    __slots__ = ("accounts",)
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    accounts: _containers.RepeatedCompositeFieldContainer[Account]
+    def __init__(self, accounts: _Optional[_Iterable[_Union[Account, _Mapping]]] = ...) -> None: ...
+
+class RemoveAccountRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UsageReportRequest(_message.Message):
+    __slots__ = ("by", "since", "until", "allocation_id")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since: float
+    until: float
+    allocation_id: str
+    def __init__(self, by: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., allocation_id: _Optional[str] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("key", "ipu_seconds", "partitions")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    IPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    ipu_seconds: float
+    partitions: int
+    def __init__(self, key: _Optional[str] = ..., ipu_seconds: _Optional[float] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class UsageReportReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...

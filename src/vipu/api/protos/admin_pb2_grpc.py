@@ -145,6 +145,31 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
                 _registered_method=True)
+        self.CreateAccount = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/CreateAccount',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateAccountRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Account.FromString,
+                _registered_method=True)
+        self.UpdateAccount = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/UpdateAccount',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UpdateAccountRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Account.FromString,
+                _registered_method=True)
+        self.ListAccounts = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListAccounts',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAccountsReply.FromString,
+                _registered_method=True)
+        self.RemoveAccount = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/RemoveAccount',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveAccountRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+                _registered_method=True)
+        self.ReportUsage = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ReportUsage',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportReply.FromString,
+                _registered_method=True)
         self.TestCluster = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/TestCluster',
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.TestClusterRequest.SerializeToString,
@@ -347,6 +372,36 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAccount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateAccount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAccounts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAccount(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TestCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -538,6 +593,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListReservations,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.SerializeToString,
+            ),
+            'CreateAccount': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAccount,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.CreateAccountRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Account.SerializeToString,
+            ),
+            'UpdateAccount': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateAccount,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UpdateAccountRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Account.SerializeToString,
+            ),
+            'ListAccounts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAccounts,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListAccountsReply.SerializeToString,
+            ),
+            'RemoveAccount': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAccount,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveAccountRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.SerializeToString,
+            ),
+            'ReportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUsage,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportReply.SerializeToString,
             ),
             'TestCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.TestCluster,
@@ -1199,6 +1279,141 @@ class AdminService:
             '/vipu.admin.v1.AdminService/ListReservations',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.ListReservationsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAccount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/CreateAccount',
+            vipu_dot_api_dot_protos_dot_admin__pb2.CreateAccountRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.Account.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateAccount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/UpdateAccount',
+            vipu_dot_api_dot_protos_dot_admin__pb2.UpdateAccountRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.Account.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAccounts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListAccounts',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListAccountsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAccount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/RemoveAccount',
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveAccountRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ReportUsage',
+            vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.UsageReportReply.FromString,
             options,
             channel_credentials,
             insecure,

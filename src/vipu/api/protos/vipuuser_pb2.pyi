@@ -174,7 +174,7 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds", "reservation")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds", "reservation", "account", "preemptible")
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,8 @@ class CreatePartitionRequest(_message.Message):
     MAY_MOVE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
@@ -193,7 +195,9 @@ class CreatePartitionRequest(_message.Message):
     may_move: bool
     expected_seconds: int
     reservation: str
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., reservation: _Optional[str] = ...) -> None: ...
+    account: str
+    preemptible: bool
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
@@ -311,7 +315,7 @@ class GetPartitionIpuofConfigReply(_message.Message):
     def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices", "reservation")
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices", "reservation", "account", "preemptible")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +332,8 @@ class PartitionStatus(_message.Message):
     LAST_POWER_CYCLE_TIME_FIELD_NUMBER: _ClassVar[int]
     DRAIN_NOTICES_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ready_state: PartitionReadyState
     operation_state: PartitionOperationState
@@ -344,7 +350,9 @@ class PartitionStatus(_message.Message):
     last_power_cycle_time: _timestamp_pb2.Timestamp
     drain_notices: _containers.RepeatedScalarFieldContainer[str]
     reservation: str
-    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ..., reservation: _Optional[str] = ...) -> None: ...
+    account: str
+    preemptible: bool
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
     __slots__ = ("partition_id",)

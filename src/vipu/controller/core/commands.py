@@ -253,6 +253,13 @@ class DrainsChanged(Command):
 
 
 @dataclass
+class AccountsChanged(Command):
+    """An administrator changed the accounts (their users, cohorts or quotas: `vipu.model.accounts`),
+    which the owner reads from the configuration at each decision: its queue is passed over again,
+    so that what a raised quota lets start starts, and each request's reason says the new rules."""
+
+
+@dataclass
 class Reserve(Command):
     """An administrator's reservation of IPUs of the allocation for a time (`vipu.model.reservations`):
     the machines named (`agent_ids`), or a shape of `size` IPUs the owner chooses, free of other

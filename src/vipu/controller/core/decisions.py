@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from vipu.controller.core import operations
 from vipu.controller.core.commands import (
+    AccountsChanged,
     AgentReport,
     CancelRequest,
     ClaimMachines,
@@ -46,6 +47,7 @@ from vipu.controller.core.placing import (
     place_request,
 )
 from vipu.controller.core.queueing import Queue
+from vipu.controller.core.sharing import Sharing
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import TurnEngine
 from vipu.model import lifecycle
@@ -70,10 +72,11 @@ class Decisions:
     """What the owner decides of each command, on its engine's state: the operations it starts
     are the engine's, their steps `Steps`, and a request that must wait goes to the `Queue`."""
 
-    def __init__(self, engine: TurnEngine, steps: Steps, queue: Queue):
+    def __init__(self, engine: TurnEngine, steps: Steps, queue: Queue, sharing: Sharing):
         self.engine = engine
         self.steps = steps
         self.queue = queue
+        self.sharing = sharing
         self.id = engine.id
         self.state = engine.state
         self.owners = engine.owners
@@ -123,7 +126,9 @@ class Decisions:
         if request.id in self.state.partitions or self.state.queue.get(request.id) is not None:
             raise AlreadyExists(f"partition {request.id} already exists")
         self._check_reservation_user(request, command.access)
+        self.sharing.assign(request, command.access)
         try:
+            self.sharing.refuse_over_quota(request)
             partition = self._place_new(request, command.access)
         except NoRoom as refusal:
             if not command.may_queue:
@@ -212,7 +217,7 @@ class Decisions:
         alone keep it off, why its expected duration does not let it start on them."""
         state = self.state
         holding = holders or state.holders
-        first = state.queue.first()
+        first = state.queue.get(state.held_for) or state.queue.first()
         left_out = self.queue.machines_left_out()
         if first is None or not state.held:
             return place_request(state.layout, state.allocation, used, request, Occupancy(holding), state.links, mix, left_out)
@@ -470,6 +475,10 @@ class Decisions:
         holds them, and the moves they begin."""
         self._answer_when_done(command, self._steer())
 
+    def _accounts_changed(self, command: AccountsChanged) -> None:
+        self.changes.room = True  # a pass over the queue at the end of this turn
+        command.reply.resolve(None)
+
     def _steer(self) -> list[Operation]:
         """Take up the drains (an operator's, a maintenance window's) as they stand now, and begin
         the moves off the machines drained; the moves begun."""
@@ -503,6 +512,7 @@ class Decisions:
         state, now = self.state, time.time()
         if self._reservation_turned(now):
             self._steer()  # its machines drain or resume, and what may be placed where changed
+        self.sharing.reclaims_due()
         if not state.draining:
             return
         state.drain_removals_after = {p: after for p, after in state.drain_removals_after.items() if p in state.partitions}
@@ -799,6 +809,7 @@ class Decisions:
         AgentReport: _report,
         Powering: _powering,
         DrainsChanged: _drains_changed,
+        AccountsChanged: _accounts_changed,
         LinksChanged: _links_changed,
         FinishInterrupted: _finish_interrupted,
         RecoverFailed: _recover_failed,

@@ -318,7 +318,8 @@ def relocate(owner: Owner, partition: Partition, avoid: set[str], why: str, auto
     else:
         kept = state.kept_for_move(partition, time.time())
         placement = moved(state.layout, state.allocation, partition, shifted(state.used, on=kept) if kept else state.used,
-                          state.holders(), state.held, first.partition_id if first is not None else "", avoid, state.unplaceable(),
+                          state.holders(), state.held, state.held_for or (first.partition_id if first is not None else ""), avoid,
+                          state.unplaceable(),
                           state.links)
     fields: dict[str, Any] = {"ipus": list(placement.ipus), "relocation": move_note(state.layout, partition, placement, why)}
     if because_failed:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from vipu.controller.core.decisions import Decisions
 from vipu.controller.core.queueing import Queue
+from vipu.controller.core.sharing import Sharing
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import Registry, TurnEngine
@@ -57,6 +58,7 @@ def allocation_owner(owners: Registry, state: AllocationState) -> TurnEngine:
     from another. What the rest of the controller holds of an owner is its engine."""
     engine = TurnEngine(owners, state)
     steps = Steps(engine)
-    queue = Queue(engine, steps)
-    engine.attach(Decisions(engine, steps, queue), queue)
+    sharing = Sharing(engine, steps)
+    queue = Queue(engine, steps, sharing)
+    engine.attach(Decisions(engine, steps, queue, sharing), queue)
     return engine

@@ -21,6 +21,7 @@ from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
 from vipu.controller.core.owner import allocation_owner
+from vipu.controller.core.sharing import DEFAULT_SHARING, SharingPolicy, fair_share_of, usage_since
 from vipu.controller.core.snapshot import AllocationSnapshot
 from vipu.controller.core.state import AllocationState
 from vipu.controller.core.turns import TurnEngine
@@ -55,8 +56,9 @@ def _machines_out(configuration: Configuration, allocation: Allocation) -> tuple
 
 class Owners:
     def __init__(self, store: Store, calls: AgentCalls, changes: ChangeFeed | None = None, limits: QueueLimits = DEFAULT_LIMITS,
-                 compaction_budget: Budget = DEFAULT_BUDGET):
+                 compaction_budget: Budget = DEFAULT_BUDGET, sharing: SharingPolicy = DEFAULT_SHARING):
         self.store = store
+        self.sharing = sharing
         self.calls = calls
         self.changes = changes
         self.limits = limits
@@ -88,6 +90,8 @@ class Owners:
             requests = tx.list_requests()
             reservations = tx.list_reservations()
             unhealthy = tx.unhealthy_links()
+            now = time.time()
+            usage = tx.usage_records(usage_since(self.sharing, now), now)
         with self._lock:
             self._links = LinkFaults.of(unhealthy, sequence=self._links.sequence)
             links = self._links
@@ -98,6 +102,7 @@ class Owners:
                                        [r for r in requests if r.allocation_id == allocation.id], *_machines_out(configuration, allocation),
                                        links=links, reservations=[r for r in reservations if r.allocation_id == allocation.id])
             self._hold_for_test(state)
+            state.usage = fair_share_of([u for u in usage if u.allocation_id == allocation.id], self.sharing, now)
             owners[allocation.id] = allocation_owner(self, state)
         with self._lock:
             self._owners = owners
@@ -128,6 +133,8 @@ class Owners:
                 requests = tx.list_requests(allocation_id)
                 reservations = tx.list_reservations(allocation_id)
                 links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
+                now = time.time()
+                usage = fair_share_of(tx.usage_records(usage_since(self.sharing, now), now, allocation_id), self.sharing, now)
             cluster = configuration.clusters[allocation.cluster_id]
             with self._lock:
                 found = self._owners.get(allocation_id)
@@ -140,6 +147,7 @@ class Owners:
                 state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
                                            *_machines_out(configuration, allocation), links=links, reservations=reservations)
                 self._hold_for_test(state)
+                state.usage = usage
                 failed = self._failed.get(allocation_id)
                 if failed is not None:
                     state.keep_out_as(failed.state)

@@ -16,6 +16,7 @@ from vipu.controller.core import operations
 from vipu.controller.core.commands import CreatePartition
 from vipu.controller.core.effects import AfterPass, Body, Operation, Write
 from vipu.controller.core.placing import UNDER_TEST, explicit_ipus, machines_left_out, partition_of
+from vipu.controller.core.sharing import Ordering, Sharing
 from vipu.controller.core.snapshot import QueueView, Waiting
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT, TurnEngine
@@ -23,8 +24,10 @@ from vipu.model.compaction import Plan, plan_for
 from vipu.model.entities import Partition, PartitionRequest
 from vipu.model.errors import Conflict, NoRoom, VipuError
 from vipu.model.placement import Occupancy, Placement, Shape, Used, choose_held_shape, free_ipu_count, place_partition, shifted, try_place
-from vipu.model.queue import WaitingRequest, admit, held_free_at, shape_of
+from vipu.model.queue import Lines, WaitingRequest, admit, held_free_at, shape_of
+from vipu.model.reasons import span
 from vipu.model.reservations import Reservation, kept_refusal
+from vipu.model.topology import ClusterLayout
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -42,9 +45,10 @@ class Queue:
     the engine's state; what it starts (grants, expiries, the moves of a compaction) are the
     engine's operations."""
 
-    def __init__(self, engine: TurnEngine, steps: Steps):
+    def __init__(self, engine: TurnEngine, steps: Steps, sharing: Sharing):
         self.engine = engine
         self.steps = steps
+        self.sharing = sharing
         self.id = engine.id
         self.state = state = engine.state
         self.owners = engine.owners
@@ -235,6 +239,14 @@ class Queue:
             kept = kept_for(request)
             return shifted(used, on=kept) if kept else used
 
+        quotas = self.sharing.quotas()
+        lines: Lines[WaitingRequest] | None = None
+        allowance, ordering = None, None
+        if quotas is not None:  # shared by accounts: fair-share order, each account's quota kept
+            ordering = self.sharing.order(quotas, now)
+            lines = Lines.of(ordering.requests, lambda r: shape_of(r.request))
+            allowance = self.sharing.allowance(quotas)
+            first = next((r for r in ordering.requests if r.partition_id not in ordering.blocked), first)
         held = state.held if (state.held_for == first.partition_id and {agent for agent, _ in state.held} <= allowed
                               and state.held.isdisjoint(kept_for(first))) else frozenset()
         holders = state.holders()
@@ -255,9 +267,9 @@ class Queue:
                                       ipulink_routing=r.ipulink_routing, explicit=explicit_ipus(layout, allocation, r),
                                       faults=state.links)
 
-        admission = admit(state.queue, state.used, place, choose_held, held=held,
+        admission = admit(state.queue if lines is None else lines, state.used, place, choose_held, held=held,
                           expected_duration=lambda request: request.request.expected_seconds or None,
-                          expected_ends=expected_ends(state.partitions.values()), now=now)
+                          expected_ends=expected_ends(state.partitions.values()), now=now, allowed=allowance)
         for request, placement in admission.started:
             partition = partition_of(request.request, request.owner, allocation, placement)
             self.start(Operation("creating", operations.grant(self.steps, request, partition), partition_id=partition.id))
@@ -269,7 +281,10 @@ class Queue:
             state.held, state.held_for = frozenset(), ""
         if admission.first is not None and not admission.started:
             self._compact_for(admission.first, allowed)
-        self._explain(state.held, allowed, admission.expected_start)
+        if quotas is not None and lines is not None and admission.first is not None:
+            started = {id(request) for request, _ in admission.started}
+            self.sharing.reclaim_for([r for r in lines if id(r) not in started], self.sharing.quotas() or quotas, place, state.used)
+        self._explain(state.held, allowed, admission.expected_start, ordering)
 
     def _end_requests_of_reservations_gone(self, now: float) -> None:
         """End the waiting requests made in a reservation that is over or was removed: they could
@@ -393,13 +408,13 @@ class Queue:
                      for agent_id in state.down})
         return kept
 
-    def _explain(self, held: Shape, allowed: set[str], held_needed_at: float | None = None) -> None:
+    def _explain(self, held: Shape, allowed: set[str], held_needed_at: float | None = None, ordering: Ordering | None = None) -> None:
         """Why each request still waits, from placement, against the state as the pass left it.
         Every request behind the first sees the same room (less what is held for the first), so
         placement is asked once per shape of request."""
         self.changes.queue = self.changes.state = True
         state = self.state
-        first = state.queue.first()
+        first = state.queue.get(state.held_for) or state.queue.first()
         if first is None:
             self.explained = QueueView(layout=state.layout)
             return
@@ -454,8 +469,10 @@ class Queue:
                 verdicts[shape], kept_off = verdict(behind, behind_first)
                 if kept_off:
                     kept_off_held.add(shape)
-        self.explained = QueueView(held=held, first_verdict=verdict(first, Occupancy(holders))[0], verdicts=verdicts, layout=layout,
-                                    held_needed_at=held_needed_at, kept_off_held=frozenset(kept_off_held))
+        first_verdict = verdict(first, Occupancy(holders))[0]
+        told = _in_fair_order(ordering, first, first_verdict, verdicts, held, layout) if ordering is not None else {}
+        self.explained = QueueView(held=held, first_verdict=first_verdict, verdicts=verdicts, layout=layout,
+                                    held_needed_at=held_needed_at, kept_off_held=frozenset(kept_off_held), told=told)
 
 
 def expected_ends(partitions: Iterable[Partition]) -> dict[tuple[str, int], float | None]:
@@ -468,3 +485,25 @@ def expected_ends(partitions: Iterable[Partition]) -> dict[tuple[str, int], floa
         for ipu in partition.ipus:
             ends[(ipu.agent_id, ipu.index)] = None if end is None else end.timestamp()
     return ends
+
+
+def _in_fair_order(ordering: Ordering, first: WaitingRequest, first_verdict: str, verdicts: Mapping[Any, str], held: Shape,
+                   layout: ClusterLayout) -> dict[str, str]:
+    """Why each request waits in a queue in fair-share order: its place in that order, what its
+    account says of it, and placement's verdict."""
+    told: dict[str, str] = {}
+    place = 0
+    for request in ordering.requests:
+        clause = ordering.clauses.get(request.partition_id, "")
+        if request.partition_id in ordering.blocked:
+            told[request.partition_id] = clause
+            continue
+        place += 1
+        if request is first:
+            where = f"first in fair-share order, {span(layout, held)} held for it" if held else "first in fair-share order"
+            found = first_verdict
+        else:
+            where = f"number {place} in fair-share order, behind {first.partition_id} ({first.size} IPUs)"
+            found = verdicts.get(shape_of(request.request), "")
+        told[request.partition_id] = "; ".join(part for part in (where, clause, found) if part)
+    return told

@@ -57,6 +57,7 @@ class QueueView:
     every: str = ""  # why every request waits, when nothing starts in the allocation (under test, being removed)
     held_needed_at: float | None = None  # when the IPUs held for the first are expected to be needed (epoch seconds); None: unknown
     kept_off_held: frozenset[Hashable] = frozenset()  # the shapes behind the first that free IPUs held for it were kept from
+    told: Mapping[str, str] = field(default_factory=dict)  # request -> why it waits, where its account's quota or share decides
 
     @cached_property
     def requests(self) -> tuple[WaitingRequest, ...]:
@@ -81,6 +82,8 @@ class QueueView:
         """Why the request at `position` waits, as the last pass over the queue found it."""
         if self.every:
             return self.every
+        if request.partition_id in self.told:
+            return self.told[request.partition_id]
         if not self.first_verdict or first is None:
             return NOT_EXPLAINED
         if position == 1:
@@ -126,9 +129,11 @@ class AllocationSnapshot:
         return tuple(self.links.warnings(self.layout, ((ipu.agent_id, ipu.index) for ipu in partition.ipus)))
 
     def drain_notices(self, partition: Partition) -> tuple[str, ...]:
-        """What the partition is told of the machines it runs on that an operator drains, a line each."""
-        return tuple(f"agent {agent_id} is {drain.describe()}: {drain.fate(partition.relocatable)}" for agent_id in partition.agent_ids
-                     if (drain := self.draining.get(agent_id)) is not None)
+        """What the partition is told of the machines it runs on that an operator drains, a line each,
+        and of a reclaim of the quota it borrows (`vipu.model.accounts`): what the Slurm job and the IPUJob hear too."""
+        drained = tuple(f"agent {agent_id} is {drain.describe()}: {drain.fate(partition.relocatable)}" for agent_id in partition.agent_ids
+                        if (drain := self.draining.get(agent_id)) is not None)
+        return drained + ((f"partition {partition.id} is {partition.reclaim_notice}",) if partition.reclaim_notice else ())
 
     @property
     def id(self) -> str:

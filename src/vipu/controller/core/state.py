@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from vipu.controller.core.lending import Loan
 from vipu.model import queue as queue_model
+from vipu.model.accounts import FairShare
 from vipu.model.compaction import BudgetSpent
 from vipu.model.entities import Allocation, Drain, Partition
 from vipu.model.fragmentation import SizeMix
@@ -73,6 +74,11 @@ class AllocationState:
     compaction_looked: tuple[object, ...] | None = None
     compaction: BudgetSpent | None = None  # its compaction moves of late, counted at the first compaction
     closing: bool = False
+    usage: FairShare = dataclasses.field(default_factory=FairShare)  # its accounts' decayed usage (`vipu.model.accounts`)
+    reclaiming: dict[str, float] = dataclasses.field(default_factory=dict)  # partitions a reclaim removes -> when (epoch seconds)
+    # Waiting requests that reclaimed quota -> (their account, the accounts reclaimed from): those
+    # borrow nothing while the request waits (in memory: a new owner forgets it, at worst lending once more).
+    reclaimed_for: dict[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
     touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot
 
@@ -120,12 +126,18 @@ class AllocationState:
             self._free((i.agent_id, i.index) for i in old.ipus)
         self.partitions[partition.id] = partition
         self._take((i.agent_id, i.index) for i in partition.ipus)
+        if partition.reclaim_at:
+            self.reclaiming[partition.id] = partition.reclaim_at
+        elif self.reclaiming:
+            self.reclaiming.pop(partition.id, None)
         return old
 
     def drop(self, partition_id: str) -> Partition | None:
         old = self.partitions.pop(partition_id, None)
         if old is not None:
             self._free((i.agent_id, i.index) for i in old.ipus)
+        if self.reclaiming:
+            self.reclaiming.pop(partition_id, None)
         return old
 
     def linger(self, partition: Partition) -> None:

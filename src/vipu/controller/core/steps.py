@@ -108,6 +108,9 @@ class Steps:
                 self.owners.settle_id(partition_id, self.id)
             elif after is None:
                 self.owners.release_id(partition_id, self.id)
+                if before is not None and before.account:  # its usage record is written with its removal; fair share counts it from now
+                    ended = time.time()
+                    state.usage.record(before.account, before.size, before.created.timestamp() if before.created else ended, ended)
 
         return Write(work, apply, lambda: put(before), committed, result=after, partition_id=partition_id)
 

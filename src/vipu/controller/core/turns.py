@@ -76,7 +76,7 @@ class Deciding(Protocol):
         """Take a command up: start its operation, answer it, or raise its refusal."""
 
     def drains_due(self) -> None:
-        """Remove the partitions left on machines whose drain's deadline passed."""
+        """Remove the partitions left on machines whose drain's deadline passed, and those whose reclaim's did."""
 
     def reclear(self) -> None:
         """Ask the machines again to clear what they did not confirm clearing."""
@@ -395,6 +395,8 @@ class TurnEngine:
                for agent_id, drain in state.draining.items() if drain.deadline
                for partition in state.on_agent(agent_id) if partition.id not in self.on_partition]
         due += [moment for r in state.reservations.values() for moment in (r.start, r.end) if moment > state.steered_at]
+        due += [max(at, state.drain_removals_after.get(partition_id, 0.0)) for partition_id, at in state.reclaiming.items()
+                if partition_id not in self.on_partition]  # a reclaim's deadline (`sharing`)
         return min(due, default=None)
 
     def _turn(self, commands: list[Command], answers: list[tuple[Operation, list[AgentCall], Any]]) -> None:
@@ -694,7 +696,7 @@ class TurnEngine:
                                    first=first, waiting_ipus=state.queue.weight, held=explained.held,
                                    first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
                                    every=explained.every, held_needed_at=explained.held_needed_at,
-                                   kept_off_held=explained.kept_off_held)
+                                   kept_off_held=explained.kept_off_held, told=explained.told)
             changes.queue = not queue
         used = dict(self.snapshot.used)  # only the machines whose IPUs changed are copied again
         for agent in state.touched:

@@ -9,6 +9,7 @@ from vipu.api.protos import vipuuser_pb2 as user_pb
 from vipu.controller.auth import caller
 from vipu.controller.infrastructure.discovery import DiscoveryListener
 from vipu.controller.servicers.user import capacity_reply, queued_reply, reservations_reply
+from vipu.controller.usecases.accounts import AccountService
 from vipu.controller.usecases.agents import AgentService, AgentView
 from vipu.controller.usecases.allocations import AllocationService
 from vipu.controller.usecases.clusters import ClusterService
@@ -54,8 +55,10 @@ def _user(user: User) -> pb.User:
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
                  clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
-                 user_port: int, partitions: PartitionService, requests: RequestService, links: LinkLedger):
+                 user_port: int, partitions: PartitionService, requests: RequestService, links: LinkLedger,
+                 accounts: AccountService | None = None):
         self.partitions = partitions
+        self.accounts = accounts or AccountService(partitions.store, partitions.owners)
         self.links = links
         self.requests = requests
         self.agents = agents
@@ -137,6 +140,25 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def ListReservations(self, request, context):
         return reservations_reply(self.partitions.reservations.list(request.allocation_id))
+
+    def CreateAccount(self, request, context):
+        view = self.accounts.create(convert.account_from_proto(request.account))
+        return convert.account_to_proto(view.account, view.use)
+
+    def UpdateAccount(self, request, context):
+        view = self.accounts.update(convert.account_from_proto(request.account), request.fields)
+        return convert.account_to_proto(view.account, view.use)
+
+    def ListAccounts(self, request, context):
+        return pb.ListAccountsReply(accounts=[convert.account_to_proto(v.account, v.use) for v in self.accounts.list()])
+
+    def RemoveAccount(self, request, context):
+        self.accounts.remove(request.name)
+        return pb.RemoveReply(removed=[request.name])
+
+    def ReportUsage(self, request, context):
+        rows = self.accounts.report(request.by or "account", request.since, request.until, request.allocation_id)
+        return pb.UsageReportReply(rows=[pb.UsageRow(key=r.key, ipu_seconds=r.ipu_seconds, partitions=r.partitions) for r in rows])
 
     def GetAllocation(self, request, context):
         return convert.admin_allocation_to_proto(*self.allocations.get(request.id))
