@@ -55,6 +55,7 @@ from vipu.client.user import UserClient
 from vipu.k8s import kube
 from vipu.k8s.controllers import CONFIGMAP_KEY, Controller, ControllerList
 from vipu.k8s.tracker import Entry, Tracker
+from vipu.model.accounts import NO_ACCOUNTS, AccountMap
 from vipu.model.entities import ID_MAX_LENGTH
 from vipu.model.errors import (
     AlreadyExists,
@@ -104,9 +105,11 @@ class Partitions:
 
     def __init__(self, controllers: Callable[[], list[Controller]], connect: Callable[[Controller], UserClient],
                  tracker: Tracker, cluster_id: str = "", job_alive: Callable[[str, str, str], bool] = lambda *_: True,
-                 queue_seconds: int = QUEUE_SECONDS):
-        """`job_alive(namespace, name, uid)`: whether that IPUJob exists and is not being deleted."""
+                 queue_seconds: int = QUEUE_SECONDS, accounts: AccountMap = NO_ACCOUNTS):
+        """`job_alive(namespace, name, uid)`: whether that IPUJob exists and is not being deleted;
+        `accounts`, the vipu account a job's partition is made on, by the job's namespace."""
         self.job_alive = job_alive
+        self.accounts = accounts
         self.queue_seconds = queue_seconds
         self.controllers = controllers
         self._connect = connect
@@ -255,7 +258,8 @@ class Partitions:
             made = self._user(controller).create_or_queue(request.id, request.size, cluster_id=self.cluster_id,
                                                           num_replicas=request.replicas, wait_seconds=self.queue_seconds,
                                                           detached=True, expected_seconds=request.expected_seconds,
-                                                          reservation=request.reservation)
+                                                          reservation=request.reservation,
+                                                          account=self.accounts.of(request.namespace))
         except AlreadyExists:
             self.tracker.drop(request.id)
             raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "
@@ -531,10 +535,17 @@ def create_app(partitions: Partitions, registry: CollectorRegistry | None = None
 @click.option("--namespace", default=None, help="Where the tracker and controller ConfigMaps live. Default: the proxy pod's namespace.")
 @click.option("--api-timeout", default=50.0, show_default=True, help="Seconds to wait for vipu-server.")
 @click.option("--advertise-on-master", is_flag=True, help="Annotate control-plane nodes with free IPUs too.")
+@click.option("--accounts", default="", envvar="VIPU_ACCOUNTS", metavar="same|NAMESPACE=ACCOUNT,...",
+              help="The vipu account an IPUJob's partition is made on, by the job's namespace: same (the namespace's name), "
+                   "or pairs (and *=same or *=ACCOUNT for the rest). Default: none.")
 def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_cluster, api_user_id, api_access_key,
-         listen_address, port, namespace, api_timeout, advertise_on_master):
+         listen_address, port, namespace, api_timeout, advertise_on_master, accounts):
     """The V-IPU proxy for the IPUJob operator."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        account_map = AccountMap.parse(accounts, "--accounts")
+    except VipuError as bad:
+        raise click.BadParameter(bad.message, param_hint="--accounts") from None
     core = client.CoreV1Api(kube.api_client())
     namespace = namespace or kube.namespace_of_this_pod()
     tracker = Tracker(core, namespace)
@@ -568,7 +579,7 @@ def main(vipu_host, vipu_port, controllers_configmap, controllers_refresh, vipu_
             raise
         return found["metadata"].get("uid") == uid and not found["metadata"].get("deletionTimestamp")
 
-    partitions = Partitions(controllers, connect, tracker, vipu_cluster, job_alive)
+    partitions = Partitions(controllers, connect, tracker, vipu_cluster, job_alive, accounts=account_map)
 
     def advertising() -> None:
         while True:

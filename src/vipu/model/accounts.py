@@ -44,6 +44,7 @@ from typing import TypeVar
 from vipu.model.entities import check_id
 from vipu.model.errors import InvalidArgument, NotFound, PermissionDenied
 
+SAME = "same"  # an account map's word for "the front-end's name is the account's"
 EVERY_ALLOCATION = ""  # the key of a quota that holds in each allocation without one of its own
 DEFAULT_HALF_LIFE_SECONDS = 7 * 86_400.0  # how fast usage is forgotten, as Slurm's PriorityDecayHalfLife default
 RECLAIM_CHECKS = 4096  # sets of partitions `reclaim` weighs at most before it settles for the best found
@@ -105,6 +106,49 @@ class Account:
     def admits(self, user_id: str, unrestricted: bool) -> bool:
         """Whether a user may make partitions on this account: one of its users, or an administrator, or anyone in open mode."""
         return unrestricted or not user_id or user_id in self.users
+
+
+@dataclass(frozen=True)
+class AccountMap:
+    """How a front-end's own name for a team (a Slurm account, a Kubernetes namespace) becomes a
+    vipu account: `same` (the name as it is), pairs `slurm-a=ml-a,slurm-b=ml-b`, and, among the
+    pairs, `*=same` or `*=ACCOUNT` for every other name; "" maps nothing (the partition names no
+    account, and its user's only account is used, if any)."""
+
+    pairs: Mapping[str, str] = field(default_factory=dict)
+    otherwise: str = ""  # for a name not paired: SAME, an account, or "" (none)
+
+    @classmethod
+    def parse(cls, text: str, what: str = "an account map") -> AccountMap:
+        text = text.strip()
+        if not text:
+            return cls()
+        if text == SAME:
+            return cls({}, SAME)
+        pairs: dict[str, str] = {}
+        otherwise = ""
+        for item in (part.strip() for part in text.split(",") if part.strip()):
+            name, equals, account = (piece.strip() for piece in item.partition("="))
+            if not equals or not name or not account:
+                raise InvalidArgument(f"{what} is 'same' or NAME=ACCOUNT pairs (and *=same or *=ACCOUNT), not {text!r}")
+            if account != SAME:
+                try:
+                    check_id("account", account)
+                except InvalidArgument as bad:
+                    raise InvalidArgument(f"{what}: {bad.message}") from None
+            if name == "*":
+                otherwise = account
+            else:
+                pairs[name] = account
+        return cls(pairs, otherwise)
+
+    def of(self, name: str) -> str:
+        """The vipu account of a front-end's name; "" for none."""
+        account = self.pairs.get(name, self.otherwise) if name else ""
+        return name if account == SAME else account
+
+
+NO_ACCOUNTS = AccountMap()
 
 
 def check_account(account: Account) -> None:

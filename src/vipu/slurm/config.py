@@ -11,6 +11,8 @@ The file sits beside slurm.conf and holds `Key=Value` lines, keys in any case, `
                                   # partition (free but scattered); 0: requeue the job at once
     IsSecure=yes                  # then ApiUser, ApiAccessKey, ClientCertFile, ClientKeyFile
     ApiUser=slurm                 # and ServerCertFile are required
+    Accounts=same                 # a job's partition is made on the vipu account of its Slurm account:
+                                  # same (the name as it is), or slurm-a=ml-a,... (and *=same); unset: none
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vipu.client.settings import ClientSettings
+from vipu.model.accounts import NO_ACCOUNTS, AccountMap
 from vipu.model.errors import InvalidArgument
 
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 SECURE_KEYS = ("ApiUser", "ApiAccessKey", "ClientCertFile", "ClientKeyFile", "ServerCertFile")
-KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "QueueTimeout", "IsSecure", *SECURE_KEYS)
+KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "QueueTimeout", "IsSecure", "Accounts", *SECURE_KEYS)
 # The shell front doors give up on vipu-slurm-service after 600 s without a word: a prolog waits less.
 MAX_QUEUE_TIMEOUT = 540
 TRUE, FALSE = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
@@ -45,6 +48,7 @@ class VipuSlurmConfig:
     client_cert: Path | None = None
     client_key: Path | None = None
     server_cert: Path | None = None
+    accounts: AccountMap = NO_ACCOUNTS  # a job's Slurm account -> the vipu account its partition is made on
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(self.api_host, self.api_port, self.api_user, self.api_access_key,
@@ -117,4 +121,5 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
         is_secure=secure, api_user=values.get("ApiUser", "") if secure else "",
         api_access_key=values.get("ApiAccessKey", "") if secure else "",
         client_cert=file("ClientCertFile"), client_key=file("ClientKeyFile"), server_cert=file("ServerCertFile"),
+        accounts=AccountMap.parse(values.get("Accounts", ""), f"{path}: Accounts"),
     )

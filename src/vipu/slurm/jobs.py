@@ -153,12 +153,13 @@ class JobPartitions:
         try:
             self.forget_finished_jobs()
             reservation = self._vipu_reservation((job or {}).get("Reservation", ""))
+            account = self.config.accounts.of(_named((job or {}).get("Account", "")))
             try:
-                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation)
+                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation, account)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
                 with contextlib.suppress(NotFound):  # removed meanwhile by the operation that held it
                     self._remove(name)
-                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation)
+                config = self._create_partition(name, ipus, gcds, replicas, expected, reservation, account)
         except VipuError as error:
             if verdict(error) is Verdict.NEVER:
                 raise JobFailed(f"cannot create partition {name} of {ipus} IPUs in {gcds} GCD(s): {error.message}",
@@ -197,11 +198,14 @@ class JobPartitions:
                      for r in map(reservation_from_proto, self.user.list_reservations()))
         return slurm_reservation if usable else ""
 
-    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0, reservation: str = ""):
-        """The job's partition, expected to run for the job's time limit (0: none known), in the vipu reservation given."""
+    def _create_partition(self, name: str, ipus: int, gcds: int, replicas: int, expected_seconds: int = 0, reservation: str = "",
+                          account: str = ""):
+        """The job's partition, expected to run for the job's time limit (0: none known), in the vipu
+        reservation given, on the vipu account given (`Accounts` of vipu.conf)."""
         job_id = name.removeprefix(PARTITION_PREFIX)
         return self.user.create_partition(
             name, ipus, num_gcds=gcds, num_replicas=replicas, expected_seconds=expected_seconds, reservation=reservation,
+            account=account,
             wait=self.config.queue_timeout,
             on_wait=lambda queued: self.slurm.comment(job_id, f"vipu: waiting for its IPUs: {queued.reason}"))
 
@@ -263,3 +267,8 @@ def _count(text: str, option: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise JobFailed(f"{option} must be a positive whole number, not {text!r}", permanent=True)
     return int(text)
+
+
+def _named(value: str) -> str:
+    """A name as scontrol shows it, "" for none ("(null)")."""
+    return "" if value in ("", "(null)") else value

@@ -10,6 +10,7 @@ from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.client.retry import Verdict, http_status, verdict_of_http
 from vipu.k8s.controllers import Controller
 from vipu.k8s.proxy import QUEUE_SECONDS, JobRequest, PartitionRequest, Partitions
+from vipu.model.accounts import AccountMap
 from vipu.model.errors import Conflict, HardwareFailure, NoRoom, NotFound, Unavailable, VipuError
 
 CONTROLLER = Controller("ctl", 8090)
@@ -153,7 +154,7 @@ def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_the
         with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
             partitions.choose(job)
     assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS,
-                           "detached": True, "expected_seconds": 3600, "reservation": ""}]  # no waiter's lease: the proxy
+                           "detached": True, "expected_seconds": 3600, "reservation": "", "account": ""}]  # no waiter's lease: the proxy
     # withdraws it when its job goes
     assert list(tracker.tracked) == ["p-default-job"]
     user.grant("p-default-job")
@@ -209,3 +210,13 @@ def test_a_tracked_partitions_drains_are_read_from_its_controller_and_an_untrack
     assert partitions.drains("p-default-job", "u1")["drains"] == [notice]
     with pytest.raises(NotFound, match="partition p-default-job is job default/job's of uid u1, not of uid u2"):
         partitions.drains("p-default-job", "u2")  # a job of the same name made again
+
+
+def test_a_jobs_namespace_maps_onto_the_vipu_account_its_partition_is_made_on():
+    user = QueueingUser()
+    tracker = Tracker()
+    partitions = Partitions(lambda: [CONTROLLER], lambda _: user, tracker, accounts=AccountMap.parse("team-a=ml-a,*=same"))  # type: ignore[arg-type]
+    for namespace in ("team-a", "team-b"):
+        request = PartitionRequest(**{**REQUEST.model_dump(), "namespace": namespace, "id": f"p-{namespace}", "wait": 20})
+        assert partitions.create(request)[0] == 202
+    assert [asked["account"] for asked in user.asked] == ["ml-a", "team-b"]

@@ -24,6 +24,13 @@ def test_defaults_are_the_seeds(tmp_path):
     assert load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=0\n")).queue_timeout == 0  # requeue at once
 
 
+def test_a_jobs_slurm_account_maps_onto_a_vipu_account(tmp_path):
+    assert load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/x\n")).accounts.of("physics") == ""  # by default none
+    assert load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/x\nAccounts=same\n")).accounts.of("physics") == "physics"
+    paired = load(write(tmp_path, "ApiHost=ctl\nIpuofDir=/x\nAccounts=physics=ml-a, chem=ml-b, *=same\n")).accounts
+    assert (paired.of("physics"), paired.of("chem"), paired.of("bio"), paired.of("")) == ("ml-a", "ml-b", "bio", "")
+
+
 def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
     config = load(write(tmp_path, """
         # controller
@@ -58,6 +65,8 @@ def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
     ("ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=600\n", "QueueTimeout must be a whole number of seconds from 0 to 540, not '600'"),
     ("ApiHost=ctl\nIpuofDir=/x\nQueueTimeout=-1\n", "QueueTimeout must be a whole number of seconds from 0 to 540, not '-1'"),
     ("ApiHost=ctl\nIpuofDir=/x\nIsSecure=yes\nApiUser=u\n", "IsSecure needs ApiAccessKey, ClientCertFile, ClientKeyFile, ServerCertFile"),
+    ("ApiHost=ctl\nIpuofDir=/x\nAccounts=physics\n", "Accounts is 'same' or NAME=ACCOUNT pairs"),
+    ("ApiHost=ctl\nIpuofDir=/x\nAccounts=a=bad id\n", "invalid account id"),
 ])
 def test_each_mistake_is_one_clear_line(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -12,6 +12,7 @@ import pytest
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.client.settings import ClientSettings
 from vipu.client.user import UserClient
+from vipu.model.accounts import AccountMap
 from vipu.model.errors import (
     AlreadyExists,
     Conflict,
@@ -152,6 +153,16 @@ def test_a_job_in_a_slurm_reservation_that_vipu_has_too_gets_its_partition_in_it
         assert jobs.prolog(JOB) == "slurm-7"
         assert jobs.epilog({"SLURM_JOB_ID": "7"})
     assert [created.reservation for created in controller.created] == ["train", "", "", "", "", ""]
+
+
+def test_a_jobs_slurm_account_makes_its_partition_on_the_vipu_account_the_map_names(world):
+    jobs, controller, slurm, _ = world
+    jobs.config = dataclasses.replace(jobs.config, accounts=AccountMap.parse("physics=ml-a,*=same"))
+    for slurm_account in ("physics", "chem", "(null)"):
+        slurm.known["7"]["Account"] = slurm_account
+        assert jobs.prolog(JOB) == "slurm-7"
+        assert jobs.epilog({"SLURM_JOB_ID": "7"})
+    assert [created.account for created in controller.created] == ["ml-a", "chem", ""]
 
 
 def test_a_job_on_a_machine_being_drained_is_told_in_its_comment_once_per_change(world):
