@@ -16,8 +16,10 @@ keeps work waiting. Half the partitions are preemptible. A reclaimed
 partition is submitted again, as a Slurm job requeued on preemption is.
 
 Reported per account: the time-weighted mean of |achieved share - entitled share| while it has
-work waiting, in points of the pod (and the same against its share of the entitlements of the
-accounts that are busy then, which is what it can get while others lend to it); the utilisation
+work waiting, in points of the pod; the same against its share of the entitlements of the accounts
+that are busy then (what it can get while others lend to it); and the same of the IPUs in use
+(its share of what runs against that entitlement: the order's fairness, the pod's idle IPUs
+apart, which the first two count against every account alike); the utilisation
 of the pod against the same trace without quotas (first come, first served with backfill: vipu
 without accounts); and, for each reclaim, the IPUs evicted beyond the fewest that make room (by
 brute force over the candidates where they are few enough).
@@ -86,7 +88,9 @@ class Replay:
         self.ipu_time = 0.0
         self.deviation = {name: 0.0 for name in entitlements}  # integral of |achieved - entitled| while waiting
         self.busy_deviation = {name: 0.0 for name in entitlements}  # the same against the busy accounts' entitlements
+        self.used_deviation = {name: 0.0 for name in entitlements}  # the same, its share of the IPUs in use (idle ones apart)
         self.waiting_time = {name: 0.0 for name in entitlements}
+        self.achieved = {name: 0.0 for name in entitlements}  # integral of the achieved share while waiting
         self.evictions = 0
         self.evicted_ipus = 0
         self.excess_ipus = 0  # beyond the fewest that make room, where brute force could tell
@@ -110,7 +114,11 @@ class Replay:
         for name in waiting:
             achieved = held[name] / self.capacity
             self.deviation[name] += abs(achieved - self.entitlements[name]) * dt
+            self.achieved[name] += achieved * dt
             self.busy_deviation[name] += abs(achieved - self.entitlements[name] / busy_total) * dt
+            in_use = sum(held.values())
+            if in_use:
+                self.used_deviation[name] += abs(held[name] / in_use - self.entitlements[name] / busy_total) * dt
             self.waiting_time[name] += dt
         self.now = to
 
@@ -307,9 +315,11 @@ def main(machines, requests, entitlements, load, half_life, preemptible, demand,
             waited = replay.waiting_time[account] or 1e-12
             entry[f"{label}_mean_deviation_points"] = round(100 * replay.deviation[account] / waited, 2)
             entry[f"{label}_mean_deviation_among_busy_points"] = round(100 * replay.busy_deviation[account] / waited, 2)
+            entry[f"{label}_mean_deviation_of_used_points"] = round(100 * replay.used_deviation[account] / waited, 2)
             entry[f"{label}_waiting_fraction"] = round(replay.waiting_time[account] / replay.now, 3)
+            entry[f"{label}_mean_share_while_waiting"] = round(replay.achieved[account] / waited, 3)
         accounts.append(entry)
-        rows.append([account, entry["front_end"], share, entry["fair_mean_deviation_points"],
+        rows.append([account, entry["front_end"], share, entry["fair_mean_share_while_waiting"], entry["fair_mean_deviation_points"],
                      entry["fair_mean_deviation_among_busy_points"], entry["plain_mean_deviation_points"],
                      entry["plain_mean_deviation_among_busy_points"]])
     summary = {}
@@ -318,6 +328,7 @@ def main(machines, requests, entitlements, load, half_life, preemptible, demand,
             "p95_deviation_points": round(percentile([a[f"{label}_mean_deviation_points"] for a in accounts], 0.95), 2),
             "p95_deviation_among_busy_points": round(percentile([a[f"{label}_mean_deviation_among_busy_points"] for a in accounts],
                                                                 0.95), 2),
+            "p95_deviation_of_used_points": round(percentile([a[f"{label}_mean_deviation_of_used_points"] for a in accounts], 0.95), 2),
             "utilisation_percent": round(100 * replay.ipu_time / (replay.now * replay.capacity), 2),
             "started": replay.started,
         }
@@ -326,9 +337,11 @@ def main(machines, requests, entitlements, load, half_life, preemptible, demand,
     path = save(name, {"benchmark": "fairshare", "machines": machines, "requests": requests, "load": load, "demand": demand,
                        "half_life": half_life,
                        "preemptible_share": preemptible, "seed": seed, "grace": GRACE, "accounts": accounts, "summary": summary})
-    click.echo(table(["account", "front-end", "entitled", "fair: |dev| pts", "fair: vs busy", "FCFS: |dev| pts", "FCFS: vs busy"], rows))
-    click.echo(table(["", "p95 |dev| pts", "p95 vs busy pts", "utilisation %", "started"],
-                     [[label, s["p95_deviation_points"], s["p95_deviation_among_busy_points"], s["utilisation_percent"], s["started"]]
+    click.echo(table(["account", "front-end", "entitled", "fair: share", "fair: |dev| pts", "fair: vs busy", "FCFS: |dev| pts",
+                      "FCFS: vs busy"], rows))
+    click.echo(table(["", "p95 |dev| pts", "p95 vs busy pts", "p95 of used pts", "utilisation %", "started"],
+                     [[label, s["p95_deviation_points"], s["p95_deviation_among_busy_points"], s["p95_deviation_of_used_points"],
+                       s["utilisation_percent"], s["started"]]
                       for label, s in summary.items()]))
     click.echo(f"reclaims {fair.reclaims}, evictions {fair.evictions} ({fair.evicted_ipus} IPUs), "
                f"IPUs evicted beyond the fewest: {fair.excess_ipus}")

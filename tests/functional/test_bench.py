@@ -198,3 +198,11 @@ def test_the_link_year_benchmark_agrees_with_the_real_ledger_and_times_the_histo
     flapping = history["flapping through its last 8 days"]
     assert history["quiet"]["events"] == 0 and flapping["samples"] + flapping["samples_left_out"] > 7 * 24 * 60  # every reading kept
     assert all(row["api"]["p50_ms"] > 0 and row["cli"]["count"] == 3 for row in history.values())
+
+
+def test_the_fairshare_benchmark_replays_accounts_with_and_without_quotas(tmp_path):
+    result = bench(tmp_path, "fairshare", "--machines", "8", "--requests", "200", "--entitlements", "0.5,0.3,0.2")
+    assert [a["account"] for a in result["accounts"]] == ["team-a", "team-b", "team-c"]
+    assert [a["front_end"] for a in result["accounts"]] == ["slurm-like", "kubernetes-like", "vpod-like"]
+    assert set(result["summary"]) == {"fair", "plain"} and result["summary"]["fair"]["ipus_evicted_beyond_the_fewest"] == 0
+    assert 0 < result["summary"]["fair"]["utilisation_percent"] <= 100

@@ -155,9 +155,10 @@ def scripts_pod(tree: Path, env: dict, background: list) -> None:
 
 
 def operating_a_pod(tree: Path, env: dict, background: list) -> None:
-    """Drains, maintenance windows and reservations on the pod of `scripts/pod`, as the README shows them."""
+    """Drains, maintenance windows, reservations and accounts on the pod of `scripts/pod`, as the README shows them."""
     scripts_pod(tree, env, background)
     run_walkthrough(first_block(section("Operating a pod"), "the whole of it"), tree, env, background, "")
+    run_walkthrough(first_block(section("Operating a pod"), "test suite runs it on `scripts/pod` (open mode"), tree, env, background, "")
 
 
 def stop(background: list) -> None:

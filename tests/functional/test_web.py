@@ -721,3 +721,23 @@ def test_in_secure_mode_a_replaced_key_ends_the_session_at_once_after_a_single_r
         assert refusals() == 1
     finally:
         browser.close()
+
+
+def test_the_accounts_page_shows_each_accounts_use_against_its_quota(dashboard, page):
+    pod, _ = dashboard
+    assert pod.admin("create", "account", "physics", "--quota", "8", "--cohort", "research").code == 0
+    assert pod.admin("create", "account", "chemistry", "--quota", "16", "--cohort", "research").code == 0
+    assert pod.user("create", "partition", "sim", "--size", "8", "--account", "physics").code == 0
+    assert pod.user("create", "partition", "extra", "--size", "4", "--account", "physics").code == 0  # borrowed
+    page.goto("/accounts")
+    shown = page.eval_on_selector_all("#account-table tr[data-account]", """rows => rows.map(row => ({
+        account: row.dataset.account, cells: [...row.cells].map(cell => cell.innerText.trim()),
+        bar: row.querySelector('.quota-bar > span') && row.querySelector('.quota-bar > span').style.width,
+        over: !!row.querySelector('.quota-bar.over')}))""")
+    by_name = {row["account"]: row for row in shown}
+    assert by_name["physics"]["cells"][:5] == ["physics", "research", "-", "alloc-1", "8"]
+    assert (by_name["physics"]["cells"][5], by_name["physics"]["cells"][6], by_name["physics"]["bar"]) == ("12", "4", "100%")
+    assert by_name["physics"]["over"] and not by_name["chemistry"]["over"]
+    assert by_name["chemistry"]["cells"][5] == "0" and by_name["chemistry"]["bar"] == "0%"
+    page.screenshot(path=str(pod.directory / "accounts.png"))
+    assert pod.user("remove", "partition", "sim").code == 0 and pod.user("remove", "partition", "extra").code == 0

@@ -15,6 +15,7 @@ import json
 import time
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -179,6 +180,10 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
 
         return shown(request, "link.html", draw, link_name=name, since=since, spans=LINK_SPANS)
 
+    @app.get("/accounts", response_class=HTMLResponse)
+    def accounts_page(request: Request):
+        return shown(request, "accounts.html", lambda source: {"accounts": _accounts_view(source)})
+
     @app.get("/tests", response_class=HTMLResponse)
     def tests_page(request: Request):
         return shown(request, "tests.html", _tests_view, error="")
@@ -296,6 +301,44 @@ def _holds(group: racks.Group, partition_id: str) -> bool:
 
 def _tests(source: Source) -> admin_pb2.ClusterTestReport | None:
     return source.tests() if source.viewer.admin else None
+
+
+@dataclass(frozen=True)
+class AccountRow:
+    """One account in one allocation, as the accounts page draws it: what it holds against its quota."""
+
+    name: str
+    cohort: str
+    users: str
+    allocation: str
+    quota: str
+    ipus: int
+    borrowed: int
+    waiting: int
+    share: str
+    filled: int  # per cent of its quota it holds, up to 100
+    over: bool  # it holds more than its quota (borrowing, or a quota lowered under it)
+
+
+def _accounts_view(source: Source) -> list[AccountRow] | None:
+    accounts = source.accounts()
+    if accounts is None:
+        return None
+    shown: list[AccountRow] = []
+    for account in accounts:
+        quotas = {q.allocation_id: q for q in account.quotas}
+        uses: list[admin_pb2.AccountUse | None] = [*account.use] or [None]
+        for use in uses:
+            quota = quotas.get(use.allocation_id, quotas.get("")) if use is not None else quotas.get("")
+            ipus = use.ipus if use is not None else 0
+            limit = quota.ipus if quota is not None else 0
+            shown.append(AccountRow(
+                account.name, account.cohort or "-", " ".join(account.users) or "-", use.allocation_id if use is not None else "-",
+                "-" if quota is None else " ".join([str(quota.ipus), *quota.limits]), ipus,
+                use.borrowed_ipus if use is not None else 0, use.waiting if use is not None else 0,
+                f"{use.used_share:.2f} of {use.entitled_share:.2f}" if use is not None else "-",
+                min(100, round(100 * ipus / limit)) if limit else (100 if ipus else 0), quota is not None and ipus > limit))
+    return shown
 
 
 def _tests_view(source: Source) -> dict:

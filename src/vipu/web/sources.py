@@ -107,6 +107,13 @@ class Source:
         """The cluster test under way, or else the last one; None when none has run."""
         return self._read("tests", lambda: _tests(self._admin()))  # type: ignore[return-value]
 
+    def accounts(self) -> list[admin_pb2.Account] | None:
+        """The accounts, each with what it holds against its quota (read each time, as the
+        reservations are); None for a viewer who is no administrator."""
+        if self.admin is None:
+            return None
+        return self.admin.list_accounts()
+
     def reservations(self) -> list[vipuuser_pb2.Reservation]:
         """The reservations of the allocations the viewer may use (read each time: the change feed
         does not carry them); none when it cannot say (a controller from before them does not

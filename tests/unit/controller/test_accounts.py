@@ -95,16 +95,18 @@ def test_a_lender_that_waits_reclaims_the_fewest_preemptible_ipus_after_a_notice
 
 
 def test_a_reclaim_under_way_is_carried_on_by_a_restarted_controller(pod):
-    pod.owners.sharing = SharingPolicy(reclaim_grace=3600.0)
+    pod.owners.sharing = SharingPolicy(reclaim_grace=2.0)
     pod.services.accounts.create(account("ml-a", ("alice",), 16, cohort="research"))
     pod.services.accounts.create(account("ml-b", ("bob",), 16, cohort="research"))
     pod.partitions.create(PartitionRequest("own", 16), ALICE)
     pod.partitions.create(PartitionRequest("lent", 16, preemptible=True), ALICE)
     pod.requests.create(PartitionRequest("back", 16), BOB, wait_seconds=600, detached=True)
     until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at > 0, "no reclaim was noticed")
-    services = pod.restarted()
+    services = pod.restarted()  # its notice and deadline are stored: the new owner removes it when due
     kept = services.partitions.get("lent", ALICE)
-    assert kept.reclaim_at > time.time() + 3000 and "reclaimed for account ml-b" in kept.drain_notices[0]
+    assert "reclaimed for account ml-b" in kept.drain_notices[0]
+    until(lambda: services.owners.owner("a1").snapshot.partitions.get("back") is not None, "the restarted owner did not go on")
+    assert "lent" not in services.owners.owner("a1").snapshot.partitions and "own" in services.owners.owner("a1").snapshot.partitions
 
 
 def test_the_queue_starts_the_account_furthest_under_its_share_first(pod):
