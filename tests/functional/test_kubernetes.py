@@ -392,6 +392,41 @@ def test_the_tracker_survives_the_proxy_and_a_new_proxy_picks_it_up(cluster):
     assert cluster.partitions() == {}
 
 
+def test_an_ipujob_is_held_to_the_quota_of_the_account_its_namespace_maps_onto(cluster):
+    """vipu-k8s-proxy --accounts default=physics: an IPUJob's partition is made on account physics,
+    whose quota counts what another front-end (Slurm, say) holds on it: the job waits in the
+    controller's queue saying so, and runs once the quota has room."""
+    plain = list(cluster.proxy.command)
+    assert cluster.pod.admin("create", "account", "physics", "--quota", "4").code == 0
+    cluster.proxy.stop()
+    cluster.proxy.command = [*plain, "--accounts", "default=physics"]
+    cluster.start_proxy()
+    try:
+        assert cluster.pod.user("create", "partition", "slurm-7", "--size", "4", "--account", "physics").code == 0
+        cluster.submit("over", replicas=4, interactive={"ttl": 3600})
+        api = vipuuser_pb2_grpc.UserServiceStub(cluster.pod._channel(cluster.pod.user_port))
+
+        def waiting_reason() -> str:
+            return next((r.reason for r in api.ListQueued(vipuuser_pb2.ListQueuedRequest()).requests
+                         if r.partition_id == "p-default-over"), "")
+
+        wait_until(lambda: "waits for its account's quota: account physics holds 4 of its quota of 4 IPUs" in waiting_reason(),
+                   what="the job's request to wait for its account's quota")  # though 4 IPUs are free
+        assert cluster.partitions() == {"slurm-7": 4} and cluster.condition("over").get("type") == "Pending"
+        assert cluster.pod.user("remove", "partition", "slurm-7").code == 0
+        cluster.wait_for("over", "Running", timeout=60)
+        assert api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="p-default-over")).status.account == "physics"
+    finally:
+        if cluster.job("over") is not None:
+            cluster.delete("over")
+        cluster.pod.user("remove", "partition", "slurm-7")
+        wait_until(lambda: not cluster.partitions(), what="the job's partition to be released")
+        cluster.pod.admin("remove", "account", "physics")
+        cluster.proxy.stop()
+        cluster.proxy.command = plain
+        cluster.start_proxy()
+
+
 def test_a_partition_made_by_hand_is_neither_tracked_nor_taken(cluster):
     assert cluster.pod.user("create", "partition", "p-default-manual", "--size", "1").code == 0
     try:

@@ -377,6 +377,39 @@ def test_vipu_slurm_service_does_the_work_of_jobs_with_ipus_and_leaves_nothing(w
     assert not socket.exists()  # gone with the service: the front doors start the programs again
 
 
+def test_jobs_of_a_slurm_account_are_held_to_its_vipu_quota_with_what_other_front_ends_hold(world):
+    """vipu.conf's Accounts=same: a job's partition is made on the vipu account of its Slurm account
+    (sbatch -A). A partition another front-end made on that account (as the Kubernetes proxy makes
+    an IPUJob's) counts against the same quota: a Slurm job over it waits in vipu's queue saying
+    so, and runs once the quota has room."""
+    conf = world.slurm.directory / "vipu.conf"
+    good = conf.read_text()
+    try:
+        conf.write_text(good + "Accounts=same\n")
+        made = world.pod.admin("create", "account", "physics", "--quota", "8")
+        assert made.code == 0, made.err
+        assert world.pod.user("create", "partition", "from-kubernetes", "--size", "4", "--account", "physics").code == 0
+        first = world.submit("-A", "physics", "--ipus=4", "--wrap", "sleep 300")
+        world.wait_for(first, "RUNNING")
+        over = world.submit("-A", "physics", "--ipus=4", "--wrap", "true")
+        wait_until(lambda: world.comment(over).startswith("vipu: waiting for its IPUs: waits for its account's quota: account "
+                                                          "physics holds 8 of its quota of 8 IPUs in allocation alloc-1"),
+                   timeout=60, what="the job over its account's quota to say so")
+        world.assert_waiting(over)
+        api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
+        status = api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id=f"slurm-{first}")).status
+        assert status.account == "physics"
+        assert world.pod.user("remove", "partition", "from-kubernetes").code == 0
+        world.wait_done(over)  # room in its quota: it ran
+        assert "RUNNING" in world.state(first)
+    finally:
+        conf.write_text(good)
+        world.cancel_submitted()
+        world.pod.user("remove", "partition", "from-kubernetes")
+        world.pod.admin("remove", "account", "physics")
+    world.nothing_left()
+
+
 def test_a_broken_vipu_conf_refuses_jobs_and_says_why(world):
     conf = world.slurm.directory / "vipu.conf"
     good = conf.read_text()
