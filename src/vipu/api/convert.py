@@ -520,13 +520,13 @@ def reservation_to_proto(reservation: Reservation, ipus_in_use: int) -> user_pb2
               for agent, index in sorted(reservation.ipus, key=lambda ipu: (natural_key(ipu[0]), ipu[1]))],
         start=reservation.start, end=reservation.end, reason=reservation.reason, maintenance=reservation.maintenance,
         users=list(reservation.users), by=reservation.by, created=reservation.created, ipus_in_use=ipus_in_use,
-        description=reservation.describe())
+        description=reservation.describe(), accounts=list(reservation.accounts))
 
 
 def reservation_from_proto(message: user_pb2.Reservation) -> Reservation:
     return Reservation(message.name, message.allocation_id, frozenset((ipu.agent_id, ipu.index) for ipu in message.ipus),
                        message.start, message.end, message.reason, message.maintenance, tuple(message.users), message.by,
-                       message.created)
+                       message.created, tuple(message.accounts))
 
 
 def account_to_proto(account: Account, uses: Iterable[AccountUse] = ()) -> admin_pb2.Account:

@@ -550,22 +550,24 @@ def remove_allocation(admin, allocation_id, force, ipuof_dir):
               help="A maintenance window: its machines are drained while it lasts, and nothing runs into it.")
 @click.option("--users", default=None, help="Or a reservation for these users (u1,u2,...), who make partitions in it with "
               "vipu create partition --reservation NAME.")
+@click.option("--accounts", default=None, help="Or (and) for the partitions of these accounts (a1,a2,...), whoever makes them: a "
+              "team's Slurm jobs and IPUJobs, say.")
 @click.option("--reason", required=True, help="Why: shown to users whose requests it keeps off, and in listings.")
 @pass_client
-def create_reservation(admin, name, agents, size, allocation_id, start, end, maintenance, users, reason):
+def create_reservation(admin, name, agents, size, allocation_id, start, end, maintenance, users, accounts, reason):
     """Set IPUs aside for a time: a maintenance window (--maintenance) or a reservation for users
     (--users). Until its start, only partitions expected to end by then (vipu create partition
     --expected-duration) are placed on them."""
     if (agents is None) == (size is None):
         raise click.UsageError("give either --agents or --size")
-    if maintenance == bool(users):
-        raise click.UsageError("give either --maintenance or --users")
+    if maintenance == bool(users or accounts):
+        raise click.UsageError("give either --maintenance or --users/--accounts")
     now = time.time()
     starts, ends = (now if start == "now" else when(start, "--start", now)), when(end, "--end", now)
     with reporting("create reservation", name):
         made = reservation_from_proto(admin.create_reservation(
             name, starts, ends, reason, agent_ids=split_list(agents), size=size or 0, allocation_id=allocation_id,
-            maintenance=maintenance, users=split_list(users)))
+            maintenance=maintenance, users=split_list(users), accounts=split_list(accounts)))
     click.echo(f"create reservation ({name}): success: {made.describe()}, {made.size} IPUs ({' '.join(made.agent_ids)})")
 
 

@@ -389,7 +389,8 @@ def reservations_command(group: click.Group) -> None:
         for message in found:
             r = reservation_from_proto(message)
             rows.append([r.name, r.kind, r.allocation_id, f"{r.size} ({' '.join(r.agent_ids)})", str(message.ipus_in_use),
-                         utc_text(r.start, labelled=False), utc_text(r.end, labelled=False), r.phase(now), " ".join(r.users) or "-",
+                         utc_text(r.start, labelled=False), utc_text(r.end, labelled=False), r.phase(now),
+                         " ".join([*r.users, *(f"account:{a}" for a in r.accounts)]) or "-",
                          f"{r.reason} (by {r.operator})"])
         click.echo(render_table(["Name", "Kind", "Allocation", "IPUs", "In Use", "Start (UTC)", "End (UTC)", "State", "Users",
                                  "Reason"], rows, fit=terminal_width()))

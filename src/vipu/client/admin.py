@@ -167,12 +167,12 @@ class AdminClient(EndpointClient):
 
     def create_reservation(self, name: str, start: float, end: float, reason: str, *, agent_ids: list[str] | None = None,
                            size: int = 0, allocation_id: str = "", maintenance: bool = False,
-                           users: list[str] | None = None) -> user_pb.Reservation:
+                           users: list[str] | None = None, accounts: list[str] | None = None) -> user_pb.Reservation:
         """Reserve machines, or `size` IPUs of an allocation, from `start` to `end` (seconds since the
-        epoch): a maintenance window, or for `users`."""
+        epoch): a maintenance window, or for `users` and the partitions of `accounts`."""
         return self._call("CreateReservation", pb.CreateReservationRequest(
             name=name, agent_ids=agent_ids or [], size=size, allocation_id=allocation_id, start=start, end=end, reason=reason,
-            maintenance=maintenance, users=users or []))
+            maintenance=maintenance, users=users or [], accounts=accounts or []))
 
     def remove_reservation(self, name: str) -> None:
         self._call("RemoveReservation", pb.RemoveRequest(id=name))

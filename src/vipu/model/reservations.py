@@ -6,8 +6,8 @@ its end. Its allocation's owner keeps to these rules:
 - before its start, a partition may be placed on those IPUs only if it is expected to end by the
   start (it gives an expected duration): the rule by which the queue backfills onto the IPUs held
   for its first request (`vipu.model.waiting.ends_in_time`);
-- from its start, only partitions made in it (`--reservation NAME`, by one of its users) are
-  placed there; a maintenance window takes none: its machines drain as an operator's drain
+- from its start, only partitions made in it (`--reservation NAME`, by one of its users or on one
+  of its accounts) are placed there; a maintenance window takes none: its machines drain as an operator's drain
   does (`Reservation.drain`), relocatable partitions moving off and the others left to finish;
 - at its end it is over, and its IPUs are free again: nothing has to be resumed.
 
@@ -44,6 +44,7 @@ class Reservation:
     users: tuple[str, ...] = ()  # who may make partitions in it (a reservation for people)
     by: str = ""  # the operator who made it
     created: float = 0.0
+    accounts: tuple[str, ...] = ()  # whose partitions may be made in it, whoever makes them (`vipu.model.accounts`)
 
     @property
     def kind(self) -> str:
@@ -101,16 +102,24 @@ class Reservation:
         why = f": {self.reason}" if self.reason else ""
         return Drain(f"maintenance window {self.name} until {utc_text(self.end)}{why}", self.by, self.start)
 
-    def admits(self, user_id: str, unrestricted: bool) -> bool:
-        """Whether this user may make a partition in it: one of its users, or anyone where nobody
-        is known (open mode) or an administrator; nobody in a maintenance window."""
-        return not self.maintenance and (unrestricted or not user_id or user_id in self.users)
+    def admits(self, user_id: str, unrestricted: bool, account: str = "") -> bool:
+        """Whether this user may make a partition in it (on `account`): one of its users, or a
+        partition on one of its accounts, or anyone where nobody is known (open mode) or an
+        administrator; nobody in a maintenance window."""
+        return not self.maintenance and (unrestricted or not user_id or user_id in self.users or
+                                         bool(account and account in self.accounts))
 
-    def refusal(self, user_id: str) -> str:
+    @property
+    def for_whom(self) -> str:
+        """Who it is for, as a refusal names them: `alice, bob and account physics`."""
+        accounts = f"account{'s' if len(self.accounts) > 1 else ''} {', '.join(self.accounts)}" if self.accounts else ""
+        return " and ".join(filter(None, (", ".join(self.users), accounts)))
+
+    def refusal(self, user_id: str, account: str = "") -> str:
         """Why a user it does not admit (`admits`) may make no partition in it."""
         if self.maintenance:
             return f"{self.describe()} is a maintenance window: no partition is made in it"
-        return f"{self.describe()} is for {', '.join(self.users)}, not for user {user_id}"
+        return f"{self.describe()} is for {self.for_whom}, not for user {user_id}" + (f" on account {account}" if account else "")
 
     def overlaps(self, other: Reservation) -> bool:
         """Whether the two keep an IPU at the same time."""
@@ -184,10 +193,13 @@ def check_reservation(reservation: Reservation, now: float, size: int = 0) -> No
                               f"({utc_text(reservation.start)})")
     if reservation.end > now + MAX_RESERVATION_SECONDS:
         raise InvalidArgument(f"reservation {reservation.name} ends more than {duration_text(MAX_RESERVATION_SECONDS)} ahead")
-    if reservation.maintenance and reservation.users:
-        raise InvalidArgument("a maintenance window is for no user: give --maintenance or --users, not both")
-    if not reservation.maintenance and not reservation.users:
-        raise InvalidArgument("a reservation is for its users (--users U,...) or is a maintenance window (--maintenance)")
+    if reservation.maintenance and (reservation.users or reservation.accounts):
+        raise InvalidArgument("a maintenance window is for no user: give --maintenance or --users/--accounts, not both")
+    if not reservation.maintenance and not reservation.users and not reservation.accounts:
+        raise InvalidArgument("a reservation is for its users (--users U,...) or accounts (--accounts A,...), or is a maintenance "
+                              "window (--maintenance)")
+    for account in reservation.accounts:
+        check_id("account", account)
 
 
 def in_use(reservation: Reservation, used: Mapping[str, Set[int]]) -> int:

@@ -152,8 +152,8 @@ class JobPartitions:
         expected = time_limit_seconds((job or {}).get("TimeLimit", ""))
         try:
             self.forget_finished_jobs()
-            reservation = self._vipu_reservation((job or {}).get("Reservation", ""))
             account = self.config.accounts.of(_named((job or {}).get("Account", "")))
+            reservation = self._vipu_reservation((job or {}).get("Reservation", ""), account)
             try:
                 config = self._create_partition(name, ipus, gcds, replicas, expected, reservation, account)
             except AlreadyExists:  # left by an earlier attempt of this job (requeued): start afresh
@@ -185,16 +185,17 @@ class JobPartitions:
         log.info("job %s: partition %s removed", env["SLURM_JOB_ID"], name)
         return True
 
-    def _vipu_reservation(self, slurm_reservation: str) -> str:
+    def _vipu_reservation(self, slurm_reservation: str, account: str = "") -> str:
         """The vipu reservation a job runs in: the Slurm reservation it was given (sbatch
         --reservation), when vipu has a reservation for people of that name too (a site names the
-        two alike), not over, for Slurm's vipu user (`ApiUser`; anyone in open mode); "" otherwise,
-        and the job's partition is placed as any other (a Slurm maintenance reservation named as
+        two alike), not over, for Slurm's vipu user (`ApiUser`; anyone in open mode) or for the job's
+        vipu account; "" otherwise, and the job's partition is placed as any other (a Slurm maintenance reservation named as
         vipu's window, say)."""
         if not slurm_reservation or slurm_reservation == "(null)":
             return ""
         now = time.time()
-        usable = any(r.name == slurm_reservation and not r.ended(now) and r.admits(self.config.api_user, unrestricted=False)
+        usable = any(r.name == slurm_reservation and not r.ended(now)
+                     and r.admits(self.config.api_user, unrestricted=False, account=account)
                      for r in map(reservation_from_proto, self.user.list_reservations()))
         return slurm_reservation if usable else ""
 

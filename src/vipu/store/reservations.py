@@ -18,16 +18,17 @@ from vipu.store.partitions import PartitionRepository, _Sql
 from vipu.store.schema import ReservationRow
 
 RESERVATIONS = typing.cast(Table, ReservationRow.__table__)
-_COLUMNS = ("name", "allocation_id", "ipus", "starts_at", "ends_at", "reason", "maintenance", "users", "made_by", "created")
+_COLUMNS = ("name", "allocation_id", "ipus", "starts_at", "ends_at", "reason", "maintenance", "users", "made_by", "created", "accounts")
 INSERT_RESERVATION = _Sql(f"INSERT INTO reservations ({', '.join(_COLUMNS)}) VALUES "
                           "(:name, :allocation_id, :json_ipus, :starts_at, :ends_at, :reason, :maintenance, :json_users, :made_by, "
-                          ":created)")
+                          ":created, :json_accounts)")
 DELETE_RESERVATION = _Sql("DELETE FROM reservations WHERE name = :name AND allocation_id = :allocation_id")
 
 
 def _reservation(row: Row[typing.Any]) -> Reservation:
     return Reservation(row.name, row.allocation_id, frozenset((agent, index) for agent, index in row.ipus), float(row.starts_at),
-                       float(row.ends_at), row.reason, bool(row.maintenance), tuple(row.users or ()), row.made_by, float(row.created))
+                       float(row.ends_at), row.reason, bool(row.maintenance), tuple(row.users or ()), row.made_by, float(row.created),
+                       tuple(row.accounts or ()))
 
 
 class ReservationRepository(PartitionRepository):
@@ -45,7 +46,8 @@ class ReservationRepository(PartitionRepository):
         values = {"name": reservation.name, "allocation_id": reservation.allocation_id,
                   "json_ipus": json.dumps([list(ipu) for ipu in sorted(reservation.ipus)]), "starts_at": reservation.start,
                   "ends_at": reservation.end, "reason": reservation.reason, "maintenance": reservation.maintenance,
-                  "json_users": json.dumps(list(reservation.users)), "made_by": reservation.by, "created": reservation.created}
+                  "json_users": json.dumps(list(reservation.users)), "made_by": reservation.by, "created": reservation.created,
+                  "json_accounts": json.dumps(list(reservation.accounts))}
         try:
             self._run(INSERT_RESERVATION, values)
         except ConcurrentUpdate:  # its name taken (in another allocation, say), or its allocation gone, meanwhile

@@ -45,7 +45,8 @@ SCHEMA_VERSION = 20  # 2: cluster_test_runs; 3: users, user_allocations, partiti
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
 # 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations;
-# 19: partitions.reservation; 20: accounts, usage_records, partitions.account, .preemptible, .reclaim_at and .reclaim_notice
+# 19: partitions.reservation; 20: accounts, usage_records, partitions.account, .preemptible, .reclaim_at and .reclaim_notice,
+# reservations.accounts
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -103,7 +104,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
     20: [_adding("partitions", "account", "VARCHAR(64) NOT NULL DEFAULT ''"),
          _adding("partitions", "preemptible", "BOOLEAN NOT NULL DEFAULT false"),
          _adding("partitions", "reclaim_at", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
-         _adding("partitions", "reclaim_notice", "VARCHAR(512) NOT NULL DEFAULT ''")],
+         _adding("partitions", "reclaim_notice", "VARCHAR(512) NOT NULL DEFAULT ''"), _adding("reservations", "accounts", "JSON")],
 }
 
 ID = String(64)
@@ -251,6 +252,7 @@ class ReservationRow(Base):
     users: Mapped[list[str]] = mapped_column(JSON, default=list)
     made_by: Mapped[str] = mapped_column(String(64), default="")
     created: Mapped[float] = mapped_column(Float, default=0.0)
+    accounts: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # whose partitions may be made in it
 
 
 class AccountRow(Base):

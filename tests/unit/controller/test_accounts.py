@@ -176,3 +176,18 @@ def test_an_account_that_holds_partitions_is_not_removed_and_bad_accounts_change
     pod.partitions.remove("p1", ALICE)
     pod.services.accounts.remove("ml-a")
     assert pod.services.accounts.list() == []
+
+
+def test_a_reservation_for_an_account_takes_its_partitions_whoever_makes_them_and_is_stored(pod):
+    pod.services.accounts.create(account("ml-a", ("alice", "bob"), None))
+    now = time.time()
+    view = pod.partitions.reservations.create("team", now, now + 3600, "a training run", "admin", size=8, accounts=("ml-a",))
+    assert view.reservation.accounts == ("ml-a",)
+    made = pod.partitions.create(PartitionRequest("run", 8, reservation="team", account="ml-a"), BOB)  # not a user it names
+    assert {(ipu.agent_id, ipu.index) for ipu in made.ipus} == view.reservation.ipus
+    with pytest.raises(PermissionDenied, match=r"is for account ml-a, not for user carol"):
+        pod.partitions.create(PartitionRequest("other", 4, reservation="team"), CAROL)
+    with pytest.raises(InvalidArgument, match="invalid account id"):
+        pod.partitions.reservations.create("bad", now, now + 60, "x", "admin", size=4, accounts=("bad id",))
+    [kept] = pod.restarted().partitions.reservations.list()
+    assert kept.reservation.accounts == ("ml-a",)

@@ -92,7 +92,7 @@ class DrainAgentsRequest(_message.Message):
     def __init__(self, agent_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class CreateReservationRequest(_message.Message):
-    __slots__ = ("name", "agent_ids", "size", "allocation_id", "start", "end", "reason", "maintenance", "users")
+    __slots__ = ("name", "agent_ids", "size", "allocation_id", "start", "end", "reason", "maintenance", "users", "accounts")
     NAME_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class CreateReservationRequest(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MAINTENANCE_FIELD_NUMBER: _ClassVar[int]
     USERS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
     size: int
@@ -111,7 +112,8 @@ class CreateReservationRequest(_message.Message):
     reason: str
     maintenance: bool
     users: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ...) -> None: ...
+    accounts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., allocation_id: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., accounts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResumeAgentsRequest(_message.Message):
     __slots__ = ("agent_ids",)

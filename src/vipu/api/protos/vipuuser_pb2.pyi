@@ -531,7 +531,7 @@ class WaitPartitionReply(_message.Message):
     def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ..., ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ..., queued: _Optional[_Union[QueuedRequest, _Mapping]] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class Reservation(_message.Message):
-    __slots__ = ("name", "allocation_id", "ipus", "start", "end", "reason", "maintenance", "users", "by", "created", "ipus_in_use", "description")
+    __slots__ = ("name", "allocation_id", "ipus", "start", "end", "reason", "maintenance", "users", "by", "created", "ipus_in_use", "description", "accounts")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     IPUS_FIELD_NUMBER: _ClassVar[int]
@@ -544,6 +544,7 @@ class Reservation(_message.Message):
     CREATED_FIELD_NUMBER: _ClassVar[int]
     IPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     allocation_id: str
     ipus: _containers.RepeatedCompositeFieldContainer[ReservedIpu]
@@ -556,7 +557,8 @@ class Reservation(_message.Message):
     created: float
     ipus_in_use: int
     description: str
-    def __init__(self, name: _Optional[str] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[ReservedIpu, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., by: _Optional[str] = ..., created: _Optional[float] = ..., ipus_in_use: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+    accounts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[ReservedIpu, _Mapping]]] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., reason: _Optional[str] = ..., maintenance: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., by: _Optional[str] = ..., created: _Optional[float] = ..., ipus_in_use: _Optional[int] = ..., description: _Optional[str] = ..., accounts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReservedIpu(_message.Message):
     __slots__ = ("agent_id", "index")

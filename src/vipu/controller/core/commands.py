@@ -273,6 +273,7 @@ class Reserve(Command):
     by: str = ""
     maintenance: bool = False
     users: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
     agent_ids: tuple[str, ...] = ()
     size: int = 0
 

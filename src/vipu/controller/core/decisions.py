@@ -125,8 +125,8 @@ class Decisions:
             raise Conflict(f"allocation {self.id} is being removed")
         if request.id in self.state.partitions or self.state.queue.get(request.id) is not None:
             raise AlreadyExists(f"partition {request.id} already exists")
+        self.sharing.assign(request, command.access)  # first: a reservation may be for the account
         self._check_reservation_user(request, command.access)
-        self.sharing.assign(request, command.access)
         try:
             self.sharing.refuse_over_quota(request)
             partition = self._place_new(request, command.access)
@@ -205,8 +205,8 @@ class Decisions:
     def _check_reservation_user(self, request: PartitionRequest, access: Access) -> None:
         """PermissionDenied for a user the reservation the request names is not for."""
         reservation = self.state.reservations.get(request.reservation) if request.reservation else None
-        if reservation is not None and not reservation.admits(access.user_id, access.unrestricted):
-            raise PermissionDenied(reservation.refusal(access.user_id))
+        if reservation is not None and not reservation.admits(access.user_id, access.unrestricted, request.account):
+            raise PermissionDenied(reservation.refusal(access.user_id, request.account))
 
     def _placed_around(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]],
                        holders: Callable[[], Mapping[Ipu, str]] | None = None) -> Placement:
@@ -718,7 +718,7 @@ class Decisions:
         if command.name in state.reservations:
             raise AlreadyExists(f"reservation {command.name} already exists")
         asked = Reservation(command.name, self.id, frozenset(), max(command.start, now), command.end, command.reason,
-                            command.maintenance, command.users, command.by, now)
+                            command.maintenance, command.users, command.by, now, command.accounts)
         check_reservation(asked, now, command.size)
         if command.agent_ids:
             strangers = sorted(set(command.agent_ids) - set(state.allocation.agent_ids))

@@ -132,7 +132,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def CreateReservation(self, request, context):
         view = self.partitions.reservations.create(
             request.name, request.start, request.end, request.reason, caller().user_id, agent_ids=tuple(request.agent_ids),
-            size=request.size, allocation_id=request.allocation_id, maintenance=request.maintenance, users=tuple(request.users))
+            size=request.size, allocation_id=request.allocation_id, maintenance=request.maintenance, users=tuple(request.users),
+            accounts=tuple(request.accounts))
         return convert.reservation_to_proto(view.reservation, view.ipus_in_use)
 
     def RemoveReservation(self, request, context):

@@ -29,10 +29,11 @@ class ReservationService:
         self.owners = owners
 
     def create(self, name: str, start: float, end: float, reason: str, by: str = "", *, agent_ids: tuple[str, ...] = (),
-               size: int = 0, allocation_id: str = "", maintenance: bool = False, users: tuple[str, ...] = ()) -> ReservationView:
+               size: int = 0, allocation_id: str = "", maintenance: bool = False, users: tuple[str, ...] = (),
+               accounts: tuple[str, ...] = ()) -> ReservationView:
         """Reserve the named machines (whole, of one allocation), or `size` IPUs of an allocation
         (the only one, if there is one), from `start` (one past is now) to `end`, seconds since
-        the epoch: a maintenance window, or for `users`. All checked by the allocation's owner
+        the epoch: a maintenance window, or for `users` and `accounts`. All checked by the allocation's owner
         against its other reservations; nothing is written if it is refused."""
         if not (math.isfinite(start) and math.isfinite(end)):
             raise InvalidArgument("a reservation's start and end are times (seconds since the epoch)")
@@ -43,6 +44,7 @@ class ReservationService:
         allocation_id = self._allocation_of(agent_ids, allocation_id)
         command = Reserve(name=name, start=start, end=end, reason=reason.strip(), by=by, maintenance=maintenance,
                           users=tuple(dict.fromkeys(u.strip() for u in users if u.strip())),
+                          accounts=tuple(dict.fromkeys(a.strip() for a in accounts if a.strip())),
                           agent_ids=tuple(dict.fromkeys(agent_ids)), size=size)
         reservation = self._ask(allocation_id, command, f"the reservation {name}")
         return self._view(reservation)
