@@ -726,8 +726,8 @@ def quota_message(allocation_id: str, ipus: str, limits: tuple[str, ...]) -> pb.
         if limits:
             raise click.UsageError("--limit goes with a quota of IPUs, not with none")
         return None
-    if not ipus.isdigit():
-        raise click.BadParameter(f"a quota is a number of IPUs, or none, not {ipus!r}", param_hint="IPUS")
+    if not ipus.isdigit() or int(ipus) > 2**32 - 1:
+        raise click.BadParameter(f"a quota is a number of IPUs (up to {2**32 - 1}), or none, not {ipus!r}", param_hint="IPUS")
     return pb.AccountQuota(allocation_id=allocation_id, ipus=int(ipus), limits=list(limits))
 
 

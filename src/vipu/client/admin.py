@@ -185,7 +185,8 @@ class AdminClient(EndpointClient):
         return self._call("CreateAccount", pb.CreateAccountRequest(account=account))
 
     def update_account(self, account: pb.Account, fields: list[str]) -> pb.Account:
-        """Set the fields named (users, cohort, quotas) as `account` has them."""
+        """Set the fields named as `account` has them: users, cohort, quotas (all of them); or quota
+        (those given, each in its allocation) or no_quota (none in the allocations of those given)."""
         return self._call("UpdateAccount", pb.UpdateAccountRequest(account=account, fields=fields))
 
     def list_accounts(self) -> list[pb.Account]:

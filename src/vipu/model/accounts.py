@@ -269,8 +269,9 @@ class Quotas:
         return [name for name, a in self.accounts.items() if a.cohort == cohort and name in self.quotas]
 
     def within_own(self, account: str, size: int) -> bool:
-        quota = self.quotas.get(account)
-        return quota is not None and self.holding(account).ipus + size <= quota.ipus
+        """Whether a partition of `size` IPUs fits its own quota, limits by shape included (borrowing nothing)."""
+        verdict = self.verdict(account, size)
+        return account in self.quotas and verdict.allowed and not verdict.borrows
 
     def verdict(self, account: str, size: int, barred_by: Iterable[str] = ()) -> Verdict:
         """Whether a partition of `size` IPUs of `account` may start now by its quota (room apart);

@@ -295,6 +295,12 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
         heapify(fronts)
         while fronts:
             _, n, position, line, fits_outside = heappop(fronts)
+            if allowed is not None and not allowed(line[position], started):  # what started since it was pushed counts
+                settled.add(id(line[position]))
+                position = next_open(line, position + 1, not fits_outside)
+                if position < len(line):
+                    heappush(fronts, (lines.sequence_of(line[position]), n, position, line, fits_outside))
+                continue
             placement = place(line[position], outside) if fits_outside else None
             if placement is None and fits_outside:  # from here on, only what ends in time may start, inside
                 fits_outside = False

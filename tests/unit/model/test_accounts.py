@@ -218,3 +218,25 @@ def test_shape_limits_and_quotas_read_and_refuse_as_an_operator_writes_them():
     assert quotas.verdict("ml-a", 16).allowed and not quotas.verdict("ml-a", 32).allowed
     assert quotas.verdict("ml-a", 8).allowed  # under the limit's size: only the quota counts
     assert Quotas.of({}, "a1", []).shared is False
+
+
+def test_backfill_asks_each_request_again_whether_it_may_start_after_what_started_since():
+    """Two requests of one account at the front of two lines behind a first that does not fit:
+    the quota lets one of them start, not both (each was allowed when its line was first looked at)."""
+    layout = ClusterLayout([f"ag{i}" for i in range(1, 9)], IldTopology.MESH)
+    accounts = {"ml-a": Account("ml-a", (), "", {"": Quota(2)}), "ml-b": Account("ml-b", (), "", {"": Quota(32)})}
+    quotas = Quotas.of(accounts, "a1", [])
+    counted = [0]
+
+    def allowed(job: Job, started) -> bool:
+        for earlier, _ in started[counted[0]:]:
+            quotas.take(earlier.account, earlier.size)
+        counted[0] = len(started)
+        return quotas.verdict(job.account, job.size).allowed
+
+    used = {f"ag{i}": {0} for i in range(1, 9)}  # an IPU in use on every machine: the first (16 IPUs) waits
+    jobs = [Job("big", "ml-b", 16), Job("two", "ml-a", 2), Job("one", "ml-a", 1)]
+    admission = queue.admit(jobs, used, lambda job, used: try_place(layout, set(layout.agent_ids), used, job.size),
+                            lambda job, used, started: choose_held_shape(layout, set(layout.agent_ids), used, job.size), allowed=allowed)
+    assert admission.first.name == "big"
+    assert [job.name for job, _ in admission.started] == ["two"]  # 2 + 1 would be 3, over ml-a's 2

@@ -281,9 +281,12 @@ class Queue:
             state.held, state.held_for = frozenset(), ""
         if admission.first is not None and not admission.started:
             self._compact_for(admission.first, allowed)
-        if quotas is not None and lines is not None and admission.first is not None:
-            started = {id(request) for request, _ in admission.started}
-            self.sharing.reclaim_for([r for r in lines if id(r) not in started], self.sharing.quotas() or quotas, place, state.used)
+        if quotas is not None and admission.first is not None:
+            after = self.sharing.quotas() or quotas  # what the pass started counted
+            ordering = self.sharing.order(after, now)  # the requests left, told in the order of what now holds
+            self.sharing.reclaim_for(ordering.requests, after, place, state.used, admission.first, state.held)
+        elif quotas is not None:
+            ordering = self.sharing.order(self.sharing.quotas() or quotas, now)
         self._explain(state.held, allowed, admission.expected_start, ordering)
 
     def _end_requests_of_reservations_gone(self, now: float) -> None:
@@ -380,13 +383,22 @@ class Queue:
             log.warning("allocation %s: the compaction for the queue failed: %s", self.id, error.message)
 
     def _recording_hold(self, first: WaitingRequest, held: Shape) -> Body:
-        """Write the IPUs held for a first request to its row, so that they outlive a restart; one
-        that could not be written is written by the next pass."""
+        """Write the IPUs held for a first request to its row, so that they outlive a restart, and
+        none to the row of the request they were held for before if it still waits (fair share's
+        first changes while it waits); one that could not be written is written by the next pass."""
+        recorded = self.state.held_recorded
+        before = self.state.queue.get(recorded[0]) if recorded is not None and recorded[0] != first.partition_id else None
+
+        def write(tx: Any) -> None:
+            if before is not None:
+                tx.hold_for(before, frozenset())
+            tx.hold_for(first, held)
+
         def committed() -> None:
             self.state.held_recorded = (first.partition_id, held)
 
         try:
-            yield Write(lambda tx: tx.hold_for(first, held), committed=committed)
+            yield Write(write, committed=committed)
         except VipuError as error:
             self.engine.pass_again(RETRY_SECONDS)
             log.warning("could not record the IPUs held for partition %s (the next pass tries again): %s",
@@ -493,6 +505,8 @@ def _in_fair_order(ordering: Ordering, first: WaitingRequest, first_verdict: str
     account says of it, and placement's verdict."""
     told: dict[str, str] = {}
     place = 0
+    if first.partition_id in ordering.blocked:  # nothing held: the first its quota lets start leads
+        first = next((r for r in ordering.requests if r.partition_id not in ordering.blocked), first)
     for request in ordering.requests:
         clause = ordering.clauses.get(request.partition_id, "")
         if request.partition_id in ordering.blocked:

@@ -6,8 +6,11 @@ owner's own state (its partitions' accounts and sizes), so quotas are decided in
 like room is, one thing at a time. A reclaim is two of the owner's writes: a notice on each
 partition chosen (`reclaim_at`, `reclaim_notice`, which its user reads in its status, the Slurm
 job in its comment and the IPUJob in its PartitionDraining condition), and, at the notice's
-deadline, the partition's removal, if the lender still waits for its own quota by then (else the
-notice is withdrawn). Both are in the store, so a restart or a new leader carries a reclaim on.
+deadline, the partition's removal, if the request it was reclaimed for still waits within its own
+quota and the borrower still borrows that much (else the notice is withdrawn). Both are in the
+store, so a restart or a new leader carries a reclaim on; which request it was for, and the bar on
+the borrowers' borrowing while it waits, are kept in memory only (a new owner evicts for any
+account of the cohort waiting within its own quota, and lets the borrowers borrow again).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from vipu.controller.core import operations
 from vipu.controller.core.effects import Body, Operation
 from vipu.controller.core.steps import Steps
-from vipu.controller.core.turns import TurnEngine
+from vipu.controller.core.turns import OPERATIONS_LIMIT, TurnEngine
 from vipu.model import lifecycle
 from vipu.model.accounts import (
     DEFAULT_HALF_LIFE_SECONDS,
@@ -36,7 +39,7 @@ from vipu.model.accounts import (
 )
 from vipu.model.entities import Access, Partition, PartitionRequest
 from vipu.model.errors import InvalidArgument, NoRoom, Unavailable, VipuError
-from vipu.model.placement import Placement, Used
+from vipu.model.placement import Placement, Shape, Used, shifted
 from vipu.model.queue import WaitingRequest
 from vipu.model.times import utc_text
 from vipu.model.usage import UsageRecord
@@ -132,7 +135,7 @@ class Sharing:
         state = self.state
         for request_id in [r for r in state.reclaimed_for if state.queue.get(r) is None]:
             del state.reclaimed_for[request_id]
-        return {lender for lender, borrowers in state.reclaimed_for.values() if account in borrowers}
+        return {lender for lender, borrowers, _ in state.reclaimed_for.values() if account in borrowers}
 
     def refuse_over_quota(self, request: PartitionRequest) -> None:
         """NoRoom (so that it may wait) if its account's quota does not let it start now."""
@@ -155,18 +158,22 @@ class Sharing:
         total = sum(usage.values()) or 1.0
         standings = {name: standing(usage, name, quotas.entitled_share(name)) for name in {r.request.account for r in self.state.queue}}
         ordered = fair_order(list(self.state.queue), lambda r: r.request.account, standings.__getitem__)
+        barred = {name: self.barring(name) for name in standings}
+        first_of_standing: dict[float, int] = {}  # the order is by standing: those ahead of a standing are those before its first
+        for position, request in enumerate(ordered):
+            first_of_standing.setdefault(standings[request.request.account], position)
         clauses: dict[str, str] = {}
         blocked: set[str] = set()
-        for position, request in enumerate(ordered):
+        for request in ordered:
             account = request.request.account
             if not account:
                 continue
-            verdict = quotas.verdict(account, request.size, self.barring(account))
+            verdict = quotas.verdict(account, request.size, barred[account])
             if not verdict.allowed:
                 clauses[request.partition_id] = f"waits for its account's quota: {verdict.reason}"
                 blocked.add(request.partition_id)
                 continue
-            ahead = sum(1 for r in ordered[:position] if standings.get(r.request.account, 0.0) < standings[account])
+            ahead = first_of_standing[standings[account]]
             if ahead:
                 used, entitled = usage.get(account, 0.0) / total, quotas.entitled_share(account)
                 clauses[request.partition_id] = (f"account {account} is over its share: {used:.2f} used of {entitled:.2f}; "
@@ -189,10 +196,11 @@ class Sharing:
         return allowed
 
     def reclaim_for(self, waiting: Iterable[WaitingRequest], quotas: Quotas, place: Callable[[WaitingRequest, Used], Placement | None],
-                    used: Used) -> None:
+                    used: Used, first: WaitingRequest | None, held: Shape) -> None:
         """For the first request (in fair-share order) that waits within its own quota while borrowers
         of its cohort stand in its way, give notice to the fewest IPUs of preemptible borrowed
-        partitions whose removal makes it room (`vipu.model.accounts.reclaim`); one reclaim at a time."""
+        partitions whose removal makes it room (`vipu.model.accounts.reclaim`), room outside the
+        IPUs held for the queue's first unless it is that first; one reclaim at a time."""
         state = self.state
         if state.reclaiming:
             return
@@ -207,19 +215,25 @@ class Sharing:
             if not candidates:
                 continue
 
-            def frees(ids: frozenset[str], request: WaitingRequest = request) -> bool:
-                freed = {agent: set(indices) for agent, indices in used.items()}
+            around = used if request is first or not held else shifted(used, on=held)
+
+            def frees(ids: frozenset[str], request: WaitingRequest = request, around: Used = around) -> bool:
+                freed = {agent: set(indices) for agent, indices in around.items()}
                 for partition_id in ids:
                     for ipu in state.partitions[partition_id].ipus:
                         freed.get(ipu.agent_id, set()).discard(ipu.index)
                 return place(request, freed) is not None
 
             chosen = reclaim(candidates, quotas, frees)
-            if chosen:
-                partitions = [state.partitions[p] for p in chosen]
-                state.reclaimed_for[request.partition_id] = (account, frozenset(p.account for p in partitions))
-                self._notice(partitions, request, time.time() + self.policy.reclaim_grace)
+            if not chosen:
+                continue
+            if len(self.engine.under_way) + len(chosen) > OPERATIONS_LIMIT:
+                log.warning("allocation %s: the reclaim for %s waits: too many operations are under way", self.id, request.partition_id)
                 return
+            partitions = [state.partitions[p] for p in chosen]
+            state.reclaimed_for[request.partition_id] = (account, frozenset(p.account for p in partitions), frozenset(chosen))
+            self._notice(partitions, request, time.time() + self.policy.reclaim_grace)
+            return
 
     def _notice(self, partitions: list[Partition], request: WaitingRequest, at: float) -> None:
         account = request.request.account
@@ -248,13 +262,18 @@ class Sharing:
         if not state.reclaiming:
             return
         quotas = self.quotas()
-        lenders = self.lenders_waiting(quotas) if quotas is not None else set()
+        evicting: dict[str, int] = {}  # IPUs of each account this round evicts
         for partition_id, at in list(state.reclaiming.items()):
             partition = state.partitions.get(partition_id)
             if (partition is None or at > now or partition_id in self.engine.on_partition
                     or now < state.drain_removals_after.get(partition_id, 0.0)):
                 continue
-            still = quotas is not None and bool(lenders & set(quotas.cohort_of(partition.account)))
+            still = quotas is not None and self._still_needed(partition, quotas, evicting.get(partition.account, 0))
+            if still:
+                evicting[partition.account] = evicting.get(partition.account, 0) + partition.size
+            else:
+                for request_id in [r for r, (_, _, chosen) in state.reclaimed_for.items() if partition_id in chosen]:
+                    del state.reclaimed_for[request_id]  # its borrowers may borrow again
             body = (self._evicting(partition) if still else self._withdrawing(partition))
             try:
                 self.engine.start(Operation("removing" if still else "reclaiming", body, partition_id=partition_id, system=True))
@@ -262,6 +281,20 @@ class Sharing:
                 log.warning("partition %s: its reclaim waits: %s", partition_id, busy.message)
                 return
             state.drain_removals_after[partition_id] = now + RECLAIM_RETRY_SECONDS
+
+    def _still_needed(self, partition: Partition, quotas: Quotas, evicting: int) -> bool:
+        """Whether a partition noticed for a reclaim is to go now: the request it was reclaimed for
+        still waits within its own quota (any account of its cohort's, for a reclaim a restarted
+        owner found in the store), and its account still borrows at least its IPUs besides those
+        this round evicts (it goes no lower than its own quota)."""
+        state = self.state
+        if quotas.borrowing(partition.account) - evicting < partition.size:
+            return False
+        found = next(((r, lender) for r, (lender, _, chosen) in state.reclaimed_for.items() if partition.id in chosen), None)
+        if found is not None:
+            waiting = state.queue.get(found[0])
+            return waiting is not None and quotas.within_own(found[1], waiting.size)
+        return bool(self.lenders_waiting(quotas) & (set(quotas.cohort_of(partition.account)) - {partition.account}))
 
     def _evicting(self, partition: Partition) -> Body:
         log.warning("partition %s is removed: %s", partition.id, partition.reclaim_notice)

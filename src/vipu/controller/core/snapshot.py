@@ -51,6 +51,7 @@ class QueueView:
     first: WaitingRequest | None = None
     waiting_ipus: int = 0  # the IPUs they ask for, in all
     held: Shape = frozenset()  # the IPUs held for the first request
+    held_for: str = ""  # the request they are held for: the first in arrival order, or in fair-share order (`sharing`)
     first_verdict: str = ""  # what placement says of the first request
     verdicts: Mapping[Hashable, str] = field(default_factory=dict)  # shape -> what placement says of requests of it behind the first
     layout: ClusterLayout | None = None

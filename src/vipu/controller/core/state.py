@@ -76,9 +76,9 @@ class AllocationState:
     closing: bool = False
     usage: FairShare = dataclasses.field(default_factory=FairShare)  # its accounts' decayed usage (`vipu.model.accounts`)
     reclaiming: dict[str, float] = dataclasses.field(default_factory=dict)  # partitions a reclaim removes -> when (epoch seconds)
-    # Waiting requests that reclaimed quota -> (their account, the accounts reclaimed from): those
-    # borrow nothing while the request waits (in memory: a new owner forgets it, at worst lending once more).
-    reclaimed_for: dict[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+    # Waiting requests that reclaimed quota -> (their account, the accounts reclaimed from, the partitions
+    # noticed): those accounts borrow nothing while the request waits (in memory: a new owner forgets it).
+    reclaimed_for: dict[str, tuple[str, frozenset[str], frozenset[str]]] = dataclasses.field(default_factory=dict)
     _counts: Counter[Ipu] = dataclasses.field(default_factory=Counter)  # IPU -> how many hold it (a move and its old self)
     touched: set[str] = dataclasses.field(default_factory=set)  # agents whose IPUs in use changed since the last snapshot
 
@@ -94,7 +94,7 @@ class AllocationState:
         for request in requests:
             state.queue.add(request)
         state.mix = SizeMix.of([p.size for p in state.partitions.values()] + [r.request.size for r in state.queue])
-        first = state.queue.first()
+        first = next((r for r in state.queue if r.held), state.queue.first())  # fair share's first may not be the first to come
         if first is not None:
             state.held, state.held_for = first.held, first.partition_id
             state.held_recorded = (first.partition_id, first.held)

@@ -693,7 +693,7 @@ class TurnEngine:
             if not queue and first is not self.snapshot.queue.first:  # the last pass's reasons were not about this first
                 explained = QueueView(every=explained.every)
             queue_view = QueueView(by_id=typing.cast(Mapping[str, WaitingRequest], state.queue.by_key), sequences=state.queue.sequences(),
-                                   first=first, waiting_ipus=state.queue.weight, held=explained.held,
+                                   first=first, waiting_ipus=state.queue.weight, held=explained.held, held_for=state.held_for,
                                    first_verdict=explained.first_verdict, verdicts=explained.verdicts, layout=state.layout,
                                    every=explained.every, held_needed_at=explained.held_needed_at,
                                    kept_off_held=explained.kept_off_held, told=explained.told)

@@ -169,7 +169,7 @@ class PartitionService:
                 down_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.down),
                 draining_ipus=sum(IPUS_PER_MACHINE - len(used.get(agent, ())) for agent in s.draining.keys() - s.down),
                 reserved_ipus=len(reserved), held_ipus=sum(1 for agent, index in held if index not in used.get(agent, ())),
-                held_for=s.queue.first.partition_id if held and s.queue.first is not None else ""))
+                held_for=(s.queue.held_for or (s.queue.first.partition_id if s.queue.first is not None else "")) if held else ""))
         return rooms
 
     def ipu_attributes(self, agent_ids: builtins.list[str], access: Access = OPEN_ACCESS) -> builtins.list[IpuAttributes]:
