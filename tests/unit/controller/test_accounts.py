@@ -191,3 +191,17 @@ def test_a_reservation_for_an_account_takes_its_partitions_whoever_makes_them_an
         pod.partitions.reservations.create("bad", now, now + 60, "x", "admin", size=4, accounts=("bad id",))
     [kept] = pod.restarted().partitions.reservations.list()
     assert kept.reservation.accounts == ("ml-a",)
+
+
+def test_a_reclaim_whose_request_found_room_meanwhile_is_withdrawn_and_evicts_nothing(pod):
+    pod.owners.sharing = SharingPolicy(reclaim_grace=1.5)
+    pod.services.accounts.create(account("ml-a", ("alice",), 16, cohort="research"))
+    pod.services.accounts.create(account("ml-b", ("bob",), 16, cohort="research"))
+    pod.partitions.create(PartitionRequest("own", 16), ALICE)
+    pod.partitions.create(PartitionRequest("lent", 16, preemptible=True), ALICE)
+    pod.requests.create(PartitionRequest("back", 16), BOB, wait_seconds=600, detached=True)
+    until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at > 0, "no reclaim was noticed")
+    pod.partitions.remove("own", ALICE)  # room comes before the deadline
+    until(lambda: pod.owners.owner("a1").snapshot.partitions.get("back") is not None, "the lender's request did not start")
+    until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at == 0, "the notice was not withdrawn at its deadline")
+    assert pod.partitions.get("lent", ALICE).drain_notices == ()

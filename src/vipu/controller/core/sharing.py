@@ -133,9 +133,8 @@ class Sharing:
         """The accounts whose requests that reclaimed quota from `account` still wait: it borrows
         nothing meanwhile, so that what was reclaimed is not lent back before they start."""
         state = self.state
-        for request_id in [r for r in state.reclaimed_for if state.queue.get(r) is None]:
-            del state.reclaimed_for[request_id]
-        return {lender for lender, borrowers, _ in state.reclaimed_for.values() if account in borrowers}
+        return {lender for request_id, (lender, borrowers, _) in state.reclaimed_for.items()
+                if account in borrowers and state.queue.get(request_id) is not None}
 
     def refuse_over_quota(self, request: PartitionRequest) -> None:
         """NoRoom (so that it may wait) if its account's quota does not let it start now."""
@@ -202,6 +201,8 @@ class Sharing:
         partitions whose removal makes it room (`vipu.model.accounts.reclaim`), room outside the
         IPUs held for the queue's first unless it is that first; one reclaim at a time."""
         state = self.state
+        for request_id in [r for r, (_, _, chosen) in state.reclaimed_for.items() if not chosen and state.queue.get(r) is None]:
+            del state.reclaimed_for[request_id]  # carried out, and its request started or went: its bar is lifted
         if state.reclaiming:
             return
         for request in waiting:
@@ -271,9 +272,7 @@ class Sharing:
             still = quotas is not None and self._still_needed(partition, quotas, evicting.get(partition.account, 0))
             if still:
                 evicting[partition.account] = evicting.get(partition.account, 0) + partition.size
-            else:
-                for request_id in [r for r, (_, _, chosen) in state.reclaimed_for.items() if partition_id in chosen]:
-                    del state.reclaimed_for[request_id]  # its borrowers may borrow again
+            self._settled(partition_id, withdrawn=not still)
             body = (self._evicting(partition) if still else self._withdrawing(partition))
             try:
                 self.engine.start(Operation("removing" if still else "reclaiming", body, partition_id=partition_id, system=True))
@@ -281,6 +280,18 @@ class Sharing:
                 log.warning("partition %s: its reclaim waits: %s", partition_id, busy.message)
                 return
             state.drain_removals_after[partition_id] = now + RECLAIM_RETRY_SECONDS
+
+    def _settled(self, partition_id: str, withdrawn: bool) -> None:
+        """A noticed partition's reclaim is decided: it is no longer the reclaim's. A reclaim
+        withdrawn lifts the bar on its borrowers' borrowing at once; one carried out keeps it until
+        its request leaves the queue (`reclaim_for` forgets it then)."""
+        state = self.state
+        for request_id, (lender, borrowers, chosen) in list(state.reclaimed_for.items()):
+            if partition_id in chosen:
+                if withdrawn:
+                    del state.reclaimed_for[request_id]
+                else:
+                    state.reclaimed_for[request_id] = (lender, borrowers, chosen - {partition_id})
 
     def _still_needed(self, partition: Partition, quotas: Quotas, evicting: int) -> bool:
         """Whether a partition noticed for a reclaim is to go now: the request it was reclaimed for
