@@ -538,6 +538,11 @@ def account_to_proto(account: Account, uses: Iterable[AccountUse] = ()) -> admin
                                   waiting=u.waiting, used_share=u.used_share, entitled_share=u.entitled_share) for u in uses])
 
 
+def account_uses_from_proto(message: admin_pb2.Account) -> tuple[AccountUse, ...]:
+    return tuple(AccountUse(u.allocation_id, u.ipus, u.partitions, u.borrowed_ipus, u.waiting, u.used_share, u.entitled_share)
+                 for u in message.use)
+
+
 def account_from_proto(message: admin_pb2.Account) -> Account:
     quotas: dict[str, Quota] = {}
     for quota in message.quotas:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from vipu.api.convert import drain_from_proto, reservation_from_proto
+from vipu.api.convert import account_from_proto, account_uses_from_proto, drain_from_proto, reservation_from_proto
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -37,6 +37,7 @@ from vipu.cli.common import (
 from vipu.client.admin import by_time
 from vipu.client.admin import since_time as client_since_time
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
+from vipu.model.accounts import account_lines
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import growth
 from vipu.model.times import utc_text
@@ -795,10 +796,6 @@ def set_quota(admin, account, ipus, allocation_id, limits):
     succeed("set quota", account)
 
 
-def share_text(use: pb.AccountUse) -> str:
-    return f"{use.used_share:.2f} of {use.entitled_share:.2f}"
-
-
 @list_.command("accounts")
 @json_option
 @pass_client
@@ -811,16 +808,14 @@ def list_accounts(admin, as_json):
     if as_json:
         return echo_json({"accounts": accounts})
     rows = []
-    for account in accounts:
-        quotas = {q.allocation_id: q for q in account.quotas}
-        uses = list(account.use) or [None]
-        for n, use in enumerate(uses):
-            quota = quotas.get(use.allocation_id, quotas.get("")) if use is not None else quotas.get("")
-            quota_text = "-" if quota is None else " ".join([str(quota.ipus), *quota.limits])
+    for message in accounts:
+        account = account_from_proto(message)
+        for n, line in enumerate(account_lines(account, account_uses_from_proto(message))):
+            use = line.use
             rows.append([account.name if n == 0 else "", (account.cohort or "-") if n == 0 else "",
-                         (" ".join(account.users) or "-") if n == 0 else "", use.allocation_id if use else "-", quota_text,
-                         str(use.ipus) if use else "0", str(use.borrowed_ipus) if use else "0", str(use.waiting) if use else "0",
-                         share_text(use) if use else "-"])
+                         (" ".join(account.users) or "-") if n == 0 else "", use.allocation_id if use else "-", line.quota_text,
+                         str(use.ipus if use else 0), str(use.borrowed if use else 0), str(use.waiting if use else 0),
+                         use.share_text() if use else "-"])
     click.echo(render_table(["Account", "Cohort", "Users", "Allocation", "Quota", "In use", "Borrowed", "Waiting",
                              "Share (used of entitled)"], rows))
 

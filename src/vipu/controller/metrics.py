@@ -26,6 +26,7 @@ from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, Partition, ReadyS
 from vipu.model.errors import Unavailable
 from vipu.model.linkhealth import LinkEvent, LinkHealth, LinkState, reliability
 from vipu.model.reservations import TO_COME, UNDER_WAY
+from vipu.model.usage import UsageRecord
 from vipu.store.store import Store
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -103,8 +104,7 @@ def _account_families(accounts: Mapping[str, Account], allocation_ids: list[str]
                                   "and running", labels=["account"])
     totals = dict(used)
     for p in partitions:
-        if p.created is not None:
-            totals[p.account] = totals.get(p.account, 0.0) + p.size * max(0.0, now - p.created.timestamp())
+        totals[p.account] = totals.get(p.account, 0.0) + UsageRecord.of(p, now).ipu_seconds
     for account, total in sorted(totals.items()):
         seconds.add_metric([account], total)
     yield from (holding, quota, seconds)

@@ -12,7 +12,7 @@ Within an allocation its owner keeps to these rules (`Quotas.verdict`):
 - a partition of an account starts if the account's IPUs with it stay within its quota;
 - or, for an account in a *cohort* (a name: a flat group, so no cycle can be made of cohorts), if
   the cohort's IPUs with it stay within the sum of its members' quotas: it *borrows* idle quota of
-  the others. It may not borrow while a member that reclaimed quota from it still waits (`barred`):
+  the others. It may not borrow while a member that reclaimed quota from it still waits (`barred_by`):
   so a partition reclaimed from a borrower is not re-admitted on borrowed quota while the lender
   waits, and no preemption cycle can form;
 - limits by shape are never borrowed;
@@ -88,8 +88,9 @@ class Quota:
     ipus: int  # guaranteed, and what the account is entitled to in fair share
     limits: tuple[ShapeLimit, ...] = ()
 
-    def describe(self) -> str:
-        return ", ".join([f"{self.ipus} IPUs"] + [limit.describe() for limit in self.limits])
+    def spec(self) -> str:
+        """As an operator gives it and listings show it: `32 16+:partitions=1`."""
+        return " ".join([str(self.ipus), *(limit.spec() for limit in self.limits)])
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,16 @@ def account_of(accounts: Mapping[str, Account], named: str, user_id: str, unrest
     return mine[0] if len(mine) == 1 else None
 
 
+def shared_by_quotas(accounts: Mapping[str, Account], allocation_id: str) -> bool:
+    """Whether some account has a quota in the allocation: else nothing there is limited, and its
+    queue is first come, first served."""
+    return any(account.quota_in(allocation_id) is not None for account in accounts.values())
+
+
 def unaccounted(accounts: Mapping[str, Account], user_id: str, allocation_id: str) -> str:
     """Why a request naming no account may not be made in an allocation that is shared by quotas
-    (one where some account has one); "" if it may."""
-    if not any(account.quota_in(allocation_id) is not None for account in accounts.values()):
+    (`shared_by_quotas`); "" if it may."""
+    if not shared_by_quotas(accounts, allocation_id):
         return ""
     mine = sorted(account.name for account in accounts.values() if user_id and user_id in account.users)
     if len(mine) > 1:
@@ -208,6 +215,43 @@ class AccountUse:
     waiting: int  # its requests waiting
     used_share: float  # of the allocation's decayed usage
     entitled_share: float  # its quota's part of the allocation's quotas
+
+    def share_text(self) -> str:
+        """As listings show it: `0.53 of 0.50` (used of entitled)."""
+        return f"{self.used_share:.2f} of {self.entitled_share:.2f}"
+
+
+@dataclass(frozen=True)
+class AccountLine:
+    """One line of a listing of accounts: an account in an allocation where it has a quota, holds
+    or waits (or, in none, the account alone), what the CLI and the dashboard show alike."""
+
+    account: Account
+    use: AccountUse | None
+    quota: Quota | None
+
+    @property
+    def quota_text(self) -> str:
+        return self.quota.spec() if self.quota is not None else "-"
+
+    @property
+    def over(self) -> bool:
+        """It holds more than its quota: borrowing, or a quota lowered under what it holds."""
+        return self.quota is not None and self.use is not None and self.use.ipus > self.quota.ipus
+
+    @property
+    def filled(self) -> int:
+        """The per cent of its quota it holds, up to 100 (100 with IPUs and no quota to hold them against)."""
+        ipus = self.use.ipus if self.use is not None else 0
+        if self.quota is None or not self.quota.ipus:
+            return 100 if ipus else 0
+        return min(100, round(100 * ipus / self.quota.ipus))
+
+
+def account_lines(account: Account, uses: Iterable[AccountUse]) -> list[AccountLine]:
+    """An account's lines in a listing: one per allocation it has a use in, with the quota it has there."""
+    listed = [AccountLine(account, use, account.quota_in(use.allocation_id)) for use in uses]
+    return listed or [AccountLine(account, None, account.quotas.get(EVERY_ALLOCATION))]
 
 
 @dataclass
@@ -251,11 +295,6 @@ class Quotas:
             if account:
                 holdings.setdefault(account, Holding()).sizes.append(size)
         return cls(accounts, allocation_id, holdings)
-
-    @property
-    def shared(self) -> bool:
-        """Whether any account has a quota here: else nothing is limited, and no order changes."""
-        return bool(self.quotas)
 
     def holding(self, account: str) -> Holding:
         return self.holdings.get(account, Holding())
@@ -309,11 +348,6 @@ class Quotas:
     def take(self, account: str, size: int) -> None:
         if account:
             self.holdings.setdefault(account, Holding()).sizes.append(size)
-
-    def give_back(self, account: str, size: int) -> None:
-        holding = self.holdings.get(account)
-        if holding is not None and size in holding.sizes:
-            holding.sizes.remove(size)
 
     def borrowing(self, account: str) -> int:
         """IPUs it holds beyond its own quota (0 without one)."""
@@ -378,11 +412,16 @@ class FairShare:
         return used
 
 
+def used_share(usage: Mapping[str, float], account: str) -> float:
+    """An account's part of all the decayed usage (0 when nothing was used)."""
+    total = sum(usage.values())
+    return usage.get(account, 0.0) / total if total > 0 else 0.0
+
+
 def standing(usage: Mapping[str, float], account: str, entitled: float) -> float:
     """How far ahead of its entitlement an account has used: its share of all usage over its
     entitled share (the lower goes first; infinite without an entitlement once it used anything)."""
-    total = sum(usage.values())
-    used = usage.get(account, 0.0) / total if total > 0 else 0.0
+    used = used_share(usage, account)
     if entitled <= 0:
         return math.inf if used > 0 else 1e300
     return used / entitled
@@ -418,8 +457,8 @@ def reclaim(candidates: Sequence[Candidate], quotas: Quotas, frees: Callable[[fr
             break  # more partitions can only evict more IPUs than the best found
         if math.comb(len(usable), count) > RECLAIM_SETS:
             break
-        chosen = sorted(itertools.combinations(usable, count), key=lambda combo: sum(c.size for c in combo))
-        for combo in chosen:
+        combos = sorted(itertools.combinations(usable, count), key=lambda combo: sum(c.size for c in combo))
+        for combo in combos:
             ipus = sum(c.size for c in combo)
             if best is not None and (ipus, count) >= best[:2]:
                 break

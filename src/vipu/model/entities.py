@@ -369,7 +369,7 @@ class Partition:
     # What the link ledger says now of the unhealthy links it runs over, a line each: read from its
     # allocation's snapshot for the reader, never stored.
     link_warnings: tuple[str, ...] = ()
-    drain_notices: tuple[str, ...] = ()  # the same of the machines it runs on that an operator drains
+    drain_notices: tuple[str, ...] = ()  # the same of the machines it runs on that an operator drains, and of a reclaim
     # Its owner's consent that planned compaction moves it even while IPUoF clients are attached (a
     # relocatable partition with none attached may be moved without it); changed by its user later.
     may_move: bool = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from vipu.model.entities import Partition
 from vipu.model.errors import InvalidArgument
 
 DAY = 86_400.0
@@ -31,9 +32,12 @@ class UsageRecord:
     ipu_seconds: float  # spread evenly from its start to its end
 
     @classmethod
-    def of_partition(cls, partition_id: str, allocation_id: str, account: str, user: str, size: int, started: float,
-                     ended: float) -> UsageRecord:
-        return cls(partition_id, allocation_id, account, user, size, started, ended, size * max(0.0, ended - started))
+    def of(cls, partition: Partition, ended: float) -> UsageRecord:
+        """What a partition used from its start (its creation; `ended` if unknown) to `ended`: its
+        record when it is removed, or what it used so far while it runs."""
+        started = min(partition.created.timestamp(), ended) if partition.created is not None else ended
+        return cls(partition.id, partition.allocation_id, partition.account, partition.owner, partition.size, started, ended,
+                   partition.size * (ended - started))
 
     def within(self, since: float, until: float) -> float:
         """Its IPU-seconds between `since` and `until`."""
@@ -48,10 +52,6 @@ class UsageRow:
     key: str  # the account or the user
     ipu_seconds: float
     partitions: int  # partitions that used IPUs in the window (folds count none)
-
-    @property
-    def ipu_hours(self) -> float:
-        return self.ipu_seconds / 3600.0
 
 
 def report(records: Iterable[UsageRecord], by: str, since: float, until: float) -> list[UsageRow]:

@@ -30,6 +30,7 @@ from vipu.model.entities import (
     SyncType,
 )
 from vipu.model.errors import ConcurrentUpdate, Conflict, Unavailable
+from vipu.model.usage import UsageRecord
 from vipu.store.engines import first_line, is_integrity_error
 from vipu.store.schema import PartitionIpuRow, PartitionRow
 from vipu.store.transactions import TransactionBase
@@ -226,12 +227,10 @@ class PartitionRepository(TransactionBase):
 
     def _record_usage(self, partition: Partition) -> None:
         """What a partition removed now used, from its start: its usage record, in the removal's transaction."""
-        ended = time.time()
-        started = partition.created.timestamp() if partition.created is not None else ended
-        started = min(started, ended)
-        self._run(INSERT_USAGE, {"partition_id": partition.id, "allocation_id": partition.allocation_id, "account": partition.account,
-                                 "user_id": partition.owner, "size": partition.size, "started": started, "ended": ended,
-                                 "ipu_seconds": partition.size * (ended - started)})
+        record = UsageRecord.of(partition, time.time())
+        self._run(INSERT_USAGE, {"partition_id": record.partition_id, "allocation_id": record.allocation_id, "account": record.account,
+                                 "user_id": record.user, "size": record.size, "started": record.started, "ended": record.ended,
+                                 "ipu_seconds": record.ipu_seconds})
 
     def _moved_meanwhile(self, partition_id: str, change: str, expected: lifecycle.State) -> Conflict:
         """The refusal of a compare-and-set that found the partition in another state than `expected`, or gone."""

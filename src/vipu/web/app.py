@@ -15,7 +15,6 @@ import json
 import time
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -27,11 +26,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from vipu import __version__
+from vipu.api.convert import account_from_proto, account_uses_from_proto
 from vipu.api.protos import admin_pb2, vipuuser_pb2
 from vipu.client import PermissionDenied, Unauthenticated, VipuError
 from vipu.client.admin import since_time
 from vipu.client.retry import http_status
 from vipu.model import times
+from vipu.model.accounts import AccountLine, account_lines
 from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 from vipu.model.times import age_text, utc_text
 from vipu.web import cabling, ledger, racks
@@ -303,42 +304,11 @@ def _tests(source: Source) -> admin_pb2.ClusterTestReport | None:
     return source.tests() if source.viewer.admin else None
 
 
-@dataclass(frozen=True)
-class AccountRow:
-    """One account in one allocation, as the accounts page draws it: what it holds against its quota."""
-
-    name: str
-    cohort: str
-    users: str
-    allocation: str
-    quota: str
-    ipus: int
-    borrowed: int
-    waiting: int
-    share: str
-    filled: int  # per cent of its quota it holds, up to 100
-    over: bool  # it holds more than its quota (borrowing, or a quota lowered under it)
-
-
-def _accounts_view(source: Source) -> list[AccountRow] | None:
+def _accounts_view(source: Source) -> list[AccountLine] | None:
     accounts = source.accounts()
     if accounts is None:
         return None
-    shown: list[AccountRow] = []
-    for account in accounts:
-        quotas = {q.allocation_id: q for q in account.quotas}
-        uses: list[admin_pb2.AccountUse | None] = [*account.use] or [None]
-        for use in uses:
-            quota = quotas.get(use.allocation_id, quotas.get("")) if use is not None else quotas.get("")
-            ipus = use.ipus if use is not None else 0
-            limit = quota.ipus if quota is not None else 0
-            shown.append(AccountRow(
-                account.name, account.cohort or "-", " ".join(account.users) or "-", use.allocation_id if use is not None else "-",
-                "-" if quota is None else " ".join([str(quota.ipus), *quota.limits]), ipus,
-                use.borrowed_ipus if use is not None else 0, use.waiting if use is not None else 0,
-                f"{use.used_share:.2f} of {use.entitled_share:.2f}" if use is not None else "-",
-                min(100, round(100 * ipus / limit)) if limit else (100 if ipus else 0), quota is not None and ipus > limit))
-    return shown
+    return [line for message in accounts for line in account_lines(account_from_proto(message), account_uses_from_proto(message))]
 
 
 def _tests_view(source: Source) -> dict:

@@ -29,6 +29,18 @@ def reason(pod, partition_id: str) -> str:
     return pod.owners.owner("a1").snapshot.queue.seen(pod.owners.owner("a1").snapshot.queue.get(partition_id)).reason
 
 
+def reclaim_noticed(pod) -> None:
+    """Accounts ml-a (alice) and ml-b (bob) of 16 IPUs each in one cohort; alice holds 16 IPUs of
+    her own and 16 borrowed in `lent`, preemptible; bob's `back` of 16 waits, and `lent` is
+    noticed for a reclaim."""
+    pod.services.accounts.create(account("ml-a", ("alice",), 16, cohort="research"))
+    pod.services.accounts.create(account("ml-b", ("bob",), 16, cohort="research"))
+    pod.partitions.create(PartitionRequest("own", 16), ALICE)
+    pod.partitions.create(PartitionRequest("lent", 16, preemptible=True), ALICE)
+    pod.requests.create(PartitionRequest("back", 16), BOB, wait_seconds=600, detached=True)
+    until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at > 0, "no reclaim was noticed")
+
+
 def test_a_quota_holds_an_account_and_a_request_over_it_waits_for_it(pod):
     pod.services.accounts.create(account("ml-a", ("alice",), 8, limits=("8+:partitions=1",)))
     assert pod.partitions.create(PartitionRequest("p1", 8), ALICE).account == "ml-a"  # her only account, by default
@@ -96,12 +108,7 @@ def test_a_lender_that_waits_reclaims_the_fewest_preemptible_ipus_after_a_notice
 
 def test_a_reclaim_under_way_is_carried_on_by_a_restarted_controller(pod):
     pod.owners.sharing = SharingPolicy(reclaim_grace=2.0)
-    pod.services.accounts.create(account("ml-a", ("alice",), 16, cohort="research"))
-    pod.services.accounts.create(account("ml-b", ("bob",), 16, cohort="research"))
-    pod.partitions.create(PartitionRequest("own", 16), ALICE)
-    pod.partitions.create(PartitionRequest("lent", 16, preemptible=True), ALICE)
-    pod.requests.create(PartitionRequest("back", 16), BOB, wait_seconds=600, detached=True)
-    until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at > 0, "no reclaim was noticed")
+    reclaim_noticed(pod)
     services = pod.restarted()  # its notice and deadline are stored: the new owner removes it when due
     kept = services.partitions.get("lent", ALICE)
     assert "reclaimed for account ml-b" in kept.drain_notices[0]
@@ -195,12 +202,7 @@ def test_a_reservation_for_an_account_takes_its_partitions_whoever_makes_them_an
 
 def test_a_reclaim_whose_request_found_room_meanwhile_is_withdrawn_and_evicts_nothing(pod):
     pod.owners.sharing = SharingPolicy(reclaim_grace=1.5)
-    pod.services.accounts.create(account("ml-a", ("alice",), 16, cohort="research"))
-    pod.services.accounts.create(account("ml-b", ("bob",), 16, cohort="research"))
-    pod.partitions.create(PartitionRequest("own", 16), ALICE)
-    pod.partitions.create(PartitionRequest("lent", 16, preemptible=True), ALICE)
-    pod.requests.create(PartitionRequest("back", 16), BOB, wait_seconds=600, detached=True)
-    until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at > 0, "no reclaim was noticed")
+    reclaim_noticed(pod)
     pod.partitions.remove("own", ALICE)  # room comes before the deadline
     until(lambda: pod.owners.owner("a1").snapshot.partitions.get("back") is not None, "the lender's request did not start")
     until(lambda: pod.owners.owner("a1").snapshot.partitions["lent"].reclaim_at == 0, "the notice was not withdrawn at its deadline")

@@ -16,7 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vipu.model import queue
-from vipu.model.accounts import Account, Candidate, FairShare, Quota, Quotas, ShapeLimit, fair_order, reclaim, standing
+from vipu.model.accounts import (
+    Account,
+    Candidate,
+    FairShare,
+    Quota,
+    Quotas,
+    ShapeLimit,
+    fair_order,
+    reclaim,
+    shared_by_quotas,
+    standing,
+)
 from vipu.model.entities import IldTopology
 from vipu.model.errors import InvalidArgument
 from vipu.model.placement import choose_held_shape, try_place
@@ -217,7 +228,8 @@ def test_shape_limits_and_quotas_read_and_refuse_as_an_operator_writes_them():
     quotas = Quotas.of({"ml-a": Account("ml-a", (), "", {"": Quota(128, (ShapeLimit(16, ipus=32),))})}, "a1", [("ml-a", 16)])
     assert quotas.verdict("ml-a", 16).allowed and not quotas.verdict("ml-a", 32).allowed
     assert quotas.verdict("ml-a", 8).allowed  # under the limit's size: only the quota counts
-    assert Quotas.of({}, "a1", []).shared is False
+    assert not shared_by_quotas({}, "a1") and shared_by_quotas({"ml-a": Account("ml-a", (), "", {"": Quota(8)})}, "a1")
+    assert not shared_by_quotas({"ml-a": Account("ml-a", (), "", {"a2": Quota(8)})}, "a1")  # a quota in another allocation only
 
 
 def test_backfill_asks_each_request_again_whether_it_may_start_after_what_started_since():

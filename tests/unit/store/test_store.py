@@ -941,3 +941,30 @@ def test_a_waiting_request_keeps_may_move_and_the_expected_duration(populated):
         tx.add_request(request)
     with populated.reading() as tx:
         assert tx.list_requests() == [request]
+
+
+def test_a_removal_writes_a_usage_record_and_old_records_fold_by_day_a_batch_at_a_time(populated):
+    from datetime import UTC, datetime, timedelta
+
+    for n, (pid, agent_id) in enumerate([("p1", "ag1"), ("p2", "ag2"), ("p3", "ag1")]):
+        made = partition(pid, agent_id)
+        made.account, made.owner, made.created = "ml-a", "alice", datetime.now(UTC) - timedelta(hours=1 + n)
+        with populated.transaction() as tx:
+            tx.add_partition(made)
+        with populated.transaction() as tx:
+            stored = tx.get_partition(pid)
+            tx.transition(stored, "abandon")  # a create given up: it used its IPUs all the same, and its record says so
+    with populated.reading() as tx:
+        records = tx.usage_records(0, 2e9)
+        assert sorted(r.partition_id for r in records) == ["p1", "p2", "p3"] and {r.account for r in records} == {"ml-a"}
+        assert tx.usage_totals()["ml-a"] == pytest.approx(sum(r.ipu_seconds for r in records))
+        before = sum(r.ipu_seconds for r in records)
+        assert before == pytest.approx(4 * 3600 * (1 + 2 + 3), rel=1e-3)
+    folded = []
+    for _ in range(3):
+        with populated.transaction() as tx:
+            folded.append(tx.fold_usage(2e9, limit=2))
+    assert folded == [2, 1, 0]
+    with populated.reading() as tx:
+        after = tx.usage_records(0, 2e9)
+    assert {r.partition_id for r in after} == {""} and sum(r.ipu_seconds for r in after) == pytest.approx(before)

@@ -48,6 +48,7 @@ from vipu.controller.core.placing import (
 )
 from vipu.controller.core.queueing import Queue
 from vipu.controller.core.sharing import Sharing
+from vipu.controller.core.state import REMOVAL_RETRY_SECONDS
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import TurnEngine
 from vipu.model import lifecycle
@@ -64,7 +65,6 @@ from vipu.model.times import utc_text
 
 log = logging.getLogger("vipu.controller.core")
 
-DRAIN_REMOVAL_RETRY_SECONDS = 10.0
 REFUSALS_REMEMBERED = 256  # refused requests whose asking again the size mix does not count twice
 
 
@@ -508,29 +508,30 @@ class Decisions:
     def drains_due(self) -> None:
         """Remove, as a forced remove does, each partition left on a machine whose drain's deadline
         has passed (its user was told when, by its status); one whose removal fails is tried again
-        DRAIN_REMOVAL_RETRY_SECONDS later."""
+        REMOVAL_RETRY_SECONDS later."""
         state, now = self.state, time.time()
         if self._reservation_turned(now):
             self._steer()  # its machines drain or resume, and what may be placed where changed
         self.sharing.reclaims_due()
         if not state.draining:
             return
-        state.drain_removals_after = {p: after for p, after in state.drain_removals_after.items() if p in state.partitions}
+        state.removals_after = {p: after for p, after in state.removals_after.items() if p in state.partitions}
         for agent_id, drain in list(state.draining.items()):
             if not drain.deadline or drain.deadline > now:
                 continue
             for partition in state.on_agent(agent_id):
-                if partition.id in self.on_partition or now < state.drain_removals_after.get(partition.id, 0.0):
+                if partition.id in self.on_partition or now < state.removals_after.get(partition.id, 0.0):
                     continue
                 log.warning("partition %s is removed: agent %s is %s, and its deadline, %s, has passed", partition.id, agent_id,
                             drain.describe(), utc_text(drain.deadline))
-                body = _quietly(operations.remove(self.steps, partition, force=True), partition.id, "the removal at a drain's deadline")
+                body = operations.quietly(operations.remove(self.steps, partition, force=True), partition.id,
+                                          "the removal at a drain's deadline")
                 try:
                     self.start(Operation("removing", body, partition_id=partition.id))
                 except Unavailable as busy:  # as many operations are under way as an owner takes: at a later turn
                     log.warning("partition %s: its removal at a drain's deadline waits: %s", partition.id, busy.message)
                     return
-                state.drain_removals_after[partition.id] = now + DRAIN_REMOVAL_RETRY_SECONDS
+                state.removals_after[partition.id] = now + REMOVAL_RETRY_SECONDS
 
     def _leave_draining(self, partition: Partition) -> Operation:
         body = _leaving(operations.off_draining(self.steps, partition), partition.id, "the machines being drained")
@@ -584,8 +585,8 @@ class Decisions:
                 if partition.id in self.on_partition:
                     continue
                 if due_for_relocation(partition, down):
-                    body = _quietly(operations.relocate_asked(self.steps, partition, "", automatic=True, only_off_failed=False),
-                                    partition.id, "automatic relocation")
+                    body = operations.quietly(operations.relocate_asked(self.steps, partition, "", automatic=True,
+                                                                        only_off_failed=False), partition.id, "automatic relocation")
                     children.append(self.start(Operation("relocating", body, partition_id=partition.id)))
                 elif due_to_leave_draining(partition, self.state.draining.keys()):  # as the store held them at this pass
                     children.append(self._leave_draining(partition))
@@ -595,8 +596,8 @@ class Decisions:
                 elif due_for_reset(partition, down):
                     log.info("partition %s: automatic reset %d of %d", partition.id, partition.auto_reset_count + 1,
                              MAX_AUTO_RESETS)
-                    body = _quietly(operations.reset(self.steps, partition, automatic=True, power_cycle=self._may_power_cycle(partition)),
-                                    partition.id, "automatic reset")
+                    reset = operations.reset(self.steps, partition, automatic=True, power_cycle=self._may_power_cycle(partition))
+                    body = operations.quietly(reset, partition.id, "automatic reset")
                     children.append(self.start(Operation("resetting", body, partition_id=partition.id)))
         self._answer_when_done(command, children)
 
@@ -827,15 +828,4 @@ def _leaving(body: Body, partition_id: str, where: str) -> Body:
         log.debug("partition %s stays on %s for now: %s", partition_id, where, refusal.message)
     except VipuError as error:
         log.warning("partition %s: the move off %s failed: %s", partition_id, where, error.message)
-    return None
-
-
-def _quietly(body: Body, partition_id: str, what: str) -> Body:
-    """An operation of the owner's own upkeep: its failure is logged, not raised (nobody asked for it)."""
-    try:
-        return (yield from body)
-    except NoRoom as refusal:  # it waits in ERROR for room, or for its machines to answer again
-        log.debug("partition %s cannot move yet: %s", partition_id, refusal.message)
-    except VipuError as error:
-        log.warning("partition %s: %s failed: %s", partition_id, what, error.message)
     return None

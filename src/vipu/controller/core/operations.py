@@ -558,3 +558,14 @@ def reconcile(owner: Owner, agent: Agent, stray: list[str], lost: list[tuple[Par
         current = owner.partition(partition.id)
         if current is not None and lifecycle.state_of(current) == lifecycle.ACTIVE_IDLE:
             yield from mark_lost(owner, current, f"agent {agent.id}: {error.message}")
+
+
+def quietly(body: Body, partition_id: str, what: str) -> Body:
+    """An operation of the owner's own upkeep: its failure is logged, not raised (nobody asked for it)."""
+    try:
+        return (yield from body)
+    except NoRoom as refusal:  # it waits in ERROR for room, or for its machines to answer again
+        log.debug("partition %s cannot move yet: %s", partition_id, refusal.message)
+    except VipuError as error:
+        log.warning("partition %s: %s failed: %s", partition_id, what, error.message)
+    return None

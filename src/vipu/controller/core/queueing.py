@@ -281,12 +281,11 @@ class Queue:
             state.held, state.held_for = frozenset(), ""
         if admission.first is not None and not admission.started:
             self._compact_for(admission.first, allowed)
-        if quotas is not None and admission.first is not None:
+        if quotas is not None:
             after = self.sharing.quotas() or quotas  # what the pass started counted
             ordering = self.sharing.order(after, now)  # the requests left, told in the order of what now holds
-            self.sharing.reclaim_for(ordering.requests, after, place, state.used, admission.first, state.held)
-        elif quotas is not None:
-            ordering = self.sharing.order(self.sharing.quotas() or quotas, now)
+            if admission.first is not None:
+                self.sharing.reclaim_for(ordering.requests, after, place, state.used, admission.first, state.held)
         self._explain(state.held, allowed, admission.expected_start, ordering)
 
     def _end_requests_of_reservations_gone(self, now: float) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from vipu.controller.core import operations
 from vipu.controller.core.effects import Body, Operation
+from vipu.controller.core.state import REMOVAL_RETRY_SECONDS
 from vipu.controller.core.steps import Steps
 from vipu.controller.core.turns import OPERATIONS_LIMIT, TurnEngine
 from vipu.model import lifecycle
@@ -34,8 +35,10 @@ from vipu.model.accounts import (
     account_of,
     fair_order,
     reclaim,
+    shared_by_quotas,
     standing,
     unaccounted,
+    used_share,
 )
 from vipu.model.entities import Access, Partition, PartitionRequest
 from vipu.model.errors import InvalidArgument, NoRoom, Unavailable, VipuError
@@ -45,9 +48,6 @@ from vipu.model.times import utc_text
 from vipu.model.usage import UsageRecord
 
 log = logging.getLogger("vipu.controller.core")
-
-RECLAIM_RETRY_SECONDS = 10.0
-
 
 @dataclass(frozen=True)
 class SharingPolicy:
@@ -106,7 +106,7 @@ class Sharing:
         """The quotas here and what each account holds; None where no account has one here (the
         allocation is shared first come, first served, as before)."""
         accounts = self.accounts() if accounts is None else accounts
-        if not accounts or all(account.quota_in(self.id) is None for account in accounts.values()):
+        if not shared_by_quotas(accounts, self.id):
             return None
         return Quotas.of(accounts, self.id, ((p.account, p.size) for p in self.state.partitions.values()))
 
@@ -148,13 +148,12 @@ class Sharing:
     # The queue's pass
 
     def usage(self, now: float) -> dict[str, float]:
-        return self.state.usage.usage(now, ((p.account, p.size, p.created.timestamp() if p.created else now)
+        return self.state.usage.usage(now, ((p.account, p.size, UsageRecord.of(p, now).started)
                                             for p in self.state.partitions.values() if p.account))
 
     def order(self, quotas: Quotas, now: float) -> Ordering:
         """The waiting requests in fair-share order, with what their accounts say of each."""
         usage = self.usage(now)
-        total = sum(usage.values()) or 1.0
         standings = {name: standing(usage, name, quotas.entitled_share(name)) for name in {r.request.account for r in self.state.queue}}
         ordered = fair_order(list(self.state.queue), lambda r: r.request.account, standings.__getitem__)
         barred = {name: self.barring(name) for name in standings}
@@ -174,7 +173,7 @@ class Sharing:
                 continue
             ahead = first_of_standing[standings[account]]
             if ahead:
-                used, entitled = usage.get(account, 0.0) / total, quotas.entitled_share(account)
+                used, entitled = used_share(usage, account), quotas.entitled_share(account)
                 clauses[request.partition_id] = (f"account {account} is over its share: {used:.2f} used of {entitled:.2f}; "
                                                  f"{ahead} request{'s' if ahead != 1 else ''} of accounts further under their share "
                                                  f"go{'es' if ahead == 1 else ''} first")
@@ -257,8 +256,8 @@ class Sharing:
     # At a notice's deadline
 
     def reclaims_due(self) -> None:
-        """Remove each partition whose reclaim's deadline passed while a lender of its cohort still
-        waits within its own quota; withdraw the notice where none does."""
+        """At each noticed partition's deadline, remove it if it is still needed (`_kept_because`
+        says nothing), else withdraw its notice, saying why."""
         state, now = self.state, time.time()
         if not state.reclaiming:
             return
@@ -267,19 +266,21 @@ class Sharing:
         for partition_id, at in list(state.reclaiming.items()):
             partition = state.partitions.get(partition_id)
             if (partition is None or at > now or partition_id in self.engine.on_partition
-                    or now < state.drain_removals_after.get(partition_id, 0.0)):
+                    or now < state.removals_after.get(partition_id, 0.0)):
                 continue
-            still = quotas is not None and self._still_needed(partition, quotas, evicting.get(partition.account, 0))
+            kept = ("its allocation is no longer shared by quotas" if quotas is None
+                    else self._kept_because(partition, quotas, evicting.get(partition.account, 0)))
+            still = not kept
             if still:
                 evicting[partition.account] = evicting.get(partition.account, 0) + partition.size
             self._settled(partition_id, withdrawn=not still)
-            body = (self._evicting(partition) if still else self._withdrawing(partition))
+            body = self._evicting(partition) if still else self._withdrawing(partition, kept)
             try:
                 self.engine.start(Operation("removing" if still else "reclaiming", body, partition_id=partition_id, system=True))
             except Unavailable as busy:
                 log.warning("partition %s: its reclaim waits: %s", partition_id, busy.message)
                 return
-            state.drain_removals_after[partition_id] = now + RECLAIM_RETRY_SECONDS
+            state.removals_after[partition_id] = now + REMOVAL_RETRY_SECONDS
 
     def _settled(self, partition_id: str, withdrawn: bool) -> None:
         """A noticed partition's reclaim is decided: it is no longer the reclaim's. A reclaim
@@ -293,27 +294,28 @@ class Sharing:
                 else:
                     state.reclaimed_for[request_id] = (lender, borrowers, chosen - {partition_id})
 
-    def _still_needed(self, partition: Partition, quotas: Quotas, evicting: int) -> bool:
-        """Whether a partition noticed for a reclaim is to go now: the request it was reclaimed for
-        still waits within its own quota (any account of its cohort's, for a reclaim a restarted
-        owner found in the store), and its account still borrows at least its IPUs besides those
-        this round evicts (it goes no lower than its own quota)."""
+    def _kept_because(self, partition: Partition, quotas: Quotas, evicting: int) -> str:
+        """Why a partition noticed for a reclaim stays after all ("" if it goes now): it goes while
+        the request it was reclaimed for still waits within its own quota (any account of its
+        cohort's, for a reclaim a restarted owner found in the store), and its account still
+        borrows at least its IPUs besides those this round evicts (it goes no lower than its quota)."""
         state = self.state
         if quotas.borrowing(partition.account) - evicting < partition.size:
-            return False
+            return f"account {partition.account} no longer borrows its {partition.size} IPUs"
         found = next(((r, lender) for r, (lender, _, chosen) in state.reclaimed_for.items() if partition.id in chosen), None)
         if found is not None:
-            waiting = state.queue.get(found[0])
-            return waiting is not None and quotas.within_own(found[1], waiting.size)
-        return bool(self.lenders_waiting(quotas) & (set(quotas.cohort_of(partition.account)) - {partition.account}))
+            request_id, lender = found
+            waiting = state.queue.get(request_id)
+            if waiting is None:
+                return f"the request of partition {request_id} it was reclaimed for waits no more"
+            return "" if quotas.within_own(lender, waiting.size) else f"account {lender}'s quota no longer has room for {request_id}"
+        cohort = set(quotas.cohort_of(partition.account)) - {partition.account}
+        return "" if self.lenders_waiting(quotas) & cohort else "no account of its cohort waits within its own quota"
 
     def _evicting(self, partition: Partition) -> Body:
         log.warning("partition %s is removed: %s", partition.id, partition.reclaim_notice)
-        try:
-            yield from operations.remove(self.steps, partition, force=True)
-        except VipuError as failed:
-            log.warning("partition %s: its removal by a reclaim failed: %s", partition.id, failed.message)
+        return operations.quietly(operations.remove(self.steps, partition, force=True), partition.id, "the removal by a reclaim")
 
-    def _withdrawing(self, partition: Partition) -> Body:
-        log.info("partition %s: its reclaim is withdrawn, no account of its cohort waits for its own quota now", partition.id)
-        yield from self._noting(partition, 0.0, "")
+    def _withdrawing(self, partition: Partition, why: str) -> Body:
+        log.info("partition %s: its reclaim is withdrawn: %s", partition.id, why)
+        return self._noting(partition, 0.0, "")

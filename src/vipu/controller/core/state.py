@@ -27,6 +27,8 @@ from vipu.model.reasons import unconfirmed
 from vipu.model.reservations import Reservation, kept_from, outside
 from vipu.model.topology import ClusterLayout
 
+REMOVAL_RETRY_SECONDS = 10.0  # a removal at a deadline that failed is tried again this long after
+
 Ipu = tuple[str, int]
 
 
@@ -54,8 +56,9 @@ class AllocationState:
     # (and those of a maintenance window under way, drained by it)
     reservations: dict[str, Reservation] = dataclasses.field(default_factory=dict)  # by name, as committed
     steered_at: float = 0.0  # when `draining` was last worked out (epoch seconds): a reservation's start or end since is to act on
-    # Partitions a drain's deadline removes -> when their removal may be tried again (seconds since the epoch), should it fail.
-    drain_removals_after: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Partitions a deadline removes (a drain's, a reclaim's) -> when their removal may be tried again (seconds since the
+    # epoch, REMOVAL_RETRY_SECONDS after the last try), should it fail.
+    removals_after: dict[str, float] = dataclasses.field(default_factory=dict)
     # Agents whose machines a power action is under way on: until when (monotonic), and the action's token.
     powering_until: dict[str, tuple[float, object]] = dataclasses.field(default_factory=dict)
     test: str = ""  # the disruptive cluster test holding every machine

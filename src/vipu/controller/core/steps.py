@@ -19,6 +19,7 @@ from vipu.model.configuration import AgentSettings, agent_settings
 from vipu.model.entities import Agent, Partition, shown
 from vipu.model.errors import NotFound, VipuError
 from vipu.model.queue import WaitingRequest
+from vipu.model.usage import UsageRecord
 
 if TYPE_CHECKING:
     from vipu.store.store import Transaction
@@ -109,8 +110,8 @@ class Steps:
             elif after is None:
                 self.owners.release_id(partition_id, self.id)
                 if before is not None and before.account:  # its usage record is written with its removal; fair share counts it from now
-                    ended = time.time()
-                    state.usage.record(before.account, before.size, before.created.timestamp() if before.created else ended, ended)
+                    used = UsageRecord.of(before, time.time())
+                    state.usage.record(used.account, used.size, used.started, used.ended)
 
         return Write(work, apply, lambda: put(before), committed, result=after, partition_id=partition_id)
 

@@ -391,11 +391,11 @@ class TurnEngine:
         it failed, tried again), and a reservation's start or end; None if there is none to come.
         On the turn's thread only."""
         state = self.state
-        due = [max(drain.deadline, state.drain_removals_after.get(partition.id, 0.0))
+        due = [max(drain.deadline, state.removals_after.get(partition.id, 0.0))
                for agent_id, drain in state.draining.items() if drain.deadline
                for partition in state.on_agent(agent_id) if partition.id not in self.on_partition]
         due += [moment for r in state.reservations.values() for moment in (r.start, r.end) if moment > state.steered_at]
-        due += [max(at, state.drain_removals_after.get(partition_id, 0.0)) for partition_id, at in state.reclaiming.items()
+        due += [max(at, state.removals_after.get(partition_id, 0.0)) for partition_id, at in state.reclaiming.items()
                 if partition_id not in self.on_partition]  # a reclaim's deadline (`sharing`)
         return min(due, default=None)
 

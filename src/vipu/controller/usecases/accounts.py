@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from vipu.controller.core.commands import AccountsChanged
 from vipu.controller.core.owners import Owners
 from vipu.controller.core.sharing import SharingPolicy, fair_share_of, usage_since
-from vipu.model.accounts import Account, AccountUse, Quotas, check_account
-from vipu.model.entities import shown
+from vipu.model.accounts import Account, AccountUse, Quotas, check_account, used_share
+from vipu.model.entities import Partition, shown
 from vipu.model.errors import Conflict, InvalidArgument, NotFound, VipuError
 from vipu.model.usage import FOLD_AFTER_SECONDS, UsageRecord, UsageRow, report
 from vipu.store.store import Store
@@ -26,6 +26,19 @@ log = logging.getLogger(__name__)
 # What an update may set: its users, its cohort, all its quotas; or the quotas it gives, each in its
 # allocation, leaving the others ("quota"); or none in the allocations it names ("no_quota").
 FIELDS = ("users", "cohort", "quotas", "quota", "no_quota")
+FOLD_BATCH = 10_000  # usage records folded in one transaction
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One allocation as a listing of accounts reads it: the partitions on accounts, the accounts of
+    the requests waiting (one each), the quotas there and each account's decayed usage."""
+
+    allocation_id: str
+    held: builtins.list[Partition]
+    waiting: builtins.list[str]
+    quotas: Quotas
+    usage: Mapping[str, float]
 
 
 @dataclass(frozen=True)
@@ -93,13 +106,14 @@ class AccountService:
 
     def list(self) -> builtins.list[AccountView]:
         accounts = self.store.configuration().accounts
-        return [self._view(account, accounts) for account in accounts.values()]
+        standings = self._standings(accounts)
+        return [self._view(account, standings) for account in accounts.values()]
 
     def get(self, name: str) -> AccountView:
         accounts = self.store.configuration().accounts
         if name not in accounts:
             raise NotFound(f"account {shown(name)} does not exist")
-        return self._view(accounts[name], accounts)
+        return self._view(accounts[name], self._standings(accounts))
 
     def report(self, by: str, since: float, until: float, allocation_id: str = "") -> builtins.list[UsageRow]:
         """IPU-seconds used between `since` and `until` by account or by user: the usage records
@@ -118,9 +132,17 @@ class AccountService:
                 log.warning("usage records were not folded: %s", error.message)
 
     def fold(self, now: float | None = None) -> int:
-        """Fold the usage records of partitions that ended over FOLD_AFTER_SECONDS ago into days."""
-        with self.store.transaction() as tx:
-            return tx.fold_usage((time.time() if now is None else now) - FOLD_AFTER_SECONDS)
+        """Fold the usage records of partitions that ended over FOLD_AFTER_SECONDS ago into days, a
+        transaction per FOLD_BATCH of them (the first fold of a busy month reads no more at once);
+        how many were folded."""
+        before = (time.time() if now is None else now) - FOLD_AFTER_SECONDS
+        folded = 0
+        while True:
+            with self.store.transaction() as tx:
+                done = tx.fold_usage(before, FOLD_BATCH)
+            folded += done
+            if done < FOLD_BATCH:
+                return folded
 
     def _check(self, account: Account, allocations: Iterable[str] | None = None) -> None:
         check_account(account)
@@ -130,13 +152,7 @@ class AccountService:
                 raise NotFound(f"allocation {shown(allocation_id)} does not exist")
 
     def _running(self, now: float, allocation_id: str = "") -> builtins.list[UsageRecord]:
-        records = []
-        for owner in self._owners(allocation_id):
-            for partition in owner.snapshot.partitions.values():
-                started = partition.created.timestamp() if partition.created is not None else now
-                records.append(UsageRecord.of_partition(partition.id, partition.allocation_id, partition.account, partition.owner,
-                                                        partition.size, min(started, now), now))
-        return records
+        return [UsageRecord.of(partition, now) for owner in self._owners(allocation_id) for partition in owner.snapshot.partitions.values()]
 
     def _owners(self, allocation_id: str = "") -> builtins.list:
         found = []
@@ -156,26 +172,33 @@ class AccountService:
             waiting += [r.partition_id for r in snapshot.queue.requests if r.request.account == name]
         return partitions, waiting
 
-    def _view(self, account: Account, accounts: Mapping[str, Account]) -> AccountView:
+    def _standings(self, accounts: Mapping[str, Account]) -> builtins.list[Standing]:
+        """Each allocation as its owner last committed it, with its quotas and decayed usage, read
+        once for every account a listing shows."""
         now = time.time()
-        uses = []
+        standings = []
         for owner in self._owners():
             snapshot = owner.snapshot
             allocation_id = snapshot.allocation.id
             held = [p for p in snapshot.partitions.values() if p.account]
-            waiting = sum(1 for r in snapshot.queue.requests if r.request.account == account.name)
-            mine = [p for p in held if p.account == account.name]
-            if account.quota_in(allocation_id) is None and not mine and not waiting:
-                continue
-            quotas = Quotas.of(accounts, allocation_id, ((p.account, p.size) for p in held))
             with self.store.reading() as tx:
                 records = tx.usage_records(usage_since(self.policy, now), now, allocation_id)
-            usage = fair_share_of(records, self.policy, now).usage(
-                now, ((p.account, p.size, p.created.timestamp() if p.created else now) for p in held))
-            total = sum(usage.values())
-            entitled = quotas.entitled_share(account.name)
-            uses.append(AccountUse(allocation_id, sum(p.size for p in mine), len(mine), quotas.borrowing(account.name), waiting,
-                                   usage.get(account.name, 0.0) / total if total else 0.0, entitled))
+            usage = fair_share_of(records, self.policy, now).usage(now, ((p.account, p.size, UsageRecord.of(p, now).started)
+                                                                         for p in held))
+            standings.append(Standing(allocation_id, held, [r.request.account for r in snapshot.queue.requests],
+                                      Quotas.of(accounts, allocation_id, ((p.account, p.size) for p in held)), usage))
+        return standings
+
+    @staticmethod
+    def _view(account: Account, standings: Iterable[Standing]) -> AccountView:
+        uses = []
+        for s in standings:
+            mine = [p for p in s.held if p.account == account.name]
+            waiting = s.waiting.count(account.name)
+            if account.quota_in(s.allocation_id) is None and not mine and not waiting:
+                continue
+            uses.append(AccountUse(s.allocation_id, sum(p.size for p in mine), len(mine), s.quotas.borrowing(account.name), waiting,
+                                   used_share(s.usage, account.name), s.quotas.entitled_share(account.name)))
         return AccountView(account, tuple(uses))
 
     def _tell_owners(self) -> None:
