@@ -21,12 +21,13 @@ from vipu.agent.exporter import MachineMetrics
 from vipu.agent.holds import MachineHold
 from vipu.agent.ipuof import IpuofServicer
 from vipu.agent.service import AgentServicer
+from vipu.agent.watch import MachineWatch
 from vipu.api.announcements import DISCOVERY_PORT
 from vipu.api.protos import agent_pb2_grpc, ipuof_pb2_grpc
 from vipu.api.serving import serve
 from vipu.api.status import GuardInterceptor
 from vipu.api.tls import agent_server_credentials, link_authority
-from vipu.backends.capabilities import Health, Inventory, Power
+from vipu.backends.capabilities import Health, Inventory, MachineLog, Power, Telemetry
 from vipu.backends.composed import ComposedMachine
 from vipu.backends.sim.machine import RackFile, SimMachine
 from vipu.backends.sim.rack import RackMachine
@@ -40,7 +41,9 @@ WATCH_INTERVAL = 0.2  # seconds between looks at whether a simulated machine pla
 def composed(fabric: SimMachine, machine: RackMachine) -> ComposedMachine:
     """The machine as its description says: the simulator's fabric, and each other capability from
     the driver its `drivers` names (the simulator's by default)."""
-    given: dict[str, Power | Inventory | Health] = {"power": fabric, "inventory": fabric, "health": fabric}
+    given: dict[str, Power | Inventory | Health | Telemetry] = {"power": fabric, "inventory": fabric, "health": fabric,
+                                                                "telemetry": fabric}
+    logs: list[MachineLog] = [fabric]
     closing = []
     if "redfish" in machine.drivers.values():
         try:
@@ -50,10 +53,12 @@ def composed(fabric: SimMachine, machine: RackMachine) -> ComposedMachine:
         bmc = RedfishMachine(bmc_config(machine.bmc, f"machine {machine.name}: bmc"))
         bmc.start()
         closing.append(bmc.close)
-        given.update({capability: bmc for capability, driver in machine.drivers.items() if driver == "redfish"})
+        given.update({capability: bmc for capability, driver in machine.drivers.items() if driver == "redfish" and capability in given})
+        if machine.drivers.get("logs") == "redfish":
+            logs.append(bmc)
     return ComposedMachine(fabric, machine.name, power=typing.cast(Power, given["power"]),
                            inventory=typing.cast(Inventory, given["inventory"]), health=typing.cast(Health, given["health"]),
-                           closing=closing)
+                           telemetry=typing.cast(Telemetry, given["telemetry"]), logs=logs, closing=closing)
 
 
 class MachineHost:
@@ -69,14 +74,15 @@ class MachineHost:
         self.tls_dir = tls_dir  # the agent link's files: only the site's controllers, by their certificates, are answered
         self.hold = MachineHold(backend.machine_name, state_dir / f"{backend.machine_name}.holder",
                                 link_authority(tls_dir) if tls_dir is not None else None)
-        self.metrics = MachineMetrics(backend)
+        self.watch = MachineWatch(backend)
+        self.metrics = MachineMetrics(backend, self.watch)
         self.servers: list[grpc.Server] = []
 
     def open(self) -> None:
         """Open both end-points, or neither."""
         try:
             self.servers.append(serve(
-                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend, self.hold), s),
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.backend, self.hold, self.watch), s),
                 self.host, self.port, GuardInterceptor(count_malformed=self.metrics.count_malformed),
                 credentials=agent_server_credentials(self.tls_dir) if self.tls_dir is not None else None))
             if self.ipuof_port:
@@ -93,8 +99,9 @@ class MachineHost:
         self.servers = []
 
     def shut_down(self) -> None:
-        """Close its end-points and its drivers' connections (a BMC's session and poller)."""
+        """Close its end-points, its watch and its drivers' connections (a BMC's session and poller)."""
         self.close()
+        self.watch.stop()
         self.backend.close()
 
     def follow_faults(self) -> None:
@@ -157,6 +164,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
             if not machine.faults.silent:
                 host.open()
             hosts.append(host)
+            host.watch.start()
             metrics_port = machine.exporter_port if exporter_port is None else exporter_port
             if metrics_port:
                 host.metrics.serve(host.host, metrics_port)

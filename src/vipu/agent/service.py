@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from vipu.agent.holds import MachineHold, caller_of, epoch_of
+from vipu.agent.watch import MachineWatch
 from vipu.api import convert
 from vipu.api.protos import agent_pb2, agent_pb2_grpc
 from vipu.backends.composed import ComposedMachine
@@ -16,9 +17,10 @@ MAX_POWER_SECONDS = 600.0
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, backend: ComposedMachine, hold: MachineHold):
+    def __init__(self, backend: ComposedMachine, hold: MachineHold, watch: MachineWatch | None = None):
         self.backend = backend
         self.hold = hold
+        self.watch = watch
 
     def GetInventory(self, request, context):
         reply = convert.inventory_to_proto(self.backend.inventory())
@@ -88,6 +90,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             state = self.backend.power(action, request.timeout_seconds)
         return agent_pb2.PowerReply(power_state=state.value)
+
+    def Watch(self, request, context):
+        """Telemetry and log lines: only to the controller the agent obeys, since a machine's log may
+        say what its tenant ran (a vPOD's controller sees its own machines, no other tenant's)."""
+        with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
+            reply = agent_pb2.WatchReply()
+            if self.watch is not None:
+                reading, age = self.watch.reading, self.watch.age()
+                if reading is not None and age is not None:
+                    reply.telemetry.CopyFrom(convert.telemetry_to_proto(reading, age))
+                lines, missed = self.watch.log.after(request.after_line, request.most_lines)
+                reply.lines.extend(convert.log_line_to_proto(line) for line in lines)
+                reply.missed_lines = missed
+            return reply
 
     def Claim(self, request, context):
         caller = caller_of(context)

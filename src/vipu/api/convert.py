@@ -30,6 +30,7 @@ from vipu.model.entities import (
     PartitionRequest,
     ReadyState,
     SyncType,
+    checked_labels,
     natural_key,
 )
 from vipu.model.errors import InvalidArgument
@@ -46,6 +47,7 @@ from vipu.model.linkhealth import CableIdentity, CableRecord, LinkDetail, LinkRe
 from vipu.model.queue import WaitingRequest
 from vipu.model.reasons import span
 from vipu.model.reservations import Reservation
+from vipu.model.telemetry import IpuReading, LogLine, SensorReading, TelemetryReading, WatchReport
 from vipu.model.topology import LinkKind
 
 IPULINK_ROUTING = {
@@ -179,6 +181,8 @@ def settings_to_proto(settings: AgentSettings) -> agent_pb2.PartitionSettings:
         sync_type=settings.sync_type,
         reconfigurable=settings.reconfigurable,
         attach_key=settings.attach_key,
+        owner=settings.owner,
+        labels=dict(settings.labels),
     )
 
 
@@ -196,6 +200,8 @@ def settings_from_proto(message: agent_pb2.PartitionSettings) -> AgentSettings:
         sync_type=message.sync_type,
         reconfigurable=message.reconfigurable,
         attach_key=message.attach_key,
+        owner=message.owner,
+        labels=tuple(sorted(message.labels.items())),
     )
 
 
@@ -314,6 +320,7 @@ def requirements_from_proto(request: user_pb2.CreatePartitionRequest) -> Partiti
         reservation=request.reservation,
         account=request.account,
         preemptible=request.preemptible,
+        labels=checked_labels(dict(request.labels)),
     )
 
 
@@ -372,6 +379,7 @@ def status_to_proto(partition: Partition) -> user_pb2.PartitionStatus:
     status.may_move, status.expected_seconds = partition.may_move, partition.expected_seconds
     status.reservation = partition.reservation
     status.account, status.preemptible = partition.account, partition.preemptible
+    status.labels.update(partition.labels)
     return status
 
 
@@ -550,3 +558,37 @@ def account_from_proto(message: admin_pb2.Account) -> Account:
             raise InvalidArgument(f"one quota per allocation: {quota.allocation_id or 'every allocation'} is given twice")
         quotas[quota.allocation_id] = Quota(quota.ipus, tuple(ShapeLimit.parse(limit) for limit in quota.limits))
     return Account(message.name, tuple(dict.fromkeys(u.strip() for u in message.users if u.strip())), message.cohort.strip(), quotas)
+
+
+_IPU_FIELDS = ("utilisation", "temperature", "power", "clock_mhz", "memory_used", "memory_total", "ecc_errors", "parity_errors",
+               "link_errors")
+
+
+def telemetry_to_proto(reading: TelemetryReading, age: float) -> agent_pb2.MachineTelemetry:
+    return agent_pb2.MachineTelemetry(
+        read_at=reading.read_at, age_seconds=age,
+        ipus=[agent_pb2.IpuTelemetry(index=ipu.index, **{f: getattr(ipu, f) for f in _IPU_FIELDS if getattr(ipu, f) is not None})
+              for ipu in reading.ipus],
+        sensors=[agent_pb2.SensorTelemetry(name=s.name, kind=s.kind, value=s.value) for s in reading.sensors])
+
+
+def telemetry_from_proto(message: agent_pb2.MachineTelemetry) -> TelemetryReading:
+    return TelemetryReading(
+        message.read_at,
+        tuple(IpuReading(ipu.index, **{f: getattr(ipu, f) if ipu.HasField(f) else None for f in _IPU_FIELDS}) for ipu in message.ipus),
+        tuple(SensorReading(s.name, s.kind, s.value) for s in message.sensors))
+
+
+def log_line_to_proto(line: LogLine) -> agent_pb2.MachineLogLine:
+    return agent_pb2.MachineLogLine(sequence=line.sequence, at=line.at, source=line.source, text=line.text)
+
+
+def log_line_from_proto(message: agent_pb2.MachineLogLine) -> LogLine:
+    return LogLine(message.sequence, message.at, message.source, message.text)
+
+
+def watch_report_from_proto(message: agent_pb2.WatchReply) -> WatchReport:
+    telemetry = message.telemetry if message.HasField("telemetry") else None
+    return WatchReport(telemetry_from_proto(telemetry) if telemetry is not None else None,
+                       telemetry.age_seconds if telemetry is not None else 0.0,
+                       tuple(log_line_from_proto(line) for line in message.lines), message.missed_lines)

@@ -31,9 +31,26 @@ from vipu.model.hardware import (
     PowerAction,
     PowerState,
 )
+from vipu.model.telemetry import TelemetryReading
 
-__all__ = ["Cable", "Capability", "Component", "ComponentHealth", "HardwareInventory", "Health", "HealthEvent", "HealthLevel",
-           "Inventory", "MachineHealth", "Power", "PowerAction", "PowerState", "checked_power_request"]
+__all__ = [
+    "Cable",
+    "Capability",
+    "Component",
+    "ComponentHealth",
+    "HardwareInventory",
+    "Health",
+    "HealthEvent",
+    "HealthLevel",
+    "Inventory",
+    "MachineHealth",
+    "MachineLog",
+    "Power",
+    "PowerAction",
+    "PowerState",
+    "Telemetry",
+    "checked_power_request",
+]
 
 
 def checked_power_request(action: object, timeout: object) -> PowerAction:
@@ -73,3 +90,17 @@ class Health(ABC):
     @abstractmethod
     def events(self, after: int) -> list[HealthEvent]:
         """The events with a sequence above `after` still kept (the most recent ones), oldest first."""
+
+
+class Telemetry(ABC):
+    @abstractmethod
+    def telemetry(self) -> TelemetryReading:
+        """What the machine measures of its IPUs now; a field it has no sensor for is None. The
+        agent reads it on its own schedule, never while a scrape waits."""
+
+
+class MachineLog(ABC):
+    @abstractmethod
+    def log_lines(self) -> list[tuple[float, str, str]]:
+        """The lines logged since the last call, oldest first, as (seconds since the epoch, source,
+        text); the first call gives what is still there from before, as much as the driver keeps."""

@@ -1,5 +1,9 @@
-"""One machine as the agent serves it: a fabric, and power, inventory and health from whichever
-driver gives each (`vipu.backends.capabilities`).
+"""One machine as the agent serves it: a fabric, and power, inventory, health, telemetry and logs
+from whichever driver gives each (`vipu.backends.capabilities`).
+
+Telemetry is the fabric's (what the gateway counts of its IPUs) with, where a BMC gives it, the
+BMC's temperatures and power in place of the fabric's; logs are the fabric's (the gateway's own
+log) and the BMC's log services, where a BMC gives them too.
 
 The fabric (the gateway: partition settings, IPUoF, links, the cluster-test steps) is the
 simulator's here; power, inventory and health may be the simulator's too or a BMC's. While the
@@ -20,13 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from vipu.backends.base import MachineBackend, PartitionAttachments
-from vipu.backends.capabilities import Health, Inventory, Power, checked_power_request
+from vipu.backends.capabilities import Health, Inventory, MachineLog, Power, Telemetry, checked_power_request
 from vipu.model.clustertests import Observation, Probe
 from vipu.model.configuration import AgentSettings
 from vipu.model.entities import MachineInventory
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.hardware import Capability, HardwareInventory, HealthEvent, HealthLevel, MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
+from vipu.model.telemetry import TelemetryReading, with_environment
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +40,16 @@ HARDWARE_SECONDS = 30.0  # how long a reading of the machine's hardware inventor
 
 class ComposedMachine(MachineBackend):
     def __init__(self, fabric: MachineBackend, machine_name: str, power: Power | None = None, inventory: Inventory | None = None,
-                 health: Health | None = None, closing: Sequence[Callable[[], None]] = ()):
-        """`closing`: what `close` calls, its drivers' own ends (a BMC's session and poller)."""
+                 health: Health | None = None, telemetry: Telemetry | None = None, logs: Sequence[MachineLog] = (),
+                 closing: Sequence[Callable[[], None]] = ()):
+        """`telemetry`: the driver of the temperatures and power (the fabric's own, or a BMC's);
+        `logs`: each driver whose log is the machine's; `closing`: what `close` calls, its drivers'
+        own ends (a BMC's session and poller)."""
         self.fabric = fabric
         self.machine_name = machine_name
         self.name, self.version = fabric.name, fabric.version
         self.power_driver, self.inventory_driver, self.health_driver = power, inventory, health
+        self.telemetry_driver, self.log_drivers = telemetry, tuple(logs)
         self._closing = tuple(closing)
         self._hardware: tuple[float, HardwareInventory | None] = (0.0, None)  # (when, on the monotonic clock) its last reading
         self._lock = threading.Lock()
@@ -52,7 +61,8 @@ class ComposedMachine(MachineBackend):
 
     def capabilities(self) -> tuple[str, ...]:
         drivers = {Capability.FABRIC: self.fabric, Capability.DIAGNOSTICS: self.fabric, Capability.POWER: self.power_driver,
-                   Capability.INVENTORY: self.inventory_driver, Capability.HEALTH: self.health_driver}
+                   Capability.INVENTORY: self.inventory_driver, Capability.HEALTH: self.health_driver,
+                   Capability.TELEMETRY: self.telemetry_driver, Capability.LOGS: self.log_drivers or None}
         return tuple(capability.value for capability in Capability if drivers[capability] is not None)
 
     def inventory(self) -> MachineInventory:
@@ -119,6 +129,26 @@ class ComposedMachine(MachineBackend):
         if told and not failing:
             log.info("%s: every capability answers again", self.machine_name)
         return tuple(f"{', '.join(capabilities)}: {reason}" for reason, capabilities in failing.items())
+
+    def telemetry(self) -> TelemetryReading:
+        """The fabric's reading, with the telemetry driver's temperatures and power where it is
+        another (a BMC's); Unavailable if a driver does not answer (the agent keeps serving its last
+        reading, with its age)."""
+        if self.telemetry_driver is None:
+            raise Unavailable(f"{self.machine_name} has no telemetry capability")
+        if self.telemetry_driver is self.fabric or not isinstance(self.fabric, Telemetry):
+            return self.telemetry_driver.telemetry()
+        return with_environment(self.fabric.telemetry(), self.telemetry_driver.telemetry())
+
+    def log_lines(self) -> list[tuple[float, str, str]]:
+        """New lines of each log driver, oldest first; one whose driver fails is skipped until it answers."""
+        lines = []
+        for driver in self.log_drivers:
+            try:
+                lines += driver.log_lines()
+            except VipuError as error:
+                log.debug("%s: its log is not read: %s", self.machine_name, error.message)
+        return sorted(lines, key=lambda line: line[0])
 
     def power(self, action: PowerAction, timeout: float) -> PowerState:
         """Do a power action, one at a time. The fabric refuses calls while an action other than on

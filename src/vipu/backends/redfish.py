@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import ssl
 import stat
@@ -52,6 +53,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,12 +77,15 @@ from vipu.backends.capabilities import (
     HealthLevel,
     Inventory,
     MachineHealth,
+    MachineLog,
     Power,
     PowerAction,
     PowerState,
+    Telemetry,
     checked_power_request,
 )
 from vipu.model.errors import InvalidArgument, Unavailable, VipuError, one_line
+from vipu.model.telemetry import IpuReading, SensorReading, TelemetryReading
 
 log = logging.getLogger("vipu.backends.redfish")
 # sushy logs each failed request itself, every time, with its traceback's words: the driver says
@@ -92,6 +97,9 @@ CONNECT_SECONDS = 3.0       # the most a connection may take, however long `time
 RESTART_SEEN_SECONDS = 10.0  # how long a restart or cycle is watched for the machine to leave On before it is taken as done
 POWER_POLL_SECONDS = 0.2    # how often power() reads the state it waits for
 EVENTS_KEPT = 256
+LOG_ENTRIES_SEEN = 4096  # log entries remembered as already given, per driver: a BMC keeps a few hundred
+# A temperature or power sensor named for one IPU ("IPU2 Temp", "IPU 2 Power"): its reading is that IPU's.
+_IPU_SENSOR = re.compile(r"\bIPU\s*([0-3])\b", re.IGNORECASE)
 KEYS = ("url", "credentials", "ca", "verify", "system", "chassis", "poll_seconds", "timeout_seconds")
 _SEVERITY = {HealthLevel.OK: 0, HealthLevel.UNKNOWN: 1, HealthLevel.WARNING: 2, HealthLevel.CRITICAL: 3}
 # Parts a BMC may lack: skipped, never an error. Not finding the system itself is one (`_discover`).
@@ -221,6 +229,18 @@ def _odata_id(link: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _created(value: object) -> float:
+    """A log entry's Created time, in seconds since the epoch; now if it has none that reads."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
 def _links(document: dict, name: str) -> list[str]:
     links = (document.get("Links") or {}).get(name) or []
     return [path for path in map(_odata_id, links if isinstance(links, list) else [links]) if path]
@@ -276,7 +296,7 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
                 pending.append(inner)
 
 
-class RedfishMachine(Power, Inventory, Health):
+class RedfishMachine(Power, Inventory, Health, Telemetry, MachineLog):
     """One machine's BMC. Calls may come from any thread; one request at a time reaches the BMC."""
 
     def __init__(self, config: BmcConfig):
@@ -293,6 +313,7 @@ class RedfishMachine(Power, Inventory, Health):
         self._sequence = 0
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
+        self._log_seen: dict[str, None] = {}  # the log entries already given (@odata.id or service/Id), oldest first
         if self.url.startswith("http://"):
             log.warning("BMC %s is plain http: NOT encrypted and its identity NOT verified (verify: false); "
                         "its credentials cross the network in the clear", self.url)
@@ -582,6 +603,76 @@ class RedfishMachine(Power, Inventory, Health):
             self._sequence += 1
             self._events.append(HealthEvent(self._sequence, time.time(), severity, component, message))
         log.debug("BMC %s: %s: %s", self.url, component, message)  # the agent reports it; the controller logs it
+
+    # -- Telemetry
+
+    def telemetry(self) -> TelemetryReading:
+        """The chassis' temperatures (Thermal) and power draw (Power's PowerControl, or the newer
+        Sensors collection where the BMC has one): a sensor named for an IPU is that IPU's, the
+        others are the machine's. A sensor the BMC lacks, or that has no reading, is left out."""
+        with self._bmc("reading the sensors") as root:
+            paths = self._discover(root)
+            readings: list[SensorReading] = []
+            chassis = _optional(lambda: root.get_chassis(paths.chassis)) if paths.chassis else None
+            if chassis is not None:
+                thermal = _optional(lambda: chassis.thermal)
+                readings += [SensorReading(t.name or f"temperature {t.identity}", "temperature", float(t.reading_celsius))
+                             for t in (thermal.temperatures if thermal else []) if _number(t.reading_celsius)]
+                document = chassis.json or {}
+                power = _optional(partial(self._get, _odata_id(document.get("Power")) or "")) if document.get("Power") else None
+                for control in (power or {}).get("PowerControl") or []:
+                    if isinstance(control, dict) and _number(control.get("PowerConsumedWatts")):
+                        readings.append(SensorReading(str(control.get("Name") or "chassis power"), "power",
+                                                      float(control["PowerConsumedWatts"])))
+                sensors = _optional(partial(self._get, _odata_id(document.get("Sensors")) or "")) if document.get("Sensors") else None
+                for link in (sensors or {}).get("Members") or []:
+                    sensor = _optional(partial(self._get, _odata_id(link) or ""))
+                    kind = {"Temperature": "temperature", "Power": "power"}.get(str((sensor or {}).get("ReadingType")))
+                    if sensor and kind and _number(sensor.get("Reading")):
+                        readings.append(SensorReading(str(sensor.get("Name") or sensor.get("Id")), kind, float(sensor["Reading"])))
+        ipus: dict[int, dict[str, float]] = {}
+        machine = []
+        for reading in readings:
+            named = _IPU_SENSOR.search(reading.name)
+            if named:
+                ipus.setdefault(int(named.group(1)), {})[reading.kind] = reading.value
+            else:
+                machine.append(reading)
+        return TelemetryReading(time.time(), tuple(IpuReading(index, temperature=values.get("temperature"), power=values.get("power"))
+                                                   for index, values in sorted(ipus.items())), tuple(machine))
+
+    # -- MachineLog
+
+    def log_lines(self) -> list[tuple[float, str, str]]:
+        """The entries of the system's and the managers' log services (the SEL among them) not given
+        before, oldest first; an entry is given once, however long the BMC keeps it."""
+        with self._bmc("reading the logs") as root:
+            paths = self._discover(root)
+            entries: list[tuple[str, str, dict]] = []
+            for owner in (paths.system, *paths.managers):
+                owner_document = _optional(partial(self._get, owner)) or {}
+                services = _optional(partial(self._get, _odata_id(owner_document.get("LogServices")) or "")) \
+                    if owner_document.get("LogServices") else None
+                for link in (services or {}).get("Members") or []:
+                    service = _optional(partial(self._get, _odata_id(link) or "")) or {}
+                    listed = _optional(partial(self._get, _odata_id(service.get("Entries")) or "")) if service.get("Entries") else None
+                    for member in (listed or {}).get("Members") or []:
+                        entry = member if isinstance(member, dict) and "Message" in member else _optional(
+                            partial(self._get, _odata_id(member) or ""))
+                        if isinstance(entry, dict):
+                            key = str(entry.get("@odata.id") or f"{_odata_id(link)}/{entry.get('Id')}")
+                            entries.append((key, str(service.get("Id") or "log"), entry))
+        lines = []
+        for key, service_id, document in entries:
+            if key in self._log_seen:
+                continue
+            self._log_seen[key] = None
+            severity = document.get("Severity") or "OK"
+            lines.append((_created(document.get("Created")), "bmc",
+                          f"{service_id}: {severity}: {one_line(str(document.get('Message') or ''))}"))
+        while len(self._log_seen) > LOG_ENTRIES_SEEN:
+            del self._log_seen[next(iter(self._log_seen))]
+        return sorted(lines, key=lambda line: line[0])
 
     # -- the poller
 

@@ -397,6 +397,44 @@ def get_link(admin, name, history, since, before, limit, as_json):
         click.echo(f"{' and '.join(left_out)} not shown: --before {exact} shows them")
 
 
+# Machine logs
+
+FOLLOW_WAIT_SECONDS = 10.0  # each wait of --follow at the controller, before it asks again
+
+
+@cli.group(cls=CommandGroup)
+def logs():
+    """Read what machines logged."""
+
+
+@logs.command("agent")
+@click.argument("agent_id")
+@since_option
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they come, until interrupted.")
+@click.option("--grep", default="", metavar="REGEX", help="Only the lines that match this regular expression.")
+@click.option("--lines", "-n", "limit", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="The latest lines to print first, at most.")
+@pass_client
+def logs_agent(admin, agent_id, since, follow, grep, limit):
+    """Print an agent's machine's log (its gateway's and its BMC's), as the controller collected it."""
+    with reporting("logs agent", agent_id):
+        reply = admin.read_machine_log(agent_id, since=since_time(since), grep=grep, limit=limit)
+    for line in reply.lines:
+        click.echo(f"{_when(line.at)} {line.source}: {line.text}")
+    if not follow:
+        return
+    after = reply.last
+    try:
+        while True:
+            with reporting("logs agent", agent_id):
+                reply = admin.read_machine_log(agent_id, after=after, grep=grep, wait=FOLLOW_WAIT_SECONDS)
+            for line in reply.lines:
+                click.echo(f"{_when(line.at)} {line.source}: {line.text}")
+            after = reply.last
+    except KeyboardInterrupt:
+        return
+
+
 # Clusters
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from vipu.backends.sim import faults
+from vipu.backends.sim.machinelog import machine_log_path, write_lines
 from vipu.backends.sim.rack import generate_rack, load_rack, save_rack
 from vipu.cli.common import CONTEXT, CommandGroup, fail, run
 from vipu.model.entities import IldTopology
@@ -95,9 +96,17 @@ def _link(value: str) -> tuple[str, str, faults.LinkKind]:
                    "minute), failing after S seconds if given. LINK: M:KIND:PORT or M:ipuN:PL.")
 @click.option("--recover", multiple=True, metavar="LINK", help="A degrading link that stops getting worse from now (and is up again).")
 @click.option("--swap-cable", multiple=True, metavar="M:KIND:PORT=SERIAL", help="The cable in a port replaced by a new one.")
+@click.option("--ipu-errors", multiple=True, metavar="M:ipuN:KIND=N", help="An IPU's corrected errors in all (KIND: ecc or parity).")
+@click.option("--heat", multiple=True, metavar="M:ipuN=CELSIUS", help="An IPU running this much hotter than it should (0: cooled).")
+@click.option("--log", "log_lines", multiple=True, metavar="M=TEXT", help="A line in the machine's own log.")
+@click.option("--log-repeat", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+              help="Write each --log line this many times (a machine flooding its log).")
 def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent, configure_fault, wedge, fail_component, silent_bmc,
-          degrade, recover, swap_cable):
-    """Put faults into a rack description, all at once or not at all."""
+          degrade, recover, swap_cable, ipu_errors, heat, log_lines, log_repeat):
+    """Put faults into a rack description, all at once or not at all.
+
+    Each fault is also written, a line, into the log of the machine it names (beside the rack, in
+    machine-logs/), as the machine would log what happened to it."""
     try:
         rack = load_rack(rack_path)
         for value in unplug:
@@ -162,9 +171,43 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
         for value in swap_cable:
             end, serial = _split(value, "=", "M:KIND:PORT=SERIAL")
             faults.swap_cable(rack, *_port_end(end), serial)
+        for value in ipu_errors:
+            where, count = _split(value, "=", "M:ipuN:KIND=N")
+            machine, rest = _split(where, ":", "M:ipuN:KIND=N")
+            ipu, error_kind = _split(rest, ":", "M:ipuN:KIND=N")
+            if not count.isdigit():
+                raise InvalidArgument(f"{value!r}: the error count must be a number")
+            faults.count_ipu_errors(rack, machine, ipu, error_kind, int(count))
+        for value in heat:
+            where, celsius = _split(value, "=", "M:ipuN=CELSIUS")
+            machine, ipu = _split(where, ":", "M:ipuN=CELSIUS")
+            try:
+                faults.heat(rack, machine, ipu, float(celsius))
+            except ValueError:
+                raise InvalidArgument(f"{value!r}: the degrees must be a number") from None
+        logged = []
+        for value in log_lines:
+            machine, text = _split(value, "=", "M=TEXT")
+            rack.machine(machine)
+            logged.append((machine, [text] * log_repeat))
         save_rack(rack, rack_path)
+        written: dict[str, list[str]] = {}
+        options = {"unplug": unplug, "cross": cross, "move": move, "errors": errors, "break": broken, "version": versions,
+                   "pfc": pfc, "silent": silent, "configure-fault": configure_fault, "wedge": wedge,
+                   "fail-component": fail_component, "silent-bmc": silent_bmc, "degrade": degrade, "recover": recover,
+                   "swap-cable": swap_cable, "ipu-errors": ipu_errors, "heat": heat}
+        for option, values in options.items():
+            for value in values:
+                machine = value.split(":")[0].split("=")[0]
+                written.setdefault(machine, []).append(f"fault injected: --{option} {value}")
+        for machine, lines in logged:
+            written.setdefault(machine, []).extend(lines)
+        for machine, lines in written.items():
+            write_lines(machine_log_path(rack_path, machine), lines)
     except VipuError as error:
         fail("fault", str(rack_path), error.message)
+    except OSError as error:
+        fail("fault", str(rack_path), error.strerror or str(error))
     click.echo(f"fault ({rack_path}): success.")
 
 

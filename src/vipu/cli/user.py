@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import typing
 from datetime import UTC
@@ -303,14 +304,50 @@ def list_partitions(user, allocation_id, as_json):
     click.echo(render_table(["Partition", "Cluster", "ILDs", "GW Routing", "ILD Routing", "Size", "GCDs", "State"], rows))
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """Percentages as a line of bars, one per value ("·" where none was read)."""
+    return "".join("·" if math.isnan(v) else SPARKS[min(len(SPARKS) - 1, int(v / 100 * len(SPARKS)))] for v in values)
+
+
+def _reading(message, field: str, form: str) -> str:
+    return form.format(getattr(message, field)) if message.HasField(field) else "-"
+
+
+def show_telemetry(user, partition_id: str, as_json: bool) -> None:
+    with reporting("get partition", partition_id):
+        reply = user.partition_telemetry(partition_id)
+    if as_json:
+        return echo_json(reply)
+    rows = [[ipu.agent_id, str(ipu.index), str(ipu.routing_id), _reading(ipu, "utilisation", "{:.0f}"),
+             _reading(ipu, "temperature", "{:.1f}"), _reading(ipu, "power", "{:.0f}"), _reading(ipu, "clock_mhz", "{:.0f}"),
+             f"{ipu.memory_used / 2**20:.0f}" if ipu.HasField("memory_used") else "-",
+             _reading(ipu, "ecc_errors", "{}"), f"{ipu.age_seconds:.1f}"] for ipu in reply.ipus]
+    click.echo(render_table(["Agent", "IPU", "Routing ID", "Util %", "Temp °C", "Power W", "Clock MHz", "Memory MiB", "ECC Errors",
+                             "Age s"], rows))
+    if not reply.history:
+        click.echo("Utilisation over its life: not collected yet")
+        return
+    means = [sum(v for v in s.utilisation if not math.isnan(v)) / max(1, sum(1 for v in s.utilisation if not math.isnan(v)))
+             if any(not math.isnan(v) for v in s.utilisation) else math.nan for s in reply.history]
+    first, last = reply.history[0].at, reply.history[-1].at
+    click.echo(f"Utilisation over its life ({times.utc_text(first)} to {times.utc_text(last)}, mean of its IPUs, 0 to 100 %):")
+    click.echo(sparkline(means))
+
+
 @get.command("partition")
 @click.argument("partition_id")
 @click.option("--ipu-configs", is_flag=True, help="Print the IPUoF configuration as JSON.")
 @click.option("--gcd", type=COUNT, default=None, help="Only this GCD's IPUoF configuration.")
+@click.option("--telemetry", is_flag=True, help="What its IPUs measure now, and their utilisation over its life.")
 @json_option
 @pass_client
-def get_partition(user, partition_id, ipu_configs, gcd, as_json):
-    """Show a partition: its shape, state and IPUs, or its IPUoF configuration."""
+def get_partition(user, partition_id, ipu_configs, gcd, telemetry, as_json):
+    """Show a partition: its shape, state and IPUs, its IPUoF configuration, or its telemetry."""
+    if telemetry:
+        return show_telemetry(user, partition_id, as_json)
     with reporting("get partition", partition_id):
         if ipu_configs:
             config = user.ipuof_config(partition_id, gcd)

@@ -250,6 +250,18 @@ class AdminClient(EndpointClient):
         many older ones were left out, which `before` set to the first one sent reads next."""
         return self._call("GetLink", pb.GetLinkRequest(name=name, history=history, since=since, before=before, limit=limit))
 
+    def read_machine_log(self, agent_id: str, after: int = 0, since: float = 0.0, grep: str = "", limit: int = 0,
+                         wait: float = 0.0) -> pb.ReadMachineLogReply:
+        """An agent's machine's log lines after line `after` (0: the latest `limit`), stamped at or
+        after `since`, matching the regular expression `grep`; waiting up to `wait` seconds (at
+        most 30) for one to come. The reply's `last` is the next call's `after`."""
+        request = pb.ReadMachineLogRequest(agent_id=agent_id, after=after, since=since, grep=grep, limit=limit, wait_seconds=wait)
+        return self._call("ReadMachineLog", request, at_least=wait + 10)
+
+    def list_telemetry(self) -> list[pb.AgentTelemetry]:
+        """Every machine's telemetry as the controller last collected it, with the partition each IPU runs."""
+        return list(self._call("ListTelemetry", pb.ListRequest()).agents)
+
     def test_cluster(self, cluster_id: str, tests: tuple[str, ...] = (), wait: bool = True,
                      agent_ids: tuple[str, ...] = ()) -> pb.ClusterTestReport:
         """Run the cluster tests named (Sync-Link, Cabling, ...; none: the default suite), on the

@@ -36,14 +36,15 @@ class UserClient(EndpointClient):
                          num_ipulink_segments: int = 0, disable_auto_reset: bool = False,
                          keep_on_error: bool = False, index: int | None = None, relocatable: bool = False,
                          may_move: bool = False, expected_seconds: int = 0, reservation: str = "", account: str = "",
-                         preemptible: bool = False, wait: float = 0.0,
+                         preemptible: bool = False, labels: dict[str, str] | None = None, wait: float = 0.0,
                          on_wait: Callable[[pb.QueuedRequest], None] | None = None) -> pb.PartitionConfig:
         """Create a partition; its IPUoF configuration, every GCD (what `ipuof_files.write` takes).
         `index` places a reconfigurable partition at the index-th run of `size` IPUs of its allocation.
         `may_move` consents that compaction moves it even while IPUoF clients are attached;
         `expected_seconds` is how long it is expected to run from its start (0: unknown);
         `reservation`, the reservation to make it in; `account`, the account to make it on
-        (`preemptible`: it may be reclaimed while its account borrows quota).
+        (`preemptible`: it may be reclaimed while its account borrows quota); `labels`, the workload
+        it is for, which its IPUs' telemetry is labelled with (ipujob, namespace, slurm_job).
         With `wait` (seconds), a request that does not fit now waits for room in its allocation's
         queue until the partition is ACTIVE (`on_wait` is told of its place and reason as they
         change); at the deadline it is withdrawn and NoRoom says why it waited. Interrupted
@@ -56,7 +57,7 @@ class UserClient(EndpointClient):
                 ipulink_routing=ipulink_routing, num_ipulink_segments=num_ipulink_segments,
                 disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, index=index, relocatable=relocatable,
                 may_move=may_move, expected_seconds=expected_seconds, reservation=reservation, account=account,
-                preemptible=preemptible, wait_seconds=math.ceil(wait))
+                preemptible=preemptible, labels=labels, wait_seconds=math.ceil(wait))
         except KeyboardInterrupt:
             if wait:  # no answer yet: the id may be a partition made before, so only a waiting request is cancelled
                 with contextlib.suppress(VipuError):
@@ -75,7 +76,8 @@ class UserClient(EndpointClient):
     def create_or_queue(self, partition_id: str, size: int, *, wait_seconds: int = 0, index: int | None = None,
                         disable_auto_reset: bool = False, keep_on_error: bool = False, relocatable: bool = False,
                         detached: bool = False, may_move: bool = False, expected_seconds: int = 0, reservation: str = "",
-                        account: str = "", preemptible: bool = False, **requirements) -> pb.CreatePartitionReply:
+                        account: str = "", preemptible: bool = False, labels: dict[str, str] | None = None,
+                        **requirements) -> pb.CreatePartitionReply:
         """One create call: the reply carries the new partition's IPUoF configuration, or, given
         `wait_seconds`, where its request waits for room (`queued`) if it does not fit now. A waiting
         request is withdrawn once nobody asks after it (`wait_once`) for the controller's lease, its
@@ -88,7 +90,7 @@ class UserClient(EndpointClient):
         return self._call("CreatePartition", pb.CreatePartitionRequest(
             requirements=asked, disable_auto_reset=disable_auto_reset, keep_on_error=keep_on_error, relocatable=relocatable,
             wait_seconds=wait_seconds, detached=detached, may_move=may_move, expected_seconds=expected_seconds,
-            reservation=reservation, account=account, preemptible=preemptible))
+            reservation=reservation, account=account, preemptible=preemptible, labels=labels or {}))
 
     def wait_once(self, partition_id: str, seconds: int) -> pb.WaitPartitionReply:
         """One waiting call: at most `seconds` (and WAIT_CALL_SECONDS) until the partition is settled;
@@ -183,6 +185,10 @@ class UserClient(EndpointClient):
         if found is None:
             raise NotFound(f"partition {partition_id} does not exist")
         return found
+
+    def partition_telemetry(self, partition_id: str) -> pb.GetPartitionTelemetryReply:
+        """What its IPUs measure now, and their utilisation over its life."""
+        return self._call("GetPartitionTelemetry", pb.GetPartitionTelemetryRequest(partition_id=partition_id))
 
     def partition_status(self, partition_id: str) -> pb.PartitionStatus:
         return self._call("GetPartitionStatus", pb.GetPartitionStatusRequest(partition_id=partition_id)).status

@@ -291,6 +291,8 @@ def link_trend_policy(text: str) -> TrendPolicy:
                    "most); then it is withdrawn, its waiter being gone. Requests made to be picked up later have no lease.")
 @click.option("--link-sample-interval", type=click.FloatRange(0, 86_400), default=60.0, show_default=True,
               help="Seconds between readings of every link's error and recovery counters, for the link ledger (0: none).")
+@click.option("--watch-interval", type=click.FloatRange(0, 3600), default=1.0, show_default=True,
+              help="Seconds between collections of the machines' telemetry and log lines from their agents (0: none).")
 @click.option("--link-trend", default="4,12,3600", show_default=True, metavar="K,N,SECONDS",
               help="A link is suspect when its counters grew in K of its last N windows of SECONDS each.")
 @click.option("--link-history-days", type=click.FloatRange(30, 36_500), default=400.0, show_default=True,
@@ -326,7 +328,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
          health_interval, discovery_interfaces, discovery_port, init_only, secure, login_failures, login_failures_per_address,
          login_lockout, tls_init, tls_dir, tls_hosts, default_user_id, sim_machines, sim_topology, sim_ilds, sim_rebuild,
          sim_base_port, ha, ha_lease_seconds, advertise_address, max_waiting_per_user, max_waiting, request_lease,
-         link_sample_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
+         link_sample_interval, watch_interval, link_trend, link_history_days, link_remediation_attempts, link_remediation_settle,
          link_breaker_percent, idle_tests, idle_test_interval, idle_test_types, compaction_moves_per_hour,
          compaction_partition_interval, fair_share_half_life, reclaim_grace, statement_deadline, log_level):
     """Run the V-IPU controller: the user end-point for partitions, the admin end-point for the pod."""
@@ -364,6 +366,7 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
             max_waiting=max_waiting,
             request_lease_seconds=request_lease,
             link_sample_interval=link_sample_interval,
+            watch_interval=watch_interval,
             link_policy=link_trend_policy(link_trend),
             link_history_days=link_history_days,
             link_remediation=RemediationPolicy(link_remediation_attempts, settle_seconds=link_remediation_settle,

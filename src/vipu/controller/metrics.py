@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from vipu.api.status import service_and_method
 from vipu.model.accounts import Account
-from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, Partition, ReadyState
+from vipu.model.entities import IPUS_PER_MACHINE, AgentStatus, OperationState, Partition, ReadyState
 from vipu.model.errors import Unavailable
 from vipu.model.linkhealth import LinkEvent, LinkHealth, LinkState, reliability
 from vipu.model.reservations import TO_COME, UNDER_WAY
@@ -35,6 +35,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class EntityCollector:
     def __init__(self, store: Store):
         self.store = store
+        # (partition, operation) -> when (monotonic) a scrape first saw the partition in that operation
+        self._in_operation: dict[tuple[str, str], float] = {}
 
     def collect(self):
         with self.store.reading() as tx:
@@ -49,6 +51,7 @@ class EntityCollector:
             reservations = tx.list_reservations()
             accounts = tx.configuration().accounts
             used = tx.usage_totals()
+            waiting = tx.list_requests()
         now = time.time()
         by_status = Tally(a.status.value for a in agents)
         family = GaugeMetricFamily("vipu_agents", "Agents by status", labels=["status"])
@@ -82,9 +85,36 @@ class EntityCollector:
         family.add_metric(["partition"], in_partitions)
         family.add_metric(["free"], len(agents) * IPUS_PER_MACHINE - in_partitions)
         yield family
+        yield from self._transitions(partitions)
+        queued = GaugeMetricFamily("vipu_queued_requests", "Requests waiting in each allocation's queue", labels=["allocation"])
+        oldest = GaugeMetricFamily("vipu_queue_oldest_wait_seconds", "How long the request waiting longest in each allocation's "
+                                   "queue has waited", labels=["allocation"])
+        for allocation in allocations:
+            mine = [w for w in waiting if w.allocation_id == allocation.id]
+            queued.add_metric([allocation.id], len(mine))
+            oldest.add_metric([allocation.id], max((now - w.since.timestamp() for w in mine), default=0.0))
+        yield from (queued, oldest)
         yield from _account_families(accounts, [a.id for a in allocations], partitions, used, now)
         yield from _link_families(links, events)
         yield from _remediation_families(links, failures, attempts, time.time())
+
+
+    def _transitions(self, partitions: list[Partition]):
+        """For each operation a partition goes through, how long the partition in it longest has
+        been seen in it (by this replica's scrapes): one stuck in CREATING or REMOVING shows."""
+        now = time.monotonic()
+        seen = {(p.id, p.operation_state.value) for p in partitions if p.operation_state is not OperationState.IDLE}
+        for gone in self._in_operation.keys() - seen:
+            del self._in_operation[gone]
+        for key in seen:
+            self._in_operation.setdefault(key, now)
+        family = GaugeMetricFamily("vipu_partition_operation_seconds", "How long the partition longest in each operation has been "
+                                   "seen in it", labels=["operation"])
+        for operation in OperationState:
+            if operation is not OperationState.IDLE:
+                family.add_metric([operation.value], max((now - at for (_, op), at in self._in_operation.items()
+                                                          if op == operation.value), default=0.0))
+        yield family
 
 
 def _account_families(accounts: Mapping[str, Account], allocation_ids: list[str], partitions: list[Partition],
@@ -189,6 +219,9 @@ class ControllerMetrics:
         self.failed_logins = Counter("vipu_failed_logins", "Logins refused in secure mode, by reason", ["reason"],
                                      registry=self.registry)
         self.registry.register(EntityCollector(store))
+        commits = Histogram("vipu_store_commit_seconds", "How long the store took to commit a write", registry=self.registry,
+                            buckets=LATENCY_BUCKETS)
+        store.on_commit_seconds = commits.observe
 
     def follow(self, leadership) -> None:
         """Export whether this replica leads (`vipu-server --ha`), and how long its claims of the lease take."""

@@ -61,6 +61,7 @@ class ServerConfig:
     agent_timeout: float = 10.0
     health_interval: float = 10.0
     link_sample_interval: float = 60.0  # seconds between readings of every link's counters; 0: none
+    watch_interval: float = 1.0  # seconds between collections of the machines' telemetry and log lines; 0: none
     link_policy: TrendPolicy = DEFAULT_POLICY  # when a link's trend makes it suspect
     link_history_days: float = DEFAULT_RETENTION.days
     idle_tests: frozenset[TestType] = frozenset()  # the tests run on free machines (of IDLE_TESTS); empty: none
@@ -186,6 +187,9 @@ class Controller:
             threading.Thread(target=self.services.links.run, args=(self.config.link_sample_interval, self._stop), name="links",
                              daemon=True).start()
         threading.Thread(target=self.services.accounts.run, args=(self._stop,), name="usage", daemon=True).start()
+        if self.config.watch_interval > 0:
+            threading.Thread(target=self.services.telemetry.run, args=(self.config.watch_interval, self._stop), name="watch",
+                             daemon=True).start()
         if self.config.idle_tests:
             threading.Thread(target=self.clustertests.run_idle, args=(self.config.idle_test_interval, self.config.idle_tests,
                                                                       self._stop), name="idle-tests", daemon=True).start()
@@ -218,13 +222,14 @@ class Controller:
             yield
 
     def _register_user(self, server: grpc.Server) -> None:
-        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(UserServicer(self.partitions, self.requests, self.changes), server)
+        vipuuser_pb2_grpc.add_UserServiceServicer_to_server(
+            UserServicer(self.partitions, self.requests, self.changes, self.services.telemetry), server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 
     def _register_admin(self, server: grpc.Server) -> None:
         servicer = AdminServicer(self.agents, self.clusters, self.allocations, self.clustertests, self.discovery,
                                  self.users, self.config.port, self.partitions, self.requests, self.services.links,
-                                 self.services.accounts)
+                                 self.services.accounts, self.services.telemetry)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
         version_pb2_grpc.add_VersionServiceServicer_to_server(VersionServicer(), server)
 

@@ -22,6 +22,7 @@ from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
 from vipu.controller.usecases.remediation import LinkRemediation
 from vipu.controller.usecases.requests import RequestService
+from vipu.controller.usecases.telemetry import TelemetryService
 from vipu.model.compaction import DEFAULT_BUDGET, Budget
 from vipu.model.linkhealth import DEFAULT_POLICY, DEFAULT_REMEDIATION, DEFAULT_RETENTION, RemediationPolicy, Retention, TrendPolicy
 from vipu.model.waiting import DEFAULT_LIMITS, QueueLimits
@@ -53,6 +54,7 @@ class ControllerServices:
         self.clusters = ClusterService(store, self.allocations, self.clustertests.busy)
         self.agents = AgentService(store, gateway, self.clusters, self.owners, takeover_grant)
         self.health = HealthPass(store, self.owners, gateway, workers)
+        self.telemetry = TelemetryService(store, gateway, self.owners, workers=min(workers, 8))
 
     def stop(self, reason: str) -> None:
         """Stop deciding (deposed, or stopping) and let go of the threads; the store and gateway stay open."""
@@ -60,5 +62,6 @@ class ControllerServices:
         self.owners.stop(reason)
         self.health.close()
         self.links.close()
+        self.telemetry.close()
         self.remediation.close()
         self.calls.close()

@@ -259,7 +259,8 @@ class Partitions:
                                                           num_replicas=request.replicas, wait_seconds=self.queue_seconds,
                                                           detached=True, expected_seconds=request.expected_seconds,
                                                           reservation=request.reservation,
-                                                          account=self.accounts.of(request.namespace))
+                                                          account=self.accounts.of(request.namespace),
+                                                          labels={"ipujob": request.job, "namespace": request.namespace})
         except AlreadyExists:
             self.tracker.drop(request.id)
             raise AlreadyExists(f"partition {request.id} exists on {controller.address} and was not made by this proxy "

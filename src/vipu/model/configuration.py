@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vipu.model.entities import MachineInventory, Partition
+from vipu.model.entities import WORKLOAD_LABELS, MachineInventory, Partition
 from vipu.model.ipuof_attributes import ATTACH_KEY_ATTRIBUTE
 from vipu.model.topology import IPULINK_PORT_IPU, Cable, ClusterLayout, internal_peers
 
@@ -45,6 +45,8 @@ class AgentSettings:
     sync_type: str
     reconfigurable: bool
     attach_key: str = field(default="", repr=False)  # the partition's; IPUoF clients must present it
+    owner: str = ""  # the partition's user, and the workload it runs (`Partition.labels`): what the
+    labels: tuple[tuple[str, str], ...] = ()  # agent's telemetry attributes its IPUs to
 
 
 def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping[str, str]) -> dict[str, AgentSettings]:
@@ -89,8 +91,18 @@ def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping
             sync_type=partition.sync_type.value,
             reconfigurable=partition.reconfigurable,
             attach_key=partition.attach_key,
+            owner=partition.owner,
+            labels=tuple(sorted(partition.labels.items())),
         )
     return result
+
+
+def attribution(settings: AgentSettings | None) -> list[str]:
+    """The partition, user, IPUJob, namespace and Slurm job an IPU's telemetry is labelled with; empty for an IPU in none."""
+    if settings is None:
+        return ["", "", *("" for _ in WORKLOAD_LABELS)]
+    labels = dict(settings.labels)
+    return [settings.partition_id, settings.owner, *(labels.get(key, "") for key in WORKLOAD_LABELS)]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -325,6 +325,7 @@ class PartitionRequest:
     reservation: str = ""  # the reservation it is to be made in (`vipu.model.reservations`), if any
     account: str = ""  # the account it is made on (`vipu.model.accounts`); "": none, or its user's only one
     preemptible: bool = False  # its user lets it be reclaimed when it runs on quota borrowed from another account
+    labels: dict[str, str] = field(default_factory=dict)  # the workload it is for, as its front-end says (WORKLOAD_LABELS)
 
 
 MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left to its user
@@ -333,6 +334,22 @@ MAX_AUTO_RESETS = 3  # automatic resets of an ERROR partition before it is left 
 def new_attach_key() -> str:
     """A partition's IPUoF attach key: 128 random bits."""
     return secrets.token_urlsafe(16)
+
+
+# What a front-end may say of the workload a partition runs, for the telemetry that attributes its
+# IPUs (`Partition.labels`): the IPUJob and its namespace (Kubernetes), the job (Slurm).
+WORKLOAD_LABELS = ("ipujob", "namespace", "slurm_job")
+MAX_LABEL_VALUE = 253  # a Kubernetes object's name is at most this long
+
+
+def checked_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """A partition's workload labels, or InvalidArgument in one line."""
+    for key, value in labels.items():
+        if key not in WORKLOAD_LABELS:
+            raise InvalidArgument(f"unknown partition label {key!r:.40}: {', '.join(WORKLOAD_LABELS)}")
+        if not value or len(value) > MAX_LABEL_VALUE or not value.isprintable():
+            raise InvalidArgument(f"partition label {key} must be 1 to {MAX_LABEL_VALUE} printable characters")
+    return dict(labels)
 
 
 @dataclass
@@ -377,6 +394,7 @@ class Partition:
     reservation: str = ""  # the reservation for people it was made in (`--reservation`); "": none
     account: str = ""  # the account it was made on (`vipu.model.accounts`); "": none
     preemptible: bool = False  # may be reclaimed while its account borrows quota (`vipu.model.accounts.reclaim`)
+    labels: dict[str, str] = field(default_factory=dict)  # the workload it runs, as its front-end says (WORKLOAD_LABELS)
     # When a reclaim removes it (seconds since the epoch; 0: none is under way), and why: its user's notice.
     reclaim_at: float = 0.0
     reclaim_notice: str = ""

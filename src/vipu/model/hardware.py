@@ -16,6 +16,8 @@ class Capability(str, Enum):
     INVENTORY = "inventory"      # serials, firmware and component versions, ports' cables
     HEALTH = "health"            # component health and events
     DIAGNOSTICS = "diagnostics"  # the cluster-test steps
+    TELEMETRY = "telemetry"      # per-IPU utilisation, temperature, power, clocks, memory, error counters
+    LOGS = "logs"                # the machine's own log, and its BMC's
 
 
 class PowerState(str, Enum):

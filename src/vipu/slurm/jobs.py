@@ -206,7 +206,7 @@ class JobPartitions:
         job_id = name.removeprefix(PARTITION_PREFIX)
         return self.user.create_partition(
             name, ipus, num_gcds=gcds, num_replicas=replicas, expected_seconds=expected_seconds, reservation=reservation,
-            account=account,
+            account=account, labels={"slurm_job": job_id},
             wait=self.config.queue_timeout,
             on_wait=lambda queued: self.slurm.comment(job_id, f"vipu: waiting for its IPUs: {queued.reason}"))
 

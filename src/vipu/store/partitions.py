@@ -45,8 +45,8 @@ IPUS_OF_PARTITIONS = (select(IPUS).where(IPUS.c.partition_id.in_(bindparam("ids"
 _COLUMNS = ("id", "cluster_id", "allocation_id", "size", "num_gcds", "num_replicas", "reconfigurable", "sync_type", "ipulink_routing",
             "gw_routing", "num_segments", "ready_state", "operation_state", "errors", "disable_auto_reset", "auto_reset_count",
             "owner", "attach_key", "relocatable", "relocation", "failed_on", "placement_note", "may_move", "expected_seconds",
-            "reservation", "account", "preemptible", "reclaim_at", "reclaim_notice", "created_at")
-_JSON_COLUMNS = {"errors", "failed_on"}
+            "reservation", "account", "preemptible", "reclaim_at", "reclaim_notice", "labels", "created_at")
+_JSON_COLUMNS = {"errors", "failed_on", "labels"}
 _IPU_COLUMNS = ("partition_id", "routing_id", "agent_id", "ipu_index", "ild", "topology_id", "segment", "gcd")
 
 
@@ -113,6 +113,7 @@ def _partition(row, ipus: list[PlacedIpu]) -> Partition:
         failed_on=tuple(row.failed_on or ()), placement_note=row.placement_note or "", may_move=bool(row.may_move),
         expected_seconds=int(row.expected_seconds or 0), reservation=row.reservation or "", account=row.account or "",
         preemptible=bool(row.preemptible), reclaim_at=float(row.reclaim_at or 0.0), reclaim_notice=row.reclaim_notice or "",
+        labels=dict(row.labels or {}),
     )
 
 
@@ -198,7 +199,7 @@ class PartitionRepository(TransactionBase):
             "relocatable": partition.relocatable, "relocation": partition.relocation, "failed_on": json.dumps(list(partition.failed_on)),
             "placement_note": partition.placement_note, "may_move": partition.may_move, "expected_seconds": partition.expected_seconds,
             "reservation": partition.reservation, "account": partition.account, "preemptible": partition.preemptible,
-            "reclaim_at": partition.reclaim_at, "reclaim_notice": partition.reclaim_notice,
+            "reclaim_at": partition.reclaim_at, "reclaim_notice": partition.reclaim_notice, "labels": json.dumps(partition.labels),
             "created_at": _moment(partition.created or datetime.now(UTC), self.is_sqlite),
         }
         taken = f"partition {partition.id} or the IPUs chosen for it were taken by a concurrent request"

@@ -39,14 +39,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from vipu.model.entities import new_attach_key
 
-SCHEMA_VERSION = 20  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
+SCHEMA_VERSION = 21  # 2: cluster_test_runs; 3: users, user_allocations, partitions.owner; 4: leases;
 # 5: partitions.last_auto_reset_at; 6: partitions.attach_key; 7: partition_requests, partitions.relocatable and .relocation;
 # 8: cable_verdicts; 9: partitions.failed_on; 10: partition_requests.detached; 11: the link ledger (links, link_samples,
 # link_summaries, link_events, cables); 12: partitions.placement_note; 13: links.breaker and .first_seen, link_remediations;
 # 14: partitions.may_move and .expected_seconds (a waiting request keeps both in its requirements' JSON);
 # 15: partitions.power_cycled_at; 16: partitions.compacted_at; 17: agents.drain; 18: reservations;
 # 19: partitions.reservation; 20: accounts, usage_records, partitions.account, .preemptible, .reclaim_at and .reclaim_notice,
-# reservations.accounts
+# reservations.accounts; 21: partitions.labels, machine_log_lines
 
 
 def _give_attach_keys(session: Session) -> None:
@@ -105,6 +105,7 @@ MIGRATIONS: dict[int, list[str | Callable[[Session], None]]] = {
          _adding("partitions", "preemptible", "BOOLEAN NOT NULL DEFAULT false"),
          _adding("partitions", "reclaim_at", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
          _adding("partitions", "reclaim_notice", "VARCHAR(512) NOT NULL DEFAULT ''"), _adding("reservations", "accounts", "JSON")],
+    21: [_adding("partitions", "labels", "JSON")],
 }
 
 ID = String(64)
@@ -201,6 +202,7 @@ class PartitionRow(Base):
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     reclaim_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")  # when a reclaim removes it; 0: none
     reclaim_notice: Mapped[str] = mapped_column(String(512), default="", server_default="")
+    labels: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the workload it is for (`Partition.labels`)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     ipus: Mapped[list[PartitionIpuRow]] = relationship(
         order_by="PartitionIpuRow.routing_id", cascade="all, delete-orphan", lazy="selectin"
@@ -399,6 +401,20 @@ class LinkSummaryRow(Base):
     recovery_growth: Mapped[int] = mapped_column(BigInteger)
     last_corrected: Mapped[int] = mapped_column(BigInteger)
     last_recoveries: Mapped[int] = mapped_column(BigInteger)
+
+
+class MachineLogRow(Base):
+    """A line of a machine's log as its agent shipped it (`vipu-admin logs agent`); the latest
+    KEPT_MACHINE_LOG_LINES of each machine are kept."""
+
+    __tablename__ = "machine_log_lines"
+    __table_args__ = (Index("machine_log_by_agent", "agent_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(ID)
+    agent_sequence: Mapped[int] = mapped_column(BigInteger)  # its number at the agent: where collecting goes on from
+    at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(String(1024))
 
 
 class LinkEventRow(Base):

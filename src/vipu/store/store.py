@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from vipu.store.engines import (
 from vipu.store.groupcommit import CommitLost, GroupCommit, WriteTurn
 from vipu.store.leases import HOLDS_LEASE_FUNCTION, INITIALISATION_LOCK, Fence, Lease, Leases, check_fence, check_fence_on_driver
 from vipu.store.links import LinkRepository
+from vipu.store.machinelogs import MachineLogRepository
 from vipu.store.requests import RequestRepository
 from vipu.store.reservations import ReservationRepository
 from vipu.store.schema import MIGRATIONS, SCHEMA_VERSION, Base, MetaRow
@@ -52,7 +54,7 @@ T = typing.TypeVar("T")
 
 
 class Transaction(ConfigurationRepository, RequestRepository, ReservationRepository, UsageRepository, UserRepository, TestRunRepository,
-                  LinkRepository):
+                  LinkRepository, MachineLogRepository):
     """One unit of work on the store, speaking in domain entities: the repository of each kind of
     entity, on one connection (see `vipu.store.transactions`)."""
 
@@ -81,6 +83,7 @@ class _DriverTransaction:
                 failpoints.hit("store.commit")
             except BaseException as failure:  # noqa: BLE001 - rolled back and raised again
                 self._failed(failure)
+            started = time.monotonic()
             try:
                 self._tx.commit()
             except BaseException as failure:
@@ -92,6 +95,7 @@ class _DriverTransaction:
                 failpoints.hit("store.commit.answer")  # committed, and the answer lost on the way back
             except Unavailable as lost:
                 raise CommitLost(lost.message) from lost
+            self._store.timed_commit(time.monotonic() - started)
             self._tx.tell_committed()
             return
         self._failed(error)
@@ -137,6 +141,7 @@ class Store:
         # Told, after each write transaction has committed, what it changed besides partitions and
         # requests (their owners publish those): CONFIGURATION_CHANGED, USERS_CHANGED, TESTS_CHANGED.
         self.on_commit: Callable[[frozenset[str]], None] | None = None
+        self.on_commit_seconds: Callable[[float], None] | None = None  # told how long each commit of a write took
         self._initialise()
 
     def _initialise(self) -> None:
@@ -178,6 +183,10 @@ class Store:
     def _turn(self) -> contextlib.AbstractContextManager[None]:
         return self._write_turn if self._write_turn is not None else contextlib.nullcontext()
 
+    def timed_commit(self, seconds: float) -> None:
+        if self.on_commit_seconds is not None:
+            self.on_commit_seconds(seconds)
+
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """A read-write unit of work: commits on success, rolls back on any exception. Once `fence`
@@ -194,7 +203,9 @@ class Store:
                 check_fence(tx.connection, self._fence, self.is_sqlite)
             yield tx
             failpoints.hit("store.commit")
+            started = time.monotonic()
             tx.commit()
+            self.timed_commit(time.monotonic() - started)
         except (IntegrityError, OperationalError) as error:
             raise refusal(error, self.describe()) from error
         finally:

@@ -154,7 +154,8 @@ def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_the
         with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
             partitions.choose(job)
     assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS,
-                           "detached": True, "expected_seconds": 3600, "reservation": "", "account": ""}]  # no waiter's lease: the proxy
+                           "detached": True, "expected_seconds": 3600, "reservation": "", "account": "",
+                           "labels": {"ipujob": "job", "namespace": "default"}}]  # no waiter's lease: the proxy
     # withdraws it when its job goes
     assert list(tracker.tracked) == ["p-default-job"]
     user.grant("p-default-job")

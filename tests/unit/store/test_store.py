@@ -33,6 +33,7 @@ from vipu.model.entities import (
 from vipu.model.errors import AlreadyExists, ConcurrentUpdate, Conflict, NotFound, OutcomeUnknown, Unavailable, VipuError
 from vipu.model.queue import WaitingRequest
 from vipu.model.reservations import Reservation
+from vipu.model.telemetry import LogLine
 from vipu.store.schema import SCHEMA_VERSION
 from vipu.store.store import STATEMENT_DEADLINE_SECONDS, Store, normalise_url
 
@@ -876,7 +877,8 @@ def test_a_store_of_schema_13_gains_may_move_and_the_expected_duration(populated
             assert migrated.reservation == ""  # 19: made in no reservation
             assert (migrated.account, migrated.preemptible, migrated.reclaim_at) == ("", False, 0.0)  # 20: on no account
             assert tx.configuration().accounts == {} and tx.usage_records(0, 2e9) == []  # 20: tables of their own
-        assert SCHEMA_VERSION == 20
+            assert migrated.labels == {} and tx.log_lines("ag1") == []  # 21: for no workload; machine logs' table of its own
+        assert SCHEMA_VERSION == 21
         p2 = partition("p2", "ag2")
         p2.may_move, p2.expected_seconds, p2.reservation, p2.account, p2.preemptible = True, 7200, "team", "ml-a", True
         with reopened.transaction() as tx:
@@ -968,3 +970,23 @@ def test_a_removal_writes_a_usage_record_and_old_records_fold_by_day_a_batch_at_
     with populated.reading() as tx:
         after = tx.usage_records(0, 2e9)
     assert {r.partition_id for r in after} == {""} and sum(r.ipu_seconds for r in after) == pytest.approx(before)
+
+
+def test_machine_log_lines_keep_the_latest_per_machine_and_where_collecting_goes_on_from(store, monkeypatch):
+    from vipu.store import machinelogs
+
+    monkeypatch.setattr(machinelogs, "KEPT_MACHINE_LOG_LINES", 5)
+    with store.transaction() as tx:
+        tx.add_log_lines("ag1", [LogLine(n, 100.0 + n, "gateway", f"line {n}") for n in range(1, 8)])
+        tx.add_log_lines("ag2", [LogLine(40, 50.0, "bmc", "SEL: Warning: fan2 slow")])
+    with store.transaction() as tx:
+        tx.add_log_lines("ag1", [LogLine(8, 108.0, "gateway", "line 8")])
+    with store.transaction() as tx:
+        kept = tx.log_lines("ag1")
+        assert [line.text for line in kept] == [f"line {n}" for n in range(4, 9)]  # the latest 5 of 8
+        assert [line.text for line in tx.log_lines("ag1", after=kept[2].sequence)] == ["line 7", "line 8"]
+        assert [line.text for line in tx.log_lines("ag1", since=107.0)] == ["line 7", "line 8"]
+        assert [line.text for line in tx.log_lines("ag1", limit=2)] == ["line 7", "line 8"]  # the latest, oldest first
+        assert tx.last_agent_lines() == {"ag1": 8, "ag2": 40}
+        tx.forget_log_lines("ag1")
+        assert tx.log_lines("ag1") == [] and len(tx.log_lines("ag2")) == 1

@@ -663,3 +663,50 @@ class UsageReportReply(_message.Message):
     ROWS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
     def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...
+
+class ReadMachineLogRequest(_message.Message):
+    __slots__ = ("agent_id", "after", "since", "grep", "limit", "wait_seconds")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    GREP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    after: int
+    since: float
+    grep: str
+    limit: int
+    wait_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., after: _Optional[int] = ..., since: _Optional[float] = ..., grep: _Optional[str] = ..., limit: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class ReadMachineLogReply(_message.Message):
+    __slots__ = ("lines", "last")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedCompositeFieldContainer[_agent_pb2.MachineLogLine]
+    last: int
+    def __init__(self, lines: _Optional[_Iterable[_Union[_agent_pb2.MachineLogLine, _Mapping]]] = ..., last: _Optional[int] = ...) -> None: ...
+
+class AgentTelemetry(_message.Message):
+    __slots__ = ("agent_id", "telemetry", "partitions")
+    class PartitionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    telemetry: _agent_pb2.MachineTelemetry
+    partitions: _containers.ScalarMap[int, str]
+    def __init__(self, agent_id: _Optional[str] = ..., telemetry: _Optional[_Union[_agent_pb2.MachineTelemetry, _Mapping]] = ..., partitions: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class ListTelemetryReply(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[AgentTelemetry]
+    def __init__(self, agents: _Optional[_Iterable[_Union[AgentTelemetry, _Mapping]]] = ...) -> None: ...

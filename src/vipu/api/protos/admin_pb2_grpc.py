@@ -235,6 +235,16 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.Link.FromString,
                 _registered_method=True)
+        self.ReadMachineLog = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ReadMachineLog',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogReply.FromString,
+                _registered_method=True)
+        self.ListTelemetry = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ListTelemetry',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListTelemetryReply.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -481,6 +491,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadMachineLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTelemetry(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -683,6 +705,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetLink,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.Link.SerializeToString,
+            ),
+            'ReadMachineLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadMachineLog,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogReply.SerializeToString,
+            ),
+            'ListTelemetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTelemetry,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ListTelemetryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1765,6 +1797,60 @@ class AdminService:
             '/vipu.admin.v1.AdminService/GetLink',
             vipu_dot_api_dot_protos_dot_admin__pb2.GetLinkRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.Link.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadMachineLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ReadMachineLog',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ReadMachineLogReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTelemetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ListTelemetry',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ListTelemetryReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -187,7 +187,14 @@ class IpuSetting(_message.Message):
     def __init__(self, index: _Optional[int] = ..., routing_id: _Optional[int] = ..., gcd_id: _Optional[int] = ..., ipulink_segment_id: _Optional[int] = ..., internal_peers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PartitionSettings(_message.Message):
-    __slots__ = ("partition_id", "ipus", "ipulinks", "synclinks", "gwlinks", "ipulink_routing", "gw_routing", "sync_type", "reconfigurable", "attach_key")
+    __slots__ = ("partition_id", "ipus", "ipulinks", "synclinks", "gwlinks", "ipulink_routing", "gw_routing", "sync_type", "reconfigurable", "attach_key", "owner", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     IPUS_FIELD_NUMBER: _ClassVar[int]
     IPULINKS_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +205,8 @@ class PartitionSettings(_message.Message):
     SYNC_TYPE_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURABLE_FIELD_NUMBER: _ClassVar[int]
     ATTACH_KEY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ipus: _containers.RepeatedCompositeFieldContainer[IpuSetting]
     ipulinks: _containers.RepeatedCompositeFieldContainer[PortLink]
@@ -208,7 +217,9 @@ class PartitionSettings(_message.Message):
     sync_type: str
     reconfigurable: bool
     attach_key: str
-    def __init__(self, partition_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[IpuSetting, _Mapping]]] = ..., ipulinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., synclinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., gwlinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., ipulink_routing: _Optional[str] = ..., gw_routing: _Optional[str] = ..., sync_type: _Optional[str] = ..., reconfigurable: _Optional[bool] = ..., attach_key: _Optional[str] = ...) -> None: ...
+    owner: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, partition_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[IpuSetting, _Mapping]]] = ..., ipulinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., synclinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., gwlinks: _Optional[_Iterable[_Union[PortLink, _Mapping]]] = ..., ipulink_routing: _Optional[str] = ..., gw_routing: _Optional[str] = ..., sync_type: _Optional[str] = ..., reconfigurable: _Optional[bool] = ..., attach_key: _Optional[str] = ..., owner: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ApplyPartitionRequest(_message.Message):
     __slots__ = ("settings",)
@@ -416,3 +427,79 @@ class ReleaseRequest(_message.Message):
 class ReleaseReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class IpuTelemetry(_message.Message):
+    __slots__ = ("index", "utilisation", "temperature", "power", "clock_mhz", "memory_used", "memory_total", "ecc_errors", "parity_errors", "link_errors")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ECC_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    PARITY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LINK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    utilisation: float
+    temperature: float
+    power: float
+    clock_mhz: float
+    memory_used: int
+    memory_total: int
+    ecc_errors: int
+    parity_errors: int
+    link_errors: int
+    def __init__(self, index: _Optional[int] = ..., utilisation: _Optional[float] = ..., temperature: _Optional[float] = ..., power: _Optional[float] = ..., clock_mhz: _Optional[float] = ..., memory_used: _Optional[int] = ..., memory_total: _Optional[int] = ..., ecc_errors: _Optional[int] = ..., parity_errors: _Optional[int] = ..., link_errors: _Optional[int] = ...) -> None: ...
+
+class SensorTelemetry(_message.Message):
+    __slots__ = ("name", "kind", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class MachineTelemetry(_message.Message):
+    __slots__ = ("read_at", "age_seconds", "ipus", "sensors")
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    SENSORS_FIELD_NUMBER: _ClassVar[int]
+    read_at: float
+    age_seconds: float
+    ipus: _containers.RepeatedCompositeFieldContainer[IpuTelemetry]
+    sensors: _containers.RepeatedCompositeFieldContainer[SensorTelemetry]
+    def __init__(self, read_at: _Optional[float] = ..., age_seconds: _Optional[float] = ..., ipus: _Optional[_Iterable[_Union[IpuTelemetry, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[SensorTelemetry, _Mapping]]] = ...) -> None: ...
+
+class MachineLogLine(_message.Message):
+    __slots__ = ("sequence", "at", "source", "text")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    at: float
+    source: str
+    text: str
+    def __init__(self, sequence: _Optional[int] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("after_line", "most_lines")
+    AFTER_LINE_FIELD_NUMBER: _ClassVar[int]
+    MOST_LINES_FIELD_NUMBER: _ClassVar[int]
+    after_line: int
+    most_lines: int
+    def __init__(self, after_line: _Optional[int] = ..., most_lines: _Optional[int] = ...) -> None: ...
+
+class WatchReply(_message.Message):
+    __slots__ = ("telemetry", "lines", "missed_lines")
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    MISSED_LINES_FIELD_NUMBER: _ClassVar[int]
+    telemetry: MachineTelemetry
+    lines: _containers.RepeatedCompositeFieldContainer[MachineLogLine]
+    missed_lines: int
+    def __init__(self, telemetry: _Optional[_Union[MachineTelemetry, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[MachineLogLine, _Mapping]]] = ..., missed_lines: _Optional[int] = ...) -> None: ...

@@ -94,6 +94,11 @@ class AgentServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_unary(
+                '/vipu.agent.v1.AgentService/Watch',
+                request_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.WatchRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.WatchReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -171,6 +176,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """The telemetry last read and the machine's log lines after after_line: only to the holder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +245,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Power,
                     request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.SerializeToString,
+            ),
+            'Watch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_agent__pb2.WatchRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_agent__pb2.WatchReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +576,33 @@ class AgentService:
             '/vipu.agent.v1.AgentService/Power',
             vipu_dot_api_dot_protos_dot_agent__pb2.PowerRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_agent__pb2.PowerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.agent.v1.AgentService/Watch',
+            vipu_dot_api_dot_protos_dot_agent__pb2.WatchRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_agent__pb2.WatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -174,7 +174,14 @@ class PartitionRequirements(_message.Message):
     def __init__(self, id: _Optional[str] = ..., size: _Optional[int] = ..., cluster_id: _Optional[str] = ..., ipulink_routing_type: _Optional[_Union[IpuLinkRoutingType, str]] = ..., num_ipulink_segments: _Optional[int] = ..., gw_routing_type: _Optional[_Union[GatewayRoutingType, str]] = ..., sync_type: _Optional[_Union[SyncType, str]] = ..., num_gcds: _Optional[int] = ..., reconfigurable: _Optional[bool] = ..., num_replicas: _Optional[int] = ..., allocation_id: _Optional[str] = ..., ipus: _Optional[_Iterable[_Union[PartitionIpu, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds", "reservation", "account", "preemptible")
+    __slots__ = ("requirements", "disable_auto_reset", "relocatable", "keep_on_error", "wait_seconds", "detached", "may_move", "expected_seconds", "reservation", "account", "preemptible", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     DISABLE_AUTO_RESET_FIELD_NUMBER: _ClassVar[int]
     RELOCATABLE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +193,7 @@ class CreatePartitionRequest(_message.Message):
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     requirements: PartitionRequirements
     disable_auto_reset: bool
     relocatable: bool
@@ -197,7 +205,8 @@ class CreatePartitionRequest(_message.Message):
     reservation: str
     account: str
     preemptible: bool
-    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, requirements: _Optional[_Union[PartitionRequirements, _Mapping]] = ..., disable_auto_reset: _Optional[bool] = ..., relocatable: _Optional[bool] = ..., keep_on_error: _Optional[bool] = ..., wait_seconds: _Optional[int] = ..., detached: _Optional[bool] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class IpuofDevice(_message.Message):
     __slots__ = ("ip", "server_port", "rdma_port", "device_id", "ipulink_segment_id", "routing_id", "ipu_arch_id", "ipu_id", "chip_id", "gwsw_version", "ipum_sw_version")
@@ -315,7 +324,14 @@ class GetPartitionIpuofConfigReply(_message.Message):
     def __init__(self, ipuof_config: _Optional[_Union[PartitionConfig, _Mapping]] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices", "reservation", "account", "preemptible")
+    __slots__ = ("partition_id", "ready_state", "operation_state", "errors", "max_auto_reset_retries", "auto_reset_retry_count", "last_auto_reset_time", "relocatable", "relocation", "placement_note", "link_warnings", "may_move", "expected_seconds", "last_power_cycle_time", "drain_notices", "reservation", "account", "preemptible", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     READY_STATE_FIELD_NUMBER: _ClassVar[int]
     OPERATION_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +350,7 @@ class PartitionStatus(_message.Message):
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     partition_id: str
     ready_state: PartitionReadyState
     operation_state: PartitionOperationState
@@ -352,7 +369,8 @@ class PartitionStatus(_message.Message):
     reservation: str
     account: str
     preemptible: bool
-    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, partition_id: _Optional[str] = ..., ready_state: _Optional[_Union[PartitionReadyState, str]] = ..., operation_state: _Optional[_Union[PartitionOperationState, str]] = ..., errors: _Optional[_Iterable[str]] = ..., max_auto_reset_retries: _Optional[int] = ..., auto_reset_retry_count: _Optional[int] = ..., last_auto_reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., relocatable: _Optional[bool] = ..., relocation: _Optional[str] = ..., placement_note: _Optional[str] = ..., link_warnings: _Optional[_Iterable[str]] = ..., may_move: _Optional[bool] = ..., expected_seconds: _Optional[int] = ..., last_power_cycle_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_notices: _Optional[_Iterable[str]] = ..., reservation: _Optional[str] = ..., account: _Optional[str] = ..., preemptible: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
     __slots__ = ("partition_id",)
@@ -615,3 +633,49 @@ class UpdatePartitionReply(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     status: PartitionStatus
     def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ...) -> None: ...
+
+class GetPartitionTelemetryRequest(_message.Message):
+    __slots__ = ("partition_id",)
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition_id: str
+    def __init__(self, partition_id: _Optional[str] = ...) -> None: ...
+
+class PartitionIpuTelemetry(_message.Message):
+    __slots__ = ("agent_id", "index", "routing_id", "utilisation", "temperature", "power", "clock_mhz", "memory_used", "ecc_errors", "age_seconds")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_ID_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    ECC_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    index: int
+    routing_id: int
+    utilisation: float
+    temperature: float
+    power: float
+    clock_mhz: float
+    memory_used: int
+    ecc_errors: int
+    age_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., index: _Optional[int] = ..., routing_id: _Optional[int] = ..., utilisation: _Optional[float] = ..., temperature: _Optional[float] = ..., power: _Optional[float] = ..., clock_mhz: _Optional[float] = ..., memory_used: _Optional[int] = ..., ecc_errors: _Optional[int] = ..., age_seconds: _Optional[float] = ...) -> None: ...
+
+class UtilisationSample(_message.Message):
+    __slots__ = ("at", "utilisation")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    utilisation: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, at: _Optional[float] = ..., utilisation: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class GetPartitionTelemetryReply(_message.Message):
+    __slots__ = ("ipus", "history")
+    IPUS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    ipus: _containers.RepeatedCompositeFieldContainer[PartitionIpuTelemetry]
+    history: _containers.RepeatedCompositeFieldContainer[UtilisationSample]
+    def __init__(self, ipus: _Optional[_Iterable[_Union[PartitionIpuTelemetry, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[UtilisationSample, _Mapping]]] = ...) -> None: ...

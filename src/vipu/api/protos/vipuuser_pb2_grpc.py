@@ -109,6 +109,11 @@ class UserServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.FromString,
                 _registered_method=True)
+        self.GetPartitionTelemetry = channel.unary_unary(
+                '/virmgrpc.UserService/GetPartitionTelemetry',
+                request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryReply.FromString,
+                _registered_method=True)
 
 
 class UserServiceServicer:
@@ -205,6 +210,12 @@ class UserServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPartitionTelemetry(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_UserServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +293,11 @@ def add_UserServiceServicer_to_server(servicer, server):
                     servicer.UpdatePartition,
                     request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.SerializeToString,
+            ),
+            'GetPartitionTelemetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPartitionTelemetry,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -689,6 +705,33 @@ class UserService:
             '/virmgrpc.UserService/UpdatePartition',
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_vipuuser__pb2.UpdatePartitionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPartitionTelemetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/virmgrpc.UserService/GetPartitionTelemetry',
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetPartitionTelemetryReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vipu.backends.sim.rack import DEGRADATION_PATTERNS, Degradation, Endpoint, Rack, RackCable
+from vipu.model.entities import IPUS_PER_MACHINE
 from vipu.model.errors import InvalidArgument
 from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, LinkKind
 
@@ -131,6 +132,36 @@ def fail_component(rack: Rack, machine: str, component: str) -> None:
 def silence_bmc(rack: Rack, machine: str) -> None:
     """A machine whose BMC does not answer: its power, inventory and health fail; its IPUs still serve."""
     rack.machine(machine).faults.bmc_silent = True
+
+
+def _ipu_index(ipu: str) -> int:
+    name = ipu.removeprefix("ipu")
+    if not name.isdigit() or not 0 <= int(name) < IPUS_PER_MACHINE:
+        raise InvalidArgument(f"{ipu!r} is not an IPU of a machine: ipu0 to ipu{IPUS_PER_MACHINE - 1}")
+    return int(name)
+
+
+def count_ipu_errors(rack: Rack, machine: str, ipu: str, kind: str, count: int) -> None:
+    """An IPU whose telemetry counts `count` corrected errors of `kind` (ecc or parity) in all."""
+    faults = rack.machine(machine).faults
+    counters = {"ecc": faults.ecc_errors, "parity": faults.parity_errors}
+    if kind not in counters:
+        raise InvalidArgument(f"unknown IPU error kind {kind!r}: ecc or parity")
+    if count < 0:
+        raise InvalidArgument(f"an error count is 0 or more, not {count}")
+    counters[kind][_ipu_index(ipu)] = count
+
+
+def heat(rack: Rack, machine: str, ipu: str, celsius: float) -> None:
+    """An IPU that runs `celsius` hotter than the model says (a blocked air flow); 0 cools it again."""
+    if not 0 <= celsius <= 200:
+        raise InvalidArgument(f"an IPU runs 0 to 200 degrees hotter, not {celsius:g}")
+    index = _ipu_index(ipu)
+    hot = rack.machine(machine).faults.hot_ipus
+    if celsius:
+        hot[index] = celsius
+    else:
+        hot.pop(index, None)
 
 
 def slow_down(rack: Rack, machine: str, delay_ms: int) -> None:

@@ -16,10 +16,20 @@ gateway does, and clears a `faults.wedged`), inventory (its components and each 
 cable) and health (the rack's `faults.failed_components` are Critical, with an event each time a
 component's health changes, seen when health is read). `faults.bmc_silent` makes those three
 fail as an unreachable BMC does, while its IPUs still serve.
+
+Its telemetry is a model that a test can reason about: an IPU is busy for RUN_WORK_SECONDS after
+each program an IPUoF client runs on it, its utilisation follows that with a time constant of
+UTILISATION_SECONDS, its temperature follows its utilisation (plus the rack's `faults.hot_ipus`)
+with one of TEMPERATURE_SECONDS, and its power its utilisation; it throttles its clock when hot;
+its memory holds a program while a client is attached or it is busy; its ECC and parity counters are the rack's
+`faults.ecc_errors` and `faults.parity_errors`, its link errors those of its internal links. It
+writes its own log (`vipu.backends.sim.machinelog`): partitions configured and cleared, power,
+health events, error counts that rose.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import math
 import threading
@@ -36,7 +46,8 @@ from vipu.backends.base import (
     MachineBackend,
     PartitionAttachments,
 )
-from vipu.backends.capabilities import Health, Inventory, Power, checked_power_request
+from vipu.backends.capabilities import Health, Inventory, MachineLog, Power, Telemetry, checked_power_request
+from vipu.backends.sim.machinelog import LogFollower, machine_log_path, write_lines
 from vipu.backends.sim.rack import (
     PORT_COUNTS,
     IndexedRack,
@@ -73,6 +84,7 @@ from vipu.model.hardware import (
     PowerState,
 )
 from vipu.model.linkhealth import CableIdentity, LinkName, LinkReading
+from vipu.model.telemetry import IpuReading, SensorReading, TelemetryReading
 from vipu.model.topology import INTERNAL_LINKS, IPULINK_PORT_IPU, LinkKind
 
 IPU_ARCH_ID_MK2 = 1
@@ -96,6 +108,31 @@ MAX_SESSIONS_PER_IPU = 256  # clients attached to one IPU at once: a bound on wh
 KEPT_EVENTS = 256
 # The parts a simulated machine reports health for, as an IPU-M2000's BMC would.
 SIM_COMPONENTS = ("system", "chassis", "bmc", "fan1", "fan2", "fan3", "fan4", "fan5", "psu1", "psu2")
+# The telemetry model (see the module's docstring).
+RUN_WORK_SECONDS = 3.0  # how long one program run keeps an IPU busy
+MOST_QUEUED_SECONDS = 30.0  # runs in a burst keep it busy at most this far ahead
+UTILISATION_SECONDS = 2.0
+TEMPERATURE_SECONDS = 20.0
+IDLE_CELSIUS, BUSY_CELSIUS, THROTTLE_CELSIUS = 35.0, 78.0, 95.0
+IDLE_WATTS, BUSY_WATTS = 40.0, 150.0
+INTAKE_CELSIUS, CHASSIS_WATTS = 25.0, 180.0  # the machine's own sensors: its air intake, and its power draw beside the IPUs
+CLOCK_MHZ, THROTTLED_MHZ = 1330.0, 1000.0
+MEMORY_BYTES = 900 * 2**20  # an IPU-M2000's GC200 has 900 MB of in-processor memory
+PROGRAM_BYTES = 600 * 2**20  # what a loaded program takes of it
+
+
+@dataclass
+class Thermal:
+    """One IPU's modelled state at `at` (the machine's monotonic clock)."""
+
+    at: float
+    busy_until: float = 0.0
+    utilisation: float = 0.0  # 0 to 1
+    temperature: float = IDLE_CELSIUS
+
+
+def _towards(value: float, target: float, seconds: float, constant: float) -> float:
+    return target + (value - target) * math.exp(-seconds / constant)
 
 
 class RackFile:
@@ -132,7 +169,7 @@ class Attachment:
     lapses: float  # on the machine's monotonic clock
 
 
-class SimMachine(MachineBackend, Power, Inventory, Health):
+class SimMachine(MachineBackend, Power, Inventory, Health, Telemetry, MachineLog):
     name = "sim"
     version = __version__
 
@@ -154,6 +191,10 @@ class SimMachine(MachineBackend, Power, Inventory, Health):
         self._events: list[HealthEvent] = []
         self._last_event = 0
         self._bmc_silent = False  # as last seen
+        self._thermal = {index: Thermal(clock()) for index in range(IPUS_PER_MACHINE)}
+        self._counted: dict[tuple[str, int], int] = {}  # (counter, IPU) -> its value when last read, to log a rise
+        self.log_path = machine_log_path(rack.path, machine_name)
+        self._follower = LogFollower(self.log_path)
 
     def machine(self) -> RackMachine:
         return self.rack.current().machine(self.machine_name)
@@ -203,15 +244,21 @@ class SimMachine(MachineBackend, Power, Inventory, Health):
                 owner = self._owner.get(index)
                 if owner not in (None, settings.partition_id):
                     raise Conflict(f"{machine.name}: IPU {index} is already configured for partition {owner}")
-            self._drop(settings.partition_id, keep_attachments=self._partitions.get(settings.partition_id) == settings)
+            again = self._partitions.get(settings.partition_id) == settings
+            self._drop(settings.partition_id, keep_attachments=again)
             self._partitions[settings.partition_id] = settings
             self._owner.update({index: settings.partition_id for index in indices})
+        if not again:
+            self._log(f"partition {settings.partition_id} configured on IPUs {','.join(map(str, sorted(indices)))}")
 
     def clear(self, partition_id: str) -> None:
         self._check_powered()
         self._delay(self.machine())
         with self._lock:
+            held = partition_id in self._partitions
             self._drop(partition_id)
+        if held:
+            self._log(f"partition {partition_id} cleared")
 
     def partitions(self) -> list[AgentSettings]:
         self._check_powered()
@@ -229,7 +276,8 @@ class SimMachine(MachineBackend, Power, Inventory, Health):
             self.power_lost()
         with self._lock:
             self._power = PowerState.OFF if action is PowerAction.OFF else PowerState.ON
-            return self._power
+        self._log(f"power {action.value}: the machine is {self._power.value}")
+        return self._power
 
     def power_lost(self) -> None:
         """Lose what the machine's power kept: every partition's settings, attachments and fences;
@@ -298,6 +346,64 @@ class SimMachine(MachineBackend, Power, Inventory, Health):
         self._last_event += 1
         self._events.append(HealthEvent(self._last_event, time.time(), severity, component, message))
         del self._events[:-KEPT_EVENTS]
+        self._log(f"{severity.value}: {component}: {message}")
+
+    def _log(self, text: str) -> None:
+        """A line in the machine's own log; a log that cannot be written loses the line, not the call."""
+        with contextlib.suppress(OSError):
+            write_lines(self.log_path, [text])
+
+    def log_lines(self) -> list[tuple[float, str, str]]:
+        return [(at, "gateway", text) for at, text in self._follower.read()]
+
+    def telemetry(self) -> TelemetryReading:
+        """Each IPU's modelled readings now (see the module's docstring)."""
+        machine = self.machine()
+        now, wall = self._clock(), time.time()
+        rises = []
+        with self._lock:
+            self._lapse(now)
+            attached = {index for index, _ in self._attachments}
+            ipus = []
+            for index in range(IPUS_PER_MACHINE):
+                state = self._advance(index, now, machine.faults.hot_ipus.get(index, 0.0))
+                counters = {"ECC": machine.faults.ecc_errors.get(index, 0), "parity": machine.faults.parity_errors.get(index, 0)}
+                for counter, value in counters.items():
+                    if value > self._counted.get((counter, index), 0):
+                        rises.append(f"IPU {index}: {value - self._counted.get((counter, index), 0)} corrected {counter} errors "
+                                     f"({value} in all)")
+                    self._counted[(counter, index)] = value
+                links = sum(count for key, count in machine.link_errors.items()
+                            if index in next((link.lower_ipu, link.upper_ipu) for link in INTERNAL_LINKS if link.key == key))
+                powered = self._power is PowerState.ON
+                ipus.append(IpuReading(
+                    index, round(100 * state.utilisation, 1), round(state.temperature, 1),
+                    round(IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * state.utilisation, 1) if powered else 0.0,
+                    (THROTTLED_MHZ if state.temperature >= THROTTLE_CELSIUS else CLOCK_MHZ) if powered else 0.0,
+                    PROGRAM_BYTES if index in attached or state.busy_until > now else 0, MEMORY_BYTES, counters["ECC"],
+                    counters["parity"], links))
+        for rise in rises:
+            self._log(rise)
+        sensors = (SensorReading("Chassis Intake Temp", "temperature", INTAKE_CELSIUS),
+                   SensorReading("Chassis Power", "power", round(CHASSIS_WATTS + sum(ipu.power or 0.0 for ipu in ipus), 1)))
+        return TelemetryReading(wall, tuple(ipus), sensors if self._power is PowerState.ON else sensors[:1])
+
+    def _advance(self, index: int, now: float, extra_celsius: float) -> Thermal:
+        """IPU `index`'s model brought to `now`, a second at a time: busy, then idle, if its work
+        ended meanwhile; a long idle gap goes straight to the idle state (under the lock)."""
+        state = self._thermal[index]
+        if state.busy_until <= state.at and now - state.at > 10 * TEMPERATURE_SECONDS:
+            state.utilisation, state.temperature, state.at = 0.0, IDLE_CELSIUS + extra_celsius, now
+        while state.at < now:
+            busy = state.busy_until > state.at
+            until = min(now, state.busy_until, state.at + 1.0) if busy else min(now, state.at + 1.0)
+            seconds = until - state.at
+            before = state.utilisation
+            state.utilisation = _towards(before, 1.0 if busy else 0.0, seconds, UTILISATION_SECONDS)
+            heat = IDLE_CELSIUS + extra_celsius + (BUSY_CELSIUS - IDLE_CELSIUS) * (before + state.utilisation) / 2
+            state.temperature = _towards(state.temperature, heat, seconds, TEMPERATURE_SECONDS)
+            state.at = until
+        return state
 
     def _check_bmc(self) -> None:
         if self.machine().faults.bmc_silent:
@@ -404,6 +510,9 @@ class SimMachine(MachineBackend, Power, Inventory, Health):
         with self._lock:
             self._admit(machine, partition_id, device_id, attach_key)
             self._attach(machine, partition_id, device_id, session, None)
+            now = self._clock()
+            state = self._advance(device_id, now, machine.faults.hot_ipus.get(device_id, 0.0))
+            state.busy_until = min(max(state.busy_until, now) + RUN_WORK_SECONDS, now + MOST_QUEUED_SECONDS)
         time.sleep(PROGRAM_SECONDS * rack.time_scale)
         chip = next(ipu.chip_id for ipu in machine.ipus if ipu.index == device_id)
         return program_checksum(seed, chip, routing_id)

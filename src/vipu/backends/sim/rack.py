@@ -49,7 +49,7 @@ from typing import NoReturn
 import yaml
 
 from vipu import __version__, textfiles
-from vipu.model.entities import GwTopology, IldTopology, IpuInfo
+from vipu.model.entities import IPUS_PER_MACHINE, GwTopology, IldTopology, IpuInfo
 from vipu.model.errors import InvalidArgument
 from vipu.model.topology import INTERNAL_LINKS, PORT_COUNTS, ClusterLayout, LinkKind
 
@@ -65,7 +65,8 @@ DEFAULT_VERSIONS = {
 RACK_LIMIT_BYTES = 256 << 20  # a rack of thousands of machines is tens of MiB; anything this long is not one
 DEFAULT_PFC_CLASSES = [0, 1, 2, 3, 4, 5, 6, 7]
 INTERNAL_LINK_KEYS = {link.key for link in INTERNAL_LINKS}
-DRIVEN_CAPABILITIES = ("power", "inventory", "health")  # what a machine may take from a driver other than the simulator
+# What a machine may take from a driver other than the simulator.
+DRIVEN_CAPABILITIES = ("power", "inventory", "health", "telemetry", "logs")
 MACHINE_DRIVERS = ("sim", "redfish")
 
 
@@ -140,6 +141,9 @@ class MachineFaults:
     wedged: str = ""  # every partition apply fails with this reason until the machine is power cycled (or the fault healed)
     failed_components: list[str] = field(default_factory=list)  # the health capability reports these Critical
     bmc_silent: bool = False  # its BMC does not answer: power, inventory and health fail; its IPUs still serve
+    ecc_errors: dict[int, int] = field(default_factory=dict)  # IPU index -> corrected ECC errors its telemetry counts
+    parity_errors: dict[int, int] = field(default_factory=dict)  # IPU index -> parity errors its telemetry counts
+    hot_ipus: dict[int, float] = field(default_factory=dict)  # IPU index -> degrees Celsius it runs above the model's
 
 
 @dataclass
@@ -440,6 +444,9 @@ class _Reader:
                 wedged=self.text(faults, "wedged", f"{where}.faults", ""),
                 failed_components=[str(c) for c in self.listing(faults, "failed_components", f"{where}.faults")],
                 bmc_silent=self.flag(faults, "bmc_silent", f"{where}.faults"),
+                ecc_errors=self.per_ipu(faults, "ecc_errors", f"{where}.faults", 10**12),
+                parity_errors=self.per_ipu(faults, "parity_errors", f"{where}.faults", 10**12),
+                hot_ipus=self.per_ipu(faults, "hot_ipus", f"{where}.faults", 200),
             ),
             drivers=self.drivers(data.get("drivers", {}), f"{where}.drivers"),
             bmc=self.mapping(data.get("bmc", {}), f"{where}.bmc"),
@@ -451,6 +458,18 @@ class _Reader:
             degrading_links={self.internal_link(k, f"{where}.degrading_links"): self.degradation(v, f"{where}.degrading_links.{k}")
                              for k, v in self.mapping(data.get("degrading_links", {}), f"{where}.degrading_links").items()},
         )
+
+    def per_ipu(self, data: dict, key: str, where: str, high: int) -> dict:
+        """A mapping of IPU index (0 to 3) to a number from 0 to `high`."""
+        given = self.mapping(data.get(key, {}), f"{where}.{key}")
+        values = {}
+        for index, value in given.items():
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < IPUS_PER_MACHINE:
+                self.fail(f"{where}.{key}", f"{index!r} is not an IPU index (0 to {IPUS_PER_MACHINE - 1})")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
+                self.fail(f"{where}.{key}.{index}", f"expected a number from 0 to {high}")
+            values[index] = value
+        return values
 
     def ipu(self, data, where: str) -> IpuInfo:
         data = self.mapping(data, where)

@@ -32,6 +32,7 @@ from vipu.model.entities import MachineInventory
 from vipu.model.errors import Conflict, Unavailable, VipuError
 from vipu.model.hardware import MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
+from vipu.model.telemetry import WatchReport
 
 log = logging.getLogger("vipu.controller.core")
 
@@ -113,6 +114,10 @@ class AgentGateway(Protocol):
 
     def condition(self, host: str, port: int, after_event: int = 0) -> MachineCondition:
         """The machine's power and health now, and its health events after `after_event`."""
+        ...
+
+    def watch(self, host: str, port: int, after_line: int, most_lines: int) -> WatchReport:
+        """The machine's telemetry as its agent last read it, and its log lines after `after_line`."""
         ...
 
     def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:

@@ -139,7 +139,7 @@ def partition_of(request: PartitionRequest, owner: str, allocation: Allocation, 
         ipus=list(placement.ipus), disable_auto_reset=request.disable_auto_reset, owner=owner, created=datetime.now(UTC),
         attach_key=new_attach_key(), relocatable=request.relocatable, placement_note=placement.link_note,
         may_move=request.may_move, expected_seconds=request.expected_seconds, reservation=request.reservation,
-        account=request.account, preemptible=request.preemptible,
+        account=request.account, preemptible=request.preemptible, labels=dict(request.labels),
     )
 
 

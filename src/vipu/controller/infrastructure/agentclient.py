@@ -18,6 +18,7 @@ from vipu.model.entities import MachineInventory
 from vipu.model.errors import Unavailable, VipuError
 from vipu.model.hardware import MachineCondition, PowerAction, PowerState
 from vipu.model.linkhealth import LinkReading
+from vipu.model.telemetry import WatchReport
 
 # No retries of our calls behind our back, and a machine that comes back is reached promptly:
 # gRPC's own back-off would keep it Down, and its partitions in ERROR, long after it answers.
@@ -132,6 +133,10 @@ class GrpcAgentGateway:
 
     def condition(self, host: str, port: int, after_event: int = 0) -> MachineCondition:
         return convert.condition_from_proto(self._call(host, port, "GetCondition", agent_pb2.GetConditionRequest(after_event=after_event)))
+
+    def watch(self, host: str, port: int, after_line: int, most_lines: int) -> WatchReport:
+        return convert.watch_report_from_proto(
+            self._call(host, port, "Watch", agent_pb2.WatchRequest(after_line=after_line, most_lines=most_lines)))
 
     def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:
         """A power action, waited for by the agent at most `timeout` seconds (and by the call a little longer)."""

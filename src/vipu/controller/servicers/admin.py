@@ -17,10 +17,11 @@ from vipu.controller.usecases.clustertests import WAIT_SECONDS, ClusterTestServi
 from vipu.controller.usecases.links import LinkLedger
 from vipu.controller.usecases.partitions import PartitionService
 from vipu.controller.usecases.requests import RequestService
+from vipu.controller.usecases.telemetry import TelemetryService
 from vipu.controller.usecases.users import UserService
 from vipu.model.clustertests import TestRun, TestType
 from vipu.model.entities import Role, User
-from vipu.model.errors import Conflict, InvalidArgument
+from vipu.model.errors import Conflict, InvalidArgument, Unavailable
 from vipu.model.hardware import PowerAction
 from vipu.model.linkhealth import LinkName
 
@@ -52,12 +53,15 @@ def _user(user: User) -> pb.User:
     return pb.User(id=user.id, admin=user.role is Role.ADMIN, allocation_ids=user.allocation_ids)
 
 
+MOST_LOG_WAIT_SECONDS = 30.0  # a following read waits at most this long per call, then the client asks again
+
 class AdminServicer(pb_grpc.AdminServiceServicer):
     def __init__(self, agents: AgentService, clusters: ClusterService, allocations: AllocationService,
                  clustertests: ClusterTestService, discovery: DiscoveryListener | None, users: UserService | None,
                  user_port: int, partitions: PartitionService, requests: RequestService, links: LinkLedger,
-                 accounts: AccountService | None = None):
+                 accounts: AccountService | None = None, telemetry: TelemetryService | None = None):
         self.partitions = partitions
+        self.telemetry = telemetry
         self.accounts = accounts or AccountService(partitions.store, partitions.owners)
         self.links = links
         self.requests = requests
@@ -232,6 +236,26 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def GetLink(self, request, context):
         detail = self.links.detail(LinkName.parse(request.name), request.since, request.before, request.limit)
         return convert.link_history_to_proto(detail) if request.history else convert.link_to_proto(detail.state)
+
+    def ReadMachineLog(self, request, context):
+        if self.telemetry is None:
+            raise Unavailable("this controller does not collect machine logs")
+        lines, last = self.telemetry.log(request.agent_id, request.after, request.since, request.grep, request.limit,
+                                         min(request.wait_seconds, MOST_LOG_WAIT_SECONDS))
+        return pb.ReadMachineLogReply(lines=[convert.log_line_to_proto(line) for line in lines], last=last)
+
+    def ListTelemetry(self, request, context):
+        if self.telemetry is None:
+            raise Unavailable("this controller does not collect telemetry")
+        held = {ipu.agent_id + ":" + str(ipu.index): p.id for p in self.partitions.list() for ipu in p.ipus}
+        reply = pb.ListTelemetryReply()
+        for agent_id, latest in sorted(self.telemetry.machines().items()):
+            entry = reply.agents.add(agent_id=agent_id, telemetry=convert.telemetry_to_proto(latest.reading, latest.age_now()))
+            for ipu in latest.reading.ipus:
+                partition = held.get(f"{agent_id}:{ipu.index}")
+                if partition:
+                    entry.partitions[ipu.index] = partition
+        return reply
 
     def GetCabling(self, request, context):
         state, cables = self.clustertests.cabling(request.id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from vipu.api import convert
 from vipu.api.protos import vipuuser_pb2 as pb
 from vipu.api.protos import vipuuser_pb2_grpc as pb_grpc
@@ -10,13 +12,17 @@ from vipu.controller.core.changes import ChangeFeed
 from vipu.controller.usecases.partitions import AllocationRoom, PartitionService
 from vipu.controller.usecases.requests import RequestService, Waiting
 from vipu.controller.usecases.reservations import ReservationView
+from vipu.controller.usecases.telemetry import TelemetryService
+from vipu.model.errors import Unavailable
 
 
 class UserServicer(pb_grpc.UserServiceServicer):
-    def __init__(self, partitions: PartitionService, requests: RequestService, changes: ChangeFeed):
+    def __init__(self, partitions: PartitionService, requests: RequestService, changes: ChangeFeed,
+                 telemetry: TelemetryService | None = None):
         self.partitions = partitions
         self.requests = requests
         self.changes = changes
+        self.telemetry = telemetry
 
     def ListPartitions(self, request, context):
         partitions = self.partitions.list(request.allocation_id, caller())
@@ -93,6 +99,23 @@ class UserServicer(pb_grpc.UserServiceServicer):
     def CancelQueued(self, request, context):
         self.requests.cancel(request.partition_id, caller())
         return pb.CancelQueuedReply()
+
+    def GetPartitionTelemetry(self, request, context):
+        partition = self.partitions.get(request.partition_id, caller())
+        if self.telemetry is None:
+            raise Unavailable("this controller does not collect telemetry")
+        ipus, history = self.telemetry.partition(partition)
+        reply = pb.GetPartitionTelemetryReply()
+        for ipu in ipus:
+            entry = reply.ipus.add(agent_id=ipu.agent_id, index=ipu.index, routing_id=ipu.routing_id,
+                                   age_seconds=ipu.age if math.isfinite(ipu.age) else 0.0)
+            for field in ("utilisation", "temperature", "power", "clock_mhz", "memory_used", "ecc_errors"):
+                value = getattr(ipu.reading, field) if ipu.reading is not None else None
+                if value is not None:
+                    setattr(entry, field, value)
+        for at, values in history:
+            reply.history.add(at=at, utilisation=[math.nan if v is None else v for v in values])
+        return reply
 
     def UpdatePartition(self, request, context):
         may_move = request.may_move if request.HasField("may_move") else None

@@ -333,6 +333,7 @@ class AgentService:
         with self.store.transaction() as tx:
             tx.delete_agent(agent_id)
             tx.forget_links(agent_id)
+            tx.forget_log_lines(agent_id)
         try:
             if not gone:
                 self.gateway.release(view.agent.host, view.agent.port)

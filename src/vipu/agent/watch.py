@@ -1,0 +1,87 @@
+"""What an agent reads of its machine on its own schedule: telemetry, and the machine's log lines.
+
+A scrape or a controller's call is answered from what was last read, with its age, and never
+waits on the machine: a BMC that takes seconds to answer makes the reading older, not the scrape
+slower. Log lines go into a bounded tail (`vipu.model.telemetry.LogTail`) that the controller
+collects from; a flood costs dropped lines, counted, not memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from vipu.backends.composed import ComposedMachine
+from vipu.model.errors import VipuError
+from vipu.model.hardware import Capability
+from vipu.model.telemetry import AGENT_LOG_LINES, LogTail, TelemetryReading
+
+log = logging.getLogger(__name__)
+
+TELEMETRY_SECONDS = 1.0  # how often the machine's telemetry is read
+LOG_SECONDS = 0.25  # how often its log is looked at for new lines
+
+
+class MachineWatch:
+    def __init__(self, backend: ComposedMachine, telemetry_seconds: float = TELEMETRY_SECONDS, log_seconds: float = LOG_SECONDS,
+                 log_lines: int = AGENT_LOG_LINES):
+        self.backend = backend
+        self.telemetry_seconds, self.log_seconds = telemetry_seconds, log_seconds
+        self.log = LogTail(log_lines)
+        self.reading: TelemetryReading | None = None
+        self.read_at = 0.0  # monotonic, when `reading` was taken
+        self.telemetry_failures = 0
+        self.problem = ""  # why the last reading failed; "" when it did not
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> MachineWatch:
+        capabilities = self.backend.capabilities()
+        for capability, loop in ((Capability.TELEMETRY, self._read_telemetry), (Capability.LOGS, self._read_log)):
+            if capability.value in capabilities:
+                thread = threading.Thread(target=loop, name=f"watch {capability.value} {self.backend.machine_name}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def age(self) -> float | None:
+        """Seconds since the reading served now was taken; None before the first."""
+        return time.monotonic() - self.read_at if self.reading is not None else None
+
+    def read_telemetry_once(self) -> None:
+        try:
+            reading = self.backend.telemetry()
+        except VipuError as error:
+            self.telemetry_failures += 1
+            if error.message != self.problem:
+                log.warning("%s: telemetry not read: %s", self.backend.machine_name, error.message)
+            self.problem = error.message
+            return
+        if self.problem:
+            log.info("%s: telemetry read again", self.backend.machine_name)
+        self.reading, self.read_at, self.problem = reading, time.monotonic(), ""
+
+    def read_log_once(self) -> int:
+        lines = self.backend.log_lines()
+        for at, source, text in lines:
+            self.log.add(at, source, text)
+        return len(lines)
+
+    def _read_telemetry(self) -> None:
+        while not self._stop.is_set():
+            self.read_telemetry_once()
+            self._stop.wait(self.telemetry_seconds)
+
+    def _read_log(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.read_log_once()
+            except Exception:
+                log.exception("%s: reading its log failed", self.backend.machine_name)
+            self._stop.wait(self.log_seconds)
