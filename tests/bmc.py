@@ -18,7 +18,11 @@ from CONFIG and serves it with the TLS settings sushy-emulator's main() uses, ha
   - a different Status.Health for the resources and array members whose @odata.id the file's
     "health" names (the emulator's templates say OK, always): a failed fan, a failed chassis;
   - with "power_delay": [LOW, HIGH], the fake driver's delay drawn from LOW to HIGH seconds
-    instead of 1 to 11, so that a suite can afford a few power changes. Its power logic is its own.
+    instead of 1 to 11, so that a suite can afford a few power changes. Its power logic is its own;
+  - with "power_watts", a chassis Power resource (PowerControl's PowerConsumedWatts), linked from
+    the chassis: the emulator serves Thermal's temperatures itself, but no Power;
+  - with "log_entries", a SEL log service of the manager (LogServices/SEL/Entries, Redfish's
+    LogEntry members inline), linked from the manager.
 
 The overlay file (JSON) is re-read on every request, so a test changes them while it runs.
 """
@@ -152,6 +156,20 @@ class Bmc:
         self._overlay["power_delay"] = [low, high]
         self._write_overlay()
 
+    def set_power_watts(self, watts: float | None) -> None:
+        if watts is None:
+            self._overlay.pop("power_watts", None)
+        else:
+            self._overlay["power_watts"] = watts
+        self._write_overlay()
+
+    def record_event(self, severity: str, message: str, created: str = "2026-12-07T10:00:00Z") -> None:
+        """An entry in the manager's SEL, as the BMC would record an event."""
+        entries = self._overlay.setdefault("log_entries", [])
+        entries.append({"Id": str(len(entries) + 1), "Severity": severity, "Message": message, "Created": created,
+                        "EntryType": "SEL"})
+        self._write_overlay()
+
     def _write_overlay(self) -> None:
         staging = self.overlay_file.with_suffix(".new")
         staging.write_text(json.dumps(self._overlay))
@@ -234,15 +252,59 @@ def serve(config: str, overlay_file: str) -> None:
                 return flask.jsonify(document)
         flask.abort(404)
 
+    @app.route("/redfish/v1/Chassis/<identity>/Power")
+    def chassis_power(identity):
+        watts = overlay().get("power_watts")
+        if watts is None:
+            flask.abort(404)
+        return flask.jsonify({"@odata.id": f"/redfish/v1/Chassis/{identity}/Power", "@odata.type": "#Power.v1_5_0.Power",
+                              "Id": "Power", "Name": "Power", "PowerControl": [
+                                  {"@odata.id": f"/redfish/v1/Chassis/{identity}/Power#/PowerControl/0", "MemberId": "0",
+                                   "Name": "Chassis Power Control", "PowerConsumedWatts": watts}]})
+
+    def log_entries() -> list[dict] | None:
+        return overlay().get("log_entries")
+
+    @app.route("/redfish/v1/Managers/<identity>/LogServices")
+    def log_services(identity):
+        if log_entries() is None:
+            flask.abort(404)
+        return flask.jsonify({"@odata.id": f"/redfish/v1/Managers/{identity}/LogServices", "Name": "Log Services",
+                              "Members": [{"@odata.id": f"/redfish/v1/Managers/{identity}/LogServices/SEL"}]})
+
+    @app.route("/redfish/v1/Managers/<identity>/LogServices/SEL")
+    def sel(identity):
+        if log_entries() is None:
+            flask.abort(404)
+        return flask.jsonify({"@odata.id": f"/redfish/v1/Managers/{identity}/LogServices/SEL", "Id": "SEL", "Name": "System Event Log",
+                              "Entries": {"@odata.id": f"/redfish/v1/Managers/{identity}/LogServices/SEL/Entries"}})
+
+    @app.route("/redfish/v1/Managers/<identity>/LogServices/SEL/Entries")
+    def sel_entries(identity):
+        entries = log_entries()
+        if entries is None:
+            flask.abort(404)
+        here = f"/redfish/v1/Managers/{identity}/LogServices/SEL/Entries"
+        return flask.jsonify({"@odata.id": here, "Name": "SEL Entries", "Members@odata.count": len(entries),
+                              "Members": [{**entry, "@odata.id": f"{here}/{entry['Id']}", "@odata.type": "#LogEntry.v1_9_0.LogEntry"}
+                                          for entry in entries]})
+
     @app.after_request
     def rewrite(response):
         if response.status_code != 200 or response.mimetype != "application/json":
             return response
         wanted = overlay()
-        root = flask.request.path.rstrip("/") == "/redfish/v1" and "cables" in wanted
-        if not root and not wanted.get("health"):
+        path = flask.request.path.rstrip("/")
+        root = path == "/redfish/v1" and "cables" in wanted
+        power = path.startswith("/redfish/v1/Chassis/") and path.count("/") == 4 and "power_watts" in wanted
+        logs = path.startswith("/redfish/v1/Managers/") and path.count("/") == 4 and "log_entries" in wanted
+        if not (root or power or logs) and not wanted.get("health"):
             return response
         document = json.loads(response.get_data())
+        if power:
+            document["Power"] = {"@odata.id": f"{path}/Power"}
+        if logs:
+            document["LogServices"] = {"@odata.id": f"{path}/LogServices"}
         if root:
             document["Cables"] = {"@odata.id": "/redfish/v1/Cables"}
         _mark(document, wanted.get("health") or {})

@@ -226,3 +226,31 @@ def test_the_events_kept_are_the_latest(machines):
     kept = machine.events(0)
     assert len(kept) == EVENTS_KEPT and [event.sequence for event in kept] == list(range(45, EVENTS_KEPT + 45))
     assert [event.sequence for event in machine.events(EVENTS_KEPT + 40)] == list(range(EVENTS_KEPT + 41, EVENTS_KEPT + 45))
+
+
+def test_telemetry_is_the_bmcs_sensors_and_one_it_lacks_is_absent(bmc, machines):
+    machine = machines()
+    reading = machine.telemetry()
+    sensors = {(s.name, s.kind): s.value for s in reading.sensors}
+    assert sensors[("Chassis Intake Temp", "temperature")] == 25  # sushy-emulator's own Thermal
+    assert ("CPU Temp", "temperature") in sensors
+    assert not any(kind == "power" for _, kind in sensors) and reading.ipus == ()  # no Power, no IPU's sensor: absent, not 0
+    bmc.set_power_watts(412.5)
+    try:
+        assert {(s.name, s.kind): s.value for s in machine.telemetry().sensors}[("Chassis Power Control", "power")] == 412.5
+    finally:
+        bmc.set_power_watts(None)
+
+
+def test_log_entries_of_the_bmcs_sel_are_given_once_each(bmc, machines):
+    machine = machines()
+    assert machine.log_lines() == []  # no log service at all: nothing, and no error
+    bmc.record_event("Warning", "Fan 2 speed below threshold", "2026-12-07T10:00:00Z")
+    bmc.record_event("Critical", "PSU 1 input lost", "2026-12-07T10:05:00Z")
+    first = machine.log_lines()
+    assert [(source, text) for _, source, text in first] == [("bmc", "SEL: Warning: Fan 2 speed below threshold"),
+                                                           ("bmc", "SEL: Critical: PSU 1 input lost")]
+    assert first[0][0] == 1796637600.0  # as the BMC stamped it
+    bmc.record_event("OK", "PSU 1 input restored", "2026-12-07T10:06:00Z")
+    assert [text for _, _, text in machine.log_lines()] == ["SEL: OK: PSU 1 input restored"]
+    assert machine.log_lines() == []

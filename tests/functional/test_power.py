@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from tests.bmc import Bmc, cable
@@ -63,6 +65,9 @@ def pod(tmp_path_factory, bmcs):
     for name, bmc in described.items():
         machine = started.rack.machine(name)
         machine.drivers, machine.bmc = {"power": "redfish", "inventory": "redfish", "health": "redfish"}, bmc
+    m02 = started.rack.machine("m02")
+    m02.drivers.update({"telemetry": "redfish", "logs": "redfish"})
+    m02.exporter_port = free_port()
     save_rack(started.rack, started.rack_path)
     started.start()
     api = started.admin_api
@@ -83,7 +88,7 @@ def test_the_bmcs_inventory_power_and_health_show_in_get_agent(pod):
     shown = pod.admin("get", "agent", "ag2")
     assert shown.code == 0, shown.err
     details = pairs(shown.out)
-    assert details["Capabilities"] == "fabric, power, inventory, health, diagnostics"
+    assert details["Capabilities"] == "fabric, power, inventory, health, diagnostics, telemetry, logs"
     wait_until(lambda: pairs(pod.admin("get", "agent", "ag2").out).get("Power") == "On", what="ag2's power state from its BMC")
     assert pairs(pod.admin("get", "agent", "ag2").out)["Health"] == "OK"
     cells = [[cell.strip() for cell in line.split("|")] for line in shown.out.splitlines()]
@@ -91,6 +96,23 @@ def test_the_bmcs_inventory_power_and_health_show_in_get_agent(pod):
         assert [port, serial, "Amphenol", "OSFP-800G-1m"] in cells, f"cable {serial} at port {port}:\n{shown.out}"
     simulated = pairs(pod.admin("get", "agent", "ag1").out)
     assert simulated["Power"] == "On" and simulated["Health"] == "OK"  # the simulator gives every capability too
+
+
+def test_the_bmcs_sensors_reach_the_agents_metrics_and_its_sel_reaches_the_controller(pod, bmcs):
+    good, _ = bmcs
+    exporter = f"http://127.0.0.1:{pod.rack.machine('m02').exporter_port}/metrics"
+
+    def with_sensors() -> str | None:
+        text = urllib.request.urlopen(exporter, timeout=5).read().decode()
+        return text if "vipu_agent_sensor_celsius" in text else None
+
+    scraped = wait_until(with_sensors, what="the BMC's sensors at ag2's exporter")
+    assert 'vipu_agent_sensor_celsius{machine="m02",sensor="Chassis Intake Temp"} 25.0' in scraped  # sushy-emulator's Thermal
+    assert 'vipu_agent_ipu_utilisation_percent{ipu="0"' in scraped  # the fabric's own count
+    assert "vipu_agent_ipu_temperature_celsius" not in scraped  # the BMC has no IPU's sensor: absent, not the simulator's, not 0
+    good.record_event("Warning", "Fan 3 speed below threshold")
+    wait_until(lambda: "bmc: SEL: Warning: Fan 3 speed below threshold" in pod.admin("logs", "agent", "ag2").out, timeout=15,
+               what="the BMC's SEL entry in vipu-admin logs agent ag2")
 
 
 def test_a_power_cycle_with_a_partition_active_is_refused_and_forced_fails_and_resets_it(pod):

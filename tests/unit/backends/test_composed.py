@@ -60,6 +60,8 @@ def test_the_simulator_gives_every_capability_and_a_bmc_may_give_power(fabric):
     assert ComposedMachine(fabric, "m01", fabric, fabric, fabric).capabilities() == (
         "fabric", "power", "inventory", "health", "diagnostics")
     assert ComposedMachine(fabric, "m01", Bmc()).capabilities() == ("fabric", "power", "diagnostics")
+    assert ComposedMachine(fabric, "m01", fabric, fabric, fabric, telemetry=fabric, logs=[fabric]).capabilities() == (
+        "fabric", "power", "inventory", "health", "diagnostics", "telemetry", "logs")
     without = ComposedMachine(fabric, "m01")
     assert without.inventory().capabilities == ("fabric", "diagnostics")
     with pytest.raises(Unavailable, match="no power capability"):
