@@ -25,7 +25,8 @@ CRD = ROOT / "deploy" / "crds" / "graphcore.ai_ipujobs.yaml"
 FREE_FORM = {"global.imagePullSecrets", "podAnnotations", "podSecurityPolicyContext", "securityContext", "resources",
              "nodeSelector", "tolerations", "affinity", "controller.serviceAccount.annotations",
              "admissionWebhooks.service.annotations", "admissionWebhooks.patch.podAnnotations",
-             "admissionWebhooks.patch.nodeSelector", "admissionWebhooks.patch.tolerations"}
+             "admissionWebhooks.patch.nodeSelector", "admissionWebhooks.patch.tolerations", "monitoring.serviceMonitor.labels",
+             "monitoring.prometheusRule.labels", "monitoring.grafanaDashboards.labels"}
 CHOICES = {"pullPolicy": ["Always", "IfNotPresent", "Never"], "failurePolicy": ["Fail", "Ignore"],
            "type": ["ClusterIP", "NodePort", "LoadBalancer"], "dnsPolicy": ["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"]}
 INTEGERS_IN_RANGE = {"vipuServerPort": (1, 65535), "proxyPort": (1, 65535), "service.port": (1, 65535),

@@ -172,6 +172,27 @@ def test_each_value_does_what_the_seeds_table_says(kube):
     assert bare[("Deployment", "gc-ipu-operator-vipu-proxy")]["spec"]["template"]["spec"]["serviceAccountName"] == "default"
 
 
+def test_monitoring_makes_the_service_monitor_scrape_config_alert_rules_and_dashboards_that_ship(kube):
+    assert not {kind for kind, _ in render(kube)} & {"ServiceMonitor", "ScrapeConfig", "PrometheusRule"}  # none by default
+    manifests = render(kube, "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.serviceMonitor.labels.release=kps",
+                       "--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.grafanaDashboards.enabled=true",
+                       "--set", "monitoring.scrapeTargets.controllers={ctl1:8092}", "--set", "monitoring.scrapeTargets.agents={m01:2112,m02:2112}")
+    monitor = manifests[("ServiceMonitor", "gc-ipu-operator-vipu-proxy")]
+    assert monitor["metadata"]["labels"]["release"] == "kps" and monitor["spec"]["endpoints"][0]["port"] == "http"
+    proxy = manifests[("Service", "gc-ipu-operator-vipu-proxy")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= proxy["metadata"]["labels"].items()  # it selects the proxy's Service
+    scrape = manifests[("ScrapeConfig", "gc-ipu-operator-vipu-pod")]["spec"]["staticConfigs"]
+    assert scrape == [{"labels": {"job": "vipu-controller"}, "targets": ["ctl1:8092"]},
+                      {"labels": {"job": "vipu-agents"}, "targets": ["m01:2112", "m02:2112"]}]
+    rules = manifests[("PrometheusRule", "gc-ipu-operator-vipu-alerts")]["spec"]
+    assert rules == yaml.safe_load((CHART.parents[1] / "prometheus" / "vipu-alerts.yml").read_text())
+    dashboards = manifests[("ConfigMap", "gc-ipu-operator-vipu-dashboards")]
+    assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert {name: json.loads(text)["uid"] for name, text in dashboards["data"].items()} == {
+        "vipu-links.json": "vipu-links", "vipu-machine.json": "vipu-machine", "vipu-partition.json": "vipu-partition",
+        "vipu-pod.json": "vipu-pod", "vipu-queue.json": "vipu-queue"}
+
+
 def test_a_value_the_chart_does_not_know_is_refused_by_its_schema(kube):
     typo = helm(kube, "install", "gc", str(CHART), "--namespace", "ipu", "--set", "vipuProxi.image.repository=x", check=False)
     assert typo.returncode != 0

@@ -247,7 +247,9 @@ def test_a_flood_of_10000_lines_keeps_memory_and_disk_bounded_and_is_counted(wat
         return float(re.search(rf'vipu_agent_log_lines_total\{{machine="{machine}"\}} (\S+)', scraped.decode()).group(1))
 
     wait_until(lambda: read() >= ROTATE_BYTES // 110, what="the agent to read at least the last whole file of the flood")
-    wait_until(lambda: "flooding" in watched_pod.admin("logs", "agent", "ag2", "-n", "1").out, timeout=20, what="the flood collected")
+    last = f"flooding {'y' * 80}"
+    wait_until(lambda: watched_pod.admin("logs", "agent", "ag2", "-n", "1").out.strip().endswith(last), timeout=20,
+               what="the flood's last line collected")
     assert rss_kib(agent.pid) - before < 20_000
     shown = watched_pod.admin("logs", "agent", "ag2", "-n", "1000")
     assert len(shown.lines) == 1000 and shown.lines[-1].endswith("flooding " + "y" * 80)

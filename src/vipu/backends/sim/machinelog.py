@@ -92,7 +92,8 @@ class LogFollower:
             try:
                 rotated = self.path.with_suffix(".log.1")
                 if rotated.stat().st_ino != ours:  # a file came and went unread between two reads
-                    lines.append(f"{_stamp(time.time())} {LOST_LINES}".encode())
+                    after = lines[-1].split(b" ", 1)[0].decode("utf-8", "replace") if lines else _stamp(time.time())
+                    lines.append(f"{after} {LOST_LINES}".encode())  # stamped as the line before, to keep its place
                     with open(rotated, "rb") as between:
                         lines += [line for line in between.read(READ_BYTES).split(b"\n") if line]
             except FileNotFoundError:
