@@ -23,6 +23,7 @@ from playwright.sync_api import sync_playwright
 
 from tests.browser import launch, trusting
 from tests.functional.harness import BIN, PROMPTLY, Pod, rows, wait_until, web_answers
+from tests.functional.test_ipuof import ipuof
 from tests.ports import free_port, free_run
 from tests.processes import dying_with_parent
 from vipu.api.protos import admin_pb2, vipuuser_pb2, vipuuser_pb2_grpc
@@ -741,3 +742,51 @@ def test_the_accounts_page_shows_each_accounts_use_against_its_quota(dashboard, 
     assert by_name["chemistry"]["cells"][5] == "0" and by_name["chemistry"]["bar"] == "0%"
     page.screenshot(path=str(pod.directory / "accounts.png"))
     assert pod.user("remove", "partition", "sim").code == 0 and pod.user("remove", "partition", "extra").code == 0
+
+
+def test_heat_colouring_the_machine_page_and_a_partitions_telemetry_show_what_its_ipus_measure(dashboard, page):
+    pod, _ = dashboard
+    assert pod.user("create", "partition", "busy", "--size", "4").code == 0
+    busy = next(p for p in listed_partitions(pod) if p.id == "busy")
+    machine = busy.spec.ipus[0].agent_id
+    for _ in range(5):
+        assert ipuof(pod, "--partition", "busy").code == 0
+
+    def readings(kind: str) -> dict[tuple[str, int], dict]:
+        page.goto(f"/?heat={kind}")
+        return {(ipu["agent"], ipu["index"]): ipu for ipu in page.eval_on_selector_all(".racks .machine .ipu", """ipus => ipus.map(
+            ipu => ({agent: ipu.closest('.machine').dataset.agent, index: Number(ipu.dataset.ipu), heat: ipu.dataset.heat || '',
+                     colour: ipu.style.backgroundColor}))""")}
+
+    held = {(i.agent_id, i.agent_ipu_index) for i in busy.spec.ipus}
+
+    def busy_shown() -> dict | None:
+        found = readings("utilisation")
+        return found if all(found[ipu]["heat"] and int(found[ipu]["heat"].split()[0]) >= 50 for ipu in held) else None
+
+    shown = wait_until(busy_shown, what="the busy partition's IPUs coloured as busy")
+    idle = [ipu for key, ipu in shown.items() if key not in held]
+    assert len(shown) == 64 and all(ipu["heat"] == "0 % busy" for ipu in idle)
+    assert {ipu["colour"] for ipu in idle} == {"rgb(32, 96, 223)"}  # all blue
+    assert all(shown[key]["colour"] != "rgb(32, 96, 223)" for key in held)
+    assert page.inner_text("#heat").startswith("Colour IPUs by: partition · temperature · utilisation")
+    temperatures = readings("temperature")
+    assert all(re.fullmatch(r"\d+ °C", ipu["heat"]) for ipu in temperatures.values())
+    assert all(ipu["heat"] == "" for ipu in readings("").values())  # off: the partitions' colours
+
+    page.goto(f"/machines/{machine}")
+    rows_shown = page.eval_on_selector_all("#telemetry tbody tr", "rows => rows.map(row => [...row.cells].map(c => c.innerText))")
+    assert [row[0] for row in rows_shown] == ["0", "1", "2", "3"] and any(row[1] == "busy" for row in rows_shown)
+    assert "partition busy configured on IPUs" in page.inner_text("#log")
+    page.goto(f"/machines/{machine}?grep=cleared%7Cnothing-else")
+    assert "configured" not in page.inner_text("#log")
+    page.screenshot(path=str(pod.directory / "machine.png"), full_page=True)
+
+    page.goto("/partitions/busy")
+    assert len(page.query_selector_all("#telemetry tbody tr")) == 4
+    wait_until(lambda: page.reload() or page.query_selector("#utilisation polyline"), what="the utilisation over its life drawn")
+    points = page.get_attribute("#utilisation polyline", "points").split()
+    assert len(points) >= 2 and max(float(p.split(",")[1]) for p in points) <= 80
+    page.goto("/?heat=utilisation")
+    page.screenshot(path=str(pod.directory / "racks-heat.png"), full_page=True)
+    assert pod.user("remove", "partition", "busy").code == 0

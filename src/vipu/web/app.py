@@ -126,10 +126,36 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
                         message=error.message)
 
     @app.get("/", response_class=HTMLResponse)
-    def rack_page(request: Request):
-        return shown(request, "racks.html", lambda source: {"racks": _racks(source), "tests_report": _tests(source),
-                                                            "bookings": racks.timeline(source.reservations(), time.time()),
-                                                            "timeline_days": racks.TIMELINE_DAYS})
+    def rack_page(request: Request, heat: str = ""):
+        """The racks; `heat` (temperature or utilisation, for an administrator) colours each IPU by its reading."""
+        def draw(source: Source) -> dict:
+            drawn = _racks(source)
+            kind = heat if heat in racks.HEAT_SCALES and source.viewer.admin else ""
+            if kind:
+                racks.colour_by_heat(drawn, source.telemetry(), kind)
+            _, low, high, form = racks.HEAT_SCALES.get(kind, ("", 0.0, 0.0, "{}"))
+            return {"racks": drawn, "tests_report": _tests(source), "bookings": racks.timeline(source.reservations(), time.time()),
+                    "timeline_days": racks.TIMELINE_DAYS, "heat": kind,
+                    "heat_range": f"blue {form.format(low)} → red {form.format(high)}" if kind else ""}
+
+        return shown(request, "racks.html", draw)
+
+    @app.get("/machines/{agent_id}", response_class=HTMLResponse)
+    def machine_page(request: Request, agent_id: str, grep: str = ""):
+        """A machine: its state, its IPUs' telemetry now, and its log (the latest lines, those matching `grep`)."""
+        def draw(source: Source) -> dict:
+            agent = next((a for a in source.agents() if a.id == agent_id), None)
+            if agent is None:
+                return {"agent": None, "agent_id": agent_id}
+            telemetry = next((t for t in source.telemetry() if t.agent_id == agent_id), None)
+            try:
+                lines, log_problem = source.machine_log(agent_id, grep), ""
+            except VipuError as error:
+                lines, log_problem = [], error.message
+            return {"agent": agent, "agent_id": agent_id, "telemetry": telemetry, "lines": lines, "log_problem": log_problem,
+                    "grep": grep}
+
+        return shown(request, "machine.html", draw)
 
     @app.get("/partitions", response_class=HTMLResponse)
     def partitions_page(request: Request):
@@ -151,8 +177,13 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
                 config, config_problem = None, error.message
             shown_racks = _racks(source)
             shown_racks.groups = [g for g in shown_racks.groups if _holds(g, partition_id)]
+            try:
+                telemetry = source.user.partition_telemetry(partition_id)
+            except VipuError:  # a controller that does not collect it: the page goes without
+                telemetry = None
             return {"partition": partition, "partition_id": partition_id, "racks": shown_racks, "config": config,
-                    "config_problem": config_problem}
+                    "config_problem": config_problem, "telemetry": telemetry,
+                    "utilisation_line": racks.utilisation_line(telemetry.history) if telemetry is not None else ""}
 
         return shown(request, "partition.html", draw)
 

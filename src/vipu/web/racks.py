@@ -12,6 +12,7 @@ thousand machines does not repeat them four thousand times.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
 from collections.abc import Iterable
@@ -67,10 +68,13 @@ class Ipu:
     partition_id: str = ""  # "" when free
     state: str = "free"  # the holding partition's state
     tone: str = FREE_TONE  # its colour's class
+    heat: str = ""  # with heat colouring on, its colour for the reading (a CSS colour), and the reading
+    reading: str = ""
 
     @property
     def title(self) -> str:
-        return f"IPU {self.index}: " + (f"{self.partition_id} ({self.state})" if self.partition_id else "free")
+        held = f"{self.partition_id} ({self.state})" if self.partition_id else "free"
+        return f"IPU {self.index}: {held}" + (f", {self.reading}" if self.reading else "")
 
 
 @dataclass
@@ -211,6 +215,46 @@ def _racks(groups: list[Group], partitions: list[vipuuser_pb2.Partition], tones,
     legend = [LegendEntry(p.id, tones[p.id], ready_state(p), len(p.spec.ipus)) for p in sorted(partitions, key=lambda p: p.id)]
     return Racks(groups, legend, machines, down, machines * IPUS_PER_MACHINE, sum(len(p.spec.ipus) for p in partitions),
                  Counter(ready_state(p) for p in partitions), tones)
+
+
+# Heat colouring: what each kind colours by, and the range its scale spans (cool blue to hot red).
+HEAT_SCALES = {"temperature": ("temperature", 30.0, 95.0, "{:.0f} °C"), "utilisation": ("utilisation", 0.0, 100.0, "{:.0f} % busy")}
+
+
+def heat_colour(value: float, low: float, high: float) -> str:
+    """A colour from blue (at `low` or below) through green and yellow to red (at `high` or above)."""
+    share = min(1.0, max(0.0, (value - low) / (high - low)))
+    return f"hsl({round(220 * (1 - share))}, 75%, 50%)"
+
+
+def colour_by_heat(racks: Racks, telemetry: Iterable[admin_pb2.AgentTelemetry], kind: str) -> None:
+    """Give each IPU drawn the colour of its reading of `kind` (HEAT_SCALES); one with no reading keeps its own."""
+    field_name, low, high, form = HEAT_SCALES[kind]
+    readings = {(t.agent_id, ipu.index): ipu for t in telemetry for ipu in t.telemetry.ipus}
+    for group in racks.groups:
+        for domain in group.domains:
+            for column in domain.columns:
+                for run in column:
+                    for machine in run.machines:
+                        for ipu in machine.ipus:
+                            read = readings.get((machine.agent_id, ipu.index))
+                            if read is not None and read.HasField(field_name):
+                                value = getattr(read, field_name)
+                                ipu.heat, ipu.reading = heat_colour(value, low, high), form.format(value)
+
+
+def utilisation_line(history: Iterable[vipuuser_pb2.UtilisationSample], width: int = 600, height: int = 80) -> str:
+    """The points of an SVG polyline of a partition's mean utilisation over its life, in a
+    `width` by `height` box (0 % at the bottom); "" with fewer than two samples."""
+    means = []
+    for sample in history:
+        read = [value for value in sample.utilisation if not math.isnan(value)]
+        if read:
+            means.append((sample.at, sum(read) / len(read)))
+    if len(means) < 2:
+        return ""
+    first, span = means[0][0], (means[-1][0] - means[0][0]) or 1.0
+    return " ".join(f"{(at - first) / span * width:.1f},{height - mean / 100 * height:.1f}" for at, mean in means)
 
 
 TIMELINE_DAYS = 7  # how far ahead the racks page's timeline of reservations looks

@@ -123,6 +123,14 @@ class Source:
         except Unavailable:
             return []
 
+    def telemetry(self) -> list[admin_pb2.AgentTelemetry]:
+        """Every machine's telemetry as the controller last collected it (read each time: it changes by the second)."""
+        return self._admin().list_telemetry()
+
+    def machine_log(self, agent_id: str, grep: str = "", lines: int = 200) -> list:
+        """A machine's latest log lines (those matching `grep`), oldest first."""
+        return list(self._admin().read_machine_log(agent_id, grep=grep, limit=lines).lines)
+
     def cabling(self, cluster_id: str) -> admin_pb2.Cabling:
         return self._admin().cabling(cluster_id)
 
