@@ -49,7 +49,7 @@ VARIABLE = "VIPU_FAILPOINTS"
 PAUSE_SECONDS = 60.0  # a paused point goes on by itself after this: no wait without a deadline
 AGENT_CALLS = ("apply", "clear", "attachments", "fence", "power")  # what `agents.AgentCall.action` may be
 POINTS: frozenset[str] = frozenset({
-    "store.commit", "store.commit.answer", "owner.turn", "clustertest.step", "server.exit",
+    "store.commit", "store.commit.answer", "owner.turn", "clustertest.step", "server.exit", "machine.telemetry",
     *(f"store.partition.{transition}" for transition in lifecycle.TRANSITIONS),
     *(f"store.request.{transition}" for transition in queue.TRANSITIONS),
     *(f"agent.{action}" for action in AGENT_CALLS),

@@ -206,3 +206,10 @@ def test_the_fairshare_benchmark_replays_accounts_with_and_without_quotas(tmp_pa
     assert [a["front_end"] for a in result["accounts"]] == ["slurm-like", "kubernetes-like", "vpod-like"]
     assert set(result["summary"]) == {"fair", "plain"} and result["summary"]["fair"]["ipus_evicted_beyond_the_fewest"] == 0
     assert 0 < result["summary"]["fair"]["utilisation_percent"] <= 100
+
+
+def test_the_scrape_benchmark_times_an_agents_exporter_with_a_quick_and_a_stalled_bmc(tmp_path):
+    result = bench(tmp_path, "scrape", "--scrapes", "20", "--bmc-seconds", "1")
+    quick, stalled = result["results"]["BMC answers at once"], result["results"]["BMC answers in 1 s"]
+    assert quick["scrapes"] == stalled["scrapes"] == 20 and quick["bytes"] > 5000
+    assert stalled["max_ms"] < 1000  # the scrape never waited on the stalled read

@@ -176,7 +176,8 @@ def test_monitoring_makes_the_service_monitor_scrape_config_alert_rules_and_dash
     assert not {kind for kind, _ in render(kube)} & {"ServiceMonitor", "ScrapeConfig", "PrometheusRule"}  # none by default
     manifests = render(kube, "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.serviceMonitor.labels.release=kps",
                        "--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.grafanaDashboards.enabled=true",
-                       "--set", "monitoring.scrapeTargets.controllers={ctl1:8092}", "--set", "monitoring.scrapeTargets.agents={m01:2112,m02:2112}")
+                       "--set", "monitoring.scrapeTargets.controllers={ctl1:8092}",
+                       "--set", "monitoring.scrapeTargets.agents={m01:2112,m02:2112}")
     monitor = manifests[("ServiceMonitor", "gc-ipu-operator-vipu-proxy")]
     assert monitor["metadata"]["labels"]["release"] == "kps" and monitor["spec"]["endpoints"][0]["port"] == "http"
     proxy = manifests[("Service", "gc-ipu-operator-vipu-proxy")]

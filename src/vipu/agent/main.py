@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import grpc
 
+from vipu import failpoints
 from vipu.agent.announcer import Announcer
 from vipu.agent.exporter import MachineMetrics
 from vipu.agent.holds import MachineHold
@@ -146,6 +147,7 @@ def main(rack_path, machines, all_machines, listen_address, port, exporter_port,
          announce_from, tls_dir, state_dir, log_level):
     """Serve simulated IPU-Machines of a rack description to vipu-server."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failpoints.arm_from_environment()
     hosts: list[MachineHost] = []
     try:
         rack = RackFile(rack_path)

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 
+from vipu import failpoints
 from vipu.backends.composed import ComposedMachine
 from vipu.model.errors import VipuError
 from vipu.model.hardware import Capability
@@ -56,6 +57,7 @@ class MachineWatch:
 
     def read_telemetry_once(self) -> None:
         try:
+            failpoints.hit("machine.telemetry")  # a BMC that answers slowly, or not at all
             reading = self.backend.telemetry()
         except VipuError as error:
             self.telemetry_failures += 1
