@@ -155,10 +155,20 @@ def scripts_pod(tree: Path, env: dict, background: list) -> None:
 
 
 def operating_a_pod(tree: Path, env: dict, background: list) -> None:
-    """Drains, maintenance windows, reservations and accounts on the pod of `scripts/pod`, as the README shows them."""
+    """Drains, maintenance windows, reservations, accounts and telemetry on the pod of `scripts/pod`, as the README shows them."""
     scripts_pod(tree, env, background)
     run_walkthrough(first_block(section("Operating a pod"), "the whole of it"), tree, env, background, "")
     run_walkthrough(first_block(section("Operating a pod"), "test suite runs it on `scripts/pod` (open mode"), tree, env, background, "")
+    # Readings differ from run to run: each command must succeed, and the log line the walk-through greps for must be there.
+    run_walkthrough(first_block(section("Watching a pod: telemetry, logs, dashboards and alerts"), "The walk-through"), tree, env,
+                    background, "", outputs_shown=False)
+
+    def logged() -> bool:
+        done = subprocess.run(["bash", "-c", "vipu-admin logs agent ag1 --grep ECC"], cwd=tree, env=env, capture_output=True, text=True,
+                              timeout=60)
+        return done.stdout.strip().endswith("gateway: IPU 2: 3 corrected ECC errors (3 in all)")
+
+    wait_until(logged, timeout=15, what="the ECC errors the fault injector raised, in the machine's log")
 
 
 def stop(background: list) -> None:
