@@ -229,7 +229,7 @@ def test_the_events_kept_are_the_latest(machines):
 
 
 def test_telemetry_is_the_bmcs_sensors_and_one_it_lacks_is_absent(bmc, machines):
-    machine = machines()
+    machine = machines(poll_seconds=0.001)  # read afresh at each call
     reading = machine.telemetry()
     sensors = {(s.name, s.kind): s.value for s in reading.sensors}
     assert sensors[("Chassis Intake Temp", "temperature")] == 25  # sushy-emulator's own Thermal
@@ -243,7 +243,7 @@ def test_telemetry_is_the_bmcs_sensors_and_one_it_lacks_is_absent(bmc, machines)
 
 
 def test_log_entries_of_the_bmcs_sel_are_given_once_each(bmc, machines):
-    machine = machines()
+    machine = machines(poll_seconds=0.001)  # read afresh at each call
     assert machine.log_lines() == []  # no log service at all: nothing, and no error
     bmc.record_event("Warning", "Fan 2 speed below threshold", "2026-12-07T10:00:00Z")
     bmc.record_event("Critical", "PSU 1 input lost", "2026-12-07T10:05:00Z")
@@ -254,3 +254,8 @@ def test_log_entries_of_the_bmcs_sel_are_given_once_each(bmc, machines):
     bmc.record_event("OK", "PSU 1 input restored", "2026-12-07T10:06:00Z")
     assert [text for _, _, text in machine.log_lines()] == ["SEL: OK: PSU 1 input restored"]
     assert machine.log_lines() == []
+    assert machines(poll_seconds=60).log_lines() != [] and machines(poll_seconds=60).telemetry().sensors  # once now...
+    slow = machines(poll_seconds=60)
+    slow.telemetry(), slow.log_lines()
+    bmc.record_event("Warning", "Fan 1 speed below threshold", "2026-12-07T10:07:00Z")
+    assert slow.log_lines() == []  # ...then not again within its poll_seconds

@@ -415,7 +415,9 @@ def test_an_ipujob_is_held_to_the_quota_of_the_account_its_namespace_maps_onto(c
         assert cluster.partitions() == {"slurm-7": 4} and cluster.condition("over").get("type") == "Pending"
         assert cluster.pod.user("remove", "partition", "slurm-7").code == 0
         cluster.wait_for("over", "Running", timeout=60)
-        assert api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="p-default-over")).status.account == "physics"
+        status = api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id="p-default-over")).status
+        assert status.account == "physics"
+        assert dict(status.labels) == {"ipujob": "over", "namespace": "default"}  # what its IPUs' telemetry is labelled with
     finally:
         if cluster.job("over") is not None:
             cluster.delete("over")

@@ -234,7 +234,7 @@ def test_the_partition_goes_however_the_job_ends(world):
     world.nothing_left()
 
 
-def test_a_jobs_partition_is_expected_to_run_for_the_jobs_time_limit(world):
+def test_a_jobs_partition_is_expected_to_run_for_the_jobs_time_limit_and_is_labelled_with_the_job(world):
     limited = world.submit("--ipus=1", "--time=1-01:30:00", "--wrap", "sleep 300")
     unlimited = world.submit("--ipus=1", "--wrap", "sleep 300")  # the cluster's partition has no limit
     api = vipuuser_pb2_grpc.UserServiceStub(world.pod._channel(world.pod.user_port))
@@ -242,6 +242,7 @@ def test_a_jobs_partition_is_expected_to_run_for_the_jobs_time_limit(world):
         world.wait_for(job, "RUNNING")
         status = api.GetPartitionStatus(vipuuser_pb2.GetPartitionStatusRequest(partition_id=f"slurm-{job}")).status
         assert status.expected_seconds == seconds, world.job(job).get("TimeLimit")
+        assert dict(status.labels) == {"slurm_job": job}  # what its IPUs' telemetry is labelled with
     world.slurm.run("scancel", limited, unlimited)
     for job in (limited, unlimited):
         world.wait_done(job)

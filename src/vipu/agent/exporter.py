@@ -62,17 +62,17 @@ class MachineCollector:
 
     def _telemetry(self, watch: MachineWatch, partitions: list[AgentSettings]):
         machine = self.backend.machine_name
-        reading, age = watch.reading, watch.age()
+        reading, age = watch.latest()
         failures = CounterMetricFamily("vipu_agent_telemetry_read_failures", "Readings of the machine's telemetry that failed",
                                        labels=["machine"])
         failures.add_metric([machine], watch.telemetry_failures)
         yield failures
-        if reading is None or age is None:
-            return
-        age_family = GaugeMetricFamily("vipu_agent_telemetry_age_seconds", "Seconds since the telemetry served was read",
-                                       labels=["machine"])
+        age_family = GaugeMetricFamily("vipu_agent_telemetry_age_seconds", "Seconds since the telemetry served was read (since "
+                                       "the agent started, before the first reading)", labels=["machine"])
         age_family.add_metric([machine], age)
         yield age_family
+        if reading is None:
+            return
         held = {ipu.index: settings for settings in partitions for ipu in settings.ipus}
         families = {name: (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, help_text, labels=IPU_LABELS)
                     for name, help_text, kind, _ in IPU_FIELDS}

@@ -97,10 +97,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with self.hold.obeying(caller_of(context), epoch=epoch_of(context)):
             reply = agent_pb2.WatchReply()
             if self.watch is not None:
-                reading, age = self.watch.reading, self.watch.age()
-                if reading is not None and age is not None:
+                reading, age = self.watch.latest()
+                if reading is not None:
                     reply.telemetry.CopyFrom(convert.telemetry_to_proto(reading, age))
-                lines, missed = self.watch.log.after(request.after_line, request.most_lines)
+                reply.incarnation = self.watch.incarnation
+                # Lines numbered by another run of this agent are no guide: every line kept is new to the caller.
+                after = request.after_line if request.incarnation == self.watch.incarnation else 0
+                lines, missed = self.watch.log.after(after, request.most_lines)
                 reply.lines.extend(convert.log_line_to_proto(line) for line in lines)
                 reply.missed_lines = missed
             return reply

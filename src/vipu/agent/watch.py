@@ -9,6 +9,7 @@ collects from; a flood costs dropped lines, counted, not memory.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 
@@ -30,10 +31,13 @@ class MachineWatch:
         self.backend = backend
         self.telemetry_seconds, self.log_seconds = telemetry_seconds, log_seconds
         self.log = LogTail(log_lines)
-        self.reading: TelemetryReading | None = None
-        self.read_at = 0.0  # monotonic, when `reading` was taken
+        # Which run of the agent numbered the log's lines: a controller that knew another starts over.
+        self.incarnation = secrets.token_hex(8)
+        self._started = time.monotonic()
+        self._latest: tuple[TelemetryReading, float] | None = None  # the last reading and when (monotonic): one value, read whole
         self.telemetry_failures = 0
         self.problem = ""  # why the last reading failed; "" when it did not
+        self._log_problem = ""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -51,23 +55,32 @@ class MachineWatch:
         for thread in self._threads:
             thread.join(timeout=10)
 
-    def age(self) -> float | None:
-        """Seconds since the reading served now was taken; None before the first."""
-        return time.monotonic() - self.read_at if self.reading is not None else None
+    def latest(self) -> tuple[TelemetryReading | None, float]:
+        """The reading served now (None before the first) and its age in seconds: without a
+        reading, the time since the watch started, so that telemetry never read grows stale too."""
+        latest = self._latest
+        if latest is None:
+            return None, time.monotonic() - self._started
+        return latest[0], time.monotonic() - latest[1]
+
+    @property
+    def reading(self) -> TelemetryReading | None:
+        return self.latest()[0]
 
     def read_telemetry_once(self) -> None:
         try:
             failpoints.hit("machine.telemetry")  # a BMC that answers slowly, or not at all
             reading = self.backend.telemetry()
-        except VipuError as error:
+        except Exception as error:  # noqa: BLE001  (a failed reading, or a bug in one: the last reading stays, ageing)
             self.telemetry_failures += 1
-            if error.message != self.problem:
-                log.warning("%s: telemetry not read: %s", self.backend.machine_name, error.message)
-            self.problem = error.message
+            message = error.message if isinstance(error, VipuError) else f"{type(error).__name__}: {error}"
+            if message != self.problem:
+                log.warning("%s: telemetry not read: %s", self.backend.machine_name, message)
+            self.problem = message
             return
         if self.problem:
             log.info("%s: telemetry read again", self.backend.machine_name)
-        self.reading, self.read_at, self.problem = reading, time.monotonic(), ""
+        self._latest, self.problem = (reading, time.monotonic()), ""
 
     def read_log_once(self) -> int:
         lines = self.backend.log_lines()

@@ -591,4 +591,4 @@ def watch_report_from_proto(message: agent_pb2.WatchReply) -> WatchReport:
     telemetry = message.telemetry if message.HasField("telemetry") else None
     return WatchReport(telemetry_from_proto(telemetry) if telemetry is not None else None,
                        telemetry.age_seconds if telemetry is not None else 0.0,
-                       tuple(log_line_from_proto(line) for line in message.lines), message.missed_lines)
+                       tuple(log_line_from_proto(line) for line in message.lines), message.missed_lines, message.incarnation)

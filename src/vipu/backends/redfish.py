@@ -97,7 +97,6 @@ CONNECT_SECONDS = 3.0       # the most a connection may take, however long `time
 RESTART_SEEN_SECONDS = 10.0  # how long a restart or cycle is watched for the machine to leave On before it is taken as done
 POWER_POLL_SECONDS = 0.2    # how often power() reads the state it waits for
 EVENTS_KEPT = 256
-LOG_ENTRIES_SEEN = 4096  # log entries remembered as already given, per driver: a BMC keeps a few hundred
 # A temperature or power sensor named for one IPU ("IPU2 Temp", "IPU 2 Power"): its reading is that IPU's.
 _IPU_SENSOR = re.compile(r"\bIPU\s*([0-3])\b", re.IGNORECASE)
 KEYS = ("url", "credentials", "ca", "verify", "system", "chassis", "poll_seconds", "timeout_seconds")
@@ -313,7 +312,9 @@ class RedfishMachine(Power, Inventory, Health, Telemetry, MachineLog):
         self._sequence = 0
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
-        self._log_seen: dict[str, None] = {}  # the log entries already given (@odata.id or service/Id), oldest first
+        self._log_seen: dict[str, None] = {}  # the log entries listed at the last read (@odata.id or service/Id), all given
+        self._logs_read = -math.inf  # monotonic, when the log services were last read
+        self._telemetry: tuple[TelemetryReading, float] | None = None  # the last reading, and when (monotonic)
         if self.url.startswith("http://"):
             log.warning("BMC %s is plain http: NOT encrypted and its identity NOT verified (verify: false); "
                         "its credentials cross the network in the clear", self.url)
@@ -607,48 +608,67 @@ class RedfishMachine(Power, Inventory, Health, Telemetry, MachineLog):
     # -- Telemetry
 
     def telemetry(self) -> TelemetryReading:
-        """The chassis' temperatures (Thermal) and power draw (Power's PowerControl, or the newer
-        Sensors collection where the BMC has one): a sensor named for an IPU is that IPU's, the
-        others are the machine's. A sensor the BMC lacks, or that has no reading, is left out."""
+        """The chassis' temperatures and power draw: from its Sensors collection where the BMC has
+        one, else from Thermal and Power's PowerControl (a BMC with both lists each sensor in both).
+        A sensor named for an IPU ("IPU2 Temp") is that IPU's (its first, where it has several), the
+        others are the machine's; one the BMC lacks, or without a reading, is left out. Read at most
+        every `poll_seconds`: the agent asks more often, and gets the last reading meanwhile."""
+        with self._lock:
+            if self._telemetry is not None and time.monotonic() - self._telemetry[1] < self.config.poll_seconds:
+                return self._telemetry[0]
         with self._bmc("reading the sensors") as root:
-            paths = self._discover(root)
-            readings: list[SensorReading] = []
-            chassis = _optional(lambda: root.get_chassis(paths.chassis)) if paths.chassis else None
-            if chassis is not None:
-                thermal = _optional(lambda: chassis.thermal)
-                readings += [SensorReading(t.name or f"temperature {t.identity}", "temperature", float(t.reading_celsius))
-                             for t in (thermal.temperatures if thermal else []) if _number(t.reading_celsius)]
-                document = chassis.json or {}
-                power = _optional(partial(self._get, _odata_id(document.get("Power")) or "")) if document.get("Power") else None
-                for control in (power or {}).get("PowerControl") or []:
-                    if isinstance(control, dict) and _number(control.get("PowerConsumedWatts")):
-                        readings.append(SensorReading(str(control.get("Name") or "chassis power"), "power",
-                                                      float(control["PowerConsumedWatts"])))
-                sensors = _optional(partial(self._get, _odata_id(document.get("Sensors")) or "")) if document.get("Sensors") else None
-                for link in (sensors or {}).get("Members") or []:
-                    sensor = _optional(partial(self._get, _odata_id(link) or ""))
-                    kind = {"Temperature": "temperature", "Power": "power"}.get(str((sensor or {}).get("ReadingType")))
-                    if sensor and kind and _number(sensor.get("Reading")):
-                        readings.append(SensorReading(str(sensor.get("Name") or sensor.get("Id")), kind, float(sensor["Reading"])))
+            readings = self._sensors(root)
         ipus: dict[int, dict[str, float]] = {}
-        machine = []
+        machine: dict[str, SensorReading] = {}
         for reading in readings:
             named = _IPU_SENSOR.search(reading.name)
             if named:
-                ipus.setdefault(int(named.group(1)), {})[reading.kind] = reading.value
+                ipus.setdefault(int(named.group(1)), {}).setdefault(reading.kind, reading.value)
             else:
-                machine.append(reading)
-        return TelemetryReading(time.time(), tuple(IpuReading(index, temperature=values.get("temperature"), power=values.get("power"))
-                                                   for index, values in sorted(ipus.items())), tuple(machine))
+                machine.setdefault(reading.name, reading)
+        read = TelemetryReading(time.time(), tuple(IpuReading(index, temperature=values.get("temperature"), power=values.get("power"))
+                                                   for index, values in sorted(ipus.items())), tuple(machine.values()))
+        with self._lock:
+            self._telemetry = (read, time.monotonic())
+        return read
+
+    def _sensors(self, root: Any) -> list[SensorReading]:
+        paths = self._discover(root)
+        chassis = _optional(lambda: root.get_chassis(paths.chassis)) if paths.chassis else None
+        if chassis is None:
+            return []
+        document = chassis.json or {}
+        sensors = _optional(partial(self._get, _odata_id(document.get("Sensors")) or "")) if document.get("Sensors") else None
+        if sensors and sensors.get("Members"):
+            found = []
+            for link in sensors.get("Members") or []:
+                sensor = _optional(partial(self._get, _odata_id(link) or ""))
+                kind = {"Temperature": "temperature", "Power": "power"}.get(str((sensor or {}).get("ReadingType")))
+                if sensor and kind and _number(sensor.get("Reading")):
+                    found.append(SensorReading(str(sensor.get("Name") or sensor.get("Id")), kind, float(sensor["Reading"])))
+            return found
+        thermal = _optional(lambda: chassis.thermal)
+        found = [SensorReading(t.name or f"temperature {t.identity}", "temperature", float(t.reading_celsius))
+                 for t in (thermal.temperatures if thermal else []) if _number(t.reading_celsius)]
+        power = _optional(partial(self._get, _odata_id(document.get("Power")) or "")) if document.get("Power") else None
+        for control in (power or {}).get("PowerControl") or []:
+            if isinstance(control, dict) and _number(control.get("PowerConsumedWatts")):
+                found.append(SensorReading(str(control.get("Name") or "chassis power"), "power", float(control["PowerConsumedWatts"])))
+        return found
 
     # -- MachineLog
 
     def log_lines(self) -> list[tuple[float, str, str]]:
         """The entries of the system's and the managers' log services (the SEL among them) not given
-        before, oldest first; an entry is given once, however long the BMC keeps it."""
+        before, oldest first; an entry is given once, however long the BMC keeps it. Read at most
+        every `poll_seconds`."""
+        with self._lock:
+            if time.monotonic() - self._logs_read < self.config.poll_seconds:
+                return []
+            self._logs_read = time.monotonic()
         with self._bmc("reading the logs") as root:
             paths = self._discover(root)
-            entries: list[tuple[str, str, dict]] = []
+            entries: list[tuple[str, str, dict | None]] = []
             for owner in (paths.system, *paths.managers):
                 owner_document = _optional(partial(self._get, owner)) or {}
                 services = _optional(partial(self._get, _odata_id(owner_document.get("LogServices")) or "")) \
@@ -657,21 +677,24 @@ class RedfishMachine(Power, Inventory, Health, Telemetry, MachineLog):
                     service = _optional(partial(self._get, _odata_id(link) or "")) or {}
                     listed = _optional(partial(self._get, _odata_id(service.get("Entries")) or "")) if service.get("Entries") else None
                     for member in (listed or {}).get("Members") or []:
+                        listed_id = _odata_id(member)
+                        if listed_id is not None and listed_id in self._log_seen:  # given before: not fetched again
+                            entries.append((listed_id, "", None))
+                            continue
                         entry = member if isinstance(member, dict) and "Message" in member else _optional(
-                            partial(self._get, _odata_id(member) or ""))
+                            partial(self._get, listed_id or ""))
                         if isinstance(entry, dict):
                             key = str(entry.get("@odata.id") or f"{_odata_id(link)}/{entry.get('Id')}")
                             entries.append((key, str(service.get("Id") or "log"), entry))
         lines = []
         for key, service_id, document in entries:
-            if key in self._log_seen:
+            if key in self._log_seen or document is None:
                 continue
-            self._log_seen[key] = None
             severity = document.get("Severity") or "OK"
             lines.append((_created(document.get("Created")), "bmc",
                           f"{service_id}: {severity}: {one_line(str(document.get('Message') or ''))}"))
-        while len(self._log_seen) > LOG_ENTRIES_SEEN:
-            del self._log_seen[next(iter(self._log_seen))]
+        # The entries the BMC lists now, and no others: its log's own bound is this memory's.
+        self._log_seen = {key: None for key, _, _ in entries}
         return sorted(lines, key=lambda line: line[0])
 
     # -- the poller

@@ -107,6 +107,7 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
 
     Each fault is also written, a line, into the log of the machine it names (beside the rack, in
     machine-logs/), as the machine would log what happened to it."""
+    written: dict[str, list[str]] = {}
     try:
         rack = load_rack(rack_path)
         for value in unplug:
@@ -191,7 +192,6 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
             rack.machine(machine)
             logged.append((machine, [text] * log_repeat))
         save_rack(rack, rack_path)
-        written: dict[str, list[str]] = {}
         options = {"unplug": unplug, "cross": cross, "move": move, "errors": errors, "break": broken, "version": versions,
                    "pfc": pfc, "silent": silent, "configure-fault": configure_fault, "wedge": wedge,
                    "fail-component": fail_component, "silent-bmc": silent_bmc, "degrade": degrade, "recover": recover,
@@ -202,12 +202,15 @@ def fault(rack_path, unplug, cross, move, errors, broken, versions, pfc, silent,
                 written.setdefault(machine, []).append(f"fault injected: --{option} {value}")
         for machine, lines in logged:
             written.setdefault(machine, []).extend(lines)
-        for machine, lines in written.items():
-            write_lines(machine_log_path(rack_path, machine), lines)
     except VipuError as error:
         fail("fault", str(rack_path), error.message)
     except OSError as error:
         fail("fault", str(rack_path), error.strerror or str(error))
+    for machine, lines in written.items():  # the faults are in: a log that cannot be written says so, and undoes nothing
+        try:
+            write_lines(machine_log_path(rack_path, machine), lines)
+        except OSError as error:
+            click.echo(f"fault ({rack_path}): {machine}'s log not written: {error.strerror or error}", err=True)
     click.echo(f"fault ({rack_path}): success.")
 
 

@@ -324,7 +324,7 @@ def show_telemetry(user, partition_id: str, as_json: bool) -> None:
     rows = [[ipu.agent_id, str(ipu.index), str(ipu.routing_id), _reading(ipu, "utilisation", "{:.0f}"),
              _reading(ipu, "temperature", "{:.1f}"), _reading(ipu, "power", "{:.0f}"), _reading(ipu, "clock_mhz", "{:.0f}"),
              f"{ipu.memory_used / 2**20:.0f}" if ipu.HasField("memory_used") else "-",
-             _reading(ipu, "ecc_errors", "{}"), f"{ipu.age_seconds:.1f}"] for ipu in reply.ipus]
+             _reading(ipu, "ecc_errors", "{}"), _reading(ipu, "age_seconds", "{:.1f}")] for ipu in reply.ipus]
     click.echo(render_table(["Agent", "IPU", "Routing ID", "Util %", "Temp °C", "Power W", "Clock MHz", "Memory MiB", "ECC Errors",
                              "Age s"], rows))
     if not reply.history:

@@ -35,8 +35,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class EntityCollector:
     def __init__(self, store: Store):
         self.store = store
-        # (partition, operation) -> when (monotonic) a scrape first saw the partition in that operation
+        # (partition, operation) -> when (monotonic) a scrape first saw the partition in that operation;
+        # scrapes may overlap (two Prometheus replicas), each on a thread of its own
         self._in_operation: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
 
     def collect(self):
         with self.store.reading() as tx:
@@ -104,15 +106,17 @@ class EntityCollector:
         been seen in it (by this replica's scrapes): one stuck in CREATING or REMOVING shows."""
         now = time.monotonic()
         seen = {(p.id, p.operation_state.value) for p in partitions if p.operation_state is not OperationState.IDLE}
-        for gone in self._in_operation.keys() - seen:
-            del self._in_operation[gone]
-        for key in seen:
-            self._in_operation.setdefault(key, now)
+        with self._lock:
+            for gone in self._in_operation.keys() - seen:
+                del self._in_operation[gone]
+            for key in seen:
+                self._in_operation.setdefault(key, now)
+            in_operation = dict(self._in_operation)
         family = GaugeMetricFamily("vipu_partition_operation_seconds", "How long the partition longest in each operation has been "
                                    "seen in it", labels=["operation"])
         for operation in OperationState:
             if operation is not OperationState.IDLE:
-                family.add_metric([operation.value], max((now - at for (_, op), at in self._in_operation.items()
+                family.add_metric([operation.value], max((now - at for (_, op), at in in_operation.items()
                                                           if op == operation.value), default=0.0))
         yield family
 

@@ -349,6 +349,12 @@ class Quotas:
         if account:
             self.holdings.setdefault(account, Holding()).sizes.append(size)
 
+    def give_back(self, account: str, size: int) -> None:
+        """Undo the last `take` of this size (a start the queue only supposed)."""
+        if account:
+            sizes = self.holdings[account].sizes
+            del sizes[len(sizes) - 1 - sizes[::-1].index(size)]
+
     def borrowing(self, account: str) -> int:
         """IPUs it holds beyond its own quota (0 without one)."""
         quota = self.quotas.get(account)

@@ -45,8 +45,11 @@ class AgentSettings:
     sync_type: str
     reconfigurable: bool
     attach_key: str = field(default="", repr=False)  # the partition's; IPUoF clients must present it
-    owner: str = ""  # the partition's user, and the workload it runs (`Partition.labels`): what the
-    labels: tuple[tuple[str, str], ...] = ()  # agent's telemetry attributes its IPUs to
+    # The partition's user, and the workload it runs (`Partition.labels`): what the agent's telemetry
+    # attributes its IPUs to. Not part of what the machine is configured with, so not compared: an
+    # agent from before them, or settings applied before them, are not taken for lost settings.
+    owner: str = field(default="", compare=False)
+    labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 def agent_settings(partition: Partition, layout: ClusterLayout, serials: Mapping[str, str]) -> dict[str, AgentSettings]:

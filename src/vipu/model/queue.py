@@ -229,7 +229,10 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
 
     `allowed(request, started)`, if given, says whether a request may start at all now, those
     `started` ahead of it in this pass counted (an account's quota, say): one that may not is
-    passed over, neither started nor first, and so holds nothing.
+    passed over, neither started nor first, and so holds nothing. A request behind the first may
+    backfill only if the first is still allowed with it started (asked with `started` and it): so
+    an account's small requests do not take the quota its held request needs. The `started` it
+    is given is this pass's list, or that list with the one supposed start added.
 
     Placement is asked once per line of requests of one shape, and again only for a request that
     started: requests of one shape fit or not together, and what is free only shrinks as the pass
@@ -311,6 +314,12 @@ def admit(queue: Lines[T] | Sequence[T], used: Used, place: Callable[[T, Used], 
                 placement = place(line[position], inside)
                 if placement is None:
                     continue  # not even the held IPUs make room: the rest of its line waits too
+            if allowed is not None and not allowed(first, [*started, (line[position], placement)]):
+                settled.add(id(line[position]))  # it would take what the first needs of its quota: it waits
+                position = next_open(line, position + 1, not fits_outside)
+                if position < len(line):
+                    heappush(fronts, (lines.sequence_of(line[position]), n, position, line, fits_outside))
+                continue
             started.append((line[position], placement))
             _take(outside, placement)
             _take(inside, placement)

@@ -127,6 +127,7 @@ class WatchReport:
     age: float  # seconds since the agent read it
     lines: tuple[LogLine, ...] = ()
     missed: int = 0  # lines after those the controller had that the agent no longer keeps
+    incarnation: str = ""  # the agent's run that numbered the lines
 
 
 @dataclass

@@ -20,13 +20,14 @@ LOG = typing.cast(Table, MachineLogRow.__table__)
 
 
 class MachineLogRepository(TransactionBase):
-    def add_log_lines(self, agent_id: str, lines: Sequence[LogLine]) -> None:
-        """Record lines of an agent's machine (numbered by the agent), dropping its oldest beyond the kept number."""
+    def add_log_lines(self, agent_id: str, incarnation: str, lines: Sequence[LogLine]) -> None:
+        """Record lines of an agent's machine (numbered by that run of the agent), dropping its
+        oldest beyond the kept number."""
         if not lines:
             return
         kept = list(lines)[-KEPT_MACHINE_LOG_LINES:]
-        self.session.execute(LOG.insert(), [{"agent_id": agent_id, "agent_sequence": line.sequence, "at": line.at, "source": line.source,
-                                             "text": line.text} for line in kept])
+        self.session.execute(LOG.insert(), [{"agent_id": agent_id, "agent_incarnation": incarnation, "agent_sequence": line.sequence,
+                                             "at": line.at, "source": line.source, "text": line.text} for line in kept])
         oldest_kept = self.session.execute(select(LOG.c.id).where(LOG.c.agent_id == agent_id).order_by(LOG.c.id.desc())
                                            .offset(KEPT_MACHINE_LOG_LINES - 1).limit(1)).scalar()
         if oldest_kept is not None:
@@ -42,11 +43,22 @@ class MachineLogRepository(TransactionBase):
             rows = list(reversed(self.session.execute(statement.order_by(LOG.c.id.desc()).limit(limit)).all()))
         return [LogLine(row.id, row.at, row.source, row.text) for row in rows]
 
-    def last_agent_lines(self) -> dict[str, int]:
-        """Each agent's last line recorded, by its own number: where collecting goes on from after a restart."""
+    def last_agent_lines(self) -> dict[str, tuple[str, int]]:
+        """Each agent's last line recorded, by the run of the agent that numbered it and its number:
+        where collecting goes on from after the controller restarts."""
         last = select(LOG.c.agent_id, func.max(LOG.c.id).label("id")).group_by(LOG.c.agent_id).subquery()
-        rows = self.session.execute(select(LOG.c.agent_id, LOG.c.agent_sequence).join(last, LOG.c.id == last.c.id))
-        return {agent_id: int(sequence) for agent_id, sequence in rows}
+        rows = self.session.execute(select(LOG.c.agent_id, LOG.c.agent_incarnation, LOG.c.agent_sequence).join(last, LOG.c.id == last.c.id))
+        return {agent_id: (incarnation, int(sequence)) for agent_id, incarnation, sequence in rows}
+
+    def last_log_line(self, agent_id: str) -> int:
+        """The id of an agent's latest line kept; 0 when none is."""
+        return int(self.session.execute(select(func.max(LOG.c.id)).where(LOG.c.agent_id == agent_id)).scalar() or 0)
+
+    def log_lines_from(self, agent_id: str, at: float) -> set[tuple[float, str, str]]:
+        """(at, source, text) of an agent's lines kept stamped at or after `at`: what a restarted
+        agent sends again is told apart by them."""
+        rows = self.session.execute(select(LOG.c.at, LOG.c.source, LOG.c.text).where(LOG.c.agent_id == agent_id, LOG.c.at >= at))
+        return {(float(row.at), row.source, row.text) for row in rows}
 
     def forget_log_lines(self, agent_id: str) -> None:
         self.session.execute(delete(LOG).where(LOG.c.agent_id == agent_id))

@@ -409,8 +409,11 @@ class MachineLogRow(Base):
 
     __tablename__ = "machine_log_lines"
     __table_args__ = (Index("machine_log_by_agent", "agent_id", "id"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # 64 bits where the database has them (SQLite's INTEGER primary key is its 64-bit row id): a pod
+    # logging thousands of lines a second would use up 32 bits within weeks.
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     agent_id: Mapped[str] = mapped_column(ID)
+    agent_incarnation: Mapped[str] = mapped_column(String(32))  # the agent's run that numbered it
     agent_sequence: Mapped[int] = mapped_column(BigInteger)  # its number at the agent: where collecting goes on from
     at: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(16))

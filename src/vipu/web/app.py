@@ -132,7 +132,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
             drawn = _racks(source)
             kind = heat if heat in racks.HEAT_SCALES and source.viewer.admin else ""
             if kind:
-                racks.colour_by_heat(drawn, source.telemetry(), kind)
+                racks.colour_by_heat(drawn, source.telemetry_or_none() or [], kind)
             _, low, high, form = racks.HEAT_SCALES.get(kind, ("", 0.0, 0.0, "{}"))
             return {"racks": drawn, "tests_report": _tests(source), "bookings": racks.timeline(source.reservations(), time.time()),
                     "timeline_days": racks.TIMELINE_DAYS, "heat": kind,
@@ -147,7 +147,7 @@ def create_app(sessions: Sessions, controller: str) -> FastAPI:
             agent = next((a for a in source.agents() if a.id == agent_id), None)
             if agent is None:
                 return {"agent": None, "agent_id": agent_id}
-            telemetry = next((t for t in source.telemetry() if t.agent_id == agent_id), None)
+            telemetry = next((t for t in source.telemetry_or_none() or [] if t.agent_id == agent_id), None)
             try:
                 lines, log_problem = source.machine_log(agent_id, grep), ""
             except VipuError as error:

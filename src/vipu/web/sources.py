@@ -123,9 +123,13 @@ class Source:
         except Unavailable:
             return []
 
-    def telemetry(self) -> list[admin_pb2.AgentTelemetry]:
-        """Every machine's telemetry as the controller last collected it (read each time: it changes by the second)."""
-        return self._admin().list_telemetry()
+    def telemetry_or_none(self) -> list[admin_pb2.AgentTelemetry] | None:
+        """Every machine's telemetry as the controller last collected it (read each time: it changes
+        by the second); None from a controller that does not collect it, so that the page goes without."""
+        try:
+            return self._admin().list_telemetry()
+        except Unavailable:
+            return None
 
     def machine_log(self, agent_id: str, grep: str = "", lines: int = 200) -> list:
         """A machine's latest log lines (those matching `grep`), oldest first."""

@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from tests.unit.agent.test_attachments_service import caller
 from tests.unit.agent.test_machine_hold import SITE_CERT, configure
 from tests.unit.backends.test_sim_machine import settings
+from vipu import failpoints
 from vipu.agent.exporter import MachineMetrics
 from vipu.agent.holds import MachineHold
 from vipu.agent.service import AgentServicer
@@ -95,12 +96,20 @@ class FailingBmc:
 
 def test_a_reading_that_fails_keeps_the_last_one_counted_and_ageing(machine):
     watch = MachineWatch(machine)
+    assert watch.latest()[0] is None and 'vipu_agent_telemetry_age_seconds{machine="m01"}' in scrape(MachineMetrics(machine, watch))
     watch.read_telemetry_once()
-    first = watch.reading
+    first, age = watch.latest()
     machine.telemetry_driver = FailingBmc()
     watch.read_telemetry_once()
     assert watch.reading is first and watch.telemetry_failures == 1 and watch.problem.endswith("no answer within 5 s")
-    assert 'vipu_agent_telemetry_read_failures_total{machine="m01"} 1.0' in scrape(MachineMetrics(machine, watch))
+    assert watch.latest()[1] >= age
+    failpoints.arm("machine.telemetry", "fail(the BMC did not answer)")  # what bench.scrape stalls with delay()
+    try:
+        watch.read_telemetry_once()
+    finally:
+        failpoints.disarm("machine.telemetry")
+    assert watch.telemetry_failures == 2 and watch.problem == "the BMC did not answer"
+    assert 'vipu_agent_telemetry_read_failures_total{machine="m01"} 2.0' in scrape(MachineMetrics(machine, watch))
 
 
 def test_watch_answers_the_holder_only_so_a_tenant_reads_no_other_tenants_machine_log(machine, tmp_path):
@@ -116,8 +125,12 @@ def test_watch_answers_the_holder_only_so_a_tenant_reads_no_other_tenants_machin
     reply = agent.Watch(agent_pb2.WatchRequest(), caller("ctl-a"))
     assert [line.text for line in reply.lines][-1] == "partition p1 cleared"
     assert len(reply.telemetry.ipus) == 4 and reply.telemetry.ipus[0].HasField("temperature")
-    again = agent.Watch(agent_pb2.WatchRequest(after_line=reply.lines[-1].sequence), caller("ctl-a"))
+    again = agent.Watch(agent_pb2.WatchRequest(after_line=reply.lines[-1].sequence, incarnation=reply.incarnation), caller("ctl-a"))
     assert list(again.lines) == [] and again.missed_lines == 0
+    restarted = AgentServicer(machine, hold, MachineWatch(machine))  # another run of the agent numbers its lines afresh
+    restarted.watch.log.add(1.0, "gateway", "after the restart")
+    anew = restarted.Watch(agent_pb2.WatchRequest(after_line=reply.lines[-1].sequence, incarnation=reply.incarnation), caller("ctl-a"))
+    assert [line.text for line in anew.lines] == ["after the restart"] and anew.incarnation != reply.incarnation
 
 
 def test_a_flood_leaves_a_bounded_tail_and_a_count_of_what_was_dropped(machine):

@@ -87,13 +87,12 @@ def test_a_pass_keeps_each_account_to_its_quota_and_a_reclaimed_borrower_borrows
     jobs = [Job(f"j{n}", account, size) for n, (account, size) in enumerate(waiting)]
     barred_by = {name: {"ml-c"} for name in reclaimed}  # ml-c waits, having reclaimed quota from these
     held = {name: quotas.holding(name).ipus for name in NAMES}
-    counted = [0]
-    reference = Quotas.of(accounts, "a1", [(account, size) for _, account, size, _ in placed])
 
     def allowed(job: Job, started) -> bool:
-        for earlier, _ in started[counted[0]:]:
+        """The quota rule counted afresh from what is held and what `started` holds (the pass may suppose a start)."""
+        reference = Quotas.of(accounts, "a1", [(account, size) for _, account, size, _ in placed])
+        for earlier, _ in started:
             reference.take(earlier.account, earlier.size)
-        counted[0] = len(started)
         return reference.verdict(job.account, job.size, barred_by.get(job.account, set())).allowed
 
     admission = queue.admit(jobs, used, place, hold, allowed=allowed)
@@ -252,3 +251,22 @@ def test_backfill_asks_each_request_again_whether_it_may_start_after_what_starte
                             lambda job, used, started: choose_held_shape(layout, set(layout.agent_ids), used, job.size), allowed=allowed)
     assert admission.first.name == "big"
     assert [job.name for job, _ in admission.started] == ["two"]  # 2 + 1 would be 3, over ml-a's 2
+
+
+def test_an_accounts_small_request_does_not_backfill_into_the_quota_its_held_request_needs():
+    """Found by the property above: with its 8-IPU request held for (no room yet) and a quota of 8,
+    the account's 1-IPU request behind it would have started and left the held one over quota."""
+    accounts = {"ml-a": Account("ml-a", (), "", {"": Quota(8)}), "ml-b": Account("ml-b", (), "", {"": Quota(0)}),
+                "ml-c": Account("ml-c", (), "", {"": Quota(0)})}
+    used, placed = used_by([("ml-b", 1), ("ml-b", 1), ("ml-b", 1), ("ml-b", 2), ("ml-b", 4)])
+    quotas = Quotas.of(accounts, "a1", [(account, size) for _, account, size, _ in placed])
+
+    def allowed(job: Job, started) -> bool:
+        reference = Quotas.of(accounts, "a1", [(account, size) for _, account, size, _ in placed])
+        for earlier, _ in started:
+            reference.take(earlier.account, earlier.size)
+        return reference.verdict(job.account, job.size, set()).allowed
+
+    admission = queue.admit([Job("j0", "ml-a", 8), Job("j1", "ml-a", 1)], used, place, hold, allowed=allowed)
+    assert admission.first == Job("j0", "ml-a", 8) and admission.started == ()
+    assert quotas.holding("ml-a").ipus == 0

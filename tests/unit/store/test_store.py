@@ -977,16 +977,18 @@ def test_machine_log_lines_keep_the_latest_per_machine_and_where_collecting_goes
 
     monkeypatch.setattr(machinelogs, "KEPT_MACHINE_LOG_LINES", 5)
     with store.transaction() as tx:
-        tx.add_log_lines("ag1", [LogLine(n, 100.0 + n, "gateway", f"line {n}") for n in range(1, 8)])
-        tx.add_log_lines("ag2", [LogLine(40, 50.0, "bmc", "SEL: Warning: fan2 slow")])
+        tx.add_log_lines("ag1", "run1", [LogLine(n, 100.0 + n, "gateway", f"line {n}") for n in range(1, 8)])
+        tx.add_log_lines("ag2", "run9", [LogLine(40, 50.0, "bmc", "SEL: Warning: fan2 slow")])
     with store.transaction() as tx:
-        tx.add_log_lines("ag1", [LogLine(8, 108.0, "gateway", "line 8")])
+        tx.add_log_lines("ag1", "run2", [LogLine(8, 108.0, "gateway", "line 8")])
     with store.transaction() as tx:
         kept = tx.log_lines("ag1")
         assert [line.text for line in kept] == [f"line {n}" for n in range(4, 9)]  # the latest 5 of 8
         assert [line.text for line in tx.log_lines("ag1", after=kept[2].sequence)] == ["line 7", "line 8"]
         assert [line.text for line in tx.log_lines("ag1", since=107.0)] == ["line 7", "line 8"]
         assert [line.text for line in tx.log_lines("ag1", limit=2)] == ["line 7", "line 8"]  # the latest, oldest first
-        assert tx.last_agent_lines() == {"ag1": 8, "ag2": 40}
+        assert tx.last_agent_lines() == {"ag1": ("run2", 8), "ag2": ("run9", 40)}
+        assert tx.last_log_line("ag1") == kept[-1].sequence and tx.last_log_line("ag3") == 0
+        assert tx.log_lines_from("ag1", 107.0) == {(107.0, "gateway", "line 7"), (108.0, "gateway", "line 8")}
         tx.forget_log_lines("ag1")
         assert tx.log_lines("ag1") == [] and len(tx.log_lines("ag2")) == 1

@@ -487,19 +487,23 @@ class MachineLogLine(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., at: _Optional[float] = ..., source: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("after_line", "most_lines")
+    __slots__ = ("after_line", "most_lines", "incarnation")
     AFTER_LINE_FIELD_NUMBER: _ClassVar[int]
     MOST_LINES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     after_line: int
     most_lines: int
-    def __init__(self, after_line: _Optional[int] = ..., most_lines: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, after_line: _Optional[int] = ..., most_lines: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class WatchReply(_message.Message):
-    __slots__ = ("telemetry", "lines", "missed_lines")
+    __slots__ = ("telemetry", "lines", "missed_lines", "incarnation")
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
     MISSED_LINES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     telemetry: MachineTelemetry
     lines: _containers.RepeatedCompositeFieldContainer[MachineLogLine]
     missed_lines: int
-    def __init__(self, telemetry: _Optional[_Union[MachineTelemetry, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[MachineLogLine, _Mapping]]] = ..., missed_lines: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, telemetry: _Optional[_Union[MachineTelemetry, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[MachineLogLine, _Mapping]]] = ..., missed_lines: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...

@@ -56,7 +56,7 @@ def parse_line(line: str) -> tuple[float, str]:
         return time.time(), line
 
 
-LOST_LINES = "the log rotated more than once between two reads: lines were lost"
+LOST_LINES = "the log rotated more than once between two reads: lines may have been lost"
 
 
 class LogFollower:
@@ -79,7 +79,10 @@ class LogFollower:
                 self._file = open(self.path, "rb")  # noqa: SIM115 - kept open between reads, closed on rotation
             except FileNotFoundError:
                 return []
-            self._file.seek(max(0, os.fstat(self._file.fileno()).st_size - READ_BYTES))
+            start = max(0, os.fstat(self._file.fileno()).st_size - READ_BYTES)
+            self._file.seek(start)
+            if start:
+                self._file.readline()  # the rest of a line begun before: not a line
         ended = self._drain(lines)
         try:
             current = self.path.stat().st_ino
@@ -91,11 +94,12 @@ class LogFollower:
             self._file, self._partial = None, b""
             try:
                 rotated = self.path.with_suffix(".log.1")
-                if rotated.stat().st_ino != ours:  # a file came and went unread between two reads
+                if rotated.stat().st_ino != ours:  # another file (or more) came between: one or more may have gone unread
                     after = lines[-1].split(b" ", 1)[0].decode("utf-8", "replace") if lines else _stamp(time.time())
                     lines.append(f"{after} {LOST_LINES}".encode())  # stamped as the line before, to keep its place
                     with open(rotated, "rb") as between:
-                        lines += [line for line in between.read(READ_BYTES).split(b"\n") if line]
+                        whole = between.read(2 * ROTATE_BYTES)  # a rotated file is at most ROTATE_BYTES and a line
+                    lines += [line for line in whole.rpartition(b"\n")[0].split(b"\n") if line]
             except FileNotFoundError:
                 pass
             try:

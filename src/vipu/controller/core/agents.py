@@ -116,8 +116,10 @@ class AgentGateway(Protocol):
         """The machine's power and health now, and its health events after `after_event`."""
         ...
 
-    def watch(self, host: str, port: int, after_line: int, most_lines: int) -> WatchReport:
-        """The machine's telemetry as its agent last read it, and its log lines after `after_line`."""
+    def watch(self, host: str, port: int, after_line: int, most_lines: int, incarnation: str = "", timeout: float = 0.0) -> WatchReport:
+        """The machine's telemetry as its agent last read it, and its log lines after `after_line`
+        as that run of the agent (`incarnation`) numbered them; within `timeout` seconds (0: the
+        agent timeout)."""
         ...
 
     def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:

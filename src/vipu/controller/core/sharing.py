@@ -181,13 +181,18 @@ class Sharing:
 
     def allowance(self, quotas: Quotas) -> Callable[[WaitingRequest, Sequence[tuple[WaitingRequest, Placement]]], bool]:
         """What the pass asks of each request before it may start (`vipu.model.queue.admit`'s
-        `allowed`): its account's quota, counting what the pass started ahead of it."""
-        counted = [0]
+        `allowed`): its account's quota, counting what the pass started ahead of it. `started`
+        grows as the pass goes, but for a start the pass only supposes (one more at its end, not
+        there at the next call): `quotas` follows it, taking what is new and giving back what went."""
+        counted: list[WaitingRequest] = []
 
         def allowed(request: WaitingRequest, started: Sequence[tuple[WaitingRequest, Placement]]) -> bool:
-            for earlier, _ in started[counted[0]:]:
+            while counted and (len(counted) > len(started) or started[len(counted) - 1][0] is not counted[-1]):
+                gone = counted.pop()
+                quotas.give_back(gone.request.account, gone.size)
+            for earlier, _ in started[len(counted):]:
                 quotas.take(earlier.request.account, earlier.size)
-            counted[0] = len(started)
+                counted.append(earlier)
             account = request.request.account
             return not account or quotas.verdict(account, request.size, self.barring(account)).allowed
 

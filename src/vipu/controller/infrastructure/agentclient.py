@@ -134,9 +134,9 @@ class GrpcAgentGateway:
     def condition(self, host: str, port: int, after_event: int = 0) -> MachineCondition:
         return convert.condition_from_proto(self._call(host, port, "GetCondition", agent_pb2.GetConditionRequest(after_event=after_event)))
 
-    def watch(self, host: str, port: int, after_line: int, most_lines: int) -> WatchReport:
-        return convert.watch_report_from_proto(
-            self._call(host, port, "Watch", agent_pb2.WatchRequest(after_line=after_line, most_lines=most_lines)))
+    def watch(self, host: str, port: int, after_line: int, most_lines: int, incarnation: str = "", timeout: float = 0.0) -> WatchReport:
+        request = agent_pb2.WatchRequest(after_line=after_line, most_lines=most_lines, incarnation=incarnation)
+        return convert.watch_report_from_proto(self._call(host, port, "Watch", request, timeout or None))
 
     def power(self, host: str, port: int, action: PowerAction, timeout: float) -> PowerState:
         """A power action, waited for by the agent at most `timeout` seconds (and by the call a little longer)."""

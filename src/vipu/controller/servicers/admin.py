@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from vipu.api import convert
 from vipu.api.protos import admin_pb2 as pb
 from vipu.api.protos import admin_pb2_grpc as pb_grpc
@@ -240,6 +242,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def ReadMachineLog(self, request, context):
         if self.telemetry is None:
             raise Unavailable("this controller does not collect machine logs")
+        for name, value in (("since", request.since), ("wait_seconds", request.wait_seconds)):
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"{name} must be a number of seconds from 0, not {value!r}")
         lines, last = self.telemetry.log(request.agent_id, request.after, request.since, request.grep, request.limit,
                                          min(request.wait_seconds, MOST_LOG_WAIT_SECONDS))
         return pb.ReadMachineLogReply(lines=[convert.log_line_to_proto(line) for line in lines], last=last)

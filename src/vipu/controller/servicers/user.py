@@ -107,8 +107,9 @@ class UserServicer(pb_grpc.UserServiceServicer):
         ipus, history = self.telemetry.partition(partition)
         reply = pb.GetPartitionTelemetryReply()
         for ipu in ipus:
-            entry = reply.ipus.add(agent_id=ipu.agent_id, index=ipu.index, routing_id=ipu.routing_id,
-                                   age_seconds=ipu.age if math.isfinite(ipu.age) else 0.0)
+            entry = reply.ipus.add(agent_id=ipu.agent_id, index=ipu.index, routing_id=ipu.routing_id)
+            if math.isfinite(ipu.age):
+                entry.age_seconds = ipu.age
             for field in ("utilisation", "temperature", "power", "clock_mhz", "memory_used", "ecc_errors"):
                 value = getattr(ipu.reading, field) if ipu.reading is not None else None
                 if value is not None:

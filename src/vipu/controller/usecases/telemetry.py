@@ -1,13 +1,16 @@
 """What the controller keeps of its machines' telemetry and logs, collected from their agents.
 
 Every `--watch-interval` seconds the leader asks each agent whose machine has the telemetry or
-logs capability for its last reading and its new log lines (one call each, in parallel, with the
-agent timeout). Log lines go to the store, the latest KEPT_MACHINE_LOG_LINES per machine, so any
-replica answers `vipu-admin logs agent` and a restarted leader goes on where the last left off; a
-flood at the machine reaches the store as the lines the agent kept and one line saying how many
-it dropped. Telemetry stays in memory: the latest reading per machine, and each partition's IPUs'
-utilisation over its life (`UtilisationHistory`, bounded), for `vipu get partition --telemetry`
-and the dashboard; a new leader's history starts when it does.
+logs capability for its last reading and its new log lines: one call each, in parallel, with a
+deadline of WATCH_CALL_SECONDS, an agent whose last call has not ended being skipped, so one that
+does not answer delays no other. Log lines go to the store, the latest KEPT_MACHINE_LOG_LINES per
+machine, so any replica answers `vipu-admin logs agent` and a restarted leader goes on where the
+last left off. An agent that restarted numbers its lines afresh (its incarnation says so) and sends
+what it still holds again: the lines already stored are left out. A flood at the machine reaches
+the store as the lines the agent kept and one line saying how many it dropped. Telemetry stays
+in memory: the latest reading per machine, and each partition's IPUs' utilisation over its life
+(`UtilisationHistory`, bounded), for `vipu get partition --telemetry` and the dashboard; a new
+leader's history starts when it does.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from vipu.store.store import Store
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
+WATCH_CALL_SECONDS = 3.0  # the most one agent's Watch call may take
 MOST_LINES_READ = 1000  # lines one ReadMachineLog answers with at most
 FOLLOW_POLL_SECONDS = 0.2  # how often a waiting read looks at the store again (a replica hears of no collection)
 
@@ -65,7 +69,9 @@ class TelemetryService:
         self._lock = threading.Condition()
         self._latest: dict[str, Latest] = {}
         self._histories: dict[str, UtilisationHistory] = {}
-        self._after: dict[str, int] | None = None  # each agent's last line collected, by the agent's number
+        # Each agent's last line collected: the run of the agent that numbered it, and its number.
+        self._after: dict[str, tuple[str, int]] | None = None
+        self._calling: set[str] = set()  # agents whose Watch call has not ended
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -80,38 +86,58 @@ class TelemetryService:
     def collect_all(self) -> None:
         """One look at every agent whose machine has telemetry or logs."""
         if self._after is None:
-            with self.store.transaction() as tx:
+            with self.store.reading() as tx:
                 self._after = tx.last_agent_lines()
-        agents = [a for a in self.store.configuration().agents.values()
-                  if a.inventory.has(Capability.TELEMETRY) or a.inventory.has(Capability.LOGS)]
-        for agent, outcome in zip(agents, self._pool.map(self._collect, agents), strict=True):
-            if isinstance(outcome, VipuError):
-                log.debug("agent %s: not watched: %s", agent.id, outcome.message)
+        configured = self.store.configuration().agents
+        with self._lock:
+            for gone in self._latest.keys() - configured.keys():
+                del self._latest[gone]
+            due = [a for a in configured.values() if a.id not in self._calling
+                   and (a.inventory.has(Capability.TELEMETRY) or a.inventory.has(Capability.LOGS))]
+            self._calling.update(a.id for a in due)
+        for n, agent in enumerate(due):
+            try:
+                self._pool.submit(self._collect, agent)
+            except RuntimeError:  # its pool was shut down: the controller stops
+                with self._lock:
+                    self._calling.difference_update(a.id for a in due[n:])
+                return
         self._follow_partitions()
 
-    def _collect(self, agent: Agent) -> VipuError | None:
-        assert self._after is not None
+    def _collect(self, agent: Agent) -> None:
         try:
-            report = self.gateway.watch(agent.host, agent.port, self._after.get(agent.id, 0), AGENT_LOG_LINES)
+            self._collect_one(agent)
         except VipuError as error:
-            return error
+            log.debug("agent %s: not watched: %s", agent.id, error.message)
+        except Exception:
+            log.exception("agent %s: collecting its telemetry and log failed", agent.id)
+        finally:
+            with self._lock:
+                self._calling.discard(agent.id)
+
+    def _collect_one(self, agent: Agent) -> None:
+        assert self._after is not None
+        incarnation, after = self._after.get(agent.id, ("", 0))
+        report = self.gateway.watch(agent.host, agent.port, after, AGENT_LOG_LINES, incarnation, WATCH_CALL_SECONDS)
         lines = list(report.lines)
+        if lines and report.incarnation != incarnation and incarnation:  # a restarted agent: what it sends again is stored
+            with self.store.reading() as tx:
+                stored = tx.log_lines_from(agent.id, min(line.at for line in lines))
+            lines = [line for line in lines if (line.at, line.source, line.text) not in stored]
         if report.missed:
             first = lines[0] if lines else None
             lines.insert(0, LogLine(first.sequence - 1 if first else 0, first.at if first else time.time(), "vipu",
                                     f"{report.missed} lines of the machine's log were dropped at its agent before they were collected"))
         if lines:
-            try:
-                with self.store.transaction() as tx:
-                    tx.add_log_lines(agent.id, lines)
-            except VipuError as error:
-                return error
-            self._after[agent.id] = report.lines[-1].sequence if report.lines else self._after.get(agent.id, 0)
+            with self.store.transaction() as tx:
+                tx.add_log_lines(agent.id, report.incarnation, lines)
+        if report.lines:
+            self._after[agent.id] = (report.incarnation, report.lines[-1].sequence)
         with self._lock:
             if report.reading is not None:
                 self._latest[agent.id] = Latest(report.reading, report.age, time.monotonic())
-            self._lock.notify_all()
-        return None
+            if lines:
+                self._lock.notify_all()
 
     def _follow_partitions(self) -> None:
         """A sample of each partition's IPUs' utilisation; the histories of partitions gone are dropped."""
@@ -163,9 +189,12 @@ class TelemetryService:
         limit = min(limit or MOST_LINES_READ, MOST_LINES_READ)
         deadline = time.monotonic() + wait
         while True:
-            with self.store.transaction() as tx:
+            with self.store.reading() as tx:
                 lines = tx.log_lines(agent_id, after, since, limit if pattern is None else MOST_LINES_READ * 10)
-            last = lines[-1].sequence if lines else after
+                newest = tx.last_log_line(agent_id) if not after else 0
+            # The last line looked through: with nothing after `after`, it stays; a first read that found
+            # nothing to show goes on from the newest line kept, not from the start.
+            last = lines[-1].sequence if lines else (after or newest)
             found = [line for line in lines if pattern is None or pattern.search(line.text)]
             if pattern is not None and not after:
                 found = found[-limit:]
