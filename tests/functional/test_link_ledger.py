@@ -96,8 +96,8 @@ def test_an_idle_relocatable_partition_moves_off_a_link_going_bad(pod):
     assert pod.user("create", "partition", "mover", "--size", "8", "--relocatable").code == 0
     assert {row[2] for row in rows(pod.user("get", "partition", "mover").out)} == {"ag1", "ag2"}
     sim(pod, "--degrade", "m01:IPU-Link:6=steady:600")  # the cable from ag1:6 to ag2:2, which it runs over
-    moved = wait_until(lambda: (p := pairs(pod.user("get", "partition", "mover").out))["Relocated"] != "-" and p, timeout=30,
-                       what="mover to move off ag1:6 once it is suspect")
+    moved = wait_until(lambda: (p := pairs(pod.user("get", "partition", "mover").out))["Relocated"] != "-" and p["State"] != "PENDING"
+                       and p, timeout=30, what="mover to move off ag1:6 once it is suspect, and be configured there")
     assert moved["Relocated"].startswith("moved from ag1-ag2 to ag3-ag4") and "away from an unhealthy link (link ag1:6 it runs over" \
         in moved["Relocated"], moved["Relocated"]
     assert moved["State"] == "ACTIVE" and moved["Links"] == "-"
@@ -126,7 +126,7 @@ def test_a_suspect_link_steers_a_new_partition_and_a_failed_one_refuses_only_the
             assert pod.user("remove", "partition", "whole").code == 0
         return created if "quarantined links" in created.err else None
 
-    refused = wait_until(whole_pod_refused, timeout=10, what="the partition of all four machines to be refused for the failed ag3:5")
+    refused = wait_until(whole_pod_refused, timeout=30, what="the partition of all four machines to be refused for the failed ag3:5")
     failed_line(refused, "create partition", "whole", "every free place for 16 IPUs in allocation alloc-1 needs quarantined links: "
                 "ag3:5 (failed: it is down: it stopped training); ag4:1 (failed: it is down: it stopped training)")
 

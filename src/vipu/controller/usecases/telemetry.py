@@ -3,9 +3,11 @@
 Every `--watch-interval` seconds the leader asks each agent whose machine has the telemetry or
 logs capability for its last reading and its new log lines: one call each, in parallel, with a
 deadline of WATCH_CALL_SECONDS, an agent whose last call has not ended being skipped, so one that
-does not answer delays no other. Log lines go to the store, the latest KEPT_MACHINE_LOG_LINES per
-machine, so any replica answers `vipu-admin logs agent` and a restarted leader goes on where the
-last left off. An agent that restarted numbers its lines afresh (its incarnation says so) and sends
+does not answer delays no other for longer than that. The round's new lines go to the store in
+one transaction (a write per round, not per machine: the store's writes are the partitions' too),
+the latest KEPT_MACHINE_LOG_LINES per machine, so any replica answers `vipu-admin logs agent` and
+a restarted leader goes on where the last left off; where the write fails, the next round asks the
+agents for the same lines again. An agent that restarted numbers its lines afresh (its incarnation says so) and sends
 what it still holds again: the lines already stored are left out. A flood at the machine reaches
 the store as the lines the agent kept and one line saying how many it dropped. Telemetry stays
 in memory: the latest reading per machine, and each partition's IPUs' utilisation over its life
@@ -20,6 +22,7 @@ import math
 import re
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -72,6 +75,8 @@ class TelemetryService:
         # Each agent's last line collected: the run of the agent that numbered it, and its number.
         self._after: dict[str, tuple[str, int]] | None = None
         self._calling: set[str] = set()  # agents whose Watch call has not ended
+        # What calls brought that the store does not have yet: (agent, its run, the new lines, the last line's number there)
+        self._pending: list[tuple[str, str, list[LogLine], int]] = []
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -95,14 +100,40 @@ class TelemetryService:
             due = [a for a in configured.values() if a.id not in self._calling
                    and (a.inventory.has(Capability.TELEMETRY) or a.inventory.has(Capability.LOGS))]
             self._calling.update(a.id for a in due)
+        calls = []
         for n, agent in enumerate(due):
             try:
-                self._pool.submit(self._collect, agent)
+                calls.append(self._pool.submit(self._collect, agent))
             except RuntimeError:  # its pool was shut down: the controller stops
                 with self._lock:
                     self._calling.difference_update(a.id for a in due[n:])
                 return
+        futures.wait(calls, timeout=WATCH_CALL_SECONDS)
+        self._store_lines()
         self._follow_partitions()
+
+    def _store_lines(self) -> None:
+        """Write the lines the calls brought, in one transaction; then each agent's next call goes on after them."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not any(lines for _, _, lines, _ in pending):
+            self._advance(pending)
+            return
+        try:
+            with self.store.transaction() as tx:
+                for agent_id, incarnation, lines, _ in pending:
+                    tx.add_log_lines(agent_id, incarnation, lines)
+        except VipuError as error:
+            log.warning("machine log lines not stored (asked for again next time): %s", error.message)
+            return
+        self._advance(pending)
+        with self._lock:
+            self._lock.notify_all()
+
+    def _advance(self, stored: list[tuple[str, str, list[LogLine], int]]) -> None:
+        assert self._after is not None
+        for agent_id, incarnation, _, last in stored:
+            self._after[agent_id] = (incarnation, last)
 
     def _collect(self, agent: Agent) -> None:
         try:
@@ -128,16 +159,11 @@ class TelemetryService:
             first = lines[0] if lines else None
             lines.insert(0, LogLine(first.sequence - 1 if first else 0, first.at if first else time.time(), "vipu",
                                     f"{report.missed} lines of the machine's log were dropped at its agent before they were collected"))
-        if lines:
-            with self.store.transaction() as tx:
-                tx.add_log_lines(agent.id, report.incarnation, lines)
-        if report.lines:
-            self._after[agent.id] = (report.incarnation, report.lines[-1].sequence)
         with self._lock:
+            if report.lines:
+                self._pending.append((agent.id, report.incarnation, lines, report.lines[-1].sequence))
             if report.reading is not None:
                 self._latest[agent.id] = Latest(report.reading, report.age, time.monotonic())
-            if lines:
-                self._lock.notify_all()
 
     def _follow_partitions(self) -> None:
         """A sample of each partition's IPUs' utilisation; the histories of partitions gone are dropped."""
