@@ -110,3 +110,30 @@ def test_a_partitions_owner_and_workload_are_not_what_the_machine_is_configured_
     settings = AgentSettings("p1", (IpuSetting(0, 0, 0, 0, ()),), (), (), (), "DNC", "DEFAULT", "POD_NATIVE_DEFAULT", False, "k")
     labelled = dataclasses.replace(settings, owner="alice", labels=(("slurm_job", "42"),))
     assert labelled == settings  # an agent from before them, or settings applied before them, are not lost settings
+
+
+def test_an_agent_whose_call_is_late_for_its_round_is_not_asked_again_until_its_lines_are_stored(store, monkeypatch):
+    from vipu.controller.usecases import telemetry
+
+    monkeypatch.setattr(telemetry, "WATCH_CALL_SECONDS", 0.05)
+    scripted = ScriptedAgent()
+    release = threading.Event()
+    answer = scripted.watch
+
+    def slow_watch(*args, **kwargs):
+        release.wait(10)
+        return answer(*args, **kwargs)
+
+    scripted.watch = slow_watch  # type: ignore[method-assign]
+    service = TelemetryService(store, scripted, NoOwners())
+    scripted.log(100.0, "line 0")
+    service.collect_all()  # the round ends without the late call's lines
+    assert texts(service) == [] and service._calling == {"ag1"}
+    release.set()
+    deadline = time.monotonic() + 10
+    while service._calling and time.monotonic() < deadline:
+        time.sleep(0.01)
+    scripted.watch = answer  # type: ignore[method-assign]
+    service.collect_all()  # stores what the late call brought, and does not ask for it again meanwhile
+    service.collect_all()
+    assert texts(service) == ["line 0"] and scripted.asked == [(0, ""), (1, "run1")]

@@ -97,7 +97,8 @@ class TelemetryService:
         with self._lock:
             for gone in self._latest.keys() - configured.keys():
                 del self._latest[gone]
-            due = [a for a in configured.values() if a.id not in self._calling
+            waiting = self._calling | {agent_id for agent_id, _, _, _ in self._pending}  # a call late for its round: not asked again
+            due = [a for a in configured.values() if a.id not in waiting   # until what it brought is stored
                    and (a.inventory.has(Capability.TELEMETRY) or a.inventory.has(Capability.LOGS))]
             self._calling.update(a.id for a in due)
         calls = []
@@ -160,8 +161,8 @@ class TelemetryService:
             lines.insert(0, LogLine(first.sequence - 1 if first else 0, first.at if first else time.time(), "vipu",
                                     f"{report.missed} lines of the machine's log were dropped at its agent before they were collected"))
         with self._lock:
-            if report.lines:
-                self._pending.append((agent.id, report.incarnation, lines, report.lines[-1].sequence))
+            if report.lines or lines:
+                self._pending.append((agent.id, report.incarnation, lines, report.lines[-1].sequence if report.lines else after))
             if report.reading is not None:
                 self._latest[agent.id] = Latest(report.reading, report.age, time.monotonic())
 
