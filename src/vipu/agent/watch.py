@@ -63,10 +63,6 @@ class MachineWatch:
             return None, time.monotonic() - self._started
         return latest[0], time.monotonic() - latest[1]
 
-    @property
-    def reading(self) -> TelemetryReading | None:
-        return self.latest()[0]
-
     def read_telemetry_once(self) -> None:
         try:
             failpoints.hit("machine.telemetry")  # a BMC that answers slowly, or not at all

@@ -5,6 +5,7 @@ The only module that knows both shapes; servicers and clients call it and stay t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from vipu.api.protos import admin_pb2, agent_pb2
@@ -560,8 +561,7 @@ def account_from_proto(message: admin_pb2.Account) -> Account:
     return Account(message.name, tuple(dict.fromkeys(u.strip() for u in message.users if u.strip())), message.cohort.strip(), quotas)
 
 
-_IPU_FIELDS = ("utilisation", "temperature", "power", "clock_mhz", "memory_used", "memory_total", "ecc_errors", "parity_errors",
-               "link_errors")
+_IPU_FIELDS = tuple(f.name for f in dataclasses.fields(IpuReading) if f.name != "index")  # each a field of IpuTelemetry too
 
 
 def telemetry_to_proto(reading: TelemetryReading, age: float) -> agent_pb2.MachineTelemetry:

@@ -53,7 +53,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -86,6 +85,7 @@ from vipu.backends.capabilities import (
 )
 from vipu.model.errors import InvalidArgument, Unavailable, VipuError, one_line
 from vipu.model.telemetry import IpuReading, SensorReading, TelemetryReading
+from vipu.model.times import stamp_seconds
 
 log = logging.getLogger("vipu.backends.redfish")
 # sushy logs each failed request itself, every time, with its traceback's words: the driver says
@@ -234,10 +234,8 @@ def _number(value: object) -> bool:
 
 def _created(value: object) -> float:
     """A log entry's Created time, in seconds since the epoch; now if it has none that reads."""
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time()
+    at = stamp_seconds(str(value))
+    return at if at is not None else time.time()
 
 
 def _links(document: dict, name: str) -> list[str]:

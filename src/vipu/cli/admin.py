@@ -419,18 +419,14 @@ def logs_agent(admin, agent_id, since, follow, grep, limit):
     """Print an agent's machine's log (its gateway's and its BMC's), as the controller collected it."""
     with reporting("logs agent", agent_id):
         reply = admin.read_machine_log(agent_id, since=since_time(since), grep=grep, limit=limit)
-    for line in reply.lines:
-        click.echo(f"{_when(line.at)} {line.source}: {line.text}")
-    if not follow:
-        return
-    after = reply.last
     try:
         while True:
-            with reporting("logs agent", agent_id):
-                reply = admin.read_machine_log(agent_id, after=after, grep=grep, wait=FOLLOW_WAIT_SECONDS)
             for line in reply.lines:
                 click.echo(f"{_when(line.at)} {line.source}: {line.text}")
-            after = reply.last
+            if not follow:
+                return
+            with reporting("logs agent", agent_id):
+                reply = admin.read_machine_log(agent_id, after=reply.last, grep=grep, wait=FOLLOW_WAIT_SECONDS)
     except KeyboardInterrupt:
         return
 

@@ -7,6 +7,8 @@ controller's reasons and notes, the CLI and the dashboard.
   fraction of a second as `0.5s` (`duration_text`); an age, roughly, in its largest unit: `3h`
   (`age_text`).
 - A partition is expected to end its expected duration after its start (`expected_end`).
+- A stamp a machine writes (ISO 8601, `2026-12-07T10:00:00Z`; one naming no zone is UTC) is read
+  as seconds since the epoch (`stamp_seconds`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def utc_text(moment: datetime | float | None, *, labelled: bool = True) -> str:
     elif moment.tzinfo is not None:
         moment = moment.astimezone(UTC)
     return f"{moment:%Y-%m-%d %H:%M:%S}{' UTC' if labelled else ''}"
+
+
+def stamp_seconds(text: str) -> float | None:
+    """An ISO 8601 stamp (`Z` or an offset; none: UTC) in seconds since the epoch; None if it is none."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def duration_text(seconds: float) -> str:

@@ -327,8 +327,7 @@ def _racks(source: Source) -> racks.Racks:
 
 
 def _holds(group: racks.Group, partition_id: str) -> bool:
-    return any(ipu.partition_id == partition_id for d in group.domains for column in d.columns for run in column
-               for machine in run.machines for ipu in machine.ipus)
+    return any(ipu.partition_id == partition_id for machine in group.machines() for ipu in machine.ipus)
 
 
 def _tests(source: Source) -> admin_pb2.ClusterTestReport | None:

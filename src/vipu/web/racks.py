@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from vipu.api.convert import reservation_from_proto
@@ -68,13 +68,13 @@ class Ipu:
     partition_id: str = ""  # "" when free
     state: str = "free"  # the holding partition's state
     tone: str = FREE_TONE  # its colour's class
-    heat: str = ""  # with heat colouring on, its colour for the reading (a CSS colour), and the reading
-    reading: str = ""
+    heat: str = ""  # with heat colouring on, its colour (a CSS colour), and what it shows ("62 °C")
+    heat_label: str = ""
 
     @property
     def title(self) -> str:
         held = f"{self.partition_id} ({self.state})" if self.partition_id else "free"
-        return f"IPU {self.index}: {held}" + (f", {self.reading}" if self.reading else "")
+        return f"IPU {self.index}: {held}" + (f", {self.heat_label}" if self.heat_label else "")
 
 
 @dataclass
@@ -125,6 +125,10 @@ class Group:
     title: str
     subtitle: str
     domains: list[Domain]
+
+    def machines(self) -> Iterator[Machine]:
+        """Its machines as drawn, every domain, column and run."""
+        return (machine for domain in self.domains for column in domain.columns for run in column for machine in run.machines)
 
 
 @dataclass
@@ -231,16 +235,12 @@ def colour_by_heat(racks: Racks, telemetry: Iterable[admin_pb2.AgentTelemetry], 
     """Give each IPU drawn the colour of its reading of `kind` (HEAT_SCALES); one with no reading keeps its own."""
     field_name, low, high, form = HEAT_SCALES[kind]
     readings = {(t.agent_id, ipu.index): ipu for t in telemetry for ipu in t.telemetry.ipus}
-    for group in racks.groups:
-        for domain in group.domains:
-            for column in domain.columns:
-                for run in column:
-                    for machine in run.machines:
-                        for ipu in machine.ipus:
-                            read = readings.get((machine.agent_id, ipu.index))
-                            if read is not None and read.HasField(field_name):
-                                value = getattr(read, field_name)
-                                ipu.heat, ipu.reading = heat_colour(value, low, high), form.format(value)
+    for machine in (machine for group in racks.groups for machine in group.machines()):
+        for ipu in machine.ipus:
+            read = readings.get((machine.agent_id, ipu.index))
+            if read is not None and read.HasField(field_name):
+                value = getattr(read, field_name)
+                ipu.heat, ipu.heat_label = heat_colour(value, low, high), form.format(value)
 
 
 def utilisation_line(history: Iterable[vipuuser_pb2.UtilisationSample], width: int = 600, height: int = 80) -> str:

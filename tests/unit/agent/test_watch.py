@@ -71,7 +71,7 @@ def test_a_scrape_serves_the_last_reading_with_its_age_and_never_waits_on_a_slow
     watch = MachineWatch(bmc_machine, telemetry_seconds=0.05).start()
     try:
         deadline = time.monotonic() + 5
-        while watch.reading is None and time.monotonic() < deadline:
+        while watch.latest()[0] is None and time.monotonic() < deadline:
             time.sleep(0.01)
         metrics = MachineMetrics(bmc_machine, watch)
         times = []
@@ -101,7 +101,7 @@ def test_a_reading_that_fails_keeps_the_last_one_counted_and_ageing(machine):
     first, age = watch.latest()
     machine.telemetry_driver = FailingBmc()
     watch.read_telemetry_once()
-    assert watch.reading is first and watch.telemetry_failures == 1 and watch.problem.endswith("no answer within 5 s")
+    assert watch.latest()[0] is first and watch.telemetry_failures == 1 and watch.problem.endswith("no answer within 5 s")
     assert watch.latest()[1] >= age
     failpoints.arm("machine.telemetry", "fail(the BMC did not answer)")  # what bench.scrape stalls with delay()
     try:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from vipu.model.times import age_text, duration_text, expected_end, parse_duration, utc_text
+from vipu.model.times import age_text, duration_text, expected_end, parse_duration, stamp_seconds, utc_text
 
 
 @pytest.mark.parametrize("text, seconds", [
@@ -54,3 +54,9 @@ def test_work_is_expected_to_end_its_expected_duration_after_its_start():
     started = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)
     assert expected_end(started, 5400) == datetime(2026, 12, 6, 6, 30, tzinfo=UTC)
     assert expected_end(started, 0) is None and expected_end(None, 5400) is None
+
+
+def test_a_machines_stamp_is_read_in_utc_unless_it_names_its_zone():
+    assert stamp_seconds("2026-12-07T10:00:00Z") == stamp_seconds("2026-12-07T10:00:00") == 1796637600.0
+    assert stamp_seconds("2026-12-07T11:00:00+01:00") == 1796637600.0
+    assert stamp_seconds("flooding") is None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vipu.model.telemetry import clipped
+from vipu.model.times import stamp_seconds
 
 ROTATE_BYTES = 256 * 1024  # a machine log's file is rotated when it reaches this size: at most twice this on disk
 READ_BYTES = 256 * 1024  # the most a follower reads at one look
@@ -50,10 +51,8 @@ def _stamp(at: float) -> str:
 def parse_line(line: str) -> tuple[float, str]:
     """(when, text) of a written line; a line without a stamp is stamped now."""
     stamp, _, text = line.partition(" ")
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp(), text
-    except ValueError:
-        return time.time(), line
+    at = stamp_seconds(stamp)
+    return (at, text) if at is not None else (time.time(), line)
 
 
 LOST_LINES = "the log rotated more than once between two reads: lines may have been lost"
