@@ -23,6 +23,8 @@ The points:
 - `agent.apply`, `agent.clear`, `agent.attachments`, `agent.fence`, `agent.power`: an owner's call
   to one agent, before it is sent;
 - `owner.turn`: an allocation's owner starting a turn;
+- `owner.read`: an allocation's owner being made, its read of the store done (a slow read, which
+  another owner of the allocation may overtake);
 - `clustertest.step`: a cluster test (an idle-time one too) about to start its next test;
 - `server.exit`: a deposed `vipu-server` about to exit, its agent calls already on the way still
   going out meanwhile (as they may in the instant before any exit): what its agents must refuse.
@@ -49,7 +51,7 @@ VARIABLE = "VIPU_FAILPOINTS"
 PAUSE_SECONDS = 60.0  # a paused point goes on by itself after this: no wait without a deadline
 AGENT_CALLS = ("apply", "clear", "attachments", "fence", "power")  # what `agents.AgentCall.action` may be
 POINTS: frozenset[str] = frozenset({
-    "store.commit", "store.commit.answer", "owner.turn", "clustertest.step", "server.exit", "machine.telemetry",
+    "store.commit", "store.commit.answer", "owner.turn", "owner.read", "clustertest.step", "server.exit", "machine.telemetry",
     *(f"store.partition.{transition}" for transition in lifecycle.TRANSITIONS),
     *(f"store.request.{transition}" for transition in queue.TRANSITIONS),
     *(f"agent.{action}" for action in AGENT_CALLS),

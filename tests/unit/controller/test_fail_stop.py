@@ -114,3 +114,28 @@ def test_a_remove_whose_commit_answer_is_lost_is_unknown_and_found_done(pod):
     assert settled(pod, "p1") is None  # its clear was sent before the lost answer, and the new owner finished it
     assert pod.held_anywhere("p1") == []
     assert pod.partitions.create(PartitionRequest("p1", 8)).agent_ids == ["ag1", "ag2"]
+
+
+def test_an_owner_made_from_a_read_another_owner_overtook_reads_again(pod):
+    """A slow read making an owner (the rebuild after a failed turn) while another owner of the
+    allocation is made, commits a partition and fails: the slow one, made from what it read
+    before that partition, would not know it; it reads the store again."""
+    pod.owners.owner("a1")
+    failpoints.arm("owner.turn", "1*fail(a fault the owner did not expect)")
+    slow = failpoints.arm("owner.read", "1*pause")
+    with pytest.raises(Unavailable):
+        pod.partitions.create(PartitionRequest("p1", 8))
+    assert slow.reached.wait(10)  # the rebuild read the store, before p0
+    made = pod.partitions.create(PartitionRequest("p0", 8))  # a second owner, made meanwhile, commits p0
+    failpoints.arm("owner.turn", "1*fail(a fault the owner did not expect)")
+    second_rebuild = failpoints.arm("owner.read", "1*pause")
+    with pytest.raises(Unavailable):  # and fails: its rebuild is held too
+        pod.partitions.create(PartitionRequest("p2", 8))
+    assert second_rebuild.reached.wait(10)
+    slow.released.set()  # the first rebuild goes on, with no owner registered
+    partition = settled(pod, "p0")
+    second_rebuild.released.set()
+    assert partition is not None and partition.ready_state is ReadyState.ACTIVE
+    assert "p0" in pod.owners.owner("a1").snapshot.partitions
+    assert pod.held_anywhere("p0") == made.agent_ids
+    assert not set(pod.partitions.create(PartitionRequest("p3", 8)).agent_ids) & set(made.agent_ids)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 
+from vipu import failpoints
 from vipu.controller.core.agents import AgentCall, AgentCalls, Outcomes
 from vipu.controller.core.changes import ChangeFeed, Topic
 from vipu.controller.core.commands import FinishInterrupted, LinksChanged, Reply
@@ -74,7 +75,9 @@ class Owners:
         # and the drained ones it claims alone (none: all of them)
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
-        self._closings = 0  # allocations removed: an owner made from what was read before one is not kept
+        # Owners made, and allocations removed: an owner made from a store read begun before either is
+        # not kept (another owner of its allocation may have committed meanwhile, and failed since).
+        self._owner_changes = 0
         self._failed: dict[str, TurnEngine] = {}  # allocation id -> its owner that failed, until a new one is made from the store
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
@@ -106,6 +109,7 @@ class Owners:
             owners[allocation.id] = allocation_owner(self, state)
         with self._lock:
             self._owners = owners
+            self._owner_changes += 1
             self._failed.clear()  # every owner is made from the store now
             self._ids = {p.id: p.allocation_id for p in partitions} | {r.partition_id: r.allocation_id for r in requests}
             self._waiting_by_user = Counter(r.owner for r in requests if r.owner)
@@ -119,7 +123,7 @@ class Owners:
         while True:
             with self._lock:
                 found = self._owners.get(allocation_id)
-                closings = self._closings
+                changes = self._owner_changes
             if found is not None:
                 return found
             configuration = self.store.configuration()
@@ -135,6 +139,7 @@ class Owners:
                 links = LinkFaults.of(tx.unhealthy_links(), set(allocation.agent_ids), told)
                 now = time.time()
                 usage = fair_share_of(tx.usage_records(usage_since(self.sharing, now), now, allocation_id), self.sharing, now)
+            failpoints.hit("owner.read")
             cluster = configuration.clusters[allocation.cluster_id]
             with self._lock:
                 found = self._owners.get(allocation_id)
@@ -142,8 +147,8 @@ class Owners:
                     return found
                 if self._stopped:
                     raise Unavailable(self._stopped)
-                if self._closings != closings:
-                    continue  # an allocation was removed while this read: perhaps this one, which must not come back
+                if self._owner_changes != changes:
+                    continue  # an owner was made (and failed since), or an allocation removed, while this read: read again
                 state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
                                            *_machines_out(configuration, allocation), links=links, reservations=reservations)
                 self._hold_for_test(state)
@@ -152,6 +157,7 @@ class Owners:
                 if failed is not None:
                     state.keep_out_as(failed.state)
                 owner = self._owners[allocation_id] = allocation_owner(self, state)
+                self._owner_changes += 1
                 later = self._links if self._links.sequence != told else None
             break
         if later is not None:  # word the ledger gave while the store was read, which may have missed it
@@ -241,7 +247,7 @@ class Owners:
     def closed(self, owner: TurnEngine) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
         with self._lock:
-            self._closings += 1
+            self._owner_changes += 1
             if self._owners.get(owner.id) is owner:
                 del self._owners[owner.id]
         threading.Thread(target=owner.stop, args=(f"allocation {owner.id} was removed",), daemon=True).start()
