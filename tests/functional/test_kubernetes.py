@@ -314,7 +314,7 @@ def test_jobs_that_together_exceed_the_pod_queue_in_the_controller_in_their_orde
     assert cluster.condition("whole")["type"] == "Pending" and cluster.pods("whole") == cluster.pods("small") == []
     assert cluster.partitions() == {"p-default-big": 8}
     assert cluster.get("/stats") == {"default": {"used": 8, "available": 0}, "total": {"used": 8, "available": 0}}
-    assert cluster.post("/query", {"size": 2}) == {"available": False, "numOfPartitions": 0, "message": ""}
+    assert cluster.post("/query", {"size": 2}) == {"available": True, "numOfPartitions": 0, "message": ""}  # as the seed's size-64 example
 
     cluster.delete("big")  # frees its IPUs: the first waiting job gets them, though the second would fit too
     cluster.wait_for("whole", "Running", timeout=60)
@@ -326,6 +326,9 @@ def test_jobs_that_together_exceed_the_pod_queue_in_the_controller_in_their_orde
     assert cluster.get("/stats") == {"default": {"used": 4, "available": 4}, "total": {"used": 4, "available": 4}}
     assert cluster.post("/query", {"size": 2}) == {"available": True, "numOfPartitions": 2, "message": ""}
     assert cluster.post("/query", {"size": 8})["numOfPartitions"] == 0
+    assert cluster.post("/query", {"size": 64}) == {"available": True, "numOfPartitions": 0, "message": ""}  # the seed's example
+    refused = {"available": False, "numOfPartitions": 0, "message": "size must be a power of two, not 3"}
+    assert cluster.post("/query", {"size": 3}) == refused
 
 
 def test_a_job_in_a_vipu_reservation_gets_its_machines_others_are_kept_off_them_and_a_drain_is_told_in_a_condition(cluster):

@@ -5,11 +5,13 @@ path vary)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -79,11 +81,13 @@ def scratch(tmp_path):
         process.wait(timeout=30)
 
 
-def run_walkthrough(block: list[str], directory: Path, env: dict, background: list, ready: str, outputs_shown: bool = True) -> Path:
+def run_walkthrough(block: list[str], directory: Path, env: dict, background: list, ready: str, outputs_shown: bool = True,
+                    silent_at_most: float = 0.0) -> Path:
     """Run each `$ ` line; with `outputs_shown`, compare what it prints with the lines under it,
     else only require it to succeed. A line ending in & runs on until the test ends, once it
-    printed `ready`. A line that changes directory (`mkdir -p D && cd D`) moves the lines after it
-    there, as a shell would; the directory the walk-through ends in."""
+    printed `ready`, and with `silent_at_most` says something at least that often until then. A
+    line that changes directory (`mkdir -p D && cd D`) moves the lines after it there, as a shell
+    would; the directory the walk-through ends in."""
     steps: list[tuple[str, list[str]]] = []
     for line in block:
         if line.startswith("$ "):
@@ -98,12 +102,11 @@ def run_walkthrough(block: list[str], directory: Path, env: dict, background: li
             directory = Path(moved.stdout.strip())
             continue
         if command.endswith("&"):
-            log = directory / f"background-{len(background)}.log"
+            log = directory / f"background-{len(list(directory.glob('background-*.log')))}.log"  # a log of its own, its words alone
             with open(log, "ab") as out:
                 background.append(subprocess.Popen(["bash", "-c", command[:-1]], cwd=directory, env=env, stdout=out,
                                                    stderr=subprocess.STDOUT))
-            wait_until(lambda: ready in log.read_text() or background[-1].poll() is not None, timeout=90, what=command)  # noqa: B023
-            assert background[-1].poll() is None, log.read_text()
+            wait_for_word(log, background[-1], ready, command, silent_at_most)
             continue
         done = subprocess.run(["bash", "-c", command], cwd=directory, env=env, capture_output=True, text=True, timeout=120)
         if not outputs_shown:
@@ -114,6 +117,23 @@ def run_walkthrough(block: list[str], directory: Path, env: dict, background: li
         for line, expected in zip(seen, shown, strict=True):
             assert re.fullmatch(as_pattern(expected), line), (command, line, expected)
     return directory
+
+
+def wait_for_word(log: Path, process: subprocess.Popen, ready: str, command: str, silent_at_most: float) -> None:
+    """Wait up to 90 s for a background command to print `ready`; with `silent_at_most`, fail if it
+    is silent longer than that meanwhile (a new user takes a long silence for a hang)."""
+    started = last_word = time.monotonic()
+    size = 0
+    while ready not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        now = time.monotonic()
+        if log.stat().st_size != size:
+            size, last_word = log.stat().st_size, now
+        silent = now - last_word
+        assert not silent_at_most or silent <= silent_at_most, f"{command} said nothing for {silent:.0f} s:\n{log.read_text()}"
+        assert now - started < 90, f"timed out waiting for {command} to say {ready!r}:\n{log.read_text()}"
+        time.sleep(0.1)
+    assert process.poll() is None, log.read_text()
 
 
 def secure_mode(tree: Path, env: dict, background: list) -> None:
@@ -133,6 +153,22 @@ def simulated_hardware(tree: Path, env: dict, background: list) -> None:
     assert "m08:7" in (directory / "pod.yaml").read_text()
 
 
+def link_ledger(tree: Path, env: dict, background: list) -> None:
+    """The ledger's walk-through on its own pod; readings and times differ between runs, so each
+    command must succeed and the cable the fault degrades must be suspect, on p1's links."""
+    taken = busy([8090, 8091, 8092, *simulated_pod_ports(4)])
+    assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
+    run_walkthrough(first_block(section("The link ledger"), "must fit in the 7 days of full readings"), tree, env, background,
+                    "try: vipu create partition", outputs_shown=False)
+
+    def suspect_on_p1() -> set[str]:
+        done = subprocess.run(["bash", "-c", "vipu-admin list links --partition p1 --suspect --json"], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        return {link["name"] for link in json.loads(done.stdout)["links"]}
+
+    wait_until(lambda: suspect_on_p1() >= {"ag1:5", "ag2:1"}, timeout=30, what="the degraded cable's ends suspect on p1's links")
+
+
 def tenant_vpods(tree: Path, env: dict, background: list) -> None:
     taken = busy([8095, 9100, 9101, 9102, *simulated_pod_ports(16, base=18301)])
     assert not taken, f"the walk-through uses the default ports; something else holds {taken}"
@@ -150,8 +186,19 @@ def scripts_pod(tree: Path, env: dict, background: list) -> None:
     taken = busy([8090, 8091, 8092, *simulated_pod_ports(16)])
     assert not taken, f"scripts/pod uses the default ports; something else holds {taken}"
     run_walkthrough([f"$ {README.parent / 'scripts' / 'pod'} &"], tree, {**env, "VIPU_WEB_PORT": str(free_port())}, background,
-                    "the dashboard:")
+                    "the dashboard:", silent_at_most=10)
     assert "give --sim-rebuild" not in "".join(log.read_text() for log in tree.glob("background-*.log"))
+
+
+def scripts_pod_again(tree: Path, env: dict, background: list) -> None:
+    """A second `scripts/pod` on the same data directory keeps the partitions of the first, and
+    suggests a name that is free: the one it suggests is made."""
+    stop(background)
+    scripts_pod(tree, env, background)
+    newest = max(tree.glob("background-*.log"), key=lambda log: int(log.stem.split("-")[1]))
+    said = re.findall(r"try: (vipu create partition (\S+) --size 4) \(\d+ partition\(s\) kept from an earlier start", newest.read_text())
+    assert len(said) == 1, newest.read_text()
+    run_walkthrough([f"$ {said[0][0]}", f"create partition ({said[0][1]}): success."], tree, env, background, "")
 
 
 def operating_a_pod(tree: Path, env: dict, background: list) -> None:
@@ -169,6 +216,8 @@ def operating_a_pod(tree: Path, env: dict, background: list) -> None:
         return done.stdout.strip().endswith("gateway: IPU 2: 3 corrected ECC errors (3 in all)")
 
     wait_until(logged, timeout=15, what="the ECC errors the fault injector raised, in the machine's log")
+    run_walkthrough(first_block(section("Running on real machines"), "walk-through](#watching-a-pod"), tree, env, background, "")
+    scripts_pod_again(tree, env, background)
 
 
 def stop(background: list) -> None:
@@ -180,7 +229,7 @@ def stop(background: list) -> None:
 
 
 WALKTHROUGHS = {"secure mode": secure_mode, "the simulated hardware": simulated_hardware, "tenant vPODs": tenant_vpods,
-                "operating a pod": operating_a_pod}  # on scripts/pod, which it starts first
+                "the link ledger": link_ledger, "operating a pod": operating_a_pod}  # on scripts/pod, which it starts first
 
 
 @pytest.mark.parametrize("order", [list(WALKTHROUGHS), list(reversed(WALKTHROUGHS))], ids=["in order", "reversed"])

@@ -424,10 +424,12 @@ def main(data_dir, db_url, listen_address, port, admin_listen_address, admin_por
     if pod is not None:
         registration = (f"as agents ag1..ag{sim_machines} in cluster {CLUSTER_ID}, allocation {ALLOCATION_ID}" if registered_now
                         else "registered on an earlier start, kept as the store has it ('vipu-admin list agents')")
+        name, kept = pod.first_free_name(controller)
+        kept_note = f" ({kept} partition(s) kept from an earlier start: 'vipu list partitions')" if kept else ""
         click.echo(
             f"simulated pod: {sim_machines} IPU-Machines ({sim_machines * IPUS_PER_MACHINE} IPUs, {sim_topology}, "
             f"{sim_ilds} IPU-Link domain(s)) {registration}; rack description {pod.rack_path}\n"
-            f"try: vipu create partition p1 --size 4",
+            f"try: vipu create partition {name} --size 4{kept_note}",
             err=True,
         )
 

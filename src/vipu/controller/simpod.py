@@ -18,6 +18,7 @@ forgets the old pod: its rack, and in the store its agents with everything on th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 DEMO_TIME_SCALE = 0.05  # a full cluster test of the 16-machine pod takes seconds, not minutes
 CLUSTER_ID = "cl0"
 ALLOCATION_ID = "alloc-1"
+PROGRESS_SECONDS = 5.0  # how often a start waiting for its agents says how far it is
 
 
 def agent_id(position: int) -> str:
@@ -128,6 +130,7 @@ class SimPod:
     def start(self, rack: Rack) -> None:
         self.stop_orphans()
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        log.info("starting the simulated pod's %d agents (their logs: %s)", len(rack.machines), self.log_dir)
         for machine in rack.machines:
             with open(self.log_dir / f"agent-{machine.name}.log", "ab") as log_file:
                 self.processes.append(
@@ -142,8 +145,11 @@ class SimPod:
         self.pid_path.write_text("".join(f"{process.pid}\n" for process in self.processes))
 
     def wait_ready(self, controller: Controller, rack: Rack, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        for machine, process in zip(rack.machines, self.processes, strict=True):
+        """Wait until every agent answers, saying every few seconds how many do (agents start
+        slowly on a loaded machine, and a silent wait looks like a hang)."""
+        started = time.monotonic()
+        deadline, next_word = started + timeout, started + PROGRESS_SECONDS
+        for answering, (machine, process) in enumerate(zip(rack.machines, self.processes, strict=True)):
             while True:
                 if process.poll() is not None:
                     raise Unavailable(f"the agent of {machine.name} exited; see {self.log_dir / f'agent-{machine.name}.log'}")
@@ -151,8 +157,13 @@ class SimPod:
                     controller.gateway.inventory(machine.host, machine.port)
                     break
                 except Unavailable:
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if now > deadline:
                         raise Unavailable(f"the agent of {machine.name} did not answer within {timeout:.0f}s") from None
+                    if now >= next_word:
+                        log.info("starting the simulated pod's agents: %d of %d answer after %.0f s", answering, len(rack.machines),
+                                 now - started)
+                        next_word = now + PROGRESS_SECONDS
                     time.sleep(0.05)
 
     def register(self, controller: Controller, rack: Rack) -> bool:
@@ -186,6 +197,14 @@ class SimPod:
             controller.allocations.create(ALLOCATION_ID, CLUSTER_ID, size=len(rack.machines) * IPUS_PER_MACHINE)
         self._save_state(registered=True, replaced=False)
         return True
+
+    @staticmethod
+    def first_free_name(controller: Controller) -> tuple[str, int]:
+        """A partition name to suggest that is not taken (p1, else the first pN free) and how many
+        partitions the store holds from earlier starts: a restart must not suggest one that exists."""
+        with controller.store.reading() as tx:
+            taken = {p.id for p in tx.list_partitions()} | {r.partition_id for r in tx.list_requests()}
+        return next(f"p{n}" for n in itertools.count(1) if f"p{n}" not in taken), len(taken)
 
     def stop(self) -> None:
         for process in self.processes:

@@ -20,7 +20,7 @@ REST end-points:
   for anything else.
 - `POST /partitions/{id}/reset`, `DELETE /partitions/{id}` (the operator, when a job is deleted).
 - `GET /stats`: IPUs used per namespace by tracked partitions, and in total, with those available.
-- `POST /query` {size}: whether a partition of that size fits now, and how many would.
+- `POST /query` {size}: how many partitions of that size fit now (`available`: whether it could be answered).
 - `POST /scheduler/filter` and `/scheduler/prioritize`: a kube-scheduler extender steering pods
   that ask for IPUs (annotation `graphcore.ai/ipus: N`) to nodes whose controller has room.
 - `GET /health`, and `GET /metrics` for Prometheus.
@@ -387,10 +387,20 @@ class Partitions:
         return count, "" if count else f"no room for {size} IPUs on {', '.join(c.address for c in mine)}"
 
     def query(self, size: int) -> dict:
-        if size & (size - 1):
+        """As the seed's example answers it: `available` says the question could be answered (a
+        valid size, and every controller answered), `numOfPartitions` how many partitions of the
+        size fit now, 0 included; `message` says why a question was not answered."""
+        if size < 1 or size & (size - 1):
             return {"available": False, "numOfPartitions": 0, "message": f"size must be a power of two, not {size}"}
-        count = sum(self._room(controller, size).fitting for controller in self.controllers())
-        return {"available": count > 0, "numOfPartitions": count, "message": ""}
+        count, unanswered = 0, []
+        for controller in self.controllers():
+            try:
+                count += self._room(controller, size).fitting
+            except VipuError as error:
+                unanswered.append(f"{controller.address}: {error.message}")
+        if unanswered:
+            return {"available": False, "numOfPartitions": count, "message": f"no answer from {'; '.join(unanswered)}"}
+        return {"available": True, "numOfPartitions": count, "message": ""}
 
 
 def _waiting(controller: Controller, queued: vipuuser_pb2.QueuedRequest) -> dict:
