@@ -317,3 +317,50 @@ def test_accounts_quotas_borrowing_and_usage_through_both_clis(registered_pod):
     for name in ("ml-a", "ml-b"):
         assert pod.admin("remove", "account", name).code == 0
     assert rows(pod.admin("list", "accounts").out) == []
+
+
+def test_a_partition_template_is_made_whole_or_refused_whole(registered_pod):
+    """vipu-admin apply template on real agents: a dry run places and makes nothing; a template is
+    made, every partition ACTIVE where it says; one that does not fit, or whose machine refuses one
+    partition, leaves nothing of it, in the controller or on any machine."""
+    pod = registered_pod
+
+    def made() -> dict[str, list[str]]:
+        listing = pod.user("list", "partitions").out
+        return {name: row for name, *row in rows(listing)} if listing.strip() else {}
+
+    def held() -> set[str]:
+        return {partition_id for machine in pod.rack.machines for partition_id in pod.held(machine.name)}
+
+    dry = pod.admin("apply", "template", "2x8+4x4", "--allocation", "alloc-1", "--dry-run")
+    assert dry.code == 0 and dry.out.splitlines()[-1] == \
+        "apply template (2x8+4x4): dry run: 6 partitions would be made in allocation alloc-1; nothing was.", dry.err
+    planned = {name: where for name, _, where in rows(dry.out)}
+    assert list(planned) == ["2x8-4x4-1", "2x8-4x4-2", "2x8-4x4-3", "2x8-4x4-4", "2x8-4x4-5", "2x8-4x4-6"]
+    assert made() == {} and held() == set()
+
+    applied = pod.admin("apply", "template", "2x8+4x4", "--allocation", "alloc-1")
+    assert applied.code == 0 and applied.out.splitlines()[-1] == \
+        "apply template (2x8+4x4): success: 6 partitions made in allocation alloc-1.", applied.err
+    assert {name: where for name, _, where in rows(applied.out)} == planned
+    assert {name: row[-1] for name, row in made().items()} == dict.fromkeys(planned, "ACTIVE")
+    assert held() == set(planned)
+    failed_line(pod.admin("apply", "template", "1x4", "--allocation", "alloc-1", "--prefix", "2x8-4x4-"), "apply template", "1x4",
+                "template 1x4: partition 2x8-4x4-1 already exists; nothing was made")
+    for name in planned:
+        assert pod.user("remove", "partition", name).code == 0
+
+    failed_line(pod.admin("apply", "template", "2x16+1x4", "--allocation", "alloc-1"), "apply template", "2x16+1x4",
+                "template 2x16+1x4: partition 2x16-1x4-3 (4 IPUs) does not fit beside the template's 2 before it: ")
+    assert made() == {} and held() == set()
+
+    pod.fault(pod.rack.machines[-1].name, "IPU-Link training failed")  # the last machine refuses what it is given
+    try:
+        refused = pod.admin("apply", "template", "4x8", "--allocation", "alloc-1")
+        failed_line(refused, "apply template", "4x8", "could not be made: ")
+        assert "IPU-Link training failed" in refused.err and refused.err.rstrip().endswith("; nothing was made."), refused.err
+        assert made() == {} and held() == set()
+    finally:
+        pod.wipe_rack_only()
+    failed_line(pod.admin("apply", "template", "2x3", "--allocation", "alloc-1"), "apply template", "2x3",
+                "a partition's size must be a power of two, not 3")

@@ -99,6 +99,11 @@ def remove():
     """Remove an agent, cluster, allocation or user."""
 
 
+@cli.group(cls=CommandGroup)
+def apply():
+    """Apply a partition template to an allocation."""
+
+
 def report_removal(kind: str, entity_id: str, removed: list[str], ipuof_dir: Path | None) -> None:
     """The success line and what went with it; the IPUoF files of the partitions that went are
     deleted from the IPUoF directory, as `vipu remove partition` deletes them."""
@@ -646,6 +651,42 @@ def compact(admin, allocation_id, dry_run, as_json):
         fail("compact", allocation_id, f"stopped after {sum(m.moved for m in reply.moves)} of {moves}: {reply.stopped}")
     else:
         click.echo(f"compact ({allocation_id}): success. {moves} freed {reply.frees_ipus} IPUs at {reply.frees_at}.")
+
+
+@apply.command("template")
+@click.argument("template", metavar="TEMPLATE")
+@click.option("--allocation", "allocation_id", required=True, help="The allocation to split.")
+@click.option("--prefix", default="", help="Name the partitions PREFIX1, PREFIX2, ... [default: the template and a dash: 4x16-1]")
+@click.option("--dry-run", is_flag=True, help="Show where the partitions would go: nothing is made.")
+@json_option
+@pass_client
+def apply_template(admin, template, allocation_id, prefix, dry_run, as_json):
+    """Split an allocation the same way again: make a template's partitions in one step, all or none.
+
+    TEMPLATE is COUNTxSIZE parts joined by +: 4x16 (four partitions of 16 IPUs), 2x32, 2x16+8x4.
+    They are placed together on the IPUs free now; if one does not fit, or cannot be made, nothing
+    is left of any of them.
+    """
+    with reporting("apply template", template):
+        reply = admin.apply_template(template, allocation_id, prefix=prefix, dry_run=dry_run)
+    if as_json:
+        return echo_json(reply)
+    rows = [[p.id, str(len(p.spec.ipus)), placed_on(p.spec.ipus)] for p in reply.partitions]
+    click.echo(render_table(["Partition", "Size", "IPUs"], rows))
+    made = f"{len(reply.partitions)} partition{'s' if len(reply.partitions) != 1 else ''}"
+    if dry_run:
+        click.echo(f"apply template ({template}): dry run: {made} would be made in allocation {allocation_id}; nothing was.")
+    else:
+        click.echo(f"apply template ({template}): success: {made} made in allocation {allocation_id}.")
+
+
+def placed_on(ipus) -> str:
+    """Where a partition's IPUs are, as people read it: "ag3-ag4" (whole machines), "ag5 IPUs 0-1"."""
+    agents = list(dict.fromkeys(ipu.agent_id for ipu in ipus))
+    if len(agents) > 1:
+        return f"{agents[0]}-{agents[-1]}"
+    indices = sorted(ipu.agent_ipu_index for ipu in ipus)
+    return f"{agents[0]} IPUs {indices[0]}-{indices[-1]}" if len(indices) > 1 else f"{agents[0]} IPU {indices[0]}"
 
 
 # Users

@@ -42,6 +42,7 @@ from vipu.model import lifecycle
 from vipu.model.entities import PartitionRequest, ReadyState
 from vipu.model.errors import OutcomeUnknown, Unavailable, VipuError
 from vipu.model.placement import Occupancy
+from vipu.model.templates import Template
 
 HELD_BACK = ("agent.apply", "agent.clear", "store.commit")
 # Where a step fails once: a write the store refuses, an agent that does not answer, a commit whose
@@ -171,6 +172,15 @@ class OwnerMachine(RuleBasedStateMachine):
         taken = {(i.agent_id, i.index) for i in partition.ipus}
         assert not taken & before.queue.held, f"{partition.id} took IPUs held for {first}"
 
+    @rule(sizes=st.lists(st.sampled_from([2, 4, 8]), min_size=2, max_size=4))
+    def template(self, sizes):
+        """A template of partitions of these sizes, made all or none."""
+        template = Template.parse("+".join(f"1x{size}" for size in sizes))
+        prefix = f"{next(self.names)}-"
+        ids = template.partition_ids(prefix)
+        self.asked.extend(ids)
+        self._run("template", ",".join(ids), lambda: self.pod.allocations.apply_template("a1", template, prefix))
+
     @precondition(lambda self: bool(self.asked))
     @rule(data=st.data(), force=st.booleans())
     def remove(self, data, force):
@@ -289,6 +299,12 @@ class OwnerMachine(RuleBasedStateMachine):
                 assert name not in snapshot.partitions, f"{name}: its create was refused ({outcome.message}), and it is there"
             if what in ("remove", "cancel") and not isinstance(outcome, VipuError):
                 assert name not in snapshot.partitions, f"{name} was removed, and is there"
+            if what == "template" and not isinstance(outcome, VipuError):
+                gone = [p for p in name.split(",") if p not in snapshot.partitions and p not in self.asked_remove]
+                assert not gone, f"a template was made, never removed, and {gone} of it are gone"
+            if what == "template" and isinstance(outcome, VipuError) and not unknown(outcome):
+                there = [p for p in name.split(",") if p in snapshot.partitions]
+                assert not there, f"a template was refused ({outcome.message}), and {there} of it are there"
         self.answered.clear()
         for partition in snapshot.partitions.values():
             assert lifecycle.state_of(partition) not in lifecycle.BUSY, f"{partition.id} is left {partition.operation_state.value}"

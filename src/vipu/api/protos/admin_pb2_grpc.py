@@ -115,6 +115,11 @@ class AdminServiceStub:
                 request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CompactRequest.SerializeToString,
                 response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.CompactReply.FromString,
                 _registered_method=True)
+        self.ApplyTemplate = channel.unary_unary(
+                '/vipu.admin.v1.AdminService/ApplyTemplate',
+                request_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateRequest.SerializeToString,
+                response_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateReply.FromString,
+                _registered_method=True)
         self.GetCapacity = channel.unary_unary(
                 '/vipu.admin.v1.AdminService/GetCapacity',
                 request_serializer=vipu_dot_api_dot_protos_dot_vipuuser__pb2.GetCapacityRequest.SerializeToString,
@@ -341,6 +346,12 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompactAllocation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyTemplate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -585,6 +596,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CompactAllocation,
                     request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.CompactRequest.FromString,
                     response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.CompactReply.SerializeToString,
+            ),
+            'ApplyTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyTemplate,
+                    request_deserializer=vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateRequest.FromString,
+                    response_serializer=vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateReply.SerializeToString,
             ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCapacity,
@@ -1149,6 +1165,33 @@ class AdminService:
             '/vipu.admin.v1.AdminService/CompactAllocation',
             vipu_dot_api_dot_protos_dot_admin__pb2.CompactRequest.SerializeToString,
             vipu_dot_api_dot_protos_dot_admin__pb2.CompactReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vipu.admin.v1.AdminService/ApplyTemplate',
+            vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateRequest.SerializeToString,
+            vipu_dot_api_dot_protos_dot_admin__pb2.ApplyTemplateReply.FromString,
             options,
             channel_credentials,
             insecure,

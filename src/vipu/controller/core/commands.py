@@ -196,6 +196,17 @@ class CompactAllocation(Command):
 
 
 @dataclass
+class ApplyTemplate(Command):
+    """Make a template's partitions (`requests`, in order) all at once, or none: placed together on
+    what is free now, then each created; with `dry_run`, only placed (`operations.apply_template`)."""
+
+    template: str
+    requests: list[PartitionRequest]
+    access: Access = OPEN_ACCESS
+    dry_run: bool = False
+
+
+@dataclass
 class CancelRequest(Command):
     partition_id: str
     access: Access = OPEN_ACCESS

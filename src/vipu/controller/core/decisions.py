@@ -14,6 +14,7 @@ from vipu.controller.core import operations
 from vipu.controller.core.commands import (
     AccountsChanged,
     AgentReport,
+    ApplyTemplate,
     CancelRequest,
     ClaimMachines,
     CloseAllocation,
@@ -159,15 +160,17 @@ class Decisions:
         state.refused.pop(asked, None)
         return partition_of(request, access.user_id, state.allocation, placement)
 
-    def _placed(self, request: PartitionRequest, mix: SizeMix) -> Placement:
-        """The request placed as `_placed_around` places it, kept off the IPUs of reservations it
-        may not use (`AllocationState.kept_for_reservations`); where they alone keep it off, the
-        refusal names the reservations holding free IPUs, and why it may not use them."""
+    def _placed(self, request: PartitionRequest, mix: SizeMix, used: Mapping[str, Set[int]] | None = None) -> Placement:
+        """The request placed as `_placed_around` places it (among the IPUs free in `used`, by
+        default those of the state), kept off the IPUs of reservations it may not use
+        (`AllocationState.kept_for_reservations`); where they alone keep it off, the refusal names
+        the reservations holding free IPUs, and why it may not use them."""
         state, now = self.state, time.time()
+        used = state.used if used is None else used
         named = self._reservation_of(request, now)
         kept = state.kept_for_reservations(request.reservation, request.expected_seconds, now)
         if not kept:
-            return self._placed_around(request, mix, state.used)
+            return self._placed_around(request, mix, used)
 
         def holders() -> dict[Ipu, str]:
             """Who keeps each IPU from it, reservations too, for a refusal's "it fits when ... are removed"."""
@@ -176,16 +179,16 @@ class Decisions:
                                   for ipu, r in kept.items()}}
 
         try:
-            return self._placed_around(request, mix, shifted(state.used, on=kept), holders)
+            return self._placed_around(request, mix, shifted(used, on=kept), holders)
         except NoRoom as refusal:
             if named is not None:
                 raise NoRoom(self.queue.refusal_in(request, named, kept, Occupancy(state.holders), refusal.message),
                              held_free=refusal.held_free) from None
             try:
-                self._placed_around(request, mix, state.used)
+                self._placed_around(request, mix, used)
             except VipuError:
                 raise refusal from None  # the reservations alone do not keep it off
-            raise NoRoom(kept_refusal(request.size, f"allocation {self.id}", kept, state.used, request.expected_seconds, now,
+            raise NoRoom(kept_refusal(request.size, f"allocation {self.id}", kept, used, request.expected_seconds, now,
                                       state.layout), held_free=refusal.held_free) from None
 
     def _reservation_of(self, request: PartitionRequest, now: float) -> Reservation | None:
@@ -707,6 +710,31 @@ class Decisions:
             return
         self.start(Operation("compacting", self.queue.compacting(operations.compact(self.steps, plan, spent, command.why)), command.reply))
 
+    def _apply_template(self, command: ApplyTemplate) -> None:
+        """Place every partition of a template on what is free now, each beside those placed before
+        it, or refuse the whole at the first that does not fit, naming it; unless a dry run, make
+        them (`operations.apply_template`: any that cannot be made undoes the others)."""
+        self._refuse_if_tested()
+        state = self.state
+        for request in command.requests:
+            if request.id in state.partitions or state.queue.get(request.id) is not None:
+                raise AlreadyExists(f"template {command.template}: partition {request.id} already exists; nothing was made")
+        used = shifted(state.used)
+        partitions: list[Partition] = []
+        for request in command.requests:
+            try:
+                placement = self._placed(request, state.mix, used)
+            except (NoRoom, InvalidArgument) as refusal:
+                beside = f" beside the template's {len(partitions)} before it" if partitions else ""
+                raise type(refusal)(f"template {command.template}: partition {request.id} ({request.size} IPUs) does not fit{beside}: "
+                                    f"{refusal.message}; nothing was made") from None
+            used = shifted(used, on=((ipu.agent_id, ipu.index) for ipu in placement.ipus))
+            partitions.append(partition_of(request, command.access.user_id, state.allocation, placement))
+        if command.dry_run:
+            command.reply.resolve(partitions)
+            return
+        self.start(Operation("templating", operations.apply_template(self.steps, command.template, partitions), command.reply))
+
     # Reservations
 
     def _reserve(self, command: Reserve) -> None:
@@ -798,6 +826,7 @@ class Decisions:
         Reserve: _reserve,
         Unreserve: _unreserve,
         CompactAllocation: _compact,
+        ApplyTemplate: _apply_template,
         CreatePartition: _create,
         RemovePartition: _remove,
         ResetPartition: _reset,

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vipu.controller.core.agents import POWER_SECONDS, AgentCall, Outcomes
+from vipu.controller.core.commands import RemovePartition, Reply
 from vipu.controller.core.effects import Body, Calls, Join, Operation, Write
 from vipu.controller.core.placing import failed_machines, move_note, moved
 from vipu.model import lifecycle
@@ -376,6 +377,40 @@ def compact(owner: Owner, plan: Plan, spent: BudgetSpent, asked_by: str) -> Body
     log.info("allocation %s compacted: %s moved, freeing %d IPUs at %s", owner.id, ", ".join(moved), plan.size,
              span(owner.state.layout, plan.shape))
     return Report(owner.id, owner.state.layout, plan, dry_run=False, moved=tuple(moved))
+
+
+def apply_template(owner: Owner, template: str, partitions: list[Partition]) -> Body:
+    """A template's partitions, placed together by the owner: each created as a create is, at once,
+    and should any not be made (a machine refuses it, the store refuses its row), the others are
+    removed again, so that the template is made whole or not at all. The partitions as made."""
+    children = [owner.start(Operation("creating", create(owner, partition, keep_on_error=False), partition_id=partition.id))
+                for partition in partitions]
+    errors = yield Join(children)
+    failed = [(partition, error) for partition, error in zip(partitions, errors, strict=True) if error is not None]
+    made = [current for partition in partitions if (current := owner.partition(partition.id)) is not None]
+    if not failed:
+        log.info("template %s made in allocation %s: %s", template, owner.id, ", ".join(p.id for p in made))
+        return made
+    left: list[str] = []  # made, and not removed again
+    # One under an operation that waited for its create (a forced remove, a change of consent) is
+    # removed after it, by a forced remove waiting as that operation's followers do.
+    behind = [partition.id for partition in made if partition.id in owner.on_partition]
+    for partition_id in behind:
+        owner.on_partition[partition_id].followers.append(RemovePartition(partition_id=partition_id, force=True,
+                                                                          reply=Reply(waited=False)))
+    made = [partition for partition in made if partition.id not in behind]
+    if made:
+        removals = [owner.start(Operation("removing", remove(owner, partition, force=True), partition_id=partition.id))
+                    for partition in made]
+        left = [partition.id for partition, error in zip(made, (yield Join(removals)), strict=True) if error is not None]
+    partition, error = failed[0]
+    reason = getattr(error, "message", str(error))
+    others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    undone = f"; the {len(made) - len(left)} made with it were removed" if len(made) > len(left) else ""
+    undone += f"; {', '.join(behind)} will be, after the operation under way on {'them' if len(behind) > 1 else 'it'}" if behind else ""
+    ending = f"; {', '.join(left)} could not be removed: remove them by hand" if left else "" if behind else "; nothing was made"
+    family = type(error) if isinstance(error, VipuError) else Unavailable
+    raise family(f"template {template}: partition {partition.id} could not be made{others}: {reason}{undone}{ending}")
 
 
 def movable(owner: Owner, spent: BudgetSpent, now: float) -> dict[str, Movable]:

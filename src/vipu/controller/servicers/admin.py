@@ -26,6 +26,7 @@ from vipu.model.entities import Role, User
 from vipu.model.errors import Conflict, InvalidArgument, Unavailable
 from vipu.model.hardware import PowerAction
 from vipu.model.linkhealth import LinkName
+from vipu.model.templates import Template
 
 
 def _agent(view: AgentView) -> pb.Agent:
@@ -176,6 +177,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     def CompactAllocation(self, request, context):
         return convert.compaction_to_proto(self.allocations.compact(request.allocation_id, dry_run=request.dry_run,
                                                                     asked_by="an administrator"))
+
+    def ApplyTemplate(self, request, context):
+        made = self.allocations.apply_template(request.allocation_id, Template.parse(request.template), request.prefix,
+                                               dry_run=request.dry_run, access=caller())
+        return pb.ApplyTemplateReply(partitions=[convert.partition_to_proto(p) for p in made], dry_run=request.dry_run)
 
     def TestCluster(self, request, context):
         tests = {_test_type(name) for name in request.tests}

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import builtins
 
-from vipu.controller.core.commands import START_SECONDS, CloseAllocation, CompactAllocation
+from vipu.controller.core.commands import START_SECONDS, ApplyTemplate, CloseAllocation, CompactAllocation
 from vipu.controller.core.owners import Owners
+from vipu.controller.core.placing import check_request
 from vipu.controller.core.turns import TurnEngine
+from vipu.model import lifecycle
 from vipu.model.compaction import Report
-from vipu.model.entities import Allocation, check_id, shown
+from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, check_id, shown
 from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
+from vipu.model.templates import Template
 from vipu.store.store import Store
 
 # How long a removal may take once under way: a forced removal removes every partition, whose
 # agent calls are each bounded by the agent timeout, all at once.
 REMOVAL_SECONDS = 300.0
+# How long a template may take once under way: its creates at once, and should one fail, the
+# removals of the others, each bounded by the agent timeout.
+TEMPLATE_SECONDS = 300.0
 
 
 class AllocationService:
@@ -61,6 +67,30 @@ class AllocationService:
         command = CompactAllocation(dry_run=dry_run, why=asked_by)
         self._owner(allocation_id).submit(command)
         return command.reply.wait(START_SECONDS, f"the compaction of allocation {allocation_id}")
+
+    def apply_template(self, allocation_id: str, template: Template, prefix: str = "", dry_run: bool = False,
+                       access: Access = OPEN_ACCESS) -> builtins.list[Partition]:
+        """Make a template's partitions in an allocation, all or none (`ApplyTemplate`); with
+        `dry_run`, only say where they would go. The partitions as made, or as they would be."""
+        requests = [PartitionRequest(partition_id, size) for partition_id, size in zip(template.partition_ids(prefix), template.sizes,
+                                                                                      strict=True)]
+        for request in requests:
+            check_request(request)
+        owner = self._owner(allocation_id)
+        claimed: builtins.list[str] = []
+        try:
+            for request in requests:  # no create elsewhere takes one of its ids meanwhile
+                if self.owners.claim_id(request.id) is not None:
+                    raise AlreadyExists(f"template {template.name}: partition {request.id} already exists; nothing was made")
+                claimed.append(request.id)
+                self.owners.offering(request.id, allocation_id)
+            command = ApplyTemplate(template=template.name, requests=requests, access=access, dry_run=dry_run)
+            owner.submit(command)
+            made = command.reply.wait(START_SECONDS, f"template {template.name} in allocation {allocation_id}", TEMPLATE_SECONDS)
+        finally:
+            for partition_id in claimed:
+                self.owners.release_claim(partition_id)
+        return [lifecycle.copy(partition) for partition in made]
 
     def remove(self, allocation_id: str, force: bool = False) -> builtins.list[str]:
         """Remove an allocation; with `force`, its partitions first. The requests waiting in it are

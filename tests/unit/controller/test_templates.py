@@ -1,0 +1,67 @@
+"""Partition templates through the owner: a template's partitions are placed together and made
+all, or none is left; a dry run makes nothing. On the in-memory pod of test_services (8 real
+simulated machines, a real store), a failpoint standing in for a machine that refuses one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.controller.test_services import MACHINES
+from vipu import failpoints
+from vipu.model.entities import PartitionRequest, ReadyState
+from vipu.model.errors import AlreadyExists, HardwareFailure, NoRoom, Unavailable
+from vipu.model.templates import Template
+
+
+@pytest.fixture(autouse=True)
+def _disarmed():
+    yield
+    failpoints.disarm()
+
+
+def held_by_agents(pod) -> set[str]:
+    return set().union(*(pod.held(f"ag{n}") for n in range(1, MACHINES + 1)))
+
+
+def test_a_template_makes_its_partitions_side_by_side_each_on_the_machines_it_says(pod):
+    made = pod.allocations.apply_template("a1", Template.parse("2x8+4x4"))
+    assert [(p.id, p.size) for p in made] == [("2x8-4x4-1", 8), ("2x8-4x4-2", 8), ("2x8-4x4-3", 4), ("2x8-4x4-4", 4),
+                                             ("2x8-4x4-5", 4), ("2x8-4x4-6", 4)]
+    ipus = [(ipu.agent_id, ipu.index) for p in made for ipu in p.ipus]
+    assert len(ipus) == len(set(ipus)) == 32
+    for partition in made:
+        assert partition.ready_state is ReadyState.ACTIVE
+        assert pod.held_anywhere(partition.id) == partition.agent_ids
+
+
+def test_a_dry_run_says_where_they_would_go_and_makes_nothing(pod):
+    planned = pod.allocations.apply_template("a1", Template.parse("4x8"), prefix="t", dry_run=True)
+    assert [p.id for p in planned] == ["t1", "t2", "t3", "t4"]
+    assert pod.partitions.list() == [] and held_by_agents(pod) == set()
+    made = pod.allocations.apply_template("a1", Template.parse("4x8"), prefix="t")
+    assert {p.id: p.agent_ids for p in made} == {p.id: p.agent_ids for p in planned}
+
+
+def test_a_template_one_partition_of_which_does_not_fit_is_refused_whole(pod):
+    pod.partitions.create(PartitionRequest("p0", 4))
+    with pytest.raises(NoRoom, match=r"template 2x16: partition 2x16-2 \(16 IPUs\) does not fit beside the template's 1 before "
+                                     r"it: .*; nothing was made"):
+        pod.allocations.apply_template("a1", Template.parse("2x16"))
+    assert [p.id for p in pod.partitions.list()] == ["p0"]
+    assert held_by_agents(pod) == {"p0"}
+
+
+def test_a_template_one_partition_of_which_a_machine_refuses_leaves_none_of_them(pod):
+    failpoints.arm("agent.apply", "1*fail(the machine refused it)")
+    with pytest.raises((Unavailable, HardwareFailure), match=r"template 4x8: partition 4x8-\d could not be made: .*the machine "
+                                                             r"refused it.*; the 3 made with it were removed; nothing was made"):
+        pod.allocations.apply_template("a1", Template.parse("4x8"))
+    assert pod.partitions.list() == [] and held_by_agents(pod) == set()
+    assert len(pod.allocations.apply_template("a1", Template.parse("4x8"))) == 4  # and its ids are free again
+
+
+def test_a_template_whose_partition_id_is_taken_is_refused_whole(pod):
+    pod.partitions.create(PartitionRequest("4x8-3", 4))
+    with pytest.raises(AlreadyExists, match="template 4x8: partition 4x8-3 already exists; nothing was made"):
+        pod.allocations.apply_template("a1", Template.parse("4x8"))
+    assert [p.id for p in pod.partitions.list()] == ["4x8-3"]
