@@ -263,6 +263,26 @@ def test_a_four_replica_job_runs_to_succeeded_with_its_workers_attached_to_its_p
     assert cluster.kube.kubectl("get", "configmap/resnet-ipujob", check=False).returncode != 0
 
 
+def test_a_two_gcd_job_spreads_its_workers_over_its_partitions_gcds_each_told_its_own(cluster):
+    """spec.numGcds: the partition is made with that many GCDs, the workers are spread over them
+    in order, every container of each told its GCD, and each worker runs on its GCD's IPUs alone."""
+    cluster.submit("twogcd", replicas=8, workers=2, numGcds=2)
+    cluster.wait_for("twogcd", "Succeeded")
+    assert cluster.job("twogcd")["spec"]["numGcds"] == 2
+    api = vipuuser_pb2_grpc.UserServiceStub(cluster.pod._channel(cluster.pod.user_port))
+    [partition] = [p for p in api.ListPartitions(vipuuser_pb2.ListPartitionsRequest()).partitions if p.id == "p-default-twogcd"]
+    assert (len(partition.spec.ipus), partition.spec.num_gcds) == (8, 2)
+    told = []
+    for worker in ("twogcd-worker-0", "twogcd-worker-1"):
+        [container] = json.loads(cluster.kube.kubectl("get", "pod", worker, "-o", "json").stdout)["spec"]["containers"]
+        told.append({v["name"]: v.get("value") for v in container["env"]}["IPUOF_VIPU_API_GCD_ID"])
+    assert told == ["0", "1"]
+    log = cluster.launcher_log("twogcd")
+    assert log.count("run (p-default-twogcd): success. 4 IPUs in 1 GCD(s) ran the test program.") == 2, log
+    cluster.delete("twogcd")
+    assert cluster.partitions() == {}
+
+
 def test_a_failing_launcher_is_restarted_on_a_reset_partition_until_its_backoff_limit(cluster):
     cluster.submit("flaky", launcher={"command": ["sh", "-c", "exit 3"]}, restartPolicy={"type": "OnFailure", "backoffLimit": 2})
     condition = cluster.wait_for("flaky", "Failed")
@@ -451,6 +471,7 @@ def test_the_validating_webhook_refuses_a_bad_job_with_its_reason(cluster):
         ({"replicas": 3}, "modelReplicas x ipusPerModelReplica = 3 IPUs: a partition's size must be a power of two"),
         ({"replicas": 4, "workers": 3}, "modelReplicas (4) must be a multiple of workers.replicas (3)"),
         ({"launcher": {}}, "spec.launcher.command is required unless the job is interactive"),
+        ({"replicas": 4, "workers": 1, "numGcds": 2}, "modelReplicas (4) and workers.replicas (1) must be multiples of spec.numGcds (2)"),
     ):
         with pytest.raises(AssertionError) as refused:
             cluster.submit("bad", **changes)
@@ -462,8 +483,8 @@ def test_the_validating_webhook_refuses_a_bad_job_with_its_reason(cluster):
 def test_the_mutating_webhook_fills_in_the_defaults(cluster):
     cluster.submit("plain", interactive={"ttl": 3600})
     spec = cluster.job("plain")["spec"]
-    assert (spec["restartPolicy"], spec["cleanPodPolicy"], spec["workers"]["replicas"]) == (
-        {"type": "Never", "backOffLimit": 3}, "None", 1)
+    assert (spec["restartPolicy"], spec["cleanPodPolicy"], spec["workers"]["replicas"], spec["numGcds"]) == (
+        {"type": "Never", "backOffLimit": 3}, "None", 1, 1)
     cluster.submit("seeds", interactive={"ttl": 3600}, restartPolicy={"type": "OnFailure", "backOffLimit": 5})
     assert cluster.job("seeds")["spec"]["restartPolicy"] == {"type": "OnFailure", "backOffLimit": 5}  # the seed's spelling kept
 

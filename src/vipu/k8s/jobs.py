@@ -59,6 +59,11 @@ class JobSpec:
     clean_pod_policy: str
     expected_seconds: int = 0  # how long its partition is expected to run (`expected_seconds`); 0: unknown
     reservation: str = ""  # the vipu reservation its partition is made in (`vipu list reservations`); "": none
+    num_gcds: int = 1  # the GCDs its partition is split into, as `vipu create partition --num-gcds`
+
+    def gcd_of(self, worker: int) -> int:
+        """The GCD a worker runs on: the workers in order, an equal run of them on each GCD."""
+        return worker * self.num_gcds // self.workers
 
     @property
     def ipus(self) -> int:
@@ -160,6 +165,12 @@ def parse(job: dict) -> JobSpec:
     if replicas % worker_count:
         raise InvalidArgument(f"modelReplicas ({replicas}) must be a multiple of workers.replicas ({worker_count}): "
                               "each worker runs whole model replicas")
+    gcds = _count(spec, "numGcds", 1)
+    if gcds & (gcds - 1) or ipus % gcds:
+        raise InvalidArgument(f"spec.numGcds ({gcds}) must be a power of two that divides the partition's {ipus} IPUs")
+    if replicas % gcds or worker_count % gcds:
+        raise InvalidArgument(f"modelReplicas ({replicas}) and workers.replicas ({worker_count}) must be multiples of spec.numGcds "
+                              f"({gcds}): each GCD runs whole model replicas, on workers of its own")
     interactive = _object(spec, "interactive", "spec.")
     ttl = _count(interactive, "ttl") if interactive.get("ttl") is not None else None
     command = _object(spec, "launcher", "spec.").get("command") or []
@@ -185,6 +196,7 @@ def parse(job: dict) -> JobSpec:
         model_replicas=replicas, ipus_per_replica=per_replica, workers=worker_count, worker_template=template,
         command=tuple(str(part) for part in command), interactive_ttl=ttl, restart_policy=restart_type,
         backoff_limit=backoff, clean_pod_policy=clean, expected_seconds=expected_seconds(spec), reservation=reservation,
+        num_gcds=gcds,
     )
 
 
@@ -225,13 +237,13 @@ def _with_env(container: dict, pairs: dict[str, str]) -> dict:
     return {**container, "env": kept + _env(pairs)}
 
 
-def ipuof_environment(job: JobSpec, controller: Controller) -> dict[str, str]:
-    """The variables that let Poplar (or `vipu-ipuof run`) find the job's partition."""
+def ipuof_environment(job: JobSpec, controller: Controller, gcd: int = 0) -> dict[str, str]:
+    """The variables that let Poplar (or `vipu-ipuof run`) find the job's partition, and its GCD there."""
     return {
         "IPUOF_VIPU_API_HOST": controller.host,
         "IPUOF_VIPU_API_PORT": str(controller.port),
         "IPUOF_VIPU_API_PARTITION_ID": job.partition_id,
-        "IPUOF_VIPU_API_GCD_ID": "0",
+        "IPUOF_VIPU_API_GCD_ID": str(gcd),
     }
 
 
@@ -252,7 +264,7 @@ def _on_host(pod_spec: dict, controller: Controller) -> dict:
 def worker_pod(job: JobSpec, index: int, controller: Controller) -> dict:
     template = copy.deepcopy(job.worker_template)
     spec = template.get("spec") or {}
-    containers = [_with_env(c, ipuof_environment(job, controller)) for c in spec["containers"]]
+    containers = [_with_env(c, ipuof_environment(job, controller, job.gcd_of(index))) for c in spec["containers"]]
     containers[0] = {**containers[0], "command": list(WORKER_SLEEP)}
     containers[0].pop("args", None)
     spec["containers"] = containers
@@ -280,7 +292,7 @@ def launcher_pod(job: JobSpec, wiring: Wiring, controller: Controller) -> dict:
         "env": _env({
             "IPUJOB_NAME": job.name, "IPUJOB_NAMESPACE": job.namespace, "IPUJOB_UID": job.uid,
             "IPUJOB_WORKERS": str(job.workers), "IPUJOB_PARTITION": job.partition_id,
-            "IPUJOB_IPUS": str(job.ipus), "IPUJOB_MODEL_REPLICAS": str(job.model_replicas),
+            "IPUJOB_IPUS": str(job.ipus), "IPUJOB_MODEL_REPLICAS": str(job.model_replicas), "IPUJOB_GCDS": str(job.num_gcds),
             "IPUJOB_CONTROLLER": controller.address, "VIPU_PROXY_URL": wiring.proxy_url,
             "IPUJOB_EXPECTED_SECONDS": str(job.expected_seconds), "IPUJOB_RESERVATION": job.reservation,
         }),

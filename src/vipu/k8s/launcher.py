@@ -67,7 +67,7 @@ def obtain_partition(env: Mapping[str, str]) -> dict:
             "uid": env["IPUJOB_UID"], "size": int(env["IPUJOB_IPUS"]), "replicas": int(env.get("IPUJOB_MODEL_REPLICAS", "0")),
             "controller": env.get("IPUJOB_CONTROLLER", ""), "wait": WAIT_SECONDS,
             "expected_seconds": int(expected) if (expected := env.get("IPUJOB_EXPECTED_SECONDS", "")).isdigit() else 0,
-            "reservation": env.get("IPUJOB_RESERVATION", "")}
+            "reservation": env.get("IPUJOB_RESERVATION", ""), "gcds": int(env.get("IPUJOB_GCDS", "1"))}
     url = env["VIPU_PROXY_URL"].rstrip("/") + "/partitions"
     delays, said = WAITING.delays(), ""
     while True:
@@ -99,7 +99,8 @@ def main() -> None:
 
     It takes no arguments: the operator gives it IPUJOB_NAME, IPUJOB_NAMESPACE, IPUJOB_UID,
     IPUJOB_WORKERS, IPUJOB_PARTITION, IPUJOB_IPUS and VIPU_PROXY_URL in its environment, and
-    IPUJOB_EXPECTED_SECONDS, how long the job is expected to run, when it knows; IPUJOB_RESERVATION,
+    IPUJOB_EXPECTED_SECONDS, how long the job is expected to run, when it knows; IPUJOB_GCDS, the
+    GCDs its partition is split into (1 when not given); IPUJOB_RESERVATION,
     the vipu reservation to make it in, if any."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-ipujob-init: %(message)s", stream=sys.stderr)
     env = os.environ

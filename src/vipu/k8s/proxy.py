@@ -7,7 +7,7 @@ REST end-points:
   job's partition `id` is given, its request waits for room in the queue of the controller that
   can hold it with the least work ahead (first come, first served there), and the answer is 409
   with its place and reason until it has started; then that controller.
-- `POST /partitions` {id, namespace, job, uid, size, replicas, controller[, wait, resume,
+- `POST /partitions` {id, namespace, job, uid, size, replicas, controller[, gcds, wait, resume,
   expected_seconds, reservation]}: create the job's partition (expected to run `expected_seconds`
   from its start, when given; in the vipu reservation named, when given), or reset it when the
   job already owns it (a restarted job starts on clean IPUs; not when `resume`, the launcher's
@@ -85,6 +85,7 @@ class JobRequest(BaseModel):
     size: int = Field(gt=0)
     id: str = ""  # the job's partition: given, a job with no room anywhere waits in a controller's queue
     replicas: int = Field(default=0, ge=0)
+    gcds: int = Field(default=1, ge=1, le=64)  # the GCDs its partition is split into (spec.numGcds)
     expected_seconds: int = Field(default=0, ge=0, le=MAX_EXPECTED_SECONDS)  # how long the job is expected to run; 0: unknown
     reservation: str = Field(default="", max_length=ID_MAX_LENGTH)  # the vipu reservation to make its partition in (spec.reservation)
 
@@ -256,7 +257,8 @@ class Partitions:
             # The proxy tracks the request and withdraws it when its job goes (not a waiter's lease): its
             # launcher asks after it only while its pod runs.
             made = self._user(controller).create_or_queue(request.id, request.size, cluster_id=self.cluster_id,
-                                                          num_replicas=request.replicas, wait_seconds=self.queue_seconds,
+                                                          num_replicas=request.replicas, num_gcds=request.gcds,
+                                                          wait_seconds=self.queue_seconds,
                                                           detached=True, expected_seconds=request.expected_seconds,
                                                           reservation=request.reservation,
                                                           account=self.accounts.of(request.namespace),

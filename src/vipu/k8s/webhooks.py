@@ -26,6 +26,7 @@ MUTATE_PATH = "/mutate-graphcore-ai-v1alpha1-ipujob"
 VALIDATE_PATH = "/validate-graphcore-ai-v1alpha1-ipujob"
 DEFAULTS = (
     (("workers", "replicas"), 1),
+    (("numGcds",), 1),
     (("restartPolicy", "type"), "Never"),
     (("restartPolicy", "backOffLimit"), jobs.DEFAULT_BACKOFF_LIMIT),
     (("cleanPodPolicy",), "None"),

@@ -83,6 +83,10 @@ def test_the_seed_job_parses_with_the_documented_defaults():
     ({"workers": {"template": {"spec": {"containers": []}}}}, "at least one container"),
     ({"workers": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c"}]}}}},
      r"modelReplicas \(4\) must be a multiple of workers.replicas \(3\)"),
+    ({"numGcds": 3}, r"spec.numGcds \(3\) must be a power of two that divides the partition's 4 IPUs"),
+    ({"numGcds": 8}, r"spec.numGcds \(8\) must be a power of two that divides the partition's 4 IPUs"),
+    ({"numGcds": 0}, "spec.numGcds must be a positive whole number"),
+    ({"numGcds": 2}, r"modelReplicas \(4\) and workers.replicas \(1\) must be multiples of spec.numGcds \(2\)"),
 ])
 def test_a_bad_specification_is_refused_with_the_reason(changes, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -113,6 +117,17 @@ def test_a_worker_runs_on_the_host_privileged_asleep_with_the_ipuof_variables():
     env = {v["name"]: v["value"] for v in container["env"]}
     assert env == {"IPUOF_LOG_LEVEL": "INFO", "IPUOF_VIPU_API_HOST": "vipu.example", "IPUOF_VIPU_API_PORT": "8090",
                    "IPUOF_VIPU_API_PARTITION_ID": "p-default-ipujob-sample", "IPUOF_VIPU_API_GCD_ID": "0"}
+
+
+def test_a_multi_gcd_jobs_workers_are_spread_over_its_gcds_each_told_its_own():
+    template = {"spec": {"containers": [{"name": "c", "image": "poplar"}, {"name": "side", "image": "tools"}]}}
+    job = spec(modelReplicas="8", numGcds=2, workers={"replicas": 4, "template": template})
+    assert (job.ipus, job.num_gcds) == (8, 2)
+    workers = [jobs.worker_pod(job, n, CONTROLLER)["spec"]["containers"] for n in range(4)]
+    gcds = [[{v["name"]: v["value"] for v in c["env"]}["IPUOF_VIPU_API_GCD_ID"] for c in containers] for containers in workers]
+    assert gcds == [["0", "0"], ["0", "0"], ["1", "1"], ["1", "1"]]  # every container of a worker is told the worker's GCD
+    init = {v["name"]: v["value"] for v in jobs.launcher_pod(job, WIRING, CONTROLLER)["spec"]["initContainers"][0]["env"]}
+    assert init["IPUJOB_GCDS"] == "2"
 
 
 def test_the_launcher_waits_for_its_partition_then_runs_the_command():

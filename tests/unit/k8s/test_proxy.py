@@ -153,7 +153,7 @@ def test_a_job_with_no_room_anywhere_waits_in_a_controllers_queue_and_starts_the
     for _ in range(2):  # the operator asks again at each resync: the request keeps its place
         with pytest.raises(Conflict, match=r"^waiting in the queue of V-IPU controller ctl:8090 \(number 1\): first in the queue"):
             partitions.choose(job)
-    assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "wait_seconds": QUEUE_SECONDS,
+    assert user.asked == [{"id": "p-default-job", "cluster_id": "", "num_replicas": 8, "num_gcds": 1, "wait_seconds": QUEUE_SECONDS,
                            "detached": True, "expected_seconds": 3600, "reservation": "", "account": "",
                            "labels": {"ipujob": "job", "namespace": "default"}}]  # no waiter's lease: the proxy
     # withdraws it when its job goes

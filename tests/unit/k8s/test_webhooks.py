@@ -19,18 +19,19 @@ def test_the_mutating_webhook_adds_only_the_missing_defaults():
     response = answer["response"]
     assert (answer["kind"], response["uid"], response["allowed"], response["patchType"]) == ("AdmissionReview", "r-1", True, "JSONPatch")
     assert json.loads(base64.b64decode(response["patch"])) == [
+        {"op": "add", "path": "/spec/numGcds", "value": 1},
         {"op": "add", "path": "/spec/restartPolicy", "value": {}},
         {"op": "add", "path": "/spec/restartPolicy/type", "value": "Never"},
         {"op": "add", "path": "/spec/restartPolicy/backOffLimit", "value": 3},
         {"op": "add", "path": "/spec/cleanPodPolicy", "value": "None"},
     ]
-    complete = job_document(restartPolicy={"type": "Always", "backOffLimit": 1}, cleanPodPolicy="All")
+    complete = job_document(restartPolicy={"type": "Always", "backOffLimit": 1}, cleanPodPolicy="All", numGcds=2)
     assert "patch" not in webhooks.mutate(review(complete))["response"]
 
 
 def test_the_backoff_limit_is_stored_in_the_seeds_spelling_whichever_was_given():
     def patch(**restart) -> list[dict]:
-        response = webhooks.mutate(review(job_document(restartPolicy={"type": "Always", **restart}, cleanPodPolicy="All")))
+        response = webhooks.mutate(review(job_document(restartPolicy={"type": "Always", **restart}, cleanPodPolicy="All", numGcds=1)))
         return json.loads(base64.b64decode(response["response"].get("patch", "W10=")))
 
     assert patch(backoffLimit=1) == [{"op": "move", "from": "/spec/restartPolicy/backoffLimit",
