@@ -59,7 +59,10 @@ class TopologyKeeper:
         if not same:
             write_atomically(self.path, text)
         self._reconfigure_owed = True
-        told = subprocess.run([command("scontrol"), "reconfigure"], capture_output=True, text=True, timeout=60)
+        try:
+            told = subprocess.run([command("scontrol"), "reconfigure"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise Unavailable(f"{self.path} is written, but scontrol reconfigure failed: {error}") from None
         if told.returncode != 0:
             raise Unavailable(f"{self.path} is written, but scontrol reconfigure failed: "
                               f"{told.stderr.strip() or told.stdout.strip() or told.returncode}")
