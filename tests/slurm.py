@@ -5,7 +5,9 @@ their own munge key and socket, configuration, state, spool and logs, on free lo
 They run as root (as Slurm does on a single machine), with process tracking by /proc and no
 cgroups, so they work in a container. The one node claims `cpus` CPUs whatever the machine has
 (so jobs of many tasks fit), and offers `ipus` generic resources (GRES) with no device files:
-a count Slurm hands out, which is all a scheduler needs to know of them.
+a count Slurm hands out, which is all a scheduler needs to know of them. Given `nodes`, there
+are that many nodes of those names on this machine instead, each with a slurmd of its own on
+a port of its own (Debian's Slurm takes several slurmd on one host so).
 """
 
 from __future__ import annotations
@@ -36,20 +38,26 @@ def build_spank_plugin() -> str:
 
 class SlurmCluster:
     def __init__(self, gres_ipus: int = 64, cpus: int = 32, extra_config: str = "", plugstack: str = "",
-                 files: dict[str, str] | None = None):
+                 files: dict[str, str] | None = None, nodes: tuple[str, ...] = (), oversubscribe: str = "FORCE:64"):
         """`extra_config` and `plugstack` are added to slurm.conf and plugstack.conf, and `files`
         written beside them (scripts executable), before the daemons start; `{dir}` in any of
-        them is the directory."""
+        them is the directory. `oversubscribe` is the partition's OverSubscribe (NO: --exclusive
+        jobs have whole nodes)."""
         for program in ("munged", "slurmctld", "slurmd", "sinfo"):
             if shutil.which(program) is None:
                 raise RuntimeError(f"{program} is not installed; scripts/system-deps installs Slurm and munge from Debian")
         self.directory = Path(tempfile.mkdtemp(prefix="vipu-slurm-"))
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = list(nodes) or [self.host]
+        self.node = self.nodes[0]
+        self.oversubscribe = oversubscribe
         self.conf = self.directory / "slurm.conf"
         self.munge_socket = self.directory / "munge.socket"
         self.processes: list[subprocess.Popen] = []
         for name in ("state", "spool", "log", "munge"):
             (self.directory / name).mkdir()
+        for node in self.nodes:
+            (self.directory / "spool" / node).mkdir()
         for name, text in (files or {}).items():
             path = self.directory / name
             path.write_text(text.replace("{dir}", str(self.directory)))
@@ -79,12 +87,16 @@ class SlurmCluster:
         key = d / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        (d / "gres.conf").write_text(f"NodeName={self.node} Name=ipu Count={gres_ipus}\n")
+        (d / "gres.conf").write_text("".join(f"NodeName={node} Name=ipu Count={gres_ipus}\n" for node in self.nodes))
+        own_port = len(self.nodes) > 1 or self.node != self.host
+        node_lines = "".join(
+            f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1" + (f" Port={free_port()}" if own_port else "")
+            + f" CPUs={cpus} Gres=ipu:{gres_ipus} State=UNKNOWN\n" for node in self.nodes)
         (d / "plugstack.conf").write_text(plugstack)
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
         self.conf.write_text(f"""\
 ClusterName=vipu
-SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
@@ -93,9 +105,9 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
 StateSaveLocation={d / 'state'}
-SlurmdSpoolDir={d / 'spool'}
+SlurmdSpoolDir={d / 'spool'}/%n
 SlurmctldPidFile={d / 'slurmctld.pid'}
-SlurmdPidFile={d / 'slurmd.pid'}
+SlurmdPidFile={d / 'slurmd-%n.pid'}
 SlurmctldLogFile={d / 'log' / 'slurmctld.log'}
 SlurmdLogFile={d / 'log' / 'slurmd.log'}
 SlurmctldDebug=info
@@ -117,8 +129,7 @@ InactiveLimit=0
 Waittime=0
 GresTypes=ipu
 {extra}
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Gres=ipu:{gres_ipus} State=UNKNOWN
-PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:64
+{node_lines}PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe={self.oversubscribe}
 """)
 
     def _spawn(self, name: str, command: list[str]) -> None:
@@ -134,12 +145,13 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
         self._wait(lambda: self.munge_socket.exists(), "munged")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
         self._wait(lambda: self.run("scontrol", "ping", timeout=10).stdout.count("UP") > 0, "slurmctld")
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
-        self._wait(self._node_ready, "slurmd to register its node")
+        for node in self.nodes:
+            self._spawn("slurmd" if node == self.node else f"slurmd-{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
+        self._wait(self._node_ready, "slurmd to register its nodes")
 
     def _node_ready(self) -> bool:
-        state = self.run("sinfo", "-h", "-N", "-o", "%T", timeout=10).stdout.strip()
-        return state in ("idle", "mixed", "allocated")
+        states = self.run("sinfo", "-h", "-N", "-o", "%T", timeout=10).stdout.split()
+        return len(states) == len(self.nodes) and all(state in ("idle", "mixed", "allocated") for state in states)
 
     def _wait(self, condition, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

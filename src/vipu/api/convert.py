@@ -410,10 +410,12 @@ def config_to_proto(partition: Partition, gcds: list[GcdConfig], ipuof_server_ve
     )
 
 
-def user_allocation_to_proto(allocation: Allocation) -> user_pb2.Allocation:
+def user_allocation_to_proto(allocation: Allocation, agent_ilds: dict[str, int]) -> user_pb2.Allocation:
+    """`agent_ilds`: the IPU-Link domain of each agent in its cluster (what Slurm's topology is made from)."""
     return user_pb2.Allocation(
         id=allocation.id,
-        spec=user_pb2.AllocationSpec(cluster_id=allocation.cluster_id, agent_ids=allocation.agent_ids),
+        spec=user_pb2.AllocationSpec(cluster_id=allocation.cluster_id, agent_ids=allocation.agent_ids,
+                                     agent_ilds=[agent_ilds[agent] for agent in allocation.agent_ids]),
     )
 
 

@@ -37,6 +37,7 @@ from vipu.cli.common import (
 from vipu.client.admin import by_time
 from vipu.client.admin import since_time as client_since_time
 from vipu.client.settings import ClientSettings, client_settings, write_client_config
+from vipu.model import slurm_topology
 from vipu.model.accounts import account_lines
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import growth
@@ -1081,6 +1082,47 @@ def discover_agents(admin, auto_add, as_json):
         return
     rows = [[a.host, str(a.port), a.interface, f"{a.seconds_since_seen:.9f}s", a.auto_add_id] for a in reply.agents]
     click.echo(render_table(["Host", "Port", "Network Interface", "Time Since Last Seen", "Agent Auto-Add ID"], rows, top_rule=False))
+
+
+# Slurm
+
+
+@cli.group(cls=CommandGroup)
+def export():
+    """Write what another system needs to know of vipu, in its own format."""
+
+
+@export.command("slurm-topology")
+@click.option("--nodes", "node_machines", required=True, metavar="NODES:MACHINES...",
+              help="The machines beside each Slurm node, as hostlists: 'n[1-4]:ag[1-4] n[5-8]:ag[5-8] login1:' "
+                   "(vipu.conf's NodeMachines).")
+@click.option("--form", type=click.Choice(slurm_topology.FORMATS), default="tree", show_default=True,
+              help="tree: topology.conf for topology/tree; block: topology.conf for topology/block (Slurm 23.11 on); "
+                   "yaml: topology.yaml (Slurm 24.11 on).")
+@click.option("--user", "user_id", default="", metavar="USER",
+              help="Only the allocations given to this user (Slurm's ApiUser). Default: every allocation.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the file there (replaced in one step) instead of printing it.")
+@pass_client
+def export_slurm_topology(admin, node_machines, form, user_id, output):
+    """Slurm's network topology from vipu's IPU-Link domains and allocations: Slurm then places a
+    job's nodes beside machines vipu can join into one partition."""
+    with reporting("export slurm-topology"):
+        mapping = slurm_topology.parse_node_machines(node_machines)
+        agents = {agent.id for agent in admin.list_agents()}
+        unknown = sorted({machine for machines in mapping.values() for machine in machines} - agents)
+        if unknown:
+            raise InvalidArgument(f"--nodes names machine {unknown[0]}, which is no agent of vipu's")
+        wanted = set(admin.get_user(user_id).allocation_ids) if user_id else None
+        ilds = admin.agent_ilds()
+        allocations = [(a.id, {agent: ilds[agent] for agent in a.agent_ids}) for a in admin.list_allocations()
+                       if wanted is None or a.id in wanted]
+        text = slurm_topology.slurm_topology(mapping, allocations).render(form)
+        if output is None:
+            click.echo(text, nl=False)
+            return
+        slurm_topology.write_atomically(output, text)
+    click.echo(f"export slurm-topology ({output}): success.")
 
 
 capacity_command(list_)

@@ -138,6 +138,11 @@ class AdminClient(EndpointClient):
             raise InvalidArgument(f"cluster {cluster_id} has {len(ilds)} IPU-Link domain(s), numbered from 0: not {index}")
         return list(ilds[int(index)])
 
+    def agent_ilds(self) -> dict[str, int]:
+        """The IPU-Link domain of each agent of a cluster, in its cluster (0 the lowest)."""
+        return {agent: domain for cluster in self.list_clusters()
+                for domain, members in enumerate(ClusterLayout.of(cluster_from_proto(cluster)).ilds) for agent in members}
+
     def resume_agents(self, agent_ids: list[str]) -> list[pb.Agent]:
         """End the drain of the agents' machines, all or none."""
         return list(self._call("ResumeAgents", pb.ResumeAgentsRequest(agent_ids=agent_ids), at_least=DRAIN_CALL_SECONDS).agents)

@@ -13,21 +13,27 @@ The file sits beside slurm.conf and holds `Key=Value` lines, keys in any case, `
     ApiUser=slurm                 # and ServerCertFile are required
     Accounts=same                 # a job's partition is made on the vipu account of its Slurm account:
                                   # same (the name as it is), or slurm-a=ml-a,... (and *=same); unset: none
+    Topology=tree                 # vipu-slurm-service keeps Slurm's topology file beside slurm.conf in this
+                                  # form (tree, block or yaml: vipu.model.slurm_topology); unset: none
+    NodeMachines=n[1-4]:ag[1-4] n[5-8]:ag[5-8]   # the machines beside each Slurm node, as hostlists
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vipu.client.settings import ClientSettings
 from vipu.model.accounts import NO_ACCOUNTS, AccountMap
 from vipu.model.errors import InvalidArgument
+from vipu.model.slurm_topology import FORMATS, parse_node_machines
 
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 SECURE_KEYS = ("ApiUser", "ApiAccessKey", "ClientCertFile", "ClientKeyFile", "ServerCertFile")
-KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "QueueTimeout", "IsSecure", "Accounts", *SECURE_KEYS)
+KNOWN_KEYS = ("ApiHost", "ApiPort", "IpuofDir", "MaxIpusPerJob", "ApiTimeout", "QueueTimeout", "IsSecure", "Accounts",
+              "Topology", "NodeMachines", *SECURE_KEYS)
 # The shell front doors give up on vipu-slurm-service after 600 s without a word: a prolog waits less.
 MAX_QUEUE_TIMEOUT = 540
 TRUE, FALSE = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
@@ -49,6 +55,8 @@ class VipuSlurmConfig:
     client_key: Path | None = None
     server_cert: Path | None = None
     accounts: AccountMap = NO_ACCOUNTS  # a job's Slurm account -> the vipu account its partition is made on
+    topology: str = ""  # the form of Slurm's topology file vipu-slurm-service keeps; "": none
+    node_machines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # Slurm node -> the machines beside it
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(self.api_host, self.api_port, self.api_user, self.api_access_key,
@@ -111,6 +119,16 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
     if port > 65535:
         raise InvalidArgument(f"{path}: ApiPort must be from 1 to 65535, not {port}")
 
+    topology = values.get("Topology", "")
+    if topology and topology not in FORMATS:
+        raise InvalidArgument(f"{path}: Topology must be one of {', '.join(FORMATS)}, not {topology!r}")
+    if topology and not values.get("NodeMachines"):
+        raise InvalidArgument(f"{path}: Topology needs NodeMachines, the machines beside each Slurm node")
+    try:
+        node_machines = parse_node_machines(values["NodeMachines"]) if values.get("NodeMachines") else {}
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{path}: NodeMachines: {error.message}") from None
+
     def file(key: str) -> Path | None:
         return Path(values[key]) if secure else None
 
@@ -122,4 +140,5 @@ def load(path: Path | None = None) -> VipuSlurmConfig:
         api_access_key=values.get("ApiAccessKey", "") if secure else "",
         client_cert=file("ClientCertFile"), client_key=file("ClientKeyFile"), server_cert=file("ServerCertFile"),
         accounts=AccountMap.parse(values.get("Accounts", ""), f"{path}: Accounts"),
+        topology=topology, node_machines=node_machines,
     )

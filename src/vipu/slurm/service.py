@@ -17,6 +17,9 @@ Every `--licences-interval` seconds it also keeps Slurm's licences `ipu` equal t
 for jobs (`licences.sync`), and removes what jobs that are over left at the controller (their
 epilog may not have run: `JobPartitions.forget_finished_jobs`).
 
+When vipu.conf sets `Topology`, it also keeps Slurm's topology file equal to vipu's IPU-Link
+domains and allocations every `--topology-interval` seconds (`vipu.slurm.topology`).
+
 vipu.conf is read when the service starts: restart it after changing the file.
 """
 
@@ -36,6 +39,7 @@ import click
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.slurm import config as slurm_config
 from vipu.slurm import licences
+from vipu.slurm import topology as slurm_topology
 from vipu.slurm.jobs import JobPartitions
 
 log = logging.getLogger("vipu.slurm.service")
@@ -128,7 +132,9 @@ def serve(path: Path, jobs: JobPartitions) -> _Service:
 @click.option("--licences-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between syncs of Slurm's licences ipu with the IPUs free (vipu-slurm-licences), and sweeps "
                    "of what finished jobs left; 0: none.")
-def main(socket_path, conf_path, licences_interval):
+@click.option("--topology-interval", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds between updates of Slurm's topology file, when vipu.conf sets Topology; 0: none.")
+def main(socket_path, conf_path, licences_interval, topology_interval):
     """Do vipu's prolog and epilog work for slurmctld's jobs, handed over by the shell front doors."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s vipu-slurm-service: %(message)s", stream=sys.stderr)
     try:
@@ -143,6 +149,8 @@ def main(socket_path, conf_path, licences_interval):
     stop = threading.Event()
     if licences_interval:
         threading.Thread(target=upkeep, args=(jobs, licences_interval, stop), name="upkeep", daemon=True).start()
+    if topology_interval and jobs.config.topology:
+        threading.Thread(target=topology_upkeep, args=(jobs, topology_interval, stop), name="topology", daemon=True).start()
     try:
         service.serve_forever(poll_interval=0.5)
     finally:
@@ -166,5 +174,24 @@ def upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
         if line != said:
             log.info("%s", line)
             said = line
+        if stop.wait(interval):
+            return
+
+
+def topology_upkeep(jobs: JobPartitions, interval: float, stop: threading.Event) -> None:
+    """Every `interval` seconds until `stop`: bring Slurm's topology file up to date with vipu's
+    allocations; say when it changed it, or when what stops it changes."""
+    keeper = slurm_topology.TopologyKeeper(jobs.user, jobs.config)
+    said = ""
+    while True:
+        try:
+            line = ""
+            if keeper.refresh():
+                log.info("Slurm's topology updated from vipu's allocations: %s, and slurmctld reconfigured", keeper.path)
+        except VipuError as error:
+            line = f"Slurm's topology not updated: {error.message}"
+        if line and line != said:
+            log.warning("%s", line)
+        said = line
         if stop.wait(interval):
             return

@@ -385,12 +385,14 @@ class GetPartitionStatusReply(_message.Message):
     def __init__(self, status: _Optional[_Union[PartitionStatus, _Mapping]] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("cluster_id", "agent_ids")
+    __slots__ = ("cluster_id", "agent_ids", "agent_ilds")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ILDS_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, cluster_id: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    agent_ilds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cluster_id: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., agent_ilds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("id", "spec")

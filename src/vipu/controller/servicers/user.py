@@ -69,7 +69,8 @@ class UserServicer(pb_grpc.UserServiceServicer):
         return pb.GetPartitionStatusReply(status=convert.status_to_proto(partition))
 
     def ListAllocations(self, request, context):
-        return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a) for a in self.partitions.allocations(caller())])
+        allocations, ilds = self.partitions.allocations(caller()), self.partitions.agent_ilds()
+        return pb.ListAllocationsReply(allocations=[convert.user_allocation_to_proto(a, ilds) for a in allocations])
 
     def GetCapacity(self, request, context):
         return capacity_reply(self.partitions.capacity(request.size, request.allocation_id, request.cluster_id, caller()))

@@ -32,6 +32,7 @@ from vipu.model.configuration import IPUOF_SERVER_VERSION_KEY, GcdConfig, gcd_co
 from vipu.model.entities import IPUS_PER_MACHINE, OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting, shifted
+from vipu.model.topology import ClusterLayout
 from vipu.store.configuration import Configuration
 from vipu.store.store import Store
 
@@ -133,6 +134,11 @@ class PartitionService:
 
     def allocations(self, access: Access = OPEN_ACCESS) -> builtins.list[Allocation]:
         return [dataclasses.replace(a) for a in self.store.configuration().allocations.values() if access.may_use(a.id)]
+
+    def agent_ilds(self) -> dict[str, int]:
+        """The IPU-Link domain of each agent of a cluster, in its cluster."""
+        return {agent: domain for cluster in self.store.configuration().clusters.values()
+                for domain, agents in enumerate(ClusterLayout.of(cluster).ilds) for agent in agents}
 
     def capacity(self, size: int = 0, allocation_id: str = "", cluster_id: str = "",
                  access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
