@@ -107,10 +107,6 @@ class OpenStackControllers(DatabasePerVpod):
         self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
         self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
         self.ssh_cidrs = tuple(_network("--openstack-ssh-cidr", cidr) for cidr in ssh_cidrs)
-        if not self.ssh_cidrs:
-            raise InvalidArgument("name at least one network tenants' users may reach their Poplar VMs by SSH from")
-        if vm_limit < 1:
-            raise InvalidArgument(f"the Poplar VM limit must be 1 or more, not {vm_limit}")
         self.handover_url, self.vm_limit = handover_url.rstrip("/"), vm_limit
         self.store_server = server_url(store_server)
         self.tenant_projects = tenant_projects
