@@ -66,7 +66,8 @@ def redeem_token(path: Path, token: str) -> None:
             raise PermissionDenied("the token is not the one given to this vPOD's controller")
         path.unlink()
         if float(expires) < time.time():
-            raise PermissionDenied("the token expired before its VM asked for its secrets; the controller's server is made again")
+            raise PermissionDenied(f"the token expired before its VM asked for its secrets ({HANDOVER_SECONDS / 3600:.0f} h after "
+                                   "its server was made)")
 
 
 def server_tls(site: TlsFiles, address: str, directory: Path) -> ssl.SSLContext:
