@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -20,11 +22,12 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from tests.functional.harness import BIN, failed_line, wait_until
+from tests.functional.harness import BIN, Result, failed_line, wait_until
 from tests.functional.test_vpod import Site, created
 from tests.keystone import ADMIN_PASSWORD
 from tests.openstack import OpenStack
 from tests.ports import free_port
+from vipu.api.tls import TlsFiles
 
 pytestmark = [pytest.mark.functional,
               pytest.mark.skipif(os.geteuid() != 0, reason="MariaDB, RabbitMQ and Neutron's agent run as root here")]
@@ -162,16 +165,42 @@ def cloud(openstack, tmp_path_factory, image, flavor) -> dict[str, str]:
     return {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
 
 
+def seen_by(openstack: OpenStack, token: str) -> dict[str, set[str]]:
+    """The names of the servers, networks, ports and security groups a Keystone token's project sees."""
+    as_it = {"X-Auth-Token": token}
+    return {"servers": {s["name"] for s in openstack.call("nova", "GET", "/servers", headers=as_it)["servers"]},
+            **{kind: {r["name"] for r in openstack.call("neutron", "GET", f"/v2.0/{kind}", headers=as_it)[kind.replace("-", "_")]}
+               for kind in ("networks", "ports", "security-groups")}}
+
+
+def handed_over(user_data: str) -> tuple[str, str]:
+    """The one-time token and the hand-over's URL in a controller's user data."""
+    found = re.search(r"^echo (\S+) \| vipu-vpod fetch-secrets (\S+) ", user_data, re.MULTILINE)
+    assert found is not None, user_data
+    return found[1], found[2]
+
+
+def carried(user_data: str) -> str:
+    """The user data with each file it writes (`echo BASE64 | base64 -d`) decoded."""
+    return "\n".join([user_data, *(base64.b64decode(blob).decode(errors="replace")
+                                   for blob in re.findall(r"echo (\S+) \| base64 -d", user_data))])
+
+
 def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_release_leaves_nothing(
         openstack, cloud, postgres_of_its_own, tmp_path):
     site = Site(tmp_path / "site", machines=4, env=cloud)
+    tokens = {}
     for tenant in ("acme", "bravo"):  # each tenant's resources in its own project, where vipu-vpod's user is given a role
         openstack.keystone.project(tenant)
         openstack.keystone.grant("admin", tenant, "member")
+        openstack.keystone.user(f"{tenant}-user", "tenant-password", tenant)  # the tenant's own OpenStack user
+        tokens[tenant] = openstack.keystone.token(f"{tenant}-user", "tenant-password", tenant)
     try:
         site.serve("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
                    "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods", "--openstack-router", "site-router",
-                   "--openstack-poplar-zone", "nova", "--openstack-store", postgres_of_its_own.url("postgres"))
+                   "--openstack-poplar-zone", "nova", "--openstack-store", postgres_of_its_own.url("postgres"),
+                   "--openstack-handover-port", str(free_port()), "--openstack-vm-limit", "1",
+                   "--openstack-ssh-cidr", "192.0.2.0/24", "--openstack-ssh-cidr", "198.51.100.7")
         acme_id = created(site.vpod("create", "acme", "--machines", "4", "--out", str(tmp_path / "acme")))
         name = f"vpod-{acme_id}"
         (server,) = openstack.call("nova", "GET", f"/servers/detail?all_tenants=1&name={name}")["servers"]
@@ -179,6 +208,33 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         (network,) = openstack.call("neutron", "GET", f"/v2.0/networks?name={name}")["networks"]
         acme_project = openstack.keystone._id("projects", "acme")
         assert server["tenant_id"] == network["project_id"] == acme_project  # the tenant's, not the orchestrator's
+        # The tenant's own token sees them; another tenant's sees none of them
+        seen = seen_by(openstack, tokens["acme"])
+        seen["ports"].discard("")  # Neutron's own on the network (DHCP, the router's interface), unnamed
+        assert seen == {"servers": {name}, "networks": {name}, "ports": {name}, "security-groups": {name, "default"}}
+        assert seen_by(openstack, tokens["bravo"]) == {"servers": set(), "networks": set(), "ports": set(),
+                                                       "security-groups": {"default"}}
+
+        # No secret in the user data Nova keeps: the controller fetched them once, with a token that is spent
+        detail = openstack.call("nova", "GET", f"/servers/{server['id']}", headers={"OpenStack-API-Version": "compute 2.3"})["server"]
+        user_data = base64.b64decode(detail["OS-EXT-SRV-ATTR:user_data"]).decode()
+        directory = site.data / "vpods" / acme_id
+        store_url = (directory / "store-url").read_text().strip()
+        password = urllib.parse.urlsplit(store_url).password
+        assert password and len(password) >= 16
+        keys = [path.read_text() for path in (directory / "vipu-certs").rglob("*-key.pem")]
+        assert len(keys) >= 2  # the controller's server key and its agent-link key
+        written = carried(user_data)
+        assert "PRIVATE KEY" not in written and password not in written and store_url not in written
+        assert not any(key in written for key in keys)
+        token, url = handed_over(user_data)
+        assert url.startswith("https://127.0.0.1:") and url.endswith(f"/v1/controller-secrets/{acme_id}")
+        authority = TlsFiles(site.data / "site-certs").ca_cert
+        again = subprocess.run([str(BIN / "vipu-vpod"), "fetch-secrets", url, "--authority", str(authority),
+                                "--into", str(tmp_path / "stolen")], input=token + "\n", capture_output=True, text=True, timeout=60)
+        failed_line(Result(again.returncode, again.stdout, again.stderr), "fetch secrets", url,
+                    "refused the controller's secrets: no controller secrets are waiting for this token: it was used already")
+        assert not (tmp_path / "stolen").exists()
         (subnet,) = openstack.call("neutron", "GET", f"/v2.0/subnets?network_id={network['id']}")["subnets"]
         assert subnet["cidr"].startswith("10.40.") and subnet["cidr"].endswith("/28")
         address = server["addresses"][name][0]["addr"]
@@ -205,13 +261,16 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         assert vm["status"] == "ACTIVE" and vm["address"].startswith(subnet["cidr"].rsplit(".", 1)[0])
         server = openstack.call("nova", "GET", f"/servers/{vm['server_id']}")["server"]
         assert (server["key_name"], server["OS-EXT-AZ:availability_zone"], list(server["addresses"])) == ("alice", "nova", [name])
-        assert server["security_groups"] == [{"name": f"{name}-vms"}]  # SSH from anywhere, and each other; not the default group
+        assert server["security_groups"] == [{"name": f"{name}-vms"}]  # SSH from the site's networks, and each other; not the default
         (vm_group,) = openstack.call("neutron", "GET", f"/v2.0/security-groups?name={name}-vms")["security_groups"]
         assert sorted(((r["protocol"], r["port_range_min"], r["port_range_max"], r["remote_ip_prefix"])
                        for r in vm_group["security_group_rules"] if r["direction"] == "ingress"), key=str) == [
-            ("tcp", 22, 22, "0.0.0.0/0"), ("tcp", None, None, subnet["cidr"])]
-        failed_line(site.vpod("vm", "create", acme_id, "poplar2", "--flavor", "vpod-controller", "--image", "no-such-image",
-                              "--key", "alice"), "create vm", "poplar2", "Glance has no image no-such-image")
+            ("tcp", 22, 22, "192.0.2.0/24"), ("tcp", 22, 22, "198.51.100.7/32"), ("tcp", None, None, subnet["cidr"])]
+        # The site's limit of Poplar VMs per vPOD (1 here): the next is refused in one line, nothing made
+        failed_line(site.vpod("vm", "create", acme_id, "poplar2", "--flavor", "vpod-controller", "--image", "vipu-controller",
+                              "--key", "alice"), "create vm", "poplar2",
+                    f"vPOD {acme_id} has 1 Poplar VM, as many as the site allows a vPOD (--openstack-vm-limit 1); delete one first")
+        assert sorted(s["name"] for s in openstack.call("nova", "GET", "/servers?all_tenants=1")["servers"]) == [name, f"{name}-vm-poplar1"]
 
         # Inside the VM (its vipu configuration is where the boot put it): a partition, and a program on its IPUs
         inside = openstack.machines.directory / vm["server_id"]
@@ -241,6 +300,8 @@ def test_a_vpods_controller_is_a_nova_server_on_a_network_of_its_own_and_a_relea
         assert user("remove", "partition", "p1").returncode == 0
         assert site.vpod("vm", "delete", acme_id, "poplar1").out == "delete vm (poplar1): success.\n"
         assert site.rest("GET", f"/v1/vpods/{acme_id}/vms")["vms"] == []
+        failed_line(site.vpod("vm", "create", acme_id, "poplar2", "--flavor", "vpod-controller", "--image", "no-such-image",
+                              "--key", "alice"), "create vm", "poplar2", "Glance has no image no-such-image")
         # The tenant's own key instead of a key pair of the orchestrator's user: it rides in the user data
         (tmp_path / "alice.pub").write_text(public_key + "\n")
         (tmp_path / "junk.pub").write_text("not a key\n")
@@ -303,7 +364,7 @@ def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(open
     site = Site(tmp_path / "site", machines=4, env=cloud)
     options = ("--provider", "openstack", "--openstack-cloud", "site", "--openstack-image", "vipu-controller",
                "--openstack-flavor", "vpod-controller", "--openstack-subnet-pool", "vpods",
-               "--openstack-store", postgres_of_its_own.url("postgres"),
+               "--openstack-store", postgres_of_its_own.url("postgres"), "--openstack-handover-port", str(free_port()),
                "--openstack-projects", "site")  # all in the clouds.yaml entry's project: tenants t0, t1, t2 have none
 
     def named(service: str, path: str, name: str) -> list[dict]:
@@ -326,7 +387,8 @@ def test_kill_9_of_the_orchestrator_at_each_step_leaks_nothing_in_openstack(open
             killed_at(create_at, site.vpod_in_background("create", tenant, "--machines", "4"))
             wait_until(lambda vpod_id=vpod_id: site.rest("GET", f"/v1/vpods/{vpod_id}")["vpod"]["state"] == "Active",
                        timeout=120, what=f"the creation cut at {create_at} to be finished")
-            assert [s["status"] for s in named("nova", "/servers/detail", name)] == ["ACTIVE"], create_at
+            assert [(s["status"], s["tenant_id"]) for s in named("nova", "/servers/detail", name)] == [
+                ("ACTIVE", openstack.keystone._id("projects", "admin"))], create_at  # the clouds.yaml entry's project
             assert len(named("neutron", "/v2.0/networks", name)) == len(named("neutron", "/v2.0/ports", name)) == 1, create_at
             site.server.terminate()
             site.server.wait(timeout=30)

@@ -1,6 +1,7 @@
 """The disk images of scripts/vm-images booted as Nova boots them (UEFI firmware, cloud-init, the
 user data and key pair in the instance's metadata; tests/qemu.py): the controller image runs the
-controller that vipu-vpod's OpenStack provider describes in its user data, on a tenant's PostgreSQL
+controller that vipu-vpod's OpenStack provider describes in its user data, its secrets fetched once
+from a hand-over end-point on the host with the user data's token, on a tenant's PostgreSQL
 database, and lets its user in with the key in its metadata (a Nova key pair's); a Poplar VM given
 `vipu-vpod vm create`'s user data lets its user in by SSH with the public key in it, and reaches
 that controller by its address, its certificate verified, with vipu.
@@ -20,9 +21,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from tests.functional.harness import BIN
 from tests.ports import free_port
 from tests.qemu import Vm, ssh, wait_for
+from vipu.api.listening import listening_socket
 from vipu.api.tls import TlsFiles, generate
 from vipu.client.settings import ClientSettings, client_config_text, parse_hcl
-from vipu.vpod.openstack import ADDRESS_FILE, OpenStackControllers, vm_user_data
+from vipu.vpod.handover import HandoverServer, server_tls
+from vipu.vpod.openstack import ADDRESS_FILE, HANDOVER_FILE, OpenStackControllers, vm_user_data
 from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import ADMIN_USER, STORE_FILE, TenantControllers, VmConfig
 
@@ -30,6 +33,7 @@ pytestmark = [pytest.mark.functional,
               pytest.mark.skipif(os.geteuid() != 0, reason="scripts/vm-images builds the images' root as root")]
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLER_ADDRESS = "10.0.2.15"  # qemu's guest address on its default network: the controller VM's, as its Neutron port's would be
+HOST_ADDRESS = "10.0.2.2"  # this host's loopback, as the guest reaches it on that network
 BOOT_SECONDS = 600.0  # emulated, two VMs at once, beside the other tests
 
 
@@ -60,8 +64,12 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
     site = TlsFiles(tmp_path / "site-certs")
     generate(site, ["localhost"])
     never_called = cast(Any, object())  # only the preparation and the user data are used: no OpenStack call
+    handover_port = free_port()
     controllers = OpenStackControllers(tmp_path / "vpod", site, "vm-images", cloud="", image="", flavor="", subnet_pool="",
-                                       store_server=postgres_of_its_own.url("postgres"), connection=never_called)
+                                       store_server=postgres_of_its_own.url("postgres"),
+                                       handover_url=f"https://{HOST_ADDRESS}:{handover_port}", connection=never_called)
+    handover = HandoverServer(listening_socket("127.0.0.1", handover_port), server_tls(site, HOST_ADDRESS, tmp_path / "handover"),
+                              controllers.hand_over)
     vpod = Vpod(id="imaged", tenant="t1", state="Creating", step="", machines=[], topology="mesh", ilds=1, user_id="alice",
                 ports=[free_port(), free_port(), free_port()])
     directory = controllers.directory(vpod.id)
@@ -69,7 +77,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
     (directory / ADDRESS_FILE).write_text(CONTROLLER_ADDRESS)
     TenantControllers.prepare(controllers, vpod)
     store = directory / STORE_FILE
-    store.write_text(store.read_text().replace("@127.0.0.1:", "@10.0.2.2:"))
+    store.write_text(store.read_text().replace("@127.0.0.1:", f"@{HOST_ADDRESS}:"))
     user_port, admin_port, _ = vpod.ports
 
     # The Poplar VM's configuration as `vipu-vpod vm create` gives it: the controller by its
@@ -90,6 +98,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
                 vm_user_data(vpod.id, "p1", VmConfig(config, files), public_key=public_key), network="10.0.0.0/16",
                 host_forwards=[(ssh_port, 22)], guest_forwards=[(CONTROLLER_ADDRESS, user_port, user_port),
                                                                 (CONTROLLER_ADDRESS, admin_port, admin_port)])
+    handover.start()
     vms = [controller.start(), poplar.start()]
     try:
         def answers() -> subprocess.CompletedProcess | None:
@@ -98,6 +107,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
             return done if done.returncode == 0 else None
 
         wait_for(vms, answers, BOOT_SECONDS, "the controller VM's vipu-server did not answer its administrator")
+        assert not (directory / HANDOVER_FILE).exists()  # its token spent by its first boot
         unit = ssh(key, "debian", controller_ssh_port, "systemctl is-enabled vipu-controller && pgrep -u vipu -f vipu-server", timeout=120)
         assert unit.returncode == 0 and unit.stdout.startswith("enabled"), unit.stdout + unit.stderr  # the image's unit runs it, as vipu
 
@@ -113,4 +123,5 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
     finally:
         for vm in vms:
             vm.stop()
+        handover.stop()
 

@@ -347,7 +347,8 @@ def make_app(orchestrator: Orchestrator, tokens: KeystoneTokens | None = None, t
 
     @app.post("/v1/vpods/{vpod_id}/vms", status_code=201, response_model=VmReply, responses=_errors(
         status_400="A name, flavor, image or key pair that is not valid or not known, or a runner that makes no VMs.",
-        status_404="No such vPOD, or another tenant's.", status_409="The vPOD is not Active, or has a VM of that name.",
+        status_404="No such vPOD, or another tenant's.",
+        status_409="The vPOD is not Active, has a VM of that name, or as many VMs as the site allows a vPOD.",
         status_422=NOT_VALID, status_503="Nova refused or failed the server (a quota, no valid host)."))
     def create_vm(vpod_id: str, body: CreateVm, caller: Caller = Depends(authenticated)) -> VmReply:
         """Boot a Poplar VM on the vPOD's network, on the site's Poplar hosts, given the tenant's vipu

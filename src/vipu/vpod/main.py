@@ -11,10 +11,12 @@ The client commands take `--url` and `--key` (or VIPU_VPOD_URL and VIPU_VPOD_KEY
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import secrets
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -38,6 +40,7 @@ from vipu.client.settings import ClientSettings, write_client_config
 from vipu.model.errors import Conflict, InvalidArgument, VipuError
 from vipu.model.throttle import LoginThrottle
 from vipu.vpod import crash
+from vipu.vpod.handover import HandoverServer, fetch, server_tls
 from vipu.vpod.store import VpodStore
 
 DATA_DIR = Path("~/.local/share/vipu-vpod")
@@ -154,12 +157,19 @@ def init(data_dir, db_url, tls_hosts):
               help="With --provider openstack: the availability zone of the site's Poplar hosts, where tenants' Poplar VMs go.")
 @click.option("--openstack-ssh-user", default="debian", show_default=True,
               help="With --provider openstack: the user a Poplar VM's image lets in with its key pair.")
-@click.option("--openstack-ssh-cidr", default="0.0.0.0/0", show_default=True,
-              help="With --provider openstack: where tenants' users may reach their Poplar VMs by SSH from (the VMs' "
-                   "security group admits port 22 from there; key pairs only, as the images allow).")
+@click.option("--openstack-ssh-cidr", "openstack_ssh_cidrs", multiple=True, default=("0.0.0.0/0",), show_default=True,
+              help="With --provider openstack, repeatable: a network (or address) tenants' users may reach their Poplar VMs by "
+                   "SSH from: their vPOD's security group admits port 22 from these only (the images take keys only).")
+@click.option("--openstack-vm-limit", type=click.IntRange(1), default=8, show_default=True,
+              help="With --provider openstack: the most Poplar VMs a vPOD may have at once.")
 @click.option("--openstack-projects", type=click.Choice(["tenant", "site"]), default="tenant", show_default=True,
               help="With --provider openstack: where each vPOD's servers, network and groups are made: in the Keystone project "
                    "named as its tenant (the clouds.yaml entry's user needs a role there), or all in the entry's own project.")
+@click.option("--openstack-handover-address", default=None,
+              help="With --provider openstack: the address the controllers' VMs reach this orchestrator at, where it hands each "
+                   "its secrets once over HTTPS (the site's certificate). Default: --listen-address.")
+@click.option("--openstack-handover-port", type=click.IntRange(1, 65535), default=8096, show_default=True,
+              help="With --provider openstack: the port of that hand-over.")
 @click.option("--openstack-store", default=None, envvar="VIPU_VPOD_OPENSTACK_STORE",
               help="With --provider openstack: a PostgreSQL server URL whose user may create databases and roles, as "
                    "--kubernetes-store. VIPU_VPOD_OPENSTACK_STORE keeps the password out of the process list.")
@@ -178,7 +188,8 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
           keystone_password_file, keystone_project, keystone_admin_project, keystone_admin_role, kubernetes_namespace,
           kubernetes_image, kubernetes_store, kubernetes_controller_host, provider, openstack_cloud, openstack_image, openstack_flavor,
           openstack_subnet_pool, openstack_admit_cidr, openstack_router, openstack_poplar_zone, openstack_ssh_user,
-          openstack_ssh_cidr, openstack_projects, openstack_store, test_on_release,
+          openstack_ssh_cidrs, openstack_vm_limit, openstack_projects, openstack_handover_address, openstack_handover_port,
+          openstack_store, test_on_release,
           login_failures, trusted_proxies, login_lockout, log_level):
     """Serve the REST API, resume what an earlier run left under way, and keep tenants' controllers running."""
     with refusing_to_start("vipu-vpod serve"):
@@ -205,6 +216,7 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         store.add_machines(site_machines(rack))
         site = site_tls(data_dir)
         tenants: TenantControllers
+        handover: HandoverServer | None = None
         provider = provider or ("kubernetes" if kubernetes_namespace else "local")
         openstack_options = {"--openstack-cloud": openstack_cloud, "--openstack-image": openstack_image,
                              "--openstack-flavor": openstack_flavor, "--openstack-subnet-pool": openstack_subnet_pool,
@@ -219,12 +231,23 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
             from vipu.vpod.openstack import OpenStackControllers
 
             use_runner(store, f"openstack:{openstack_cloud}")
-            tenants = OpenStackControllers(data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor,
-                                           openstack_subnet_pool, openstack_store, openstack_admit_cidr, openstack_poplar_zone,
-                                           openstack_ssh_user, openstack_router, openstack_ssh_cidr, openstack_projects == "tenant")
+            handover_address = openstack_handover_address or listen_address
+            if _unspecified(handover_address):
+                raise InvalidArgument(f"the controllers' VMs cannot be sent to {handover_address} for their secrets: give "
+                                      "--openstack-handover-address, the address they reach this orchestrator at")
+            host = f"[{handover_address}]" if ":" in handover_address else handover_address
+            openstack_controllers = OpenStackControllers(
+                data_dir, site, store.site_id(), openstack_cloud, openstack_image, openstack_flavor, openstack_subnet_pool,
+                openstack_store, f"https://{host}:{openstack_handover_port}", openstack_admit_cidr, openstack_poplar_zone,
+                openstack_ssh_user, openstack_router, openstack_ssh_cidrs, openstack_projects == "tenant", openstack_vm_limit)
+            tenants = openstack_controllers
+            handover = HandoverServer(listening_socket(handover_address, openstack_handover_port),
+                                      server_tls(site, handover_address, identity_tls(data_dir).root), openstack_controllers.hand_over)
+            handover.start()  # before anything is resumed: a controller booting now asks for its secrets
         elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr),
                                                 ("--openstack-poplar-zone", openstack_poplar_zone),
-                                                ("--openstack-router", openstack_router)] if value]:
+                                                ("--openstack-router", openstack_router),
+                                                ("--openstack-handover-address", openstack_handover_address)] if value]:
             raise InvalidArgument(f"{given[0]} is for controllers on OpenStack: give --provider openstack too")
         elif provider == "kubernetes" and not kubernetes_namespace:
             raise InvalidArgument("--provider kubernetes needs --kubernetes-namespace")
@@ -276,6 +299,16 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
         server.run(sockets=[listening])
     finally:
         stop.set()
+        if handover is not None:
+            handover.stop()
+
+
+def _unspecified(address: str) -> bool:
+    """Whether the address means every address of this host (0.0.0.0, ::), which names no host to reach."""
+    try:
+        return ipaddress.ip_address(address).is_unspecified
+    except ValueError:  # a host name
+        return False
 
 
 def use_runner(store: VpodStore, runner: str) -> None:
@@ -448,6 +481,22 @@ def delete_vm(ctx, vpod_id, name):
     with reporting("delete vm", name):
         call(ctx, "DELETE", f"/v1/vpods/{vpod_id}/vms/{name}")
     click.echo(f"delete vm ({name}): success.")
+
+
+@cli.command("fetch-secrets")
+@click.argument("url")
+@click.option("--authority", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The site's certificate authority, which issued the hand-over's certificate.")
+@click.option("--into", required=True, type=click.Path(file_okay=False, path_type=Path), help="Where the files go.")
+def fetch_secrets(url, authority, into):
+    """In a vPOD controller's VM, at its first boot: fetch its secrets once from vipu-vpod (the
+    one-time token from the user data on standard input, kept out of the process list)."""
+    with reporting("fetch secrets", url):
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise InvalidArgument("give the one-time token on standard input")
+        written = fetch(url, authority, token, into)
+    click.echo(f"fetch secrets ({url}): success. {len(written)} files in {into}")
 
 
 @cli.command("machines")

@@ -12,8 +12,12 @@ attempt made it (`vpod-<id>`):
 3. a port on the network with that group: its fixed address is the controller's, in its
    certificate, before anything is started,
 4. the controller as a Nova server from the site's controller image and flavor, on that port, its
-   configuration (the certificates, the store's URL, its ports) in its user data: a script that
-   cloud-init runs at first boot, which writes them and starts `vipu-server`.
+   user data a script that cloud-init runs at first boot: it fetches the controller's secrets (its
+   certificates' keys, the store's URL) once from vipu-vpod with a one-time token
+   (`vipu.vpod.handover`), for Nova keeps user data where others read it, and starts `vipu-server`.
+
+Tenants' Poplar VMs go in a security group of the vPOD's (SSH from the addresses the site names,
+and each other), at most `vm_limit` to a vPOD.
 
 The store is a PostgreSQL database of the vPOD's own, as on Kubernetes. Stopping deletes the
 server and waits for it to go, then the port, the security group and the network (the subnet goes
@@ -25,6 +29,7 @@ vPOD, which deletes whatever was made.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import shlex
 import threading
@@ -39,9 +44,10 @@ from openstack import exceptions as sdk_errors
 
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles
-from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, VipuError
+from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable, VipuError
 from vipu.store.databases import server_url
 from vipu.vpod.crash import crash_point
+from vipu.vpod.handover import PATH_PREFIX, issue_token, redeem_token
 from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, DatabasePerVpod, PoplarVm, VmConfig, VmRequest, controller_name
 
@@ -49,6 +55,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ADDRESS_FILE = "address"
 PROJECT_FILE = "project"  # the Keystone project the vPOD's resources are in (empty: the clouds.yaml entry's)
+HANDOVER_FILE = "handover"  # the controller's one-time token, hashed, until its VM uses it
+STORE_URL_FILE = "store-url"  # in the controller's state directory, as handed over
+AUTHORITY_FILE = "site-ca.pem"  # ditto: the site's authority, which issued the handover end-point's certificate
 STATE_DIR = "/var/lib/vipu"  # in the controller's VM
 CONTROLLER_UNIT = "/etc/systemd/system/vipu-controller.service"  # scripts/vm-images' controller image has it
 SERVER_DEADLINE_SECONDS = 300.0  # a server to become ACTIVE, or to go
@@ -76,23 +85,29 @@ class OpenStackControllers(DatabasePerVpod):
     start_deadline_seconds = 300.0  # a server's boot takes a while
 
     def __init__(self, root: Path, site: TlsFiles, site_id: str, cloud: str, image: str, flavor: str, subnet_pool: str,
-                 store_server: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian", router: str = "",
-                 ssh_cidr: str = "0.0.0.0/0", tenant_projects: bool = True, connection: openstack.connection.Connection | None = None):
+                 store_server: str, handover_url: str, admit_cidr: str = "", poplar_zone: str = "", ssh_user: str = "debian",
+                 router: str = "", ssh_cidrs: tuple[str, ...] = ("0.0.0.0/0",), tenant_projects: bool = True, vm_limit: int = 8,
+                 connection: openstack.connection.Connection | None = None):
         """`cloud`: the clouds.yaml entry vipu-vpod acts as; `image`, `flavor`: the controller's
         server's, by name or id; `subnet_pool`: the Neutron subnet pool each vPOD's subnet comes
         from; `store_server`: a PostgreSQL server URL whose user may create databases and roles;
+        `handover_url`: where the controllers' VMs fetch their secrets (https://HOST:PORT, a
+        `vipu.vpod.handover.HandoverServer` of this orchestrator's);
         `admit_cidr`: another network allowed to reach the controllers (the orchestrator's);
         `poplar_zone`: the availability zone of the site's Poplar hosts, where Poplar VMs go;
         `ssh_user`: the user a Poplar VM's image lets in with the key pair's key; `router`: the
         site's Neutron router each vPOD's subnet is attached to, through which the orchestrator, the
         store, the agents and the tenant's users reach the vPOD's network (none: the site routes it);
-        `ssh_cidr`: where tenants' users reach their Poplar VMs by SSH from; `tenant_projects`: each
-        vPOD's resources in the Keystone project named as its tenant (in the clouds.yaml entry's
-        project domain), else all in the entry's project. The router is always the entry's."""
+        `ssh_cidrs`: the networks (or addresses) tenants' users reach their Poplar VMs by SSH from;
+        `tenant_projects`: each vPOD's resources in the Keystone project named as its tenant (in
+        the clouds.yaml entry's project domain), else all in the entry's project. The router is
+        always the entry's. `vm_limit`: the most Poplar VMs a vPOD may have at once."""
         super().__init__(root, site)
         self.site_id = site_id
         self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
-        self.poplar_zone, self.ssh_user, self.router, self.ssh_cidr = poplar_zone, ssh_user, router, ssh_cidr
+        self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
+        self.ssh_cidrs = tuple(_network("--openstack-ssh-cidr", cidr) for cidr in ssh_cidrs)
+        self.handover_url, self.vm_limit = handover_url.rstrip("/"), vm_limit
         self.store_server = server_url(store_server)
         self.tenant_projects = tenant_projects
         self.cloud = connection or connect(cloud)
@@ -220,8 +235,9 @@ class OpenStackControllers(DatabasePerVpod):
             else:
                 self._call(f"remove a rule of security group {name}", net.delete_security_group_rule, rule["id"])
         for source, first, last in sorted(wanted, key=str):
+            ethertype = f"IPv{ipaddress.ip_network(source).version}"
             self._call(f"admit {source} in security group {name}", net.create_security_group_rule, security_group_id=group.id,
-                       direction="ingress", ethertype="IPv4", protocol="tcp", port_range_min=first, port_range_max=last,
+                       direction="ingress", ethertype=ethertype, protocol="tcp", port_range_min=first, port_range_max=last,
                        remote_ip_prefix=source)
         return group
 
@@ -296,31 +312,40 @@ class OpenStackControllers(DatabasePerVpod):
             raise Unavailable(f"cannot start the controller of vPOD {vpod.id}: {_reason(error)}") from None
 
     def user_data(self, vpod: Vpod) -> str:
-        """The script cloud-init runs at the server's first boot: it writes the controller's
-        certificates and the script that starts vipu-server with its store's URL (readable by the
-        controller's user only), then has the image's unit run it; an image without the unit runs
-        it in the foreground."""
-        tls = self.tls(vpod.id)
-        files = sorted(path.relative_to(tls.root) for directory in (tls.server_dir, tls.controller_dir)
-                       for path in directory.iterdir() if path.is_file())
+        """The script cloud-init runs at the server's first boot, with a new one-time token (any
+        earlier one is void): it fetches the controller's certificates and its store's URL from
+        vipu-vpod's handover end-point (`vipu-vpod fetch-secrets`, the token on its input), writes
+        the script that starts vipu-server with that URL (readable by the controller's user only),
+        then has the image's unit run it; an image without the unit runs it in the foreground. No
+        secret is in it: Nova's administrators, and the VM's processes, can read user data."""
+        token = issue_token(self.directory(vpod.id) / HANDOVER_FILE)
         user_port, admin_port, metrics_port = vpod.ports
         lines = ["#!/bin/sh", f"# vipu-vpod: the V-IPU controller of vPOD {vpod.id}", "set -eu", "umask 077",
-                 f'state="${{VIPU_STATE_DIR:-{STATE_DIR}}}"', 'mkdir -p "$state/certs" "$state/data"']
-        for relative in files:
-            lines += _written("$state/certs", relative, (tls.root / relative).read_bytes())
-        store = base64.b64encode(self.db_url(vpod.id).encode()).decode()
+                 f'state="${{VIPU_STATE_DIR:-{STATE_DIR}}}"', 'mkdir -p "$state/certs" "$state/data"', 'PATH="/opt/vipu/bin:$PATH"']
+        lines += _written("$state", Path(AUTHORITY_FILE), self.site.ca_cert.read_bytes())
+        url = shlex.quote(f"{self.handover_url}{PATH_PREFIX}{vpod.id}")
+        lines += [f'echo {shlex.quote(token)} | vipu-vpod fetch-secrets {url} --authority "$state/{AUTHORITY_FILE}" --into "$state"']
         server = " ".join([f"exec {SERVER_PROGRAM} --secure", '--tls-dir "$state/certs" --data-dir "$state/data"',
                            f"--listen-address {shlex.quote(self.host(vpod.id))}",  # its port's: the only one the group opens
                            f"--advertise-address {shlex.quote(self.host(vpod.id))}",
                            f"--port {user_port} --admin-port {admin_port} --metrics-port {metrics_port}"])
         lines += ['{ echo "#!/bin/sh"; echo "set -eu"; echo "state=\'$state\'"', "cat << 'END'",
-                  f"VIPU_SERVER_DB=$(echo {store} | base64 -d)", "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"', server, 'END',
+                  f'VIPU_SERVER_DB=$(cat "$state/{STORE_URL_FILE}")', "export VIPU_SERVER_DB", 'PATH="/opt/vipu/bin:$PATH"', server, 'END',
                   '} > "$state/controller"', 'chmod 0700 "$state/controller"',
                   f"if [ -f {CONTROLLER_UNIT} ]; then  # the controller image's unit runs it, as user vipu",
                   '    chown -R vipu:vipu "$state"', f"    systemctl enable {Path(CONTROLLER_UNIT).name}",
                   f"    systemctl start --no-block {Path(CONTROLLER_UNIT).name}",  # cloud-init's own unit is still starting
                   "else", '    exec "$state/controller"', "fi"]
         return "\n".join(lines) + "\n"
+
+    def hand_over(self, vpod_id: str, token: str) -> dict[str, bytes]:
+        """The controller's secrets, relative to its state directory, for the token its user data
+        carried: once (`vipu.vpod.handover.redeem_token` refuses any other call in one line)."""
+        redeem_token(self.directory(vpod_id) / HANDOVER_FILE, token)
+        tls = self.tls(vpod_id)
+        files = {f"certs/{path.relative_to(tls.root)}": path.read_bytes() for directory in (tls.server_dir, tls.controller_dir)
+                 for path in directory.iterdir() if path.is_file()}
+        return {**files, STORE_URL_FILE: self.db_url(vpod_id).encode()}
 
     def _delete_server(self, vpod_id: str, server) -> None:
         self._call(f"delete server {server.name}", self._service("compute", vpod_id).delete_server, server, ignore_missing=True)
@@ -376,10 +401,11 @@ class OpenStackControllers(DatabasePerVpod):
         return f"{controller_name(vpod_id)}-vms"
 
     def _vm_group(self, vpod_id: str, subnet_cidr: str):
-        """The Poplar VMs' security group: SSH from --openstack-ssh-cidr, every TCP port from the
-        vPOD's subnet (its VMs work together; the controller's own group guards the controller)."""
+        """The Poplar VMs' security group: SSH from each of --openstack-ssh-cidr's networks, every
+        TCP port from the vPOD's subnet (its VMs work together; the controller's own group guards
+        the controller); no other, Neutron's default group included."""
         return self._security_group(vpod_id, self._vm_group_name(vpod_id), "vipu vPOD Poplar VMs: SSH, and each other",
-                                    {(self.ssh_cidr, 22, 22), (subnet_cidr, None, None)})
+                                    {*((cidr, 22, 22) for cidr in self.ssh_cidrs), (subnet_cidr, None, None)})
 
     def _vm_servers(self, vpod_id: str) -> list:
         compute = self._service("compute", vpod_id)
@@ -397,10 +423,15 @@ class OpenStackControllers(DatabasePerVpod):
 
     def create_vm(self, vpod: Vpod, request: VmRequest, config: VmConfig) -> PoplarVm:
         """Boot the VM on the vPOD's network, in the Poplar hosts' zone, and wait for it (deadline);
-        one that fails is deleted again and its reason given in one line."""
+        one that fails is deleted again and its reason given in one line. A vPOD with as many VMs
+        as the site allows is refused before anything is made (the orchestrator makes one VM of a
+        vPOD at a time)."""
         name = self._vm_name(vpod.id, request.name)
         if self._call("look for a server", self._service("compute", vpod.id).find_server, name) is not None:
             raise AlreadyExists(f"vPOD {vpod.id} has a Poplar VM {request.name} already")
+        if (count := len(self._vm_servers(vpod.id))) >= self.vm_limit:
+            raise Conflict(f"vPOD {vpod.id} has {count} Poplar VM{'s' if count > 1 else ''}, as many as the site allows a vPOD "
+                           f"(--openstack-vm-limit {self.vm_limit}); delete one first")
         image, flavor = self._image_and_flavor(vpod.id, request.image, request.flavor, InvalidArgument)
         if request.key and self._call(f"find key pair {request.key}", self._service("compute", vpod.id).find_keypair,
                                       request.key) is None:
@@ -436,6 +467,14 @@ class OpenStackControllers(DatabasePerVpod):
             raise NotFound(f"vPOD {vpod_id} has no Poplar VM {name}")
         self._delete_server(vpod_id, server)
         return self._vm(vpod_id, server)
+
+
+def _network(option: str, cidr: str) -> str:
+    """A network in the form Neutron keeps (an address alone: itself, /32 or /128); InvalidArgument otherwise."""
+    try:
+        return ipaddress.ip_network(cidr.strip(), strict=False).with_prefixlen
+    except ValueError:
+        raise InvalidArgument(f"{option} {cidr!r} is not a network (192.0.2.0/24) or an address") from None
 
 
 def _written(directory: str, relative: Path, content: bytes) -> list[str]:

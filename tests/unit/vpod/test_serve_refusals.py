@@ -50,6 +50,10 @@ OPENSTACK = ("--provider", "openstack", "--openstack-cloud", "site", "--openstac
     (("--openstack-router", "site-router"), "--openstack-router is for controllers on OpenStack: give --provider openstack too"),
     (("--openstack-image", "vipu-controller"), "--openstack-image is for controllers on OpenStack: give --provider openstack too"),
     (OPENSTACK, "cannot use OpenStack cloud site: "),  # no such entry in clouds.yaml
+    ((*OPENSTACK, "--openstack-ssh-cidr", "192.0.2.0/24", "--openstack-ssh-cidr", "office"),
+     "--openstack-ssh-cidr 'office' is not a network (192.0.2.0/24) or an address"),
+    ((*OPENSTACK, "--listen-address", "0.0.0.0"), "give --openstack-handover-address, the address they reach this orchestrator at"),
+    (("--openstack-handover-address", "192.0.2.1"), "--openstack-handover-address is for controllers on OpenStack"),
 ])
 def test_options_that_do_not_go_together_are_refused_in_one_line(tmp_path, monkeypatch, options, reason):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
