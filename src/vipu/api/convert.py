@@ -411,11 +411,13 @@ def config_to_proto(partition: Partition, gcds: list[GcdConfig], ipuof_server_ve
 
 
 def user_allocation_to_proto(allocation: Allocation, agent_ilds: dict[str, int]) -> user_pb2.Allocation:
-    """`agent_ilds`: the IPU-Link domain of each agent in its cluster (what Slurm's topology is made from)."""
+    """`agent_ilds`: the IPU-Link domain of each agent in its cluster (what Slurm's topology is made
+    from); none are given for an allocation with an agent it lacks (its cluster changed meanwhile)."""
+    known = all(agent in agent_ilds for agent in allocation.agent_ids)
     return user_pb2.Allocation(
         id=allocation.id,
         spec=user_pb2.AllocationSpec(cluster_id=allocation.cluster_id, agent_ids=allocation.agent_ids,
-                                     agent_ilds=[agent_ilds[agent] for agent in allocation.agent_ids]),
+                                     agent_ilds=[agent_ilds[agent] for agent in allocation.agent_ids] if known else []),
     )
 
 

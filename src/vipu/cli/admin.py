@@ -658,10 +658,12 @@ def compact(admin, allocation_id, dry_run, as_json):
 @click.argument("template", metavar="TEMPLATE")
 @click.option("--allocation", "allocation_id", required=True, help="The allocation to split.")
 @click.option("--prefix", default="", help="Name the partitions PREFIX1, PREFIX2, ... [default: the template and a dash: 4x16-1]")
+@click.option("--account", default="", help="Make them on this account, held to its quota as a whole (needed where the "
+              "allocation is shared by quotas).")
 @click.option("--dry-run", is_flag=True, help="Show where the partitions would go: nothing is made.")
 @json_option
 @pass_client
-def apply_template(admin, template, allocation_id, prefix, dry_run, as_json):
+def apply_template(admin, template, allocation_id, prefix, account, dry_run, as_json):
     """Split an allocation the same way again: make a template's partitions in one step, all or none.
 
     TEMPLATE is COUNTxSIZE parts joined by +: 4x16 (four partitions of 16 IPUs), 2x32, 2x16+8x4.
@@ -669,7 +671,7 @@ def apply_template(admin, template, allocation_id, prefix, dry_run, as_json):
     is left of any of them.
     """
     with reporting("apply template", template):
-        reply = admin.apply_template(template, allocation_id, prefix=prefix, dry_run=dry_run)
+        reply = admin.apply_template(template, allocation_id, prefix=prefix, dry_run=dry_run, account=account)
     if as_json:
         return echo_json(reply)
     rows = [[p.id, str(len(p.spec.ipus)), placed_on(p.spec.ipus)] for p in reply.partitions]
@@ -1100,7 +1102,7 @@ def export():
               help="tree: topology.conf for topology/tree; block: topology.conf for topology/block (Slurm 23.11 on); "
                    "yaml: topology.yaml (Slurm 24.11 on).")
 @click.option("--user", "user_id", default="", metavar="USER",
-              help="Only the allocations given to this user (Slurm's ApiUser). Default: every allocation.")
+              help="Only the allocations given to this user (Slurm's ApiUser; an administrator uses all). Default: every allocation.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the file there (replaced in one step) instead of printing it.")
 @pass_client
@@ -1113,7 +1115,8 @@ def export_slurm_topology(admin, node_machines, form, user_id, output):
         unknown = sorted({machine for machines in mapping.values() for machine in machines} - agents)
         if unknown:
             raise InvalidArgument(f"--nodes names machine {unknown[0]}, which is no agent of vipu's")
-        wanted = set(admin.get_user(user_id).allocation_ids) if user_id else None
+        user = admin.get_user(user_id) if user_id else None
+        wanted = set(user.allocation_ids) if user is not None and not user.admin else None  # an administrator uses them all
         ilds = admin.agent_ilds()
         allocations = [(a.id, {agent: ilds[agent] for agent in a.agent_ids}) for a in admin.list_allocations()
                        if wanted is None or a.id in wanted]

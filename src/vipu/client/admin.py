@@ -179,10 +179,11 @@ class AdminClient(EndpointClient):
             name=name, agent_ids=agent_ids or [], size=size, allocation_id=allocation_id, start=start, end=end, reason=reason,
             maintenance=maintenance, users=users or [], accounts=accounts or []))
 
-    def apply_template(self, template: str, allocation_id: str, prefix: str = "", dry_run: bool = False) -> pb.ApplyTemplateReply:
-        """Make a template's partitions ("4x16") in an allocation, all or none; with `dry_run`, where they would go."""
+    def apply_template(self, template: str, allocation_id: str, prefix: str = "", dry_run: bool = False,
+                       account: str = "") -> pb.ApplyTemplateReply:
+        """Make a template's partitions ("4x16") in an allocation (on `account`), all or none; with `dry_run`, where they would go."""
         return self._call("ApplyTemplate", pb.ApplyTemplateRequest(template=template, allocation_id=allocation_id, prefix=prefix,
-                                                                   dry_run=dry_run))
+                                                                   dry_run=dry_run, account=account))
 
     def remove_reservation(self, name: str) -> None:
         self._call("RemoveReservation", pb.RemoveRequest(id=name))

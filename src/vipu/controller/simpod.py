@@ -203,8 +203,9 @@ class SimPod:
         """A partition name to suggest that is not taken (p1, else the first pN free) and how many
         partitions the store holds from earlier starts: a restart must not suggest one that exists."""
         with controller.store.reading() as tx:
-            taken = {p.id for p in tx.list_partitions()} | {r.partition_id for r in tx.list_requests()}
-        return next(f"p{n}" for n in itertools.count(1) if f"p{n}" not in taken), len(taken)
+            kept = {p.id for p in tx.list_partitions()}
+            taken = kept | {r.partition_id for r in tx.list_requests()}
+        return next(f"p{n}" for n in itertools.count(1) if f"p{n}" not in taken), len(kept)
 
     def stop(self) -> None:
         for process in self.processes:

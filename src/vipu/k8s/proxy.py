@@ -392,7 +392,7 @@ class Partitions:
         """As the seed's example answers it: `available` says the question could be answered (a
         valid size, and every controller answered), `numOfPartitions` how many partitions of the
         size fit now, 0 included; `message` says why a question was not answered."""
-        if size < 1 or size & (size - 1):
+        if size & (size - 1):
             return {"available": False, "numOfPartitions": 0, "message": f"size must be a power of two, not {size}"}
         count, unanswered = 0, []
         for controller in self.controllers():

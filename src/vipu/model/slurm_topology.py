@@ -199,6 +199,8 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())  # the rename is kept only with what it names: never an empty file after a crash
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except OSError as error:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from vipu.model.entities import check_id
 from vipu.model.errors import InvalidArgument
 
-MOST_PARTITIONS = 64  # of one template: an allocation of 64 machines split into single machines
-_PART = re.compile(r"(\d+)x(\d+)")
+MOST_PARTITIONS = 64  # of one template: a 16-machine allocation split into single IPUs
+_PART = re.compile(r"(\d{1,4})x(\d{1,4})")  # a longer number makes no template: refused before it is read
 
 
 @dataclass(frozen=True)
@@ -30,23 +30,20 @@ class Template:
         for part in name.split("+"):
             found = _PART.fullmatch(part.strip())
             if found is None:
-                raise InvalidArgument(f"template {name!r}: write its partitions as COUNTxSIZE, joined by + (4x16, 2x16+8x4), "
-                                      f"not {part!r}")
+                shown = part if len(part) <= 20 else f"{part[:20]}..."
+                raise InvalidArgument(f"template {name[:40]!r}: write its partitions as COUNTxSIZE of at most 4 digits each, joined "
+                                      f"by + (4x16, 2x16+8x4), not {shown!r}")
             count, size = int(found[1]), int(found[2])
             if count < 1:
                 raise InvalidArgument(f"template {name!r}: {part!r} makes no partition")
             if size < 1 or size & (size - 1):
                 raise InvalidArgument(f"template {name!r}: a partition's size must be a power of two, not {size}")
+            if len(sizes) + count > MOST_PARTITIONS:
+                raise InvalidArgument(f"template {name!r} makes more than {MOST_PARTITIONS} partitions, the most one may")
             sizes += [size] * count
-        if len(sizes) > MOST_PARTITIONS:
-            raise InvalidArgument(f"template {name!r} makes {len(sizes)} partitions; at most {MOST_PARTITIONS}")
-        return cls(name.replace(" ", ""), tuple(sizes))
+        return cls("".join(name.split()), tuple(sizes))
 
     def partition_ids(self, prefix: str = "") -> list[str]:
         """Its partitions' ids: PREFIX1, PREFIX2, ...; InvalidArgument for a prefix that makes no valid id."""
         prefix = prefix or f"{self.name.replace('+', '-')}-"
         return [check_id("partition", f"{prefix}{n}") for n in range(1, len(self.sizes) + 1)]
-
-    @property
-    def ipus(self) -> int:
-        return sum(self.sizes)

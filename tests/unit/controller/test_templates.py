@@ -8,9 +8,13 @@ import pytest
 
 from tests.unit.controller.test_services import MACHINES
 from vipu import failpoints
-from vipu.model.entities import PartitionRequest, ReadyState
-from vipu.model.errors import AlreadyExists, HardwareFailure, NoRoom, Unavailable
+from vipu.controller.core import decisions
+from vipu.model.accounts import Account, Quota
+from vipu.model.entities import Access, PartitionRequest, ReadyState
+from vipu.model.errors import AlreadyExists, HardwareFailure, InvalidArgument, NoRoom, Unavailable
 from vipu.model.templates import Template
+
+ADMIN = Access("admin")  # an administrator: every allocation
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +69,22 @@ def test_a_template_whose_partition_id_is_taken_is_refused_whole(pod):
     with pytest.raises(AlreadyExists, match="template 4x8: partition 4x8-3 already exists; nothing was made"):
         pod.allocations.apply_template("a1", Template.parse("4x8"))
     assert [p.id for p in pod.partitions.list()] == ["4x8-3"]
+
+
+def test_a_template_is_made_on_an_account_and_held_to_its_quota_as_a_whole(pod):
+    pod.services.accounts.create(Account("ml-a", ("alice",), "", {"": Quota(16)}))
+    with pytest.raises(InvalidArgument, match="allocation a1 is shared by quotas and user admin is in no account: name one"):
+        pod.allocations.apply_template("a1", Template.parse("2x4"), access=ADMIN)
+    with pytest.raises(NoRoom, match=r"template 2x8\+1x4: .*16.*; nothing was made"):  # each alone would fit its 16 IPUs
+        pod.allocations.apply_template("a1", Template.parse("2x8+1x4"), account="ml-a", access=ADMIN)
+    assert pod.partitions.list() == [] and held_by_agents(pod) == set()
+    made = pod.allocations.apply_template("a1", Template.parse("2x8"), account="ml-a", access=ADMIN)
+    assert [p.account for p in made] == ["ml-a", "ml-a"]
+
+
+def test_a_template_that_would_pass_the_allocations_limit_of_operations_is_refused_whole(pod, monkeypatch):
+    monkeypatch.setattr(decisions, "OPERATIONS_LIMIT", 4)  # the template's 4 creates and itself are 5
+    with pytest.raises(Unavailable, match="template 4x4: allocation a1 has 0 operations under way, and its 4 creates would pass "
+                                          "the limit of 4; try again shortly"):
+        pod.allocations.apply_template("a1", Template.parse("4x4"))
+    assert pod.partitions.list() == [] and held_by_agents(pod) == set()

@@ -239,16 +239,18 @@ class CompactReply(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., moves: _Optional[_Iterable[_Union[CompactionMove, _Mapping]]] = ..., frees_ipus: _Optional[int] = ..., frees_at: _Optional[str] = ..., no_plan: _Optional[str] = ..., stopped: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ApplyTemplateRequest(_message.Message):
-    __slots__ = ("template", "allocation_id", "prefix", "dry_run")
+    __slots__ = ("template", "allocation_id", "prefix", "dry_run", "account")
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     template: str
     allocation_id: str
     prefix: str
     dry_run: bool
-    def __init__(self, template: _Optional[str] = ..., allocation_id: _Optional[str] = ..., prefix: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    account: str
+    def __init__(self, template: _Optional[str] = ..., allocation_id: _Optional[str] = ..., prefix: _Optional[str] = ..., dry_run: _Optional[bool] = ..., account: _Optional[str] = ...) -> None: ...
 
 class ApplyTemplateReply(_message.Message):
     __slots__ = ("partitions", "dry_run")

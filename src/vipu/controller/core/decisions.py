@@ -51,7 +51,7 @@ from vipu.controller.core.queueing import Queue
 from vipu.controller.core.sharing import Sharing
 from vipu.controller.core.state import REMOVAL_RETRY_SECONDS
 from vipu.controller.core.steps import Steps
-from vipu.controller.core.turns import TurnEngine
+from vipu.controller.core.turns import OPERATIONS_LIMIT, TurnEngine
 from vipu.model import lifecycle
 from vipu.model.clustertests import TESTED_ALONE, not_drained
 from vipu.model.compaction import Report, plan_compaction
@@ -716,9 +716,17 @@ class Decisions:
         them (`operations.apply_template`: any that cannot be made undoes the others)."""
         self._refuse_if_tested()
         state = self.state
+        if len(self.under_way) + len(command.requests) + 1 > OPERATIONS_LIMIT:
+            raise Unavailable(f"template {command.template}: allocation {self.id} has {len(self.under_way)} operations under way, "
+                              f"and its {len(command.requests)} creates would pass the limit of {OPERATIONS_LIMIT}; try again shortly")
         for request in command.requests:
             if request.id in state.partitions or state.queue.get(request.id) is not None:
                 raise AlreadyExists(f"template {command.template}: partition {request.id} already exists; nothing was made")
+            self.sharing.assign(request, command.access)
+        try:  # held to its account's quota as a whole: each alone would fit where all together do not
+            self.sharing.refuse_over_quota(dataclasses.replace(command.requests[0], size=sum(r.size for r in command.requests)))
+        except NoRoom as refusal:
+            raise NoRoom(f"template {command.template}: {refusal.message}; nothing was made") from None
         used = shifted(state.used)
         partitions: list[Partition] = []
         for request in command.requests:

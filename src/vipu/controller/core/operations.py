@@ -387,7 +387,9 @@ def apply_template(owner: Owner, template: str, partitions: list[Partition]) -> 
                 for partition in partitions]
     errors = yield Join(children)
     failed = [(partition, error) for partition, error in zip(partitions, errors, strict=True) if error is not None]
-    made = [current for partition in partitions if (current := owner.partition(partition.id)) is not None]
+    # Its own partitions, by their attach keys: one removed meanwhile may have been made again by someone else.
+    made = [current for partition in partitions
+            if (current := owner.partition(partition.id)) is not None and current.attach_key == partition.attach_key]
     if not failed:
         log.info("template %s made in allocation %s: %s", template, owner.id, ", ".join(p.id for p in made))
         return made
@@ -399,10 +401,15 @@ def apply_template(owner: Owner, template: str, partitions: list[Partition]) -> 
         owner.on_partition[partition_id].followers.append(RemovePartition(partition_id=partition_id, force=True,
                                                                           reply=Reply(waited=False)))
     made = [partition for partition in made if partition.id not in behind]
-    if made:
-        removals = [owner.start(Operation("removing", remove(owner, partition, force=True), partition_id=partition.id))
-                    for partition in made]
-        left = [partition.id for partition, error in zip(made, (yield Join(removals)), strict=True) if error is not None]
+    removals = []
+    for partition in made:
+        try:
+            removals.append(owner.start(Operation("removing", remove(owner, partition, force=True), partition_id=partition.id)))
+        except Unavailable:  # the allocation's limit of operations under way, reached meanwhile
+            left.append(partition.id)
+    if removals:
+        errors = yield Join(removals)
+        left += [removal.partition_id for removal, error in zip(removals, errors, strict=True) if error is not None]
     partition, error = failed[0]
     reason = getattr(error, "message", str(error))
     others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""

@@ -75,9 +75,9 @@ class Owners:
         # and the drained ones it claims alone (none: all of them)
         self._stopped = ""
         self._links = NO_FAULTS  # every unhealthy link, as the link ledger last said: what a new owner starts from
-        # Owners made, and allocations removed: an owner made from a store read begun before either is
-        # not kept (another owner of its allocation may have committed meanwhile, and failed since).
-        self._owner_changes = 0
+        # Per allocation, owners made and removals: an owner made from a store read begun before either
+        # is not kept (another owner of the allocation may have committed meanwhile, and failed since).
+        self._owner_changes: Counter[str] = Counter()
         self._failed: dict[str, TurnEngine] = {}  # allocation id -> its owner that failed, until a new one is made from the store
         self.changed = threading.Condition()  # notified after every snapshot published
         self.version = 0  # counts the snapshots published, so that a waiter misses none
@@ -109,7 +109,6 @@ class Owners:
             owners[allocation.id] = allocation_owner(self, state)
         with self._lock:
             self._owners = owners
-            self._owner_changes += 1
             self._failed.clear()  # every owner is made from the store now
             self._ids = {p.id: p.allocation_id for p in partitions} | {r.partition_id: r.allocation_id for r in requests}
             self._waiting_by_user = Counter(r.owner for r in requests if r.owner)
@@ -123,7 +122,7 @@ class Owners:
         while True:
             with self._lock:
                 found = self._owners.get(allocation_id)
-                changes = self._owner_changes
+                changes = self._owner_changes[allocation_id]
             if found is not None:
                 return found
             configuration = self.store.configuration()
@@ -147,7 +146,7 @@ class Owners:
                     return found
                 if self._stopped:
                     raise Unavailable(self._stopped)
-                if self._owner_changes != changes:
+                if self._owner_changes[allocation_id] != changes:
                     continue  # an owner was made (and failed since), or an allocation removed, while this read: read again
                 state = AllocationState.of(allocation, ClusterLayout.of(cluster), partitions, requests,
                                            *_machines_out(configuration, allocation), links=links, reservations=reservations)
@@ -157,7 +156,7 @@ class Owners:
                 if failed is not None:
                     state.keep_out_as(failed.state)
                 owner = self._owners[allocation_id] = allocation_owner(self, state)
-                self._owner_changes += 1
+                self._owner_changes[allocation_id] += 1
                 later = self._links if self._links.sequence != told else None
             break
         if later is not None:  # word the ledger gave while the store was read, which may have missed it
@@ -247,7 +246,7 @@ class Owners:
     def closed(self, owner: TurnEngine) -> None:
         """An allocation is removed: its owner stops after this turn and goes."""
         with self._lock:
-            self._owner_changes += 1
+            self._owner_changes[owner.id] += 1
             if self._owners.get(owner.id) is owner:
                 del self._owners[owner.id]
         threading.Thread(target=owner.stop, args=(f"allocation {owner.id} was removed",), daemon=True).start()

@@ -180,7 +180,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     def ApplyTemplate(self, request, context):
         made = self.allocations.apply_template(request.allocation_id, Template.parse(request.template), request.prefix,
-                                               dry_run=request.dry_run, access=caller())
+                                               dry_run=request.dry_run, account=request.account, access=caller())
         return pb.ApplyTemplateReply(partitions=[convert.partition_to_proto(p) for p in made], dry_run=request.dry_run)
 
     def TestCluster(self, request, context):

@@ -16,7 +16,7 @@ from vipu.controller.core.turns import TurnEngine
 from vipu.model import lifecycle
 from vipu.model.compaction import Report
 from vipu.model.entities import OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, check_id, shown
-from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound
+from vipu.model.errors import AlreadyExists, InvalidArgument, NotFound, OutcomeUnknown
 from vipu.model.placement import check_allocation_machines, choose_allocation_machines
 from vipu.model.templates import Template
 from vipu.store.store import Store
@@ -68,18 +68,18 @@ class AllocationService:
         self._owner(allocation_id).submit(command)
         return command.reply.wait(START_SECONDS, f"the compaction of allocation {allocation_id}")
 
-    def apply_template(self, allocation_id: str, template: Template, prefix: str = "", dry_run: bool = False,
+    def apply_template(self, allocation_id: str, template: Template, prefix: str = "", dry_run: bool = False, account: str = "",
                        access: Access = OPEN_ACCESS) -> builtins.list[Partition]:
-        """Make a template's partitions in an allocation, all or none (`ApplyTemplate`); with
-        `dry_run`, only say where they would go. The partitions as made, or as they would be."""
-        requests = [PartitionRequest(partition_id, size) for partition_id, size in zip(template.partition_ids(prefix), template.sizes,
-                                                                                      strict=True)]
+        """Make a template's partitions in an allocation (on `account`), all or none (`ApplyTemplate`);
+        with `dry_run`, only say where they would go. The partitions as made, or as they would be."""
+        ids = template.partition_ids(prefix)
+        requests = [PartitionRequest(partition_id, size, account=account) for partition_id, size in zip(ids, template.sizes, strict=True)]
         for request in requests:
             check_request(request)
         owner = self._owner(allocation_id)
         claimed: builtins.list[str] = []
         try:
-            for request in requests:  # no create elsewhere takes one of its ids meanwhile
+            for request in [] if dry_run else requests:  # no create elsewhere takes one of its ids meanwhile
                 if self.owners.claim_id(request.id) is not None:
                     raise AlreadyExists(f"template {template.name}: partition {request.id} already exists; nothing was made")
                 claimed.append(request.id)
@@ -87,6 +87,9 @@ class AllocationService:
             command = ApplyTemplate(template=template.name, requests=requests, access=access, dry_run=dry_run)
             owner.submit(command)
             made = command.reply.wait(START_SECONDS, f"template {template.name} in allocation {allocation_id}", TEMPLATE_SECONDS)
+        except OutcomeUnknown as unknown:
+            raise OutcomeUnknown(f"{unknown.message}; template {template.name} may be there in part or whole: `vipu list partitions` "
+                                 f"shows which of {ids[0]}..{ids[-1]} are") from None
         finally:
             for partition_id in claimed:
                 self.owners.release_claim(partition_id)
