@@ -121,6 +121,10 @@ class SlurmTopology:
             lines.append(f"SwitchName={NO_IPUS_SWITCH} Nodes={','.join(self.unplaced)}")
             tops.append(NO_IPUS_SWITCH)
         lines.append(f"SwitchName={TOP_SWITCH} Switches={','.join(tops)}")
+        names = [line.split()[0].removeprefix("SwitchName=") for line in lines[1:]]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # allocation x-ild0's switch is allocation x's first block; an allocation no-ipus is the leaf of no IPUs
+            raise InvalidArgument(f"allocation ids give two of Slurm's switches the name {twice[0]}: rename one of those allocations")
         return "\n".join(lines) + "\n"
 
     def block_conf(self) -> str:

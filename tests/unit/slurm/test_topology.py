@@ -98,6 +98,13 @@ def test_a_node_beside_machines_of_two_blocks_or_no_block_at_all_is_refused():
         slurm_topology(parse_node_machines(NODES), ALLOCATIONS).render("torus")
 
 
+def test_allocation_ids_that_would_give_two_switches_one_name_are_refused():
+    # allocation x's domains make switch vipu-x over blocks vipu-x-ild0 and vipu-x-ild1; allocation x-ild0 one block, its own switch
+    allocations = [("x", {"ag1": 0, "ag2": 1}), ("x-ild0", {"ag3": 0, "ag4": 1})]
+    with pytest.raises(InvalidArgument, match="allocation ids give two of Slurm's switches the name vipu-x-ild0: rename one"):
+        slurm_topology(parse_node_machines("n1:ag1 n2:ag2 n3:ag3 n4:ag4"), allocations).tree_conf()
+
+
 def conf(tmp_path: Path, extra: str) -> Path:
     path = tmp_path / "vipu.conf"
     path.write_text(f"ApiHost=ctl\nIpuofDir=/x\n{extra}")
