@@ -69,7 +69,7 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
                                        store_server=postgres_of_its_own.url("postgres"),
                                        handover_url=f"https://{HOST_ADDRESS}:{handover_port}", connection=never_called)
     handover = HandoverServer(listening_socket("127.0.0.1", handover_port), server_tls(site, HOST_ADDRESS, tmp_path / "handover"),
-                              controllers.hand_over)
+                              controllers.token_path, controllers.secrets)
     vpod = Vpod(id="imaged", tenant="t1", state="Creating", step="", machines=[], topology="mesh", ilds=1, user_id="alice",
                 ports=[free_port(), free_port(), free_port()])
     directory = controllers.directory(vpod.id)
@@ -99,8 +99,10 @@ def test_the_images_boot_a_vpods_controller_and_a_poplar_vm_that_reaches_it(imag
                 host_forwards=[(ssh_port, 22)], guest_forwards=[(CONTROLLER_ADDRESS, user_port, user_port),
                                                                 (CONTROLLER_ADDRESS, admin_port, admin_port)])
     handover.start()
-    vms = [controller.start(), poplar.start()]
+    vms = []
     try:
+        vms += [controller.start()]
+        vms += [poplar.start()]
         def answers() -> subprocess.CompletedProcess | None:
             done = subprocess.run([str(BIN / "vipu-admin"), "-H", "127.0.0.1", "--config", str(controllers.admin_config(vpod.id)),
                                    "list", "agents"], capture_output=True, text=True, timeout=60)

@@ -9,15 +9,18 @@ given its files once: its certificates' keys, the store's URL with its password.
 gone: a second use, or a use after HANDOVER_SECONDS, is refused in one line.
 
 The token is kept, as its SHA-256 with its expiry, in the vPOD's directory, so that an orchestrator
-started again still hands over to a VM booted before it died. Who may be handed what is the
-caller's (`redeem`'s) business; this module holds the token, the end-point and the VM's side.
+started again still hands over to a VM booted before it died; it is spent only once its answer is
+sent, so that a failure on vipu-vpod's side costs none. Where a vPOD's token lives and what its
+files are is the caller's business; this module holds the token, the end-point and the VM's side.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import secrets
@@ -27,10 +30,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from socket import socket
+from socket import SHUT_RDWR, socket
 
 from vipu.api.atomic import write_file
 from vipu.api.tls import TlsFiles, issue
@@ -42,6 +46,8 @@ log = logging.getLogger(__name__)
 HANDOVER_SECONDS = 3600.0  # a token unused this long after its server was made is refused
 FETCH_DEADLINE_SECONDS = 300.0  # the VM's tries to reach its orchestrator (still starting, say)
 FETCH_RETRY_SECONDS = 2.0
+CALL_SECONDS = 30.0  # one call to the hand-over, from its first byte to its answer
+MOST_CALLS = 16  # calls the hand-over serves at once: VMs at first boot are few, and a flood takes no more threads
 PATH_PREFIX = "/v1/controller-secrets/"
 _lock = threading.Lock()  # one redemption at a time: a token is never handed over twice
 
@@ -50,13 +56,18 @@ def issue_token(path: Path, now: float | None = None) -> str:
     """A new token for the VM about to be made, replacing any earlier one (its server is gone)."""
     token = secrets.token_urlsafe(32)
     expires = (time.time() if now is None else now) + HANDOVER_SECONDS
-    write_file(path, f"{hashlib.sha256(token.encode()).hexdigest()} {expires:.0f}\n".encode(), 0o600)
+    with _lock:  # not beneath a hand-over of the old one, which would take this one away
+        write_file(path, f"{hashlib.sha256(token.encode()).hexdigest()} {expires:.0f}\n".encode(), 0o600)
     return token
 
 
-def redeem_token(path: Path, token: str) -> None:
-    """Use the token up: PermissionDenied, in one line, unless it is the one kept there, unused and
-    not expired. Once it is, it is no more."""
+@contextmanager
+def spending(path: Path, token: str) -> Iterator[None]:
+    """Spend the token while the block hands its files over: PermissionDenied, in one line, unless
+    it is the one kept at `path`, unused and not expired. It is set aside first, so that no other
+    call can spend it meanwhile; gone once the block ends, and back should the block fail (the
+    files could not be read, the answer not be sent), so that a failure of ours costs no token."""
+    sending = path.with_name(f"{path.name}.sending")
     with _lock:
         try:
             digest, expires = path.read_text().split()
@@ -64,10 +75,19 @@ def redeem_token(path: Path, token: str) -> None:
             raise PermissionDenied("no controller secrets are waiting for this token: it was used already, or never given") from None
         if not hmac.compare_digest(digest, hashlib.sha256(token.encode()).hexdigest()):
             raise PermissionDenied("the token is not the one given to this vPOD's controller")
-        path.unlink()
         if float(expires) < time.time():
+            path.unlink()
             raise PermissionDenied(f"the token expired before its VM asked for its secrets ({HANDOVER_SECONDS / 3600:.0f} h after "
                                    "its server was made)")
+        path.rename(sending)
+    try:
+        yield
+    except BaseException:
+        with _lock:
+            if not path.exists():  # unless a new token was issued meanwhile
+                sending.rename(path)
+        raise
+    sending.unlink(missing_ok=True)
 
 
 def server_tls(site: TlsFiles, address: str, directory: Path) -> ssl.SSLContext:
@@ -84,20 +104,21 @@ def server_tls(site: TlsFiles, address: str, directory: Path) -> ssl.SSLContext:
 
 class HandoverServer:
     """`POST /v1/controller-secrets/<vPOD id>` with `Authorization: Bearer TOKEN`: the vPOD's
-    files as JSON (`{"files": {path: base64}}`), or `{"error": ...}` with 403 (the token is refused)
-    or 400; `redeem(vpod_id, token)` checks the token and gives the files. Served on its own thread."""
+    files as JSON (`{"files": {path: base64}}`), or `{"error": ...}` with 403 (the token is refused),
+    503 (its files cannot be given now: asked again) or 400. `token_path(vpod_id)` is where its
+    token is kept, `secrets(vpod_id)` gives its files. Served on its own thread; at most MOST_CALLS
+    calls at once, each ended after CALL_SECONDS."""
 
-    def __init__(self, listening: socket, context: ssl.SSLContext, redeem: Callable[[str, str], dict[str, bytes]]):
+    def __init__(self, listening: socket, context: ssl.SSLContext, token_path: Callable[[str], Path],
+                 secrets: Callable[[str], dict[str, bytes]]):
         class Handler(BaseHTTPRequestHandler):
-            timeout = 30  # a VM that stops halfway holds a thread no longer
+            timeout = CALL_SECONDS  # a VM that stops halfway holds a thread no longer
 
             def setup(self) -> None:
                 super().setup()
                 self.connection.do_handshake()  # here, in the call's own thread, not in the one accepting calls
 
             def do_POST(self) -> None:
-                status: int = 200
-                body: dict[str, object] = {}
                 try:
                     if not self.path.startswith(PATH_PREFIX):
                         raise PermissionDenied(f"vipu-vpod hands controllers their secrets at {PATH_PREFIX}<vPOD id> only")
@@ -105,25 +126,50 @@ class HandoverServer:
                     scheme, _, token = self.headers.get("Authorization", "").partition(" ")
                     if scheme != "Bearer" or not token.strip():
                         raise PermissionDenied("give the controller's one-time token (Authorization: Bearer TOKEN)")
-                    files = redeem(vpod_id, token.strip())
-                    body = {"files": {path: base64.b64encode(data).decode() for path, data in files.items()}}
+                    with spending(token_path(vpod_id), token.strip()):
+                        files = secrets(vpod_id)
+                        self._answer(200, {"files": {path: base64.b64encode(data).decode() for path, data in files.items()}})
                     log.info("vPOD %s: its controller's secrets handed over to %s", vpod_id, self.client_address[0])
                 except PermissionDenied as error:
-                    status, body = 403, {"error": error.message}
                     log.warning("a call for controller secrets from %s refused: %s", self.client_address[0], error.message)
+                    self._answer(403, {"error": error.message})
+                except Unavailable as error:  # ours, for now: the VM asks again (its token is still there)
+                    log.warning("a call for controller secrets from %s not answered: %s", self.client_address[0], error.message)
+                    self._answer(503, {"error": error.message})
                 except VipuError as error:
-                    status, body = 400, {"error": error.message}
+                    self._answer(400, {"error": error.message})
+
+            def _answer(self, status: int, body: dict) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                self.wfile.flush()
 
             def log_message(self, format: str, *args) -> None:
                 """Each call is logged once, above, as vipu-vpod's own."""
 
+        calls = threading.BoundedSemaphore(MOST_CALLS)
+
         class Server(ThreadingHTTPServer):
+            def process_request(self, request, client_address) -> None:
+                if not calls.acquire(blocking=False):  # as many calls as it serves already: this one is closed at once
+                    log.warning("a call for controller secrets from %s refused: %d calls are under way", client_address[0], MOST_CALLS)
+                    self.shutdown_request(request)
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request, client_address) -> None:
+                ending = threading.Timer(CALL_SECONDS, _cut, (request,))  # however slowly it trickles in
+                ending.start()
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    ending.cancel()
+                    calls.release()
+
             def handle_error(self, request, client_address) -> None:
                 """A caller that is not a VM of the site's (no TLS, say, or gone halfway): a line, not a traceback."""
                 log.warning("a call for controller secrets from %s failed: %s", client_address[0], sys.exc_info()[1])
@@ -138,8 +184,15 @@ class HandoverServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self._thread.is_alive():  # shutdown waits for serve_forever, which never ran otherwise
+            self.server.shutdown()
         self.server.server_close()
+
+
+def _cut(connection: socket) -> None:
+    """End a call that has had its time: what its thread waits on fails at once."""
+    with contextlib.suppress(OSError):
+        connection.shutdown(SHUT_RDWR)
 
 
 def fetch(url: str, authority: Path, token: str, into: Path, deadline_seconds: float = FETCH_DEADLINE_SECONDS) -> list[Path]:
@@ -159,15 +212,24 @@ def fetch(url: str, authority: Path, token: str, into: Path, deadline_seconds: f
                 reason = json.loads(error.read())["error"]
             except (ValueError, KeyError, TypeError):
                 reason = f"HTTP {error.code}"
-            raise PermissionDenied(f"vipu-vpod at {url} refused the controller's secrets: {reason}") from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise PermissionDenied(f"{url} is not the site's vipu-vpod: {reason}") from None
+            if error.code != 503:
+                raise PermissionDenied(f"vipu-vpod at {url} refused the controller's secrets: {reason}") from None
+            if time.monotonic() > deadline:  # it cannot give them yet (its store not known, say): asked again until the deadline
+                raise Unavailable(f"vipu-vpod at {url} could not give the controller's secrets within {deadline_seconds:.0f} s: "
+                                  f"{reason}") from None
+            time.sleep(FETCH_RETRY_SECONDS)
+        except urllib.error.URLError as error:  # before the call was sent whole: asked again
+            if isinstance(error.reason, ssl.SSLCertVerificationError):
+                raise PermissionDenied(f"{url} is not the site's vipu-vpod: {error.reason}") from None
             if time.monotonic() > deadline:
                 raise Unavailable(f"cannot reach vipu-vpod at {url} for the controller's secrets within "
-                                  f"{deadline_seconds:.0f} s: {reason}") from None
+                                  f"{deadline_seconds:.0f} s: {error.reason}") from None
             time.sleep(FETCH_RETRY_SECONDS)
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as error:
+            # After the call was sent: its token may be spent, and asking again would only hide why.
+            raise Unavailable(f"the answer of vipu-vpod at {url} with the controller's secrets was lost or malformed "
+                              f"({type(error).__name__}: {error}); the token may be spent: stop the controller's server to "
+                              "have it made again") from None
     written = []
     root = into.resolve()
     for relative, content in sorted(files.items()):

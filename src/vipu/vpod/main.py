@@ -242,7 +242,8 @@ def serve(data_dir, db_url, rack_path, listen_address, port, advertise_host, por
                 openstack_ssh_user, openstack_router, openstack_ssh_cidrs, openstack_projects == "tenant", openstack_vm_limit)
             tenants = openstack_controllers
             handover = HandoverServer(listening_socket(handover_address, openstack_handover_port),
-                                      server_tls(site, handover_address, identity_tls(data_dir).root), openstack_controllers.hand_over)
+                                      server_tls(site, handover_address, identity_tls(data_dir).root),
+                                      openstack_controllers.token_path, openstack_controllers.secrets)
             handover.start()  # before anything is resumed: a controller booting now asks for its secrets
         elif given := [name for name, value in [*openstack_options.items(), ("--openstack-admit-cidr", openstack_admit_cidr),
                                                 ("--openstack-poplar-zone", openstack_poplar_zone),

@@ -47,7 +47,7 @@ from vipu.api.tls import TlsFiles
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NotFound, Unavailable, VipuError
 from vipu.store.databases import server_url
 from vipu.vpod.crash import crash_point
-from vipu.vpod.handover import PATH_PREFIX, issue_token, redeem_token
+from vipu.vpod.handover import PATH_PREFIX, issue_token
 from vipu.vpod.store import Vpod
 from vipu.vpod.tenants import SERVER_PROGRAM, STOP_DEADLINE_SECONDS, DatabasePerVpod, PoplarVm, VmConfig, VmRequest, controller_name
 
@@ -104,7 +104,8 @@ class OpenStackControllers(DatabasePerVpod):
         always the entry's. `vm_limit`: the most Poplar VMs a vPOD may have at once."""
         super().__init__(root, site)
         self.site_id = site_id
-        self.image, self.flavor, self.subnet_pool, self.admit_cidr = image, flavor, subnet_pool, admit_cidr
+        self.image, self.flavor, self.subnet_pool = image, flavor, subnet_pool
+        self.admit_cidr = _network("--openstack-admit-cidr", admit_cidr, strict=False) if admit_cidr else ""  # as Neutron keeps it
         self.poplar_zone, self.ssh_user, self.router = poplar_zone, ssh_user, router
         self.ssh_cidrs = tuple(_network("--openstack-ssh-cidr", cidr) for cidr in ssh_cidrs)
         self.handover_url, self.vm_limit = handover_url.rstrip("/"), vm_limit
@@ -338,10 +339,13 @@ class OpenStackControllers(DatabasePerVpod):
                   "else", '    exec "$state/controller"', "fi"]
         return "\n".join(lines) + "\n"
 
-    def hand_over(self, vpod_id: str, token: str) -> dict[str, bytes]:
-        """The controller's secrets, relative to its state directory, for the token its user data
-        carried: once (`vipu.vpod.handover.redeem_token` refuses any other call in one line)."""
-        redeem_token(self.directory(vpod_id) / HANDOVER_FILE, token)
+    def token_path(self, vpod_id: str) -> Path:
+        """Where the digest of the token its controller's user data carried is kept until it is used."""
+        return self.directory(vpod_id) / HANDOVER_FILE
+
+    def secrets(self, vpod_id: str) -> dict[str, bytes]:
+        """The controller's secrets, relative to its state directory, as the hand-over gives them
+        once (`vipu.vpod.handover.HandoverServer`, for the token kept at `token_path`)."""
         tls = self.tls(vpod_id)
         files = {f"certs/{path.relative_to(tls.root)}": path.read_bytes() for directory in (tls.server_dir, tls.controller_dir)
                  for path in directory.iterdir() if path.is_file()}
@@ -469,11 +473,16 @@ class OpenStackControllers(DatabasePerVpod):
         return self._vm(vpod_id, server)
 
 
-def _network(option: str, cidr: str) -> str:
-    """A network in the form Neutron keeps (an address alone: itself, /32 or /128); InvalidArgument otherwise."""
+def _network(option: str, cidr: str, strict: bool = True) -> str:
+    """A network in the form Neutron keeps (an address alone: itself, /32 or /128); InvalidArgument
+    otherwise, and, if `strict`, for one with host bits set (198.51.100.7/24 would open a /24 to
+    whoever meant one address)."""
     try:
-        return ipaddress.ip_network(cidr.strip(), strict=False).with_prefixlen
-    except ValueError:
+        return ipaddress.ip_network(cidr.strip(), strict=strict).with_prefixlen
+    except ValueError as error:
+        if "host bits set" in str(error):
+            network = ipaddress.ip_network(cidr.strip(), strict=False)
+            raise InvalidArgument(f"{option} {cidr!r} has host bits set: write the network ({network}) or the address alone") from None
         raise InvalidArgument(f"{option} {cidr!r} is not a network (192.0.2.0/24) or an address") from None
 
 

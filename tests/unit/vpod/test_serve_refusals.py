@@ -52,6 +52,9 @@ OPENSTACK = ("--provider", "openstack", "--openstack-cloud", "site", "--openstac
     (OPENSTACK, "cannot use OpenStack cloud site: "),  # no such entry in clouds.yaml
     ((*OPENSTACK, "--openstack-ssh-cidr", "192.0.2.0/24", "--openstack-ssh-cidr", "office"),
      "--openstack-ssh-cidr 'office' is not a network (192.0.2.0/24) or an address"),
+    ((*OPENSTACK, "--openstack-ssh-cidr", "198.51.100.7/24"),
+     "--openstack-ssh-cidr '198.51.100.7/24' has host bits set: write the network (198.51.100.0/24) or the address alone"),
+    ((*OPENSTACK, "--openstack-admit-cidr", "lab"), "--openstack-admit-cidr 'lab' is not a network (192.0.2.0/24) or an address"),
     ((*OPENSTACK, "--listen-address", "0.0.0.0"), "give --openstack-handover-address, the address they reach this orchestrator at"),
     (("--openstack-handover-address", "192.0.2.1"), "--openstack-handover-address is for controllers on OpenStack"),
 ])
