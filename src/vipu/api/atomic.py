@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vipu.model.errors import Unavailable
+
 
 def write_file(path: Path, data: bytes, mode: int = 0o644, owner: int | None = None) -> None:
     """Replace `path` with `data`; `owner` (a uid) gets the file when the caller may give it away."""
@@ -34,3 +36,12 @@ def write_file(path: Path, data: bytes, mode: int = 0o644, owner: int | None = N
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def write_text_for_readers(path: Path, text: str) -> None:
+    """Replace a file another program reads (Slurm's topology, say), readable by all, with `text`;
+    Unavailable, in one line, when it cannot be written."""
+    try:
+        write_file(path, text.encode())
+    except OSError as error:
+        raise Unavailable(f"cannot write {path}: {error.strerror}") from None

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from vipu.api.convert import account_from_proto, account_uses_from_proto, drain_from_proto, reservation_from_proto
+from vipu.api.atomic import write_text_for_readers
+from vipu.api.convert import account_from_proto, account_uses_from_proto, cluster_from_proto, drain_from_proto, reservation_from_proto
 from vipu.cli.common import (
     CONTEXT,
     CommandGroup,
@@ -41,7 +42,9 @@ from vipu.model import slurm_topology
 from vipu.model.accounts import account_lines
 from vipu.model.errors import InvalidArgument, VipuError
 from vipu.model.linkhealth import growth
+from vipu.model.reasons import span
 from vipu.model.times import utc_text
+from vipu.model.topology import ClusterLayout
 
 if typing.TYPE_CHECKING:
     from vipu.api.protos import admin_pb2 as pb
@@ -674,22 +677,14 @@ def apply_template(admin, template, allocation_id, prefix, account, dry_run, as_
         reply = admin.apply_template(template, allocation_id, prefix=prefix, dry_run=dry_run, account=account)
     if as_json:
         return echo_json(reply)
-    rows = [[p.id, str(len(p.spec.ipus)), placed_on(p.spec.ipus)] for p in reply.partitions]
+    layout = ClusterLayout.of(cluster_from_proto(admin.get_cluster(reply.partitions[0].spec.cluster_id)))  # a template makes one at least
+    rows = [[p.id, str(len(p.spec.ipus)), span(layout, ((i.agent_id, i.agent_ipu_index) for i in p.spec.ipus))] for p in reply.partitions]
     click.echo(render_table(["Partition", "Size", "IPUs"], rows))
     made = f"{len(reply.partitions)} partition{'s' if len(reply.partitions) != 1 else ''}"
     if dry_run:
         click.echo(f"apply template ({template}): dry run: {made} would be made in allocation {allocation_id}; nothing was.")
     else:
         click.echo(f"apply template ({template}): success: {made} made in allocation {allocation_id}.")
-
-
-def placed_on(ipus) -> str:
-    """Where a partition's IPUs are, as people read it: "ag3-ag4" (whole machines), "ag5 IPUs 0-1"."""
-    agents = list(dict.fromkeys(ipu.agent_id for ipu in ipus))
-    if len(agents) > 1:
-        return f"{agents[0]}-{agents[-1]}"
-    indices = sorted(ipu.agent_ipu_index for ipu in ipus)
-    return f"{agents[0]} IPUs {indices[0]}-{indices[-1]}" if len(indices) > 1 else f"{agents[0]} IPU {indices[0]}"
 
 
 # Users
@@ -1124,7 +1119,7 @@ def export_slurm_topology(admin, node_machines, form, user_id, output):
         if output is None:
             click.echo(text, nl=False)
             return
-        slurm_topology.write_atomically(output, text)
+        write_text_for_readers(output, text)
     click.echo(f"export slurm-topology ({output}): success.")
 
 

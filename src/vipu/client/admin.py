@@ -13,7 +13,7 @@ from vipu.client.base import EndpointClient
 from vipu.model.errors import InvalidArgument
 from vipu.model.linkhealth import LinkName
 from vipu.model.times import parse_duration
-from vipu.model.topology import ClusterLayout
+from vipu.model.topology import ClusterLayout, agent_ilds
 
 POWER_CALL_SECONDS = 420.0  # the controller waits 300 s for a machine to get there, and 30 s for its owner at each end
 DRAIN_CALL_SECONDS = 150.0  # the controller waits up to 60 s for the machines' owners to take the word, and 60 s for their moves
@@ -140,8 +140,7 @@ class AdminClient(EndpointClient):
 
     def agent_ilds(self) -> dict[str, int]:
         """The IPU-Link domain of each agent of a cluster, in its cluster (0 the lowest)."""
-        return {agent: domain for cluster in self.list_clusters()
-                for domain, members in enumerate(ClusterLayout.of(cluster_from_proto(cluster)).ilds) for agent in members}
+        return agent_ilds(cluster_from_proto(cluster) for cluster in self.list_clusters())
 
     def resume_agents(self, agent_ids: list[str]) -> list[pb.Agent]:
         """End the drain of the agents' machines, all or none."""

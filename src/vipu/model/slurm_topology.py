@@ -23,15 +23,12 @@ machine of those allocations (or none at all) is in no block. Rendered three way
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from vipu.model.entities import natural_key
-from vipu.model.errors import InvalidArgument, Unavailable
+from vipu.model.errors import InvalidArgument
 
 FORMATS = ("tree", "block", "yaml")
 TOP_SWITCH = "vipu"
@@ -192,21 +189,3 @@ def _block_name(allocation_id: str, domain: int) -> str:
 
 def _beside(machines: tuple[str, ...], block_of: Mapping[str, tuple[str, int]], key: tuple[str, int]) -> str:
     return ",".join(agent for agent in machines if block_of.get(agent) == key)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` in one step (readable by all, as slurm.conf is): slurmctld never reads half of it."""
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError as error:
-        raise Unavailable(f"cannot write {path}: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())  # the rename is kept only with what it names: never an empty file after a crash
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
-        raise Unavailable(f"cannot write {path}: {error.strerror}") from None

@@ -17,7 +17,7 @@ Machines stacked in a rack extend the ladder upwards:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Set
+from collections.abc import Collection, Iterable, Set
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -212,3 +212,9 @@ class ClusterLayout:
 @lru_cache(maxsize=64)
 def _layout(agent_ids: tuple[str, ...], topology: IldTopology, num_ilds: int, gw_topology: GwTopology | None) -> ClusterLayout:
     return ClusterLayout(agent_ids, topology, num_ilds, gw_topology)
+
+
+def agent_ilds(clusters: Iterable[Cluster]) -> dict[str, int]:
+    """The IPU-Link domain of each agent of the clusters, in its cluster (0 the lowest): what Slurm's
+    topology is drawn from."""
+    return {agent: domain for cluster in clusters for domain, members in enumerate(ClusterLayout.of(cluster).ilds) for agent in members}

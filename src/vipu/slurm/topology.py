@@ -13,9 +13,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from vipu.api.atomic import write_text_for_readers
 from vipu.client.user import UserClient
 from vipu.model.errors import InvalidArgument, Unavailable
-from vipu.model.slurm_topology import SlurmTopology, file_name, slurm_topology, write_atomically
+from vipu.model.slurm_topology import SlurmTopology, file_name, slurm_topology
 from vipu.slurm.config import DEFAULT_SLURM_CONF, VipuSlurmConfig
 from vipu.slurm.jobs import command
 
@@ -48,8 +49,10 @@ class TopologyKeeper:
     def refresh(self) -> bool:
         """Bring the file up to date, and slurmctld with it; whether either changed."""
         text = drawn(self.user, self.config).render(self.config.topology)
+        wanted = text.encode()
         try:
-            same = self.path.read_text() == text
+            with open(self.path, "rb") as kept:
+                same = kept.read(len(wanted) + 1) == wanted  # no more than it takes to tell: the file may be anything
         except FileNotFoundError:
             same = False
         except OSError as error:
@@ -57,7 +60,7 @@ class TopologyKeeper:
         if same and not self._reconfigure_owed:
             return False
         if not same:
-            write_atomically(self.path, text)
+            write_text_for_readers(self.path, text)
         self._reconfigure_owed = True
         try:
             told = subprocess.run([command("scontrol"), "reconfigure"], capture_output=True, text=True, timeout=60)
@@ -68,3 +71,4 @@ class TopologyKeeper:
                               f"{told.stderr.strip() or told.stdout.strip() or told.returncode}")
         self._reconfigure_owed = False
         return True
+

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 HANDOVER_SECONDS = 3600.0  # a token unused this long after its server was made is refused
 FETCH_DEADLINE_SECONDS = 300.0  # the VM's tries to reach its orchestrator (still starting, say)
 FETCH_RETRY_SECONDS = 2.0
+TOKEN_FILE_BYTES = 128  # a digest and an expiry: read no more, whatever the file holds
+MOST_ANSWER_BYTES = 1 << 20  # a controller's keys and store URL are a few kilobytes
 CALL_SECONDS = 30.0  # one call to the hand-over, from its first byte to its answer
 MOST_CALLS = 16  # calls the hand-over serves at once: VMs at first boot are few, and a flood takes no more threads
 PATH_PREFIX = "/v1/controller-secrets/"
@@ -70,7 +72,8 @@ def spending(path: Path, token: str) -> Iterator[None]:
     sending = path.with_name(f"{path.name}.sending")
     with _lock:
         try:
-            digest, expires = path.read_text().split()
+            with open(path) as kept:
+                digest, expires = kept.read(TOKEN_FILE_BYTES).split()
         except (OSError, ValueError):
             raise PermissionDenied("no controller secrets are waiting for this token: it was used already, or never given") from None
         if not hmac.compare_digest(digest, hashlib.sha256(token.encode()).hexdigest()):
@@ -205,11 +208,14 @@ def fetch(url: str, authority: Path, token: str, into: Path, deadline_seconds: f
     while True:
         try:
             with urllib.request.urlopen(request, timeout=30, context=context) as answer:
-                files = json.loads(answer.read())["files"]
+                body = answer.read(MOST_ANSWER_BYTES + 1)
+            if len(body) > MOST_ANSWER_BYTES:
+                raise ValueError(f"an answer of more than {MOST_ANSWER_BYTES} bytes")
+            files = json.loads(body)["files"]
             break
         except urllib.error.HTTPError as error:
             try:
-                reason = json.loads(error.read())["error"]
+                reason = json.loads(error.read(MOST_ANSWER_BYTES))["error"]
             except (ValueError, KeyError, TypeError):
                 reason = f"HTTP {error.code}"
             if error.code != 503:

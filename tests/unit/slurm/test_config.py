@@ -67,6 +67,9 @@ def test_keys_in_any_case_with_comments_and_secure_mode(tmp_path):
     ("ApiHost=ctl\nIpuofDir=/x\nIsSecure=yes\nApiUser=u\n", "IsSecure needs ApiAccessKey, ClientCertFile, ClientKeyFile, ServerCertFile"),
     ("ApiHost=ctl\nIpuofDir=/x\nAccounts=physics\n", "Accounts is 'same' or NAME=ACCOUNT pairs"),
     ("ApiHost=ctl\nIpuofDir=/x\nAccounts=a=bad id\n", "invalid account id"),
+    ("ApiHost=ctl\nIpuofDir=/x\nTopology=torus\nNodeMachines=n1:ag1\n", "Topology must be one of tree, block, yaml, not 'torus'"),
+    ("ApiHost=ctl\nIpuofDir=/x\nTopology=tree\n", "Topology needs NodeMachines"),
+    ("ApiHost=ctl\nIpuofDir=/x\nNodeMachines=n1\n", "NodeMachines: 'n1' is not NODES:MACHINES"),
 ])
 def test_each_mistake_is_one_clear_line(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -111,18 +111,6 @@ def conf(tmp_path: Path, extra: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("extra,message", [
-    ("Topology=torus\nNodeMachines=n1:ag1\n", "Topology must be one of tree, block, yaml, not 'torus'"),
-    ("Topology=tree\n", "Topology needs NodeMachines"),
-    ("NodeMachines=n1\n", "NodeMachines: 'n1' is not NODES:MACHINES"),
-])
-def test_vipu_conf_says_what_is_wrong_with_its_topology_keys(tmp_path, extra, message):
-    path = conf(tmp_path, extra)
-    with pytest.raises(InvalidArgument) as raised:
-        load(path)
-    assert raised.value.message.startswith(str(path)) and message in raised.value.message
-
-
 class Controller:
     """ListAllocations of the user end-point, as the service reads it."""
 

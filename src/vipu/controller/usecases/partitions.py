@@ -32,7 +32,7 @@ from vipu.model.configuration import IPUOF_SERVER_VERSION_KEY, GcdConfig, gcd_co
 from vipu.model.entities import IPUS_PER_MACHINE, OPEN_ACCESS, Access, Allocation, Partition, PartitionRequest, ReadyState, shown
 from vipu.model.errors import AlreadyExists, Conflict, InvalidArgument, NoRoom, NotFound, PermissionDenied, VipuError
 from vipu.model.placement import count_fitting, is_power_of_two, largest_fitting, shifted
-from vipu.model.topology import ClusterLayout
+from vipu.model.topology import agent_ilds
 from vipu.store.configuration import Configuration
 from vipu.store.store import Store
 
@@ -137,8 +137,7 @@ class PartitionService:
 
     def agent_ilds(self) -> dict[str, int]:
         """The IPU-Link domain of each agent of a cluster, in its cluster."""
-        return {agent: domain for cluster in self.store.configuration().clusters.values()
-                for domain, agents in enumerate(ClusterLayout.of(cluster).ilds) for agent in agents}
+        return agent_ilds(self.store.configuration().clusters.values())
 
     def capacity(self, size: int = 0, allocation_id: str = "", cluster_id: str = "",
                  access: Access = OPEN_ACCESS) -> builtins.list[AllocationRoom]:
